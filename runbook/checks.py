@@ -1,0 +1,122 @@
+"""The one check/result type every step reports through.
+
+A step collects ``Check`` records in a ``CheckList``; its summary cell renders the table and
+raises ``CheckFailed`` if any check failed. Sidecars store ``CheckList.to_records()``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Iterable
+
+from .errors import CheckFailed
+
+
+class Status(str, Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    WARN = "WARN"      # flagged for a human, does not fail the step
+    NA = "N/A"         # not applicable on this profile (e.g. RDMA in the lab) -- never a pass
+    NOOP = "NO-OP"     # an action found the node already in the desired state
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class Check:
+    name: str
+    node: str = ""                 # "head", "worker", "cluster", "" (local)
+    status: Status = Status.PASS
+    observed: str = ""
+    expected: str = ""
+    fix: str = ""                  # one line, shown when the check did not pass
+    evidence: list[str] = field(default_factory=list)   # paths relative to the run dir
+    data: dict[str, Any] = field(default_factory=dict) # numbers the report recomputes
+
+    @property
+    def failed(self) -> bool:
+        return self.status is Status.FAIL
+
+    def to_record(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["status"] = self.status.value
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "Check":
+        values = dict(record)
+        values["status"] = Status(values.get("status", "PASS"))
+        return cls(**values)
+
+
+def check(name: str, ok: bool, *, node: str = "", observed: Any = "", expected: Any = "",
+          fix: str = "", warn_only: bool = False, evidence: Iterable[str] = (),
+          data: dict[str, Any] | None = None) -> Check:
+    """Build a check from a boolean: PASS if ok, else FAIL (or WARN when ``warn_only``)."""
+    status = Status.PASS if ok else (Status.WARN if warn_only else Status.FAIL)
+    return Check(name=name, node=node, status=status, observed=str(observed),
+                 expected=str(expected), fix="" if ok else fix, evidence=list(evidence),
+                 data=dict(data or {}))
+
+
+def not_applicable(name: str, reason: str, *, node: str = "", expected: Any = "") -> Check:
+    return Check(name=name, node=node, status=Status.NA, observed=reason, expected=str(expected))
+
+
+class CheckList(list):
+    """A list of ``Check`` with table rendering and the fail-closed summary."""
+
+    def add(self, item: Check | Iterable[Check]) -> Check | Iterable[Check]:
+        if isinstance(item, Check):
+            self.append(item)
+        else:
+            self.extend(item)
+        return item
+
+    def failures(self) -> list[Check]:
+        return [c for c in self if c.failed]
+
+    def counts(self) -> dict[str, int]:
+        out = {s.value: 0 for s in Status}
+        for c in self:
+            out[c.status.value] += 1
+        return out
+
+    def to_records(self) -> list[dict[str, Any]]:
+        return [c.to_record() for c in self]
+
+    @classmethod
+    def from_records(cls, records: Iterable[dict[str, Any]]) -> "CheckList":
+        return cls(Check.from_record(r) for r in records)
+
+    def to_frame(self):
+        import pandas as pd
+        columns = ["name", "node", "status", "observed", "expected", "fix"]
+        return pd.DataFrame([{k: getattr(c, k) if k != "status" else c.status.value
+                              for k in columns} for c in self], columns=columns)
+
+    def to_text(self) -> str:
+        """A plain-text table (for logs and for headless runs)."""
+        rows = [("name", "node", "status", "observed", "expected", "fix")]
+        rows += [(c.name, c.node, c.status.value, c.observed, c.expected, c.fix) for c in self]
+        widths = [min(48, max(len(r[i]) for r in rows)) for i in range(6)]
+        lines = []
+        for r in rows:
+            lines.append("  ".join(_clip(v, w).ljust(w) for v, w in zip(r, widths)).rstrip())
+        return "\n".join(lines)
+
+    def raise_on_failure(self, step: str = "") -> None:
+        failed = self.failures()
+        if not failed:
+            return
+        first = failed[0]
+        names = ", ".join(f"{c.name}@{c.node or 'local'}" for c in failed)
+        raise CheckFailed(f"{step + ': ' if step else ''}{len(failed)} check(s) failed: {names}",
+                          node=first.node, observed=first.observed, expected=first.expected,
+                          fix=first.fix)
+
+
+def _clip(value: str, width: int) -> str:
+    value = value.replace("\n", " ")
+    return value if len(value) <= width else value[: width - 1] + "…"

@@ -1,0 +1,215 @@
+"""The run directory ``results/<run-id>/``: manifest, provenance, sidecars, raw files, scrubbing.
+
+Everything written here goes through ``atomic_write`` (temp file + rename, so nothing
+half-written ever sits under a final name) and through the redactor (secrets become ``***``).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator
+
+from .secrets import Redactor, default_redactor
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_ROOT = REPO_ROOT / "results"
+MANIFEST_VERSION = 1
+TRACKED_PACKAGES = ("spark-runbook", "papermill", "fabric", "paramiko", "huggingface_hub", "openai",
+                    "pandas", "pydantic", "jupyterlab", "nbmake", "ipykernel")
+
+
+def atomic_write(path: Path, data: bytes | str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def new_run_id(profile_name: str, now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now()
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", profile_name or "run").strip("-") or "run"
+    return f"{now:%Y%m%d-%H%M%S}-{safe}"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class RunDir:
+    """One run's evidence folder."""
+
+    def __init__(self, path: Path, redactor: Redactor | None = None):
+        self.path = Path(path)
+        self.redactor = redactor or default_redactor()
+
+    @classmethod
+    def create(cls, profile_name: str, root: Path | None = None,
+               redactor: Redactor | None = None) -> "RunDir":
+        root = Path(root) if root else RESULTS_ROOT
+        run_id = new_run_id(profile_name)
+        path = root / run_id
+        n = 1
+        while path.exists():          # two runs in the same second
+            n += 1
+            path = root / f"{run_id}-{n}"
+        path.mkdir(parents=True)
+        run = cls(path, redactor)
+        run._write_manifest({"version": MANIFEST_VERSION, "run_id": path.name, "profile": profile_name,
+                             "created": _now(), "status": "running", "steps": {}})
+        return run
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    # -- generic writers ----------------------------------------------------------------------
+    def write_text(self, rel: str, text: str) -> Path:
+        return atomic_write(self.path / rel, self.redactor.redact(text))
+
+    def write_json(self, rel: str, obj: Any) -> Path:
+        return self.write_text(rel, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+    def read_json(self, rel: str) -> Any:
+        return json.loads((self.path / rel).read_text())
+
+    def raw_path(self, step: str, name: str) -> Path:
+        return self.path / "raw" / step / name
+
+    def write_raw(self, step: str, name: str, text: str) -> str:
+        """Store a raw tool output; returns its path relative to the run dir."""
+        path = self.raw_path(step, name)
+        self.write_text(str(path.relative_to(self.path)), text)
+        return str(path.relative_to(self.path))
+
+    # -- manifest -----------------------------------------------------------------------------
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    def manifest(self) -> dict[str, Any]:
+        return json.loads(self.manifest_path.read_text())
+
+    @contextmanager
+    def _manifest_lock(self) -> Iterator[None]:
+        # runner and notebook kernels are separate processes updating the same manifest
+        lock_path = self.path / ".manifest.lock"
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _write_manifest(self, manifest: dict[str, Any]) -> None:
+        self.write_json("manifest.json", manifest)
+
+    def update_manifest(self, **fields: Any) -> dict[str, Any]:
+        with self._manifest_lock():
+            manifest = self.manifest()
+            manifest.update(fields)
+            self._write_manifest(manifest)
+            return manifest
+
+    def record_step(self, step: str, **fields: Any) -> dict[str, Any]:
+        with self._manifest_lock():
+            manifest = self.manifest()
+            entry = manifest.setdefault("steps", {}).setdefault(step, {})
+            entry.update(fields)
+            self._write_manifest(manifest)
+            return entry
+
+    # -- step sidecars ------------------------------------------------------------------------
+    def sidecar_rel(self, step: str) -> str:
+        return f"steps/{step}.json"
+
+    def write_sidecar(self, step: str, checks: list[dict[str, Any]], data: dict[str, Any],
+                      status: str) -> Path:
+        return self.write_json(self.sidecar_rel(step), {
+            "step": step, "status": status, "written": _now(), "checks": checks, "data": data})
+
+    def read_sidecar(self, step: str) -> dict[str, Any] | None:
+        path = self.path / self.sidecar_rel(step)
+        return json.loads(path.read_text()) if path.exists() else None
+
+    # -- scrubbing ----------------------------------------------------------------------------
+    def scrub(self) -> list[str]:
+        return scrub_tree(self.path, self.redactor)
+
+
+def scrub_tree(root: Path, redactor: Redactor) -> list[str]:
+    """Rewrite every text file under ``root`` with secrets masked. Returns the files changed."""
+    changed = []
+    for path in sorted(Path(root).rglob("*")):
+        if not path.is_file() or path.name.endswith(".lock"):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        clean = redactor.redact(text)
+        if clean != text:
+            atomic_write(path, clean)
+            changed.append(str(path.relative_to(root)))
+    return changed
+
+
+def provenance(profile=None) -> dict[str, Any]:
+    """Where and with what this run was made: git state, packages, interpreter, local host."""
+    packages = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    return {
+        "written": _now(),
+        "git": git_state(),
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "packages": packages,
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
+                 "machine": platform.machine()},
+        "profile_source": str(getattr(profile, "source", "") or ""),
+    }
+
+
+def git_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+    sha = git("rev-parse", "HEAD")
+    return {"sha": sha or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "branch": git("rev-parse", "--abbrev-ref", "HEAD") or None}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

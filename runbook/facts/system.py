@@ -1,0 +1,153 @@
+"""Read-only facts about a node's system: OS, memory, disk, ports, docker, GPU, clock.
+
+Each fact is a command (``*_CMD``) and a pure parser. Parsers take the command's text output
+and return typed values; they never touch a node.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+
+OS_CMD = "cat /etc/os-release; echo '--'; uname -r; echo '--'; uname -m; echo '--'; hostname"
+
+
+@dataclass
+class OsInfo:
+    pretty_name: str
+    kernel: str
+    machine: str
+    hostname: str
+
+
+def parse_os(text: str) -> OsInfo:
+    """Parse ``OS_CMD`` output::
+
+        PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"
+        ...
+        --
+        6.18.44-fc-v1045
+        --
+        x86_64
+        --
+        spark-head
+    """
+    sections = [s.strip() for s in text.split("\n--\n")]
+    while len(sections) < 4:
+        sections.append("")
+    pretty = ""
+    for line in sections[0].splitlines():
+        if line.startswith("PRETTY_NAME="):
+            pretty = line.split("=", 1)[1].strip().strip('"')
+    return OsInfo(pretty, sections[1], sections[2], sections[3])
+
+
+MEMINFO_CMD = "cat /proc/meminfo"
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` → bytes per field (``MemAvailable:  23456789 kB``)."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(\w+):\s+(\d+)(?:\s+kB)?", line)
+        if m:
+            value = int(m.group(2))
+            out[m.group(1)] = value * 1024 if line.rstrip().endswith("kB") else value
+    return out
+
+
+def disk_free_cmd(path: str) -> str:
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent)."""
+    q = shlex.quote(path)
+    return (f"p={q}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
+            f"echo \"$p\"; df -B1 --output=avail,size,target \"$p\" | tail -n 1")
+
+
+@dataclass
+class DiskFree:
+    existing_path: str
+    avail_bytes: int
+    size_bytes: int
+    mount: str
+
+
+def parse_disk_free(text: str) -> DiskFree:
+    """Output of ``disk_free_cmd``::
+
+        /mnt/nvme
+        52345678848 253950091264 /mnt/nvme
+    """
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    if len(lines) < 2:
+        raise ValueError(f"unexpected df output: {text!r}")
+    avail, size, mount = lines[-1].split(None, 2)
+    return DiskFree(lines[0].strip(), int(avail), int(size), mount.strip())
+
+
+LISTEN_CMD = "ss -ltnpH 2>/dev/null || ss -ltnH"
+
+
+def parse_listening(text: str) -> dict[int, str]:
+    """``ss -ltnpH`` → {port: process description}::
+
+        LISTEN 0 128 0.0.0.0:22 0.0.0.0:* users:(("sshd",pid=1,fd=3))
+        LISTEN 0 4096 *:8000 *:* users:(("python3",pid=88,fd=12))
+    """
+    ports: dict[int, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        local = parts[3]
+        m = re.search(r":(\d+)$", local)
+        if not m:
+            continue
+        users = re.findall(r'\("([^"]+)",pid=(\d+)', line)
+        ports[int(m.group(1))] = ", ".join(f"{name}(pid {pid})" for name, pid in users)
+    return ports
+
+
+DOCKER_CMD = "docker version --format '{{.Server.Version}}' 2>&1"
+
+
+def image_cmd(image: str) -> str:
+    return (f"docker image inspect --format '{{{{.Id}}}} {{{{json .RootFS.Layers}}}}' "
+            f"{shlex.quote(image)} 2>&1")
+
+
+@dataclass
+class ImageInfo:
+    image_id: str
+    layers: list[str]
+
+
+def parse_image(text: str) -> ImageInfo | None:
+    """``docker image inspect --format '{{.Id}} {{json .RootFS.Layers}}'`` → id and layer
+    digests; ``None`` when the image is absent (``Error: No such image``)."""
+    line = text.strip().splitlines()[-1] if text.strip() else ""
+    m = re.match(r"^(sha256:[0-9a-f]{64})\s+(\[.*\])$", line)
+    if not m:
+        return None
+    return ImageInfo(m.group(1), json.loads(m.group(2)))
+
+
+CONTAINERS_CMD = "docker ps -a --format '{{.Names}}\t{{.Status}}\t{{.Image}}' 2>/dev/null"
+VLLM_PROCS_CMD = "pgrep -af 'vllm|api_server' 2>/dev/null | grep -v pgrep || true"
+
+
+def parse_vllm_processes(text: str) -> list[str]:
+    return [l.strip() for l in text.splitlines() if l.strip() and "pgrep" not in l]
+
+
+GPU_CMD = "command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>&1 || echo 'nvidia-smi: command not found'"
+DRIVER_CMD = ("nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 "
+              "|| true")
+
+
+def parse_gpus(text: str) -> list[str]:
+    """``nvidia-smi -L`` → GPU names (``GPU 0: NVIDIA GB10 (UUID: GPU-…)``)."""
+    return [m.group(1) for m in re.finditer(r"^GPU \d+: (.+?)(?: \(UUID.*)?$", text, re.M)]
+
+
+CLOCK_CMD = "date +%s.%N"

@@ -1,0 +1,257 @@
+"""Step 00 — preflight: can this pair of nodes run the recipe at all?
+
+Reads facts on every node in parallel and compares them with the profile. Changes nothing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .checks import Check, CheckList, check, not_applicable
+from .facts import system
+from .remote import Cluster, Node, quote
+
+GIB = 1024 ** 3
+
+
+def node_ssh_argv(profile, node: Node, target_ip: str) -> list[str]:
+    """ssh from one node to another over the fabric. The lab's nodes share the host's
+    filesystem, so its key and known_hosts are passed explicitly; real Sparks use the
+    node user's own ~/.ssh."""
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=yes"]
+    if profile.is_lab:
+        if profile.ssh_key:
+            argv += ["-i", str(profile.resolve_path(profile.ssh_key))]
+        if profile.known_hosts:
+            argv += ["-o", f"UserKnownHostsFile={profile.resolve_path(profile.known_hosts)}"]
+    user = node.spec.ssh.split("@", 1)[0] + "@" if "@" in node.spec.ssh else ("root@" if profile.is_lab else "")
+    return argv + [f"{user}{target_ip}"]
+
+
+def gather(cluster: Cluster, profile) -> dict[str, dict[str, Any]]:
+    """Read every fact preflight needs from every node, in parallel."""
+    paths = {name: value for name, value in (("weights", profile.weights_dir),
+                                             ("cache", profile.cache_dir),
+                                             ("engram", profile.engram_packed_dir)) if value}
+
+    def read_node(node: Node) -> dict[str, Any]:
+        facts: dict[str, Any] = {}
+        facts["os"] = system.parse_os(node.read(system.OS_CMD).stdout)
+        facts["mem"] = system.parse_meminfo(node.read(system.MEMINFO_CMD).stdout)
+        facts["disk"] = {}
+        for label, path in paths.items():
+            res = node.read(system.disk_free_cmd(path))
+            facts["disk"][label] = system.parse_disk_free(res.stdout) if res.ok else res.stderr.strip()
+        facts["listening"] = system.parse_listening(node.read(system.LISTEN_CMD).stdout)
+        docker = node.read(system.DOCKER_CMD)
+        facts["docker"] = docker.stdout.strip() if docker.ok else None
+        facts["docker_error"] = "" if docker.ok else (docker.stdout + docker.stderr).strip()
+        facts["image"] = system.parse_image(node.read(system.image_cmd(profile.image)).stdout) if docker.ok else None
+        facts["containers"] = node.read(system.CONTAINERS_CMD).stdout.strip().splitlines() if docker.ok else []
+        facts["vllm_procs"] = system.parse_vllm_processes(node.read(system.VLLM_PROCS_CMD).stdout)
+        gpu = node.read(system.GPU_CMD)
+        facts["gpu_text"] = gpu.stdout.strip()
+        facts["gpus"] = system.parse_gpus(gpu.stdout)
+        facts["driver"] = node.read(system.DRIVER_CMD).stdout.strip() or None
+        return facts
+
+    return cluster.each(read_node)
+
+
+def clock_offsets(cluster: Cluster) -> dict[str, tuple[float, float]]:
+    """Offset of each node's clock from the local clock (Cristian: node time minus the
+    midpoint of the round trip) and the uncertainty (half the round trip), in seconds."""
+    def probe(node: Node) -> tuple[float, float]:
+        best = None
+        for _ in range(3):
+            sent = time.time()
+            res = node.read(system.CLOCK_CMD, timeout=10)
+            received = time.time()
+            remote = float(res.stdout.strip())
+            rtt = received - sent
+            sample = (remote - (sent + received) / 2, rtt / 2)
+            if best is None or sample[1] < best[1]:
+                best = sample
+        return best
+    return cluster.each(probe)
+
+
+def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
+    """All preflight checks. Returns the checks and the facts (for the sidecar)."""
+    checks = CheckList()
+    reach = cluster.each(lambda node: node.read("hostname", timeout=15).stdout.strip())
+    for name, value in reach.items():
+        checks.add(check("ssh reachable", not isinstance(value, Exception), node=name,
+                         observed=str(value).splitlines()[0] if isinstance(value, Exception) else f"hostname {value}",
+                         expected="key-only SSH with a verified host key",
+                         fix=getattr(value, "fix", "") or "see the error above"))
+    alive = [n for n in cluster if not isinstance(reach[n.name], Exception)]
+    if len(alive) < len(cluster.nodes):
+        return checks, {"reach": {k: str(v) for k, v in reach.items()}}
+
+    facts = gather(cluster, profile)
+    data: dict[str, Any] = {"nodes": {}}
+    for name, value in facts.items():
+        if isinstance(value, Exception):
+            checks.add(check("facts readable", False, node=name, observed=str(value).splitlines()[0],
+                             expected="all preflight probes answer"))
+    good = {k: v for k, v in facts.items() if not isinstance(v, Exception)}
+
+    checks.add(_fabric_ssh(cluster, profile))
+    checks.add(_parity(good))
+    for name, f in good.items():
+        data["nodes"][name] = _node_summary(f)
+        checks.add(_docker(name, f, profile))
+        checks.add(_disk(name, f, profile))
+        checks.add(_memory(name, f, profile))
+        checks.add(_ports(name, f, profile))
+        checks.add(_stale(name, f, profile))
+        checks.add(_gpu(name, f, profile))
+    checks.add(_image_identity(good, profile))
+    offsets = clock_offsets(cluster)
+    checks.add(_clock(offsets, profile))
+    data["clock_offsets_s"] = {k: (list(v) if not isinstance(v, Exception) else str(v))
+                               for k, v in offsets.items()}
+    return checks, data
+
+
+# -- individual checks ---------------------------------------------------------------------------
+def _fabric_ssh(cluster: Cluster, profile) -> list[Check]:
+    out = []
+    pairs = [(a, b) for a in cluster for b in cluster if a is not b and b.spec.fabric_ip]
+    for src, dst in pairs:
+        argv = node_ssh_argv(profile, src, dst.spec.fabric_ip) + ["hostname"]
+        res = src.read(quote(*argv), timeout=20)
+        out.append(check(f"ssh {src.name}→{dst.name} over fabric", res.ok, node=src.name,
+                         observed=(res.stdout.strip() or res.stderr.strip().splitlines()[-1:] or ["no output"])[0]
+                         if res.ok else (res.stderr.strip() or f"exit {res.exit_code}"),
+                         expected=f"key-only ssh to {dst.spec.fabric_ip} answers",
+                         fix=f"install {src.name}'s public key on {dst.name} and add {dst.spec.fabric_ip} "
+                             f"to {src.name}'s known_hosts (ssh-copy-id; ssh-keyscan)"))
+    return out
+
+
+def _parity(facts: dict[str, dict[str, Any]]) -> list[Check]:
+    if len(facts) < 2:
+        return []
+    out = []
+    for label, getter in (("OS parity", lambda f: f["os"].pretty_name),
+                          ("kernel parity", lambda f: f["os"].kernel),
+                          ("architecture parity", lambda f: f["os"].machine),
+                          ("driver parity", lambda f: f["driver"] or "none")):
+        values = {name: getter(f) for name, f in facts.items()}
+        same = len(set(values.values())) == 1
+        out.append(check(label, same, node="cluster",
+                         observed=", ".join(f"{k}={v}" for k, v in values.items()),
+                         expected="identical on every node",
+                         fix="install the same OS image / kernel / driver on every node"))
+    return out
+
+
+def _docker(name: str, f: dict[str, Any], profile) -> list[Check]:
+    out = [check("docker engine", f["docker"] is not None, node=name,
+                 observed=f"server {f['docker']}" if f["docker"] else f["docker_error"][:200],
+                 expected="docker daemon answering",
+                 fix="install docker and start dockerd (lab: make lab-up starts it in each node)")]
+    if f["docker"] is not None:
+        image = f["image"]
+        out.append(check("runtime image present", image is not None, node=name,
+                         observed=image.image_id[:19] if image else "absent", expected=profile.image,
+                         fix=f"docker pull {profile.image} (or let the launch step ship it from the head)"))
+    return out
+
+
+def _image_identity(facts: dict[str, dict[str, Any]], profile) -> list[Check]:
+    images = {name: f["image"] for name, f in facts.items() if f.get("image")}
+    if len(images) < len(facts) or len(images) < 2:
+        return []
+    ids = {name: img.image_id for name, img in images.items()}
+    layers = {name: tuple(img.layers) for name, img in images.items()}
+    same = len(set(layers.values())) == 1
+    return [check("runtime image identical", same, node="cluster",
+                  observed=", ".join(f"{k}={v[:19]}" for k, v in ids.items()) +
+                  ("" if same else " (layer digests differ)"),
+                  expected="same layer digests on every node",
+                  fix="ship the head's image to the worker (docker save | docker load) or pull the "
+                      "same pinned digest on both",
+                  data={"image_ids": ids})]
+
+
+def _disk(name: str, f: dict[str, Any], profile) -> list[Check]:
+    needs = {"weights": profile.weights_gib, "engram": profile.engram_gib if profile.engram else 0,
+             "cache": 0}
+    out = []
+    for label, info in f["disk"].items():
+        need_gib = float(needs.get(label) or 0)
+        if isinstance(info, str):
+            out.append(check(f"disk free at {label} path", False, node=name, observed=info,
+                             expected="a readable filesystem", fix="create the directory's parent"))
+            continue
+        free_gib = info.avail_bytes / GIB
+        out.append(check(f"disk free at {label} path", free_gib >= need_gib, node=name,
+                         observed=f"{free_gib:.1f} GiB free on {info.mount}",
+                         expected=f">= {need_gib:.1f} GiB",
+                         fix=f"free {need_gib - free_gib:.1f} GiB on {info.mount} or point the path elsewhere",
+                         data={"free_bytes": info.avail_bytes, "need_gib": need_gib}))
+    return out
+
+
+def _memory(name: str, f: dict[str, Any], profile) -> Check:
+    avail = f["mem"].get("MemAvailable", 0) / GIB
+    need = float(profile.weight_budget_gib) + float(profile.boot_margin_gib)
+    return check("memory available", avail >= need, node=name, observed=f"MemAvailable {avail:.1f} GiB",
+                 expected=f">= {need:.1f} GiB (weights {profile.weight_budget_gib} + margin {profile.boot_margin_gib})",
+                 fix="stop other workloads (docker ps; free -g) or drop the page cache before launch",
+                 data={"mem_available_bytes": f["mem"].get("MemAvailable", 0), "need_gib": need})
+
+
+def _ports(name: str, f: dict[str, Any], profile) -> list[Check]:
+    out = []
+    for label, port in (("API port", profile.port), ("master port", profile.master_port)):
+        owner = f["listening"].get(int(port))
+        out.append(check(f"{label} {port} free", owner is None, node=name,
+                         observed=f"in use by {owner or 'a process'}" if owner is not None else "free",
+                         expected="free", fix=f"stop what listens on {port} (ss -ltnp) or change the port in the profile"))
+    return out
+
+
+def _stale(name: str, f: dict[str, Any], profile) -> Check:
+    ours = {profile.container_head, profile.container_worker} - {""}
+    containers = [line for line in f["containers"] if line.split("\t", 1)[0] in ours]
+    stale = containers + f["vllm_procs"]
+    return check("no stale vLLM ranks", not stale, node=name,
+                 observed="; ".join(stale)[:300] if stale else "none",
+                 expected="no vLLM container or process from an earlier run",
+                 fix="python -m runbook stop --profile <profile> (or docker rm -f the container)")
+
+
+def _gpu(name: str, f: dict[str, Any], profile) -> Check:
+    if not profile.expect_gpu:
+        return not_applicable("GPU present", f"profile expects no GPU; nvidia-smi says: {f['gpu_text'][:80]}",
+                              node=name, expected="none (EXPECT_GPU=0)")
+    gpus = f["gpus"]
+    ok = any("GB10" in g for g in gpus)
+    return check("GPU present", ok, node=name, observed=", ".join(gpus) or f["gpu_text"][:120],
+                 expected="NVIDIA GB10", fix="check the driver: nvidia-smi must list the GB10")
+
+
+def _clock(offsets: dict[str, Any], profile) -> Check:
+    good = {k: v for k, v in offsets.items() if not isinstance(v, Exception)}
+    if len(good) < 2:
+        return check("clock offset", False, node="cluster", observed=str(offsets), expected="readable clocks")
+    values = [v[0] for v in good.values()]
+    spread_ms = (max(values) - min(values)) * 1000
+    uncertainty_ms = max(v[1] for v in good.values()) * 1000
+    limit = float(profile.max_clock_offset_ms)
+    return check("clock offset between nodes", spread_ms - uncertainty_ms <= limit, node="cluster",
+                 observed=f"{spread_ms:.1f} ms (± {uncertainty_ms:.1f} ms)", expected=f"<= {limit:.0f} ms",
+                 fix="enable NTP/chrony on every node (timedatectl set-ntp true)",
+                 data={"spread_ms": spread_ms, "uncertainty_ms": uncertainty_ms})
+
+
+def _node_summary(f: dict[str, Any]) -> dict[str, Any]:
+    return {"os": f["os"].pretty_name, "kernel": f["os"].kernel, "machine": f["os"].machine,
+            "hostname": f["os"].hostname, "mem_available": f["mem"].get("MemAvailable"),
+            "docker": f["docker"], "image_id": f["image"].image_id if f["image"] else None,
+            "image_layers": f["image"].layers if f["image"] else None,
+            "gpus": f["gpus"], "driver": f["driver"], "listening": sorted(f["listening"])}

@@ -1,0 +1,351 @@
+"""The one remote-command layer: fabric ``Connection``s to the nodes.
+
+* ``node.read(cmd)`` is a fact probe: read-only, runs even in dry-run, never raises on a
+  non-zero exit (callers read ``.ok``).
+* ``node.run(cmd)`` changes a node: in dry-run it is recorded and not executed; otherwise a
+  non-zero exit raises ``RemoteError`` (with the tails of stdout/stderr) unless ``warn=True``.
+* Every command has a timeout, never forwards local stdin (``in_stream=False``: required under
+  pytest and in papermill kernels), and is appended to the run's command log with secrets masked.
+* Host keys are verified against a known_hosts file; only a profile that allows it (the lab)
+  may accept new keys.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+from .errors import RemoteError
+from .secrets import Redactor, default_redactor
+
+T = TypeVar("T")
+
+DEFAULT_READ_TIMEOUT = 30.0
+DEFAULT_RUN_TIMEOUT = 120.0
+TAIL_LINES = 20
+
+
+def quote(*parts: Any) -> str:
+    """Join argv parts into one shell-safe command string."""
+    return " ".join(shlex.quote(str(p)) for p in parts)
+
+
+def tail(text: str, lines: int = TAIL_LINES) -> str:
+    return "\n".join((text or "").rstrip().splitlines()[-lines:])
+
+
+@dataclass
+class CommandResult:
+    node: str
+    command: str          # as run (may contain secrets; never logged as is)
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    dry_run: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class CommandLog:
+    """Append-only JSONL log of every command run (secrets masked). Safe across threads;
+    several processes (runner + notebook kernels) may append to the same file."""
+
+    def __init__(self, path: Path | None, redactor: Redactor | None = None):
+        self.path = Path(path) if path else None
+        self.redactor = redactor or default_redactor()
+        self._lock = threading.Lock()
+        self.entries: list[dict[str, Any]] = []   # this process's entries (dry-run plans read it)
+
+    def record(self, result: CommandResult, *, kind: str) -> dict[str, Any]:
+        r = self.redactor.redact
+        entry = {
+            "time": time.time(),
+            "node": result.node,
+            "kind": kind,
+            "command": r(result.command),
+            "exit_code": result.exit_code,
+            "duration_s": round(result.duration_s, 3),
+            "dry_run": result.dry_run,
+            "stdout_tail": r(tail(result.stdout)),
+            "stderr_tail": r(tail(result.stderr)),
+        }
+        with self._lock:
+            self.entries.append(entry)
+            if self.path:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(entry) + "\n")
+        return entry
+
+
+@dataclass
+class SshSettings:
+    """How to reach nodes: from the profile's SSH_* keys."""
+    ssh_config: Path | None = None
+    key_file: Path | None = None
+    known_hosts: Path | None = None
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+
+
+class Node:
+    """One node, described by a ``profile.NodeSpec`` (name, rank, ssh, fabric_ip, fabric_if,
+    ib_devs, gid). Connects lazily; use as a context manager or call ``close()``."""
+
+    def __init__(self, spec, ssh: SshSettings, *, log: CommandLog | None = None,
+                 dry_run: bool = False):
+        self.spec = spec
+        self.name = spec.name
+        self.ssh = ssh
+        self.log = log or CommandLog(None)
+        self.dry_run = dry_run
+        self._conn = None
+        self._conn_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r}, ssh={self.spec.ssh!r})"
+
+    # -- connection -------------------------------------------------------------------------
+    def _connection(self):
+        with self._conn_lock:
+            if self._conn is None:
+                self._conn = self._connect()
+            return self._conn
+
+    def _connect(self):
+        from fabric import Config, Connection
+        from paramiko import AutoAddPolicy, RejectPolicy
+
+        overrides = {"run": {"in_stream": False}, "timeouts": {"connect": int(self.ssh.connect_timeout)}}
+        if self.ssh.ssh_config:
+            if not Path(self.ssh.ssh_config).is_file():
+                raise RemoteError(f"ssh config {self.ssh.ssh_config} does not exist", node=self.name,
+                                  fix="set SSH_CONFIG to an existing file (for the lab: make lab-up)")
+            config = Config(runtime_ssh_path=str(self.ssh.ssh_config), overrides=overrides)
+        else:
+            config = Config(overrides=overrides)
+        connect_kwargs: dict[str, Any] = {"allow_agent": False, "look_for_keys": self.ssh.key_file is None}
+        if self.ssh.key_file:
+            connect_kwargs["key_filename"] = str(self.ssh.key_file)
+        conn = Connection(self.spec.ssh, config=config, connect_kwargs=connect_kwargs)
+        # fabric accepts unknown host keys by default; we verify unless the profile allows new keys
+        client = conn.client
+        known_hosts = self.ssh.known_hosts or self._ssh_config_known_hosts(conn)
+        if known_hosts and Path(known_hosts).exists():
+            client.load_host_keys(str(known_hosts))
+        else:
+            client.load_system_host_keys()
+        client.set_missing_host_key_policy(AutoAddPolicy() if self.ssh.accept_new_host_keys
+                                           else RejectPolicy())
+        try:
+            conn.open()
+        except Exception as exc:  # map paramiko/socket errors at the boundary
+            raise map_connect_error(exc, self.name, self.spec.ssh, known_hosts) from exc
+        return conn
+
+    @staticmethod
+    def _ssh_config_known_hosts(conn) -> str | None:
+        value = conn.ssh_config.get("userknownhostsfile")
+        return value.split()[0] if value else None
+
+    def close(self) -> None:
+        with self._conn_lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> "Node":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- commands ---------------------------------------------------------------------------
+    def read(self, command: str, *, timeout: float = DEFAULT_READ_TIMEOUT,
+             env: Mapping[str, str] | None = None) -> CommandResult:
+        """Run a read-only probe. Executed even in dry-run; never raises on a non-zero exit."""
+        return self._execute(command, timeout=timeout, env=env, kind="read", warn=True, stream=False)
+
+    def run(self, command: str, *, timeout: float = DEFAULT_RUN_TIMEOUT, warn: bool = False,
+            env: Mapping[str, str] | None = None, stream: bool = False) -> CommandResult:
+        """Run a command that changes the node. Dry-run records it without executing."""
+        if self.dry_run:
+            result = CommandResult(self.name, _with_env(command, env), 0, dry_run=True)
+            self.log.record(result, kind="run")
+            return result
+        return self._execute(command, timeout=timeout, env=env, kind="run", warn=warn, stream=stream)
+
+    def _execute(self, command: str, *, timeout: float, env, kind: str, warn: bool,
+                 stream: bool) -> CommandResult:
+        from invoke.exceptions import CommandTimedOut, UnexpectedExit
+
+        conn = self._connection()
+        full = _with_env(command, env)
+        started = time.monotonic()
+        try:
+            res = conn.run(full, hide=not stream, warn=True, timeout=timeout, in_stream=False, pty=False)
+            result = CommandResult(self.name, full, res.exited, res.stdout, res.stderr,
+                                   time.monotonic() - started)
+        except CommandTimedOut as exc:
+            out = exc.result
+            result = CommandResult(self.name, full, 124, out.stdout, out.stderr,
+                                   time.monotonic() - started)
+            self.log.record(result, kind=kind)
+            raise RemoteError(f"command timed out after {timeout:.0f} s", node=self.name,
+                              observed=self.log.redactor.redact(_summary(full, out.stdout, out.stderr)),
+                              expected=f"completion within {timeout:.0f} s",
+                              fix="check the node is responsive; raise the timeout only if the step "
+                                  "is known to be slow") from exc
+        except UnexpectedExit as exc:  # warn=True makes this rare, but keep the mapping total
+            out = exc.result
+            result = CommandResult(self.name, full, out.exited, out.stdout, out.stderr,
+                                   time.monotonic() - started)
+        except (OSError, EOFError, socket.error) as exc:
+            self._conn = None
+            raise RemoteError(f"connection to {self.spec.ssh} lost: {exc}", node=self.name,
+                              fix="check the node is up and sshd is running") from exc
+        self.log.record(result, kind=kind)
+        if not result.ok and not warn:
+            redact = self.log.redactor.redact
+            raise RemoteError(f"command failed with exit code {result.exit_code}", node=self.name,
+                              observed=redact(_summary(full, result.stdout, result.stderr)),
+                              expected="exit code 0")
+        return result
+
+    def put(self, local: str | Path, remote: str) -> None:
+        if self.dry_run:
+            self.log.record(CommandResult(self.name, f"put {local} -> {remote}", 0, dry_run=True), kind="run")
+            return
+        started = time.monotonic()
+        self._connection().put(str(local), remote)
+        self.log.record(CommandResult(self.name, f"put {local} -> {remote}", 0,
+                                      duration_s=time.monotonic() - started), kind="run")
+
+    def get(self, remote: str, local: str | Path) -> None:
+        started = time.monotonic()
+        self._connection().get(remote, str(local))
+        self.log.record(CommandResult(self.name, f"get {remote} -> {local}", 0,
+                                      duration_s=time.monotonic() - started), kind="read")
+
+
+class Cluster:
+    """Head and worker(s), ordered by rank."""
+
+    def __init__(self, nodes: Iterable[Node], *, log: CommandLog):
+        self.nodes = sorted(nodes, key=lambda n: n.spec.rank)
+        self.log = log
+
+    @classmethod
+    def from_profile(cls, profile, *, run_dir: Path | None = None, dry_run: bool = False,
+                     redactor: Redactor | None = None) -> "Cluster":
+        log = CommandLog(Path(run_dir) / "commands.jsonl" if run_dir else None, redactor)
+        settings = ssh_settings(profile)
+        return cls([Node(spec, settings, log=log, dry_run=dry_run) for spec in profile.nodes], log=log)
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def worker(self) -> Node:
+        return self.nodes[1]
+
+    @property
+    def workers(self) -> list[Node]:
+        return self.nodes[1:]
+
+    def __getitem__(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def __iter__(self):
+        return iter(self.nodes)
+
+    def each(self, fn: Callable[[Node], T], nodes: Iterable[Node] | None = None) -> dict[str, T | Exception]:
+        """Call ``fn(node)`` on every node in parallel; a failure on one node is returned as its
+        exception and never hides the other nodes' answers."""
+        targets = list(nodes) if nodes is not None else self.nodes
+        out: dict[str, T | Exception] = {}
+        with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
+            futures = {node.name: pool.submit(fn, node) for node in targets}
+            for name, future in futures.items():
+                try:
+                    out[name] = future.result()
+                except Exception as exc:  # noqa: BLE001 - returned to the caller per node
+                    out[name] = exc
+        return out
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def ssh_settings(profile) -> SshSettings:
+    def path_or_none(value: str) -> Path | None:
+        return profile.resolve_path(value) if value else None
+    return SshSettings(
+        ssh_config=path_or_none(profile.ssh_config),
+        key_file=path_or_none(profile.ssh_key),
+        known_hosts=path_or_none(profile.known_hosts),
+        accept_new_host_keys=bool(profile.ssh_accept_new_host_keys),
+        connect_timeout=float(profile.ssh_connect_timeout),
+    )
+
+
+def map_connect_error(exc: Exception, node: str, target: str, known_hosts) -> RemoteError:
+    """Turn paramiko/socket exceptions into a RemoteError with a fix."""
+    from paramiko.ssh_exception import (AuthenticationException, BadHostKeyException,
+                                        NoValidConnectionsError, SSHException)
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, BadHostKeyException):
+        return RemoteError(f"host key of {target} does not match {known_hosts}", node=node,
+                           observed=text, expected="the recorded host key",
+                           fix="if the node was reinstalled, remove its old line from known_hosts "
+                               "(ssh-keygen -R HOST -f FILE) and verify the new key out of band")
+    if isinstance(exc, AuthenticationException):
+        return RemoteError(f"SSH key authentication to {target} failed", node=node, observed=text,
+                           fix="install the runbook's public key in the node's authorized_keys "
+                               "(ssh-copy-id) and set SSH_KEY")
+    if isinstance(exc, SSHException) and "not found in known_hosts" in text:
+        return RemoteError(f"host key of {target} is not in {known_hosts or '~/.ssh/known_hosts'}",
+                           node=node, observed=text, expected="a known host key",
+                           fix=f"verify the node's key and add it: ssh-keyscan HOST >> "
+                               f"{known_hosts or '~/.ssh/known_hosts'}")
+    if isinstance(exc, (NoValidConnectionsError, socket.timeout, TimeoutError, ConnectionError, OSError)):
+        return RemoteError(f"cannot connect to {target}: {text}", node=node,
+                           fix="check the address in HEAD_SSH/WORKER_SSH (or the ssh_config alias), "
+                               "that sshd runs, and that the network path is up (lab: make lab-up)")
+    return RemoteError(f"SSH to {target} failed: {text}", node=node)
+
+
+def _with_env(command: str, env: Mapping[str, str] | None) -> str:
+    if not env:
+        return command
+    exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
+    return f"export {exports}; {command}"
+
+
+def _summary(command: str, stdout: str, stderr: str) -> str:
+    parts = [f"$ {command}"]
+    if stdout.strip():
+        parts.append("stdout (tail):\n" + tail(stdout))
+    if stderr.strip():
+        parts.append("stderr (tail):\n" + tail(stderr))
+    return "\n".join(parts)

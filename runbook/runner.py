@@ -1,0 +1,168 @@
+"""Run the notebooks in order with papermill and archive them as evidence.
+
+Reads top to bottom as the checklist of a run:
+validate the profile → (lab) bring the lab up → open the run folder → for each step, execute
+its notebook into a scratch folder, scrub secrets, archive it, record it → stop at the first
+failing step.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .errors import RunbookError
+from .evidence import REPO_ROOT, RESULTS_ROOT, RunDir, file_sha256, provenance, scrub_tree
+from .profile import load_profile
+from .secrets import redactor_from_env
+
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+KERNEL_NAME = "runbook"
+DEFAULT_STEP_TIMEOUT = 3600
+
+
+@dataclass
+class StepOutcome:
+    name: str
+    status: str          # passed | failed | skipped
+    seconds: float
+    error: str = ""
+
+
+def discover_steps(notebooks_dir: Path = NOTEBOOKS_DIR) -> list[str]:
+    """Step names in run order: ``notebooks/NN_name.ipynb`` sorted by NN."""
+    return sorted(p.stem for p in notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
+
+
+def select_steps(steps: list[str], *, start: str = "", stop: str = "", only: list[str] | None = None) -> list[str]:
+    def find(token: str) -> int:
+        for i, name in enumerate(steps):
+            if name == token or name.split("_", 1)[0] == token or name.split("_", 1)[-1] == token:
+                return i
+        raise RunbookError(f"unknown step {token!r}", expected=", ".join(steps),
+                           fix="name a step by its number (01), name (network) or file stem (01_network)")
+    if only:
+        return [steps[find(t)] for t in only]
+    lo = find(start) if start else 0
+    hi = find(stop) if stop else len(steps) - 1
+    return steps[lo:hi + 1]
+
+
+def check_kernel(kernel: str) -> None:
+    from jupyter_client.kernelspec import KernelSpecManager
+    if kernel not in KernelSpecManager().find_kernel_specs():
+        raise RunbookError(f"Jupyter kernel {kernel!r} is not installed",
+                           fix="run `make install` (it registers the `runbook` kernel from .venv)")
+
+
+def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list[str] | None = None,
+        resume: str = "", dry_run: bool = False, overrides: dict[str, str] | None = None,
+        kernel: str = KERNEL_NAME, step_timeout: int = DEFAULT_STEP_TIMEOUT,
+        results_root: Path | None = None, notebooks_dir: Path = NOTEBOOKS_DIR,
+        lab_up: Callable | None = None, echo: Callable[[str], None] = print) -> tuple[RunDir, list[StepOutcome]]:
+    # 1. the profile is validated before anything else happens
+    profile = load_profile(profile_path, overrides=overrides)
+    steps = select_steps(discover_steps(notebooks_dir), start=start, stop=stop, only=only)
+    check_kernel(kernel)
+    redactor = redactor_from_env()
+
+    # 2. the lab, when the profile targets it
+    if profile.lab and lab_up is not None:
+        echo("lab: bringing the two-node lab up")
+        lab_up(profile)
+
+    # 3. the run folder (new, or an earlier one to resume)
+    if resume:
+        run_dir = RunDir(_resolve_run(resume, results_root), redactor)
+        done = {name for name, entry in run_dir.manifest().get("steps", {}).items()
+                if entry.get("status") == "passed"}
+        steps = [s for s in steps if s not in done]
+        echo(f"resuming {run_dir.run_id}: skipping {sorted(done) or 'nothing'}")
+    else:
+        run_dir = RunDir.create(profile.profile_name, results_root or RESULTS_ROOT, redactor)
+        run_dir.write_json("profile.json", profile.redacted())
+        run_dir.write_json("provenance.json", provenance(profile))
+    run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
+                            profile_source=str(profile.source))
+    echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path}")
+
+    # 4. the steps, in order, stopping at the first failure
+    outcomes: list[StepOutcome] = []
+    for name in steps:
+        outcome = execute_step(name, run_dir, profile_path=str(profile.source), dry_run=dry_run,
+                               overrides=overrides, kernel=kernel, step_timeout=step_timeout,
+                               notebooks_dir=notebooks_dir, echo=echo)
+        outcomes.append(outcome)
+        if outcome.status != "passed":
+            break
+    status = "passed" if outcomes and all(o.status == "passed" for o in outcomes) else "failed"
+    if not outcomes:
+        status = "passed" if resume else "empty"
+    run_dir.update_manifest(status=status, finished=time.time())
+    run_dir.scrub()
+    return run_dir, outcomes
+
+
+def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool,
+                 overrides: dict[str, str] | None, kernel: str, step_timeout: int,
+                 notebooks_dir: Path, echo: Callable[[str], None]) -> StepOutcome:
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    source = notebooks_dir / f"{name}.ipynb"
+    parameters = {"profile_path": _repo_relative(profile_path), "run_dir": str(run_dir.path),
+                  "dry_run": dry_run}
+    if overrides:
+        parameters["overrides"] = dict(overrides)
+    started = time.time()
+    run_dir.record_step(name, notebook=f"notebooks/{name}.ipynb", notebook_sha256=file_sha256(source),
+                        parameters=parameters, start=started, status="running")
+    echo(f"--- {name}")
+    # executed into a scratch folder: nothing reaches results/ before it is scrubbed
+    scratch = Path(tempfile.mkdtemp(prefix=f"runbook-{name}-"))
+    scratch_nb = scratch / f"{name}.ipynb"
+    status, error, exit_code = "passed", "", 0
+    try:
+        pm.execute_notebook(str(source), str(scratch_nb), parameters=parameters, kernel_name=kernel,
+                            cwd=str(REPO_ROOT), execution_timeout=step_timeout, log_output=True,
+                            progress_bar=False, report_mode=False)
+    except PapermillExecutionError as exc:
+        status, exit_code = "failed", 1
+        error = f"{exc.ename}: {exc.evalue}".strip()
+    except Exception as exc:  # kernel death, timeouts, missing kernel: still archive what ran
+        status, exit_code = "failed", 2
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if scratch_nb.exists():
+            scrub_tree(scratch, run_dir.redactor)
+            dest = run_dir.path / "notebooks" / scratch_nb.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(scratch_nb), str(dest) + ".partial")
+            Path(str(dest) + ".partial").replace(dest)
+        shutil.rmtree(scratch, ignore_errors=True)
+    seconds = time.time() - started
+    run_dir.record_step(name, status=status, end=time.time(), seconds=round(seconds, 2),
+                        exit=exit_code, error=run_dir.redactor.redact(error))
+    echo(f"--- {name}: {status} in {seconds:.1f} s" + (f"\n{run_dir.redactor.redact(error)}" if error else ""))
+    return StepOutcome(name, status, seconds, error)
+
+
+def _resolve_run(resume: str, results_root: Path | None) -> Path:
+    candidate = Path(resume)
+    if candidate.is_dir():
+        return candidate
+    candidate = (results_root or RESULTS_ROOT) / resume
+    if candidate.is_dir():
+        return candidate
+    raise RunbookError(f"no run {resume!r} to resume", fix="give a run id listed under results/")
+
+
+def _repo_relative(path: str) -> str:
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(p)

@@ -1,0 +1,108 @@
+"""What a notebook calls: ``begin`` (validation + provenance) and ``Step.finish`` (summary).
+
+    step = runbook.step.begin("00_preflight", profile_path, run_dir=run_dir, dry_run=dry_run)
+    step.add(runbook.preflight.run_checks(step))
+    step.finish()        # table, sidecar, raises CheckFailed on any FAIL
+
+Run interactively (``run_dir`` empty) a step opens a new run folder of its own, so interactive
+and headless runs leave the same evidence layout.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from .checks import Check, CheckList, Status
+from .evidence import RESULTS_ROOT, RunDir, provenance
+from .profile import Profile, load_profile
+from .remote import Cluster
+from .secrets import redactor_from_env
+
+
+class Step:
+    def __init__(self, name: str, profile: Profile, run: RunDir, *, dry_run: bool = False):
+        self.name = name
+        self.profile = profile
+        self.run = run
+        self.dry_run = dry_run
+        self.checks = CheckList()
+        self.data: dict[str, Any] = {}
+        self.started = time.monotonic()
+        self._cluster: Cluster | None = None
+
+    @property
+    def cluster(self) -> Cluster:
+        """Connections to the nodes; opened lazily on first use."""
+        if self._cluster is None:
+            self._cluster = Cluster.from_profile(self.profile, run_dir=self.run.path,
+                                                 dry_run=self.dry_run, redactor=self.run.redactor)
+        return self._cluster
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.run.path / "raw" / self.name
+
+    def add(self, items: Check | Iterable[Check]) -> CheckList:
+        self.checks.add(items)
+        return self.checks
+
+    def raw(self, name: str, text: str) -> str:
+        """Archive a raw tool output under raw/<step>/; returns its run-relative path."""
+        return self.run.write_raw(self.name, name, text)
+
+    def status(self) -> str:
+        return "failed" if self.checks.failures() else "passed"
+
+    def finish(self, display: bool = True) -> CheckList:
+        """Render the table, write the sidecar and manifest entry, raise if any check failed."""
+        try:
+            if self._cluster is not None:
+                self._cluster.close()
+            status = self.status()
+            self.data.setdefault("duration_s", round(time.monotonic() - self.started, 3))
+            self.run.write_sidecar(self.name, self.checks.to_records(), self.data, status)
+            self.run.record_step(self.name, checks=self.checks.counts(), check_status=status,
+                                 sidecar=self.run.sidecar_rel(self.name))
+            if display:
+                show_table(self.checks)
+        finally:
+            self.run.scrub()
+        self.checks.raise_on_failure(self.name)
+        return self.checks
+
+
+def begin(name: str, profile_path: str | Path, *, run_dir: str | Path = "", dry_run: bool = False,
+          overrides: dict[str, str] | None = None, results_root: Path | None = None) -> Step:
+    """Validate the profile (raises ProfileError before any connection) and open the run dir."""
+    profile = load_profile(profile_path, overrides=overrides)
+    redactor = redactor_from_env()
+    if run_dir:
+        run = RunDir(Path(run_dir), redactor)
+    else:
+        run = RunDir.create(profile.profile_name, results_root or RESULTS_ROOT, redactor)
+        run.write_json("profile.json", profile.redacted())
+        run.write_json("provenance.json", provenance(profile))
+        run.update_manifest(mode="interactive")
+    run.record_step(name, kernel_started=time.time(), dry_run=dry_run)
+    return Step(name, profile, run, dry_run=dry_run)
+
+
+_STATUS_COLOURS = {Status.PASS.value: "#d4edda", Status.FAIL.value: "#f8d7da",
+                   Status.WARN.value: "#fff3cd", Status.NA.value: "#e2e3e5", Status.NOOP.value: "#d1ecf1"}
+
+
+def show_table(checks: CheckList) -> None:
+    """A styled table in Jupyter, plain text elsewhere (headless logs)."""
+    print(checks.to_text())
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return
+    if get_ipython() is None:
+        return
+    frame = checks.to_frame()
+    styled = frame.style.apply(
+        lambda col: [f"background-color: {_STATUS_COLOURS.get(v, '')}" for v in col], subset=["status"])
+    display(styled.hide(axis="index"))
