@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -107,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # papermill streams each cell's output through its logger: show it live
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("papermill").setLevel(logging.INFO)
     try:
         if argv and argv[0] == "bench":
             return cmd_bench(argv[1:])

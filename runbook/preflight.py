@@ -123,8 +123,8 @@ def _fabric_ssh(cluster: Cluster, profile) -> list[Check]:
         argv = node_ssh_argv(profile, src, dst.spec.fabric_ip) + ["hostname"]
         res = src.read(quote(*argv), timeout=20)
         out.append(check(f"ssh {src.name}→{dst.name} over fabric", res.ok, node=src.name,
-                         observed=(res.stdout.strip() or res.stderr.strip().splitlines()[-1:] or ["no output"])[0]
-                         if res.ok else (res.stderr.strip() or f"exit {res.exit_code}"),
+                         observed=f"hostname {res.stdout.strip()}" if res.ok
+                         else (res.stderr.strip() or f"exit {res.exit_code}"),
                          expected=f"key-only ssh to {dst.spec.fabric_ip} answers",
                          fix=f"install {src.name}'s public key on {dst.name} and add {dst.spec.fabric_ip} "
                              f"to {src.name}'s known_hosts (ssh-copy-id; ssh-keyscan)"))
@@ -189,8 +189,8 @@ def _disk(name: str, f: dict[str, Any], profile) -> list[Check]:
             continue
         free_gib = info.avail_bytes / GIB
         out.append(check(f"disk free at {label} path", free_gib >= need_gib, node=name,
-                         observed=f"{free_gib:.1f} GiB free on {info.mount}",
-                         expected=f">= {need_gib:.1f} GiB",
+                         observed=f"{free_gib:.2f} GiB free on {info.mount}",
+                         expected=f">= {need_gib:.2f} GiB",
                          fix=f"free {need_gib - free_gib:.1f} GiB on {info.mount} or point the path elsewhere",
                          data={"free_bytes": info.avail_bytes, "need_gib": need_gib}))
     return out

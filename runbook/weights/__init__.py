@@ -1,1 +1,79 @@
-"""runbook.weights"""
+"""runbook.weights: pinned download, manifest/sha256 verification, sharing, parity.
+
+Notebook API (02_weights)::
+
+    snap = fetch_metadata(repo, revision, endpoint=...)          # Hub sizes + LFS sha256
+    res  = download(repo, revision, weights_dir, endpoint=..., allow_patterns=..., max_workers=...)
+    res.checks                                                   # free space, per-file, summary
+    verify_dir(weights_dir, snap.expected())                     # re-run: manifest reuse
+    rsync_to_worker(cluster.head, cluster.worker, src, dst)      # WEIGHT_SYNC=rsync
+    download_on_node(cluster.worker, repo, rev, dst, expected=snap.expected(), ...)  # download-both
+    nfs_share(cluster.head, cluster.worker, src, mnt, execute=not lab)               # nfs
+    parity(head_manifest, worker_manifest)
+    hash_rate_vs_sha256sum(paths)
+"""
+from .download import (
+                       DownloadResult,
+                       RemoteFile,
+                       RepoSnapshot,
+                       bytes_still_needed,
+                       download,
+                       fetch_metadata,
+                       free_space_check,
+                       hf_token_from_env,
+                       require_pinned,
+                       verify_checks,
+)
+from .node_download import LAYOUT
+from .sharing import (
+                       ShareResult,
+                       cache_dir_is_local,
+                       download_on_node,
+                       nfs_share,
+                       read_node_manifest,
+                       render_nfs,
+                       render_node_download,
+                       render_rsync,
+                       rsync_to_worker,
+                       ship_tools,
+                       verify_on_node,
+)
+from .verify import (
+                       hash_rate_vs_sha256sum,
+                       manifest_to_expected,
+                       parity,
+                       read_manifest,
+                       verify_dir,
+)
+from .verify_manifest import MANIFEST_NAME
+
+__all__ = [
+                       "LAYOUT",
+                       "MANIFEST_NAME",
+                       "DownloadResult",
+                       "RemoteFile",
+                       "RepoSnapshot",
+                       "ShareResult",
+                       "bytes_still_needed",
+                       "cache_dir_is_local",
+                       "download",
+                       "download_on_node",
+                       "fetch_metadata",
+                       "free_space_check",
+                       "hash_rate_vs_sha256sum",
+                       "hf_token_from_env",
+                       "manifest_to_expected",
+                       "nfs_share",
+                       "parity",
+                       "read_manifest",
+                       "read_node_manifest",
+                       "render_nfs",
+                       "render_node_download",
+                       "render_rsync",
+                       "require_pinned",
+                       "rsync_to_worker",
+                       "ship_tools",
+                       "verify_checks",
+                       "verify_dir",
+                       "verify_on_node",
+]

@@ -1,8 +1,11 @@
+from pathlib import Path
+
 import pytest
 
 from runbook.errors import RunbookError
 from runbook.runner import discover_steps, select_steps
 
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["00_preflight", "01_network", "02_weights", "03_engram", "04_launch"]
 
 
@@ -22,3 +25,16 @@ def test_unknown_step_is_named():
     with pytest.raises(RunbookError) as err:
         select_steps(STEPS, only=["99"])
     assert "'99'" in str(err.value) and "00_preflight" in str(err.value)
+
+
+def test_bad_profile_is_rejected_before_anything_runs(tmp_path):
+    from runbook.errors import ProfileError
+    from runbook.runner import run
+    bad = tmp_path / "bad.env"
+    bad.write_text((ROOT / "env/lab.env").read_text() + "\nMAX_MODL_LEN=4096\n")
+    results = tmp_path / "results"
+    calls = []
+    with pytest.raises(ProfileError) as err:
+        run(bad, results_root=results, lab_up=lambda p: calls.append(p))
+    assert "MAX_MODL_LEN" in str(err.value) and "MAX_MODEL_LEN" in str(err.value)
+    assert not results.exists() and not calls     # no run folder, no lab, no connection

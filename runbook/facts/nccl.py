@@ -1,0 +1,226 @@
+"""Collective facts: nccl-tests output, NCCL INIT/NET log lines, and the gloo all-reduce sweep
+JSON printed by ``runbook/facts/allreduce_sweep.py``. Parsers are pure."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# --------------------------------------------------------------------------- nccl-tests
+
+
+@dataclass
+class NcclTestRow:
+    size: int
+    count: int
+    oop_time_us: float
+    oop_algbw: float
+    oop_busbw: float
+    ip_time_us: float
+    ip_algbw: float
+    ip_busbw: float
+    oop_wrong: str = "0"
+    ip_wrong: str = "0"
+
+
+@dataclass
+class NcclTest:
+    test: str = ""                       # "all_reduce_perf" when recognisable
+    rows: list[NcclTestRow] = field(default_factory=list)
+    avg_busbw_gbs: float | None = None   # "# Avg bus bandwidth    : 23.74"
+    out_of_bounds: int | None = None
+    ranks: int = 0
+    error: str = ""
+
+    @property
+    def max_busbw_gbs(self) -> float | None:
+        vals = [max(r.oop_busbw, r.ip_busbw) for r in self.rows]
+        return max(vals) if vals else None
+
+    @property
+    def wrong(self) -> bool:
+        return any(w not in ("0", "N/A") for r in self.rows for w in (r.oop_wrong, r.ip_wrong))
+
+
+def parse_nccl_tests(text: str) -> NcclTest:
+    """Parse ``all_reduce_perf`` / ``all_gather_perf`` output (nccl-tests 2.x). Sample::
+
+        # nThread 1 nGpus 1 minBytes 8388608 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+        #
+        # Using devices
+        #  Rank  0 Group  0 Pid   4242 on spark-head device  0 [000f:01:00] NVIDIA GB10
+        #  Rank  1 Group  0 Pid   3131 on spark-worker device  0 [000f:01:00] NVIDIA GB10
+        #
+        #                                                              out-of-place                       in-place
+        #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+        #        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+             8388608       2097152     float     sum      -1    705.2   11.90   11.90      0    702.8   11.94   11.94      0
+        # Out of bounds values : 0 OK
+        # Avg bus bandwidth    : 18.8543
+
+    Older all_gather_perf builds omit the ``redop``/``root`` columns, so rows are read from the
+    right: the last eight fields are time/algbw/busbw/#wrong for out-of-place then in-place.
+    """
+    text = text or ""
+    out = NcclTest()
+    m = re.search(r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv)_perf\b", text)
+    if m:
+        out.test = m.group(0)
+    out.ranks = len(re.findall(r"^#\s+Rank\s+\d+\s", text, re.MULTILINE))
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        toks = line.split()
+        if len(toks) < 10 or not toks[0].isdigit() or not toks[1].isdigit():
+            continue
+        try:
+            t = toks[-8:]
+            out.rows.append(NcclTestRow(size=int(toks[0]), count=int(toks[1]),
+                                        oop_time_us=float(t[0]), oop_algbw=float(t[1]),
+                                        oop_busbw=float(t[2]), oop_wrong=t[3],
+                                        ip_time_us=float(t[4]), ip_algbw=float(t[5]),
+                                        ip_busbw=float(t[6]), ip_wrong=t[7]))
+        except ValueError:
+            continue
+    m = re.search(r"#\s*Avg bus bandwidth\s*:\s*([\d.]+)", text)
+    if m:
+        out.avg_busbw_gbs = float(m.group(1))
+    m = re.search(r"#\s*Out of bounds values\s*:\s*(\d+)", text)
+    if m:
+        out.out_of_bounds = int(m.group(1))
+    if not out.rows:
+        m = re.search(r"^.*(NCCL error|Test NCCL failure|unhandled system error|ORTE|mpirun).*$", text, re.MULTILINE)
+        out.error = m.group(0).strip() if m else "no result rows in nccl-tests output"
+    return out
+
+
+# --------------------------------------------------------------------------- NCCL INFO log
+
+
+@dataclass
+class NcclNet:
+    transport: str = ""                         # "IB" | "Socket" | "" (not seen)
+    hcas: list[str] = field(default_factory=list)   # ["rocep1s0f0:1/RoCE", ...]
+    oob_if: str = ""                            # "enp1s0f0np0"
+    socket_ifs: list[str] = field(default_factory=list)
+    via: list[str] = field(default_factory=list)    # distinct "NET/IB/0", "NET/IB/1/GDRDMA", ...
+    version: str = ""
+    gdr: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def hca_names(self) -> list[str]:
+        return [h.split(":")[0] for h in self.hcas]
+
+
+def parse_nccl_log(text: str) -> NcclNet:
+    """Parse ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET`` lines. Samples::
+
+        spark-head:4242:4242 [0] NCCL INFO Bootstrap : Using enp1s0f0np0:192.168.100.1<0>
+        spark-head:4242:4242 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [1]roceP2p1s0f0:1/RoCE [RO]; OOB enp1s0f0np0:192.168.100.1<0>
+        spark-head:4242:4242 [0] NCCL INFO Using network IB
+        spark-head:4242:4260 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0
+
+    TCP fallback prints ``NET/Socket : Using [0]enp1s0f0np0:169.254.77.1<0>`` and
+    ``Using network Socket``.
+    """
+    text = text or ""
+    out = NcclNet()
+    m = re.search(r"NCCL version (\S+)", text)
+    if m:
+        out.version = m.group(1)
+    m = re.search(r"NET/IB : Using (.*?)(?:;\s*OOB (\S+?):|\s*$)", text, re.MULTILINE)
+    if m:
+        out.hcas = re.findall(r"\[\d+\](\S+?:\d+/\w+)", m.group(1))
+        if m.group(2):
+            out.oob_if = m.group(2)
+    m = re.search(r"NET/Socket : Using (.*)$", text, re.MULTILINE)
+    if m:
+        out.socket_ifs = re.findall(r"\[\d+\](\S+?):", m.group(1))
+    nets = re.findall(r"Using network (\w+)", text)
+    if nets:
+        out.transport = nets[-1]
+    elif out.hcas:
+        out.transport = "IB"
+    elif out.socket_ifs:
+        out.transport = "Socket"
+    out.via = sorted(set(re.findall(r"via (NET/[\w/]+)", text)))
+    out.gdr = any("GDRDMA" in v for v in out.via)
+    if out.via and not nets:
+        out.transport = "IB" if any(v.startswith("NET/IB") for v in out.via) else "Socket"
+    out.errors = [l.strip() for l in text.splitlines()
+                  if re.search(r"NCCL WARN|unhandled system error|ibv_\w+ failed", l)][:10]
+    return out
+
+
+# --------------------------------------------------------------------------- gloo sweep
+
+SWEEP_SCRIPT = Path(__file__).with_name("allreduce_sweep.py")
+
+
+@dataclass
+class SweepPoint:
+    bytes: int
+    iters: int
+    time_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+
+
+@dataclass
+class Sweep:
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str = ""
+    iface: str = ""
+    correct: bool | None = None
+    points: list[SweepPoint] = field(default_factory=list)
+    error: str = ""
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def peak_busbw_gbs(self) -> float | None:
+        return max((p.busbw_gbs for p in self.points), default=None)
+
+
+def parse_allreduce_sweep(text: str) -> Sweep:
+    """Parse the JSON line printed by ``allreduce_sweep.py`` (the last line starting with ``{``).
+    Sample::
+
+        {"tool": "allreduce_sweep", "backend": "gloo", "rank": 0, "world_size": 2,
+         "iface": "enp1s0f0np0", "correct": true, "torch": "2.9.0+cpu",
+         "results": [{"bytes": 1024, "iters": 20, "time_us": 210.5, "algbw_gbs": 0.00486,
+                      "busbw_gbs": 0.00486}, ...]}
+
+    ``algbw = bytes / time``, ``busbw = algbw * 2 (n-1) / n`` (nccl-tests convention), GB/s = 1e9 B/s.
+    On failure the script prints ``{"tool": "allreduce_sweep", "error": "..."}``.
+    """
+    out = Sweep()
+    data = None
+    for line in reversed((text or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+                break
+            except json.JSONDecodeError:
+                continue
+    if not isinstance(data, dict):
+        tail = (text or "").strip().splitlines()[-1:] or ["<empty>"]
+        out.error = f"no sweep JSON in output (last line: {tail[0][:200]})"
+        return out
+    out.raw = data
+    out.error = str(data.get("error", "") or "")
+    out.rank, out.world_size = data.get("rank"), data.get("world_size")
+    out.backend, out.iface = str(data.get("backend", "")), str(data.get("iface", ""))
+    out.correct = data.get("correct")
+    for r in data.get("results", []) or []:
+        try:
+            out.points.append(SweepPoint(bytes=int(r["bytes"]), iters=int(r["iters"]),
+                                         time_us=float(r["time_us"]), algbw_gbs=float(r["algbw_gbs"]),
+                                         busbw_gbs=float(r["busbw_gbs"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out

@@ -1,0 +1,53 @@
+#!/bin/sh
+# PID 1 of one lab node. Started by runbook.lab.netlab as
+#   ip netns exec nl-<name> unshare --uts --mount --pid --fork --kill-child --mount-proc nodeinit.sh
+# so it already has its own network, UTS, mount and PID namespaces. It makes the node look like a
+# Spark (hostname, /mnt/nvme, /var/lib/docker, /usr/local/sbin, /etc/hosts are node-private), then
+# becomes the node's sshd. Every SSH session is a child of that sshd and so runs "as this node".
+#
+# Configuration comes from the environment (set by netlab.py):
+#   NL_HOSTNAME       e.g. spark-head
+#   NL_NODE_DIR       <lab_dir>/nodes/<name>  (holds nvme/ docker/ sbin/ etc/ sshd_config)
+#   NL_CGROUP_MOUNTS  lines "fstype mountpoint options" copied from the host's /proc/mounts
+set -eu
+
+: "${NL_HOSTNAME:?}" "${NL_NODE_DIR:?}"
+
+say() { echo "nodeinit[$NL_HOSTNAME]: $*"; }
+
+# Nothing mounted here may propagate back to the host.
+mount --make-rprivate /
+
+# Hostname (UTS namespace).
+hostname "$NL_HOSTNAME"
+
+# `ip netns exec` remounted /sys, which drops the cgroup mounts; dockerd/runc need them back.
+mount -t tmpfs -o mode=755,nosuid,nodev,noexec cgroup_root /sys/fs/cgroup
+printf '%s\n' "${NL_CGROUP_MOUNTS:-}" | while read -r fstype mnt opts; do
+    [ -n "$fstype" ] || continue
+    mkdir -p "$mnt"
+    mount -t "$fstype" -o "$opts" "$fstype" "$mnt"
+done
+
+# Node-private /run (sshd privsep dir, docker.sock, dockerd.log, pid files).
+mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
+mkdir -p /run/sshd /run/lock
+chmod 0755 /run/sshd
+
+# Node-private directories and files (bind mounts live only in this mount namespace).
+mount --bind "$NL_NODE_DIR/nvme" /mnt/nvme
+mount --bind "$NL_NODE_DIR/docker" /var/lib/docker
+mount --bind "$NL_NODE_DIR/sbin" /usr/local/sbin
+mount --bind "$NL_NODE_DIR/etc/hostname" /etc/hostname
+mount --bind "$NL_NODE_DIR/etc/hosts" /etc/hosts
+# root's shell rc: the host's may be slow (pyenv init); nodes get a plain one
+if [ -f "$NL_NODE_DIR/etc/bashrc" ] && [ -f /root/.bashrc ]; then
+    mount --bind "$NL_NODE_DIR/etc/bashrc" /root/.bashrc
+fi
+# node-to-node ssh over the fabric (lab key, pinned host keys) without touching the host's file
+if [ -f "$NL_NODE_DIR/etc/ssh_config" ] && [ -f /etc/ssh/ssh_config ]; then
+    mount --bind "$NL_NODE_DIR/etc/ssh_config" /etc/ssh/ssh_config
+fi
+
+say "namespaces ready; exec sshd"
+exec /usr/sbin/sshd -D -f "$NL_NODE_DIR/sshd_config" -E "$NL_NODE_DIR/sshd.log"

@@ -1,0 +1,908 @@
+"""The typed profile: one ``env/*.env`` file -> one validated :class:`Profile`.
+
+``load_profile(path, overrides)`` parses the ``KEY=VALUE`` file itself (keeping line numbers),
+validates every key with pydantic (``extra="forbid"``), then checks the cross-field rules the two
+seed recipes enforce (or learned the hard way). Every problem is collected and raised together as
+one :class:`~runbook.errors.ProfileError` whose issues point at ``file:line`` of the offending key,
+before anything connects to a node.
+
+Derived values (capture size, node list, master address, speculative config) are computed here
+and nowhere else.
+"""
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import math
+import os
+import re
+import shlex
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Iterable, Literal, Mapping
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic_core import PydanticCustomError
+
+from .errors import ProfileError, ProfileIssue
+from .secrets import HF_TOKEN_RE, MASK
+
+__all__ = [
+    "Profile", "NodeSpec", "ProfileWarning", "load_profile", "parse_env_file", "parse_env_text",
+    "EnvEntry", "KEYS", "REQUIRED_KEYS", "KNOWN_ENV_VARS", "OVERRIDE", "REPO_ROOT",
+    "is_secret_key", "round_up",
+]
+
+OVERRIDE = "<override>"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SECRETS_HINT = ("secrets never live in a profile; export it or put it in "
+                "~/.config/spark-runbook/secrets.env (mode 0600)")
+
+#: ``RUNBOOK_*`` environment variables the package reads; any other one is warned about.
+KNOWN_ENV_VARS = {
+    "RUNBOOK_PROFILE", "RUNBOOK_RUN_DIR", "RUNBOOK_RESULTS_DIR", "RUNBOOK_DRY_RUN",
+    "RUNBOOK_SECRETS_FILE", "RUNBOOK_LAB_DIR", "RUNBOOK_KEEP_LAB", "RUNBOOK_LOG_LEVEL",
+}
+
+
+class ProfileWarning(UserWarning):
+    """Something about the profile or environment is suspicious but not fatal."""
+
+
+# --------------------------------------------------------------------------------------------
+# .env parsing (line numbers kept)
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EnvEntry:
+    """One ``KEY=VALUE`` assignment and where it came from."""
+    key: str
+    value: str
+    line: int
+    path: str
+
+
+_KEY_SYNTAX = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _parse_value(raw: str) -> tuple[str, str | None]:
+    """Return (value, error). Handles quotes and trailing ``# comments``."""
+    raw = raw.strip()
+    if raw[:1] in ("'", '"'):
+        quote = raw[0]
+        out: list[str] = []
+        i = 1
+        while i < len(raw):
+            ch = raw[i]
+            if quote == '"' and ch == "\\" and i + 1 < len(raw) and raw[i + 1] in '"\\$`':
+                out.append(raw[i + 1])
+                i += 2
+                continue
+            if ch == quote:
+                rest = raw[i + 1:].strip()
+                if rest and not rest.startswith("#"):
+                    return "", f"unexpected text after the closing quote: {rest!r}"
+                return "".join(out), None
+            out.append(ch)
+            i += 1
+        return "", f"unterminated {quote} quote"
+    # unquoted: a '#' preceded by whitespace starts a comment
+    m = re.search(r"\s#", raw)
+    if m:
+        raw = raw[:m.start()]
+    return raw.strip(), None
+
+
+def parse_env_text(text: str, path: str = "<text>") -> tuple[list[EnvEntry], list[ProfileIssue]]:
+    """Parse ``.env`` text into entries (in file order) and syntax issues."""
+    entries: list[EnvEntry] = []
+    issues: list[ProfileIssue] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip().lstrip("\ufeff")
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("export "):
+            stripped = stripped[len("export "):].lstrip()
+        if "=" not in stripped:
+            issues.append(ProfileIssue("<syntax>", f"not a KEY=VALUE line: {stripped[:60]!r}",
+                                       fix="write KEY=VALUE, or start the line with # for a comment",
+                                       path=path, line=lineno))
+            continue
+        key, _, raw = stripped.partition("=")
+        key = key.strip()
+        if not _KEY_SYNTAX.fullmatch(key):
+            issues.append(ProfileIssue(key or "<syntax>", f"invalid key name {key!r}",
+                                       fix="keys are UPPER_CASE letters, digits and _",
+                                       path=path, line=lineno))
+            continue
+        value, err = _parse_value(raw)
+        if err:
+            issues.append(ProfileIssue(key, err, fix="close the quote or remove it",
+                                       path=path, line=lineno))
+            continue
+        entries.append(EnvEntry(key, value, lineno, path))
+    return entries, issues
+
+
+def parse_env_file(path: str | os.PathLike) -> tuple[list[EnvEntry], list[ProfileIssue]]:
+    """Parse a ``.env`` file; see :func:`parse_env_text`."""
+    p = Path(path)
+    return parse_env_text(p.read_text(encoding="utf-8"), str(p))
+
+
+# --------------------------------------------------------------------------------------------
+# value types (friendly error messages; ``fix`` carried in the error context)
+# --------------------------------------------------------------------------------------------
+
+def _err(msg: str, fix: str = "") -> PydanticCustomError:
+    return PydanticCustomError("profile", "{msg}", {"msg": msg, "fix": fix})
+
+
+def _s(v: Any) -> str:
+    return v.strip() if isinstance(v, str) else str(v)
+
+
+def _range_text(lo: float | None, hi: float | None, lo_open: bool = False) -> str:
+    if lo is not None and hi is not None:
+        return f"in ({lo}, {hi}]" if lo_open else f"between {lo} and {hi}"
+    if lo is not None:
+        return f"> {lo}" if lo_open else f">= {lo}"
+    return f"<= {hi}"
+
+
+def _check_range(n: float, lo, hi, lo_open=False, why: str = "") -> None:
+    bad = (lo is not None and (n <= lo if lo_open else n < lo)) or (hi is not None and n > hi)
+    if bad:
+        rng = _range_text(lo, hi, lo_open)
+        raise _err(f"out of range: must be {rng}, got {n}" + (f" ({why})" if why else ""),
+                   f"set a value {rng}")
+
+
+def _to_int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise _err(f"expected an integer, got {v!r}", "write a whole number, e.g. 8")
+    if isinstance(v, int):
+        return v
+    s = _s(v)
+    if not re.fullmatch(r"[+-]?\d+", s):
+        raise _err(f"expected an integer, got {s!r}", "write a whole number (digits only), e.g. 8")
+    return int(s)
+
+
+def Int(lo: int | None = None, hi: int | None = None, why: str = "", pow2_or_zero: bool = False):
+    def parse(v: Any) -> int:
+        n = _to_int(v)
+        _check_range(n, lo, hi, why=why)
+        if pow2_or_zero and n and (n & (n - 1)):
+            raise _err(f"expected 0 or a power of two, got {n}", "use e.g. 16, 32, 64, 128 or 256")
+        return n
+    return Annotated[int, BeforeValidator(parse)]
+
+
+def Float(lo: float | None = None, hi: float | None = None, lo_open: bool = False, why: str = ""):
+    def parse(v: Any) -> float:
+        if isinstance(v, bool):
+            raise _err(f"expected a number, got {v!r}", "write a number, e.g. 0.9")
+        if isinstance(v, (int, float)):
+            x = float(v)
+        else:
+            s = _s(v)
+            try:
+                x = float(s)
+            except ValueError:
+                raise _err(f"expected a number, got {s!r}", "write a number, e.g. 0.9") from None
+        if not math.isfinite(x):
+            raise _err(f"expected a finite number, got {v!r}", "write a number, e.g. 0.9")
+        _check_range(x, lo, hi, lo_open, why)
+        return x
+    return Annotated[float, BeforeValidator(parse)]
+
+
+def _to_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    s = _s(v).lower()
+    if s in ("1", "true"):
+        return True
+    if s in ("0", "false"):
+        return False
+    raise _err(f"expected 0/1/true/false, got {_s(v)!r}", "write 1 (on) or 0 (off)")
+
+
+Bool = Annotated[bool, BeforeValidator(_to_bool)]
+
+
+def Choice(*values: str):
+    def parse(v: Any) -> str:
+        s = _s(v)
+        if s not in values:
+            shown = "|".join(x if x else '""' for x in values)
+            close = difflib.get_close_matches(s, [x for x in values if x], n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise _err(f"expected one of {shown}, got {s!r}", f"{hint}use one of {shown}")
+        return s
+    return Annotated[Literal[values], BeforeValidator(parse)]  # type: ignore[valid-type]
+
+
+def Str(pattern: str | None = None, what: str = "", example: str = ""):
+    rx = re.compile(pattern) if pattern else None
+
+    def parse(v: Any) -> str:
+        s = _s(v)
+        if rx is not None and s and not rx.fullmatch(s):
+            raise _err(f"expected {what}, got {s!r}", f"write {what}" + (f", e.g. {example}" if example else ""))
+        return s
+    return Annotated[str, BeforeValidator(parse)]
+
+
+def _ipv4(v: Any) -> str:
+    s = _s(v)
+    if not s:
+        return ""
+    try:
+        return str(ipaddress.IPv4Address(s))
+    except ValueError:
+        raise _err(f"expected an IPv4 address, got {s!r}", "write a dotted IPv4 address, e.g. 10.0.0.1") from None
+
+
+IPv4 = Annotated[str, BeforeValidator(_ipv4)]
+
+
+def _gid(v: Any) -> str | int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    else:
+        s = _s(v)
+        if s.lower() == "auto":
+            return "auto"
+        if not re.fullmatch(r"\d+", s):
+            raise _err(f"expected 'auto' or a GID index (integer), got {s!r}",
+                       "write auto, or the index of the RoCE v2 GID from "
+                       "/sys/class/infiniband/<hca>/ports/1/gids (e.g. 3)")
+        n = int(s)
+    _check_range(n, 0, 255)
+    return n
+
+
+Gid = Annotated[Literal["auto"] | int, BeforeValidator(_gid)]
+
+
+def _split(v: Any) -> list[str]:
+    if isinstance(v, (list, tuple)):
+        return [_s(x) for x in v if _s(x)]
+    return [p.strip() for p in _s(v).split(",") if p.strip()]
+
+
+def IntList(lo: int = 1, hi: int | None = None):
+    def parse(v: Any) -> list[int]:
+        out = []
+        for item in _split(v):
+            if not re.fullmatch(r"\d+", item):
+                raise _err(f"expected a comma-separated list of integers, got item {item!r}",
+                           "write e.g. 1,2,4")
+            n = int(item)
+            _check_range(n, lo, hi)
+            out.append(n)
+        return out
+    return Annotated[list[int], BeforeValidator(parse)]
+
+
+_HCA_ITEM = re.compile(r"[=^]?[A-Za-z0-9_.-]+(:\d+){0,3}")
+
+
+def _hca_list(v: Any) -> list[str]:
+    items = _split(v)
+    for item in items:
+        if not _HCA_ITEM.fullmatch(item):
+            raise _err(f"expected a comma-separated RoCE HCA list (NCCL_IB_HCA grammar), got item {item!r}",
+                       "write HCA names as listed by `ibdev2netdev`, e.g. rocep1s0f1 or rocep1s0f0,roceP2p1s0f0")
+    return items
+
+
+HcaList = Annotated[list[str], BeforeValidator(_hca_list)]
+
+
+def _limit_mm(v: Any) -> dict[str, int]:
+    if isinstance(v, dict):
+        obj = v
+    else:
+        s = _s(v)
+        if not s:
+            return {}
+        try:
+            obj = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise _err(f"expected a JSON object, got {s!r} ({e.msg})",
+                       'write JSON without spaces, e.g. {"image":8}') from None
+    if not isinstance(obj, dict) or not all(
+            isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+            for k, n in obj.items()):
+        raise _err(f"expected a JSON object of modality -> count, got {v!r}", 'write e.g. {"image":8}')
+    return dict(obj)
+
+
+LimitMM = Annotated[dict[str, int], BeforeValidator(_limit_mm)]
+
+
+def _extra_args(v: Any) -> str:
+    s = _s(v)
+    try:
+        shlex.split(s)
+    except ValueError as e:
+        raise _err(f"cannot split into arguments: {e}", "balance the quotes in EXTRA_ARGS") from None
+    if re.search(r"(^|\s)--api-key(=|\s|$)", s):
+        raise _err("EXTRA_ARGS passes --api-key; " + SECRETS_HINT,
+                   "remove --api-key; export VLLM_API_KEY instead")
+    return s
+
+
+ExtraArgs = Annotated[str, BeforeValidator(_extra_args)]
+
+_IFNAME = r"[A-Za-z0-9_.:-]{1,15}"
+_SSH = r"([A-Za-z0-9._-]+@)?[A-Za-z0-9._-]+(:\d{1,5})?"
+_NODE_PATH = r"(/|~).*"
+_REPO = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
+
+IfName = Str(_IFNAME, "a network interface name (<= 15 characters)", "enp1s0f0np0")
+SshTarget = Str(_SSH, "an ssh alias or user@host", "spark-worker or admin@10.0.0.2")
+NodePath = Str(_NODE_PATH, "an absolute or ~/ path on the node (relative paths are ambiguous on a remote node)",
+               "~/models/x or /mnt/nvme/models/x")
+LocalPath = Str()
+HfRepo = Str(_REPO, "a Hugging Face repo id owner/name", "deepseek-ai/DeepSeek-V4-Flash")
+Url = Str(r"https?://\S+", "an http(s) URL", "http://10.77.0.1:8765")
+ShmSize = Str(r"\d+(\.\d+)?[kKmMgGtT]?[bB]?", "a docker size", "32g")
+Word = Str(r"[A-Za-z0-9_.:-]+", "a single word (letters, digits, _ . : -)", "deepseek_v4")
+
+# --------------------------------------------------------------------------------------------
+# the model: one field per key (attribute = lower-case key)
+# --------------------------------------------------------------------------------------------
+
+_SEED_A = "seed A validate_numeric_config"
+
+
+class Profile(BaseModel):
+    """A validated profile. Build it with :func:`load_profile`; attributes are lower-case keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    # --- identity and nodes
+    profile_name: Str() = Field("", description="name shown in reports (default: file stem)")
+    recipe: Choice("lab", "exl3-v41", "dspark-v4") = Field("lab", description="which recipe the steps follow")
+    head_ssh: SshTarget = Field("", description="ssh target of the head (rank 0)")
+    worker_ssh: SshTarget = Field("", description="ssh target of the worker (rank 1)")
+    worker2_ssh: SshTarget = Field("", description="ssh target of worker2 (rank 2); empty = 2 nodes")
+    ssh_config: LocalPath = Field("", description="ssh config file for aliases (local path)")
+    ssh_key: LocalPath = Field("", description="private key (local path); empty = agent/default keys")
+    known_hosts: LocalPath = Field("", description="known_hosts file (local path); empty = ~/.ssh/known_hosts")
+    ssh_accept_new_host_keys: Bool = Field(False, description="accept unknown host keys (lab only)")
+    ssh_connect_timeout: Int(1, 600) = Field(15, description="ssh connect timeout, s")
+    command_timeout: Int(1, 86400) = Field(120, description="default timeout per remote command, s")
+    lab: Bool = Field(False, description="bring up the embedded lab before running")
+    lab_nodes: Int(2, 3) = Field(2, description="number of lab nodes (2 or 3)")
+
+    # --- fabric
+    head_ip: IPv4 = Field("", description="head fabric IPv4 (VLLM_HOST_IP, master address)")
+    worker_ip: IPv4 = Field("", description="worker fabric IPv4")
+    worker2_ip: IPv4 = Field("", description="worker2 fabric IPv4")
+    head_cx7_if: IfName = Field("", description="head fabric netdev (NCCL/GLOO_SOCKET_IFNAME)")
+    worker_cx7_if: IfName = Field("", description="worker fabric netdev")
+    worker2_cx7_if: IfName = Field("", description="worker2 fabric netdev")
+    head_cx7_ib: HcaList = Field(default_factory=list, description="head RoCE HCAs (NCCL_IB_HCA)")
+    worker_cx7_ib: HcaList = Field(default_factory=list, description="worker RoCE HCAs")
+    worker2_cx7_ib: HcaList = Field(default_factory=list, description="worker2 RoCE HCAs")
+    head_gid: Gid = Field("auto", description="head NCCL_IB_GID_INDEX or auto")
+    worker_gid: Gid = Field("auto", description="worker NCCL_IB_GID_INDEX or auto")
+    worker2_gid: Gid = Field("auto", description="worker2 NCCL_IB_GID_INDEX or auto")
+    fabric_mtu: Int(576, 9216) = Field(9000, description="expected fabric MTU")
+    expect_rdma: Bool = Field(True, description="RoCE devices must exist and pass bandwidth checks")
+    expect_gpu: Bool = Field(True, description="a GB10 GPU must be visible on every node")
+    expect_link_gbps: Int(0, 1600) = Field(200, description="expected link speed; 0 = do not check")
+    min_rdma_gbps_rail: Float(0) = Field(90.0, description="ib_write_bw per rail, Gb/s")
+    min_rdma_gbps_total: Float(0) = Field(180.0, description="ib_write_bw all rails, Gb/s")
+    degraded_gbps: Float(0) = Field(25.0, description="below this a path is called degraded (TCP fallback)")
+    min_nccl_busbw_gbs: Float(0) = Field(21.875, description="all_reduce busbw, GB/s")
+    min_tcp_gbps: Float(0) = Field(50.0, description="iperf3 TCP, Gb/s")
+    max_rtt_ms: Float(0, lo_open=True) = Field(1.0, description="fabric ping RTT, ms")
+    max_clock_offset_ms: Float(0, lo_open=True) = Field(50.0, description="clock offset between nodes, ms")
+
+    # --- runtime and serve
+    runtime: Choice("docker", "process") = Field("docker", description="docker container or bare process")
+    image: Str() = Field("", description="runtime image (docker)")
+    container_head: Word = Field("spark-runbook-head", description="container name on the head")
+    container_worker: Word = Field("spark-runbook-worker", description="container name on workers")
+    vllm_bin: Str() = Field("vllm", description="command that starts vLLM (process runtime)")
+    shm_size: ShmSize = Field("32g", description="docker --shm-size")
+    port: Int(1, 65535) = Field(8000, description="API port")
+    master_port: Int(1, 65535) = Field(29501, description="torch.distributed rendezvous port")
+    tp: Int(1, 64) = Field(2, description="--tensor-parallel-size (= NNODES: one GPU per Spark)")
+    nnodes: Int(1, 64) = Field(2, description="--nnodes")
+    served_model_name: Str(r"\S+", "a name without spaces", "tiny") = Field("", description="--served-model-name")
+    model_dir: Str() = Field("", description="what vllm serve loads (path in the runtime, or repo id)")
+    max_model_len: Int(1, 1048576, _SEED_A) = Field(4096, description="--max-model-len")
+    max_num_seqs: Int(1, 4096, _SEED_A) = Field(8, description="--max-num-seqs")
+    max_num_batched_tokens: Int(1, 8388608, _SEED_A) = Field(8192, description="--max-num-batched-tokens")
+    long_prefill_token_threshold: Int(0, 8388608) = Field(0, description="--long-prefill-token-threshold; 0 = not passed")
+    gpu_mem_util: Float(0, 1, lo_open=True, why=_SEED_A) = Field(0.9, description="--gpu-memory-utilization")
+    kv_cache_memory_bytes: Int(0) = Field(0, description="--kv-cache-memory-bytes; 0 = not pinned")
+    kv_cache_dtype: Str(r"[a-z0-9_]+", "a vLLM kv-cache dtype", "nvfp4_ds_mla") = Field("", description="--kv-cache-dtype; empty = auto")
+    kv_block_size: Int(0, 1024, pow2_or_zero=True) = Field(0, description="--block-size; 0 = vLLM default")
+    enforce_eager: Bool = Field(False, description="--enforce-eager")
+    quantization: Word = Field("", description="--quantization; empty = not passed")
+    spec_method: Choice("none", "dspark") = Field("none", description="speculative decoding method")
+    spec_tokens: Int(0, 32) = Field(0, description="num_speculative_tokens (DSpark k)")
+    draft_sample_method: Choice("", "probabilistic", "greedy") = Field("", description="DSpark draft sampling; empty = not passed")
+    vision: Bool = Field(False, description="serve images (off = --language-model-only)")
+    limit_mm: LimitMM = Field(default_factory=dict, description="--limit-mm-per-prompt JSON")
+    tokenizer_mode: Word = Field("auto", description="--tokenizer-mode")
+    tool_call_parser: Word = Field("", description="--tool-call-parser; empty = no tools")
+    reasoning_parser: Word = Field("", description="--reasoning-parser")
+    chat_template: Str() = Field("", description="--chat-template path in the runtime")
+    default_thinking: Choice("", "off", "low", "high", "max") = Field("", description="default reasoning effort")
+    tool_strict_level: Choice("", "auto", "function", "parameter") = Field("", description="--tool-strict-level")
+    extra_args: ExtraArgs = Field("", description="appended to vllm serve argv")
+    ready_timeout: Int(1, 86400) = Field(1500, description="seconds to wait for /health")
+    hang_seconds: Int(0, 86400) = Field(420, description="log silence that counts as a hang; 0 = off")
+    expect_kv_tokens: Int(0) = Field(0, description="expected 'GPU KV cache size' tokens; 0 = unknown")
+
+    # --- weights and engram
+    hf_model_repo: HfRepo = Field("", description="weights repo id")
+    hf_revision: Str(r"\S+", "a revision (commit sha, tag or branch)", "main") = Field("main", description="weights revision (pin a sha)")
+    hf_endpoint: Url = Field("", description="HF endpoint; empty = huggingface.co")
+    weights_dir: NodePath = Field("", description="weights directory on the head")
+    worker_weights_dir: NodePath = Field("", description="weights directory on workers; empty = WEIGHTS_DIR")
+    weight_sync: Choice("nfs", "rsync", "download-both") = Field("nfs", description="how workers get weights")
+    weights_gib: Float(0) = Field(0.0, description="expected weights size, GiB; 0 = unknown")
+    hf_max_workers: Int(1, 64) = Field(8, description="parallel download workers")
+    engram: Bool = Field(False, description="V4.1 Engram tables served from NVMe")
+    hf_engram_repo: HfRepo = Field("", description="repo holding the Engram shards")
+    hf_engram_revision: Str(r"\S+", "a revision", "main") = Field("main", description="Engram repo revision")
+    engram_src_dir: NodePath = Field("", description="slim Engram source dir on each node")
+    engram_packed_dir: NodePath = Field("", description="packed per-rank Engram shards on each node")
+    engram_gib: Float(0) = Field(0.0, description="expected Engram source size, GiB")
+
+    # --- memory and disk
+    weight_budget_gib: Float(0) = Field(0.0, description="weights per rank, GiB; 0 = unknown")
+    boot_margin_gib: Float(0) = Field(12.0, description="MemAvailable margin above weights at boot, GiB")
+    cache_dir: NodePath = Field("~/.cache/spark-runbook", description="node-local JIT caches")
+
+    # --- bench
+    bench_prompt_tokens: Int(1, 1048576) = Field(256, description="decode bench prompt length")
+    bench_decode_tokens: Int(1, 1048576) = Field(128, description="decode bench output tokens")
+    bench_concurrency: IntList(1, 4096) = Field(default_factory=lambda: [1, 2, 4], description="concurrency levels")
+    bench_prefill_tokens: IntList(1, 1048576) = Field(default_factory=lambda: [1024], description="prefill sizes")
+    bench_repeats: Int(1, 100) = Field(3, description="repeats per cell")
+    soak_seconds: Int(0, 86400) = Field(300, description="soak duration, s; 0 = skip")
+
+    # --- private state (set by load_profile)
+    _source: Path | None = PrivateAttr(default=None)
+    _key_lines: dict[str, int] = PrivateAttr(default_factory=dict)
+    _overrides: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    # ---------------------------------------------------------------- locations
+    @property
+    def source(self) -> Path | None:
+        """The profile file this was loaded from."""
+        return self._source
+
+    @property
+    def key_lines(self) -> dict[str, int]:
+        """KEY -> line number in the profile file, for every key the file sets."""
+        return dict(self._key_lines)
+
+    @property
+    def overrides(self) -> dict[str, str]:
+        """KEY -> value given as overrides (``-p KEY=VALUE``)."""
+        return dict(self._overrides)
+
+    @property
+    def name(self) -> str:
+        return self.profile_name or (self._source.stem if self._source else "profile")
+
+    @property
+    def root(self) -> Path:
+        """Directory relative local paths resolve against (the repo root)."""
+        if self._source is not None:
+            parent = self._source.resolve().parent
+            if parent.name == "env":
+                return parent.parent
+        return REPO_ROOT
+
+    def resolve_path(self, value: str | os.PathLike) -> Path:
+        """A local path from the profile: ``~`` expanded, relative paths against :attr:`root`."""
+        p = Path(os.path.expanduser(os.fspath(value)))
+        return p if p.is_absolute() else self.root / p
+
+    def value(self, key: str) -> Any:
+        """The value of KEY (upper-case name)."""
+        return getattr(self, key.lower())
+
+    # ---------------------------------------------------------------- derived values
+    @property
+    def is_lab(self) -> bool:
+        return self.recipe == "lab"
+
+    @property
+    def node_count(self) -> int:
+        """Nodes configured: 3 when WORKER2_SSH is set, else 2."""
+        return 3 if self.worker2_ssh else 2
+
+    @property
+    def master_addr(self) -> str:
+        return self.head_ip
+
+    @property
+    def spec_k(self) -> int:
+        """Speculative tokens actually used (0 when SPEC_METHOD=none)."""
+        return self.spec_tokens if self.spec_method != "none" else 0
+
+    @property
+    def cudagraph_capture_size(self) -> int:
+        """round_up(MAX_NUM_SEQS x (k+1), 8): seed B newer start script (6 x (6+1) = 42 -> 48;
+        "plain 42 truncates to 40 and costs 12 % at c=6")."""
+        return round_up(self.max_num_seqs * (self.spec_k + 1), 8)
+
+    @property
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The ``--speculative-config`` object, or None when speculation is off."""
+        if self.spec_method == "none":
+            return None
+        cfg: dict[str, Any] = {"method": self.spec_method, "num_speculative_tokens": self.spec_tokens}
+        if self.draft_sample_method:
+            cfg["draft_sample_method"] = self.draft_sample_method
+        return cfg
+
+    @property
+    def extra_args_list(self) -> list[str]:
+        return shlex.split(self.extra_args)
+
+    @property
+    def nodes(self) -> list["NodeSpec"]:
+        """Nodes ordered by rank: head, worker[, worker2]."""
+        out = [
+            NodeSpec("head", 0, self.head_ssh, self.head_ip, self.head_cx7_if, list(self.head_cx7_ib), self.head_gid),
+            NodeSpec("worker", 1, self.worker_ssh, self.worker_ip, self.worker_cx7_if, list(self.worker_cx7_ib),
+                     self.worker_gid),
+        ]
+        if self.worker2_ssh:
+            out.append(NodeSpec("worker2", 2, self.worker2_ssh, self.worker2_ip, self.worker2_cx7_if,
+                                list(self.worker2_cx7_ib), self.worker2_gid))
+        return out
+
+    def node(self, name: str) -> "NodeSpec":
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def weights_dir_on(self, node_name: str) -> str:
+        """Weights directory on a node (workers fall back to WEIGHTS_DIR)."""
+        if node_name == "head":
+            return self.weights_dir
+        return self.worker_weights_dir or self.weights_dir
+
+    def container_on(self, node_name: str) -> str:
+        return self.container_head if node_name == "head" else self.container_worker
+
+    # ---------------------------------------------------------------- export
+    def redacted(self) -> dict[str, Any]:
+        """KEY -> value for every key (JSON-ready). Nothing secret is in a profile; values that
+        look like a Hugging Face token are masked anyway."""
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            v = getattr(self, name)
+            if isinstance(v, list):
+                v = list(v)
+            elif isinstance(v, dict):
+                v = dict(v)
+            elif isinstance(v, str):
+                v = HF_TOKEN_RE.sub(MASK, v)
+            out[name.upper()] = v
+        return out
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "Profile":
+        """Reload the same file with more overrides (validated like the originals)."""
+        if self._source is None:
+            raise ValueError("profile has no source file")
+        return load_profile(self._source, {**self._overrides, **{k: str(v) for k, v in overrides.items()}})
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of the cluster, in rank order."""
+    name: str                       # "head", "worker", "worker2"
+    rank: int
+    ssh: str
+    fabric_ip: str
+    fabric_if: str
+    ib_devs: list[str] = field(default_factory=list)
+    gid: str | int = "auto"
+
+    @property
+    def is_head(self) -> bool:
+        return self.rank == 0
+
+
+KEYS: tuple[str, ...] = tuple(name.upper() for name in Profile.model_fields)
+REQUIRED_KEYS: tuple[str, ...] = (
+    "RECIPE", "HEAD_SSH", "WORKER_SSH", "HEAD_IP", "WORKER_IP", "HEAD_CX7_IF", "WORKER_CX7_IF",
+    "SERVED_MODEL_NAME", "MODEL_DIR",
+)
+
+#: keys of the seed recipes' .env files -> the key here (hint for unknown keys)
+SEED_ALIASES: dict[str, str] = {
+    "DSPARK_TOKENS": "SPEC_TOKENS", "MTP_NUM_TOKENS": "SPEC_TOKENS",
+    "GPU_MEMORY_UTILIZATION": "GPU_MEM_UTIL", "GPU_MEMORY_UTILIZATION_TEXT": "GPU_MEM_UTIL",
+    "GPU_MEMORY_UTILIZATION_VISION": "GPU_MEM_UTIL", "LANGUAGE_MODEL_ONLY": "VISION (inverted)",
+    "LIMIT_MM_PER_PROMPT": "LIMIT_MM", "VLLM_PORT": "PORT", "MASTER_ADDR": "HEAD_IP",
+    "VLLM_HOST_IP": "HEAD_IP", "WORKER_VLLM_HOST_IP": "WORKER_IP", "WORKER_HOST": "WORKER_SSH",
+    "WORKER2_HOST": "WORKER2_SSH", "WORKER2_VLLM_HOST_IP": "WORKER2_IP",
+    "NCCL_SOCKET_IFNAME": "HEAD_CX7_IF", "WORKER_NCCL_SOCKET_IFNAME": "WORKER_CX7_IF",
+    "NCCL_IB_HCA": "HEAD_CX7_IB", "WORKER_NCCL_IB_HCA": "WORKER_CX7_IB",
+    "NCCL_IB_GID_INDEX": "HEAD_GID/WORKER_GID", "WORKER_NCCL_IB_GID_INDEX": "WORKER_GID",
+    "TP_SIZE": "TP", "DSPARK_VLLM_IMAGE": "IMAGE", "DSPARK_MODEL": "HF_MODEL_REPO",
+    "DSPARK_REVISION": "HF_REVISION", "MODEL_HOST": "WEIGHTS_DIR", "HF_CACHE": "WEIGHTS_DIR",
+    "WORKER_HF_CACHE": "WORKER_WEIGHTS_DIR", "WORKER_MODEL_DIR": "WORKER_WEIGHTS_DIR",
+    "ENGRAM_DIR": "ENGRAM_SRC_DIR", "HEAD_PACKED_DIR": "ENGRAM_PACKED_DIR",
+    "DSV41_BOOT_MARGIN_GIB": "BOOT_MARGIN_GIB", "DSV41_HANG_SECONDS": "HANG_SECONDS",
+    "CACHE_ROOT": "CACHE_DIR", "DSPARK_WORKER_HF_NFS": "WEIGHT_SYNC", "NFS_SHARE": "WEIGHT_SYNC",
+    "HF_DOWNLOAD_WORKERS": "HF_MAX_WORKERS", "GPU_MEM_UTILIZATION": "GPU_MEM_UTIL",
+}
+
+_SECRET_EXACT = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "DSPARK_API_KEYS", "GHCR_TOKEN"}
+
+
+def is_secret_key(key: str) -> bool:
+    """True for keys that hold secrets (HF_TOKEN, VLLM_API_KEY, *_TOKEN, *_API_KEY*, passwords)."""
+    k = key.upper()
+    return (k in _SECRET_EXACT or k.endswith("_TOKEN") or "API_KEY" in k
+            or "PASSWORD" in k or k.endswith("_SECRET") or "SECRET_KEY" in k)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+# --------------------------------------------------------------------------------------------
+# cross-field rules
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class _Conflict:
+    keys: tuple[str, ...]        # keys involved (the issue is placed at the one set last)
+    message: str
+    fix: str
+    at: str | None = None        # force the reported key
+
+
+def _rules(p: Profile) -> Iterable[_Conflict]:
+    # fabric / nodes
+    names = ["HEAD", "WORKER"] + (["WORKER2"] if p.worker2_ssh else [])
+    seen_ip: dict[str, str] = {}
+    seen_ssh: dict[str, str] = {}
+    for n in names:
+        ip, ssh = p.value(f"{n}_IP"), p.value(f"{n}_SSH")
+        if ip and ip in seen_ip:
+            yield _Conflict((f"{seen_ip[ip]}_IP", f"{n}_IP"),
+                            f"{n}_IP equals {seen_ip[ip]}_IP ({ip}): two nodes cannot share a fabric address",
+                            f"give each node its own fabric IPv4 (e.g. HEAD_IP=10.0.0.1, WORKER_IP=10.0.0.2)")
+        seen_ip.setdefault(ip, n)
+        if ssh and ssh in seen_ssh:
+            yield _Conflict((f"{seen_ssh[ssh]}_SSH", f"{n}_SSH"),
+                            f"{n}_SSH equals {seen_ssh[ssh]}_SSH ({ssh!r}): both ranks would run on one machine",
+                            "point each *_SSH at a different node")
+        seen_ssh.setdefault(ssh, n)
+    if p.worker2_ssh:
+        for k in ("WORKER2_IP", "WORKER2_CX7_IF"):
+            if not p.value(k):
+                yield _Conflict(("WORKER2_SSH", k), f"WORKER2_SSH is set (3 nodes) but {k} is empty",
+                                f"set {k} for the third node, or clear WORKER2_SSH", at="WORKER2_SSH")
+    if p.port == p.master_port:
+        yield _Conflict(("PORT", "MASTER_PORT"), f"PORT and MASTER_PORT are both {p.port}",
+                        "use different ports (e.g. PORT=8888, MASTER_PORT=29521)")
+    n = p.node_count
+    if p.nnodes != n:
+        yield _Conflict(("NNODES", "WORKER2_SSH"),
+                        f"NNODES={p.nnodes} but {n} nodes are configured "
+                        f"({'WORKER2_SSH set' if p.worker2_ssh else 'WORKER2_SSH empty'})",
+                        f"set NNODES={n}, or {'clear' if p.worker2_ssh else 'set'} WORKER2_SSH", at="NNODES")
+    if p.tp != p.nnodes:
+        yield _Conflict(("NNODES", "TP"),
+                        f"TP={p.tp} but NNODES={p.nnodes}: each Spark has one GPU, so TP = nodes x 1",
+                        f"set TP={p.nnodes}")
+    if p.lab and p.lab_nodes != n:
+        yield _Conflict(("LAB_NODES", "WORKER2_SSH"), f"LAB_NODES={p.lab_nodes} but {n} nodes are configured",
+                        f"set LAB_NODES={n}", at="LAB_NODES")
+    if p.lab and not p.is_lab:
+        yield _Conflict(("RECIPE", "LAB"), f"LAB=1 brings up the embedded lab, but RECIPE={p.recipe}",
+                        "use RECIPE=lab with LAB=1, or LAB=0 for real Sparks")
+    if p.ssh_accept_new_host_keys and not p.is_lab:
+        yield _Conflict(("RECIPE", "SSH_ACCEPT_NEW_HOST_KEYS"),
+                        f"SSH_ACCEPT_NEW_HOST_KEYS=1 is only allowed with RECIPE=lab (got {p.recipe})",
+                        "set SSH_ACCEPT_NEW_HOST_KEYS=0 and add the nodes' host keys to KNOWN_HOSTS "
+                        "(ssh-keyscan, then compare fingerprints)")
+    if p.expect_rdma:
+        for nname in names:
+            if not p.value(f"{nname}_CX7_IB"):
+                yield _Conflict(("EXPECT_RDMA", f"{nname}_CX7_IB"),
+                                f"EXPECT_RDMA=1 but {nname}_CX7_IB is empty",
+                                f"set {nname}_CX7_IB to the node's RoCE HCA (see `ibdev2netdev`), or EXPECT_RDMA=0",
+                                at=f"{nname}_CX7_IB")
+    # runtime
+    if p.runtime == "docker" and not p.image:
+        yield _Conflict(("RUNTIME", "IMAGE"), "RUNTIME=docker needs an IMAGE", "set IMAGE", at="IMAGE")
+    if p.runtime == "process" and not p.vllm_bin:
+        yield _Conflict(("RUNTIME", "VLLM_BIN"), "RUNTIME=process needs VLLM_BIN", "set VLLM_BIN", at="VLLM_BIN")
+    # scheduler
+    if p.vision and p.max_num_batched_tokens < 1025:
+        yield _Conflict(("VISION", "MAX_NUM_BATCHED_TOKENS"),
+                        f"VISION=1 needs MAX_NUM_BATCHED_TOKENS >= 1025, got {p.max_num_batched_tokens}",
+                        "raise MAX_NUM_BATCHED_TOKENS to >= 1025 (seed A ships 1536: with vision vLLM rejects "
+                        "1024 via compute_mm_encoder_budget minutes after weight load), or set VISION=0")
+    if p.max_num_batched_tokens < p.max_num_seqs:
+        yield _Conflict(("MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS"),
+                        f"MAX_NUM_BATCHED_TOKENS={p.max_num_batched_tokens} < MAX_NUM_SEQS={p.max_num_seqs}",
+                        "vLLM requires max_num_batched_tokens >= max_num_seqs; raise MAX_NUM_BATCHED_TOKENS")
+    lp = p.long_prefill_token_threshold
+    if lp and p.max_num_batched_tokens - lp < 256:
+        yield _Conflict(("MAX_NUM_BATCHED_TOKENS", "LONG_PREFILL_TOKEN_THRESHOLD"),
+                        f"MAX_NUM_BATCHED_TOKENS - LONG_PREFILL_TOKEN_THRESHOLD = "
+                        f"{p.max_num_batched_tokens} - {lp} = {p.max_num_batched_tokens - lp} < 256",
+                        f"set LONG_PREFILL_TOKEN_THRESHOLD <= {max(p.max_num_batched_tokens - 256, 0)} or 0 "
+                        "(seed A .env.example: keep MNBT - THRESHOLD >= 256 so decodes still fit in a step "
+                        "during a long prefill; 1536/1280 is the shipped pair)")
+    # speculative decoding
+    if p.spec_method == "dspark":
+        if p.is_lab:
+            yield _Conflict(("RECIPE", "SPEC_METHOD"), "SPEC_METHOD=dspark needs a DeepSeek checkpoint with draft "
+                            "experts; the lab's tiny model has none", "set SPEC_METHOD=none for the lab")
+        elif p.spec_tokens < 1:
+            yield _Conflict(("SPEC_METHOD", "SPEC_TOKENS"), "SPEC_METHOD=dspark needs SPEC_TOKENS >= 1",
+                            "set SPEC_TOKENS (seed A: 3; seed B Vision-Exp: 6), or SPEC_METHOD=none")
+        elif p.recipe == "dspark-v4" and (p.spec_tokens < 5 or p.spec_tokens % 3):
+            yield _Conflict(("SPEC_METHOD", "SPEC_TOKENS"),
+                            f"RECIPE=dspark-v4 (Vision-Exp) needs SPEC_TOKENS >= 5 and divisible by 3, "
+                            f"got {p.spec_tokens}",
+                            "set SPEC_TOKENS=6 (seed B start script: MTP_NUM_TOKENS >= 5 (dspark_block_size) "
+                            "and % 3 == 0 (n_predict 3), else exit 2)")
+    # recipe specifics
+    if p.recipe == "exl3-v41" and p.kv_block_size not in (0, 32, 64):
+        yield _Conflict(("RECIPE", "KV_BLOCK_SIZE"),
+                        f"RECIPE=exl3-v41 needs KV_BLOCK_SIZE 32 or 64, got {p.kv_block_size}",
+                        "set KV_BLOCK_SIZE=64 (seed A: the SM12x DeepGEMM paged indexer takes only 32/64 "
+                        "states per block; 128 dies on first decode)")
+    if p.engram and p.recipe != "exl3-v41":
+        yield _Conflict(("RECIPE", "ENGRAM"), f"ENGRAM=1 but RECIPE={p.recipe}: Engram tables exist only in V4.1",
+                        "set ENGRAM=0")
+    if p.engram:
+        for k in ("HF_ENGRAM_REPO", "ENGRAM_SRC_DIR"):
+            if not p.value(k):
+                yield _Conflict(("ENGRAM", k), f"ENGRAM=1 but {k} is empty", f"set {k}", at=k)
+    # bench sizes must fit the context
+    need = max([p.bench_prompt_tokens, *p.bench_prefill_tokens]) + p.bench_decode_tokens
+    if need > p.max_model_len:
+        yield _Conflict(("MAX_MODEL_LEN", "BENCH_PROMPT_TOKENS", "BENCH_PREFILL_TOKENS", "BENCH_DECODE_TOKENS"),
+                        f"the largest bench request needs {need} tokens but MAX_MODEL_LEN={p.max_model_len}",
+                        "lower BENCH_PREFILL_TOKENS/BENCH_PROMPT_TOKENS/BENCH_DECODE_TOKENS or raise MAX_MODEL_LEN")
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------
+
+def _unknown_issue(e: EnvEntry) -> ProfileIssue:
+    key = e.key
+    if is_secret_key(key):
+        return ProfileIssue(key, SECRETS_HINT,
+                            fix=f"delete line {e.line} and `export {key}=...` or add it to "
+                                "~/.config/spark-runbook/secrets.env" if e.line else
+                                f"export {key}=... instead of passing it as an override",
+                            path=e.path, line=e.line)
+    if key.upper() in KEYS:
+        return ProfileIssue(key, "keys are upper case", fix=f"write {key.upper()}", path=e.path, line=e.line)
+    if key in SEED_ALIASES:
+        target = SEED_ALIASES[key]
+        return ProfileIssue(key, f"unknown key (a seed-recipe name); did you mean {target}?",
+                            fix=f"rename {key} to {target.split(' ')[0]} (see env/README.md)",
+                            path=e.path, line=e.line)
+    close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.6)
+    msg = f"unknown key; did you mean {close[0]}?" if close else "unknown key"
+    fix = f"rename it to {close[0]}" if close else "remove it (known keys: docs/DESIGN.md, env/README.md)"
+    return ProfileIssue(key, msg, fix=fix, path=e.path, line=e.line)
+
+
+def _warn_environment(environ: Mapping[str, str]) -> None:
+    for name in sorted(environ):
+        if name.startswith("RUNBOOK_") and name not in KNOWN_ENV_VARS:
+            hint = ""
+            if name[len("RUNBOOK_"):] in KEYS:
+                hint = f"; profile keys are not read from the environment, use -p {name[len('RUNBOOK_'):]}=..."
+            warnings.warn(f"environment variable {name} is not used by the runbook{hint}",
+                          ProfileWarning, stacklevel=3)
+
+
+def _order(issue: ProfileIssue) -> tuple:
+    return (issue.path == OVERRIDE, issue.line == 0, issue.line)
+
+
+def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = None, *,
+                 environ: Mapping[str, str] | None = None) -> Profile:
+    """Load and validate a profile; raise :class:`ProfileError` listing every problem.
+
+    ``overrides`` (from ``-p KEY=VALUE``) are validated the same way and reported as
+    ``<override>``. Unknown ``RUNBOOK_*`` environment variables produce a :class:`ProfileWarning`.
+    """
+    src = Path(path)
+    _warn_environment(os.environ if environ is None else environ)
+    if not src.is_file():
+        raise ProfileError([ProfileIssue("<file>", f"profile not found: {src}",
+                                         fix="pass an existing profile, e.g. env/lab.env", path=str(src))])
+    file_entries, issues = parse_env_file(src)
+    ov_entries = [EnvEntry(str(k).strip(), _s(v) if v is not None else "", 0, OVERRIDE)
+                  for k, v in (overrides or {}).items()]
+
+    merged: dict[str, EnvEntry] = {}
+    first_line: dict[str, int] = {}
+    for e in file_entries + ov_entries:
+        if e.key not in KEYS:
+            issues.append(_unknown_issue(e))
+            continue
+        if e.path != OVERRIDE and e.key in first_line:
+            issues.append(ProfileIssue(e.key, f"set twice (first at line {first_line[e.key]})",
+                                       fix="keep one of the two lines", path=e.path, line=e.line))
+            continue
+        if e.path != OVERRIDE:
+            first_line[e.key] = e.line
+        if HF_TOKEN_RE.search(e.value):
+            issues.append(ProfileIssue(e.key, "value contains what looks like a Hugging Face token; " + SECRETS_HINT,
+                                       fix="remove the token from the value", path=e.path, line=e.line))
+            continue
+        merged[e.key] = e
+
+    def where(key: str) -> tuple[str, int]:
+        e = merged.get(key)
+        return (e.path, e.line) if e else (str(src), 0)
+
+    bad: set[str] = {i.key for i in issues if i.key in KEYS}
+    values = {k.lower(): e.value for k, e in merged.items() if k not in bad}
+    try:
+        model = Profile.model_validate(values)
+    except ValidationError as exc:
+        for err in exc.errors():
+            key = str(err["loc"][0]).upper() if err["loc"] else "<profile>"
+            ctx = err.get("ctx") or {}
+            p, ln = where(key)
+            issues.append(ProfileIssue(key, str(ctx.get("msg", err["msg"])), fix=str(ctx.get("fix", "")),
+                                       path=p, line=ln))
+            bad.add(key)
+        values = {k: v for k, v in values.items() if k.upper() not in bad}
+        model = Profile.model_validate(values)  # bad keys fall back to defaults; rules skip them
+
+    for key in REQUIRED_KEYS:
+        if key not in bad and not model.value(key):
+            p, ln = where(key)
+            issues.append(ProfileIssue(key, "required key is missing or empty",
+                                       fix=f"add {key}=... (see env/README.md)", path=p, line=ln))
+            bad.add(key)
+
+    for c in _rules(model):
+        if bad.intersection(c.keys):
+            continue  # a key involved is already reported; its value here is only the default
+        at = c.at
+        if at is None:
+            set_keys = [k for k in c.keys if k in merged]
+            at = max(set_keys, key=lambda k: (merged[k].path == OVERRIDE, merged[k].line)) if set_keys \
+                else c.keys[-1]
+        p, ln = where(at)
+        issues.append(ProfileIssue(at, c.message, fix=c.fix, path=p, line=ln))
+
+    if issues:
+        raise ProfileError(sorted(issues, key=_order))
+
+    model._source = src
+    model._key_lines = dict(first_line)
+    model._overrides = {e.key: e.value for e in ov_entries}
+    return model

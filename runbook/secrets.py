@@ -1,0 +1,212 @@
+"""Secrets (HF token, API key) from the environment or a 0600 file, and the redactor that keeps
+them out of every log, command record and notebook.
+
+Secrets never live in a profile. Lookup order: ``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN`` and
+``VLLM_API_KEY`` in the environment, then ``~/.config/spark-runbook/secrets.env`` (or the file
+named by ``RUNBOOK_SECRETS_FILE``), which must be mode 0600 and owned by the current user.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from .errors import ProfileError, ProfileIssue
+
+__all__ = [
+    "Secrets", "SecretsError", "Redactor", "load_secrets", "redactor_from_env", "default_redactor",
+    "reset_default_redactor", "register_secret", "default_secrets_file", "HF_TOKEN_RE", "MASK",
+]
+
+MASK = "***"
+HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{20,}")
+_BEARER_RE = re.compile(r"(\bBearer\s+|(?i:authorization:\s*bearer\s+))([^\s\"',;]+)")
+_ASSIGN_RE = re.compile(
+    r"(?i)((?:--api-key[= ]|\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|[A-Z_]*API_KEYS?|[A-Z_]*_TOKEN)"
+    r"\s*[=:]\s*)[\"']?)([^\s\"',;]+)")
+MIN_SECRET_LEN = 4  # shorter values would mask unrelated text; Bearer/assignment patterns still apply
+
+HF_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+API_ENV = ("VLLM_API_KEY",)
+FILE_KEYS = {"HF_TOKEN": "hf_token", "HUGGING_FACE_HUB_TOKEN": "hf_token", "VLLM_API_KEY": "api_key"}
+
+
+class SecretsError(ProfileError):
+    """The secrets file is unsafe or unreadable (exit code 2, like a profile problem)."""
+
+
+def default_secrets_file(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    return Path(os.path.expanduser(env.get("RUNBOOK_SECRETS_FILE") or "~/.config/spark-runbook/secrets.env"))
+
+
+def _mask(value: str) -> str:
+    return MASK if value else "''"
+
+
+@dataclass(frozen=True, repr=False)
+class Secrets:
+    """The secrets in effect. ``repr``/``str`` never show a value."""
+    hf_token: str = ""
+    api_key: str = ""
+    hf_token_source: str = ""  # e.g. "env:HF_TOKEN" or "file:/root/.config/spark-runbook/secrets.env"
+    api_key_source: str = ""
+
+    def __repr__(self) -> str:
+        return (f"Secrets(hf_token={_mask(self.hf_token)}, api_key={_mask(self.api_key)}, "
+                f"hf_token_source={self.hf_token_source!r}, api_key_source={self.api_key_source!r})")
+
+    __str__ = __repr__
+
+    def values(self) -> list[str]:
+        return [v for v in (self.hf_token, self.api_key) if v]
+
+    def redactor(self) -> "Redactor":
+        return Redactor(self.values())
+
+    def auth_headers(self) -> dict[str, str]:
+        """``Authorization`` header for the API (empty when no key is configured)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def _check_file_mode(path: Path) -> None:
+    st = path.stat()
+    if st.st_mode & 0o077:
+        mode = stat.S_IMODE(st.st_mode)
+        raise SecretsError([ProfileIssue(
+            "secrets.env", f"secrets file is mode {mode:04o}: readable by group/others, refusing to read it",
+            fix=f"chmod 600 {path}", path=str(path))])
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise SecretsError([ProfileIssue(
+            "secrets.env", f"secrets file is owned by uid {st.st_uid}, not by you (uid {os.getuid()})",
+            fix=f"chown {os.getuid()} {path} && chmod 600 {path}", path=str(path))])
+
+
+def _read_file(path: Path) -> dict[str, tuple[str, int]]:
+    from .profile import parse_env_file  # local import: profile imports this module
+
+    _check_file_mode(path)
+    entries, issues = parse_env_file(path)
+    if issues:
+        # never echo the line text: it may hold a secret
+        raise SecretsError([ProfileIssue(i.key if i.key in FILE_KEYS else "<syntax>",
+                                         "cannot parse this line", fix="write KEY=VALUE", path=str(path),
+                                         line=i.line) for i in issues])
+    out: dict[str, tuple[str, int]] = {}
+    for e in entries:
+        if e.key in FILE_KEYS:
+            out[e.key] = (e.value, e.line)
+        else:
+            warnings.warn(f"{path}:{e.line}: {e.key} is not a secret the runbook reads "
+                          f"(known: {', '.join(FILE_KEYS)})", UserWarning, stacklevel=3)
+    return out
+
+
+def load_secrets(environ: Mapping[str, str] | None = None,
+                 secrets_file: str | os.PathLike | None = None) -> Secrets:
+    """Collect the HF token and API key. The environment wins over the file; the file is only
+    read when something is missing from the environment, and only if it is mode 0600."""
+    env = os.environ if environ is None else environ
+    path = Path(os.path.expanduser(os.fspath(secrets_file))) if secrets_file else default_secrets_file(env)
+    found: dict[str, tuple[str, str]] = {}
+    for attr, names in (("hf_token", HF_ENV), ("api_key", API_ENV)):
+        for name in names:
+            if env.get(name, "").strip():
+                found[attr] = (env[name].strip(), f"env:{name}")
+                break
+    if len(found) < 2 and path.is_file():
+        for key, (value, _line) in _read_file(path).items():
+            attr = FILE_KEYS[key]
+            if attr not in found and value:
+                found[attr] = (value, f"file:{path}")
+    hf = found.get("hf_token", ("", ""))
+    api = found.get("api_key", ("", ""))
+    return Secrets(hf_token=hf[0], api_key=api[0], hf_token_source=hf[1], api_key_source=api[1])
+
+
+class Redactor:
+    """Replaces every known secret value, any ``hf_…`` token, ``Bearer <x>`` values and
+    ``--api-key``/``*_TOKEN=``/``*_API_KEY=`` assignments with ``***``."""
+
+    def __init__(self, values: Iterable[str] = ()):
+        self._values: set[str] = set()
+        for v in values:
+            self.add(v)
+
+    def add(self, value: str | None) -> None:
+        if value and len(value.strip()) >= MIN_SECRET_LEN:
+            self._values.add(value.strip())
+
+    @property
+    def values(self) -> frozenset[str]:
+        return frozenset(self._values)
+
+    def redact(self, text: Any) -> Any:
+        if not isinstance(text, str) or not text:
+            return text
+        for v in sorted(self._values, key=len, reverse=True):
+            text = text.replace(v, MASK)
+        text = HF_TOKEN_RE.sub(MASK, text)
+        text = _BEARER_RE.sub(lambda m: m.group(1) + MASK, text)
+        text = _ASSIGN_RE.sub(lambda m: m.group(1) + MASK if m.group(2) != MASK else m.group(0), text)
+        return text
+
+    __call__ = redact
+
+    def redact_obj(self, obj: Any) -> Any:
+        """Redact strings inside nested dicts/lists/tuples (keys included)."""
+        if isinstance(obj, str):
+            return self.redact(obj)
+        if isinstance(obj, dict):
+            return {self.redact(k) if isinstance(k, str) else k: self.redact_obj(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.redact_obj(v) for v in obj)
+        return obj
+
+    def __repr__(self) -> str:
+        return f"Redactor({len(self._values)} value(s))"
+
+
+def redactor_from_env(environ: Mapping[str, str] | None = None,
+                      secrets_file: str | os.PathLike | None = None) -> Redactor:
+    """A redactor for the secrets currently in effect. A refused secrets file is skipped here
+    (its values are never loaded, so cannot leak); :func:`load_secrets` reports it."""
+    env = os.environ if environ is None else environ
+    red = Redactor(env.get(n, "") for n in (*HF_ENV, *API_ENV))
+    try:
+        red = Redactor([*red.values, *load_secrets(env, secrets_file).values()])
+    except SecretsError:
+        pass
+    return red
+
+
+_default: Redactor | None = None
+_lock = threading.Lock()
+
+
+def default_redactor() -> Redactor:
+    """The process-wide redactor used by the remote layer and the evidence writer. Built once
+    from the environment and secrets file; secrets exported later are picked up on each call."""
+    global _default
+    with _lock:
+        if _default is None:
+            _default = redactor_from_env()
+        for name in (*HF_ENV, *API_ENV):
+            _default.add(os.environ.get(name, ""))
+        return _default
+
+
+def register_secret(value: str) -> None:
+    """Add a value (e.g. a generated lab API key) to the default redactor."""
+    default_redactor().add(value)
+
+
+def reset_default_redactor() -> None:
+    global _default
+    with _lock:
+        _default = None

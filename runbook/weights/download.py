@@ -1,0 +1,258 @@
+"""Hub metadata, free-space check, pinned download (local side).
+
+Layout: ``local_dir`` — the files land as a plain tree in ``WEIGHTS_DIR`` (what ``vllm serve
+MODEL_DIR`` loads, what rsync/NFS share, where ``.runbook-manifest.json`` sits), not the HF cache
+layout (``models--org--name/{blobs,snapshots,refs}``). huggingface_hub keeps its per-file download
+metadata in ``WEIGHTS_DIR/.cache/huggingface/``; the runbook ignores that directory when sharing.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..checks import Check, check
+from ..errors import ActionError, RunbookError
+from . import node_download, verify_manifest
+
+SHA40 = re.compile(r"^[0-9a-f]{40}$")
+TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+GIB = 1 << 30
+
+
+def hf_token_from_env(env: dict[str, str] | None = None) -> str | None:
+    """The HF token from the environment only (never from a profile, never printed)."""
+    env = os.environ if env is None else env
+    for key in TOKEN_ENV:
+        value = (env.get(key) or "").strip()
+        if value:
+            return value
+    return None
+
+
+def require_pinned(revision: str) -> str:
+    if not SHA40.match(revision or ""):
+        raise RunbookError("HF_REVISION is not a pinned commit", observed=repr(revision),
+                           expected="a 40-hex commit sha", fix="set HF_REVISION to the commit sha "
+                           "shown on the repo's 'Files and versions' page (or HfApi().model_info(repo).sha)")
+    return revision
+
+
+@dataclass
+class RemoteFile:
+    path: str
+    size: int
+    sha256: str | None = None        # LFS files: the Hub's lfs.sha256
+    git_sha1: str | None = None      # plain files: the git blob id
+
+    def expected(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path, "size": self.size}
+        if self.sha256:
+            out["sha256"] = self.sha256
+        elif self.git_sha1:
+            out["git_sha1"] = self.git_sha1
+        return out
+
+
+@dataclass
+class RepoSnapshot:
+    """What the Hub says a pinned revision contains (``model_info(files_metadata=True)``)."""
+    repo: str
+    revision: str
+    files: list[RemoteFile] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def select(self, allow_patterns: Iterable[str] | None = None,
+               ignore_patterns: Iterable[str] | None = None) -> RepoSnapshot:
+        """The subset snapshot_download fetches for these patterns (same matcher)."""
+        from huggingface_hub.utils import filter_repo_objects
+        keep = set(filter_repo_objects([f.path for f in self.files],
+                                       allow_patterns=list(allow_patterns) if allow_patterns else None,
+                                       ignore_patterns=list(ignore_patterns) if ignore_patterns else None))
+        return RepoSnapshot(self.repo, self.revision, [f for f in self.files if f.path in keep])
+
+    def expected(self) -> dict[str, Any]:
+        """The expected-file document ``verify_manifest`` checks against."""
+        return {"repo": self.repo, "revision": self.revision,
+                "files": [f.expected() for f in sorted(self.files, key=lambda f: f.path)]}
+
+
+def fetch_metadata(repo: str, revision: str, *, endpoint: str | None = None,
+                   token: str | None = None, timeout: float = 30) -> RepoSnapshot:
+    """Sizes and hashes of every file of ``repo`` at the pinned ``revision``."""
+    from huggingface_hub import HfApi
+    require_pinned(revision)
+    api = HfApi(endpoint=endpoint, token=token if token else False)
+    try:
+        info = api.model_info(repo, revision=revision, files_metadata=True, timeout=timeout)
+    except Exception as err:  # noqa: BLE001 - one readable message for the notebook
+        raise RunbookError(f"cannot read Hub metadata for {repo}@{revision[:12]}",
+                           observed=f"{type(err).__name__}: {_mask(str(err), token)}",
+                           expected="model_info(files_metadata=True) answers",
+                           fix="check HF_ENDPOINT / network / HF_TOKEN (gated repos) and the revision") from None
+    if info.sha != revision:
+        raise RunbookError("Hub answered a different revision", observed=str(info.sha), expected=revision)
+    files = []
+    for s in info.siblings or []:
+        if s.size is None:
+            raise RunbookError("Hub metadata lacks file sizes", observed=s.rfilename,
+                               expected="siblings with size (files_metadata=True)")
+        files.append(RemoteFile(s.rfilename, int(s.size), sha256=s.lfs.sha256 if s.lfs else None,
+                                git_sha1=None if s.lfs else s.blob_id))
+    return RepoSnapshot(repo, revision, files)
+
+
+def _free_bytes(path: str | os.PathLike) -> int:
+    p = Path(path).absolute()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def bytes_still_needed(dest: str | os.PathLike, snap: RepoSnapshot) -> int:
+    """Bytes to download: files absent or of the wrong size under ``dest``."""
+    need = 0
+    for f in snap.files:
+        try:
+            if os.stat(os.path.join(dest, f.path)).st_size == f.size:
+                continue
+        except OSError:
+            pass
+        need += f.size
+    return need
+
+
+def free_space_check(dest: str | os.PathLike, snap: RepoSnapshot, *, margin_bytes: int = 2 * GIB,
+                     free_fn: Callable[[str], int] | None = None, node: str = "") -> Check:
+    """PASS if ``dest``'s filesystem has room for what is still to be downloaded (+ margin)."""
+    need = bytes_still_needed(dest, snap)
+    free = (free_fn or _free_bytes)(str(dest))
+    ok = free >= need + margin_bytes
+    return check("weights.free_space", ok, node=node,
+                 observed=f"{free / GIB:.2f} GiB free at {dest} ({free} B)",
+                 expected=f">= {(need + margin_bytes) / GIB:.2f} GiB ({need} B to download of "
+                          f"{snap.total_bytes} B total + {margin_bytes} B margin)",
+                 fix="free space or point WEIGHTS_DIR at a bigger filesystem",
+                 data={"free_bytes": free, "need_bytes": need, "total_bytes": snap.total_bytes,
+                       "margin_bytes": margin_bytes})
+
+
+@dataclass
+class DownloadResult:
+    path: str
+    repo: str
+    revision: str
+    layout: str
+    total_bytes: int
+    needed_bytes: int
+    seconds: float
+    verify: dict[str, Any]
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.verify.get("ok"))
+
+
+def download(repo: str, revision: str, dest: str | os.PathLike, *, endpoint: str | None = None,
+             allow_patterns: Iterable[str] | None = None, ignore_patterns: Iterable[str] | None = None,
+             max_workers: int = 8, download_timeout: int = 120, etag_timeout: int = 30,
+             margin_bytes: int = 2 * GIB, free_fn: Callable[[str], int] | None = None,
+             verify_workers: int = 4, repair: bool = True, progress: bool = True,
+             snapshot: RepoSnapshot | None = None, token: str | None = None,
+             node: str = "") -> DownloadResult:
+    """Pinned download into ``dest`` then verification against Hub metadata.
+
+    Order: pinned-revision check → Hub metadata → free-space check (refuses before any byte is
+    downloaded, numbers in the message) → ``snapshot_download`` (bounded ``max_workers``,
+    raised ``HF_HUB_DOWNLOAD_TIMEOUT``, tqdm progress, ``local_dir`` layout) → verify (manifest).
+    With ``repair``, files that fail verification are deleted and fetched once more (huggingface_hub
+    trusts an existing file of a pinned revision and would not re-fetch it by itself).
+    ``token=None`` reads ``HF_TOKEN`` from the environment; it is registered with the redactor and
+    never printed or written.
+    """
+    require_pinned(revision)
+    token = token or hf_token_from_env()
+    if token:
+        from ..secrets import register_secret
+        register_secret(token)
+    snap = snapshot or fetch_metadata(repo, revision, endpoint=endpoint, token=token)
+    snap = snap.select(allow_patterns, ignore_patterns)
+    checks: list[Check] = []
+    space = free_space_check(dest, snap, margin_bytes=margin_bytes, free_fn=free_fn, node=node)
+    checks.append(space)
+    if space.failed:
+        raise ActionError(f"not enough disk space for {repo}@{revision[:12]}", node=node,
+                          observed=space.observed, expected=space.expected, fix=space.fix)
+    needed = space.data["need_bytes"]
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    _fetch(repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
+           download_timeout, etag_timeout, token, progress)
+    report = verify_manifest.verify(str(dest), snap.expected(), workers=verify_workers)
+    if not report["ok"] and repair:
+        for rel in report["failed"]:
+            _forget(dest, rel)
+        _fetch(repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
+               download_timeout, etag_timeout, token, progress)
+        report = verify_manifest.verify(str(dest), snap.expected(), workers=verify_workers)
+    seconds = time.monotonic() - t0
+    checks.extend(verify_checks(report, node=node))
+    return DownloadResult(str(dest), repo, revision, node_download.LAYOUT, snap.total_bytes, needed,
+                          round(seconds, 3), report, checks)
+
+
+def _fetch(repo, revision, dest, endpoint, allow, ignore, max_workers, timeout, etag_timeout,
+           token, progress) -> None:
+    try:
+        node_download.snapshot(repo, revision, str(dest), endpoint=endpoint,
+                               allow_patterns=list(allow) if allow else None,
+                               ignore_patterns=list(ignore) if ignore else None,
+                               max_workers=max_workers, download_timeout=timeout,
+                               etag_timeout=etag_timeout, token=token, progress=progress)
+    except Exception as err:  # noqa: BLE001
+        raise ActionError(f"download of {repo}@{revision[:12]} failed",
+                          observed=f"{type(err).__name__}: {_mask(str(err), token)}",
+                          expected="snapshot_download completes",
+                          fix="re-run (finished files are kept); check HF_ENDPOINT, HF_TOKEN, disk") from None
+
+
+def _forget(dest: str | os.PathLike, rel: str) -> None:
+    """Delete a bad file and huggingface_hub's record of it so the next run fetches it again."""
+    for p in (Path(dest) / rel, Path(dest) / ".cache" / "huggingface" / "download" / f"{rel}.metadata"):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def verify_checks(report: dict[str, Any], *, node: str = "") -> list[Check]:
+    """Turn a ``verify_manifest`` report into checks: one per failed file, one summary."""
+    out = []
+    for r in report.get("files", []):
+        if r["status"] != "ok":
+            out.append(check(f"weights.file:{r['path']}", False, node=node,
+                             observed=f"{r['status']}: {r['observed']}", expected=r["expected"],
+                             fix="delete the file and re-run the download (download(repair=True))"))
+    n = len(report.get("files", []))
+    out.append(check("weights.verified", bool(report.get("ok")), node=node,
+                     observed=(f"{n - len(report.get('failed', []))}/{n} files ok; hashed "
+                               f"{report.get('files_hashed', 0)} ({report.get('bytes_hashed', 0)} B) "
+                               f"at {report.get('gbps', 0)} GB/s"),
+                     expected=f"{n}/{n} files: exact size + sha256 (LFS) / git blob id",
+                     fix="see the weights.file:* rows",
+                     data={k: report.get(k) for k in ("bytes_hashed", "files_hashed", "seconds",
+                                                       "gbps", "revision", "failed")}))
+    return out
+
+
+def _mask(text: str, token: str | None) -> str:
+    return text.replace(token, "***") if token else text

@@ -1,0 +1,332 @@
+"""Getting the verified weights onto the worker: ``rsync`` | ``download-both`` | ``nfs``, then parity.
+
+Everything on a node goes through the remote layer (``node.read``/``node.run``/``node.put``); the
+verification on a node is ``verify_manifest.py`` shipped and run with the node's ``python3`` (the
+same code that verifies locally). JIT/compile caches stay node-local (``cache_dir_is_local``).
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import posixpath
+import shlex
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..checks import Check, Status, check, not_applicable
+from ..errors import RemoteError, RunbookError
+from . import node_download, verify_manifest
+from .download import hf_token_from_env, require_pinned, verify_checks
+from .verify import manifest_to_expected, parity
+from .verify_manifest import MANIFEST_NAME
+
+REMOTE_TOOLS = "/tmp/spark-runbook-weights"
+NFS_EXPORT_OPTS = "ro,sync,no_subtree_check,root_squash,fsid=0"
+NFS_MOUNT_OPTS = "vers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
+EXPORTS_FILE = "/etc/exports.d/spark-runbook.exports"
+
+
+@dataclass
+class ShareResult:
+    mode: str
+    checks: list[Check] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.failed for c in self.checks)
+
+
+def _q(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+# -------------------------------------------------------------------------------------------
+# shipping the verifier / downloader and reading manifests on a node
+
+def ship_tools(node, remote_dir: str = REMOTE_TOOLS) -> dict[str, str]:
+    """Copy ``verify_manifest.py`` and ``node_download.py`` to the node. Returns remote paths."""
+    node.run(f"mkdir -p {_q(remote_dir)}", timeout=30)
+    out = {}
+    for mod in (verify_manifest, node_download):
+        name = Path(mod.__file__).name
+        remote = posixpath.join(remote_dir, name)
+        node.put(mod.__file__, remote)
+        out[mod.__name__.rsplit(".", 1)[-1]] = remote
+    return out
+
+
+def _put_json(node, data: dict[str, Any], remote: str) -> None:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(data, fh)
+        local = fh.name
+    try:
+        node.put(local, remote)
+    finally:
+        os.unlink(local)
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed((text or "").strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def verify_on_node(node, directory: str, expected: dict[str, Any], *, python: str = "python3",
+                   workers: int = 4, reuse: bool = True, write: bool = True,
+                   remote_dir: str = REMOTE_TOOLS, timeout: float = 4 * 3600) -> dict[str, Any]:
+    """Run ``verify_manifest.py`` on ``node`` against ``expected``; return its JSON report."""
+    tools = ship_tools(node, remote_dir)
+    exp_remote = posixpath.join(remote_dir, f"expected-{uuid.uuid4().hex[:8]}.json")
+    _put_json(node, expected, exp_remote)
+    cmd = (f"{python} {_q(tools['verify_manifest'])} --dir {_q(directory)} --expected {_q(exp_remote)}"
+           f" --workers {int(workers)}" + ("" if reuse else " --no-reuse") + ("" if write else " --no-write"))
+    try:
+        res = node.run(cmd, timeout=timeout, warn=True)
+    finally:
+        node.run(f"rm -f {_q(exp_remote)}", timeout=30, warn=True)
+    if getattr(res, "dry_run", False):
+        return {"ok": True, "dry_run": True, "files": [], "failed": [], "command": cmd}
+    report = _last_json(res.stdout)
+    if report is None or res.exit_code not in (0, 1) or "files" not in report:
+        raise RemoteError("weights verification could not run", node=node.name,
+                          observed=f"exit {res.exit_code}: {(res.stdout or '')[-300:]} {(res.stderr or '')[-300:]}",
+                          expected="a JSON report (exit 0 or 1)",
+                          fix=f"check {python} exists on the node and {directory} is readable")
+    return report
+
+
+def read_node_manifest(node, directory: str) -> dict[str, Any] | None:
+    res = node.read(f"cat {_q(posixpath.join(directory, MANIFEST_NAME))}", timeout=30)
+    if not res.ok:
+        return None
+    try:
+        return json.loads(res.stdout)
+    except ValueError:
+        return None
+
+
+# -------------------------------------------------------------------------------------------
+# rsync
+
+def render_rsync(src_dir: str, dst_dir: str, target: str, *,
+                 ssh: str = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes") -> str:
+    """rsync head→worker over the fabric address: whole files (no delta CPU), keep partials.
+    ``target`` is ``user@<WORKER_IP>`` (the fabric address, never the management one)."""
+    return (f"rsync -a --whole-file --partial --info=progress2,stats1 --mkpath "
+            f"--exclude=/.cache/ --exclude=/{MANIFEST_NAME} --exclude='/.{MANIFEST_NAME}.*' "
+            f"-e {_q(ssh)} {_q(src_dir.rstrip('/') + '/')} {_q(target + ':' + dst_dir.rstrip('/') + '/')}")
+
+
+def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | None = None,
+                    ssh: str = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes",
+                    head_manifest: dict[str, Any] | None = None, python: str = "python3",
+                    workers: int = 4, timeout: float = 6 * 3600) -> ShareResult:
+    """Copy the head's verified tree to the worker, verify there by the head manifest, check parity."""
+    result = ShareResult("rsync")
+    head_manifest = head_manifest or read_node_manifest(head, src_dir)
+    if not head_manifest:
+        result.checks.append(check("weights.head_manifest", False, node=head.name,
+                                   observed=f"no {MANIFEST_NAME} in {src_dir}",
+                                   expected="a verified head tree", fix="run the download/verify on the head first"))
+        return result
+    target = target or f"root@{worker.spec.fabric_ip}"
+    cmd = render_rsync(src_dir, dst_dir, target, ssh=ssh)
+    t0 = time.monotonic()
+    res = head.run(cmd, timeout=timeout, warn=True)
+    seconds = time.monotonic() - t0
+    total = sum(f["size"] for f in head_manifest.get("files", []))
+    result.data.update(command=cmd, seconds=round(seconds, 2), bytes=total)
+    result.checks.append(check("weights.rsync", res.ok, node=head.name,
+                               observed=f"exit {res.exit_code} in {seconds:.1f} s "
+                                        f"({total / max(seconds, 1e-9) / 1e9:.2f} GB/s incl. skipped files)",
+                               expected="exit 0", fix="see the rsync output in commands.jsonl; re-run resumes "
+                                                     "(--partial)", data=dict(result.data)))
+    if not res.ok or getattr(res, "dry_run", False):
+        return result
+    report = verify_on_node(worker, dst_dir, manifest_to_expected(head_manifest), python=python,
+                            workers=workers)
+    result.checks.extend(verify_checks(report, node=worker.name))
+    result.checks.append(parity(head_manifest, read_node_manifest(worker, dst_dir), node=worker.name))
+    result.data["verify"] = {k: report.get(k) for k in ("bytes_hashed", "seconds", "gbps", "failed")}
+    return result
+
+
+# -------------------------------------------------------------------------------------------
+# download-both
+
+def render_node_download(tool: str, repo: str, revision: str, dest: str, *, python: str = "python3",
+                         endpoint: str | None = None, allow: Iterable[str] = (), ignore: Iterable[str] = (),
+                         max_workers: int = 8, timeout: int = 120, token_file: str = "") -> str:
+    parts = [python, tool, "--repo", repo, "--revision", require_pinned(revision), "--dest", dest,
+             "--max-workers", int(max_workers), "--timeout", int(timeout), "--no-progress"]
+    if endpoint:
+        parts += ["--endpoint", endpoint]
+    for p in allow:
+        parts += ["--allow", p]
+    for p in ignore:
+        parts += ["--ignore", p]
+    if token_file:
+        parts += ["--token-file", token_file]
+    return " ".join(_q(p) for p in parts)
+
+
+def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dict[str, Any],
+                     endpoint: str | None = None, python: str = "python3", allow: Iterable[str] = (),
+                     ignore: Iterable[str] = (), max_workers: int = 8, timeout: int = 120,
+                     token: str | None = None, verify_workers: int = 4,
+                     run_timeout: float = 12 * 3600) -> ShareResult:
+    """The node downloads the pinned revision itself (from ``endpoint``) and verifies it.
+
+    ``python`` must have huggingface_hub (e.g. the venv or the serving image's python). The token,
+    if any, goes to a 0600 file on the node (never on the command line) and is removed afterwards.
+    """
+    result = ShareResult("download-both")
+    tools = ship_tools(node)
+    token = token or hf_token_from_env()
+    token_file = ""
+    if token:
+        token_file = posixpath.join(REMOTE_TOOLS, f".tok-{uuid.uuid4().hex[:8]}")
+        node.run(f"umask 077 && : > {_q(token_file)} && chmod 600 {_q(token_file)}", timeout=30)
+        fd, local = tempfile.mkstemp()
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(token)
+            node.put(local, token_file)
+        finally:
+            os.unlink(local)
+    cmd = render_node_download(tools["node_download"], repo, revision, dest, python=python,
+                               endpoint=endpoint, allow=allow, ignore=ignore, max_workers=max_workers,
+                               timeout=timeout, token_file=token_file)
+    t0 = time.monotonic()
+    try:
+        res = node.run(cmd, timeout=run_timeout, warn=True)
+    finally:
+        if token_file:
+            node.run(f"rm -f {_q(token_file)}", timeout=30, warn=True)
+    seconds = time.monotonic() - t0
+    out = _last_json(res.stdout) or {}
+    result.data.update(command=cmd, seconds=round(seconds, 2))
+    ok = res.ok and bool(out.get("ok")) or getattr(res, "dry_run", False)
+    result.checks.append(check("weights.download", ok, node=node.name,
+                               observed=f"exit {res.exit_code} in {seconds:.1f} s {out.get('error', '')}".strip(),
+                               expected="snapshot_download completes",
+                               fix="check HF_ENDPOINT is reachable from the node and the python has "
+                                   "huggingface_hub; re-run keeps finished files"))
+    if not ok or getattr(res, "dry_run", False):
+        return result
+    report = verify_on_node(node, dest, expected, python=python, workers=verify_workers)
+    result.checks.extend(verify_checks(report, node=node.name))
+    result.data["verify"] = {k: report.get(k) for k in ("bytes_hashed", "seconds", "gbps", "failed")}
+    return result
+
+
+# -------------------------------------------------------------------------------------------
+# NFS
+
+def _single_ipv4(value: str, what: str) -> str:
+    try:
+        ip = ipaddress.IPv4Address(value)
+    except ValueError:
+        raise RunbookError(f"{what} must be one IPv4 fabric address", observed=repr(value),
+                           expected="e.g. 10.0.22.2 (never '*', a hostname or a wide subnet)",
+                           fix="set HEAD_IP/WORKER_IP in the profile") from None
+    return str(ip)
+
+
+def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *,
+               volume: str = "spark-weights") -> dict[str, list[str]]:
+    """The exact commands of the NFS mode: export ``export_dir`` read-only to the worker's fabric
+    address only (root_squash), mount it on the worker NFSv4.2 with nconnect=8, 1 MiB rsize/wsize,
+    hard. ``fsid=0`` makes the export the NFSv4 root, so the client mounts ``<head_ip>:/``."""
+    head_ip = _single_ipv4(head_ip, "HEAD_IP")
+    worker_ip = _single_ipv4(worker_ip, "WORKER_IP")
+    line = f"{export_dir} {worker_ip}({NFS_EXPORT_OPTS})"
+    return {
+        "head": [
+            "mkdir -p /etc/exports.d",
+            f"printf '%s\\n' {_q(line)} > {EXPORTS_FILE}",
+            "exportfs -ra",
+            f"exportfs -v | grep -F {_q(export_dir)}",
+            f"rpcinfo -t {head_ip} nfs 4",
+        ],
+        "worker": [
+            f"mkdir -p {_q(mountpoint)}",
+            f"mountpoint -q {_q(mountpoint)} || mount -t nfs4 -o {NFS_MOUNT_OPTS} {head_ip}:/ {_q(mountpoint)}",
+            f"test -f {_q(posixpath.join(mountpoint, 'config.json'))}",
+        ],
+        "worker_docker_volume": [
+            f"docker volume rm -f {volume}",
+            (f"docker volume create --driver local --opt type=nfs "
+            f"--opt o=addr={head_ip},{NFS_MOUNT_OPTS.replace('vers=', 'nfsvers=')} --opt device=:/ {volume}"),
+        ],
+        "undo_head": [f"rm -f {EXPORTS_FILE}", "exportfs -ra"],
+        "undo_worker": [f"umount {_q(mountpoint)}"],
+    }
+
+
+def nfs_share(head, worker, export_dir: str, mountpoint: str, *, execute: bool,
+              head_manifest: dict[str, Any] | None = None, python: str = "python3",
+              workers: int = 4, reason: str = "") -> ShareResult:
+    """Render (and with ``execute`` run) the NFS mode. In the lab the kernel has no nfsd/nfs4
+    client, so the commands are rendered and reported N/A — never as a pass."""
+    cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint)
+    result = ShareResult("nfs", data={"commands": cmds, "executed": execute})
+    if not execute:
+        result.checks.append(not_applicable(
+            "weights.nfs", reason or "rendered, not run (no kernel NFS server/client here)",
+            node="cluster", expected="export ro to WORKER_IP only; mount nfs4.2 nconnect=8 hard"))
+        return result
+    for cmd in cmds["head"]:
+        head.run(cmd, timeout=60)
+    for cmd in cmds["worker"]:
+        worker.run(cmd, timeout=120)
+    head_manifest = head_manifest or read_node_manifest(head, export_dir)
+    if head_manifest:
+        report = verify_on_node(worker, mountpoint, manifest_to_expected(head_manifest), python=python,
+                                workers=workers, reuse=False, write=False)
+        result.checks.extend(verify_checks(report, node=worker.name))
+    return result
+
+
+# -------------------------------------------------------------------------------------------
+# node-local caches
+
+def cache_dir_is_local(cache_dir: str, shared_dirs: Iterable[str], *, node: str = "") -> Check:
+    """JIT/compile caches (CACHE_DIR) must not live inside a shared/NFS weights tree: both ranks
+    compiling into one cache fails in confusing ways (tonyd2wild#27)."""
+    cache = os.path.normpath(cache_dir)
+    inside = [d for d in shared_dirs if d and (cache == os.path.normpath(d)
+                                               or cache.startswith(os.path.normpath(d) + os.sep))]
+    return check("weights.cache_local", not inside, node=node,
+                 observed=f"CACHE_DIR={cache_dir}" + (f" is inside {inside[0]}" if inside else ""),
+                 expected="CACHE_DIR outside every shared weights directory",
+                 fix="set CACHE_DIR to a node-local path (e.g. ~/.cache/spark-runbook)")
+
+
+__all__ = [
+    "ShareResult",
+    "Status",
+    "cache_dir_is_local",
+    "download_on_node",
+    "nfs_share",
+    "parity",
+    "read_node_manifest",
+    "render_nfs",
+    "render_node_download",
+    "render_rsync",
+    "rsync_to_worker",
+    "ship_tools",
+    "verify_on_node",
+]

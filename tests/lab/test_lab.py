@@ -1,0 +1,281 @@
+"""The embedded lab itself: identity, isolation, fabric, SSH trust, docker, up/down idempotence.
+
+Run: `.venv/bin/python -m pytest tests/lab/test_lab.py -m lab` (as root). The last test tears the lab
+down and brings it up again, so it stays last in this file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import paramiko
+import pytest
+from fabric import Config, Connection, ThreadingGroup
+
+from runbook.errors import LabError
+from runbook.lab import netlab
+
+pytestmark = pytest.mark.lab
+
+
+def sh(lab: netlab.LabInfo, target: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(lab.ssh_argv(target, command), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def ok(lab: netlab.LabInfo, target: str, command: str, timeout: float = 30) -> str:
+    res = sh(lab, target, command, timeout)
+    assert res.returncode == 0, f"{target}: {command!r} rc={res.returncode}\n{res.stderr}"
+    return res.stdout
+
+
+def fabric_config(lab: netlab.LabInfo) -> Config:
+    return Config(runtime_ssh_path=str(lab.ssh_config), overrides={"run": {"in_stream": False}})
+
+
+def pinned(conn: Connection, lab: netlab.LabInfo) -> Connection:
+    """Fabric itself never loads known_hosts and auto-adds unknown keys: pin the lab's host keys."""
+    conn.client.load_host_keys(str(lab.known_hosts))
+    conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    return conn
+
+
+@pytest.fixture(scope="module")
+def conns(lab):
+    """One pinned fabric Connection per node (opened once: each command then costs ~0.06 s)."""
+    cfg = fabric_config(lab)
+    out = {n.name: pinned(Connection(n.alias, config=cfg), lab) for n in lab.nodes}
+    yield out
+    for c in out.values():
+        c.close()
+
+
+def run(conns, name: str, command: str, timeout: float = 30):
+    return conns[name].run(command, hide=True, warn=True, timeout=timeout)
+
+
+def out(conns, name: str, command: str, timeout: float = 30) -> str:
+    res = run(conns, name, command, timeout)
+    assert res.exited == 0, f"{name}: {command!r} rc={res.exited}\n{res.stderr}"
+    return res.stdout
+
+
+def test_up_requires_root(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(LabError, match="needs root") as exc:
+        netlab.up(tmp_path)
+    assert "uid 1000" in exc.value.observed and exc.value.fix
+    with pytest.raises(LabError, match="needs root"):
+        netlab.down(tmp_path)
+
+
+def test_node_identity_and_pid_namespace(lab, conns):
+    host_pidns = os.readlink("/proc/self/ns/pid")
+    seen = {}
+    for n in lab.nodes:
+        lines = out(conns, n.name, "hostname; cat /etc/hostname; readlink /proc/self/ns/pid; "
+                                   "tr '\\0' ' ' </proc/1/cmdline; echo; ps -e -o pid= | wc -l").splitlines()
+        hostname, etc_hostname, pidns, pid1, nprocs = lines
+        assert hostname == etc_hostname == n.alias
+        assert pidns != host_pidns
+        assert f"nodes/{n.name}/sshd_config" in pid1 and "sshd" in pid1   # PID 1 is this node's sshd
+        assert int(nprocs) < 60                                           # sees only its own processes
+        seen[n.name] = pidns
+    assert len(set(seen.values())) == len(lab.nodes)
+    # a process started on the worker is invisible on the head
+    tag = f"20.{uuid.uuid4().int % 10**9:09d}"                 # unique `sleep` argument
+    out(conns, "worker", f"nohup sleep {tag} >/dev/null 2>&1 & echo $! > /run/sleep-{tag}.pid")
+    try:
+        assert f"sleep {tag}" in out(conns, "worker", "ps -e -o args=")
+        assert f"sleep {tag}" not in out(conns, "head", "ps -e -o args=")
+    finally:
+        out(conns, "worker", f"kill $(cat /run/sleep-{tag}.pid); rm -f /run/sleep-{tag}.pid")
+
+
+def test_private_nvme(lab, conns):
+    name = f"probe-{uuid.uuid4().hex[:8]}"
+    out(conns, "head", f"echo from-head > /mnt/nvme/{name}")
+    try:
+        assert out(conns, "head", f"cat /mnt/nvme/{name}").strip() == "from-head"
+        assert run(conns, "worker", f"test -e /mnt/nvme/{name}").exited == 1
+        assert not Path("/mnt/nvme", name).exists()                         # not on the host either
+        assert (lab.lab_dir / "nodes" / "head" / "nvme" / name).exists()   # it is the head's dir
+    finally:
+        out(conns, "head", f"rm -f /mnt/nvme/{name}")
+
+
+def test_fabric_mtu_and_jumbo_ping_both_directions(lab, conns):
+    for a in lab.nodes:
+        mtu, state = out(conns, a.name, f"cat /sys/class/net/{a.fabric_if}/mtu /sys/class/net/{a.fabric_if}/operstate").split()
+        assert (mtu, state) == ("9000", "up")
+        for b in lab.nodes:
+            if a is b:
+                continue
+            big = run(conns, a.name, f"ping -c 1 -W 2 -M do -s 8972 {b.fabric_ip}")
+            assert big.exited == 0, big.stdout + big.stderr
+            too_big = run(conns, a.name, f"ping -c 1 -W 2 -M do -s 8973 {b.fabric_ip}")
+            assert too_big.exited != 0
+            assert "message too long" in (too_big.stdout + too_big.stderr)
+
+
+def test_fabric_reachable_only_inside_nodes(lab, conns):
+    worker = lab.node("worker")
+    # host side: the guard route rejects the fabric prefix locally (no packet leaves)
+    route = subprocess.run(["ip", "route", "get", worker.fabric_ip], capture_output=True, text=True, timeout=10)
+    assert route.returncode != 0 or "unreachable" in route.stdout
+    ping = subprocess.run(["ping", "-c", "1", "-W", "1", worker.fabric_ip], capture_output=True, text=True,
+                          timeout=10, stdin=subprocess.DEVNULL)
+    assert ping.returncode != 0
+    # nodes: no default route, anything outside the lab is unreachable (checked without sending)
+    for n in lab.nodes:
+        assert "default" not in out(conns, n.name, "ip route")
+        res = run(conns, n.name, "ip route get 192.0.2.1")
+        assert res.exited != 0 and "unreachable" in res.stderr.lower()
+
+
+def test_host_key_verification_is_on(lab, tmp_path):
+    head = lab.node("head")
+    assert "stricthostkeychecking true" in ok_local(["ssh", "-F", str(lab.ssh_config), "-G", head.alias])
+    # a known_hosts with a *different* key for the head must be refused
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True,
+                   timeout=30, stdin=subprocess.DEVNULL)
+    wrong = tmp_path / "known_hosts"
+    pub = " ".join((tmp_path / "other.pub").read_text().split()[:2])
+    wrong.write_text(f"{head.alias},{head.mgmt_ip} {pub}\n")
+    bad = subprocess.run(["ssh", "-F", str(lab.ssh_config), "-o", f"UserKnownHostsFile={wrong}", head.alias, "true"],
+                         capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert bad.returncode == 255 and "verification failed" in bad.stderr
+    # an empty known_hosts is refused too (no accept-new)
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    bad = subprocess.run(["ssh", "-F", str(lab.ssh_config), "-o", f"UserKnownHostsFile={empty}", head.alias, "true"],
+                         capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert bad.returncode == 255 and "verification failed" in bad.stderr
+    # paramiko with the pinned keys: the wrong key raises
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(wrong))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    with pytest.raises(paramiko.BadHostKeyException):
+        client.connect(head.mgmt_ip, username="root", key_filename=str(lab.key), timeout=10,
+                       allow_agent=False, look_for_keys=False)
+    client.close()
+    # node to node over the fabric (node-private /etc/ssh/ssh_config, pinned keys)
+    worker = lab.node("worker")
+    out = ok(lab, head.alias, f"ssh {worker.alias} 'hostname; echo $SSH_CONNECTION'").split()
+    assert out[0] == worker.alias and out[1] == head.fabric_ip and out[3] == worker.fabric_ip
+
+
+def ok_local(argv: list[str]) -> str:
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_fabric_connection_group_and_jump(lab):
+    cfg = fabric_config(lab)
+    head, worker = lab.node("head"), lab.node("worker")
+    with pinned(Connection(head.alias, config=cfg), lab) as c:
+        res = c.run("hostname; cat /mnt/nvme/WHOAMI", hide=True)
+        assert res.stdout.splitlines()[0] == head.alias
+        assert c.run("exit 3", warn=True, hide=True).exited == 3
+        # jump over the fabric (CX-7 path): head -> worker's fabric IP
+        with pinned(Connection(worker.fabric_ip, config=cfg, gateway=c), lab) as w:
+            out = w.run("hostname; echo $SSH_CONNECTION", hide=True).stdout.split()
+            assert out[0] == worker.alias and out[1] == head.fabric_ip
+    group = ThreadingGroup(*(n.alias for n in lab.nodes), config=cfg)
+    for conn in group:
+        pinned(conn, lab)
+    try:
+        results = group.run("hostname", hide=True)
+        assert sorted(r.stdout.strip() for r in results.values()) == sorted(n.alias for n in lab.nodes)
+    finally:
+        group.close()
+
+
+def test_iperf3_over_fabric(lab, conns):
+    head, worker = lab.node("head"), lab.node("worker")
+    pidfile = f"/run/iperf3-test-{uuid.uuid4().hex[:6]}.pid"
+    out(conns, "worker", f"iperf3 -s -1 -D -B {worker.fabric_ip} -I {pidfile}")
+    try:
+        for _ in range(20):   # the daemon needs a moment to listen
+            res = run(conns, "head", f"iperf3 -c {worker.fabric_ip} -t 2 -J", timeout=30)
+            if res.exited == 0 or "refused" not in res.stdout + res.stderr:
+                break
+            time.sleep(0.1)
+        assert res.exited == 0, res.stdout[-2000:] + res.stderr
+        gbps = json.loads(res.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
+        print(f"\n[lab] iperf3 head -> worker over {head.fabric_if}: {gbps:.2f} Gbit/s")
+        assert gbps > 0.1
+    finally:
+        run(conns, "worker", f"test -f {pidfile} && kill $(cat {pidfile}) 2>/dev/null; rm -f {pidfile}")
+
+
+def test_docker_on_every_node_same_image(lab, conns):
+    ids = {}
+    for n in lab.nodes:
+        version, image_id = out(conns, n.name, "docker version --format '{{.Server.Version}}'; "
+                                               f"docker image inspect --format '{{{{.Id}}}}' {netlab.IMAGE}").split()
+        assert version
+        ids[n.name] = image_id
+    assert len(set(ids.values())) == 1, ids
+    assert ids == lab.image_ids
+    assert out(conns, "head", f"docker run --rm --network none {netlab.IMAGE} echo container-ok").strip() == "container-ok"
+
+
+def test_status_reports_healthy(lab):
+    st = netlab.status(lab.lab_dir)
+    json.dumps(st)
+    assert st["healthy"], st
+    for n in lab.nodes:
+        node = st["nodes"][n.name]
+        assert node["netns_exists"] and node["sshd_alive"] and node["ssh_ok"] and node["dockerd_alive"]
+        assert (node["fabric_state"], node["fabric_mtu"]) == ("UP", 9000)
+
+
+def _nothing_left() -> list[str]:
+    left = [f"netns {ns}" for ns in ("nl-head", "nl-worker", "nl-worker2") if Path("/run/netns", ns).exists()]
+    left += [f"link {l}" for l in ("nlbr0", "nlfab0", "nl-m-head", "nl-m-worker") if Path("/sys/class/net", l).exists()]
+    routes = subprocess.run(["ip", "route", "show", "type", "unreachable"], capture_output=True, text=True, timeout=10).stdout
+    left += [f"route {r}" for r in ("10.77.0.0/16", "169.254.77.0/24") if r in routes]
+    return left
+
+
+def test_up_down_idempotence_and_stale_recovery(lab):   # keep last: it restarts the lab
+    state_file = lab.lab_dir / netlab.STATE_FILE
+    # 1. a second up on a healthy lab returns quickly without touching it
+    again = netlab.up(lab.lab_dir)
+    assert again.reused and again.timings["total"] < 10
+    # 2. a node dies (its PID 1 is killed): status notices
+    pid1 = netlab.status(lab.lab_dir)["nodes"]["worker"]["sshd_pid"]
+    os.kill(pid1, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid1}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = netlab.status(lab.lab_dir)
+    assert not st["healthy"] and not st["nodes"]["worker"]["sshd_alive"] and st["nodes"]["head"]["healthy"]
+    crashed_state = state_file.read_text()
+    # 3. down cleans the half-dead lab completely; a second down is a no-op
+    t = time.monotonic()
+    netlab.down(lab.lab_dir)
+    down_s = time.monotonic() - t
+    assert _nothing_left() == [] and not state_file.exists()
+    netlab.down(lab.lab_dir)
+    # 4. stale leftovers of a crashed run (state file with dead pids, netns, bridge, guard route,
+    #    a docker cgroup dir): up cleans them and comes up healthy
+    state_file.write_text(crashed_state)
+    for cmd in (["ip", "netns", "add", "nl-head"], ["ip", "link", "add", "nlbr0", "type", "bridge"],
+                ["ip", "route", "add", "unreachable", "169.254.77.0/24"]):
+        subprocess.run(cmd, check=True, timeout=10)
+    cg = Path("/sys/fs/cgroup/memory/nl-worker/stale-container")
+    cg.mkdir(parents=True)
+    rebuilt = netlab.up(lab.lab_dir)
+    assert not rebuilt.reused and "clean" in rebuilt.timings and rebuilt.image_id_identical
+    assert not cg.exists()
+    assert ok(lab, "spark-worker", "hostname").strip() == "spark-worker"
+    print(f"\n[lab] warm up {again.timings}\n[lab] down {down_s:.2f} s\n[lab] up over stale state {rebuilt.timings}")
+    assert netlab.status(lab.lab_dir)["healthy"]

@@ -1,0 +1,340 @@
+"""runbook.network step logic against FakeNodes that map command regexes to canned results and
+refuse any command they do not know."""
+import json
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from runbook import network
+from runbook.checks import Status
+
+FIX = Path(__file__).parent / "facts" / "net"
+
+
+def fx(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+@dataclass
+class Res:
+    exit_code: int = 0
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def ok(self):
+        return self.exit_code == 0
+
+
+class FakeNode:
+    def __init__(self, name, rank, *, fabric_ip, fabric_if, ib_devs="", gid="auto", rules=()):
+        self.name = name
+        self.spec = SimpleNamespace(name=name, rank=rank, fabric_ip=fabric_ip, fabric_if=fabric_if,
+                                    ib_devs=ib_devs, gid=gid, ssh=f"root@{name}")
+        self.rules = list(rules)          # [(regex, Res | callable(cmd) -> Res)]
+        self.log: list[str] = []
+        self._lock = threading.Lock()
+
+    def read(self, command, timeout=20):
+        assert timeout and timeout > 0
+        with self._lock:
+            self.log.append(command)
+        for pat, res in self.rules:
+            if re.search(pat, command):
+                return res(command) if callable(res) else res
+        raise AssertionError(f"FakeNode {self.name} refused unknown command: {command[:200]}")
+
+    def run(self, *a, **k):
+        raise AssertionError("network verification must not change nodes")
+
+
+class FakeCluster:
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    def each(self, fn, nodes=None):
+        out, threads = {}, []
+        def go(n):
+            try:
+                out[n.name] = fn(n)
+            except Exception as exc:  # noqa: BLE001
+                out[n.name] = exc
+        for n in (nodes or self.nodes):
+            t = threading.Thread(target=go, args=(n,))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        return {n.name: out[n.name] for n in (nodes or self.nodes)}
+
+
+def lab_profile(**kw):
+    base = {"expect_rdma": False, "expect_gpu": False, "expect_link_gbps": 0, "fabric_mtu": 9000,
+            "max_rtt_ms": 1.0, "min_tcp_gbps": 0.1, "min_rdma_gbps_rail": 90, "min_rdma_gbps_total": 180,
+            "degraded_gbps": 25, "min_nccl_busbw_gbs": 21.875, "command_timeout": 20, "vllm_bin": ""}
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def lab_addr(ip_last: int, *, mtu=9000, state="UP") -> str:
+    data = json.loads(fx("ip_addr_lab.json"))
+    for item in data:
+        if item["ifname"] == "enp1s0f0np0":
+            item["mtu"] = mtu
+            item["operstate"] = state
+            if state != "UP":
+                item["flags"] = ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"]
+            for a in item["addr_info"]:
+                if a["family"] == "inet":
+                    a["local"] = f"169.254.77.{ip_last}"
+    return json.dumps(data)
+
+
+def ping_result(cmd):
+    return Res(0, fx("ping_ok.txt"))
+
+
+def lab_rules(ip_last, *, mtu=9000, state="UP", ethtool=None, ping=ping_result):
+    eth = ethtool or fx("ethtool_veth.txt")
+    return [
+        (r"^ip -j addr show$", Res(0, lab_addr(ip_last, mtu=mtu, state=state))),
+        (r"^ip -j route show$", Res(0, fx("ip_route_lab.json"))),
+        (r"^ethtool enp1s0f0np0$", Res(0, eth)),
+        (r"^grep -r -H \. /sys/class/net/", Res(0, "")),
+        (r"^sysctl net\.ipv4\.conf\.all\.rp_filter", Res(0, fx("rp_filter_lab.txt"))),
+        (r"^ping -M do -s 8972 ", ping),
+        (r"iperf3 -s -1 -B ", Res(0, fx("iperf3_server.json"))),
+        (r"iperf3 -c ", Res(0, fx("iperf3_client.json"))),
+    ]
+
+
+def lab_cluster(head_kw=None, worker_kw=None, worker_if="enp1s0f0np0"):
+    head = FakeNode("head", 0, fabric_ip="169.254.77.1", fabric_if="enp1s0f0np0", rules=lab_rules(1, **(head_kw or {})))
+    worker = FakeNode("worker", 1, fabric_ip="169.254.77.2", fabric_if=worker_if, rules=lab_rules(2, **(worker_kw or {})))
+    return FakeCluster([head, worker])
+
+
+def by(checks, name, node=None):
+    found = [c for c in checks if c.name == name and (node is None or c.node == node)]
+    assert found, f"no check {name}@{node}: {[ (c.name, c.node) for c in checks]}"
+    return found[0]
+
+
+# --------------------------------------------------------------------------- lab
+
+
+def test_lab_happy_path(tmp_path):
+    cluster = lab_cluster()
+    checks, raw = network.verify_network(lab_profile(), cluster, tmp_path)
+    assert not checks.failures(), checks.to_text()
+    assert by(checks, "net.gid", "cluster").status is Status.NA
+    assert "not applicable on this profile" in by(checks, "net.gid", "cluster").observed
+    assert by(checks, "net.rdma.bw").status is Status.NA and by(checks, "net.nccl").status is Status.NA
+    assert by(checks, "net.speed.enp1s0f0np0", "head").status is Status.NA
+    assert by(checks, "net.pcie.enp1s0f0np0", "head").status is Status.NA
+    assert by(checks, "net.allreduce").status is Status.NA
+    tcp = by(checks, "net.tcp.rail0.head->worker")
+    assert tcp.status is Status.PASS and tcp.data["gbps"] == pytest.approx(11.5788, rel=1e-3)
+    assert by(checks, "net.tcp.rail0.worker->head").status is Status.PASS
+    assert by(checks, "net.ping.rail0.head->worker").status is Status.PASS
+    assert "head/ip_addr.json" in raw and (tmp_path / "iperf3_rail0_head_to_worker_client.json").exists()
+    assert tcp.evidence[0] == "raw/01_network/iperf3_rail0_head_to_worker_client.json"
+    # every PASS is real: no N/A row claims PASS
+    assert all(c.status is not Status.PASS for c in checks if "not applicable" in c.observed)
+    # commands are bounded: servers under timeout, client pings DF
+    head = cluster.nodes[1]   # worker ran the server for head->worker
+    assert any(c.startswith("timeout ") and "iperf3 -s -1" in c for c in head.log)
+
+
+def test_link_down_on_worker_named():
+    down = fx("ethtool_veth.txt").replace("Link detected: yes", "Link detected: no")
+    cluster = lab_cluster(worker_kw={"state": "DOWN", "ethtool": down},)
+    checks, _ = network.verify_network(lab_profile(), cluster, None, traffic=False)
+    c = by(checks, "net.link.enp1s0f0np0", "worker")
+    assert c.status is Status.FAIL and "enp1s0f0np0" in c.observed and "DOWN" in c.observed
+    assert "link detected no" in c.observed and "worker" in c.fix
+    assert by(checks, "net.link.enp1s0f0np0", "head").status is Status.PASS
+
+
+def test_mtu_mismatch_named_with_both_values():
+    def too_long(cmd):
+        return Res(1, fx("ping_toolong.txt").replace("mtu=9000", "mtu=1500"))
+    cluster = lab_cluster(worker_kw={"mtu": 1500, "ping": too_long})
+    checks, _ = network.verify_network(lab_profile(), cluster, None)
+    m = by(checks, "net.mtu.rail0.match", "cluster")
+    assert m.status is Status.FAIL
+    assert m.observed == "head enp1s0f0np0=9000, worker enp1s0f0np0=1500"
+    assert by(checks, "net.mtu.enp1s0f0np0", "worker").status is Status.FAIL
+    p = by(checks, "net.ping.rail0.worker->head")
+    assert p.status is Status.FAIL and "local MTU is 1500" in p.fix
+
+
+def test_wrong_interface_named_before_anything_runs():
+    cluster = lab_cluster(worker_if="enp1s0f1np1")
+    checks, _ = network.verify_network(lab_profile(), cluster, None)
+    c = by(checks, "net.fabric_if", "worker")
+    assert c.status is Status.FAIL
+    assert "enp1s0f1np1 does not exist on worker" in c.observed and "enp1s0f0np0" in c.observed and "lo" in c.observed
+    assert "WORKER_CX7_IF" in c.fix
+    for node in cluster.nodes:      # only the two fact probes ran: no ethtool, ping, iperf3
+        assert node.log and all(cmd.startswith("ip -j ") for cmd in node.log), node.log
+    assert len(checks.failures()) == 1
+
+
+def test_high_rtt_warns_not_fails():
+    slow = fx("ping_ok.txt").replace("0.050/0.058/0.069/0.007", "0.950/1.016/1.100/0.040")
+    cluster = lab_cluster(head_kw={"ping": lambda cmd: Res(0, slow)})
+    checks, _ = network.verify_network(lab_profile(max_rtt_ms=0.5), cluster, None)
+    c = by(checks, "net.ping.rail0.head->worker")
+    assert c.status is Status.WARN and "1.016" in c.observed
+
+
+def test_tcp_below_threshold_fails():
+    checks, _ = network.verify_network(lab_profile(min_tcp_gbps=50), lab_cluster(), None)
+    assert by(checks, "net.tcp.rail0.head->worker").status is Status.FAIL
+
+
+def test_unknown_command_is_refused_and_becomes_a_failure():
+    cluster = lab_cluster()
+    cluster.nodes[1].rules = [r for r in cluster.nodes[1].rules if "iperf3 -c" not in r[0]]
+    checks, _ = network.verify_network(lab_profile(), cluster, None)
+    c = by(checks, "net.tcp.rail0.worker->head")
+    assert c.status is Status.FAIL and "refused unknown command" in c.observed
+
+
+def test_sweep_runs_on_both_nodes_with_lab_python():
+    cluster = lab_cluster()
+    for n in cluster.nodes:
+        n.rules.append((r"allreduce_sweep|RUNBOOK_SWEEP_EOF", Res(0, fx("allreduce_sweep_rank0.json"))))
+    prof = lab_profile(vllm_bin="/opt/lab/vllm-venv/bin/vllm")
+    checks, raw = network.verify_network(prof, cluster, None)
+    for n in cluster.nodes:
+        cmd = next(c for c in n.log if "RUNBOOK_SWEEP_EOF" in c)
+        assert cmd.startswith("timeout 120 /opt/lab/vllm-venv/bin/python - --rank ")
+        assert "--master-addr 169.254.77.1" in cmd and "--iface enp1s0f0np0" in cmd
+        assert f"--rank {0 if n.name == 'head' else 1}" in cmd
+        assert by(checks, "net.allreduce", n.name).status is Status.PASS
+    assert "allreduce_sweep_head.json" in raw
+
+
+def test_sweep_python_derivation():
+    assert network.sweep_python_from(lab_profile(vllm_bin="/x/bin/vllm")) == "/x/bin/python"
+    assert network.sweep_python_from(lab_profile(vllm_bin="/x/bin/python3 -m vllm.entrypoints")) == "/x/bin/python3"
+    assert network.sweep_python_from(lab_profile(vllm_bin="")) is None
+
+
+# --------------------------------------------------------------------------- Spark (RDMA)
+
+
+def spark_rules(side, *, gids, bw_fixture="ib_write_bw_rail0.txt"):
+    addr = fx(f"ip_addr_spark_{side}.json")
+    return [
+        (r"^ip -j addr show$", Res(0, addr)),
+        (r"^ip -j route show$", Res(0, fx("ip_route_spark_head.json"))),
+        (r"^ibdev2netdev$", Res(0, fx("ibdev2netdev_spark.txt"))),
+        (r"^grep -r -H \. /sys/class/infiniband", Res(0, fx(gids))),
+        (r"^ethtool ", Res(0, fx("ethtool_cx7_200g.txt"))),
+        (r"^grep -r -H \. /sys/class/net/", Res(0, fx("pcie_spark_x2.tsv").replace("\t2\n", "\t4\n"))),
+        (r"^sysctl ", Res(0, "net.ipv4.conf.all.rp_filter = 0\nnet.ipv4.conf.enp1s0f0np0.rp_filter = 2\n"
+                                "net.ipv4.conf.enP2p1s0f0np0.rp_filter = 2\n")),
+        (r"^ping ", Res(0, fx("ping_ok.txt"))),
+        (r"iperf3 -s", Res(0, fx("iperf3_server.json"))),
+        (r"iperf3 -c", Res(0, fx("iperf3_client.json").replace("11578842108.840954", "98000000000.0"))),
+        (r"ib_write_bw .*192\.168\.", Res(0, fx(bw_fixture))),
+        (r"ib_write_bw ", Res(0, fx("ib_write_bw_rail0.txt"))),
+        (r"ib_write_lat .*192\.168\.", Res(0, fx("ib_write_lat_rail0.txt"))),
+        (r"ib_write_lat ", Res(0, fx("ib_write_lat_rail0.txt"))),
+        (r"mpirun .*all_reduce_perf", Res(0, fx("nccl_log_ib.txt") + fx("all_reduce_perf_2node.txt"))),
+    ]
+
+
+def spark_cluster(worker_gids="gids_worker_gid3.tsv", worker_gid="auto", bw="ib_write_bw_rail0.txt"):
+    hcas = "rocep1s0f0,roceP2p1s0f0"
+    head = FakeNode("head", 0, fabric_ip="192.168.100.1", fabric_if="enp1s0f0np0", ib_devs=hcas,
+                    rules=spark_rules("head", gids="gids_head_gid3.tsv", bw_fixture=bw))
+    worker = FakeNode("worker", 1, fabric_ip="192.168.100.2", fabric_if="enp1s0f0np0", ib_devs=hcas, gid=worker_gid,
+                      rules=spark_rules("worker", gids=worker_gids, bw_fixture=bw))
+    return FakeCluster([head, worker])
+
+
+def spark_profile(**kw):
+    return lab_profile(expect_rdma=True, expect_gpu=True, expect_link_gbps=200, min_tcp_gbps=50,
+                       min_nccl_busbw_gbs=19.0, **kw)
+
+
+def test_spark_two_rails_all_pass():
+    cluster = spark_cluster()
+    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    fails = [(c.name, c.node, c.observed) for c in checks.failures()]
+    assert not fails, checks.to_text()
+    assert by(checks, "net.gid.plan").data["common"] == 3
+    assert by(checks, "net.rdma.bw.rail1.head->worker").data["gbps"] == 92.57
+    tot = by(checks, "net.rdma.bw.total.head->worker")
+    assert tot.status is Status.PASS and tot.data["gbps"] == pytest.approx(185.14)
+    assert by(checks, "net.speed.enP2p1s0f0np0", "worker").status is Status.PASS
+    assert by(checks, "net.addr.twin_subnets", "head").status is Status.PASS
+    assert by(checks, "net.nccl.transport").status is Status.PASS
+    assert by(checks, "net.nccl.hcas").status is Status.PASS
+    mp = next(c for c in cluster.nodes[0].log if c.startswith("timeout 180 mpirun"))
+    assert "NCCL_IB_GID_INDEX=3" in mp and "NCCL_IB_HCA=roceP2p1s0f0,rocep1s0f0" in mp and " : " in mp
+    bwcmds = [c for c in cluster.nodes[0].log if "ib_write_bw" in c]
+    assert all(" -x 3" in c for c in bwcmds)
+
+
+def test_degraded_rdma_fails_hard():
+    checks, _ = network.verify_network(spark_profile(), spark_cluster(bw="ib_write_bw_degraded.txt"), None)
+    c = by(checks, "net.rdma.bw.rail0.head->worker")
+    assert c.status is Status.FAIL and "24.21" in c.observed
+    assert "degraded ConnectX-7" in c.fix and "link reports 200G" in c.fix and "cold boot" in c.fix
+    assert by(checks, "net.speed.enp1s0f0np0", "head").status is Status.PASS   # link claims 200G
+    assert by(checks, "net.rdma.bw.total.head->worker").status is Status.FAIL
+
+
+def test_pinned_gid3_zero_on_worker_fails_with_fix():
+    checks, _ = network.verify_network(spark_profile(), spark_cluster("gids_worker_gid3_zero.tsv", worker_gid=3),
+                                       None, traffic=False)
+    c = by(checks, "net.gid", "worker")
+    assert c.status is Status.FAIL and "index 3 is 3=<all-zero>" in c.observed
+    assert "WORKER_GID=5" in c.fix
+    assert by(checks, "net.gid", "head").status is Status.PASS
+    plan = by(checks, "net.gid.plan")
+    assert plan.status is Status.WARN and plan.data["per_node"] == {"head": 3, "worker": 5}
+
+
+def test_twins_without_common_index_fail():
+    checks, _ = network.verify_network(spark_profile(), spark_cluster("gids_worker_no_common.tsv"), None, traffic=False)
+    c = by(checks, "net.gid", "worker")
+    assert c.status is Status.FAIL and "share no RoCE v2 IPv4 GID index" in c.observed
+
+
+def test_missing_hca_named_before_traffic():
+    cluster = spark_cluster()
+    cluster.nodes[1].spec.ib_devs = "rocep1s0f0,roceP9p1s0f0"
+    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    c = by(checks, "net.hca", "worker")
+    assert c.status is Status.FAIL and "roceP9p1s0f0 not found" in c.observed
+    assert not any("ping" in cmd or "iperf3" in cmd for n in cluster.nodes for cmd in n.log)
+
+
+def test_nccl_socket_fallback_fails():
+    cluster = spark_cluster()
+    cluster.nodes[0].rules.insert(0, (r"mpirun", Res(0, fx("nccl_log_socket.txt") + fx("all_reduce_perf_2node.txt"))))
+    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    assert by(checks, "net.nccl.transport").status is Status.FAIL
+    assert by(checks, "net.nccl.hcas").status is Status.FAIL
+
+
+def test_plot_bandwidth():
+    import matplotlib
+    matplotlib.use("Agg")
+    checks, _ = network.verify_network(spark_profile(), spark_cluster(), None)
+    rows = network.bandwidth_rows(checks)
+    assert {r["kind"] for r in rows} == {"tcp", "rdma"} and len(rows) == 8
+    fig = network.plot_bandwidth(checks)
+    assert fig.axes and len(fig.axes[0].patches) == 8
+    empty = network.plot_bandwidth([])
+    assert empty is not None

@@ -1,0 +1,423 @@
+"""Profile loading and validation (runbook/profile.py)."""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from runbook.errors import ProfileError
+from runbook.profile import (KEYS, OVERRIDE, NodeSpec, Profile, ProfileWarning, load_profile,
+                             parse_env_text, round_up)
+
+REPO = Path(__file__).resolve().parents[2]
+ENV_FILES = ["lab.env", "exl3-v41.env", "dspark-v4.env"]
+NO_ENV: dict[str, str] = {}
+
+
+def write(tmp_path: Path, text: str, name: str = "p.env") -> Path:
+    d = tmp_path / "env"
+    d.mkdir(exist_ok=True)
+    p = d / name
+    p.write_text(text)
+    return p
+
+
+def lab_with(tmp_path: Path, **changes: str) -> Path:
+    """env/lab.env with some keys replaced in place (line numbers kept); value None drops the line."""
+    lines = (REPO / "env" / "lab.env").read_text().splitlines()
+    out = []
+    for line in lines:
+        key = line.split("=", 1)[0] if "=" in line and not line.startswith("#") else None
+        if key in changes:
+            if changes[key] is None:
+                out.append("# (removed)")
+            else:
+                out.append(f"{key}={changes.pop(key)}")
+        else:
+            out.append(line)
+    out += [f"{k}={v}" for k, v in changes.items() if v is not None]
+    return write(tmp_path, "\n".join(out) + "\n")
+
+
+def line_of(path: Path, key: str) -> int:
+    for i, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.startswith(f"{key}="):
+            return i
+    raise AssertionError(key)
+
+
+def issues(path: Path, overrides=None) -> list:
+    with pytest.raises(ProfileError) as ei:
+        load_profile(path, overrides, environ=NO_ENV)
+    return ei.value.issues
+
+
+# ----------------------------------------------------------------------------- the shipped files
+
+@pytest.mark.parametrize("name", ENV_FILES)
+def test_env_file_loads_and_sets_every_key(name):
+    p = load_profile(REPO / "env" / name, environ=NO_ENV)
+    assert set(p.key_lines) == set(KEYS), set(KEYS) - set(p.key_lines)
+    assert p.source == REPO / "env" / name
+
+
+@pytest.mark.parametrize("name", ENV_FILES)
+def test_env_file_every_key_has_comment_above(name):
+    lines = (REPO / "env" / name).read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line and not line.startswith("#"):
+            assert i > 0 and lines[i - 1].startswith("# "), f"{name}:{i + 1} {line} has no comment above"
+
+
+def test_shipped_values():
+    lab = load_profile(REPO / "env" / "lab.env", environ=NO_ENV)
+    assert lab.is_lab and lab.lab and lab.runtime == "process" and lab.tool_call_parser == "hermes"
+    assert (lab.head_ip, lab.worker_ip, lab.port, lab.master_port) == ("169.254.77.1", "169.254.77.2", 8000, 29501)
+    assert lab.bench_concurrency == [1, 2, 4] and lab.bench_prefill_tokens == [1024, 3072]
+    assert lab.head_cx7_ib == [] and lab.head_gid == "auto" and lab.min_tcp_gbps == 0.1
+
+    a = load_profile(REPO / "env" / "exl3-v41.env", environ=NO_ENV)
+    assert (a.max_model_len, a.max_num_seqs, a.max_num_batched_tokens, a.long_prefill_token_threshold) == \
+        (600000, 2, 1536, 1280)
+    assert a.kv_cache_memory_bytes == 2684354560 and a.gpu_mem_util == 0.88 and a.kv_block_size == 64
+    assert a.limit_mm == {"image": 100} and a.head_gid == 3 and a.head_cx7_ib == ["rocep1s0f1"]
+    assert a.speculative_config == {"method": "dspark", "num_speculative_tokens": 3}
+    assert not a.is_lab and a.master_addr == "10.0.0.1"
+
+    b = load_profile(REPO / "env" / "dspark-v4.env", environ=NO_ENV)
+    assert b.hf_revision == "86f746b36186f0e567729a5c06a8c918caba82a9"
+    assert b.image.endswith("@sha256:a83948492cf13df455170fb42885f5ef4db54fefe0feff0f841ecbff464ac9d8")
+    assert (b.max_model_len, b.spec_tokens, b.master_port, b.expect_kv_tokens) == (1048576, 6, 25000, 2331430)
+    assert b.cudagraph_capture_size == 48 and b.limit_mm == {"image": 8} and b.default_thinking == "low"
+
+
+# ----------------------------------------------------------------------------- acceptance: 3 problems
+
+def test_unknown_key_wrong_type_and_conflict_reported_together(tmp_path):
+    text = (REPO / "env" / "lab.env").read_text()
+    text = text.replace("MAX_MODEL_LEN=4096", "MAX_MODL_LEN=4096")          # unknown key
+    text = text.replace("MAX_NUM_SEQS=8", "MAX_NUM_SEQS=abc")               # wrong type
+    text = text.replace("MASTER_PORT=29501", "MASTER_PORT=8000")            # PORT == MASTER_PORT
+    path = write(tmp_path, text)
+    found = issues(path)
+    assert len(found) == 3, [str(i) for i in found]
+    by_key = {i.key: i for i in found}
+    assert set(by_key) == {"MAX_MODL_LEN", "MAX_NUM_SEQS", "MASTER_PORT"}
+
+    unk = by_key["MAX_MODL_LEN"]
+    assert (unk.path, unk.line) == (str(path), line_of(path, "MAX_MODL_LEN"))
+    assert "did you mean MAX_MODEL_LEN?" in unk.message and "MAX_MODEL_LEN" in unk.fix
+
+    typ = by_key["MAX_NUM_SEQS"]
+    assert typ.line == line_of(path, "MAX_NUM_SEQS")
+    assert typ.message == "expected an integer, got 'abc'" and typ.fix
+
+    conf = by_key["MASTER_PORT"]  # MASTER_PORT comes after PORT in the file: the second key
+    assert line_of(path, "MASTER_PORT") > line_of(path, "PORT")
+    assert conf.line == line_of(path, "MASTER_PORT") and "8000" in conf.message and conf.fix
+
+    text_msg = str(ProfileError(found))
+    assert f"{path}:{line_of(path, 'MAX_NUM_SEQS')}: MAX_NUM_SEQS: expected an integer, got 'abc' (fix: " in text_msg
+
+
+def test_issues_sorted_by_line(tmp_path):
+    path = lab_with(tmp_path, SOAK_SECONDS="x", PORT="0")
+    lines = [i.line for i in issues(path)]
+    assert lines == sorted(lines) and len(lines) == 2
+
+
+# ----------------------------------------------------------------------------- parsing
+
+def test_parser_quotes_comments_export():
+    entries, probs = parse_env_text(
+        "# c\n\nexport A=1\nB='x # y'\nC=\"q\\\"z\"  # trailing\nD=v # c\nE={\"image\":8}\nF=\n", "f")
+    assert probs == []
+    assert [(e.key, e.value, e.line) for e in entries] == [
+        ("A", "1", 3), ("B", "x # y", 4), ("C", 'q"z', 5), ("D", "v", 6), ("E", '{"image":8}', 7), ("F", "", 8)]
+
+
+def test_parser_reports_bad_lines():
+    _, probs = parse_env_text("OK=1\nnot a line\nX='open\n1BAD=2\n", "f.env")
+    assert [(p.line, p.key) for p in probs] == [(2, "<syntax>"), (3, "X"), (4, "1BAD")]
+
+
+def test_duplicate_key_rejected_at_second_line(tmp_path):
+    path = lab_with(tmp_path)
+    path.write_text(path.read_text() + "PORT=8001\n")
+    (iss,) = issues(path)
+    assert iss.key == "PORT" and iss.line == len(path.read_text().splitlines())
+    assert f"first at line {line_of(path, 'PORT')}" in iss.message
+
+
+def test_missing_required_key(tmp_path):
+    path = lab_with(tmp_path, HEAD_IP=None)
+    (iss,) = issues(path)
+    assert iss.key == "HEAD_IP" and "required" in iss.message and iss.line == 0 and iss.path == str(path)
+
+
+def test_missing_file():
+    with pytest.raises(ProfileError, match="profile not found"):
+        load_profile("/nonexistent/x.env", environ=NO_ENV)
+
+
+# ----------------------------------------------------------------------------- keys and types
+
+@pytest.mark.parametrize("wrong,suggest", [("MAX_NUM_SEQ", "MAX_NUM_SEQS"), ("GPU_MEM_UTILL", "GPU_MEM_UTIL"),
+                                           ("MTP_NUM_TOKENS", "SPEC_TOKENS"), ("DSPARK_TOKENS", "SPEC_TOKENS"),
+                                           ("max_model_len", "MAX_MODEL_LEN")])
+def test_closest_key_suggestion(tmp_path, wrong, suggest):
+    path = lab_with(tmp_path, **{wrong: "1"})
+    (iss,) = issues(path)
+    assert iss.key == wrong and suggest in iss.message + iss.fix
+
+
+def test_unknown_key_without_close_match(tmp_path):
+    (iss,) = issues(lab_with(tmp_path, ZZZ_QQQ="1"))
+    assert iss.message == "unknown key"
+
+
+@pytest.mark.parametrize("key,value,expect", [
+    ("PORT", "70000", "out of range"), ("PORT", "0", "out of range"), ("GPU_MEM_UTIL", "0", "out of range"),
+    ("GPU_MEM_UTIL", "1.01", "out of range"), ("MAX_MODEL_LEN", "1048577", "out of range"),
+    ("MAX_NUM_SEQS", "4097", "out of range"), ("MAX_NUM_BATCHED_TOKENS", "8388609", "out of range"),
+    ("TP", "0", "out of range"), ("NNODES", "0", "out of range"), ("GPU_MEM_UTIL", "high", "expected a number"),
+    ("ENFORCE_EAGER", "yes", "expected 0/1/true/false"), ("RUNTIME", "podman", "expected one of docker|process"),
+    ("SPEC_METHOD", "mtp", "expected one of none|dspark"), ("HEAD_IP", "10.0.0.300", "expected an IPv4"),
+    ("HEAD_GID", "-1", "expected 'auto' or a GID"), ("HEAD_GID", "256", "out of range"),
+    ("LIMIT_MM", "image=8", "expected a JSON object"), ("LIMIT_MM", '{"image":"8"}', "modality -> count"),
+    ("BENCH_CONCURRENCY", "1,two", "list of integers"), ("KV_BLOCK_SIZE", "48", "power of two"),
+    ("WEIGHTS_DIR", "models/tiny", "absolute or ~/ path"), ("HEAD_CX7_IF", "a-very-long-interface0", "interface"),
+    ("EXTRA_ARGS", "--x 'open", "cannot split"), ("WEIGHT_SYNC", "zfs", "nfs|rsync|download-both"),
+])
+def test_type_and_range_errors(tmp_path, key, value, expect):
+    path = lab_with(tmp_path, **{key: value})
+    found = issues(path)
+    assert [i.key for i in found] == [key], [str(i) for i in found]
+    assert expect in found[0].message and found[0].line == line_of(path, key) and found[0].fix
+
+
+@pytest.mark.parametrize("key,value,attr,expect", [
+    ("PORT", "65535", "port", 65535), ("GPU_MEM_UTIL", "1", "gpu_mem_util", 1.0),
+    ("ENFORCE_EAGER", "true", "enforce_eager", True), ("ENFORCE_EAGER", "0", "enforce_eager", False),
+    ("HEAD_GID", "7", "head_gid", 7), ("HEAD_CX7_IB", "rocep1s0f0, roceP2p1s0f0", "head_cx7_ib",
+                                         ["rocep1s0f0", "roceP2p1s0f0"]),
+    ("BENCH_CONCURRENCY", "1,8", "bench_concurrency", [1, 8]), ("LIMIT_MM", '{"image":2}', "limit_mm", {"image": 2}),
+])
+def test_valid_values_parse(tmp_path, key, value, attr, expect):
+    p = load_profile(lab_with(tmp_path, **{key: value}), environ=NO_ENV)
+    assert getattr(p, attr) == expect
+
+
+# ----------------------------------------------------------------------------- secrets in a profile
+
+@pytest.mark.parametrize("key", ["HF_TOKEN", "VLLM_API_KEY", "GHCR_TOKEN", "MY_API_KEYS", "HUGGING_FACE_HUB_TOKEN"])
+def test_secret_keys_rejected(tmp_path, key):
+    path = lab_with(tmp_path, **{key: "s3cretvalue"})
+    (iss,) = issues(path)
+    assert iss.key == key and iss.line == line_of(path, key)
+    assert "secrets never live in a profile" in iss.message
+    assert "~/.config/spark-runbook/secrets.env" in iss.message
+    assert "s3cretvalue" not in str(ProfileError([iss]))
+
+
+def test_token_shaped_value_rejected_without_echo(tmp_path):
+    tok = "hf_" + "a1B2" * 8
+    path = lab_with(tmp_path, EXTRA_ARGS=f"--x {tok}")
+    (iss,) = issues(path)
+    assert iss.key == "EXTRA_ARGS" and tok not in str(ProfileError([iss]))
+
+
+def test_api_key_flag_in_extra_args_rejected(tmp_path):
+    (iss,) = issues(lab_with(tmp_path, EXTRA_ARGS="--api-key abc"))
+    assert iss.key == "EXTRA_ARGS" and "secrets never live in a profile" in iss.message
+
+
+def test_secret_override_rejected(tmp_path):
+    (iss,) = issues(REPO / "env" / "lab.env", {"HF_TOKEN": "x"})
+    assert (iss.key, iss.path, iss.line) == ("HF_TOKEN", OVERRIDE, 0)
+
+
+# ----------------------------------------------------------------------------- cross-field rules
+# Each case: (changes that are valid, changes that are invalid, key the issue is reported at)
+
+CROSS = {
+    "vision_mnbt": ({"VISION": "1", "MAX_NUM_BATCHED_TOKENS": "1025"},
+                    {"VISION": "1", "MAX_NUM_BATCHED_TOKENS": "1024"}, "VISION"),  # VISION is the later line
+    "same_ip": ({"WORKER_IP": "169.254.77.3"}, {"WORKER_IP": "169.254.77.1"}, "WORKER_IP"),
+    "same_ssh": ({"WORKER_SSH": "spark-worker"}, {"WORKER_SSH": "spark-head"}, "WORKER_SSH"),
+    "ports": ({"MASTER_PORT": "29502"}, {"MASTER_PORT": "8000"}, "MASTER_PORT"),
+    "tp_nnodes": ({"TP": "2"}, {"TP": "1"}, "NNODES"),  # NNODES is the later line: the second key
+    "nnodes_count": ({"NNODES": "2", "TP": "2"}, {"NNODES": "3", "TP": "3"}, "NNODES"),
+    "three_nodes": ({"WORKER2_SSH": "spark-worker2", "WORKER2_IP": "169.254.77.3", "WORKER2_CX7_IF": "enp1s0f0np0",
+                     "NNODES": "3", "TP": "3", "LAB_NODES": "3"},
+                    {"WORKER2_SSH": "spark-worker2", "WORKER2_IP": "169.254.77.3", "WORKER2_CX7_IF": "enp1s0f0np0",
+                     "LAB_NODES": "3"}, "NNODES"),
+    "worker2_needs_ip": ({"WORKER2_SSH": "w2", "WORKER2_IP": "169.254.77.3", "WORKER2_CX7_IF": "eth1",
+                          "NNODES": "3", "TP": "3", "LAB_NODES": "3"},
+                         {"WORKER2_SSH": "w2", "WORKER2_CX7_IF": "eth1", "NNODES": "3", "TP": "3", "LAB_NODES": "3"},
+                         "WORKER2_SSH"),
+    "lab_nodes": ({"LAB_NODES": "2"}, {"LAB_NODES": "3"}, "LAB_NODES"),
+    "long_prefill": ({"MAX_NUM_BATCHED_TOKENS": "1536", "LONG_PREFILL_TOKEN_THRESHOLD": "1280"},
+                     {"MAX_NUM_BATCHED_TOKENS": "1536", "LONG_PREFILL_TOKEN_THRESHOLD": "1281"},
+                     "LONG_PREFILL_TOKEN_THRESHOLD"),
+    "mnbt_seqs": ({"MAX_NUM_SEQS": "8", "MAX_NUM_BATCHED_TOKENS": "8"},
+                  {"MAX_NUM_SEQS": "8", "MAX_NUM_BATCHED_TOKENS": "7"}, "MAX_NUM_BATCHED_TOKENS"),
+    "lab_dspark": ({"SPEC_METHOD": "none"}, {"SPEC_METHOD": "dspark", "SPEC_TOKENS": "3"}, "SPEC_METHOD"),
+    "bench_fits": ({"BENCH_PREFILL_TOKENS": "4032"}, {"BENCH_PREFILL_TOKENS": "4033"}, "BENCH_PREFILL_TOKENS"),
+    "rdma_needs_hca": ({"EXPECT_RDMA": "1", "HEAD_CX7_IB": "mlx5_0", "WORKER_CX7_IB": "mlx5_0"},
+                       {"EXPECT_RDMA": "1", "HEAD_CX7_IB": "mlx5_0"}, "WORKER_CX7_IB"),
+    "process_needs_bin": ({"VLLM_BIN": "vllm"}, {"VLLM_BIN": ""}, "VLLM_BIN"),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(CROSS))
+def test_cross_field_rule_both_ways(tmp_path, rule):
+    ok, bad, at = CROSS[rule]
+    load_profile(lab_with(tmp_path, **dict(ok)), environ=NO_ENV)
+    path = lab_with(tmp_path, **dict(bad))
+    found = issues(path)
+    assert [i.key for i in found] == [at], [str(i) for i in found]
+    expected_line = line_of(path, at) if at in path.read_text() else 0
+    assert found[0].line == expected_line and found[0].fix
+
+
+def _recipe_file(tmp_path, name, **changes):
+    lines = (REPO / "env" / name).read_text().splitlines()
+    out = [f"{l.split('=', 1)[0]}={changes.pop(l.split('=', 1)[0])}"
+           if "=" in l and not l.startswith("#") and l.split("=", 1)[0] in changes else l for l in lines]
+    out += [f"{k}={v}" for k, v in changes.items()]
+    return write(tmp_path, "\n".join(out) + "\n", name)
+
+
+@pytest.mark.parametrize("k,valid", [(6, True), (9, True), (5, False), (4, False), (3, False), (7, False)])
+def test_dspark_v4_spec_tokens(tmp_path, k, valid):
+    path = _recipe_file(tmp_path, "dspark-v4.env", SPEC_TOKENS=str(k))
+    if valid:
+        load_profile(path, environ=NO_ENV)
+    else:
+        (iss,) = issues(path)
+        assert iss.key == "SPEC_TOKENS" and iss.line == line_of(path, "SPEC_TOKENS")
+        assert "divisible by 3" in iss.message
+
+
+def test_dspark_rule_only_for_dspark_v4(tmp_path):
+    # exl3-v41 ships k=3, which the dspark-v4 rule would reject
+    assert load_profile(_recipe_file(tmp_path, "exl3-v41.env", SPEC_TOKENS="3"), environ=NO_ENV).spec_tokens == 3
+    # and with SPEC_METHOD=none the dspark-v4 rule does not apply
+    load_profile(_recipe_file(tmp_path, "dspark-v4.env", SPEC_METHOD="none", SPEC_TOKENS="4"), environ=NO_ENV)
+
+
+def test_accept_new_host_keys_only_in_lab(tmp_path):
+    load_profile(REPO / "env" / "lab.env", environ=NO_ENV)  # lab ships 1
+    path = _recipe_file(tmp_path, "exl3-v41.env", SSH_ACCEPT_NEW_HOST_KEYS="1")
+    (iss,) = issues(path)
+    assert iss.key == "SSH_ACCEPT_NEW_HOST_KEYS" and iss.line == line_of(path, "SSH_ACCEPT_NEW_HOST_KEYS")
+
+
+def test_lab_flag_needs_lab_recipe(tmp_path):
+    path = _recipe_file(tmp_path, "exl3-v41.env", LAB="1")
+    assert [i.key for i in issues(path)] == ["LAB"]
+
+
+def test_exl3_block_size_rule(tmp_path):
+    load_profile(_recipe_file(tmp_path, "exl3-v41.env", KV_BLOCK_SIZE="32"), environ=NO_ENV)
+    (iss,) = issues(_recipe_file(tmp_path, "exl3-v41.env", KV_BLOCK_SIZE="128"))
+    assert iss.key == "KV_BLOCK_SIZE" and "128 dies on first decode" in iss.fix
+
+
+def test_engram_only_v41(tmp_path):
+    (iss,) = issues(_recipe_file(tmp_path, "dspark-v4.env", ENGRAM="1", HF_ENGRAM_REPO="a/b",
+                                 ENGRAM_SRC_DIR="/e"))
+    assert iss.key == "ENGRAM"
+
+
+def test_conflict_skipped_when_a_key_is_already_invalid(tmp_path):
+    # MAX_NUM_BATCHED_TOKENS invalid: report the type error only, not a VISION conflict on a default
+    found = issues(lab_with(tmp_path, VISION="1", MAX_NUM_BATCHED_TOKENS="lots"))
+    assert [i.key for i in found] == ["MAX_NUM_BATCHED_TOKENS"] and "integer" in found[0].message
+
+
+# ----------------------------------------------------------------------------- overrides
+
+def test_overrides_applied_and_recorded():
+    p = load_profile(REPO / "env" / "lab.env", {"MAX_NUM_SEQS": "4", "VISION": "1"}, environ=NO_ENV)
+    assert p.max_num_seqs == 4 and p.vision is True
+    assert p.overrides == {"MAX_NUM_SEQS": "4", "VISION": "1"}
+    assert p.key_lines["MAX_NUM_SEQS"] > 0  # still the file's line
+    assert p.with_overrides({"MAX_NUM_SEQS": 2}).max_num_seqs == 2
+
+
+def test_overrides_validated_like_the_file():
+    found = issues(REPO / "env" / "lab.env", {"MAX_NUM_SEQS": "many", "MAX_MODEL_LENN": "1", "MASTER_PORT": "8000"})
+    assert {(i.key, i.path, i.line) for i in found} == {
+        ("MAX_NUM_SEQS", OVERRIDE, 0), ("MAX_MODEL_LENN", OVERRIDE, 0), ("MASTER_PORT", OVERRIDE, 0)}
+    assert any("did you mean MAX_MODEL_LEN" in i.message for i in found)
+    assert "<override>: MAX_NUM_SEQS: expected an integer, got 'many'" in str(ProfileError(found))
+
+
+def test_override_conflict_reported_at_override(tmp_path):
+    # VISION from the file, MNBT from an override: the override is "second"
+    path = lab_with(tmp_path, VISION="1", MAX_NUM_BATCHED_TOKENS="2048")
+    (iss,) = issues(path, {"MAX_NUM_BATCHED_TOKENS": "1000"})
+    assert (iss.key, iss.path) == ("MAX_NUM_BATCHED_TOKENS", OVERRIDE)
+
+
+# ----------------------------------------------------------------------------- derived values
+
+@pytest.mark.parametrize("seqs,k,method,expect", [(6, 6, "dspark", 48), (2, 3, "dspark", 8), (6, 5, "dspark", 40),
+                                                  (1, 3, "dspark", 8), (8, 0, "none", 8), (9, 7, "none", 16)])
+def test_cudagraph_capture_size(tmp_path, seqs, k, method, expect):
+    path = _recipe_file(tmp_path, "exl3-v41.env", MAX_NUM_SEQS=str(seqs), SPEC_TOKENS=str(k), SPEC_METHOD=method)
+    assert load_profile(path, environ=NO_ENV).cudagraph_capture_size == expect
+
+
+def test_round_up():
+    assert [round_up(n, 8) for n in (1, 8, 9, 42)] == [8, 8, 16, 48]
+
+
+def test_nodes_ordered(tmp_path):
+    a = load_profile(REPO / "env" / "exl3-v41.env", environ=NO_ENV)
+    assert a.nodes == [NodeSpec("head", 0, "spark1", "10.0.0.1", "enp1s0f1np1", ["rocep1s0f1"], 3),
+                       NodeSpec("worker", 1, "spark2", "10.0.0.2", "enp1s0f0np0", ["rocep1s0f0"], 3)]
+    three = load_profile(lab_with(tmp_path, WORKER2_SSH="spark-worker2", WORKER2_IP="169.254.77.3",
+                                  WORKER2_CX7_IF="enp1s0f0np0", NNODES="3", TP="3", LAB_NODES="3"), environ=NO_ENV)
+    assert [(n.name, n.rank, n.fabric_ip) for n in three.nodes] == [
+        ("head", 0, "169.254.77.1"), ("worker", 1, "169.254.77.2"), ("worker2", 2, "169.254.77.3")]
+    assert three.node_count == 3 and three.node("worker2").rank == 2
+
+
+def test_resolve_path_relative_to_repo_root(tmp_path):
+    p = load_profile(REPO / "env" / "lab.env", environ=NO_ENV)
+    assert p.root == REPO
+    assert p.resolve_path(p.ssh_config) == REPO / ".lab" / "ssh_config"
+    assert p.resolve_path("/abs/x") == Path("/abs/x")
+    q = load_profile(lab_with(tmp_path), environ=NO_ENV)
+    assert q.resolve_path(".lab/id_ed25519") == tmp_path / ".lab" / "id_ed25519"
+
+
+def test_redacted_has_every_key_and_masks_tokens():
+    p = load_profile(REPO / "env" / "dspark-v4.env", environ=NO_ENV)
+    red = p.redacted()
+    assert list(red) == list(KEYS) and red["LIMIT_MM"] == {"image": 8} and red["BENCH_CONCURRENCY"] == [1, 2, 4, 6]
+    tok = "hf_" + "Z9" * 15
+    leaked = p.model_copy(update={"extra_args": f"--foo {tok}"})
+    assert tok not in str(leaked.redacted()) and "***" in leaked.redacted()["EXTRA_ARGS"]
+
+
+def test_model_forbids_extra_fields():
+    with pytest.raises(Exception):
+        Profile.model_validate({"recipe": "lab", "bogus": 1})
+
+
+# ----------------------------------------------------------------------------- environment warnings
+
+def test_unknown_runbook_env_warns():
+    with pytest.warns(ProfileWarning, match="RUNBOOK_MAX_MODEL_LEN.*-p MAX_MODEL_LEN"):
+        load_profile(REPO / "env" / "lab.env", environ={"RUNBOOK_MAX_MODEL_LEN": "1", "RUNBOOK_RUN_DIR": "x"})
+
+
+def test_known_runbook_env_silent():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_profile(REPO / "env" / "lab.env", environ={"RUNBOOK_RUN_DIR": "x", "OTHER": "1"})

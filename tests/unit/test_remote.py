@@ -1,0 +1,52 @@
+"""The remote layer without a network: dry-run recording, masking, env, error mapping."""
+import json
+import socket
+
+import pytest
+
+from runbook.errors import RemoteError
+from runbook.profile import NodeSpec
+from runbook.remote import CommandLog, Node, SshSettings, map_connect_error, quote
+from runbook.secrets import Redactor
+
+
+def _node(tmp_path, dry_run=True, redactor=None):
+    spec = NodeSpec(name="worker", rank=1, ssh="spark-worker", fabric_ip="169.254.77.2",
+                    fabric_if="enp1s0f0np0", ib_devs=[], gid="auto")
+    log = CommandLog(tmp_path / "commands.jsonl", redactor or Redactor())
+    return Node(spec, SshSettings(), log=log, dry_run=dry_run)
+
+
+def test_dry_run_records_actions_without_connecting(tmp_path):
+    node = _node(tmp_path, redactor=Redactor(["s3cr3t-value"]))
+    res = node.run("docker rm -f spark-runbook-worker", env={"VLLM_API_KEY": "s3cr3t-value"})
+    node.put("/etc/hostname", "/tmp/x")
+    assert res.dry_run and res.ok and node._conn is None
+    entries = [json.loads(l) for l in (tmp_path / "commands.jsonl").read_text().splitlines()]
+    assert [e["dry_run"] for e in entries] == [True, True]
+    assert "docker rm -f spark-runbook-worker" in entries[0]["command"]
+    assert "s3cr3t-value" not in entries[0]["command"] and "***" in entries[0]["command"]
+    assert entries[1]["command"] == "put /etc/hostname -> /tmp/x"
+
+
+def test_quote_builds_shell_safe_commands():
+    assert quote("ls", "a b", "$(rm -rf /)") == "ls 'a b' '$(rm -rf /)'"
+
+
+def test_connect_errors_are_mapped_with_a_fix():
+    from paramiko.ssh_exception import AuthenticationException, SSHException
+    err = map_connect_error(SSHException("Server '10.77.0.12' not found in known_hosts"), "worker",
+                            "spark-worker", "/lab/known_hosts")
+    assert "not in /lab/known_hosts" in str(err) and "ssh-keyscan" in err.fix
+    assert "ssh-copy-id" in map_connect_error(AuthenticationException("no"), "head", "h", None).fix
+    refused = map_connect_error(ConnectionRefusedError(111, "Connection refused"), "head", "h", None)
+    assert isinstance(refused, RemoteError) and "cannot connect" in refused.what
+    assert "cannot connect" in map_connect_error(socket.timeout("timed out"), "head", "h", None).what
+
+
+def test_missing_ssh_config_is_named(tmp_path):
+    spec = NodeSpec(name="head", rank=0, ssh="spark-head", fabric_ip="", fabric_if="", ib_devs=[], gid="auto")
+    node = Node(spec, SshSettings(ssh_config=tmp_path / "nope"), dry_run=False)
+    with pytest.raises(RemoteError) as err:
+        node.read("true")
+    assert "nope" in str(err.value) and "make lab-up" in err.value.fix

@@ -1,0 +1,318 @@
+"""runbook.weights: pinned download from the lab hub with the real client, verification,
+manifest reuse, named failures, free-space refusal, sharing helpers, parity."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("huggingface_hub")
+
+from runbook import weights as W
+from runbook.checks import Status
+from runbook.errors import ActionError, RunbookError
+from runbook.lab.hub import HubServer, publish_repo
+from runbook.remote import CommandResult
+from runbook.weights import verify_manifest
+
+REPO = "lab-org/weights-test"
+BIG = "model-00001-of-00002.safetensors"
+BIG_SIZE = 24 << 20          # > 10 MiB: huggingface_hub resumes in 10 MiB chunks
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    src = tmp_path_factory.mktemp("src")
+    (src / "config.json").write_text(json.dumps({"model_type": "tiny", "hidden": 64}))
+    (src / "tokenizer").mkdir()
+    (src / "tokenizer" / "tokenizer.json").write_text('{"v": [1, 2, 3]}')
+    (src / BIG).write_bytes(os.urandom(BIG_SIZE))
+    (src / "model-00002-of-00002.safetensors").write_bytes(os.urandom(300_000))
+    (src / "README.md").write_text("# tiny\n")
+    root = tmp_path_factory.mktemp("hubroot")
+    sha = publish_repo(root, REPO, src)
+    return SimpleNamespace(root=root, src=src, sha=sha)
+
+
+@pytest.fixture()
+def hub(repo):
+    with HubServer(repo.root) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def downloaded(repo, tmp_path_factory):
+    """One good download shared by the read-only tests (copy it before damaging)."""
+    dest = tmp_path_factory.mktemp("dl") / "weights"
+    with HubServer(repo.root) as server:
+        res = W.download(REPO, repo.sha, dest, endpoint=server.url, margin_bytes=0, progress=False)
+        snap = W.fetch_metadata(REPO, repo.sha, endpoint=server.url)
+    assert res.ok, res.verify
+    return SimpleNamespace(dest=dest, res=res, snap=snap)
+
+
+def _copy(tree, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(tree, dst)
+    return dst
+
+
+# ------------------------------------------------------------------------------ download
+
+def test_pinned_download_verifies_and_writes_manifest(repo, downloaded):
+    res, dest = downloaded.res, downloaded.dest
+    assert res.layout == "local_dir" and res.revision == repo.sha
+    assert (dest / BIG).stat().st_size == BIG_SIZE
+    manifest = json.loads((dest / W.MANIFEST_NAME).read_text())
+    assert manifest["revision"] == repo.sha
+    paths = {f["path"] for f in manifest["files"]}
+    assert paths == {"config.json", "tokenizer/tokenizer.json", BIG, "model-00002-of-00002.safetensors",
+                     "README.md"}
+    assert all(len(f["sha256"]) == 64 and f["revision"] == repo.sha for f in manifest["files"])
+    assert [c.status for c in res.checks] == [Status.PASS, Status.PASS]      # free space, verified
+    assert res.total_bytes == sum(f["size"] for f in manifest["files"])
+
+
+def test_branch_name_is_refused(hub, tmp_path):
+    with pytest.raises(RunbookError, match="pinned"):
+        W.download(REPO, "main", tmp_path / "w", endpoint=hub.url)
+
+
+def test_allow_patterns_limit_download_and_verification(repo, hub, tmp_path):
+    res = W.download(REPO, repo.sha, tmp_path / "w", endpoint=hub.url, allow_patterns=["*.json"],
+                     margin_bytes=0, progress=False)
+    assert res.ok and res.total_bytes < 1000
+    assert sorted(p.name for p in (tmp_path / "w").rglob("*.json") if ".cache" not in p.parts
+                  and p.name != W.MANIFEST_NAME) == ["config.json", "tokenizer.json"]
+    assert hub.bytes_sent(BIG) == 0
+
+
+def test_cut_transfer_resumes_with_range(repo, hub, tmp_path):
+    hub.add_fault(BIG, cut_after=15 << 20)
+    res = W.download(REPO, repo.sha, tmp_path / "w", endpoint=hub.url, margin_bytes=0, progress=False)
+    assert res.ok
+    gets = [e for e in hub.log if e.method == "GET" and e.path == BIG]
+    assert len(gets) == 2 and gets[0].bytes_sent == 15 << 20 and gets[0].range == ""
+    assert gets[1].range.startswith("bytes=") and gets[1].range != "bytes=0-"
+    assert 0 < gets[1].bytes_sent < BIG_SIZE          # resumed, not started over
+    assert (tmp_path / "w" / BIG).read_bytes() == (repo.src / BIG).read_bytes()
+
+
+def test_disk_too_small_is_refused_before_downloading(repo, hub, tmp_path):
+    with pytest.raises(ActionError) as err:
+        W.download(REPO, repo.sha, tmp_path / "w", endpoint=hub.url, margin_bytes=0,
+                   free_fn=lambda path: 1_000_000, progress=False)
+    msg = str(err.value)
+    assert "(1000000 B)" in msg and "B to download" in msg
+    total = sum(p.stat().st_size for p in repo.src.rglob("*") if p.is_file())
+    assert f"{total} B to download of {total} B total" in msg
+    assert hub.bytes_sent() == 0
+
+
+def test_disk_too_small_on_real_tmpfs(repo, hub, tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                                           capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(ActionError, match="not enough disk space"):
+            W.download(REPO, repo.sha, mnt / "w", endpoint=hub.url, margin_bytes=0, progress=False)
+        assert hub.bytes_sent() == 0
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_token_comes_from_environment_and_is_not_in_messages(repo, tmp_path, monkeypatch):
+    with HubServer(repo.root, token="hf_labsecret123") as server:
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+        with pytest.raises(RunbookError) as err:
+            W.download(REPO, repo.sha, tmp_path / "a", endpoint=server.url, progress=False)
+        monkeypatch.setenv("HF_TOKEN", "hf_labsecret123")
+        res = W.download(REPO, repo.sha, tmp_path / "b", endpoint=server.url, allow_patterns=["*.json"],
+                         margin_bytes=0, progress=False)
+    assert res.ok
+    assert "hf_labsecret123" not in str(err.value)
+    assert "hf_labsecret123" not in (tmp_path / "b" / W.MANIFEST_NAME).read_text()
+
+
+# ------------------------------------------------------------------------------ verification
+
+def test_manifest_reuse_skips_hashing(downloaded, tmp_path):
+    dest = _copy(downloaded.dest, tmp_path)       # copy2 keeps mtimes → manifest still valid
+    expected = downloaded.snap.expected()
+    again = W.verify_dir(dest, expected)
+    assert again["ok"] and again["files_hashed"] == 0 and again["bytes_hashed"] == 0
+    assert not any(f["hashed"] for f in again["files"])
+    os.utime(dest / "config.json")                # changed mtime → only that file is re-hashed
+    third = W.verify_dir(dest, expected)
+    assert third["ok"] and [f["path"] for f in third["files"] if f["hashed"]] == ["config.json"]
+
+
+@pytest.mark.parametrize("damage,status", [("flip", "sha256"), ("truncate", "size"),
+                                           ("delete", "missing"), ("flip-small", "git_sha1")])
+def test_damaged_file_is_named(downloaded, tmp_path, damage, status):
+    dest = _copy(downloaded.dest, tmp_path)
+    target = dest / ("config.json" if damage == "flip-small" else BIG)
+    if damage.startswith("flip"):
+        with open(target, "r+b") as fh:
+            fh.seek(7)
+            b = fh.read(1)
+            fh.seek(7)
+            fh.write(bytes([b[0] ^ 0x01]))
+    elif damage == "truncate":
+        os.truncate(target, BIG_SIZE - 1)
+    else:
+        target.unlink()
+    report = W.verify_dir(dest, downloaded.snap.expected())
+    name = target.relative_to(dest).as_posix()
+    assert not report["ok"] and report["failed"] == [name]
+    bad = [f for f in report["files"] if f["status"] != "ok"]
+    assert bad[0]["status"] == status
+    checks = W.verify_checks(report, node="head")
+    assert checks[0].failed and name in checks[0].name and checks[-1].failed
+
+
+def test_flip_with_preserved_mtime_needs_no_reuse(downloaded, tmp_path):
+    """Manifest reuse trusts size+mtime (documented); --no-reuse is the deep check."""
+    dest = _copy(downloaded.dest, tmp_path)
+    st = os.stat(dest / BIG)
+    with open(dest / BIG, "r+b") as fh:
+        fh.seek(BIG_SIZE // 2)
+        fh.write(b"\x00" if fh.read(1) != b"\x00" else b"\x01")
+    os.utime(dest / BIG, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert W.verify_dir(dest, downloaded.snap.expected())["ok"]
+    deep = W.verify_dir(dest, downloaded.snap.expected(), reuse=False)
+    assert deep["failed"] == [BIG]
+
+
+def test_repair_refetches_only_the_bad_file(repo, hub, downloaded, tmp_path):
+    dest = _copy(downloaded.dest, tmp_path)
+    os.truncate(dest / BIG, 1000)
+    res = W.download(REPO, repo.sha, dest, endpoint=hub.url, margin_bytes=0, progress=False)
+    assert res.ok and (dest / BIG).stat().st_size == BIG_SIZE
+    assert hub.bytes_sent() == BIG_SIZE            # nothing else transferred
+
+
+def test_verifier_runs_standalone_with_system_python(downloaded, tmp_path):
+    """verify_manifest.py is shipped to nodes: stdlib only, runs under the node's python3."""
+    dest = _copy(downloaded.dest, tmp_path)
+    exp = tmp_path / "expected.json"
+    exp.write_text(json.dumps(downloaded.snap.expected()))
+    python = shutil.which("python3") or sys.executable
+    cmd = [python, "-I", verify_manifest.__file__, "--dir", str(dest), "--expected", str(exp), "--no-reuse"]
+    ok = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["ok"]
+    (dest / "README.md").write_text("# changed\n")
+    bad = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert bad.returncode == 1 and json.loads(bad.stdout)["failed"] == ["README.md"]
+    assert subprocess.run(cmd[:3] + ["--dir", str(tmp_path / "nope"), "--expected", str(exp)],
+                          capture_output=True, check=False).returncode == 2
+
+
+def test_hash_rate_vs_sha256sum(downloaded):
+    files = [downloaded.dest / BIG, downloaded.dest / "model-00002-of-00002.safetensors"]
+    rates = W.hash_rate_vs_sha256sum(files, workers=2)
+    assert rates["digests_agree"] and rates["bytes"] == BIG_SIZE + 300_000
+    assert rates["runbook_gbps"] > 0 and rates["sha256sum_gbps"] > 0
+
+
+# ------------------------------------------------------------------------------ sharing
+
+class LocalNode:
+    """Stands in for runbook.remote.Node: runs commands locally, records them."""
+
+    def __init__(self, name, fabric_ip="10.77.0.2"):
+        self.name = name
+        self.spec = SimpleNamespace(fabric_ip=fabric_ip)
+        self.commands = []
+
+    def _exec(self, command, timeout):
+        self.commands.append(command)
+        p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout,
+                           check=False)
+        return CommandResult(self.name, command, p.returncode, p.stdout, p.stderr)
+
+    def read(self, command, *, timeout=30, env=None):
+        return self._exec(command, timeout)
+
+    def run(self, command, *, timeout=120, warn=False, env=None, stream=False):
+        res = self._exec(command, timeout)
+        assert res.ok or warn, res.stderr
+        return res
+
+    def put(self, local, remote):
+        self.commands.append(f"put {local} -> {remote}")
+        shutil.copyfile(local, remote)
+
+
+def test_verify_on_node_and_parity_names_the_differing_file(downloaded, tmp_path):
+    head_manifest = W.read_manifest(downloaded.dest)
+    worker_dir = tmp_path / "worker-weights"
+    shutil.copytree(downloaded.dest, worker_dir, ignore=shutil.ignore_patterns(".cache", W.MANIFEST_NAME))
+    worker = LocalNode("worker")
+    report = W.verify_on_node(worker, str(worker_dir), W.manifest_to_expected(head_manifest))
+    assert report["ok"] and report["files_hashed"] == 5
+    same = W.parity(head_manifest, W.read_node_manifest(worker, str(worker_dir)))
+    assert same.status is Status.PASS
+    other = json.loads(json.dumps(W.read_node_manifest(worker, str(worker_dir))))
+    other["files"][1]["sha256"] = "0" * 64
+    diff = W.parity(head_manifest, other)
+    assert diff.failed and other["files"][1]["path"] in diff.observed
+    other["files"].pop(0)
+    assert "missing on worker" in W.parity(head_manifest, other).observed
+
+
+def test_download_on_node_uses_token_file_and_verifies(repo, downloaded, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_nodesecret456")
+    worker = LocalNode("worker")
+    with HubServer(repo.root, token="hf_nodesecret456") as server:
+        res = W.download_on_node(worker, REPO, repo.sha, str(tmp_path / "wd"), endpoint=server.url,
+                                 expected=downloaded.snap.expected(), python=sys.executable)
+    assert res.ok, [c.to_record() for c in res.checks]
+    assert all("hf_nodesecret456" not in c for c in worker.commands)
+    assert not list(Path(W.sharing.REMOTE_TOOLS).glob(".tok-*"))
+    assert W.parity(W.read_manifest(downloaded.dest), W.read_manifest(tmp_path / "wd")).status is Status.PASS
+
+
+def test_rsync_command_and_rsync_mode(downloaded, tmp_path):
+    cmd = W.render_rsync("/models/dsv4", "/models/dsv4", "root@10.0.22.2")
+    for flag in ("--whole-file", "--partial", "--exclude=/.cache/", f"--exclude=/{W.MANIFEST_NAME}",
+                 "root@10.0.22.2:/models/dsv4/", "BatchMode=yes"):
+        assert flag in cmd
+    head, worker = LocalNode("head", "10.77.0.1"), LocalNode("worker")
+    dst = tmp_path / "w"
+    # a local rsync stands in for the ssh hop: same flags, target without host
+    res = W.rsync_to_worker(head, worker, str(downloaded.dest), str(dst), target="localhost",
+                            ssh="sh -c 'shift; exec \"$@\"' --")
+    assert res.ok, [c.to_record() for c in res.checks]
+    names = [c.name for c in res.checks]
+    assert names == ["weights.rsync", "weights.verified", "weights.parity"]
+    assert not (dst / ".cache").exists()
+
+
+def test_nfs_commands_are_rendered_not_run_in_the_lab():
+    cmds = W.render_nfs("/models/dsv4", "10.0.22.1", "10.0.22.2", "/mnt/dsv4")
+    export = cmds["head"][1]
+    assert "10.0.22.2(ro,sync,no_subtree_check,root_squash,fsid=0)" in export and "*" not in export
+    mount = cmds["worker"][1]
+    for opt in ("vers=4.2", "ro", "nconnect=8", "rsize=1048576", "wsize=1048576", "hard"):
+        assert opt in mount
+    assert "10.0.22.1:/" in mount
+    with pytest.raises(RunbookError):
+        W.render_nfs("/models", "10.0.22.1", "*", "/mnt")
+    head, worker = LocalNode("head", "10.77.0.1"), LocalNode("worker", "10.77.0.2")
+    res = W.nfs_share(head, worker, "/models", "/mnt/m", execute=False)
+    assert res.checks[0].status is Status.NA and head.commands == worker.commands == []
+    assert res.data["executed"] is False and "10.77.0.2(" in res.data["commands"]["head"][1]
+
+
+def test_cache_dir_must_be_node_local():
+    assert W.cache_dir_is_local("/root/.cache/spark-runbook", ["/models/dsv4"]).status is Status.PASS
+    bad = W.cache_dir_is_local("/models/dsv4/jit", ["/models/dsv4"])
+    assert bad.failed and "/models/dsv4" in bad.observed
