@@ -59,10 +59,10 @@ def cmd_lab(args) -> int:
     lab_dir = _lab_dir(args)
     if args.action == "up":
         info = netlab.up(lab_dir, nodes=args.nodes)
-        print(json.dumps({"lab_dir": str(info.lab_dir), "timings": info.timings,
-                          "nodes": [n if isinstance(n, dict) else n.__dict__ for n in info.nodes]},
-                         indent=2, default=str))
+        print(json.dumps(info.to_dict(), indent=2, default=str))
     elif args.action == "down":
+        from .lab import control
+        control.stop_hub()
         netlab.down(lab_dir)
         print("lab down")
     else:

@@ -695,6 +695,8 @@ def sweep_python_from(profile) -> str | None:
     if not vb:
         return None
     first = shlex.split(vb)[0]
+    if "/" in first and not first.startswith(("/", "~")) and hasattr(profile, "resolve_path"):
+        first = str(profile.resolve_path(first))   # repo-relative (the lab's nodes share the repo)
     if re.search(r"python[\d.]*$", first):
         return first
     if first.endswith("/vllm"):

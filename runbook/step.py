@@ -51,10 +51,14 @@ class Step:
         """Archive a raw tool output under raw/<step>/; returns its run-relative path."""
         return self.run.write_raw(self.name, name, text)
 
+    def archive(self, raw: dict[str, str]) -> list[str]:
+        """Archive several raw outputs at once (name -> text); returns their run-relative paths."""
+        return [self.raw(name, text) for name, text in raw.items()]
+
     def status(self) -> str:
         return "failed" if self.checks.failures() else "passed"
 
-    def finish(self, display: bool = True) -> CheckList:
+    def finish(self, display: bool = True) -> None:
         """Render the table, write the sidecar and manifest entry, raise if any check failed."""
         try:
             if self._cluster is not None:
@@ -69,7 +73,6 @@ class Step:
         finally:
             self.run.scrub()
         self.checks.raise_on_failure(self.name)
-        return self.checks
 
 
 def begin(name: str, profile_path: str | Path, *, run_dir: str | Path = "", dry_run: bool = False,

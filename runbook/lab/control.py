@@ -1,10 +1,130 @@
-"""Glue between a profile and the lab: bring the lab up when the profile targets it."""
+"""Glue between a profile and the lab: the nodes, the tiny model and the lab's Hub endpoint.
+
+The lab stands in for what cannot exist here. Its Hub endpoint is a clearly labelled fixture: the
+real huggingface_hub client downloads from it exactly as it would from the Hub.
+"""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ..errors import LabError
 from ..evidence import REPO_ROOT
 
+LAB_DIR = REPO_ROOT / ".lab"
+VLLM_PYTHON = LAB_DIR / "vllm-venv" / "bin" / "python"
+TINY_MODEL_DIR = LAB_DIR / "models" / "tiny"
+HUB_ROOT = LAB_DIR / "hub"
+HUB_PID = LAB_DIR / "hub.pid"
+HUB_LOG = LAB_DIR / "hub.log"
 
-def ensure_lab(profile):
-    """Bring the lab up (idempotent) with as many nodes as the profile names."""
+
+def ensure_lab(profile, *, echo=print):
+    """Bring the lab up (idempotent) for this profile: nodes, tiny model, Hub endpoint."""
     from . import netlab
-    return netlab.up(REPO_ROOT / ".lab", nodes=len(profile.nodes))
+    info = netlab.up(LAB_DIR, nodes=len(profile.nodes))
+    if profile.hf_endpoint:
+        revision = ensure_tiny_repo(profile.hf_model_repo, echo=echo)
+        if revision != profile.hf_revision:
+            raise LabError("the lab's tiny model is not the revision the profile pins",
+                           observed=revision, expected=profile.hf_revision,
+                           fix=f"set HF_REVISION={revision} in {profile.source} (the tiny model's "
+                               "content changed) or rebuild .lab/models/tiny")
+        ensure_hub(profile.hf_endpoint, echo=echo)
+    return info
+
+
+def ensure_tiny_model(*, echo=print) -> Path:
+    """Make the tiny random model once (deterministic; needs the lab vLLM venv)."""
+    if (TINY_MODEL_DIR / "config.json").is_file():
+        return TINY_MODEL_DIR
+    if not VLLM_PYTHON.exists():
+        raise LabError("the lab's CPU vLLM venv is missing", observed=str(VLLM_PYTHON),
+                       fix="make lab-vllm (make runbook does it for the lab profile)")
+    echo(f"lab: making the tiny model in {TINY_MODEL_DIR}")
+    tmp = TINY_MODEL_DIR.with_name(TINY_MODEL_DIR.name + ".partial")
+    subprocess.run(["rm", "-rf", str(tmp)], check=True, timeout=60)
+    res = subprocess.run([str(VLLM_PYTHON), "-m", "runbook.lab.tinymodel", "--out", str(tmp)],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    if res.returncode != 0:
+        raise LabError("making the tiny model failed", observed=res.stderr[-2000:],
+                       fix="run the command by hand: .lab/vllm-venv/bin/python -m runbook.lab.tinymodel --out /tmp/t")
+    tmp.rename(TINY_MODEL_DIR)
+    return TINY_MODEL_DIR
+
+
+def ensure_tiny_repo(repo_id: str, *, echo=print) -> str:
+    """Publish the tiny model to the lab Hub once; return its pinned revision."""
+    from .hub import _read_ref, publish_repo
+    org, name = repo_id.split("/", 1)
+    existing = _read_ref(HUB_ROOT / org / name, "main")
+    if existing:
+        return existing
+    model = ensure_tiny_model(echo=echo)
+    revision = publish_repo(HUB_ROOT, repo_id, model)
+    echo(f"lab: published {repo_id}@{revision} to the lab Hub")
+    return revision
+
+
+def hub_alive(endpoint: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{endpoint.rstrip('/')}/api/models/spark-runbook/tiny", timeout=3) as r:
+            return r.status == 200
+    except Exception:  # noqa: BLE001 - any failure means "not serving"
+        return False
+
+
+def ensure_hub(endpoint: str, *, echo=print) -> None:
+    """Serve HUB_ROOT at ``endpoint`` (host side of the lab bridge) in the background."""
+    if hub_alive(endpoint):
+        return
+    stop_hub()
+    url = urlparse(endpoint)
+    echo(f"lab: starting the Hub endpoint on {url.hostname}:{url.port}")
+    with open(HUB_LOG, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "runbook.lab.hub", "--root", str(HUB_ROOT),
+                                 "--host", url.hostname, "--port", str(url.port)],
+                                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    HUB_PID.write_text(str(proc.pid))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LabError("the lab Hub endpoint exited at start", observed=_tail(HUB_LOG),
+                           fix="see .lab/hub.log")
+        if hub_alive(endpoint):
+            return
+        time.sleep(0.2)
+    raise LabError("the lab Hub endpoint did not answer within 20 s", observed=_tail(HUB_LOG))
+
+
+def stop_hub() -> None:
+    if not HUB_PID.exists():
+        return
+    try:
+        pid = int(HUB_PID.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"runbook.lab.hub" in cmdline:     # only ever the process we started
+            os.kill(pid, signal.SIGTERM)
+    except (ValueError, FileNotFoundError, ProcessLookupError):
+        pass
+    HUB_PID.unlink(missing_ok=True)
+
+
+def down() -> None:
+    from . import netlab
+    stop_hub()
+    netlab.down(LAB_DIR)
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except FileNotFoundError:
+        return ""
