@@ -38,11 +38,14 @@ lab-down: install
 lab-status: install
 	$(PY) -m runbook lab status
 
+# A lab profile (LAB=1) also needs the lab's CPU vLLM build.
+LAB_PROFILE := $(shell grep -qs '^LAB=1' $(PROFILE) && echo yes)
+
 # The whole runbook on PROFILE (default: the embedded lab).
-runbook: install lab-deps
+runbook: install $(if $(LAB_PROFILE),lab-deps lab-vllm)
 	$(PY) -m runbook run --profile $(PROFILE) $(ARGS)
 
-test: install lab-deps
+test: install lab-deps lab-vllm
 	$(PY) -m pytest tests $(ARGS)
 
 test-unit: install

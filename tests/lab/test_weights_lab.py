@@ -1,0 +1,81 @@
+"""02_weights on the real lab: the head downloads from the lab Hub at the pinned revision, the worker
+gets the bytes by rsync and by its own download, parity holds, a flipped byte is named."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from runbook.profile import load_profile
+from runbook.remote import Cluster
+from runbook.weights import step as weights_step
+from runbook.weights.sharing import read_node_manifest, verify_on_node
+from runbook.weights.download import verify_checks
+from runbook.weights.verify import manifest_to_expected, parity
+from runbook.lab.control import ensure_lab
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def lab_profile(lab):
+    profile = load_profile("env/lab.env")
+    ensure_lab(profile)          # tiny model published at the pinned revision, Hub endpoint up
+    return profile
+
+
+def _failed(checks):
+    return [(c.name, c.node, c.observed) for c in checks if c.failed]
+
+
+def test_rsync_mode_then_rerun_reuses_manifests(lab_profile):
+    with Cluster.from_profile(lab_profile) as cluster:
+        checks, data = weights_step.run(lab_profile, cluster, compare_sha256sum=True)
+        assert not _failed(checks), _failed(checks)
+        assert {c.name for c in checks} >= {"weights.download", "weights.verified", "weights.rsync", "weights.parity"}
+        assert data["hash_rate"]["sha256sum_gbps"] > 0 and data["hash_rate"]["verifier_gbps"] > 0
+        started = time.monotonic()
+        checks2, data2 = weights_step.run(lab_profile, cluster, compare_sha256sum=False)
+        rerun = time.monotonic() - started
+        assert not _failed(checks2)
+        # the manifest is reused: nothing is hashed again on either node
+        hashed = [c.data.get("files_hashed") for c in checks2 if c.name == "weights.verified"]
+        assert hashed and all(h == 0 for h in hashed), hashed
+        print(f"re-run on a healthy lab: {rerun:.1f} s")
+
+
+def test_download_both_mode_proves_parity(lab_profile):
+    profile = lab_profile.with_overrides({"WEIGHT_SYNC": "download-both",
+                                          "WORKER_WEIGHTS_DIR": "/mnt/nvme/models/tiny-own"})
+    with Cluster.from_profile(profile) as cluster:
+        try:
+            checks, data = weights_step.run(profile, cluster, compare_sha256sum=False)
+            assert not _failed(checks), _failed(checks)
+            assert [c.node for c in checks if c.name == "weights.download"] == ["head", "worker"]
+            assert any(c.name == "weights.parity" and c.observed == "7 files identical" for c in checks)
+        finally:
+            cluster.worker.run("rm -rf /mnt/nvme/models/tiny-own", timeout=30, warn=True)
+
+
+def test_flipped_byte_on_worker_is_named(lab_profile):
+    with Cluster.from_profile(lab_profile) as cluster:
+        checks, _ = weights_step.run(lab_profile, cluster, compare_sha256sum=False)
+        assert not _failed(checks)
+        head_manifest = read_node_manifest(cluster.head, lab_profile.weights_dir)
+        target = f"{lab_profile.weights_dir}/model.safetensors"
+        try:
+            # flip one byte in the middle, same size (the mtime changes, so the manifest cannot vouch for it)
+            cluster.worker.run(f"printf '\\x5a' | dd of={target} bs=1 seek=4096 conv=notrunc status=none",
+                               timeout=30)
+            report = verify_on_node(cluster.worker, lab_profile.weights_dir, manifest_to_expected(head_manifest),
+                                    python=weights_step.node_python(lab_profile))
+            failed = [c for c in verify_checks(report, node="worker") if c.failed]
+            assert failed and failed[0].name == "weights.file:model.safetensors", [c.name for c in failed]
+            assert failed[0].observed.startswith("sha256")
+            tampered = dict(head_manifest, files=[dict(f, sha256="0" * 64) if f["path"] == "model.safetensors" else f
+                                                  for f in head_manifest["files"]])
+            check = parity(head_manifest, tampered)
+            assert check.failed and "model.safetensors" in check.observed
+        finally:
+            # repair: the next rsync run restores the file (size+mtime differ from the head's)
+            weights_step.run(lab_profile, cluster, compare_sha256sum=False)
