@@ -1,0 +1,126 @@
+"""Benchmark: pack throughput vs a plain sequential copy of the same source bytes, same disk.
+
+    python -m runbook.engram.bench_pack [--table-gib 2.2] [--workdir /tmp/engram-bench] [--keep]
+
+1. synthesise one V4.1-style layer table (``--table-gib``, default 2.2 GiB, layer 1 only);
+2. drop the shard from the page cache (fsync + POSIX_FADV_DONTNEED on that file only, so other
+   users of the box are not disturbed), then time ``dd bs=64M conv=fsync`` and ``cp`` + ``sync FILE``
+   of the shard (the faster one is the baseline, which is the conservative choice);
+3. drop the cache again, time ``pack.py --tp 1 --rank 0 --layers 1`` (the whole table: the same bytes
+   as the copy) run as a subprocess with the system python3, exactly as on a node;
+4. ``check.py`` (1024 sampled rows) and ``probe.py`` (QD 1 and 64, 5 s each) on the packed file;
+5. delete everything (unless ``--keep``) and print one JSON line.
+
+Goals (issue "Engram step 03_engram"): pack MB/s >= 0.9 x copy MB/s; packer peak RSS <= 1 GiB.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import layout as L
+from . import synth
+
+HERE = Path(__file__).resolve().parent
+
+
+def evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.monotonic() - t0
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return dt, proc
+
+
+def last_json(text: str) -> dict:
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--table-gib", type=float, default=2.2)
+    p.add_argument("--workdir", default=f"/tmp/engram-bench-{os.getpid()}")
+    p.add_argument("--probe-seconds", type=float, default=5.0)
+    p.add_argument("--python", default=shutil.which("python3") or sys.executable)
+    p.add_argument("--keep", action="store_true")
+    a = p.parse_args(argv)
+    work = Path(a.workdir)
+    src, out, tools = work / "src", work / "packed", work / "tools"
+    result: dict = {"table_gib": a.table_gib, "workdir": str(work)}
+    try:
+        tools.mkdir(parents=True, exist_ok=True)
+        for name in ("layout.py", "pack.py", "check.py", "probe.py"):
+            shutil.copy(HERE / name, tools / name)
+        t0 = time.monotonic()
+        vocab = synth.vocab_for_table_bytes(int(a.table_gib * (1 << 30)))
+        synth.make_source(str(src), vocab_size=vocab, write_layers=[1])
+        shard = src / synth.shard_name(47)
+        result["synth_seconds"] = round(time.monotonic() - t0, 1)
+        lay = L.EngramLayout.from_config(L.load_config(str(src)), 1)
+        table_bytes = lay.num_rows(1) * lay.row_bytes
+        shard_bytes = shard.stat().st_size
+        result.update(vocab=vocab, rows=lay.num_rows(1), table_bytes=table_bytes, shard_bytes=shard_bytes)
+
+        evict(shard)
+        dt, _ = timed(["dd", f"if={shard}", f"of={work / 'copy.dd'}", "bs=64M", "conv=fsync", "status=none"])
+        (work / "copy.dd").unlink()
+        result["dd_seconds"], result["dd_mb_s"] = round(dt, 2), round(shard_bytes / dt / 1e6, 1)
+        evict(shard)
+        dt, _ = timed(["bash", "-c", f"cp {shard} {work / 'copy.cp'} && sync {work / 'copy.cp'}"])
+        (work / "copy.cp").unlink()
+        result["cp_seconds"], result["cp_mb_s"] = round(dt, 2), round(shard_bytes / dt / 1e6, 1)
+        copy_mb_s = max(result["dd_mb_s"], result["cp_mb_s"])
+
+        evict(shard)
+        dt, proc = timed([a.python, str(tools / "pack.py"), "--src", str(src), "--out", str(out),
+                          "--tp", "1", "--rank", "0", "--layers", "1"])
+        summary = last_json(proc.stdout)
+        packed = out / L.packed_name(1, 0, 1)
+        pack_mb_s = packed.stat().st_size / dt / 1e6
+        result.update(pack_wall_seconds=round(dt, 2), pack_mb_s=round(pack_mb_s, 1),
+                      pack_internal_mb_s=summary.get("mb_s"),
+                      pack_peak_rss_mib=round(summary.get("peak_rss_bytes", 0) / 2 ** 20, 1),
+                      pack_chunk_rows=summary.get("chunk_rows"),
+                      pack_vs_copy=round(pack_mb_s / copy_mb_s, 3))
+        result["goal_ratio_ok"] = result["pack_vs_copy"] >= 0.9
+        result["goal_rss_ok"] = result["pack_peak_rss_mib"] <= 1024
+
+        _, proc = timed([a.python, str(tools / "check.py"), "--src", str(src), "--packed", str(out),
+                         "--tp", "1", "--rank", "0", "--layers", "1", "--samples", "1024"])
+        chk = last_json(proc.stdout)
+        result["check_ok"] = chk.get("ok")
+        result["check_rows"] = sum(f["rows_checked"] for f in chk.get("files", []))
+
+        _, proc = timed([a.python, str(tools / "probe.py"), "--file", str(packed), "--qd", "1,64",
+                         "--seconds", str(a.probe_seconds)])
+        pr = last_json(proc.stdout)
+        result["probe_mode"] = pr.get("mode")
+        result["probe"] = {f"qd{r['qd']}": {"iops": r["iops"], **r["lat_us"]} for r in pr.get("results", [])}
+    finally:
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, sort_keys=True))
+    return 0 if result.get("check_ok") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
