@@ -774,7 +774,8 @@ def _rules(p: Profile) -> Iterable[_Conflict]:
                         f"RECIPE=exl3-v41 needs KV_BLOCK_SIZE 32 or 64, got {p.kv_block_size}",
                         "set KV_BLOCK_SIZE=64 (seed A: the SM12x DeepGEMM paged indexer takes only 32/64 "
                         "states per block; 128 dies on first decode)")
-    if p.engram and p.recipe != "exl3-v41":
+    if p.engram and p.recipe not in ("exl3-v41", "lab"):
+        # the lab packs a synthetic V4.1-style source to exercise 03_engram for real
         yield _Conflict(("RECIPE", "ENGRAM"), f"ENGRAM=1 but RECIPE={p.recipe}: Engram tables exist only in V4.1",
                         "set ENGRAM=0")
     if p.engram:

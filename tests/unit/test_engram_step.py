@@ -1,0 +1,155 @@
+"""The cluster-facing step functions, against a fake cluster whose nodes run commands locally."""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from runbook.checks import Status
+from runbook.engram import layout as L
+from runbook.engram import step, synth
+
+
+class FakeNode:
+    """Node.read/run/put semantics (run raises unless warn) executed on this machine."""
+
+    def __init__(self, name: str, rank: int):
+        self.name, self.spec, self.dry_run = name, SimpleNamespace(name=name, rank=rank), False
+        self.commands: list[str] = []
+        self.puts: list[tuple[str, str]] = []
+
+    def _exec(self, command: str, timeout: float):
+        """``python3 <dir>/<tool>.py ...`` runs that tool's main() in-process (after shlex parsing
+        the exact command string; starting interpreters is slow on the shared test box); anything
+        else runs under bash. The standalone scripts themselves are exercised as subprocesses in
+        test_engram_pack.py."""
+        self.commands.append(command)
+        t0 = time.monotonic()
+        argv = shlex.split(command)
+        if argv[0] == "python3" and argv[1].endswith(".py"):
+            module = importlib.import_module(f"runbook.engram.{Path(argv[1]).stem}")
+            assert (Path(argv[1]).parent / "layout.py").exists()      # shipped side by side
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = module.main(argv[2:])
+            stdout, stderr = out.getvalue(), err.getvalue()
+        else:
+            p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
+            code, stdout, stderr = p.returncode, p.stdout, p.stderr
+        return SimpleNamespace(ok=code == 0, exit_code=code, stdout=stdout, stderr=stderr,
+                               duration_s=time.monotonic() - t0, dry_run=False)
+
+    def read(self, command, *, timeout=30, env=None):
+        return self._exec(command, timeout)
+
+    def run(self, command, *, timeout=120, warn=False, env=None, stream=False):
+        res = self._exec(command, timeout)
+        if not res.ok and not warn:
+            raise RuntimeError(f"{command}: {res.stderr}")
+        return res
+
+    def put(self, local, remote):
+        self.puts.append((str(local), remote))
+        shutil.copy(local, remote)
+
+
+class FakeCluster:
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+    def each(self, fn):
+        out = {}
+        for n in self.nodes:
+            try:
+                out[n.name] = fn(n)
+            except Exception as exc:  # noqa: BLE001
+                out[n.name] = exc
+        return out
+
+
+def profile(tmp_path, src, nodes=2, tp=2):
+    specs = [SimpleNamespace(name=n, rank=i) for i, n in enumerate(["head", "worker", "worker2"][:nodes])]
+    return SimpleNamespace(tp=tp, nodes=specs, engram_src_dir=str(src), engram_packed_dir=str(tmp_path / "packed"))
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stepsrc")
+    synth.make_source(str(d), vocab_size=300)
+    return d
+
+
+def test_plan_pack_commands_per_node(tmp_path, src):
+    prof = profile(tmp_path, src, nodes=3, tp=2)
+    plans = step.plan_pack(prof, {"worker": {"engram_src_dir": "/mnt/nfs/engram src", "python": "sudo -n python3"}},
+                           layers=[1, 14])
+    assert plans["worker2"] == []                            # rank >= TP: nothing to pack
+    head, worker = plans["head"], plans["worker"]
+    assert head[0].startswith("mkdir -p") and "--rank 0" in head[1] and "--tp 2" in head[1]
+    assert "--layers 1,14" in head[1] and head[1].startswith("python3 ")
+    assert worker[1].startswith("sudo -n python3 ") and "'/mnt/nfs/engram src'" in worker[1]
+    assert "check.py" in worker[2] and "--rank 1" in worker[2]
+    probes = step.plan_probe(prof)
+    assert set(probes) == {"head", "worker"} and "engram-l1-r1of2.bin" in probes["worker"]
+
+
+def test_expected_files_and_space_checks(tmp_path, src):
+    prof = profile(tmp_path, src)
+    cfg = synth.engram_text_config(300)
+    exp = step.expected_files(prof, {"text_config": cfg})
+    assert [r.file_name for r in exp["worker"]] == ["engram-l1-r1of2.bin", "engram-l14-r1of2.bin"]
+    need = sum(r.packed_bytes for r in exp["head"])
+    checks = step.space_checks(prof, {"head": {"packed_free_bytes": need}, "worker": {"packed_free_bytes": need - 1}},
+                               {"text_config": cfg})
+    assert [c.status for c in checks] == [Status.PASS, Status.FAIL]
+    assert step.space_checks(prof, {}, {"text_config": cfg})[0].status is Status.NA
+
+
+def test_run_pack_on_fake_cluster_then_noop(tmp_path, src):
+    prof = profile(tmp_path, src)
+    cluster = FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)])
+    tools = str(tmp_path / "tools")
+    checks = step.run_pack(cluster, prof, tools_dir=tools)
+    assert not checks.failures(), checks.to_text()
+    names = [c.name for c in checks]
+    assert names.count("engram pack L1") == 2 and names.count("engram packed L14 verify") == 2
+    assert {p[1].rsplit("/", 1)[1] for p in cluster.nodes[0].puts} == set(step.TOOL_FILES)
+    for name, ranges in step.expected_files(prof, step.L.load_config(str(src))).items():
+        for rr in ranges:
+            assert (tmp_path / "packed" / rr.file_name).stat().st_size == rr.packed_bytes
+    again = step.run_pack(cluster, prof, tools_dir=tools)
+    assert [c.status for c in again if c.name.startswith("engram pack L")] == [Status.NOOP] * 4
+    probe = step.run_probe(cluster, prof, tools_dir=tools, seconds=0.2)
+    assert len(probe) == 4 and all(c.data.get("iops", 0) > 0 for c in probe)
+
+
+def test_run_pack_failure_becomes_a_failed_check_with_fix(tmp_path):
+    bad = tmp_path / "bad"
+    synth.make_source(str(bad), vocab_size=200, overrides={"layers.1.engram.embed.scale": {"dtype": "U8"}})
+    prof = profile(tmp_path, bad)
+    cluster = FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)])
+    checks = step.run_pack(cluster, prof, tools_dir=str(tmp_path / "tools"))
+    assert len(checks.failures()) == 2
+    first = checks.failures()[0]
+    assert "layers.1.engram.embed.scale" in first.observed and "ENGRAM_SRC_DIR" in first.fix
+
+
+def test_parsers():
+    out = "[engram-pack] 50%\nnoise {not json\n" + '{"tool": "engram-pack", "ok": false, "exit_code": 3, "error": "need 5 bytes"}\n'
+    summary = step.parse_tool_json(out, "engram-pack")
+    assert summary["exit_code"] == 3 and step.parse_tool_json(out, "engram-check") == {}
+    (c,) = step.pack_checks("worker", summary)
+    assert c.status is Status.FAIL and "need 5 bytes" in c.observed and "free space" in c.fix
+    (c,) = step.pack_checks("head", {}, exit_code=137)
+    assert c.status is Status.FAIL
+    (c,) = step.check_checks("head", {"tool": "engram-check", "ok": False, "error": "boom"}, 2)
+    assert c.status is Status.FAIL and "boom" in c.observed
+    assert step.probe_checks("head", {})[0].status is Status.WARN
