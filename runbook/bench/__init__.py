@@ -1,1 +1,32 @@
-"""runbook.bench"""
+"""Streaming benchmark for OpenAI-compatible servers (vLLM): client, metrics, reference server, report.
+
+Notebook API::
+
+    from runbook.bench import BenchConfig, run_benchmark, results_table, plot_comparison
+    res = run_benchmark(base_url, model, BenchConfig(concurrency=(1, 2, 4)), out_dir)
+    results_table(res, recipe="exl3-v41", previous=prev_dir); plot_comparison(res, recipe="exl3-v41")
+"""
+from .report import (
+           load_published,
+           plot_comparison,
+           render_text,
+           results_table,
+           write_report,
+)
+from .result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
+from .runner import arun_benchmark, run_benchmark
+
+__all__ = [
+           "SCHEMA_VERSION",
+           "BenchConfig",
+           "BenchResult",
+           "CaseResult",
+           "arun_benchmark",
+           "load_published",
+           "plot_comparison",
+           "render_text",
+           "results_table",
+           "run_benchmark",
+           "write_raw",
+           "write_report",
+]

@@ -1,0 +1,4 @@
+"""``python -m runbook.bench ...`` = ``python -m runbook bench ...``."""
+from .cli import main
+
+raise SystemExit(main())
