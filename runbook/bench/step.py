@@ -1,0 +1,44 @@
+"""Step 07 — benchmarks against the launched server, with the profile's sizes.
+
+The profile chooses the sizes (the lab's are scaled to the tiny model; the hardware profiles keep
+the recipes' 32k/256k prefill cases); the figures are compared with the published figures of the
+matching recipe and with the previous good run of the same profile.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .result import BenchConfig, BenchResult
+
+RAW_DIR_NAME = "bench"
+
+
+def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: float | None = None) -> BenchConfig:
+    return BenchConfig(
+        endpoint="completions",
+        prompt_tokens=profile.bench_prompt_tokens,
+        decode_tokens=profile.bench_decode_tokens,
+        concurrency=tuple(profile.bench_concurrency),
+        prefill_tokens=tuple(profile.bench_prefill_tokens),
+        repeats=profile.bench_repeats if repeats is None else repeats,
+        soak_seconds=float(profile.soak_seconds if soak_seconds is None else soak_seconds),
+        recipe=profile.recipe,
+        label=profile.profile_name,
+    )
+
+
+def previous_result(run_path: Path, profile_name: str, step: str = "07_bench") -> BenchResult | None:
+    """The bench result of the most recent earlier passed run of the same profile, if any."""
+    root = Path(run_path).parent
+    for candidate in sorted((p for p in root.iterdir() if p.is_dir() and p.name < Path(run_path).name),
+                            reverse=True):
+        manifest = candidate / "manifest.json"
+        result = candidate / "raw" / step / RAW_DIR_NAME / "result.json"
+        if not (manifest.is_file() and result.is_file()):
+            continue
+        meta = json.loads(manifest.read_text())
+        entry = meta.get("steps", {}).get(step, {})
+        if meta.get("profile") == profile_name and entry.get("check_status") == "passed":
+            return BenchResult.load(result)
+    return None
