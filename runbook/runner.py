@@ -102,6 +102,14 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
     if not outcomes:
         status = "passed" if resume else "empty"
     run_dir.update_manifest(status=status, finished=time.time())
+    # the report page is rewritten once the run's final status is known (the 08 step wrote it
+    # while the run was still "running"); a report problem never changes the run's outcome
+    try:
+        from .report import write_report
+        path, _ = write_report(run_dir.path, results_root=run_dir.path.parent)
+        echo(f"report: {path}")
+    except Exception as exc:  # noqa: BLE001
+        echo(f"report: not written ({type(exc).__name__}: {exc})")
     run_dir.scrub()
     return run_dir, outcomes
 
