@@ -1,0 +1,428 @@
+"""How a step finds the OpenAI-compatible server, and the small HTTP client the smoke, vision and
+tool steps talk to it with.
+
+    server = find_server(step, base_url=base_url, model=model)   # 04_launch sidecar, or parameters
+    client = ApiClient(server)                                    # API key from VLLM_API_KEY
+    ex = client.chat({"messages": [...], "max_tokens": 8})       # -> Exchange (never raises on HTTP)
+    ex = client.stream_chat({...})                                # SSE: events, TTFT, usage
+    n = client.count_chat_tokens(messages)                        # POST /tokenize (chat template applied)
+    paths = archive(step, "chat.basic", [ex])                     # raw/<step>/chat.basic.json (secrets masked)
+
+Where the server is (first match wins):
+1. the ``base_url`` parameter (standalone run of a notebook against a server you started yourself);
+2. ``steps/04_launch.json`` in the run directory (``data``: ``base_url``, ``served_model_name``,
+   ``max_model_len``; written by the launch step);
+3. nothing: :class:`~runbook.errors.RunbookError` with the fix (run 04_launch first or pass base_url).
+
+Only the values are taken from the sidecar; the served name and context length the server really
+reports are checked by the smoke step against them (and against the profile).
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .errors import RunbookError
+from .secrets import MASK, load_secrets, register_secret
+
+__all__ = ["LAUNCH_STEP", "ApiClient", "Exchange", "ServerInfo", "archive", "clip", "connect", "find_server"]
+
+LAUNCH_STEP = "04_launch"
+_URL_KEYS = ("base_url", "url", "api_base", "openai_base_url")
+_MODEL_KEYS = ("served_model_name", "served_name", "model")
+_LEN_KEYS = ("max_model_len",)
+
+
+@dataclass(repr=False)
+class ServerInfo:
+    """Where the API is. ``base_url`` has no ``/v1`` suffix (``http://host:port``)."""
+    base_url: str
+    model: str
+    max_model_len: int = 0          # what the launch step configured (0 = unknown: use the profile)
+    source: str = ""                # "parameters" | "steps/04_launch.json"
+    api_key: str = ""
+
+    def __repr__(self) -> str:
+        key = MASK if self.api_key else "''"
+        return (f"ServerInfo(base_url={self.base_url!r}, model={self.model!r}, "
+                f"max_model_len={self.max_model_len}, source={self.source!r}, api_key={key})")
+
+    __str__ = __repr__
+
+    def describe(self) -> dict[str, Any]:
+        return {"base_url": self.base_url, "model": self.model, "max_model_len": self.max_model_len,
+                "source": self.source, "api_key": "set" if self.api_key else "none"}
+
+
+def _norm_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    url = url.removesuffix("/v1")
+    if url and "://" not in url:
+        url = "http://" + url
+    return url
+
+
+def _first(data: dict[str, Any], keys: Iterable[str]) -> Any:
+    for k in keys:
+        if data.get(k) not in (None, ""):
+            return data[k]
+    return None
+
+
+def find_server(step=None, *, base_url: str = "", model: str = "", max_model_len: int = 0,
+                run_dir: str | Path | None = None, profile=None, api_key: str | None = None) -> ServerInfo:
+    """Locate the server for this step (see the module docstring). ``step`` gives the run dir and
+    profile; ``run_dir``/``profile`` can be passed instead (tests, CLI)."""
+    profile = profile if profile is not None else getattr(step, "profile", None)
+    if run_dir is None and step is not None:
+        run_dir = step.run.path
+    if api_key is None:
+        api_key = load_secrets().api_key
+    if api_key:
+        register_secret(api_key)
+    default_model = getattr(profile, "served_model_name", "") or ""
+    default_len = int(getattr(profile, "max_model_len", 0) or 0)
+    if base_url:
+        return ServerInfo(_norm_url(base_url), model or default_model, int(max_model_len or default_len),
+                          "parameters", api_key)
+    sidecar = Path(run_dir) / "steps" / f"{LAUNCH_STEP}.json" if run_dir else None
+    if sidecar is not None and sidecar.is_file():
+        data = (json.loads(sidecar.read_text()) or {}).get("data") or {}
+        url = _first(data, _URL_KEYS)
+        if url:
+            return ServerInfo(_norm_url(str(url)), model or str(_first(data, _MODEL_KEYS) or default_model),
+                              int(max_model_len or _first(data, _LEN_KEYS) or default_len),
+                              f"steps/{LAUNCH_STEP}.json", api_key)
+        raise RunbookError("the launch step's sidecar has no base_url", observed=f"{sidecar}: data keys "
+                           f"{sorted(data)}", expected="data.base_url (e.g. http://10.77.0.11:8000)",
+                           fix="re-run 04_launch, or pass base_url=... to this notebook")
+    raise RunbookError("no server to talk to", observed=f"no {LAUNCH_STEP} sidecar in {run_dir or '(no run dir)'}",
+                       expected=f"steps/{LAUNCH_STEP}.json from the launch step, or the base_url parameter",
+                       fix="run 04_launch first (make runbook), or pass base_url='http://host:port' "
+                           "(and model=...) for a standalone run")
+
+
+def connect(step, *, base_url: str = "", model: str = "", max_model_len: int = 0,
+            timeout: float = 180.0) -> ApiClient | None:
+    """What a notebook calls: the client for this step's server, or None in a dry run (no server was
+    launched; the step's functions then report N/A rows and send nothing)."""
+    if step.dry_run:
+        return None
+    server = find_server(step, base_url=base_url, model=model, max_model_len=max_model_len)
+    step.data["server"] = server.describe()
+    return ApiClient(server, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------------------
+# exchanges
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Exchange:
+    """One request and what came back. ``status`` is None when no HTTP answer arrived (``error``)."""
+    method: str
+    path: str
+    request: Any = None
+    status: int | None = None
+    body: Any = None                    # parsed JSON, or text
+    latency_s: float = 0.0
+    error: str = ""                     # transport problem: timeout, refused, broken stream
+    auth: bool = True                   # whether the Authorization header was sent
+    stream: bool = False
+    events: list[dict] = field(default_factory=list)
+    ttft_s: float | None = None         # streaming: time to the first content/reasoning/tool delta
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+    @property
+    def json(self) -> dict:
+        return self.body if isinstance(self.body, dict) else {}
+
+    def summary(self) -> str:
+        """One line for a check's observed column: ``HTTP 200 in 0.12 s`` / ``no answer: timeout``."""
+        if self.status is None:
+            return f"no answer: {self.error}"
+        extra = f" ({self.error})" if self.error else ""
+        return f"HTTP {self.status} in {self.latency_s:.2f} s{extra}"
+
+    def error_message(self) -> str:
+        err = self.json.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message", ""))
+        if isinstance(err, str):
+            return err
+        if isinstance(self.body, str):
+            return self.body[:300]
+        return str(self.json.get("detail") or self.json.get("message") or "")
+
+    def to_archive(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "request": {"method": self.method, "path": self.path,
+                        "headers": {"Authorization": f"Bearer {MASK}"} if self.auth else {},
+                        "body": clip(self.request)},
+            "response": {"status": self.status, "body": clip(self.body)},
+            "latency_s": round(self.latency_s, 4),
+        }
+        if self.error:
+            out["error"] = self.error
+        if self.stream:
+            evs = self.events
+            kept = evs if len(evs) <= 40 else evs[:20] + [{"_clipped_events": len(evs) - 30}] + evs[-10:]
+            out["response"]["events"] = clip(kept)
+            out["response"]["n_events"] = len(evs)
+            out["ttft_s"] = self.ttft_s
+        return out
+
+
+def clip(obj: Any, limit: int = 2000, head: int = 600, tail: int = 300) -> Any:
+    """Shorten long strings (long-context prompts, base64 images) inside nested JSON for archives."""
+    if isinstance(obj, str):
+        if len(obj) <= limit:
+            return obj
+        return f"{obj[:head]}…[{len(obj) - head - tail} chars clipped]…{obj[-tail:]}"
+    if isinstance(obj, dict):
+        return {k: clip(v, limit, head, tail) for k, v in obj.items()}
+    if isinstance(obj, list):
+        if len(obj) > 200 and all(isinstance(x, int) for x in obj):   # token id lists
+            return obj[:20] + [f"…{len(obj) - 30} ids clipped…"] + obj[-10:]
+        return [clip(v, limit, head, tail) for v in obj]
+    return obj
+
+
+def archive(step, name: str, exchanges: Exchange | Iterable[Exchange], **extra: Any) -> list[str]:
+    """Write the request/response pairs of one case to ``raw/<step>/<name>.json`` (secrets masked by
+    the run's redactor; the Authorization header is never stored). Returns the evidence path list."""
+    if isinstance(exchanges, Exchange):
+        exchanges = [exchanges]
+    doc = {"case": name, "exchanges": [e.to_archive() for e in exchanges], **clip(extra)}
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
+    return [step.raw(f"{safe}.json", json.dumps(doc, indent=1, default=str))]
+
+
+# ------------------------------------------------------------------------------------------------
+# client
+# ------------------------------------------------------------------------------------------------
+
+class ApiClient:
+    """Synchronous client over httpx. Every call returns an :class:`Exchange`; HTTP errors, timeouts
+    and refused connections are data, not exceptions (a check decides what they mean)."""
+
+    def __init__(self, server: ServerInfo, *, timeout: float = 180.0,
+                 transport: httpx.BaseTransport | None = None):
+        self.server = server
+        self.model = server.model
+        self.timeout = timeout
+        self._http = httpx.Client(base_url=server.base_url, timeout=timeout, transport=transport,
+                                  headers={"Content-Type": "application/json"},
+                                  limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ApiClient:  # noqa: PYI034 (typing.Self needs 3.11; the project allows 3.10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _headers(self, auth: bool) -> dict[str, str]:
+        if auth and self.server.api_key:
+            return {"Authorization": f"Bearer {self.server.api_key}"}
+        return {}
+
+    def request(self, method: str, path: str, payload: Any = None, *, auth: bool = True,
+                timeout: float | None = None) -> Exchange:
+        ex = Exchange(method, path, payload, auth=bool(auth and self.server.api_key))
+        t0 = time.perf_counter()
+        try:
+            resp = self._http.request(method, path, json=payload, headers=self._headers(auth),
+                                      timeout=timeout or self.timeout)
+            ex.status = resp.status_code
+            try:
+                ex.body = resp.json()
+            except ValueError:
+                ex.body = resp.text
+        except httpx.TimeoutException:
+            ex.error = f"timeout after {timeout or self.timeout:.0f} s"
+        except httpx.HTTPError as exc:
+            ex.error = f"{type(exc).__name__}: {exc}"
+        ex.latency_s = time.perf_counter() - t0
+        return ex
+
+    def get(self, path: str, **kw: Any) -> Exchange:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, payload: Any, **kw: Any) -> Exchange:
+        return self.request("POST", path, payload, **kw)
+
+    def _with_model(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return {"model": self.model, **payload}
+
+    def chat(self, payload: dict[str, Any], **kw: Any) -> Exchange:
+        return self.post("/v1/chat/completions", self._with_model(payload), **kw)
+
+    def stream_chat(self, payload: dict[str, Any], *, timeout: float | None = None, auth: bool = True) -> Exchange:
+        """POST with ``stream: true`` and ``stream_options.include_usage``; parses the SSE events."""
+        body = self._with_model({**payload, "stream": True,
+                                 "stream_options": {"include_usage": True, **payload.get("stream_options", {})}})
+        ex = Exchange("POST", "/v1/chat/completions", body, auth=bool(auth and self.server.api_key), stream=True)
+        t0 = time.perf_counter()
+        try:
+            with self._http.stream("POST", "/v1/chat/completions", json=body, headers=self._headers(auth),
+                                   timeout=timeout or self.timeout) as resp:
+                ex.status = resp.status_code
+                if resp.status_code != 200:
+                    text = resp.read().decode(errors="replace")
+                    try:
+                        ex.body = json.loads(text)
+                    except ValueError:
+                        ex.body = text
+                else:
+                    done = False
+                    for line in resp.iter_lines():
+                        line = line.strip()
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            done = True
+                            break
+                        try:
+                            ev = json.loads(data)
+                        except ValueError:
+                            ex.error = f"unparsable SSE event: {data[:120]!r}"
+                            continue
+                        if ex.ttft_s is None and _has_output(ev):
+                            ex.ttft_s = time.perf_counter() - t0
+                        ex.events.append(ev)
+                    if not done and not ex.error:
+                        ex.error = "stream ended without [DONE]"
+                    ex.body = assemble_stream(ex.events)
+        except httpx.TimeoutException:
+            ex.error = f"timeout after {timeout or self.timeout:.0f} s"
+        except httpx.HTTPError as exc:
+            ex.error = f"{type(exc).__name__}: {exc}"
+        ex.latency_s = time.perf_counter() - t0
+        return ex
+
+    def count_chat_tokens(self, messages: list[dict[str, Any]], *, chat_template_kwargs: dict | None = None,
+                          timeout: float | None = None) -> int:
+        """Prompt tokens of a chat request as the server counts them (POST /tokenize with messages)."""
+        payload: dict[str, Any] = {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        if chat_template_kwargs:
+            payload["chat_template_kwargs"] = chat_template_kwargs
+        ex = self.post("/tokenize", payload, timeout=timeout)
+        if not ex.ok or "count" not in ex.json:
+            raise RunbookError("POST /tokenize failed", observed=f"{ex.summary()}: {ex.error_message()[:200]}",
+                               expected="HTTP 200 with a token count",
+                               fix="the server must expose vLLM's /tokenize (vllm serve does by default)")
+        return int(ex.json["count"])
+
+    def parallel(self, fn: Callable[[int], Exchange], n: int) -> list[Exchange]:
+        """Run ``fn(i)`` for i in range(n) at the same time (threads); results in order."""
+        with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
+            return list(pool.map(fn, range(n)))
+
+
+def _has_output(ev: dict) -> bool:
+    for ch in ev.get("choices") or []:
+        d = ch.get("delta") or {}
+        if d.get("content") or d.get("reasoning_content") or d.get("reasoning") or d.get("tool_calls"):
+            return True
+    return False
+
+
+def assemble_stream(events: list[dict]) -> dict[str, Any]:
+    """Fold SSE chunks into the shape of a non-streamed chat completion (content, reasoning,
+    finish_reason, tool calls, and the usage of the final chunk)."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    finish = None
+    usage = None
+    calls: dict[int, dict[str, Any]] = {}
+    usage_last = False
+    for i, ev in enumerate(events):
+        if ev.get("usage"):
+            usage = ev["usage"]
+            usage_last = i == len(events) - 1
+        for ch in ev.get("choices") or []:
+            d = ch.get("delta") or {}
+            if d.get("content"):
+                content.append(d["content"])
+            r = d.get("reasoning_content") or d.get("reasoning")
+            if r:
+                reasoning.append(r)
+            for tc in d.get("tool_calls") or []:
+                slot = calls.setdefault(int(tc.get("index", 0)), {"id": "", "type": "function",
+                                                                     "function": {"name": "", "arguments": ""}})
+                slot["id"] = tc.get("id") or slot["id"]
+                fn = tc.get("function") or {}
+                slot["function"]["name"] += fn.get("name") or ""
+                slot["function"]["arguments"] += fn.get("arguments") or ""
+            if ch.get("finish_reason"):
+                finish = ch["finish_reason"]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if content else None}
+    if reasoning:
+        message["reasoning"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = [calls[k] for k in sorted(calls)]
+    return {"object": "chat.completion(assembled)", "choices": [{"index": 0, "message": message,
+                                                                  "finish_reason": finish}],
+            "usage": usage, "usage_in_last_chunk": usage_last, "n_events": len(events)}
+
+
+# ------------------------------------------------------------------------------------------------
+# response accessors shared by the smoke, vision and tool checks
+# ------------------------------------------------------------------------------------------------
+
+def first_choice(body: Any) -> dict[str, Any]:
+    choices = body.get("choices") if isinstance(body, dict) else None
+    return choices[0] if choices and isinstance(choices[0], dict) else {}
+
+
+def message_of(body: Any) -> dict[str, Any]:
+    return first_choice(body).get("message") or {}
+
+
+def content_of(body: Any) -> str:
+    return message_of(body).get("content") or ""
+
+
+def reasoning_of(body: Any) -> str:
+    msg = message_of(body)
+    return msg.get("reasoning_content") or msg.get("reasoning") or ""
+
+
+def finish_of(body: Any) -> str | None:
+    return first_choice(body).get("finish_reason")
+
+
+def usage_problems(usage: Any, *, max_tokens: int | None = None, prompt_tokens: int | None = None) -> list[str]:
+    """Why a usage block is not consistent (empty list = consistent)."""
+    if not isinstance(usage, dict):
+        return ["usage missing"]
+    out = []
+    p, c, t = usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("total_tokens")
+    if not all(isinstance(v, int) for v in (p, c, t)):
+        return [f"usage fields missing or not integers: {usage}"]
+    if p <= 0:
+        out.append(f"prompt_tokens={p} <= 0")
+    if c < 0:
+        out.append(f"completion_tokens={c} < 0")
+    if t != p + c:
+        out.append(f"total_tokens={t} != prompt {p} + completion {c}")
+    if max_tokens is not None and c > max_tokens:
+        out.append(f"completion_tokens={c} > max_tokens={max_tokens}")
+    if prompt_tokens is not None and p != prompt_tokens:
+        out.append(f"prompt_tokens={p} != {prompt_tokens} counted by /tokenize")
+    return out

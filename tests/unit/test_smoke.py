@@ -1,0 +1,402 @@
+"""Smoke step (runbook.smoke, runbook.server_info): every pass rule against recorded responses, and
+the whole step against a fake vLLM server, including the failures it must catch."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_smoke_fakevllm import (
+    RECORDED_PAST_MAX_400,
+    RECORDED_PROBE_LAB,
+    FakeVllm,
+    by_name,
+    completion,
+    make_step,
+)
+
+from runbook import smoke
+from runbook.checks import Status
+from runbook.errors import RunbookError
+from runbook.server_info import (
+    ApiClient,
+    Exchange,
+    ServerInfo,
+    archive,
+    assemble_stream,
+    clip,
+    connect,
+    find_server,
+    usage_problems,
+)
+from runbook.smoke import (
+    build_prompt,
+    check_answer,
+    check_chat_response,
+    check_refused,
+    check_stream,
+    context_lengths_for,
+    parse_metrics,
+    recipe_spec,
+    run_smoke,
+)
+
+
+def ex_of(body, status=200, **kw) -> Exchange:
+    return Exchange("POST", "/v1/chat/completions", {}, status, body, 0.05, **kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# usage / chat response
+# ------------------------------------------------------------------------------------------------
+
+def test_recorded_lab_probe_passes_the_response_rule():
+    c = check_chat_response("chat.response", ex_of(RECORDED_PROBE_LAB), max_tokens=32)
+    assert c.status is Status.PASS, c.observed
+    assert c.data["usage"]["completion_tokens"] == 32
+
+
+@pytest.mark.parametrize("body,needle", [
+    (completion("", finish="stop"), "empty content"),
+    (completion("hi", finish="abort"), "finish_reason"),
+    (completion("hi", usage=False), "usage missing"),
+    ({**completion("hi"), "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 9}}, "total_tokens=9"),
+    (completion("hi", completion_tokens=40), "completion_tokens=40 > max_tokens=32"),
+    ({"object": "chat.completion", "choices": []}, "no choices"),
+])
+def test_chat_response_failures(body, needle):
+    c = check_chat_response("chat.response", ex_of(body), max_tokens=32)
+    assert c.status is Status.FAIL and needle in c.observed
+
+
+def test_chat_response_http_error_and_transport_error():
+    c = check_chat_response("x", ex_of({"error": {"message": "boom"}}, 500))
+    assert c.failed and "HTTP 500" in c.observed and "boom" in c.observed
+    c = check_chat_response("x", Exchange("POST", "/v1/chat/completions", error="timeout after 5 s"))
+    assert c.failed and "timeout" in c.observed
+
+
+def test_usage_problems():
+    assert usage_problems({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}) == []
+    assert usage_problems(None) == ["usage missing"]
+    assert "prompt_tokens=4 != 3" in usage_problems({"prompt_tokens": 4, "completion_tokens": 0, "total_tokens": 4},
+                                                    prompt_tokens=3)[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# the answer (real weights only)
+# ------------------------------------------------------------------------------------------------
+
+def test_answer_on_hardware_pass_and_wrong_answer_fails():
+    ok = check_answer("chat.answer", ex_of(completion("323")), "323", hardware=True)
+    assert ok.status is Status.PASS
+    wrong = check_answer("chat.answer", ex_of(completion("324")), "323", hardware=True)
+    assert wrong.status is Status.FAIL and "324" in wrong.observed
+    assert check_answer("a", ex_of(completion("3230")), "323", hardware=True).failed
+    assert check_answer("a", ex_of(completion("The answer is 323.")), "323", hardware=True).status is Status.PASS
+    # a right answer that ran out of tokens is not a clean stop
+    assert check_answer("a", ex_of(completion("323", finish="length")), "323", hardware=True).failed
+
+
+def test_answer_on_the_lab_is_never_pass():
+    c = check_answer("chat.answer", ex_of(completion("323")), "323", hardware=False)
+    assert c.status is Status.NA and "random-weight" in c.observed
+
+
+# ------------------------------------------------------------------------------------------------
+# streaming
+# ------------------------------------------------------------------------------------------------
+
+def _stream_pair(fake: FakeVllm):
+    cl = fake.client()
+    payload = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8, "temperature": 0}
+    return cl.stream_chat(payload), cl.chat(payload)
+
+
+def test_stream_consistent_passes():
+    st, ref = _stream_pair(FakeVllm())
+    c = check_stream("chat.stream", st, ref, strict_text=True, max_tokens=8)
+    assert c.status is Status.PASS, c.observed
+    assert st.json["usage_in_last_chunk"] and st.ttft_s is not None
+
+
+def test_stream_missing_usage_fails():
+    fake = FakeVllm()
+    fake.stream_usage = False
+    st, ref = _stream_pair(fake)
+    c = check_stream("chat.stream", st, ref, strict_text=True)
+    assert c.failed and "no usage chunk" in c.observed
+
+
+def test_stream_usage_not_last_fails():
+    fake = FakeVllm()
+    fake.stream_usage_last = False
+    st, ref = _stream_pair(fake)
+    assert "not in the last chunk" in check_stream("s", st, ref, strict_text=True).observed
+
+
+def test_stream_count_mismatch_fail_on_lab_warn_on_hardware():
+    fake = FakeVllm()
+    fake.stream_completion_delta = 1
+    st, ref = _stream_pair(fake)
+    assert check_stream("s", st, ref, strict_text=True).status is Status.FAIL
+    assert check_stream("s", st, ref, strict_text=False).status is Status.WARN
+
+
+def test_stream_without_done_fails():
+    fake = FakeVllm()
+    fake.stream_done = False
+    st, ref = _stream_pair(fake)
+    c = check_stream("s", st, ref, strict_text=True)
+    assert c.failed and "[DONE]" in c.observed
+
+
+def test_assemble_stream_joins_tool_call_deltas():
+    evs = [{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function":
+                                                                {"name": "get_weather", "arguments": "{\"ci"}}]}}]},
+           {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "ty\": \"P\"}"}}]},
+                         "finish_reason": "tool_calls"}]},
+           {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}]
+    body = assemble_stream(evs)
+    call = body["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"] == {"name": "get_weather", "arguments": "{\"city\": \"P\"}"}
+    assert body["usage_in_last_chunk"] and body["choices"][0]["finish_reason"] == "tool_calls"
+
+
+# ------------------------------------------------------------------------------------------------
+# refusals (400 expected)
+# ------------------------------------------------------------------------------------------------
+
+def test_refused_recorded_400_passes():
+    c = check_refused("context.past_max", ex_of(RECORDED_PAST_MAX_400, 400))
+    assert c.status is Status.PASS and "maximum context length" in c.observed
+
+
+def test_200_where_400_expected_fails():
+    assert check_refused("p", ex_of(completion("ok"))).failed
+
+
+def test_hang_and_500_fail():
+    hang = Exchange("POST", "/v1/chat/completions", error="timeout after 120 s", latency_s=120)
+    c = check_refused("p", hang)
+    assert c.failed and "hang" in c.observed
+    assert check_refused("p", ex_of({"error": {"message": "x"}}, 500)).failed
+    slow = ex_of(RECORDED_PAST_MAX_400, 400)
+    slow.latency_s = 90
+    assert check_refused("p", slow, max_latency_s=60).failed
+
+
+# ------------------------------------------------------------------------------------------------
+# exact-length prompts
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", [40, 97, 512, 1000, 4095])
+def test_build_prompt_hits_exact_lengths(target):
+    fake = FakeVllm()
+    b = build_prompt(fake.client(), target, needle="The secret passphrase is river-1234." if target > 60 else "")
+    assert b.exact and b.tokens == target, (b.tokens, target)
+    assert b.calls <= 40
+    n, _ = fake.count(b.messages)
+    assert n == target
+    if target > 60:
+        assert "river-1234" in b.messages[0]["content"]
+
+
+def test_build_prompt_below_fixed_part_raises():
+    with pytest.raises(RunbookError, match="below the fixed part"):
+        build_prompt(FakeVllm().client(), 5)
+
+
+def test_context_lengths_per_recipe(tmp_path):
+    lab = make_step(tmp_path, "lab").profile
+    assert context_lengths_for(lab) == [512, 1024, 2048, 4032]
+    exl3 = make_step(tmp_path, "exl3-v41").profile
+    assert context_lengths_for(exl3) == [8192, 32768, 131072, 262144]
+    ds = make_step(tmp_path, "dspark-v4").profile
+    assert context_lengths_for(ds)[-1] == 1_000_000
+    assert context_lengths_for(ds, max_model_len=200_000) == [8192, 32768, 131072, 199_936]
+
+
+def test_recipe_specs_probe_and_thinking_switches(tmp_path):
+    a = recipe_spec(make_step(tmp_path, "exl3-v41").profile)
+    assert a.expected == "323" and "17*19" in a.probe and a.thinking_off == {"enable_thinking": False}
+    b = recipe_spec(make_step(tmp_path, "dspark-v4").profile)
+    assert b.thinking_off == {"thinking": False} and b.concurrency == 6
+    assert not recipe_spec(make_step(tmp_path, "lab").profile).hardware
+
+
+# ------------------------------------------------------------------------------------------------
+# metrics
+# ------------------------------------------------------------------------------------------------
+
+def test_parse_metrics_sums_and_positions():
+    text = ('# HELP x\nvllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 30.0\n'
+            'vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 12.0\n'
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 4.0\n'
+            'garbage line\n')
+    m = parse_metrics(text)
+    assert m["vllm:spec_decode_num_draft_tokens_total"] == 42.0
+    assert m["vllm:spec_decode_num_accepted_tokens_per_pos_total{position=2}"] == 4.0
+
+
+# ------------------------------------------------------------------------------------------------
+# finding the server
+# ------------------------------------------------------------------------------------------------
+
+def test_find_server_from_launch_sidecar(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "none.env"))
+    step = make_step(tmp_path)
+    step.run.write_sidecar("04_launch", [], {"base_url": "http://10.77.0.11:8000/v1/", "served_model_name": "tiny",
+                                             "max_model_len": 4096}, "passed")
+    s = find_server(step)
+    assert (s.base_url, s.model, s.max_model_len, s.source) == ("http://10.77.0.11:8000", "tiny", 4096,
+                                                                "steps/04_launch.json")
+
+
+def test_find_server_parameters_win_and_key_is_masked(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "sk-secret-9876")
+    step = make_step(tmp_path)
+    s = find_server(step, base_url="127.0.0.1:8019", model="m2")
+    assert s.base_url == "http://127.0.0.1:8019" and s.model == "m2" and s.max_model_len == 4096
+    assert s.api_key == "sk-secret-9876" and "sk-secret" not in repr(s) and "***" in repr(s)
+
+
+def test_find_server_without_sidecar_or_parameter_raises(tmp_path):
+    step = make_step(tmp_path)
+    with pytest.raises(RunbookError, match="no server"):
+        find_server(step)
+    step.run.write_sidecar("04_launch", [], {"fingerprint": "x"}, "failed")
+    with pytest.raises(RunbookError, match="no base_url"):
+        find_server(step)
+
+
+def test_connect_in_dry_run_sends_nothing(tmp_path):
+    step = make_step(tmp_path, dry_run=True)
+    assert connect(step) is None
+    rows = run_smoke(step, None)
+    assert [c.status for c in rows] == [Status.NA]
+
+
+# ------------------------------------------------------------------------------------------------
+# archives never hold the key; long strings are clipped
+# ------------------------------------------------------------------------------------------------
+
+def test_archive_masks_key_and_clips(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "sk-secret-9876")
+    step = make_step(tmp_path)
+    fake = FakeVllm(api_key="sk-secret-9876")
+    cl = fake.client(api_key="sk-secret-9876")
+    ex = cl.chat({"messages": [{"role": "user", "content": "x" * 10_000 + " sk-secret-9876"}], "max_tokens": 4})
+    (path,) = archive(step, "case one", ex)
+    text = (step.run.path / path).read_text()
+    assert "sk-secret-9876" not in text
+    doc = json.loads(text)
+    assert doc["exchanges"][0]["request"]["headers"] == {"Authorization": "Bearer ***"}
+    assert "chars clipped" in doc["exchanges"][0]["request"]["body"]["messages"][0]["content"]
+    assert clip(list(range(1000)))[20].startswith("…")
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole step against the fake server
+# ------------------------------------------------------------------------------------------------
+
+def test_lab_smoke_all_applicable_checks_pass(tmp_path):
+    step = make_step(tmp_path)
+    fake = FakeVllm()
+    rows = by_name(run_smoke(step, fake.client()))
+    bad = {n: c.observed for n, c in rows.items() if c.status not in (Status.PASS, Status.NA)}
+    assert not bad, bad
+    assert rows["chat.answer"].status is Status.NA
+    assert rows["spec_decode.acceptance"].status is Status.NA and rows["auth.api_key"].status is Status.NA
+    for name in ("health", "version", "models.served_name", "models.max_model_len", "metrics", "chat.response",
+                 "chat.stream", "concurrency", "context.near_max", "context.past_max", "context.needle.512",
+                 "context.needle.4032"):
+        assert rows[name].status is Status.PASS, (name, rows[name].observed)
+        assert rows[name].evidence, name
+    assert rows["concurrency"].data["n"] == 8        # lab: MAX_NUM_SEQS
+    assert set(step.data["ttft_by_length"]) == {"512", "1024", "2048", "4032"}
+    assert (step.run.path / rows["chat.response"].evidence[0]).is_file()
+
+
+def test_unreachable_server_is_one_clear_failure(tmp_path):
+    step = make_step(tmp_path)
+    cl = ApiClient(ServerInfo("http://127.0.0.1:9", "tiny", 4096, "parameters"), timeout=2)
+    rows = run_smoke(step, cl)
+    assert [c.name for c in rows] == ["server.reachable"] and rows[0].failed
+
+
+def test_wrong_served_name_and_context_are_caught(tmp_path):
+    step = make_step(tmp_path)
+    fake = FakeVllm(model="other", max_model_len=2048)
+    cl = fake.client()
+    cl.model = "tiny"                     # what the profile / 04 says
+    cl.server.model, cl.server.max_model_len = "tiny", 4096
+    rows = by_name(smoke.endpoint_checks(step, cl))
+    assert rows["models.served_name"].failed and rows["models.max_model_len"].failed
+
+
+def test_past_max_accepted_is_a_failure(tmp_path):
+    step = make_step(tmp_path)
+    fake = FakeVllm()
+    fake.enforce_context = False
+    rows = by_name(smoke.context_limit_checks(step, fake.client()))
+    assert rows["context.past_max"].failed and "HTTP 200" in rows["context.past_max"].observed
+
+
+def test_api_key_rows(tmp_path):
+    step = make_step(tmp_path)
+    good = FakeVllm(api_key="k-abcdef")
+    assert smoke.api_key_check(step, good.client()).status is Status.PASS
+    lax = FakeVllm(api_key="k-abcdef")
+    lax.enforce_key = False
+    c = smoke.api_key_check(step, lax.client())
+    assert c.failed and "without key: HTTP 200" in c.observed
+
+
+def hw_step(tmp_path, recipe="exl3-v41"):
+    return make_step(tmp_path, recipe)
+
+
+def test_hardware_smoke_right_answer_passes(tmp_path):
+    step = hw_step(tmp_path)
+    fake = FakeVllm(model="DeepSeek-v4.1-Flash-EXL3", max_model_len=600000, mode="hw", spec=True)
+    rows = by_name(run_smoke(step, fake.client(), long_context=False))
+    assert rows["chat.answer"].status is Status.PASS
+    assert rows["spec_decode.acceptance"].status is Status.PASS
+    assert step.data["spec_decode"]["acceptance_rate"] == pytest.approx(0.7)
+    assert rows["concurrency"].data["n"] == 6
+    assert not [c for c in rows.values() if c.failed]
+
+
+def test_hardware_wrong_answer_fails(tmp_path):
+    step = hw_step(tmp_path)
+    fake = FakeVllm(model="DeepSeek-v4.1-Flash-EXL3", max_model_len=600000, mode="hw")
+    fake.answer_override = "324"
+    rows = by_name(smoke.chat_checks(step, fake.client()))
+    assert rows["chat.answer"].failed and "324" in rows["chat.answer"].observed
+    assert rows["chat.response"].status is Status.PASS
+
+
+def test_hardware_needle_judged(tmp_path):
+    step = hw_step(tmp_path, "dspark-v4")
+    fake = FakeVllm(model="deepseek-v4-flash-vision-exp", max_model_len=1048576, mode="hw")
+    rows = smoke.needle_checks(step, fake.client(), lengths=[300, 900])
+    assert all(c.status is Status.PASS for c in rows), [c.observed for c in rows]
+    fake.answer_override = "no idea"
+    rows = smoke.needle_checks(step, fake.client(), lengths=[300])
+    assert rows[0].failed and "passphrase" in rows[0].observed
+
+
+def test_spec_decode_without_drafts_fails(tmp_path):
+    step = hw_step(tmp_path)
+    fake = FakeVllm(model="DeepSeek-v4.1-Flash-EXL3", max_model_len=600000, mode="hw", spec=False)
+    c = smoke.spec_decode_check(step, fake.client())
+    assert c.failed and "draft tokens +0" in c.observed
+    fake2 = FakeVllm(model="DeepSeek-v4.1-Flash-EXL3", max_model_len=600000, mode="hw", spec=True)
+    fake2.accept_draft = False
+    assert smoke.spec_decode_check(step, fake2.client()).failed
+
+
+def test_guard_turns_exceptions_into_fail_rows():
+    rows = smoke.guard("x", lambda: 1 / 0)
+    assert rows[0].failed and "ZeroDivisionError" in rows[0].observed
