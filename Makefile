@@ -7,7 +7,7 @@ ARGS    ?=
 LAB_VLLM_VENV := .lab/vllm-venv
 APT_PACKAGES := openssh-server iperf3 ethtool iputils-ping sshfs busybox-static docker.io rsync
 
-.PHONY: install runbook test test-unit test-lab lab-up lab-down lab-status lab-deps lab-vllm jupyter clean-results
+.PHONY: install runbook test test-unit test-lab lab-up lab-down lab-status lab-deps lab-vllm jupyter browser-deps test-browser clean-results
 
 install: $(VENV)/.installed
 
@@ -45,14 +45,30 @@ LAB_PROFILE := $(shell grep -qs '^LAB=1' $(PROFILE) && echo yes)
 runbook: install $(if $(LAB_PROFILE),lab-deps lab-vllm)
 	$(PY) -m runbook run --profile $(PROFILE) $(ARGS)
 
-test: install lab-deps lab-vllm
+test: install lab-deps lab-vllm browser-deps
 	$(PY) -m pytest tests $(ARGS)
 
 test-unit: install
 	$(PY) -m pytest tests/unit $(ARGS)
 
+# JupyterLab in the repo, new notebooks on the runbook kernel; JUPYTER_ARGS="--no-browser --port=8899" etc.
+JUPYTER_ARGS ?=
 jupyter: install
-	$(VENV)/bin/jupyter lab --notebook-dir=. --ServerApp.kernel_manager_class=jupyter_server.services.kernels.kernelmanager.AsyncMappingKernelManager
+	$(VENV)/bin/jupyter lab --notebook-dir=. --ip=127.0.0.1 --MappingKernelManager.default_kernel_name=runbook \
+	  --ServerApp.kernel_manager_class=jupyter_server.services.kernels.kernelmanager.AsyncMappingKernelManager \
+	  $(if $(filter 0,$(shell id -u)),--allow-root) $(JUPYTER_ARGS)
+
+# The JupyterLab browser test (tests/lab/test_jupyter_ui.py): Debian's chromium + playwright-core.
+BROWSER_DIR := tests/browser
+browser-deps: $(BROWSER_DIR)/node_modules/.installed
+	@command -v chromium >/dev/null 2>&1 || { echo "browser-deps: installing chromium"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+$(BROWSER_DIR)/node_modules/.installed: $(BROWSER_DIR)/package.json $(BROWSER_DIR)/package-lock.json
+	cd $(BROWSER_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test-browser: install lab-deps browser-deps
+	$(PY) -m pytest tests/lab/test_jupyter_ui.py $(ARGS)
 
 clean-results:
 	find results -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +

@@ -838,6 +838,9 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
     """
     src = Path(path)
     _warn_environment(os.environ if environ is None else environ)
+    if not src.is_file() and not src.is_absolute() and (REPO_ROOT / src).is_file():
+        # a notebook opened in JupyterLab runs in notebooks/: profile paths are repo-relative
+        src = REPO_ROOT / src
     if not src.is_file():
         raise ProfileError([ProfileIssue("<file>", f"profile not found: {src}",
                                          fix="pass an existing profile, e.g. env/lab.env", path=str(src))])

@@ -27,3 +27,12 @@ def lab() -> netlab.LabInfo:
     yield info
     if not info.reused and os.environ.get("RUNBOOK_KEEP_LAB") != "1":
         netlab.down(lab_dir())
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    """The lab's CPU vLLM build (make lab-vllm); tests that serve a model skip without it."""
+    from runbook.lab.control import VLLM_PYTHON
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"the lab's CPU vLLM venv is missing ({VLLM_PYTHON}); run `make lab-vllm`")
+    return VLLM_PYTHON

@@ -425,3 +425,10 @@ def test_known_runbook_env_silent():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_profile(REPO / "env" / "lab.env", environ={"RUNBOOK_RUN_DIR": "x", "OTHER": "1"})
+
+
+def test_repo_relative_profile_path_works_from_another_directory(tmp_path, monkeypatch):
+    # JupyterLab starts a notebook's kernel in notebooks/: "env/lab.env" must still resolve
+    monkeypatch.chdir(tmp_path)
+    profile = load_profile("env/lab.env")
+    assert profile.source.is_file() and profile.source.name == "lab.env"

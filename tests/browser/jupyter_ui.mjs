@@ -1,0 +1,193 @@
+// Drive JupyterLab in headless Chromium the way a person would: open a notebook, check the kernel,
+// poke the profile form, Run -> Run All Cells, wait for the last cell, read the summary table from the
+// DOM and take screenshots. Started by tests/lab/test_jupyter_ui.py, which runs the JupyterLab server.
+//
+// Environment:
+//   JUPYTER_URL      http://127.0.0.1:<port>          (required)
+//   JUPYTER_TOKEN    the server's token                 (required)
+//   NOTEBOOK         notebook path relative to the JupyterLab root (required)
+//   KERNEL_DISPLAY   expected kernel display name       (default "Python (runbook)")
+//   ARTIFACTS        directory for screenshots          (default ./test-artifacts)
+//   CHROMIUM         browser executable                 (default /usr/bin/chromium)
+//   RUN_TIMEOUT_S    seconds allowed for Run All        (default 150)
+// Prints one JSON line (prefixed "RESULT ") with what it saw; exits 0 unless the browser part broke.
+import { chromium } from "playwright-core";
+import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+
+const env = process.env;
+const base = env.JUPYTER_URL;
+const token = env.JUPYTER_TOKEN;
+const notebook = env.NOTEBOOK;
+if (!base || !token || !notebook) {
+  console.error("JUPYTER_URL, JUPYTER_TOKEN and NOTEBOOK are required");
+  process.exit(2);
+}
+const kernelDisplay = env.KERNEL_DISPLAY || "Python (runbook)";
+const artifacts = path.resolve(env.ARTIFACTS || "test-artifacts");
+const runTimeout = 1000 * Number(env.RUN_TIMEOUT_S || 150);
+mkdirSync(artifacts, { recursive: true });
+
+const t0 = Date.now();
+const log = (msg) => console.error(`[ui ${((Date.now() - t0) / 1000).toFixed(1)}s] ${msg}`);
+const result = { steps: [], screenshots: [], console_errors: [] };
+const step = (name) => { result.steps.push({ name, t: (Date.now() - t0) / 1000 }); log(name); };
+
+const profileDir = mkdtempSync(path.join(tmpdir(), "runbook-chromium-"));   // empty --user-data-dir
+const context = await chromium.launchPersistentContext(profileDir, {
+  executablePath: env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage"],
+  viewport: { width: 1440, height: 1000 },
+});
+const page = context.pages()[0] || (await context.newPage());
+page.on("console", (m) => { if (m.type() === "error") result.console_errors.push(m.text().slice(0, 300)); });
+page.on("pageerror", (e) => result.console_errors.push(String(e).slice(0, 300)));
+
+async function shot(name) {
+  const file = path.join(artifacts, name);
+  await page.screenshot({ path: file });
+  result.screenshots.push(file);
+  log(`screenshot ${file}`);
+}
+
+try {
+  // ---------------------------------------------------------------- open the notebook
+  const url = `${base}/lab/tree/${notebook.split("/").map(encodeURIComponent).join("/")}?token=${token}`;
+  step("open JupyterLab");
+  await page.goto(url, { waitUntil: "domcontentloaded", timeout: 90_000 });
+  const panel = page.locator(".jp-NotebookPanel:visible").first();
+  await page.locator(".jp-NotebookPanel:visible, .jp-Dialog").first().waitFor({ state: "visible", timeout: 90_000 });
+  const opened = page.locator(".jp-Dialog", { hasText: "Cannot open" });
+  if (await opened.count()) throw new Error("JupyterLab: " + (await opened.innerText()).replace(/\s+/g, " "));
+  await panel.waitFor({ state: "visible", timeout: 90_000 });
+  await page.locator(".jp-NotebookPanel:visible .jp-Cell").first().waitFor({ timeout: 60_000 });
+  step("notebook open");
+
+  // ---------------------------------------------------------------- the kernel
+  // A kernel picker appears only if the notebook's kernel is unknown; choose the runbook kernel then.
+  const dialog = page.locator(".jp-Dialog");
+  if (await dialog.isVisible().catch(() => false)) {
+    const select = dialog.locator("select");
+    if (await select.count()) await select.selectOption({ label: kernelDisplay });
+    await dialog.locator("button.jp-mod-accept").click();
+  }
+  const kernelName = panel.locator(".jp-Toolbar .jp-KernelName, .jp-Toolbar [data-jp-item-name='kernelName']").first();
+  await page.waitForFunction(
+    (want) => [...document.querySelectorAll(".jp-NotebookPanel .jp-Toolbar")].some((t) => t.textContent.includes(want)),
+    kernelDisplay, { timeout: 60_000 });
+  result.kernel = (await kernelName.textContent().catch(() => "")).trim();
+  // idle: the execution indicator says so once the kernel has started
+  await page.waitForFunction(() => {
+    const ind = document.querySelector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator");
+    return ind && ind.getAttribute("data-status") === "idle";
+  }, null, { timeout: 90_000 });
+  step(`kernel ${result.kernel} idle`);
+
+  // ---------------------------------------------------------------- Run -> Run All Cells
+  await page.locator(".lm-MenuBar-itemLabel", { hasText: /^Run$/ }).click();
+  await page.locator(".lm-Menu-itemLabel", { hasText: /^Run All Cells$/ }).click();
+  step("Run All Cells clicked");
+
+  // wait: every cell left the queue ([*]) and either the last code cell has a number or an error showed
+  const state = () => page.evaluate(() => {
+    const nb = document.querySelector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook");
+    const cells = [...nb.querySelectorAll(".jp-CodeCell")];
+    const prompts = cells.map((c) => (c.querySelector(".jp-InputArea-prompt")?.textContent || "").trim());
+    const errors = [...nb.querySelectorAll(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")]
+      .map((e) => e.textContent).filter((t) => /Error|Traceback/.test(t));
+    const ind = document.querySelector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator");
+    return { prompts, errors, status: ind ? ind.getAttribute("data-status") : "" };
+  });
+  let s;
+  for (;;) {
+    s = await state();
+    const busy = s.prompts.some((p) => p.includes("*"));
+    const lastDone = /\[\d+\]/.test(s.prompts[s.prompts.length - 1] || "");
+    if (!busy && s.status === "idle" && (lastDone || s.errors.length)) break;
+    if (Date.now() - t0 > runTimeout) throw new Error(`Run All did not finish: prompts ${JSON.stringify(s.prompts)}`);
+    await page.waitForTimeout(1000);
+  }
+  result.prompts = s.prompts;
+  result.errors = s.errors.map((e) => e.slice(-2000));
+  step("Run All finished");
+
+  // ---------------------------------------------------------------- what the notebook printed
+  result.evidence = await page.evaluate(() => {
+    const outs = document.querySelectorAll(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output");
+    for (const o of outs) {
+      const m = o.innerText.match(/evidence in (\/\S+)/);
+      if (m) return m[1];
+    }
+    return "";
+  });
+
+  // ---------------------------------------------------------------- the profile form, as a person uses it
+  const form = page.locator(".runbook-profile-form");
+  result.form = { present: (await form.count()) > 0 };
+  if (result.form.present) {
+    result.form.status = (await form.locator(".runbook-form-status").innerText()).trim();
+    const headers = form.locator(".jupyter-widget-Collapse-header");
+    result.form.sections = (await headers.allInnerTexts()).map((t) => t.trim());
+    // open "runtime and serve", type an invalid MAX_NUM_SEQS, see the message under that key, undo
+    const title = headers.filter({ hasText: "runtime and serve" }).first();
+    const titleHandle = await title.elementHandle();
+    await title.click();
+    const input = form.locator(".runbook-key-MAX_NUM_SEQS input").first();
+    await input.scrollIntoViewIfNeeded();
+    await input.fill("0");
+    await input.press("Enter");
+    const err = form.locator(".runbook-key-MAX_NUM_SEQS").locator("xpath=../..").locator(".runbook-form-error");
+    await page.waitForFunction(
+      () => [...document.querySelectorAll(".runbook-form-error")].some((e) => e.innerText.includes("out of range")),
+      null, { timeout: 20_000 });
+    result.form.error = (await err.innerText()).trim();
+    result.form.sections_after_edit = (await headers.allInnerTexts()).map((t) => t.trim());
+    result.form.status_after_edit = (await form.locator(".runbook-form-status").innerText()).trim();
+    await shot("jupyter_ui_form.png");
+    await input.fill("8");
+    await input.press("Enter");
+    await page.waitForFunction(
+      () => document.querySelector(".runbook-form-status")?.innerText.includes("valid") &&
+            ![...document.querySelectorAll(".runbook-form-error")].some((e) => e.innerText.trim()),
+      null, { timeout: 20_000 });
+    result.form.status_after_undo = (await form.locator(".runbook-form-status").innerText()).trim();
+    await titleHandle.click();      // collapse again
+    step("profile form checked");
+  }
+
+  // ---------------------------------------------------------------- the summary table
+  const cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell");
+  const last = cells.nth((await cells.count()) - 1);
+  const table = last.locator(".jp-OutputArea-output table").first();
+  if (await table.count()) {
+    await table.scrollIntoViewIfNeeded();
+    result.table = await table.evaluate((t) => {
+      const head = [...t.querySelectorAll("thead tr:last-child th")].map((th) => th.innerText.trim());
+      const rows = [...t.querySelectorAll("tbody tr")].map((tr) =>
+        [...tr.querySelectorAll("td")].map((td) => td.innerText.trim()));
+      const shift = head.length - (rows[0] || []).length;     // hidden index headers, if any
+      const cols = head.slice(Math.max(shift, 0));
+      return rows.map((r) => Object.fromEntries(cols.map((c, i) => [c, r[i]])));
+    });
+    // the table's top a little below the top of the viewport, for the screenshot
+    await table.evaluate((t) => t.scrollIntoView({ block: "start" }));
+    await page.waitForTimeout(300);
+  } else {
+    result.table = null;
+  }
+  await shot("jupyter_ui_summary.png");
+  step("done");
+} catch (err) {
+  result.failure = String(err && err.stack || err).slice(0, 3000);
+  await shot("jupyter_ui_failure.png").catch(() => {});
+} finally {
+  await context.close().catch(() => {});
+  rmSync(profileDir, { recursive: true, force: true });
+}
+result.seconds = (Date.now() - t0) / 1000;
+console.log("RESULT " + JSON.stringify(result));
+process.exit(result.failure ? 1 : 0);
