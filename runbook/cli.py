@@ -70,6 +70,59 @@ def cmd_lab(args) -> int:
     return 0
 
 
+def _server_cluster(args):
+    from .profile import load_profile
+    from .remote import Cluster
+    profile = load_profile(args.profile, overrides=_overrides(args.param))
+    return profile, Cluster.from_profile(profile)
+
+
+def cmd_stop(args) -> int:
+    from .actions import server
+    profile, cluster = _server_cluster(args)
+    with cluster:
+        result = server.stop(cluster, profile, nodes=[args.node] if args.node else None)
+    print(result.checks.to_text())
+    return 0 if result.ok else 4
+
+
+def cmd_status(args) -> int:
+    from .actions import server
+    profile, cluster = _server_cluster(args)
+    with cluster:
+        print(json.dumps(server.status(cluster, profile), indent=2, default=str))
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from .actions import server
+    profile, cluster = _server_cluster(args)
+    with cluster:
+        for node in ([args.node] if args.node else [n.name for n in cluster.nodes]):
+            print(f"==> {node} <==")
+            print(server.logs(cluster, profile, node, tail_lines=args.tail))
+    return 0
+
+
+def cmd_report(args) -> int:
+    """Write results/<run>/report.html (+ results/index.html/json); print the drift summary."""
+    from . import report
+    root = Path(args.results) if args.results else None
+    run = report.resolve_run(args.run, root)
+    path, model = report.write_report(run, results_root=root or run.parent, rel_tol=args.tolerance,
+                                      index=not args.no_index)
+    print(f"report: {path}")
+    if model.drift is not None:
+        print(f"drift: {model.drift.summary()}" + (f" (vs {model.drift.previous_run_id})"
+                                                   if model.drift.previous_run_id else ""))
+    bad = model.inconsistent()
+    for f in bad:
+        print(f"MISMATCH {f.key}: recomputed {f.value} != recorded {f.recorded} ({f.source})", file=sys.stderr)
+    for note in model.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def cmd_bench(argv: list[str]) -> int:
     from .bench import cli as bench_cli
     return bench_cli.main(argv)
@@ -102,7 +155,26 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--lab-dir")
     lab.set_defaults(func=cmd_lab)
 
+    for name, func, text in (("stop", cmd_stop, "stop the vLLM server on both nodes (proves teardown)"),
+                             ("status", cmd_status, "state of both vLLM ranks and the API"),
+                             ("logs", cmd_logs, "the last lines of the vLLM logs")):
+        sp = sub.add_parser(name, help=text)
+        sp.add_argument("node", nargs="?", choices=["head", "worker", "worker2"], help="one node (default: all)")
+        sp.add_argument("--profile", default=DEFAULT_PROFILE)
+        sp.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+        if name == "logs":
+            sp.add_argument("--tail", type=int, default=100, help="lines per node")
+        sp.set_defaults(func=func)
+
     sub.add_parser("bench", help="benchmark an OpenAI-compatible server (see: bench --help)", add_help=False)
+
+    rep = sub.add_parser("report", help="write a run's self-contained HTML report (+ drift, results index)")
+    rep.add_argument("run", help="run id under the results folder, or a run folder path")
+    rep.add_argument("--results", help="results folder (default: results/, or the run folder's parent)")
+    rep.add_argument("--tolerance", type=float, default=0.20,
+                     help="relative change that counts as drift for figures without a spread (default 0.20)")
+    rep.add_argument("--no-index", action="store_true", help="do not regenerate results/index.html|json")
+    rep.set_defaults(func=cmd_report)
     return parser
 
 

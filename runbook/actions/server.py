@@ -1,0 +1,877 @@
+"""Start, watch, stop and inspect the two-node vLLM server (step 04).
+
+    facts = gather_facts(cluster, profile)                    # home, GID index, packed Engram, lab mounts
+    plan = launch.render(profile, facts, api_key_set=...)     # pure; shown before anything runs
+    result = start(cluster, profile, plan, step=step)         # worker first, then head; readiness timed
+    stop(cluster, profile)                                    # both ranks, teardown proven
+    status(cluster, profile); logs(cluster, profile, "worker", tail=100)
+
+Start semantics (seed B's exit-3 rule, made explicit):
+
+* head running with the same fingerprint -> reuse (NO-OP), readiness re-probed;
+* head running with a different fingerprint -> refuse, with the stop command;
+* a worker rank running without a head -> refuse (stale rank), with the stop command;
+* the API port held by something else on the head -> refuse.
+
+While waiting for readiness both ranks' liveness is polled; a dead worker ends the wait within about
+10 s (2 consecutive misses at ~4 s), a dead head at once, each with both log tails. A log-silence hang
+detector (``HANG_SECONDS``; periodic lines such as ``shm_broadcast`` excluded) collects diagnostics
+(py-spy if the node has it, ps, log tails) and fails. On any failure the ranks this call started are
+stopped (a half-started cluster holds memory and blocks the next start).
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import launch
+from ..checks import Check, CheckList, Status, check, not_applicable
+from ..errors import ActionError
+from ..facts import system, vllm_log
+from ..launch import LaunchPlan, NodeFacts, RankLaunch
+from ..remote import Cluster, Node, quote, tail
+
+__all__ = [
+    "RankState",
+    "StartResult",
+    "StopResult",
+    "api_host",
+    "base_url",
+    "gather_facts",
+    "gids_from_network_sidecar",
+    "logs",
+    "probe_readiness",
+    "rank_state",
+    "render_plan",
+    "start",
+    "status",
+    "stop",
+]
+
+GIB = 1024 ** 3
+POLL_S = 4.0
+WORKER_DEAD_POLLS = 2          # consecutive "not alive" answers before the worker counts as dead
+TAIL = 40
+PS_CMD = "ps -eo pid=,pgid=,stat=,args= 2>/dev/null"
+# a vLLM server process: `vllm serve`, the lab wrapper `vllm_cli.py serve`, the module entry point,
+# or a child with a vLLM process title (VLLM::EngineCore, VLLM::Worker_TP0)
+_VLLM_PROC = re.compile(r"\bvllm(?:_cli\.py)?\s+serve\b|vllm\.entrypoints|VLLM::")
+
+
+# ------------------------------------------------------------------------------------------------
+# facts and render
+# ------------------------------------------------------------------------------------------------
+
+def _lab_runtime_mounts(profile) -> tuple[str, ...]:
+    """Lab docker runtime: the busybox image has no Python; bind the host interpreter, its venv and the
+    repo read-only (lab-feasibility §7). Read from the local venv's pyvenv.cfg (the lab nodes share
+    this filesystem)."""
+    bin_parts = launch._vllm_bin(profile)
+    mounts = ["/usr", "/lib", "/lib64", "/etc/ssl", str(profile.root)]
+    py = Path(bin_parts[0])
+    cfg = py.parent.parent / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text().splitlines():
+            if line.startswith("home"):
+                home = Path(line.split("=", 1)[1].strip())
+                mounts.append(str(home.parent))          # <prefix>/bin -> <prefix>
+    real = py.parent.parent.resolve()
+    if not str(real).startswith(str(profile.root)):
+        mounts.append(str(real))
+    return tuple(dict.fromkeys(mounts))
+
+
+def gids_from_network_sidecar(sidecar: dict[str, Any] | None) -> dict[str, int]:
+    """Per-node GID index the network step (01) resolved from sysfs (its ``net.gid`` checks)."""
+    out: dict[str, int] = {}
+    for rec in (sidecar or {}).get("checks", []):
+        if rec.get("name") == "net.gid" and isinstance((rec.get("data") or {}).get("resolved"), int):
+            out[rec.get("node", "")] = rec["data"]["resolved"]
+    return out
+
+
+def gather_facts(cluster: Cluster, profile, *, gid_indexes: dict[str, int] | None = None) -> dict[str, NodeFacts]:
+    """Per node: $HOME, whether this rank's packed Engram shard exists, and (lab docker) the host
+    directories to bind-mount. ``gid_indexes`` are the GID indexes the network step resolved
+    (:func:`gids_from_network_sidecar`); they are used where the profile says ``auto`` (seed B's
+    ``auto`` leaves NCCL_IB_GID_INDEX unset instead, so NCCL picks per HCA). Read-only."""
+    gid_indexes = dict(gid_indexes or {})
+
+    def read(node: Node) -> NodeFacts:
+        home = node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
+        gid = gid_indexes.get(node.name) if profile.recipe != "dspark-v4" else None
+        packed = False
+        if profile.engram and profile.engram_packed_dir:
+            d = launch._expand(profile.engram_packed_dir, home)
+            f = f"{d}/engram-l1-r{node.spec.rank}of{profile.tp}.bin"
+            packed = node.read(f"test -s {quote(f)}").ok
+        mounts = _lab_runtime_mounts(profile) if (profile.is_lab and profile.runtime == "docker") else ()
+        return NodeFacts(home=home, gid_index=gid, packed_engram=packed, runtime_mounts=mounts)
+
+    out = cluster.each(read)
+    for value in out.values():
+        if isinstance(value, Exception):
+            raise value
+    return out  # type: ignore[return-value]
+
+
+def render_plan(cluster: Cluster, profile, *, secrets=None, node_overrides=None,
+                gid_indexes: dict[str, int] | None = None) -> LaunchPlan:
+    """Gather the node facts and render (nothing runs)."""
+    if secrets is None:
+        from ..secrets import load_secrets
+        secrets = load_secrets()
+    return launch.render(profile, gather_facts(cluster, profile, gid_indexes=gid_indexes),
+                         api_key_set=bool(secrets.api_key), node_overrides=node_overrides)
+
+
+# ------------------------------------------------------------------------------------------------
+# rank state (process or container)
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class RankState:
+    node: str
+    runtime: str = ""             # "process" | "docker" | "" (nothing found)
+    running: bool = False
+    pid: int | None = None
+    container_status: str = ""
+    fingerprint: str = ""
+    processes: list[str] = field(default_factory=list)   # vLLM processes seen on the node
+    record: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if not self.running and not self.processes and not self.container_status:
+            return "not running"
+        what = f"{self.runtime or '?'}" + (f" pid {self.pid}" if self.pid else "") + \
+            (f" container {self.container_status}" if self.container_status else "")
+        return f"{'running' if self.running else 'stopped'} ({what}, fingerprint {self.fingerprint[:12] or '?'})"
+
+
+def _state_dir(profile, home: str) -> str:
+    return f"{launch._expand(profile.cache_dir, home)}/{launch.STATE_SUBDIR}"
+
+
+def _parse_ps(text: str) -> list[tuple[int, int, str, str]]:
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
+            out.append((int(parts[0]), int(parts[1]), parts[2], parts[3]))
+    return out
+
+
+def _vllm_procs(ps: list[tuple[int, int, str, str]], pgid: int | None = None) -> list[tuple[int, int, str, str]]:
+    return [p for p in ps if not p[2].startswith("Z") and
+            ((pgid is not None and p[1] == pgid) or _VLLM_PROC.search(p[3]))
+            and not p[3].startswith(("ps ", "bash -c", "sh -c"))]
+
+
+def rank_state(node: Node, profile, home: str | None = None) -> RankState:
+    """What runs on this node: our pid file (process runtime), our container (docker runtime),
+    and any vLLM process at all."""
+    home = home or node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
+    sd = _state_dir(profile, home)
+    name = node.name
+    container = profile.container_on(name)
+    script = (f"cat {quote(sd + '/' + name + '.pid')} 2>/dev/null; echo '@@'; "
+              f"cat {quote(sd + '/' + name + '.fingerprint')} 2>/dev/null; echo '@@'; "
+              f"cat {quote(sd + '/' + name + '.json')} 2>/dev/null; echo '@@'; "
+              f"docker inspect -f '{{{{.State.Status}}}} {{{{index .Config.Labels \"{launch.FINGERPRINT_LABEL}\"}}}}' "
+              f"{quote(container)} 2>/dev/null; echo '@@'; {PS_CMD}")
+    parts = (node.read(script).stdout.split("@@\n") + [""] * 5)[:5]
+    pid_s, fp_s, rec_s, docker_s, ps_s = (p.strip() for p in parts)
+    st = RankState(node=name)
+    try:
+        st.record = json.loads(rec_s) if rec_s else {}
+    except ValueError:
+        st.record = {}
+    ps = _parse_ps(ps_s)
+    pid = int(pid_s) if pid_s.isdigit() else None
+    procs = _vllm_procs(ps, pgid=pid)
+    st.processes = [f"{p[0]} {p[3][:160]}" for p in procs]
+    if docker_s:
+        status_, _, label = docker_s.partition(" ")
+        st.container_status = status_
+        if status_ in ("running", "restarting", "created"):
+            st.runtime, st.running, st.fingerprint = "docker", True, label.strip()
+    if not st.running and pid is not None and any(p[0] == pid for p in procs):
+        st.runtime, st.running, st.pid, st.fingerprint = "process", True, pid, fp_s
+    elif not st.running and pid is not None:
+        st.pid = pid
+    return st
+
+
+# ------------------------------------------------------------------------------------------------
+# HTTP readiness (from the runbook host to the head's API)
+# ------------------------------------------------------------------------------------------------
+
+def api_host(profile) -> str:
+    """Host the runbook reaches the head's API on: HEAD_SSH's HostName (from SSH_CONFIG) or host."""
+    target = profile.head_ssh.split("@", 1)[-1]
+    host = target.split(":", 1)[0]
+    if profile.ssh_config:
+        path = profile.resolve_path(profile.ssh_config)
+        if path.is_file():
+            current: list[str] = []
+            for line in path.read_text().splitlines():
+                words = line.strip().split()
+                if not words or words[0].startswith("#"):
+                    continue
+                key = words[0].lower()
+                if key == "host":
+                    current = words[1:]
+                elif key == "hostname" and host in current and len(words) > 1:
+                    return words[1]
+    return host
+
+
+def base_url(profile) -> str:
+    return f"http://{api_host(profile)}:{profile.port}"
+
+
+def _headers(api_key: str) -> dict[str, str]:
+    h = {"Content-Type": "application/json"}
+    if api_key:
+        h["Authorization"] = f"Bearer {api_key}"
+    return h
+
+
+def _port_open(host: str, port: int, timeout: float = 1.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _get(url: str, api_key: str, timeout: float = 5.0) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers=_headers(api_key))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        return 0, str(exc)
+
+
+def _first_token(url: str, model: str, api_key: str, timeout: float = 60.0,
+                 extra: dict[str, Any] | None = None) -> tuple[bool, str, float]:
+    """Stream a tiny chat; return (ok, first non-empty delta or error, seconds to it)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Reply with OK."}],
+            "max_tokens": 8, "temperature": 0, "stream": True, **(extra or {})}
+    req = urllib.request.Request(url.rstrip("/") + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers=_headers(api_key))
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            for raw in resp:
+                line = raw.decode(errors="replace").strip()
+                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                    continue
+                ev = json.loads(line[5:])
+                for ch in ev.get("choices") or []:
+                    d = ch.get("delta") or {}
+                    text = d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ""
+                    if text:
+                        return True, text, time.monotonic() - t0
+        return False, "stream ended without a token", time.monotonic() - t0
+    except urllib.error.HTTPError as exc:
+        return False, f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}", time.monotonic() - t0
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+        return False, str(exc), time.monotonic() - t0
+
+
+def _chat_extra(profile) -> dict[str, Any]:
+    if profile.recipe == "exl3-v41":
+        return {"chat_template_kwargs": {"enable_thinking": False}}
+    return {}
+
+
+def _models_ok(text: str, profile) -> tuple[bool, str]:
+    try:
+        data = json.loads(text).get("data") or []
+    except (ValueError, AttributeError):
+        return False, f"not JSON: {text[:120]}"
+    for m in data:
+        if m.get("id") == profile.served_model_name:
+            mml = m.get("max_model_len")
+            return mml == profile.max_model_len, f"id {m.get('id')}, max_model_len {mml}"
+    return False, "ids " + ", ".join(str(m.get("id")) for m in data)
+
+
+PHASES = ("port_open", "health", "models", "first_token")
+
+
+@dataclass
+class Readiness:
+    """Seconds from launch (worker start) to each readiness phase; None = not reached."""
+    port_open: float | None = None
+    health: float | None = None
+    models: float | None = None
+    first_token: float | None = None
+    head_started: float | None = None     # head start command, seconds after the worker's
+    models_detail: str = ""
+    first_token_text: str = ""
+    first_token_latency: float | None = None   # the chat request's own time to first token
+
+    @property
+    def done(self) -> bool:
+        return self.first_token is not None
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{"phase": ph, "seconds_from_launch": getattr(self, ph)} for ph in PHASES]
+
+
+def probe_readiness(profile, url: str, api_key: str, ready: Readiness, t0: float) -> None:
+    """Advance the readiness phases as far as they go now (one attempt each); each phase is stamped
+    with the seconds since ``t0`` (monotonic) at which it succeeded."""
+    host, port = api_host(profile), profile.port
+
+    def since() -> float:
+        return round(time.monotonic() - t0, 3)
+    if ready.port_open is None:
+        if not _port_open(host, port):
+            return
+        ready.port_open = since()
+    if ready.health is None:
+        code, _ = _get(url + "/health", api_key)
+        if code != 200:
+            return
+        ready.health = since()
+    if ready.models is None:
+        code, text = _get(url + "/v1/models", api_key)
+        if code != 200:
+            return
+        ok, detail = _models_ok(text, profile)
+        ready.models_detail = detail
+        if not ok:
+            raise ActionError("the server does not serve the expected model", node="head", observed=detail,
+                              expected=f"id {profile.served_model_name}, max_model_len {profile.max_model_len}",
+                              fix="another server holds the port, or the profile changed: "
+                                  "python -m runbook status; stop it and start again")
+        ready.models = since()
+    if ready.first_token is None:
+        ok, text, lat = _first_token(url, profile.served_model_name, api_key, extra=_chat_extra(profile))
+        if ok:
+            ready.first_token = since()
+            ready.first_token_text, ready.first_token_latency = text, round(lat, 3)
+
+
+# ------------------------------------------------------------------------------------------------
+# watching ranks while they start
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Watch:
+    alive: bool
+    lines: int
+    tail: list[str]
+
+
+def _watch_cmd(rank: RankLaunch) -> str:
+    if rank.runtime == "docker":
+        c = quote(rank.container)
+        return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ] "
+                f"&& echo alive || echo dead; docker logs {c} 2>&1 | wc -l; "
+                f"docker logs --tail 200 {c} 2>&1")
+    log = quote(rank.log_path)
+    return (f"pid=$(cat {quote(rank.pid_path)} 2>/dev/null); "
+            f"if [ -n \"$pid\" ] && kill -0 \"$pid\" 2>/dev/null && "
+            f"! grep -q '^State:.*Z' /proc/$pid/status 2>/dev/null; then echo alive; else echo dead; fi; "
+            f"wc -l < {log} 2>/dev/null || echo 0; tail -n 200 {log} 2>/dev/null")
+
+
+def _watch(node: Node, rank: RankLaunch) -> _Watch:
+    out = node.read(_watch_cmd(rank), timeout=30).stdout.splitlines()
+    alive = bool(out) and out[0].strip() == "alive"
+    lines = int(out[1].strip()) if len(out) > 1 and out[1].strip().isdigit() else 0
+    return _Watch(alive, lines, out[2:])
+
+
+def _progress(prev: _Watch | None, cur: _Watch) -> bool:
+    """True when the log grew by at least one non-periodic line."""
+    if prev is None:
+        return cur.lines > 0
+    grown = cur.lines - prev.lines
+    if grown <= 0:
+        return False
+    new = cur.tail[-grown:] if grown <= len(cur.tail) else cur.tail
+    return grown > len(cur.tail) or any(not vllm_log.is_periodic(l) for l in new)
+
+
+def _log_text(node: Node, rank: RankLaunch, lines: int = 5000) -> str:
+    if rank.runtime == "docker":
+        return node.read(f"docker logs --tail {lines} {quote(rank.container)} 2>&1", timeout=60).stdout
+    return node.read(f"tail -n {lines} {quote(rank.log_path)} 2>/dev/null", timeout=60).stdout
+
+
+def _diagnostics(cluster: Cluster, plan: LaunchPlan) -> dict[str, str]:
+    """Hang diagnostics per node: py-spy dumps when available, the process table, log tails."""
+    def diag(node: Node) -> str:
+        rank = plan.rank(node.name)
+        ps = node.read(PS_CMD).stdout
+        procs = _vllm_procs(_parse_ps(ps))
+        parts = ["# vLLM processes", "\n".join(f"{p[0]} {p[2]} {p[3][:200]}" for p in procs) or "(none)"]
+        if node.read("command -v py-spy").ok:
+            for p in procs[:8]:
+                parts.append(f"# py-spy dump --pid {p[0]}")
+                parts.append(node.read(f"py-spy dump --pid {p[0]} 2>&1", timeout=60).stdout)
+        else:
+            parts.append("# py-spy not installed on this node (pip install py-spy for stack dumps)")
+        parts.append("# log tail")
+        parts.append(tail(_log_text(node, rank, 200), 80))
+        return "\n".join(parts)
+    out = cluster.each(diag)
+    return {k: (v if isinstance(v, str) else f"diagnostics failed: {v}") for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------------------------------
+# start
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class StartResult:
+    plan: LaunchPlan
+    base_url: str
+    reused: bool = False
+    readiness: Readiness = field(default_factory=Readiness)
+    startup: dict[str, dict[str, Any]] = field(default_factory=dict)      # node -> StartupLog dict
+    capacity: list[dict[str, Any]] = field(default_factory=list)
+    mem_before: dict[str, int] = field(default_factory=dict)            # node -> MemAvailable bytes
+    checks: CheckList = field(default_factory=CheckList)
+    evidence: list[str] = field(default_factory=list)
+    failure_detected_at: float | None = None    # time.monotonic() when the wait ended on a failure
+    failure_detected_s: float | None = None     # ... in seconds from launch
+
+    @property
+    def ok(self) -> bool:
+        return not self.checks.failures()
+
+    def data(self) -> dict[str, Any]:
+        return {"base_url": self.base_url, "served_model_name": self.plan.served_model_name,
+                "max_model_len": self.plan.max_model_len, "fingerprint": self.plan.fingerprint,
+                "runtime": self.plan.runtime, "reused": self.reused,
+                "readiness_s": {ph: getattr(self.readiness, ph) for ph in PHASES},
+                "head_started_s": self.readiness.head_started,
+                "first_token_text": self.readiness.first_token_text,
+                "first_token_latency_s": self.readiness.first_token_latency,
+                "startup_log": self.startup, "capacity": self.capacity, "mem_available_before": self.mem_before,
+                "failure_detected_s": self.failure_detected_s}
+
+    def timings_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.readiness.rows())
+
+    def capacity_frame(self):
+        import pandas as pd
+        return pd.DataFrame(self.capacity)
+
+
+def _mem_available(node: Node) -> int:
+    return system.parse_meminfo(node.read(system.MEMINFO_CMD).stdout).get("MemAvailable", 0)
+
+
+def _fail(result: StartResult, name: str, what: str, *, node: str = "", observed: str = "", expected: str = "",
+          fix: str = "", raise_: bool = True, evidence: list[str] | None = None) -> StartResult:
+    result.checks.add(check(name, False, node=node, observed=observed, expected=expected, fix=fix,
+                            evidence=evidence or []))
+    if raise_:
+        err = ActionError(what, node=node, observed=observed, expected=expected, fix=fix,
+                          evidence=", ".join(evidence or []))
+        err.result = result          # the partial StartResult (timings, logs) for callers and tests
+        raise err
+    return result
+
+
+def _stop_cmd(profile) -> str:
+    return f"python -m runbook stop --profile {profile.source or '<profile>'}"
+
+
+def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: str | None = None,
+          raise_on_failure: bool = True, consistency: bool = True, cleanup_on_failure: bool = True,
+          on_launched: Callable[[], None] | None = None) -> StartResult:
+    """Start the worker rank(s), then the head; wait until the API streams a token.
+
+    ``step`` (optional): where to archive evidence (raw logs) and add checks. ``on_launched`` is a
+    test hook called once both start commands returned (fault injection)."""
+    if api_key is None:
+        from ..secrets import load_secrets
+        api_key = load_secrets().api_key
+    url = base_url(profile)
+    result = StartResult(plan=plan, base_url=url)
+    ev = (lambda name, text: step.raw(name, text)) if step is not None else (lambda name, text: "")
+    result.evidence.append(ev("rendered.txt", plan.to_text()))
+    result.evidence.append(ev("rendered.json", json.dumps(plan.to_record(), indent=2)))
+    try:
+        return _start(cluster, profile, plan, result, url, api_key, ev, raise_on_failure, consistency,
+                      cleanup_on_failure, on_launched)
+    finally:
+        if step is not None:
+            step.add(result.checks)
+            step.data.update({"launch": result.data(), "base_url": url,
+                              "served_model_name": plan.served_model_name})
+
+
+def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency, cleanup, on_launched):
+    problems = launch.check_consistency(plan)
+    if consistency:
+        result.checks.add(check("ranks agree on rendezvous and shape", not problems, node="cluster",
+                                observed="; ".join(problems) or "master addr/port, nnodes, TP, max-model-len equal",
+                                expected="identical on every rank",
+                                fix="fix the profile (one MASTER_PORT / HEAD_IP for all ranks); a disagreement "
+                                    "hangs the rendezvous instead of failing"))
+        if problems:
+            return _fail(result, "launch refused", "ranks disagree on the rendezvous: nothing was started",
+                         node="cluster", observed="; ".join(problems), expected="identical on every rank",
+                         fix="fix the profile so every rank gets the same --master-addr/--master-port",
+                         raise_=raise_)
+    if cluster.head.dry_run:
+        result.checks.add(not_applicable("server started", "dry run: the rendered commands above were "
+                                         "recorded, nothing was started", node="cluster"))
+        return result
+
+    homes = {n.name: n.read("printf %s \"$HOME\"").stdout.strip() or "/root" for n in cluster}
+    states = cluster.each(lambda n: rank_state(n, profile, homes[n.name]))
+    for st in states.values():
+        if isinstance(st, Exception):
+            raise st
+    head_st: RankState = states["head"]
+    workers_st = [states[w.name] for w in cluster.workers]
+    # -- already running?
+    if head_st.running:
+        if head_st.fingerprint == plan.fingerprint and all(w.running for w in workers_st):
+            result.reused = True
+            result.checks.add(Check("server started", node="head", status=Status.NOOP,
+                                    observed=f"already running with the same fingerprint "
+                                             f"{plan.fingerprint[:12]} ({head_st.describe()}); reused",
+                                    expected="the rendered configuration running"))
+            return _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, cleanup=False,
+                              t0=time.monotonic(), started=False)
+        if head_st.fingerprint == plan.fingerprint:
+            missing = ", ".join(w.node for w in workers_st if not w.running)
+            return _fail(result, "server started", "the head runs but a worker rank is gone", node="cluster",
+                         observed=f"head {head_st.describe()}; worker(s) not running: {missing}",
+                         expected="every rank running", fix=f"{_stop_cmd(profile)}; then start again",
+                         raise_=raise_)
+        return _fail(result, "server started", "a different vLLM server is already running on the head",
+                     node="head", observed=f"{head_st.describe()}; rendered fingerprint {plan.fingerprint[:12]}",
+                     expected="no server, or the same configuration (fingerprint)",
+                     fix=f"stop it first: {_stop_cmd(profile)}", raise_=raise_)
+    stale = [w for w in workers_st if w.running or w.processes]
+    if stale:
+        return _fail(result, "server started", "a stale worker rank runs without a head", node=stale[0].node,
+                     observed="; ".join(f"{w.node}: {w.describe()} {w.processes[:2]}" for w in stale),
+                     expected="no vLLM on the workers before the head starts",
+                     fix=f"{_stop_cmd(profile)} (or: python -m runbook stop worker --profile ...), then start",
+                     raise_=raise_)
+    if head_st.processes:
+        return _fail(result, "server started", "vLLM processes not started by the runbook run on the head",
+                     node="head", observed="; ".join(head_st.processes[:3]), expected="none",
+                     fix=f"{_stop_cmd(profile)} or kill them", raise_=raise_)
+    listening = system.parse_listening(cluster.head.read(system.LISTEN_CMD).stdout)
+    busy = [p for p in (profile.port, profile.master_port) if p in listening]
+    if busy:
+        return _fail(result, "server started", "the API or rendezvous port is in use on the head", node="head",
+                     observed=", ".join(f"{p}: {listening[p] or 'a process'}" for p in busy),
+                     expected="free", fix="stop what listens there (ss -ltnp) or change PORT/MASTER_PORT",
+                     raise_=raise_)
+
+    # -- launch: workers first, then the head
+    mem = cluster.each(_mem_available)
+    result.mem_before = {k: v for k, v in mem.items() if isinstance(v, int)}
+    env = {"VLLM_API_KEY": api_key} if api_key else None
+    if api_key:
+        from ..secrets import register_secret
+        register_secret(api_key)
+    t0 = time.monotonic()
+    started: list[str] = []
+    try:
+        for rank in sorted(plan.ranks, key=lambda r: -r.rank):
+            node = cluster[rank.node]
+            rec = {"fingerprint": plan.fingerprint, "runtime": rank.runtime, "started_at": time.time(),
+                   "mem_available_before": result.mem_before.get(rank.node), "container": rank.container,
+                   "log": rank.log_path, "base_url": url if rank.rank == 0 else ""}
+            node.run(f"mkdir -p {quote(rank.state_dir)} && printf '%s\\n' {quote(json.dumps(rec))} "
+                     f"> {quote(rank.record_path)}", timeout=30)
+            node.run(rank.start_command(), env=env if rank.secret_env else None, timeout=120)
+            started.append(rank.node)
+            if rank.rank == 0:
+                result.readiness.head_started = round(time.monotonic() - t0, 3)
+    except Exception as exc:  # noqa: BLE001 - any start failure: clean up, then report
+        if cleanup and started:
+            stop(cluster, profile, nodes=started, grace=10, mem_settle_s=0)
+        return _fail(result, "server started", "a start command failed", node="cluster",
+                     observed=str(exc)[:1500], expected="both ranks started",
+                     fix="see the error; the ranks already started were stopped", raise_=raise_)
+    result.checks.add(check("ranks launched (worker first, then head)", True, node="cluster",
+                            observed=f"{', '.join(reversed(started))} started; head {result.readiness.head_started:.1f} s "
+                                     f"after the worker", expected="every rank started"))
+    if on_launched is not None:
+        on_launched()
+    return _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, cleanup=cleanup, t0=t0,
+                      started=True)
+
+
+def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, cleanup, t0, started):
+    ready = result.readiness
+    deadline = t0 + profile.ready_timeout
+    hang_s = profile.hang_seconds
+    prev: dict[str, _Watch | None] = {r.node: None for r in plan.ranks}
+    last_progress = time.monotonic()
+    dead_count = {r.node: 0 for r in plan.ranks}
+    failure: tuple[str, str, str, str, str] | None = None    # (check, what, node, observed, fix)
+    diagnostics: dict[str, str] = {}
+
+    while True:
+        now = time.monotonic()
+        watches = cluster.each(lambda n: _watch(n, plan.rank(n.name)))
+        for name, w in watches.items():
+            if isinstance(w, Exception):
+                dead_count[name] += 1
+                continue
+            if _progress(prev[name], w):
+                last_progress = now
+            prev[name] = w
+            dead_count[name] = 0 if w.alive else dead_count[name] + 1
+        head_dead = dead_count["head"] >= 1
+        dead_workers = [r.node for r in plan.workers if dead_count[r.node] >= WORKER_DEAD_POLLS]
+        if head_dead or dead_workers:
+            who = "head" if head_dead else dead_workers[0]
+            failure = ("ranks alive while starting", f"the {who} rank died before the server was ready", who,
+                       f"{who} process/container gone {now - t0:.0f} s after launch",
+                       "read both log tails below; fix the cause, then start again")
+            break
+        try:
+            probe_readiness(profile, url, api_key, ready, t0)
+        except ActionError as exc:
+            failure = ("models served", exc.what, "head", exc.observed, exc.fix)
+            break
+        if ready.done:
+            break
+        if hang_s and time.monotonic() - last_progress > hang_s:
+            diagnostics = _diagnostics(cluster, plan)
+            failure = ("log progress (hang detector)", f"no new log line on any rank for {hang_s} s", "cluster",
+                       f"silent since {last_progress - t0:.0f} s after launch (periodic lines excluded)",
+                       ("read the diagnostics (py-spy dumps / ps / log tails); usual causes: a rendezvous "
+                        "that never completes (wrong master address/port, firewall, socket IF), a stuck collective"))
+            break
+        if time.monotonic() > deadline:
+            failure = ("ready within READY_TIMEOUT", f"not ready after {profile.ready_timeout} s", "head",
+                       f"reached: {', '.join(p for p in PHASES if getattr(ready, p) is not None) or 'nothing'}",
+                       "raise READY_TIMEOUT only if the log shows steady progress; otherwise read the log tails")
+            break
+        time.sleep(max(0.5, POLL_S - (time.monotonic() - now)))
+
+    if failure is not None:
+        result.failure_detected_at = time.monotonic()
+        result.failure_detected_s = round(result.failure_detected_at - t0, 1)
+    # -- evidence: logs of every rank, parsed
+    texts = cluster.each(lambda n: _log_text(n, plan.rank(n.name)))
+    for name, text in texts.items():
+        text = text if isinstance(text, str) else f"log unavailable: {text}"
+        result.evidence.append(ev(f"{name}.log", text))
+        result.startup[name] = vllm_log.parse_startup_log(text).to_dict()
+    for name, text in diagnostics.items():
+        result.evidence.append(ev(f"hang-{name}.txt", text))
+
+    if failure is not None:
+        cname, what, node, observed, fix = failure
+        tails = "\n".join(f"--- {n} log tail ---\n{tail(t if isinstance(t, str) else '', TAIL)}"
+                          for n, t in texts.items())
+        if started and cleanup:
+            stop(cluster, profile, grace=10, mem_settle_s=0)     # a booting vLLM ignores SIGTERM anyway
+        return _fail(result, cname, what, node=node, observed=f"{observed}\n{tails}",
+                     expected="both ranks alive until the API streams a token", fix=fix, raise_=raise_,
+                     evidence=[e for e in result.evidence if e])
+
+    # -- readiness checks and startup numbers
+    for ph in PHASES:
+        result.checks.add(check(f"ready: {ph.replace('_', ' ')}", getattr(ready, ph) is not None, node="head",
+                                observed=f"{getattr(ready, ph):.1f} s from launch" if not result.reused
+                                else "reached (reused server)",
+                                expected=f"within READY_TIMEOUT={profile.ready_timeout} s",
+                                data={"seconds": getattr(ready, ph)}))
+    result.checks.add(check("models lists the served name", True, node="head", observed=ready.models_detail,
+                            expected=f"id {profile.served_model_name}, max_model_len {profile.max_model_len}"))
+    head_log = vllm_log.StartupLog(**result.startup.get("head", {})) if result.startup.get("head") else None
+    kv = head_log.kv_tokens if head_log else None
+    if kv:
+        obs = f"{kv:,} tokens; {head_log.max_concurrency}x at {head_log.concurrency_len:,} tokens/request" \
+            if head_log.max_concurrency else f"{kv:,} tokens"
+        if profile.expect_kv_tokens:
+            dev = abs(kv - profile.expect_kv_tokens) / profile.expect_kv_tokens
+            result.checks.add(check("KV cache size", dev <= 0.01, node="head", observed=obs,
+                                    expected=f"{profile.expect_kv_tokens:,} tokens (EXPECT_KV_TOKENS, +-1 %)",
+                                    fix="memory headroom differs from the reference boot (MemAvailable, "
+                                        "GPU_MEM_UTIL, KV_CACHE_MEMORY_BYTES); long requests may not fit",
+                                    warn_only=True, data={"kv_tokens": kv}))
+        else:
+            result.checks.add(Check("KV cache size", node="head", status=Status.PASS, observed=obs,
+                                    expected="reported in the startup log (EXPECT_KV_TOKENS=0: not compared)",
+                                    data={"kv_tokens": kv}))
+        result.capacity = vllm_log.capacity(kv, launch.lab_scaled_sizes(profile),
+                                            max_model_len=profile.max_model_len, max_num_seqs=profile.max_num_seqs)
+    elif result.reused:
+        result.checks.add(not_applicable("KV cache size", "reused server: startup log lines may have rotated "
+                                         "out; see the log evidence", node="head"))
+    else:
+        result.checks.add(check("KV cache size", False, node="head", observed="no 'KV cache size' line in the log",
+                                expected="the startup log reports the KV pool", warn_only=True,
+                                fix="check the log format of this vLLM build"))
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# stop / status / logs
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class StopResult:
+    checks: CheckList = field(default_factory=CheckList)
+    per_node: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.checks.failures()
+
+
+def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str, Any]]:
+    t0 = time.monotonic()
+    home = node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
+    st = rank_state(node, profile, home)
+    info: dict[str, Any] = {"before": st.describe(), "processes_before": st.processes}
+    container = profile.container_on(node.name)
+    sd = _state_dir(profile, home)
+    # containers: stop (SIGTERM, grace) then remove
+    if st.container_status:
+        node.run(f"docker stop -t {int(grace)} {quote(container)} >/dev/null 2>&1; "
+                 f"docker rm -f {quote(container)} >/dev/null 2>&1; true", timeout=grace + 60)
+    # process runtime: SIGTERM the main pid (the headless rank does not exit on its own), then the group
+    pid = st.pid or (st.record.get("pid") if st.record else None)
+    if pid:
+        node.run(f"kill -TERM {int(pid)} 2>/dev/null; true", timeout=30)
+    deadline = time.monotonic() + grace
+    left = _our_left(node, pid)
+    while left and time.monotonic() < deadline:
+        time.sleep(1.0)
+        left = _our_left(node, pid)
+    for sig, wait in (("TERM", 5.0), ("KILL", 5.0)):
+        if not left:
+            break
+        node.run(f"kill -{sig} {' '.join(str(p) for p in left)} 2>/dev/null; "
+                 + (f"kill -{sig} -- -{int(pid)} 2>/dev/null; " if pid else "") + "true", timeout=30)
+        end = time.monotonic() + wait
+        while left and time.monotonic() < end:
+            time.sleep(0.5)
+            left = _our_left(node, pid)
+    node.run(f"rm -f {quote(sd + '/' + node.name + '.pid')} {quote(sd + '/' + node.name + '.fingerprint')} "
+             f"{quote(sd + '/' + node.name + '.json')}; true", timeout=30)
+    after = rank_state(node, profile, home)
+    gone = not after.processes and not after.container_status
+    info["after"] = after.describe()
+    info["stop_s"] = round(time.monotonic() - t0, 1)
+    checks = [check("no vLLM process or container left", gone, node=node.name,
+                    observed=(f"gone after {info['stop_s']} s (was: {info['before']})" if gone else
+                              f"left: {'; '.join(after.processes[:4])} {after.container_status}"),
+                    expected="nothing", fix=f"kill the listed pids / docker rm -f {container} on {node.name}")]
+    info["mem_available_before"] = (st.record or {}).get("mem_available_before")
+    return checks, info
+
+
+def _mem_check(node: Node, before: int | None, settle_s: float) -> tuple[Check, int | None]:
+    """MemAvailable back near the value recorded before launch (after every rank is gone: the lab's
+    nodes share one kernel, so MemAvailable is host-wide there)."""
+    if not before:
+        return not_applicable("MemAvailable back to its pre-launch value",
+                              "no start record on this node (not started by the runbook)", node=node.name), None
+    end = time.monotonic() + settle_s
+    tol = max(GIB, int(before * 0.05))
+    now_avail = _mem_available(node)
+    while now_avail < before - tol and time.monotonic() < end:
+        time.sleep(2.0)
+        now_avail = _mem_available(node)
+    return check("MemAvailable back to its pre-launch value", now_avail >= before - tol, node=node.name,
+                 observed=f"{now_avail / GIB:.2f} GiB (before launch {before / GIB:.2f} GiB)",
+                 expected=f">= {(before - tol) / GIB:.2f} GiB (before - max(1 GiB, 5 %))",
+                 fix="something still holds memory: ps aux --sort=-rss | head; docker ps -a",
+                 warn_only=True, data={"before": before, "after": now_avail}), now_avail
+
+
+def _our_left(node: Node, pid: int | None) -> list[int]:
+    procs = _vllm_procs(_parse_ps(node.read(PS_CMD).stdout), pgid=int(pid) if pid else None)
+    return [p[0] for p in procs]
+
+
+def stop(cluster: Cluster, profile, nodes: list[str] | None = None, *, grace: float = 30.0,
+         mem_settle_s: float = 20.0, step=None) -> StopResult:
+    """Stop the head, then the worker(s) (the headless rank does not exit with the head: it is
+    stopped explicitly), and prove teardown on each node."""
+    result = StopResult()
+    order = [n for n in cluster.nodes if nodes is None or n.name in nodes]
+    if cluster.head.dry_run:
+        result.checks.add(not_applicable("server stopped", "dry run: nothing stopped", node="cluster"))
+        return result
+    for node in order:        # head first (rank order), one at a time like the seeds
+        try:
+            checks, info = _stop_node(node, profile, grace)
+        except Exception as exc:  # noqa: BLE001 - report per node, keep stopping the others
+            checks, info = [check("no vLLM process or container left", False, node=node.name,
+                                  observed=f"stop failed: {exc}"[:500], expected="nothing",
+                                  fix="check the node is reachable; stop it by hand")], {}
+        result.checks.add(checks)
+        result.per_node[node.name] = info
+    for node in order:
+        info = result.per_node.get(node.name, {})
+        try:
+            c, after = _mem_check(node, info.get("mem_available_before"), mem_settle_s)
+        except Exception as exc:  # noqa: BLE001
+            c, after = check("MemAvailable back to its pre-launch value", False, node=node.name, warn_only=True,
+                             observed=f"cannot read: {exc}"[:300]), None
+        info["mem_available_after"] = after
+        result.checks.add(c)
+    if step is not None:
+        step.add(result.checks)
+        step.data.setdefault("stop", {}).update(result.per_node)
+    return result
+
+
+def status(cluster: Cluster, profile) -> dict[str, Any]:
+    """Both ranks' state, the head's /health and /v1/models."""
+    states = cluster.each(lambda n: rank_state(n, profile))
+    out: dict[str, Any] = {"nodes": {}}
+    for name, st in states.items():
+        out["nodes"][name] = ({"error": str(st)} if isinstance(st, Exception) else
+                              {"state": st.describe(), "running": st.running, "runtime": st.runtime,
+                               "pid": st.pid, "container": st.container_status, "fingerprint": st.fingerprint,
+                               "vllm_processes": st.processes})
+    url = base_url(profile)
+    from ..secrets import load_secrets
+    key = load_secrets().api_key
+    code, _ = _get(url + "/health", key, timeout=3)
+    mcode, mtext = _get(url + "/v1/models", key, timeout=3) if code == 200 else (0, "")
+    out["base_url"] = url
+    out["health"] = code
+    out["models"] = _models_ok(mtext, profile)[1] if mcode == 200 else ""
+    return out
+
+
+def logs(cluster: Cluster, profile, node: str = "head", tail_lines: int = 100) -> str:
+    """The last lines of one rank's log (process log file or docker logs)."""
+    n = cluster[node]
+    home = n.read("printf %s \"$HOME\"").stdout.strip() or "/root"
+    sd = _state_dir(profile, home)
+    container = profile.container_on(node)
+    res = n.read(f"if docker inspect {quote(container)} >/dev/null 2>&1; then "
+                 f"docker logs --tail {int(tail_lines)} {quote(container)} 2>&1; "
+                 f"else tail -n {int(tail_lines)} {quote(sd + '/' + node + '.log')} 2>&1; fi", timeout=60)
+    return res.stdout

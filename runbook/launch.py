@@ -1,0 +1,562 @@
+"""Render the per-rank launch of ``vllm serve`` from the profile. Pure: no I/O, no clock.
+
+    facts = {"head": NodeFacts(home="/home/me", gid_index=3), "worker": NodeFacts(...)}
+    plan = render(profile, facts, api_key_set=bool(secrets.api_key))
+    print(plan.to_text())            # what will run, secrets masked; shown before anything runs
+    plan.fingerprint                 # sha256 of every rank's argv + env (secrets excluded)
+    plan.ranks[0].start_command      # the shell line the head runs (docker run ... / nohup ... &)
+
+Two runtimes:
+
+* ``docker`` — ``docker run -d`` with the recipe's flags (seed A ``start.sh`` / seed B compose):
+  ``--network host --ipc=host --shm-size``, ``--ulimit stack``, ``--oom-score-adj 1000``, volumes for
+  the weights, the JIT caches and (seed A) the per-rank packed Engram dir *only where that node has
+  the rank's shard* (a fact). ``--gpus all`` only with ``EXPECT_GPU=1``; ``/dev/infiniband``,
+  ``IPC_LOCK`` and ``--ulimit memlock=-1`` only with ``EXPECT_RDMA=1`` (RDMA memory registration;
+  the lab has neither and its VM may not raise memlock). The lab also drops ``--ipc=host`` (its nodes
+  share one /dev/shm; see ``_docker_argv``).
+* ``process`` — ``VLLM_BIN serve ...`` started with ``setsid nohup ... &`` on the node (the lab's
+  CPU vLLM). Relative parts of ``VLLM_BIN`` resolve against the repo root (shared by the lab nodes).
+
+Per-rank environment: ``VLLM_HOST_IP`` = the node's fabric IP, ``NCCL/GLOO(/TP)_SOCKET_IFNAME`` = its
+fabric netdev, ``NCCL_IB_HCA`` = its HCAs, ``NCCL_IB_GID_INDEX`` = its GID index (a pinned profile value,
+or the index resolved from sysfs by the network step; seed B's ``auto`` leaves it unset), the recipe's
+NCCL and vLLM knobs, and for the lab the CPU knobs (``VLLM_CPU_KVCACHE_SPACE``, per-rank
+``VLLM_CPU_OMP_THREADS_BIND``). The API key never appears: it is passed as ``VLLM_API_KEY`` from the
+runbook's environment at start time (shown as ``***``), and it is not part of the fingerprint.
+
+The worker's argv equals the head's plus ``--headless`` (both seeds pass ``--port`` to the worker too).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .secrets import MASK
+
+__all__ = [
+    "FINGERPRINT_LABEL",
+    "SECRET_ENV",
+    "STATE_SUBDIR",
+    "LaunchPlan",
+    "NodeFacts",
+    "RankLaunch",
+    "check_consistency",
+    "lab_scaled_sizes",
+    "render",
+]
+
+STATE_SUBDIR = "launch"                 # <CACHE_DIR>/launch/<node>.{pid,fp,log,json} (process runtime)
+FINGERPRINT_LABEL = "spark-runbook.fingerprint"
+SECRET_ENV = ("VLLM_API_KEY",)
+
+# seed A start.sh: "6 is included so a k=3 step (2 seqs x 3 tokens) is captured"
+SEED_A_CAPTURE_SIZES = [1, 2, 3, 4, 6, 8, 12, 18, 24]
+
+# seed A nccl_common + serve_env (seeds-repos.md §A.4), values as start.sh exports them
+_EXL3_ENV: dict[str, str] = {
+    "NCCL_IB_DISABLE": "0", "NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_NET": "IB", "NCCL_NET_PLUGIN": "none",
+    "NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0", "NCCL_IB_MERGE_NICS": "0", "NCCL_CROSS_NIC": "0",
+    "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN", "NCCL_BUFFSIZE": "1048576",
+    "NCCL_LL128_BUFFSIZE": "262144", "NCCL_PROTO": "^LL128", "NCCL_MAX_NCHANNELS": "8",
+    "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1", "CUDA_LAUNCH_BLOCKING": "0", "DSV41_EXL3_SERIAL_STREAMS": "1",
+    "DSV41_ENGRAM_DISABLE": "0", "DSV41_INDEXER_PREFILL_FACTOR": "1", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256",
+    "DSV41_PREFILL_EMPTY_CACHE_TOKENS": "8192", "DSV41_PREFILL_EMPTY_CACHE_MEMAVAIL_GIB": "2.5",
+    "DSV41_PREFILL_END_EMPTY_CACHE": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_CACHE_ROOT": "/root/.cache/vllm", "TRITON_CACHE_DIR": "/root/.triton/cache",
+    "TILELANG_CACHE_DIR": "/root/.tilelang/cache", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800",
+    "TORCH_CUDA_ARCH_LIST": "12.1a", "FLASHINFER_CUDA_ARCH_LIST": "12.1a",
+    "FLASHINFER_DISABLE_VERSION_CHECK": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1",
+    "DSV41_EXL3_K_MAP": "/opt/dsv41/exl3_k_map.json", "GLM53_DENSE_FP8": "off",
+    "DSV41_CACHE_GIB": "0", "DSV41_RESIDENT_SCALES": "0", "DSV41_IO_THREADS": "96", "DSV41_CACHE_WAYS": "4",
+    "DSV41_STATS_SECONDS": "60", "DSV41_SOURCE": "/engram-src", "DSV41_DROP_PAGE_CACHE": "1",
+    "DSV41_SKIP_MIXED_WARMUP": "0",
+}
+
+# seed B docker-compose.dspark.yml environment (seeds-repos.md §B.2/B.3, Vision-Exp era)
+_DSPARK_ENV: dict[str, str] = {
+    "HF_HOME": "/cache/huggingface", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_XET": "1",
+    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "4096", "DSPARK_MAX_INFLIGHT_PREFILLS": "2",
+    "VLLM_CACHE_ROOT": "/cache/huggingface/vllm-cache", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0",
+    "VLLM_USE_FLASHINFER_SAMPLER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800", "VLLM_USE_B12X_MOE": "1",
+    "TORCH_CUDA_ARCH_LIST": "12.1a", "FLASHINFER_CUDA_ARCH_LIST": "12.1a", "CUTE_DSL_ARCH": "sm_121a",
+    "FLASHINFER_DISABLE_VERSION_CHECK": "1", "FLASHINFER_WORKSPACE_BASE": "/cache/huggingface/flashinfer",
+    "TILELANG_CLEANUP_TEMP_FILES": "1", "TILELANG_CACHE_DIR": "/cache/huggingface/tilelang-cache",
+    "TRITON_CACHE_DIR": "/cache/huggingface/triton-cache", "DG_JIT_USE_NVRTC": "0",
+    "DG_JIT_NVCC_COMPILER": "/usr/local/cuda/bin/nvcc", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ROCE_VERSION_NUM": "2",
+    "NCCL_CROSS_NIC": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN",
+    "NCCL_NVLS_ENABLE": "0",
+}
+
+# the lab's CPU vLLM (vllm-cpu-feasibility.md §3, §11)
+_LAB_ENV: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+}
+
+_DSPARK_THINKING = {
+    "off": {"thinking": False}, "low": {"thinking": True, "reasoning_effort": "low"},
+    "high": {"thinking": True, "reasoning_effort": "high"}, "max": {"thinking": True, "reasoning_effort": "max"},
+}
+_DSPARK_REASONING_CONFIG = {"reasoning_parser": "deepseek_v4", "reasoning_start_str": "<think>",
+                            "reasoning_end_str": "</think>"}
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What render needs to know about one node (read by ``actions.server.gather_facts``)."""
+    home: str = "/root"                 # expands ~ in node-side paths (docker -v needs absolute paths)
+    gid_index: int | None = None        # resolved RoCE v2 GID index when the profile says auto
+    packed_engram: bool = False         # engram-l1-r{rank}of{TP}.bin exists in ENGRAM_PACKED_DIR
+    runtime_mounts: tuple[str, ...] = ()   # lab docker: host dirs bind-mounted read-only (python, venv, repo)
+
+
+@dataclass
+class RankLaunch:
+    node: str
+    rank: int
+    headless: bool
+    runtime: str
+    serve_argv: list[str]          # the full `vllm serve ...` argv (VLLM_BIN expanded)
+    env: dict[str, str]            # environment of the vLLM process (no secret values)
+    secret_env: list[str]          # names passed from the runbook's environment at start (values masked)
+    docker_argv: list[str] = field(default_factory=list)   # docker run ... (docker runtime)
+    container: str = ""
+    state_dir: str = ""            # node dir holding pid/fingerprint/log (process) and the start record
+    log_path: str = ""             # process runtime log file ("" for docker: `docker logs`)
+    fingerprint: str = ""          # the cluster fingerprint (same on every rank)
+
+    @property
+    def pid_path(self) -> str:
+        return f"{self.state_dir}/{self.node}.pid"
+
+    @property
+    def fp_path(self) -> str:
+        return f"{self.state_dir}/{self.node}.fingerprint"
+
+    @property
+    def record_path(self) -> str:
+        return f"{self.state_dir}/{self.node}.json"
+
+    def display_argv(self) -> list[str]:
+        """The argv shown to the user (docker run ... or env ... vllm serve ...)."""
+        if self.runtime == "docker":
+            return list(self.docker_argv)
+        env = [f"{k}={v}" for k, v in self.env.items()] + [f"{k}={MASK}" for k in self.secret_env]
+        return ["env", *env, *self.serve_argv]
+
+    def start_command(self) -> str:
+        """Shell line that starts this rank on its node and returns at once. Secret values are
+        supplied by the caller's ``env=`` (exported before this line, masked in the command log)."""
+        if self.runtime == "docker":
+            argv = list(self.docker_argv)
+            label = ["--label", f"{FINGERPRINT_LABEL}={self.fingerprint}"]
+            argv = argv[:3] + label + argv[3:]          # docker run -d <label> ...
+            return (f"mkdir -p {shlex.quote(self.state_dir)} && "
+                    f"docker rm -f {shlex.quote(self.container)} >/dev/null 2>&1; "
+                    + " ".join(shlex.quote(a) for a in argv))
+        env = " ".join(shlex.quote(f"{k}={v}") for k, v in self.env.items())
+        secrets = " ".join(f"{k}=\"${k}\"" for k in self.secret_env)
+        serve = " ".join(shlex.quote(a) for a in self.serve_argv)
+        d, log = shlex.quote(self.state_dir), shlex.quote(self.log_path)
+        # `;` not `&&` before the background job: `a && b &` would background the whole list and
+        # $! would be a subshell, not vLLM. setsid: own session/process group (stop signals the group).
+        return (f"mkdir -p {d} && cd {d} || exit 1; [ -f {log} ] && mv -f {log} {log}.1; "
+                f"echo {shlex.quote(self.fingerprint)} > {shlex.quote(self.fp_path)}; "
+                f"env {env} {secrets} setsid nohup {serve} > {log} 2>&1 < /dev/null & "
+                f"echo $! > {shlex.quote(self.pid_path)}; cat {shlex.quote(self.pid_path)}")
+
+    def to_record(self) -> dict[str, Any]:
+        rec = asdict(self)
+        rec["display"] = shlex.join(self.display_argv())
+        rec["secret_env"] = {k: MASK for k in self.secret_env}
+        return rec
+
+
+@dataclass
+class LaunchPlan:
+    profile_name: str
+    recipe: str
+    runtime: str
+    ranks: list[RankLaunch]
+    fingerprint: str
+    base_port: int
+    served_model_name: str
+    max_model_len: int
+
+    @property
+    def head(self) -> RankLaunch:
+        return self.ranks[0]
+
+    @property
+    def workers(self) -> list[RankLaunch]:
+        return self.ranks[1:]
+
+    def rank(self, node: str) -> RankLaunch:
+        for r in self.ranks:
+            if r.node == node:
+                return r
+        raise KeyError(node)
+
+    def to_text(self) -> str:
+        out = [(f"# {self.profile_name}: recipe {self.recipe}, runtime {self.runtime}, "
+                f"fingerprint {self.fingerprint[:16]}")]
+        for r in sorted(self.ranks, key=lambda r: -r.rank):      # start order: workers first
+            out.append(f"\n## rank {r.rank} on {r.node}{' (headless)' if r.headless else ''}")
+            out.append(_pretty(r.display_argv()))
+        return "\n".join(out)
+
+    def to_record(self) -> dict[str, Any]:
+        return {"profile": self.profile_name, "recipe": self.recipe, "runtime": self.runtime,
+                "fingerprint": self.fingerprint, "ranks": [r.to_record() for r in self.ranks]}
+
+
+def _pretty(argv: list[str]) -> str:
+    """One flag per line (``--flag value``), shell-quoted, for reading."""
+    lines: list[str] = []
+    cur: list[str] = []
+    for a in argv:
+        if a.startswith("-") and cur and not (len(cur) == 1 and cur[0] == "-e"):
+            lines.append(" ".join(shlex.quote(x) for x in cur))
+            cur = []
+        cur.append(a)
+    if cur:
+        lines.append(" ".join(shlex.quote(x) for x in cur))
+    return " \\\n    ".join(lines)
+
+
+def _expand(path: str, home: str) -> str:
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return home.rstrip("/") + path[1:]
+    return path
+
+
+def _vllm_bin(profile) -> list[str]:
+    """VLLM_BIN split; relative parts with a slash resolve against the repo root."""
+    out = []
+    for part in shlex.split(profile.vllm_bin):
+        if "/" in part and not part.startswith(("/", "~", "-")):
+            part = str(profile.resolve_path(part))
+        out.append(part)
+    return out
+
+
+def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
+                 master_port: int) -> list[str]:
+    """The `vllm serve` arguments after the positional model, in the recipe's order."""
+    p = profile
+    tp_flags = ["--tensor-parallel-size", str(p.tp), "--nnodes", str(p.nnodes), "--node-rank", str(rank),
+                "--master-addr", p.master_addr, "--master-port", str(master_port)]
+    spec = p.speculative_config
+    spec_json = json.dumps(spec, separators=(",", ":")) if spec else ""
+    limit_mm = json.dumps(p.limit_mm, separators=(",", ":")) if p.limit_mm else ""
+    f: list[str] = []
+    if p.recipe == "dspark-v4":
+        # seed B compose command (B.2), Vision-Exp era
+        if p.hf_revision:
+            f += ["--revision", p.hf_revision]
+        f += ["--served-model-name", p.served_model_name, "--host", "0.0.0.0", "--port", str(p.port),
+              "--trust-remote-code"]
+        if p.quantization:
+            f += ["--quantization", p.quantization]
+        f += ["--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", "1"]
+        if p.kv_cache_dtype:
+            f += ["--kv-cache-dtype", p.kv_cache_dtype]
+        if p.kv_block_size:
+            f += ["--block-size", str(p.kv_block_size)]
+        f += ["--max-model-len", str(p.max_model_len), "--max-num-seqs", str(p.max_num_seqs),
+              "--max-num-batched-tokens", str(p.max_num_batched_tokens)]
+        if p.long_prefill_token_threshold:
+            f += ["--long-prefill-token-threshold", str(p.long_prefill_token_threshold)]
+        if not p.enforce_eager:
+            f += ["--max-cudagraph-capture-size", str(p.cudagraph_capture_size)]
+        else:
+            f += ["--enforce-eager"]
+        f += ["--gpu-memory-utilization", _num(p.gpu_mem_util)]
+        if p.kv_cache_memory_bytes:
+            f += ["--kv-cache-memory-bytes", str(p.kv_cache_memory_bytes)]
+        f += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--async-scheduling",
+              "--enable-chunked-prefill"]
+        if spec_json:
+            f += ["--speculative-config", spec_json]
+        f += ["--tokenizer-mode", p.tokenizer_mode, "--distributed-executor-backend", "mp",
+              "--moe-backend", "flashinfer_b12x"]
+        if p.tool_call_parser:
+            f += ["--tool-call-parser", p.tool_call_parser, "--enable-auto-tool-choice"]
+        if p.reasoning_parser:
+            f += ["--reasoning-parser", p.reasoning_parser,
+                  "--reasoning-config", json.dumps({**_DSPARK_REASONING_CONFIG,
+                                                    "reasoning_parser": p.reasoning_parser},
+                                                   separators=(",", ":"))]
+        if p.default_thinking:
+            f += ["--default-chat-template-kwargs",
+                  json.dumps(_DSPARK_THINKING[p.default_thinking], separators=(",", ":"))]
+        if p.chat_template:
+            f += ["--chat-template", p.chat_template]
+        if p.tool_strict_level:
+            f += ["--tool-strict-level", p.tool_strict_level]
+        f += ["--generation-config", "vllm", "--enable-flashinfer-autotune"]
+        if p.vision:
+            if limit_mm:
+                f += ["--limit-mm-per-prompt", limit_mm]
+        else:
+            f += ["--language-model-only"]
+        f += ["--nnodes", str(p.nnodes), "--node-rank", str(rank), "--master-addr", p.master_addr,
+              "--master-port", str(master_port)]
+        if headless:
+            f += ["--headless"]
+        f += p.extra_args_list
+        return f
+
+    # seed A start.sh inner script (A.3); the lab uses the same shape
+    f += ["--served-model-name", p.served_model_name, "--host", "0.0.0.0", "--port", str(p.port), *tp_flags,
+          "--distributed-executor-backend", "mp", "--tokenizer-mode", p.tokenizer_mode]
+    if p.tool_call_parser:
+        f += ["--tool-call-parser", p.tool_call_parser]
+    if p.reasoning_parser:
+        f += ["--reasoning-parser", p.reasoning_parser]
+    if p.tool_call_parser:
+        f += ["--enable-auto-tool-choice"]
+    if p.recipe == "exl3-v41":
+        f += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--no-enable-flashinfer-autotune"]
+        if p.engram:
+            f += ["--hf-overrides", json.dumps({"engram_table_dir": "/engram-src"}, separators=(",", ":"))]
+    if headless:
+        f += ["--headless"]
+    if p.enforce_eager:
+        f += ["--enforce-eager"]
+    if p.quantization:
+        f += ["--quantization", p.quantization]
+    f += ["--max-model-len", str(p.max_model_len), "--gpu-memory-utilization", _num(p.gpu_mem_util),
+          "--max-num-seqs", str(p.max_num_seqs), "--max-num-batched-tokens", str(p.max_num_batched_tokens)]
+    if p.long_prefill_token_threshold:
+        f += ["--long-prefill-token-threshold", str(p.long_prefill_token_threshold)]
+    if p.kv_cache_dtype:
+        f += ["--kv-cache-dtype", p.kv_cache_dtype]
+    if p.kv_cache_memory_bytes:
+        f += ["--kv-cache-memory-bytes", str(p.kv_cache_memory_bytes)]
+    if p.kv_block_size:
+        f += ["--block-size", str(p.kv_block_size)]
+    if spec_json:
+        f += ["--speculative-config", spec_json]
+    if p.chat_template:
+        f += ["--chat-template", p.chat_template]
+    if p.tool_strict_level:
+        f += ["--tool-strict-level", p.tool_strict_level]
+    if p.default_thinking:
+        f += ["--default-chat-template-kwargs",
+              json.dumps(_DSPARK_THINKING[p.default_thinking], separators=(",", ":"))]
+    if p.vision:
+        f += ["--mm-encoder-tp-mode", "data"]
+        if limit_mm:
+            f += ["--limit-mm-per-prompt", limit_mm]
+        f += ["--skip-mm-profiling"]
+    else:
+        f += ["--language-model-only"]
+    user_capture = any(a.startswith(("--cudagraph-capture-sizes", "--max-cudagraph-capture-size"))
+                       for a in p.extra_args_list)
+    if not p.enforce_eager and not user_capture:
+        if p.recipe == "exl3-v41":
+            f += ["--cudagraph-capture-sizes", *[str(s) for s in SEED_A_CAPTURE_SIZES]]
+        else:
+            f += ["--max-cudagraph-capture-size", str(p.cudagraph_capture_size)]
+    f += p.extra_args_list
+    return f
+
+
+def _num(x: float) -> str:
+    """0.8 -> '0.80'? No: the seeds write 0.80 / 0.88; keep two decimals when that is exact."""
+    s = f"{x:.2f}"
+    return s if float(s) == x else repr(x)
+
+
+def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, master_port: int) -> dict[str, str]:
+    p = profile
+    env: dict[str, str] = {}
+    if p.recipe == "exl3-v41":
+        env.update(_EXL3_ENV)
+        env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(p.ready_timeout)
+        if p.engram and facts.packed_engram:
+            env["DSV41_PACKED_DIR"] = "/engram-packed"
+    elif p.recipe == "dspark-v4":
+        env.update(_DSPARK_ENV)
+        env.update({"DSPARK_MODEL": p.model_dir, "DSPARK_REVISION": p.hf_revision,
+                    "NODE_RANK": str(rank), "HEADLESS": "1" if headless else "",
+                    "MASTER_ADDR": p.master_addr, "MASTER_PORT": str(master_port),
+                    "MTP_NUM_TOKENS": str(p.spec_k), "TP_SIZE": str(p.tp), "NNODES": str(p.nnodes)})
+        if p.draft_sample_method:
+            env["DRAFT_SAMPLE_METHOD"] = p.draft_sample_method
+        if p.default_thinking:
+            env["DEFAULT_THINKING"] = p.default_thinking
+        if p.limit_mm:
+            env["LIMIT_MM_PER_PROMPT"] = json.dumps(p.limit_mm, separators=(",", ":"))
+    else:
+        env.update(_LAB_ENV)
+    # fabric, per rank
+    env["VLLM_HOST_IP"] = spec.fabric_ip
+    env["NCCL_SOCKET_IFNAME"] = spec.fabric_if
+    env["GLOO_SOCKET_IFNAME"] = spec.fabric_if
+    if p.recipe != "exl3-v41":          # seed A sets no TP_SOCKET_IFNAME (A.4)
+        env["TP_SOCKET_IFNAME"] = spec.fabric_if
+    if p.expect_rdma and spec.ib_devs:
+        env["NCCL_IB_HCA"] = ",".join(spec.ib_devs)
+        gid = spec.gid if isinstance(spec.gid, int) else facts.gid_index
+        if gid is not None:
+            env["NCCL_IB_GID_INDEX"] = str(gid)
+    if p.is_lab:
+        if not p.kv_cache_memory_bytes:
+            env["VLLM_CPU_KVCACHE_SPACE"] = "1"      # GiB; the env var would override the flag
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(rank)
+    return env
+
+
+def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str, str],
+                 secret_env: list[str], serve_argv: list[str], vllm_bin: list[str]) -> list[str]:
+    p = profile
+    home = facts.home
+    name = p.container_on(spec.name)
+    a = ["docker", "run", "-d", "--name", name]
+    if p.expect_gpu:
+        a += ["--gpus", "all"]
+    a += ["--network", "host"]
+    if not p.is_lab:
+        a += ["--ipc=host"]
+    # The lab's nodes share one /dev/shm and /tmp (one host filesystem): with --ipc=host vLLM's
+    # in_the_same_node_as() finds rank 0's shm segment from the other node, treats the worker as
+    # local and waits on a node-local IPC channel the container cannot reach (observed: hang after
+    # "CPU SHM communicator disabled"). A private IPC namespace per container makes the ranks look
+    # like the separate machines they stand in for, so the cross-node path (TCP) is exercised.
+    a += ["--shm-size", p.shm_size]
+    if p.recipe == "exl3-v41":
+        a += ["--stop-timeout", "60"]
+    a += ["--oom-score-adj", "1000", "--cap-add", "SYS_PTRACE"]
+    if p.expect_rdma:
+        a += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
+    a += ["--ulimit", "stack=67108864"]
+    # volumes
+    weights = _expand(p.weights_dir_on(spec.name), home)
+    cache = _expand(p.cache_dir, home)
+    vols: list[str] = []
+    if p.recipe == "dspark-v4" or not p.model_dir.startswith("/"):
+        vols.append(f"{weights}:/cache/huggingface")
+    else:
+        vols.append(f"{weights}:{p.model_dir}:ro")
+    if p.recipe == "exl3-v41":
+        if p.engram:
+            vols.append(f"{cache}/engram-src:/engram-src:ro")
+            if facts.packed_engram and p.engram_packed_dir:
+                vols.append(f"{_expand(p.engram_packed_dir, home)}:/engram-packed:ro")
+        vols += [f"{cache}:/root/.cache/vllm", f"{cache}/triton:/root/.triton/cache",
+                 f"{cache}/tilelang:/root/.tilelang/cache"]
+    elif p.recipe == "dspark-v4":
+        vols.append(f"{cache}/tmp:/tmp")
+    else:
+        vols.append(f"{cache}/vllm:/root/.cache/vllm")
+    for m in facts.runtime_mounts:
+        vols.append(f"{m}:{m}:ro")
+    for v in vols:
+        a += ["-v", v]
+    for k, v in env.items():
+        a += ["-e", f"{k}={v}"]
+    for k in secret_env:
+        a += ["-e", k]                       # value from the docker client's environment
+    a += ["--entrypoint", vllm_bin[0], p.image, *vllm_bin[1:], *serve_argv[len(vllm_bin):]]
+    return a
+
+
+def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set: bool = False,
+           node_overrides: Mapping[str, Mapping[str, Any]] | None = None) -> LaunchPlan:
+    """Build every rank's launch from the profile and node facts. Pure.
+
+    ``node_overrides`` is a test hook: ``{"worker": {"master_port": 29599}}`` renders that rank with a
+    different value, honestly visible in the plan (and caught by :func:`check_consistency`).
+    """
+    p = profile
+    facts = dict(facts or {})
+    node_overrides = dict(node_overrides or {})
+    vllm_bin = _vllm_bin(p) if p.runtime == "process" else ["vllm"]
+    if p.runtime == "docker" and p.is_lab:
+        vllm_bin = _vllm_bin(p)          # the lab's image has no vllm: the host venv is mounted in
+    ranks: list[RankLaunch] = []
+    for spec in p.nodes:
+        nf = facts.get(spec.name, NodeFacts())
+        ov = dict(node_overrides.get(spec.name, {}))
+        unknown = set(ov) - {"master_port"}
+        if unknown:
+            raise ValueError(f"node_overrides supports master_port only, got {sorted(unknown)}")
+        master_port = int(ov.get("master_port", p.master_port))
+        headless = not spec.is_head
+        secret_env = ["VLLM_API_KEY"] if (api_key_set and spec.is_head) else []
+        env = _rank_env(p, spec, nf, rank=spec.rank, headless=headless, master_port=master_port)
+        serve = [*vllm_bin, "serve", p.model_dir,
+                 *_serve_flags(p, rank=spec.rank, headless=headless, api_key_set=api_key_set,
+                               master_port=master_port)]
+        state_dir = f"{_expand(p.cache_dir, nf.home)}/{STATE_SUBDIR}"
+        r = RankLaunch(node=spec.name, rank=spec.rank, headless=headless, runtime=p.runtime,
+                       serve_argv=serve, env=env, secret_env=secret_env, state_dir=state_dir,
+                       container=p.container_on(spec.name) if p.runtime == "docker" else "",
+                       log_path="" if p.runtime == "docker" else f"{state_dir}/{spec.name}.log")
+        if p.runtime == "docker":
+            r.docker_argv = _docker_argv(p, spec, nf, rank=spec.rank, env=env, secret_env=secret_env,
+                                         serve_argv=serve, vllm_bin=vllm_bin)
+        ranks.append(r)
+    fp = fingerprint(ranks)
+    for r in ranks:
+        r.fingerprint = fp
+    return LaunchPlan(profile_name=p.name, recipe=p.recipe, runtime=p.runtime, ranks=ranks, fingerprint=fp,
+                      base_port=p.port, served_model_name=p.served_model_name, max_model_len=p.max_model_len)
+
+
+def fingerprint(ranks: list[RankLaunch]) -> str:
+    """sha256 over every rank's runtime, argv and environment; secret values never enter it
+    (only whether a secret is passed)."""
+    payload = [{"node": r.node, "runtime": r.runtime, "argv": r.docker_argv or r.serve_argv,
+                "env": sorted(r.env.items()), "secrets": sorted(r.secret_env)} for r in ranks]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def check_consistency(plan: LaunchPlan) -> list[str]:
+    """Flags every rank must agree on (rendezvous and shape). Returns human-readable problems;
+    a disagreement would hang the rendezvous, so start refuses before running anything."""
+    problems = []
+    head = plan.head
+    for flag in ("--master-addr", "--master-port", "--nnodes", "--tensor-parallel-size", "--max-model-len"):
+        want = _flag(head.serve_argv, flag)
+        for r in plan.workers:
+            got = _flag(r.serve_argv, flag)
+            if got != want:
+                problems.append(f"{r.node} {flag} {got} but head {flag} {want}")
+    ranks = sorted(int(_flag(r.serve_argv, "--node-rank") or -1) for r in plan.ranks)
+    if ranks != list(range(len(plan.ranks))):
+        problems.append(f"node ranks {ranks} are not 0..{len(plan.ranks) - 1}")
+    return problems
+
+
+def lab_scaled_sizes(profile) -> list[tuple[str, int]]:
+    """Request sizes of the capacity table: 32k/200k/500k/1M tokens; in the lab scaled so that 1M
+    maps to MAX_MODEL_LEN (the tiny model's 4096-token context)."""
+    sizes = [("32k", 32 * 1024), ("200k", 200_000), ("500k", 500_000), ("1M", 1_048_576)]
+    if profile.is_lab:
+        scale = profile.max_model_len / 1_048_576
+        return [(f"{label} (x{scale:.4g} = {max(1, round(n * scale))})", max(1, round(n * scale)))
+                for label, n in sizes]
+    return sizes

@@ -1,0 +1,78 @@
+"""`make runbook` end to end on the lab: every step, the real multi-node vLLM server, the report;
+then `stop` proves teardown. One run serves every assertion here (it takes minutes on 2 cores)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runbook import runner
+from runbook.checks import CheckList, Status
+from runbook.lab.control import ensure_lab
+from runbook.profile import load_profile
+from runbook.remote import Cluster
+
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow]
+PROFILE = "env/lab.env"
+
+
+@pytest.fixture(scope="module")
+def full_run(lab, tmp_path_factory, vllm_venv):
+    profile = load_profile(PROFILE)
+    results = tmp_path_factory.mktemp("results")
+    try:
+        run_dir, outcomes = runner.run(PROFILE, results_root=results, lab_up=ensure_lab)
+        yield profile, run_dir, outcomes
+    finally:
+        from runbook.actions import server
+        with Cluster.from_profile(profile) as cluster:
+            server.stop(cluster, profile)
+
+
+def _sidecar(run_dir, step):
+    return json.loads((run_dir.path / "steps" / f"{step}.json").read_text())
+
+
+def test_every_step_passed(full_run):
+    _, run_dir, outcomes = full_run
+    assert [(o.name, o.status) for o in outcomes] == [(n, "passed") for n in runner.discover_steps()], \
+        [(o.name, o.status, o.error[:300]) for o in outcomes]
+    assert run_dir.manifest()["status"] == "passed"
+
+
+def test_no_check_failed_and_hardware_rows_are_na(full_run):
+    _, run_dir, _ = full_run
+    for step in runner.discover_steps():
+        checks = CheckList.from_records(_sidecar(run_dir, step)["checks"])
+        assert not checks.failures(), (step, [(c.name, c.observed) for c in checks.failures()])
+    network = CheckList.from_records(_sidecar(run_dir, "01_network")["checks"])
+    assert {c.status for c in network if c.name in ("net.rdma.bw", "net.nccl", "net.gid")} == {Status.NA}
+
+
+def test_launch_recorded_readiness_and_rendered_commands(full_run):
+    _, run_dir, _ = full_run
+    data = _sidecar(run_dir, "04_launch")["data"]
+    assert data["base_url"].startswith("http://")
+    readiness = data["launch"]["readiness_s"]
+    assert set(readiness) >= {"port", "health", "models", "first_token"}
+    assert readiness["port"] <= readiness["health"] <= readiness["models"] <= readiness["first_token"]
+    rendered = json.loads((run_dir.path / "raw/04_launch/rendered.json").read_text())
+    text = json.dumps(rendered)
+    assert "--headless" in text and "--nnodes" in text and "169.254.77.1" in text
+
+
+def test_report_written_and_self_contained(full_run):
+    _, run_dir, _ = full_run
+    html = (run_dir.path / "report.html").read_text()
+    assert "04_launch" in html and "07_bench" in html
+    assert "https://" not in html and "<script src=" not in html and "<link " not in html
+
+
+def test_stop_leaves_nothing_behind(full_run):
+    profile, _, _ = full_run
+    from runbook.actions import server
+    with Cluster.from_profile(profile) as cluster:
+        result = server.stop(cluster, profile)
+        assert result.ok, result.checks.to_text()
+        state = server.status(cluster, profile)
+    assert not any(n.get("running") for n in state.get("ranks", {}).values()), state

@@ -1,0 +1,207 @@
+"""Step 04 in the lab: real vLLM (CPU build 0.32) tensor-parallel 2 across the two lab nodes, started
+over SSH by runbook.actions.server with both runtimes, plus the faults.
+
+One server start per runtime is shared by the assertions on it (start, reuse, refuse, status, logs,
+stop); the faults start their own short-lived server. The model is a tiny random one placed on each
+node's private /mnt/nvme by a fixture (generated with runbook.lab.tinymodel when absent). It lives in
+its own directory so the weights step's tests, which own /mnt/nvme/models/tiny, cannot race with it.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from runbook.actions import image, server
+from runbook.errors import ActionError
+from runbook.profile import REPO_ROOT, load_profile
+from runbook.remote import Cluster, quote
+
+VENV = REPO_ROOT / ".lab" / "vllm-venv"
+MODEL_DIR = "/mnt/nvme/models/tiny-launch"
+OVERRIDES = {"MODEL_DIR": MODEL_DIR, "WEIGHTS_DIR": MODEL_DIR, "READY_TIMEOUT": "900", "HANG_SECONDS": "300"}
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+               "tokenizer_config.json", "chat_template.jinja")
+
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow,
+              pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
+                                 reason=f"{VENV} missing: make lab-vllm installs the lab's CPU vLLM")]
+
+TIMINGS: dict[str, dict] = {}
+
+
+def _profile(**extra):
+    return load_profile(REPO_ROOT / "env" / "lab.env", {**OVERRIDES, **extra})
+
+
+@pytest.fixture(scope="module")
+def cluster(lab, tmp_path_factory):
+    profile = _profile()
+    c = Cluster.from_profile(profile, run_dir=tmp_path_factory.mktemp("launch-run"))
+    server.stop(c, profile, mem_settle_s=0)        # leftovers of an interrupted earlier run
+    yield c
+    try:
+        server.stop(c, profile, mem_settle_s=0)
+    finally:
+        c.close()
+        if TIMINGS:
+            print("\n[launch timings] " + json.dumps(TIMINGS, indent=1))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(cluster, tmp_path_factory):
+    """The tiny model at MODEL_DIR on every node (node-private /mnt/nvme)."""
+    missing = [n for n in cluster if not n.read(" && ".join(f"test -s {MODEL_DIR}/{f}" for f in MODEL_FILES)).ok]
+    if missing:
+        out = tmp_path_factory.mktemp("tiny") / "tiny"
+        subprocess.run([str(VENV / "bin" / "python"), "-m", "runbook.lab.tinymodel", "--out", str(out)],
+                       cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
+        for node in missing:
+            node.run(f"mkdir -p {quote(MODEL_DIR)}")
+            for f in MODEL_FILES:
+                node.put(out / f, f"{MODEL_DIR}/{f}")
+    return MODEL_DIR
+
+
+def _assert_nothing_left(cluster, profile):
+    for node in cluster:
+        st = server.rank_state(node, profile)
+        assert not st.running and not st.processes and not st.container_status, (node.name, st)
+
+
+def _record(name, result):
+    TIMINGS[name] = {**result.data()["readiness_s"], "head_started_s": result.readiness.head_started,
+                     "kv_tokens": result.startup.get("head", {}).get("kv_tokens")}
+
+
+# ----------------------------------------------------------------------------- process runtime
+
+@pytest.fixture
+def stop_after(cluster):
+    """Whatever a test leaves running is stopped (the next test starts from a clean lab)."""
+    yield
+    server.stop(cluster, _profile(), mem_settle_s=0)
+
+
+def test_process_runtime_start_reuse_refuse_status_logs_stop(cluster, tiny_model, stop_after):
+    profile = _profile()
+    plan = server.render_plan(cluster, profile)
+    assert plan.runtime == "process" and plan.head.serve_argv[0].endswith(".lab/vllm-venv/bin/python")
+    result = server.start(cluster, profile, plan)
+    _record("process", result)
+    r = result.readiness
+    assert r.port_open is not None and r.port_open <= r.health <= r.models <= r.first_token
+    assert result.base_url == "http://10.77.0.11:8000"
+    head_log = result.startup["head"]
+    assert head_log["kv_tokens"] and head_log["startup_complete"]
+    assert result.startup["worker"]["headless_master"] == "169.254.77.1:29501"
+    assert result.startup["worker"]["world"]["init_method"] == "tcp://169.254.77.1:29501"
+    assert [row["tokens"] for row in result.capacity] == [128, 781, 1953, 4096]
+    assert result.ok, result.checks.to_text()
+
+    # the same configuration again: reused (the seeds' "exit 3"), not restarted
+    t0 = time.monotonic()
+    again = server.start(cluster, profile, server.render_plan(cluster, profile))
+    assert again.reused
+    assert [c.status.value for c in again.checks if c.name == "server started"] == ["NO-OP"]
+    assert time.monotonic() - t0 < 60
+
+    # a different configuration: refused with the stop command
+    other = _profile(MAX_NUM_SEQS="4")
+    with pytest.raises(ActionError) as exc:
+        server.start(cluster, other, server.render_plan(cluster, other))
+    assert "different vLLM server" in exc.value.what and "runbook stop" in exc.value.fix
+
+    st = server.status(cluster, profile)
+    assert st["health"] == 200 and st["nodes"]["head"]["running"] and st["nodes"]["worker"]["running"]
+    assert "Launching vLLM" in server.logs(cluster, profile, "worker", tail_lines=500)
+
+    # stop through the CLI: both ranks (the headless worker does not exit by itself)
+    args = [sys.executable, "-m", "runbook", "stop", "--profile", "env/lab.env"]
+    for k, v in OVERRIDES.items():
+        args += ["-p", f"{k}={v}"]
+    t0 = time.monotonic()
+    proc = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+    TIMINGS["process"]["stop_s"] = round(time.monotonic() - t0, 1)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("no vLLM process or container left") == 2
+    _assert_nothing_left(cluster, profile)
+
+
+# ----------------------------------------------------------------------------- faults
+
+def test_dead_worker_ends_the_wait_within_30s_with_both_log_tails(cluster, tiny_model, stop_after):
+    profile = _profile()
+    plan = server.render_plan(cluster, profile)
+    killed: dict[str, float] = {}
+
+    def kill_worker_soon():
+        def run():
+            worker = cluster.worker
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:        # wait until the worker is booting, then kill it
+                if "Launching vLLM" in worker.read(f"cat {quote(plan.rank('worker').log_path)}").stdout:
+                    break
+                time.sleep(1)
+            worker.run(f"kill -9 $(cat {quote(plan.rank('worker').pid_path)})")
+            killed["t"] = time.monotonic()
+        threading.Thread(target=run, daemon=True).start()
+
+    with pytest.raises(ActionError) as exc:
+        server.start(cluster, profile, plan, on_launched=kill_worker_soon)
+    detected = exc.value.result.failure_detected_at - killed["t"]     # the wait ended (cleanup follows)
+    TIMINGS["dead_worker_detected_s"] = round(detected, 1)
+    assert detected <= 30
+    assert "worker rank died" in exc.value.what
+    assert "--- head log tail ---" in exc.value.observed and "--- worker log tail ---" in exc.value.observed
+    _assert_nothing_left(cluster, profile)         # the failed start cleaned up after itself
+
+
+def test_workers_master_port_disagreeing_is_refused_before_anything_runs(cluster, tiny_model):
+    profile = _profile()
+    plan = server.render_plan(cluster, profile, node_overrides={"worker": {"master_port": 29599}})
+    t0 = time.monotonic()
+    with pytest.raises(ActionError) as exc:
+        server.start(cluster, profile, plan)
+    assert time.monotonic() - t0 < 10
+    assert "worker --master-port 29599 but head --master-port 29501" in exc.value.observed
+    _assert_nothing_left(cluster, profile)
+
+
+# ----------------------------------------------------------------------------- docker runtime
+
+def test_docker_runtime_start_and_stop(cluster, tiny_model, stop_after):
+    profile = _profile(RUNTIME="docker")
+    checks = image.ensure_image(cluster, profile)
+    assert not checks.failures(), checks.to_text()
+    plan = server.render_plan(cluster, profile)
+    assert plan.head.docker_argv[:3] == ["docker", "run", "-d"]
+    result = server.start(cluster, profile, plan)
+    _record("docker", result)
+    assert result.ok, result.checks.to_text()
+    assert result.startup["head"]["kv_tokens"] and result.readiness.first_token is not None
+    st = server.status(cluster, profile)
+    assert st["nodes"]["head"]["runtime"] == "docker" and st["nodes"]["worker"]["container"] == "running"
+    stopped = server.stop(cluster, profile)
+    assert stopped.ok, stopped.checks.to_text()
+    _assert_nothing_left(cluster, profile)
+
+
+def test_image_is_shipped_head_to_worker_when_the_worker_lacks_it(cluster):
+    tag = "spark-runbook/lab-runtime:ship-test"
+    profile = _profile(RUNTIME="docker", IMAGE=tag)
+    cluster.head.run(f"docker tag spark-runbook/lab-runtime:1 {tag}")
+    cluster.worker.run(f"docker rmi {tag} >/dev/null 2>&1; true")
+    try:
+        before = image.plan_image(profile, image.image_infos(cluster, tag))
+        assert before.action == "ship" and before.targets == ["worker"]
+        checks = image.ensure_image(cluster, profile)
+        assert not checks.failures(), checks.to_text()
+        assert image.plan_image(profile, image.image_infos(cluster, tag)).action == "none"
+    finally:
+        for node in cluster:
+            node.run(f"docker rmi {tag} >/dev/null 2>&1; true")

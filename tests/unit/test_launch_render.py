@@ -1,0 +1,408 @@
+"""Render (runbook.launch) against the seed recipes, flag by flag, plus golden files per recipe/rank.
+
+The expected values below are transcribed from /work/shared/reference/seeds-repos.md: seed A
+(`start.sh` @ 503b482) §A.3 serve flags and §A.4 docker flags/env; seed B (compose, Vision-Exp era)
+§B.2 serve argv, docker flags and env. Regenerate the golden files with UPDATE_GOLDEN=1 after an
+intended change and review the diff.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+
+from runbook import launch
+from runbook.launch import NodeFacts, check_consistency, render
+from runbook.profile import REPO_ROOT, load_profile
+
+ENV = REPO_ROOT / "env"
+GOLDEN = Path(__file__).parent / "golden" / "launch"
+HOME = "/home/spark"
+FACTS = {"head": NodeFacts(home=HOME), "worker": NodeFacts(home=HOME)}
+
+
+def _plan(name: str, overrides=None, facts=None, **kw):
+    return render(load_profile(ENV / f"{name}.env", overrides), facts or FACTS, **kw)
+
+
+def flags(argv: list[str]) -> dict[str, str | bool]:
+    """--flag value / --flag (bool) -> dict; repeated flags keep the last value."""
+    out: dict[str, str | bool] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            if "=" in a:
+                k, v = a.split("=", 1)
+                out[k] = v
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                vals = []
+                j = i + 1
+                while j < len(argv) and not argv[j].startswith("--"):
+                    vals.append(argv[j])
+                    j += 1
+                out[a] = " ".join(vals)
+                i = j
+                continue
+            else:
+                out[a] = True
+        i += 1
+    return out
+
+
+def docker_opts(argv: list[str]) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    """docker run argv -> (options before the image, -v values, -e values)."""
+    opts, vols, envs = [], [], []
+    i = 2
+    while i < len(argv):
+        a = argv[i]
+        if a == "--entrypoint":
+            opts.append((a, argv[i + 1]))
+            break
+        if a in ("-v", "-e", "--name", "--gpus", "--shm-size", "--stop-timeout", "--oom-score-adj", "--cap-add",
+                 "--device", "--ulimit", "--network", "--label"):
+            val = argv[i + 1]
+            (vols if a == "-v" else envs if a == "-e" else opts).append(val if a in ("-v", "-e") else (a, val))
+            i += 2
+            continue
+        opts.append((a, ""))
+        i += 1
+    return opts, vols, envs
+
+
+# ----------------------------------------------------------------------------- seed A (exl3-v41)
+
+SEED_A_SERVE = {
+    "--served-model-name": "DeepSeek-v4.1-Flash-EXL3", "--host": "0.0.0.0", "--port": "8888",
+    "--tensor-parallel-size": "2", "--nnodes": "2", "--master-addr": "10.0.0.1", "--master-port": "29521",
+    "--distributed-executor-backend": "mp", "--tokenizer-mode": "deepseek_v41",
+    "--tool-call-parser": "deepseek_v41", "--reasoning-parser": "deepseek_v41", "--enable-auto-tool-choice": True,
+    "--enable-prefix-caching": True, "--enable-prompt-tokens-details": True,
+    "--no-enable-flashinfer-autotune": True, "--hf-overrides": '{"engram_table_dir":"/engram-src"}',
+    "--quantization": "exl3", "--max-model-len": "600000", "--gpu-memory-utilization": "0.88",
+    "--max-num-seqs": "2", "--max-num-batched-tokens": "1536", "--long-prefill-token-threshold": "1280",
+    "--kv-cache-memory-bytes": "2684354560", "--block-size": "64",
+    "--speculative-config": '{"method":"dspark","num_speculative_tokens":3}',
+    "--chat-template": "/opt/dsv41/chat_template.jinja", "--mm-encoder-tp-mode": "data",
+    "--limit-mm-per-prompt": '{"image":100}', "--skip-mm-profiling": True,
+    "--cudagraph-capture-sizes": "1 2 3 4 6 8 12 18 24",
+}
+SEED_A_ABSENT = ["--kv-cache-dtype", "--enforce-eager", "--language-model-only", "--api-key"]
+SEED_A_DOCKER = [("--gpus", "all"), ("--network", "host"), ("--ipc=host", ""), ("--shm-size", "32g"),
+                 ("--stop-timeout", "60"), ("--oom-score-adj", "1000"), ("--cap-add", "SYS_PTRACE"),
+                 ("--device", "/dev/infiniband"), ("--cap-add", "IPC_LOCK"), ("--ulimit", "memlock=-1"),
+                 ("--ulimit", "stack=67108864")]
+SEED_A_COMMON_ENV = {
+    "NCCL_IB_DISABLE": "0", "NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_NET": "IB", "NCCL_NET_PLUGIN": "none",
+    "NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0", "NCCL_IB_MERGE_NICS": "0", "NCCL_CROSS_NIC": "0",
+    "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN", "NCCL_BUFFSIZE": "1048576",
+    "NCCL_LL128_BUFFSIZE": "262144", "NCCL_PROTO": "^LL128", "NCCL_MAX_NCHANNELS": "8",
+    "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1", "CUDA_LAUNCH_BLOCKING": "0", "DSV41_EXL3_SERIAL_STREAMS": "1",
+    "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256", "DSV41_PREFILL_EMPTY_CACHE_TOKENS": "8192",
+    "DSV41_PREFILL_EMPTY_CACHE_MEMAVAIL_GIB": "2.5", "DSV41_PREFILL_END_EMPTY_CACHE": "0",
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": "/root/.cache/vllm",
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800", "TORCH_CUDA_ARCH_LIST": "12.1a",
+    "FLASHINFER_CUDA_ARCH_LIST": "12.1a", "FLASHINFER_DISABLE_VERSION_CHECK": "1",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "VLLM_ENGINE_READY_TIMEOUT_S": "1500",
+    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1",
+    "DSV41_EXL3_K_MAP": "/opt/dsv41/exl3_k_map.json", "GLM53_DENSE_FP8": "off", "DSV41_SOURCE": "/engram-src",
+}
+SEED_A_RANK_ENV = {
+    "head": {"NCCL_SOCKET_IFNAME": "enp1s0f1np1", "GLOO_SOCKET_IFNAME": "enp1s0f1np1", "NCCL_IB_HCA": "rocep1s0f1",
+             "NCCL_IB_GID_INDEX": "3", "VLLM_HOST_IP": "10.0.0.1"},
+    "worker": {"NCCL_SOCKET_IFNAME": "enp1s0f0np0", "GLOO_SOCKET_IFNAME": "enp1s0f0np0",
+               "NCCL_IB_HCA": "rocep1s0f0", "NCCL_IB_GID_INDEX": "3", "VLLM_HOST_IP": "10.0.0.2"},
+}
+
+
+@pytest.mark.parametrize("node,rank", [("head", 0), ("worker", 1)])
+def test_seed_a_serve_flags(node, rank):
+    r = _plan("exl3-v41").rank(node)
+    argv = r.serve_argv
+    assert argv[:3] == ["vllm", "serve", "/model"]
+    f = flags(argv[3:])
+    for k, v in SEED_A_SERVE.items():
+        assert f.get(k) == v, f"{k}: rendered {f.get(k)!r}, seed A {v!r}"
+    assert f["--node-rank"] == str(rank)
+    assert (f.get("--headless") is True) == (node == "worker")      # worker adds --headless, keeps --port
+    for k in SEED_A_ABSENT:
+        assert k not in f, k
+
+
+@pytest.mark.parametrize("node", ["head", "worker"])
+def test_seed_a_docker_flags_and_env(node):
+    r = _plan("exl3-v41").rank(node)
+    opts, vols, envs = docker_opts(r.docker_argv)
+    for o in SEED_A_DOCKER:
+        assert o in opts, o
+    assert ("--name", f"dsv41-exl3-{node}") in opts
+    assert f"{HOME}/.cache/dsv41-flash-exl3/model:/model:ro" in vols
+    assert f"{HOME}/.cache/vllm-dsv41-flash-exl3:/root/.cache/vllm" in vols
+    assert f"{HOME}/.cache/vllm-dsv41-flash-exl3/engram-src:/engram-src:ro" in vols
+    assert not any(":/engram-packed" in v for v in vols)          # no packed shard on this node (fact)
+    env = dict(e.split("=", 1) for e in envs)
+    for k, v in {**SEED_A_COMMON_ENV, **SEED_A_RANK_ENV[node]}.items():
+        assert env.get(k) == v, f"{k}: rendered {env.get(k)!r}, seed A {v!r}"
+    assert "TP_SOCKET_IFNAME" not in env and "MASTER_ADDR" not in env    # seed A: master is a CLI flag
+    assert "DSV41_PACKED_DIR" not in env
+
+
+def test_seed_a_packed_engram_only_where_the_rank_file_exists():
+    facts = {"head": NodeFacts(home=HOME, packed_engram=True), "worker": NodeFacts(home=HOME)}
+    plan = _plan("exl3-v41", facts=facts)
+    _, hv, he = docker_opts(plan.head.docker_argv)
+    _, wv, we = docker_opts(plan.rank("worker").docker_argv)
+    assert f"{HOME}/dsv41-engram:/engram-packed:ro" in hv and "DSV41_PACKED_DIR=/engram-packed" in he
+    assert not any("engram-packed" in v for v in wv + we)
+
+
+# ----------------------------------------------------------------------------- seed B (dspark-v4)
+
+SEED_B_SERVE = {
+    "--revision": "86f746b36186f0e567729a5c06a8c918caba82a9", "--served-model-name": "deepseek-v4-flash-vision-exp",
+    "--host": "0.0.0.0", "--port": "8888", "--trust-remote-code": True, "--tensor-parallel-size": "2",
+    "--pipeline-parallel-size": "1", "--kv-cache-dtype": "nvfp4_ds_mla", "--block-size": "256",
+    "--max-model-len": "1048576", "--max-num-seqs": "6", "--max-num-batched-tokens": "8192",
+    "--long-prefill-token-threshold": "1024", "--max-cudagraph-capture-size": "48",
+    "--gpu-memory-utilization": "0.80", "--enable-prefix-caching": True, "--enable-prompt-tokens-details": True,
+    "--async-scheduling": True, "--enable-chunked-prefill": True,
+    "--speculative-config": '{"method":"dspark","num_speculative_tokens":6,"draft_sample_method":"probabilistic"}',
+    "--tokenizer-mode": "deepseek_v4", "--distributed-executor-backend": "mp", "--moe-backend": "flashinfer_b12x",
+    "--tool-call-parser": "deepseek_v4", "--enable-auto-tool-choice": True, "--reasoning-parser": "deepseek_v4",
+    "--reasoning-config": '{"reasoning_parser":"deepseek_v4","reasoning_start_str":"<think>",'
+                          '"reasoning_end_str":"</think>"}',
+    "--default-chat-template-kwargs": '{"thinking":true,"reasoning_effort":"low"}',
+    "--generation-config": "vllm", "--enable-flashinfer-autotune": True, "--nnodes": "2",
+    "--master-addr": "10.0.0.1", "--master-port": "25000", "--limit-mm-per-prompt": '{"image":8}',
+}
+SEED_B_DOCKER = [("--gpus", "all"), ("--network", "host"), ("--ipc=host", ""), ("--shm-size", "64g"),
+                 ("--device", "/dev/infiniband"), ("--ulimit", "memlock=-1"), ("--ulimit", "stack=67108864")]
+SEED_B_ENV = {
+    "HF_HOME": "/cache/huggingface", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_XET": "1",
+    "DSPARK_MODEL": "deepseek-ai/DeepSeek-V4-Flash-Vision-Exp",
+    "DSPARK_REVISION": "86f746b36186f0e567729a5c06a8c918caba82a9",
+    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "4096", "DSPARK_MAX_INFLIGHT_PREFILLS": "2",
+    "VLLM_CACHE_ROOT": "/cache/huggingface/vllm-cache", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0",
+    "VLLM_USE_FLASHINFER_SAMPLER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800", "VLLM_USE_B12X_MOE": "1", "TORCH_CUDA_ARCH_LIST": "12.1a",
+    "FLASHINFER_CUDA_ARCH_LIST": "12.1a", "CUTE_DSL_ARCH": "sm_121a", "FLASHINFER_DISABLE_VERSION_CHECK": "1",
+    "FLASHINFER_WORKSPACE_BASE": "/cache/huggingface/flashinfer", "TILELANG_CLEANUP_TEMP_FILES": "1",
+    "TILELANG_CACHE_DIR": "/cache/huggingface/tilelang-cache", "DG_JIT_USE_NVRTC": "0",
+    "DG_JIT_NVCC_COMPILER": "/usr/local/cuda/bin/nvcc", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ROCE_VERSION_NUM": "2",
+    "NCCL_CROSS_NIC": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN",
+    "NCCL_NVLS_ENABLE": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "25000", "MTP_NUM_TOKENS": "6",
+    "DRAFT_SAMPLE_METHOD": "probabilistic", "DEFAULT_THINKING": "low", "TP_SIZE": "2", "NNODES": "2",
+    "TRITON_CACHE_DIR": "/cache/huggingface/triton-cache", "LIMIT_MM_PER_PROMPT": '{"image":8}',
+}
+SEED_B_RANK_ENV = {
+    "head": {"NODE_RANK": "0", "HEADLESS": "", "VLLM_HOST_IP": "10.0.0.1", "NCCL_IB_HCA": "rocep1s0f1",
+             "NCCL_SOCKET_IFNAME": "enp1s0f1np1", "TP_SOCKET_IFNAME": "enp1s0f1np1",
+             "GLOO_SOCKET_IFNAME": "enp1s0f1np1"},
+    "worker": {"NODE_RANK": "1", "HEADLESS": "1", "VLLM_HOST_IP": "10.0.0.2", "NCCL_IB_HCA": "rocep1s0f0",
+               "NCCL_SOCKET_IFNAME": "enp1s0f0np0", "TP_SOCKET_IFNAME": "enp1s0f0np0",
+               "GLOO_SOCKET_IFNAME": "enp1s0f0np0"},
+}
+
+
+@pytest.mark.parametrize("node,rank", [("head", 0), ("worker", 1)])
+def test_seed_b_serve_argv(node, rank):
+    r = _plan("dspark-v4").rank(node)
+    argv = r.serve_argv
+    assert argv[:3] == ["vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash-Vision-Exp"]
+    f = flags(argv[3:])
+    for k, v in SEED_B_SERVE.items():
+        assert f.get(k) == v, f"{k}: rendered {f.get(k)!r}, seed B {v!r}"
+    assert f["--node-rank"] == str(rank)
+    assert (f.get("--headless") is True) == (node == "worker")
+    assert "--api-key" not in f and "--quantization" not in f and "--enforce-eager" not in f
+
+
+@pytest.mark.parametrize("node", ["head", "worker"])
+def test_seed_b_docker_and_env(node):
+    r = _plan("dspark-v4").rank(node)
+    opts, vols, envs = docker_opts(r.docker_argv)
+    for o in SEED_B_DOCKER:
+        assert o in opts, o
+    assert ("--name", "deepseek-v4-flash-vllm-dspark-1") in opts
+    assert ("--entrypoint", "vllm") in opts
+    assert r.docker_argv[r.docker_argv.index("--entrypoint") + 2] == \
+        "ghcr.io/anemll/dspark-vllm-gx10:0.1.1@sha256:a83948492cf13df455170fb42885f5ef4db54fefe0feff0f841ecbff464ac9d8"
+    assert f"{HOME}/.cache/huggingface:/cache/huggingface" in vols
+    env = dict(e.split("=", 1) for e in envs)
+    for k, v in {**SEED_B_ENV, **SEED_B_RANK_ENV[node]}.items():
+        assert env.get(k) == v, f"{k}: rendered {env.get(k)!r}, seed B {v!r}"
+    assert "NCCL_IB_GID_INDEX" not in env      # NCCL_IB_GID_AUTO: leave it to NCCL per HCA
+
+
+def test_seed_b_capture_size_is_rounded_up_to_8():
+    # "plain 42 truncates to 40 and costs 12 % at c=6": 6 x (6+1) = 42 -> 48
+    assert flags(_plan("dspark-v4").head.serve_argv)["--max-cudagraph-capture-size"] == "48"
+    assert flags(_plan("dspark-v4", {"MAX_NUM_SEQS": "4"}).head.serve_argv)["--max-cudagraph-capture-size"] == "32"
+
+
+# ----------------------------------------------------------------------------- lab
+
+@pytest.mark.parametrize("runtime", ["process", "docker"])
+def test_lab_drops_gpu_and_rdma_and_adds_cpu_knobs(runtime):
+    plan = _plan("lab", {"RUNTIME": runtime})
+    for r in plan.ranks:
+        env = r.env
+        assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == str(r.rank)
+        assert env["VLLM_HOST_IP"] == ("169.254.77.1" if r.rank == 0 else "169.254.77.2")
+        for k in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            assert env[k] == "enp1s0f0np0"
+        assert "NCCL_IB_HCA" not in env and "NCCL_IB_GID_INDEX" not in env
+        f = flags(r.serve_argv)
+        assert f["--enforce-eager"] is True and f["--distributed-executor-backend"] == "mp"
+        assert f["--master-addr"] == "169.254.77.1" and f["--master-port"] == "29501"
+        assert f["--tool-strict-level"] == "parameter"
+        if runtime == "docker":
+            joined = " ".join(r.docker_argv)
+            assert "--gpus" not in joined and "/dev/infiniband" not in joined and "memlock" not in joined
+            assert "--network host" in joined and "stack=67108864" in joined
+            assert "--ipc=host" not in joined and "--shm-size 1g" in joined   # nodes share /dev/shm
+
+
+def test_lab_vllm_bin_relative_parts_resolve_against_the_repo_root():
+    r = _plan("lab").head
+    assert r.serve_argv[:3] == [str(REPO_ROOT / ".lab/vllm-venv/bin/python"),
+                                str(REPO_ROOT / "runbook/lab/vllm_cli.py"), "serve"]
+
+
+def test_process_start_command_backgrounds_only_the_server():
+    cmd = _plan("lab").head.start_command()
+    assert " setsid nohup " in cmd and "< /dev/null & echo $! >" in cmd
+    # the && chain must end before the background job, else $! would be a subshell
+    assert "&& env " not in cmd and cmd.count(" & ") == 1
+
+
+def test_docker_start_command_labels_the_fingerprint():
+    plan = _plan("lab", {"RUNTIME": "docker"})
+    cmd = plan.head.start_command()
+    assert f"--label spark-runbook.fingerprint={plan.fingerprint}" in cmd
+    assert cmd.index("docker rm -f spark-runbook-head") < cmd.index("docker run -d")
+
+
+# ----------------------------------------------------------------------------- secrets, fingerprint, consistency
+
+def test_api_key_is_a_masked_environment_reference_never_a_value():
+    plan = _plan("lab", api_key_set=True)
+    head = plan.head
+    assert head.secret_env == ["VLLM_API_KEY"] and "VLLM_API_KEY" not in head.env
+    assert "VLLM_API_KEY=***" in shlex.join(head.display_argv())
+    assert 'VLLM_API_KEY="$VLLM_API_KEY"' in head.start_command()
+    assert "--api-key" not in head.serve_argv
+    assert plan.rank("worker").secret_env == []
+    dplan = _plan("exl3-v41", api_key_set=True)
+    assert dplan.head.docker_argv[dplan.head.docker_argv.index("VLLM_API_KEY") - 1] == "-e"
+    rec = json.dumps(plan.to_record())
+    assert '"VLLM_API_KEY": "***"' in rec
+
+
+def test_fingerprint_is_stable_and_tracks_configuration():
+    a, b = _plan("lab"), _plan("lab")
+    assert a.fingerprint == b.fingerprint and len(a.fingerprint) == 64
+    assert _plan("lab", {"MAX_NUM_SEQS": "4"}).fingerprint != a.fingerprint
+    assert _plan("lab", {"RUNTIME": "docker"}).fingerprint != a.fingerprint
+    assert _plan("lab", api_key_set=True).fingerprint != a.fingerprint     # presence, not value
+    assert all(r.fingerprint == a.fingerprint for r in a.ranks)
+
+
+def test_consistency_catches_a_worker_with_another_master_port():
+    plan = _plan("lab", node_overrides={"worker": {"master_port": 29599}})
+    assert flags(plan.rank("worker").serve_argv)["--master-port"] == "29599"   # rendered honestly
+    problems = check_consistency(plan)
+    assert problems == ["worker --master-port 29599 but head --master-port 29501"]
+    assert check_consistency(_plan("lab")) == []
+    with pytest.raises(ValueError):
+        _plan("lab", node_overrides={"worker": {"tp": 3}})
+
+
+def test_gid_index_pinned_or_from_the_network_step():
+    plan = _plan("exl3-v41", {"HEAD_GID": "auto", "WORKER_GID": "5"},
+                 facts={"head": NodeFacts(home=HOME, gid_index=4), "worker": NodeFacts(home=HOME, gid_index=9)})
+    assert plan.head.env["NCCL_IB_GID_INDEX"] == "4"        # auto -> resolved by step 01
+    assert plan.rank("worker").env["NCCL_IB_GID_INDEX"] == "5"   # pinned wins
+    plan = _plan("exl3-v41", {"HEAD_GID": "auto"})
+    assert "NCCL_IB_GID_INDEX" not in plan.head.env          # unresolved: not pinned, visible in the plan
+
+
+def test_capacity_sizes_scale_in_the_lab():
+    sizes = launch.lab_scaled_sizes(load_profile(ENV / "lab.env"))
+    assert [n for _, n in sizes] == [128, 781, 1953, 4096]
+    assert [n for _, n in launch.lab_scaled_sizes(load_profile(ENV / "dspark-v4.env"))] == \
+        [32768, 200000, 500000, 1048576]
+
+
+# ----------------------------------------------------------------------------- golden files
+
+CASES = [("exl3-v41", {}), ("dspark-v4", {}), ("lab", {}), ("lab", {"RUNTIME": "docker"})]
+
+
+def _golden_record(r) -> dict:
+    rec = {"serve_argv": r.serve_argv, "env": r.env, "secret_env": r.secret_env, "docker_argv": r.docker_argv}
+    return json.loads(json.dumps(rec).replace(str(REPO_ROOT), "<repo>"))
+
+
+@pytest.mark.parametrize("name,ov", CASES, ids=[f"{n}-{o.get('RUNTIME', 'default')}" for n, o in CASES])
+@pytest.mark.parametrize("node", ["head", "worker"])
+def test_golden(name, ov, node):
+    plan = _plan(name, ov)
+    got = _golden_record(plan.rank(node))
+    path = GOLDEN / f"{name}-{ov.get('RUNTIME', 'default')}-{node}.json"
+    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(got, indent=1) + "\n")
+    assert got == json.loads(path.read_text()), f"render changed; review and UPDATE_GOLDEN=1 ({path})"
+
+
+# ----------------------------------------------------------------------------- pure helpers of the actions
+
+def test_image_plan():
+    from runbook.actions.image import plan_image
+    from runbook.facts.system import ImageInfo
+    lab = load_profile(ENV / "lab.env", {"RUNTIME": "docker"})
+    a, b = ImageInfo("sha256:" + "a" * 64, ["sha256:l1"]), ImageInfo("sha256:" + "b" * 64, ["sha256:l1"])
+    assert plan_image(lab, {"head": a, "worker": b}).action == "none"        # same layers, different .Id
+    p = plan_image(lab, {"head": a, "worker": None})
+    assert (p.action, p.targets) == ("ship", ["worker"])
+    assert plan_image(lab, {"head": None, "worker": a}).action == "fail"      # the lab never pulls
+    seed_b = load_profile(ENV / "dspark-v4.env")                               # digest-pinned
+    assert plan_image(seed_b, {"head": None, "worker": None}).action == "pull"
+    seed_a = load_profile(ENV / "exl3-v41.env")                                # a moving tag: never pulled
+    assert plan_image(seed_a, {"head": None, "worker": None}).action == "fail"
+    assert plan_image(seed_a, {"head": a, "worker": ImageInfo(a.image_id, ["sha256:l2"])}).action == "ship"
+
+
+def test_vllm_process_matching_and_progress():
+    from runbook.actions import server
+    ps = server._parse_ps(
+        "  10    10 Sl   /v/bin/python /repo/runbook/lab/vllm_cli.py serve /m --port 8000\n"
+        "  11    10 Sl   VLLM::EngineCore\n"
+        "  12    10 S    /v/bin/python -c from multiprocessing.resource_tracker import main;main(31)\n"
+        "  13    13 Z    [python] <defunct>\n"
+        "  20    20 S    /v/bin/python -m runbook.lab.tinymodel --out /tmp/x   (vllm-venv, not a server)\n"
+        "  30    30 S    vllm serve /model --port 8888\n")
+    assert [p[0] for p in server._vllm_procs(ps, pgid=10)] == [10, 11, 12, 30]
+    assert [p[0] for p in server._vllm_procs(ps)] == [10, 11, 30]
+    W = server._Watch
+    assert server._progress(W(True, 10, ["a"] * 10), W(True, 11, ["a"] * 10 + ["Loading weights took 1 s"]))
+    assert not server._progress(W(True, 10, ["x"]), W(True, 11, ["x", 'INFO: 1.2.3.4 - "GET /health HTTP/1.1" 200']))
+    assert not server._progress(W(True, 10, []), W(True, 10, []))
+
+
+def test_gids_from_the_network_sidecar_and_api_host():
+    from runbook.actions import server
+    side = {"checks": [{"name": "net.gid", "node": "head", "data": {"resolved": 3}},
+                       {"name": "net.gid", "node": "worker", "data": {}},
+                       {"name": "net.mtu", "node": "head", "data": {"resolved": 9}}]}
+    assert server.gids_from_network_sidecar(side) == {"head": 3}
+    assert server.gids_from_network_sidecar(None) == {}
+    assert server.api_host(load_profile(ENV / "exl3-v41.env")) == "spark1"
+    assert server.api_host(load_profile(ENV / "lab.env", {"HEAD_SSH": "root@10.1.2.3:2222", "SSH_CONFIG": ""})) \
+        == "10.1.2.3"
