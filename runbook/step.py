@@ -43,9 +43,8 @@ class Step:
     def raw_dir(self) -> Path:
         return self.run.path / "raw" / self.name
 
-    def add(self, items: Check | Iterable[Check]) -> CheckList:
+    def add(self, items: Check | Iterable[Check]) -> None:
         self.checks.add(items)
-        return self.checks
 
     def raw(self, name: str, text: str) -> str:
         """Archive a raw tool output under raw/<step>/; returns its run-relative path."""
