@@ -54,8 +54,8 @@ def test_launch_recorded_readiness_and_rendered_commands(full_run):
     data = _sidecar(run_dir, "04_launch")["data"]
     assert data["base_url"].startswith("http://")
     readiness = data["launch"]["readiness_s"]
-    assert set(readiness) >= {"port", "health", "models", "first_token"}
-    assert readiness["port"] <= readiness["health"] <= readiness["models"] <= readiness["first_token"]
+    assert set(readiness) >= {"port_open", "health", "models", "first_token"}
+    assert readiness["port_open"] <= readiness["health"] <= readiness["models"] <= readiness["first_token"]
     rendered = json.loads((run_dir.path / "raw/04_launch/rendered.json").read_text())
     text = json.dumps(rendered)
     assert "--headless" in text and "--nnodes" in text and "169.254.77.1" in text
