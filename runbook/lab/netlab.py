@@ -849,6 +849,16 @@ def status(lab_dir: Path | None = None) -> dict:
     return _status(Path(lab_dir or DEFAULT_LAB_DIR).resolve())
 
 
+def _any_node_alive(lab_dir: Path) -> bool:
+    """Whether the lab of ``lab_dir`` still has a live node. A lab whose node processes are gone
+    (a crashed run, or a machine handed on after its processes were ended) is stale: its leftover
+    namespaces and links are cleaned by the next ``up``, whichever folder it came from."""
+    try:
+        return any(n.get("sshd_alive") for n in _status(lab_dir)["nodes"].values())
+    except Exception:  # noqa: BLE001 - unreadable state: be safe and treat it as alive
+        return True
+
+
 def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -> LabInfo:
     """Bring the lab up (idempotent) and return how to reach it.
 
@@ -865,7 +875,7 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
             _ensure_packages(log)
         with contextlib.suppress(OSError, ValueError):
             other = json.loads(MARKER.read_text()).get("lab_dir")
-            if other and other != str(lab_dir) and _lab_present():
+            if other and other != str(lab_dir) and _lab_present() and _any_node_alive(Path(other)):
                 raise LabError("another lab is running on this machine (the nl-* names are machine-wide)",
                                observed=f"lab from {other}", expected=f"no lab, or the lab of {lab_dir}",
                                fix=f"bring it down first: `python -m runbook lab down --lab-dir {other}`")
