@@ -273,6 +273,8 @@ def _build_rails(ctx: _Ctx) -> list[Rail] | None:
             ends.append(RailEnd(node=node.name, iface=iface, ip=ip, hca=netdev_hca.get(iface, "")))
         per_node[node.name] = ends
     counts = {n: len(e) for n, e in per_node.items()}
+    if len(set(counts.values())) > 1 and len(per_node) > 2:
+        return _subnet_rails(ctx, per_node)
     if len(set(counts.values())) > 1:
         ctx.add(check("net.rails", False, node="cluster",
                       observed="; ".join(f"{n}: {', '.join(e.iface for e in per_node[n])}" for n in counts),
@@ -285,10 +287,50 @@ def _build_rails(ctx: _Ctx) -> list[Rail] | None:
     return rails
 
 
+def _subnet_rails(ctx: _Ctx, per_node: dict[str, list[RailEnd]]) -> list[Rail] | None:
+    """Three or more nodes whose rail counts differ (seed B TP3: the head has one CX port per worker, each
+    link its own /24): a rail is one IPv4 subnet and joins the nodes with an interface in it. Traffic then
+    runs per pair on the rails both ends share; a pair without one (worker<->worker2 in a head-centred
+    star) is reported N/A (its traffic crosses BOOTSTRAP_IF / the head)."""
+    by_net: dict[str, dict[str, RailEnd]] = {}
+    for name, ends in per_node.items():
+        for end in ends:
+            for net in _iface(ctx.facts[name], end.iface).ipv4_networks:
+                ip = next((a for a in _iface(ctx.facts[name], end.iface).ipv4_addresses
+                           if ipaddress.ip_address(a) in net), end.ip)
+                by_net.setdefault(str(net), {}).setdefault(name, RailEnd(name, end.iface, ip, end.hca))
+    shared = sorted(((ipaddress.ip_network(net), ends) for net, ends in by_net.items() if len(ends) >= 2),
+                    key=lambda kv: (kv[0].network_address, kv[0].prefixlen))
+    rails = [Rail(index=k, ends=ends) for k, (_, ends) in enumerate(shared)]
+    lonely = [n for n in per_node if not any(n in r.ends for r in rails)]
+    desc = "; ".join(f"rail{r.index}: " + ", ".join(f"{e.node} {e.iface} {e.ip}" for e in r.ends.values())
+                     for r in rails)
+    ctx.add(check("net.rails", not lonely and bool(rails), node="cluster",
+                  observed=(f"per-subnet rails: {desc}" if not lonely else
+                            f"{', '.join(lonely)} share no fabric subnet with any other node; rails: {desc or 'none'}"),
+                  expected="every node on at least one rail (a subnet shared with another node)",
+                  fix="give both ends of each cable addresses in one /24 (seed B TP3: 10.0.22.0/24 head<->worker, "
+                      "10.0.23.0/24 head<->worker2) and list the facing HCAs in <NODE>_CX7_IB"))
+    if lonely or not rails:
+        return None
+    for a, b in _pairs(ctx):
+        if not any(a.name in r.ends and b.name in r.ends for r in rails):
+            ctx.add(not_applicable(f"net.path.{a.name}-{b.name}",
+                                   "no direct fabric rail between these nodes (head-centred links, seed B TP3); "
+                                   "their socket traffic uses BOOTSTRAP_IF", node="cluster"))
+    return rails
+
+
+def _pairs_on(ctx: _Ctx, rail: Rail, both_ways: bool = True):
+    """The node pairs (a, b) that are both ends of ``rail``."""
+    pairs = _both_ways(ctx) if both_ways else _pairs(ctx)
+    return [(a, b) for a, b in pairs if a.name in rail.ends and b.name in rail.ends]
+
+
 def _collect_rail_facts(ctx: _Ctx, rails: list[Rail]) -> None:
     def probe(node):
         f = ctx.facts[node.name]
-        ifs = [r.ends[node.name].iface for r in rails]
+        ifs = [r.ends[node.name].iface for r in rails if node.name in r.ends]
         for iface in ifs:
             r = _read(node, fnet.ethtool_cmd(iface), ctx.timeout)
             ctx.save(f"{node.name}/ethtool_{iface}.txt", _text(r))
@@ -314,7 +356,8 @@ def _static_checks(ctx: _Ctx, rails: list[Rail]) -> None:
     for node in ctx.nodes:
         f = ctx.facts[node.name]
         ev = [f"{EVIDENCE_PREFIX}/{node.name}/ip_addr.json"]
-        for rail in rails:
+        mine = [r for r in rails if node.name in r.ends]
+        for rail in mine:
             end = rail.ends[node.name]
             iface, itf, eth = end.iface, _iface(f, end.iface), f.ethtool.get(end.iface, fnet.Ethtool())
             # link up
@@ -358,7 +401,7 @@ def _static_checks(ctx: _Ctx, rails: list[Rail]) -> None:
             ctx.add(check(f"net.addr.{iface}", len(v4) == 1, node=node.name,
                           observed=f"{iface}: {', '.join(v4) or 'no IPv4'}", expected=f"{iface}: exactly one IPv4",
                           fix=f"give {iface} one static IPv4 (netplan/nmcli, dhcp4: no, link-local: [])", evidence=ev))
-            if rail.index == 0:
+            if iface == (_split(node.spec.fabric_if) or [""])[0]:     # the node's <NODE>_CX7_IF carries <NODE>_IP
                 want = str(node.spec.fabric_ip)
                 ctx.add(check("net.addr.profile_ip", want in itf.ipv4_addresses, node=node.name,
                               observed=f"{iface}: {', '.join(itf.ipv4_addresses) or 'no IPv4'}",
@@ -378,7 +421,7 @@ def _static_checks(ctx: _Ctx, rails: list[Rail]) -> None:
                               observed="rp_filter not readable", expected="0 or 2 (loose)", fix="run `sysctl net.ipv4.conf.all.rp_filter`"))
             else:
                 strict_bad = eff == 1
-                ctx.add(check(f"net.rp_filter.{iface}", not strict_bad, node=node.name, warn_only=len(rails) == 1,
+                ctx.add(check(f"net.rp_filter.{iface}", not strict_bad, node=node.name, warn_only=len(mine) == 1,
                               observed=f"effective rp_filter {eff} (all={f.rp.get('all', '?')}, {iface}={f.rp.get(iface, '?')})",
                               expected="0 or 2 (loose)",
                               fix=f"sysctl -w net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.{iface}.rp_filter=2 (persist in /etc/sysctl.d)"))
@@ -388,8 +431,8 @@ def _static_checks(ctx: _Ctx, rails: list[Rail]) -> None:
                           fix=f"set mtu {mtu_want} on {iface} on {node.name} (netplan `mtu:` / nmcli 802-3-ethernet.mtu) and re-apply",
                           evidence=ev))
         # twins in distinct subnets
-        if len(rails) > 1:
-            nets = [(r.ends[node.name].iface, n) for r in rails for n in _iface(f, r.ends[node.name].iface).ipv4_networks]
+        if len(mine) > 1:
+            nets = [(r.ends[node.name].iface, n) for r in mine for n in _iface(f, r.ends[node.name].iface).ipv4_networks]
             clash = [(a, b) for (a, na), (b, nb) in itertools.combinations(nets, 2) if na.overlaps(nb)]
             ctx.add(check("net.addr.twin_subnets", not clash, node=node.name,
                           observed="; ".join(f"{a} and {b} share a subnet" for a, b in clash) or
@@ -401,7 +444,7 @@ def _static_checks(ctx: _Ctx, rails: list[Rail]) -> None:
     # cluster-wide addressing
     owners: dict[str, list[str]] = {}
     for node in ctx.nodes:
-        for rail in rails:
+        for rail in (r for r in rails if node.name in r.ends):
             for ip in _iface(ctx.facts[node.name], rail.ends[node.name].iface).ipv4_addresses:
                 owners.setdefault(ip, []).append(f"{node.name}:{rail.ends[node.name].iface}")
     dups = {ip: o for ip, o in owners.items() if len({x.split(':')[0] for x in o}) > 1}
@@ -508,7 +551,7 @@ def _ping_checks(ctx: _Ctx, rails: list[Rail]) -> None:
     max_rtt = float(_p(ctx.profile, "max_rtt_ms", 1.0) or 1.0)
     size = mtu - 28
     for rail in rails:
-        for a, b in _both_ways(ctx):
+        for a, b in _pairs_on(ctx, rail):
             src, dst = rail.ends[a.name], rail.ends[b.name]
             name = f"ping_{rail.name}_{a.name}_to_{b.name}.txt"
             r = _read(a, fnet.ping_cmd(dst.ip, size=size, count=5, iface=src.iface), ctx.timeout)
@@ -536,7 +579,7 @@ def _iperf_checks(ctx: _Ctx, rails: list[Rail], seconds: int) -> None:
     min_gbps = float(_p(ctx.profile, "min_tcp_gbps", 0) or 0)
     port = IPERF_BASE_PORT
     for rail in rails:
-        for a, b in _both_ways(ctx):   # a sends (client), b receives (server)
+        for a, b in _pairs_on(ctx, rail):   # a sends (client), b receives (server)
             src, dst = rail.ends[a.name], rail.ends[b.name]
             port += 1
             tmo = seconds + 30
@@ -575,6 +618,8 @@ def _rdma_checks(ctx: _Ctx, rails: list[Rail], gid: GidPlan) -> None:
     for a, b in _both_ways(ctx):   # a = client (writer), b = server
         calls, meta = [], []
         for rail in rails:
+            if a.name not in rail.ends or b.name not in rail.ends:
+                continue
             src, dst = rail.ends[a.name], rail.ends[b.name]
             port = PERFTEST_BASE_PORT + rail.index
             if not src.hca or not dst.hca:
@@ -618,6 +663,8 @@ def _rdma_checks(ctx: _Ctx, rails: list[Rail], gid: GidPlan) -> None:
     # latency: one direction per rail is enough (it is a round trip)
     for a, b in _pairs(ctx):
         for rail in rails:
+            if a.name not in rail.ends or b.name not in rail.ends:
+                continue
             src, dst = rail.ends[a.name], rail.ends[b.name]
             if not src.hca or not dst.hca:
                 continue
@@ -719,12 +766,17 @@ def _sweep_checks(ctx: _Ctx, rails: list[Rail], python: str | None, max_bytes: i
                                node="cluster"))
         return
     rail = rails[0]
-    master = rail.ends[ctx.nodes[0].name].ip
     ranks = {n.name: k for k, n in enumerate(ctx.nodes)}
+    if all(n.name in rail.ends for n in ctx.nodes):
+        master = rail.ends[ctx.nodes[0].name].ip
+        ifaces = {n.name: rail.ends[n.name].iface for n in ctx.nodes}
+    else:       # no rail joins every node (per-subnet rails): the all-reduce runs where vLLM's Gloo does
+        master = str(getattr(ctx.profile, "master_addr", "") or ctx.nodes[0].spec.fabric_ip)
+        ifaces = {n.name: getattr(n.spec, "socket_if", "") or _split(n.spec.fabric_if)[0] for n in ctx.nodes}
 
     def run(node):
         cmd = sweep_cmd(python, rank=ranks[node.name], world_size=len(ctx.nodes), master=master,
-                        iface=rail.ends[node.name].iface, max_bytes=max_bytes)
+                        iface=ifaces[node.name], max_bytes=max_bytes)
         return _read(node, cmd, 150)
 
     outs = ctx.cluster.each(run)
@@ -736,7 +788,7 @@ def _sweep_checks(ctx: _Ctx, rails: list[Rail], python: str | None, max_bytes: i
         if sw.error or not sw.points:
             ctx.add(check("net.allreduce", False, node=node.name, observed=f"sweep failed: {sw.error or 'no results'}",
                           expected="gloo all-reduce 1 KiB..16 MiB completes", evidence=ev,
-                          fix=f"check {python} has torch, port {SWEEP_PORT} is free, and GLOO_SOCKET_IFNAME={rail.ends[node.name].iface} reaches {master}"))
+                          fix=f"check {python} has torch, port {SWEEP_PORT} is free, and GLOO_SOCKET_IFNAME={ifaces[node.name]} reaches {master}"))
             continue
         peak = sw.peak_busbw_gbs or 0.0
         last = sw.points[-1]

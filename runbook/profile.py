@@ -356,6 +356,7 @@ HfRepo = Str(_REPO, "a Hugging Face repo id owner/name", "deepseek-ai/DeepSeek-V
 Url = Str(r"https?://\S+", "an http(s) URL", "http://10.77.0.1:8765")
 ShmSize = Str(r"\d+(\.\d+)?[kKmMgGtT]?[bB]?", "a docker size", "32g")
 Word = Str(r"[A-Za-z0-9_.:-]+", "a single word (letters, digits, _ . : -)", "deepseek_v4")
+CpuBind = Str(r"\d+(-\d+)?(,\d+(-\d+)?)*", "one CPU or CPU range per rank, comma-separated", "0,1,1")
 
 # --------------------------------------------------------------------------------------------
 # the model: one field per key (attribute = lower-case key)
@@ -383,6 +384,8 @@ class Profile(BaseModel):
     command_timeout: Int(1, 86400) = Field(120, description="default timeout per remote command, s")
     lab: Bool = Field(False, description="bring up the embedded lab before running")
     lab_nodes: Int(2, 3) = Field(2, description="number of lab nodes (2 or 3)")
+    lab_cpu_bind: CpuBind = Field("", description="lab CPU vLLM: VLLM_CPU_OMP_THREADS_BIND per rank, "
+                                  "comma-separated (e.g. 0,1,1); empty = the rank number")
 
     # --- fabric
     head_ip: IPv4 = Field("", description="head fabric IPv4 (VLLM_HOST_IP, master address)")
@@ -398,6 +401,11 @@ class Profile(BaseModel):
     worker_gid: Gid = Field("auto", description="worker NCCL_IB_GID_INDEX or auto")
     worker2_gid: Gid = Field("auto", description="worker2 NCCL_IB_GID_INDEX or auto")
     fabric_mtu: Int(576, 9216) = Field(9000, description="expected fabric MTU")
+    bootstrap_if: IfName = Field("", description="interface common to every node for Gloo / NCCL socket / "
+                                 "TP TCP (seed B TP3_BOOTSTRAP_IFNAME); empty = each node's *_CX7_IF")
+    head_bootstrap_ip: IPv4 = Field("", description="head IPv4 on BOOTSTRAP_IF (VLLM_HOST_IP, master address)")
+    worker_bootstrap_ip: IPv4 = Field("", description="worker IPv4 on BOOTSTRAP_IF (its VLLM_HOST_IP)")
+    worker2_bootstrap_ip: IPv4 = Field("", description="worker2 IPv4 on BOOTSTRAP_IF (its VLLM_HOST_IP)")
     expect_rdma: Bool = Field(True, description="RoCE devices must exist and pass bandwidth checks")
     expect_gpu: Bool = Field(True, description="a GB10 GPU must be visible on every node")
     expect_link_gbps: Int(0, 1600) = Field(200, description="expected link speed; 0 = do not check")
@@ -532,7 +540,14 @@ class Profile(BaseModel):
 
     @property
     def master_addr(self) -> str:
-        return self.head_ip
+        """Rendezvous address: the head's BOOTSTRAP_IF address when set (seed B TP3: on a QSFP ring
+        the head's fabric address on one link is not reachable from the node on the other), else HEAD_IP."""
+        return self.head_bootstrap_ip if self.bootstrap_if else self.head_ip
+
+    def cpu_bind(self, rank: int) -> str:
+        """The lab CPU vLLM's VLLM_CPU_OMP_THREADS_BIND for a rank: LAB_CPU_BIND's item, else the rank."""
+        items = [x for x in self.lab_cpu_bind.split(",") if x]
+        return items[rank] if rank < len(items) else str(rank)
 
     @property
     def spec_k(self) -> int:
@@ -562,14 +577,17 @@ class Profile(BaseModel):
     @property
     def nodes(self) -> list["NodeSpec"]:
         """Nodes ordered by rank: head, worker[, worker2]."""
+        bif = self.bootstrap_if
         out = [
-            NodeSpec("head", 0, self.head_ssh, self.head_ip, self.head_cx7_if, list(self.head_cx7_ib), self.head_gid),
+            NodeSpec("head", 0, self.head_ssh, self.head_ip, self.head_cx7_if, list(self.head_cx7_ib), self.head_gid,
+                     self.head_bootstrap_ip if bif else "", bif),
             NodeSpec("worker", 1, self.worker_ssh, self.worker_ip, self.worker_cx7_if, list(self.worker_cx7_ib),
-                     self.worker_gid),
+                     self.worker_gid, self.worker_bootstrap_ip if bif else "", bif),
         ]
         if self.worker2_ssh:
             out.append(NodeSpec("worker2", 2, self.worker2_ssh, self.worker2_ip, self.worker2_cx7_if,
-                                list(self.worker2_cx7_ib), self.worker2_gid))
+                                list(self.worker2_cx7_ib), self.worker2_gid,
+                                self.worker2_bootstrap_ip if bif else "", bif))
         return out
 
     def node(self, name: str) -> "NodeSpec":
@@ -620,10 +638,22 @@ class NodeSpec:
     fabric_if: str
     ib_devs: list[str] = field(default_factory=list)
     gid: str | int = "auto"
+    bootstrap_ip: str = ""          # address on BOOTSTRAP_IF ("" = none: the fabric carries the bootstrap)
+    bootstrap_if: str = ""          # BOOTSTRAP_IF ("" = fabric_if)
 
     @property
     def is_head(self) -> bool:
         return self.rank == 0
+
+    @property
+    def host_ip(self) -> str:
+        """VLLM_HOST_IP of this rank: its BOOTSTRAP_IF address when set, else its fabric address."""
+        return self.bootstrap_ip or self.fabric_ip
+
+    @property
+    def socket_if(self) -> str:
+        """NCCL/GLOO/TP_SOCKET_IFNAME of this rank: BOOTSTRAP_IF when set, else its fabric netdev."""
+        return self.bootstrap_if or self.fabric_if
 
 
 KEYS: tuple[str, ...] = tuple(name.upper() for name in Profile.model_fields)
@@ -650,6 +680,9 @@ SEED_ALIASES: dict[str, str] = {
     "DSV41_BOOT_MARGIN_GIB": "BOOT_MARGIN_GIB", "DSV41_HANG_SECONDS": "HANG_SECONDS",
     "CACHE_ROOT": "CACHE_DIR", "DSPARK_WORKER_HF_NFS": "WEIGHT_SYNC", "NFS_SHARE": "WEIGHT_SYNC",
     "HF_DOWNLOAD_WORKERS": "HF_MAX_WORKERS", "GPU_MEM_UTILIZATION": "GPU_MEM_UTIL",
+    "TP3_MAX_NUM_SEQS": "MAX_NUM_SEQS", "TP3_BOOTSTRAP_IFNAME": "BOOTSTRAP_IF", "TP3_NCCL_IB_HCA": "HEAD_CX7_IB",
+    "WORKER2_NCCL_IB_HCA": "WORKER2_CX7_IB", "WORKER2_NCCL_SOCKET_IFNAME": "WORKER2_CX7_IF",
+    "WORKER2_HF_CACHE": "WORKER_WEIGHTS_DIR", "WORKER2_NCCL_IB_GID_INDEX": "WORKER2_GID",
 }
 
 _SECRET_EXACT = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "DSPARK_API_KEYS", "GHCR_TOKEN"}
@@ -700,6 +733,63 @@ def _rules(p: Profile) -> Iterable[_Conflict]:
             if not p.value(k):
                 yield _Conflict(("WORKER2_SSH", k), f"WORKER2_SSH is set (3 nodes) but {k} is empty",
                                 f"set {k} for the third node, or clear WORKER2_SSH", at="WORKER2_SSH")
+    # bootstrap interface (seed B TP3: Gloo / NCCL socket / TP TCP on an interface common to all nodes)
+    if p.bootstrap_if == "lo":
+        yield _Conflict(("BOOTSTRAP_IF",), "BOOTSTRAP_IF=lo: Gloo binds 127.0.0.1 and the ranks on the other "
+                        "nodes cannot reach it (seed B TP3: \"Do not use lo\")",
+                        "set BOOTSTRAP_IF to a LAN or fabric interface present on every node (seed B default enP7s7)")
+    if p.bootstrap_if:
+        seen_b: dict[str, str] = {}
+        for n in names:
+            ip = p.value(f"{n}_BOOTSTRAP_IP")
+            if not ip:
+                yield _Conflict(("BOOTSTRAP_IF", f"{n}_BOOTSTRAP_IP"),
+                                f"BOOTSTRAP_IF={p.bootstrap_if} but {n}_BOOTSTRAP_IP is empty",
+                                f"set {n}_BOOTSTRAP_IP to that node's IPv4 on {p.bootstrap_if}", at=f"{n}_BOOTSTRAP_IP")
+            elif ip in seen_b:
+                yield _Conflict((f"{seen_b[ip]}_BOOTSTRAP_IP", f"{n}_BOOTSTRAP_IP"),
+                                f"{n}_BOOTSTRAP_IP equals {seen_b[ip]}_BOOTSTRAP_IP ({ip})",
+                                "give each node its own address on BOOTSTRAP_IF")
+            else:
+                seen_b[ip] = n
+    else:
+        for n in names:
+            if p.value(f"{n}_BOOTSTRAP_IP"):
+                yield _Conflict(("BOOTSTRAP_IF", f"{n}_BOOTSTRAP_IP"),
+                                f"{n}_BOOTSTRAP_IP is set but BOOTSTRAP_IF is empty: the address would be unused",
+                                "set BOOTSTRAP_IF (the interface that carries it), or clear the address",
+                                at=f"{n}_BOOTSTRAP_IP")
+    if p.recipe == "dspark-v4" and p.worker2_ssh:
+        if not p.bootstrap_if:
+            yield _Conflict(("WORKER2_SSH", "BOOTSTRAP_IF"),
+                            "RECIPE=dspark-v4 with three nodes needs BOOTSTRAP_IF: on the TP3 QSFP ring the head "
+                            "reaches each worker on a different /24, so Gloo / NCCL socket / TP TCP need an "
+                            "interface common to all three (seed B TP3_BOOTSTRAP_IFNAME)",
+                            "set BOOTSTRAP_IF (seed B default enP7s7) and *_BOOTSTRAP_IP; on a switch where all "
+                            "three share one fabric subnet use the fabric netdev and the *_IP addresses",
+                            at="BOOTSTRAP_IF")
+        if p.expect_rdma and len(p.head_cx7_ib) < 2:
+            yield _Conflict(("WORKER2_SSH", "HEAD_CX7_IB"),
+                            f"RECIPE=dspark-v4 with three nodes: HEAD_CX7_IB={','.join(p.head_cx7_ib) or '(empty)'} "
+                            "names fewer than two HCAs, but the head talks to two workers over two CX ports",
+                            "list both CX ports on the head, e.g. HEAD_CX7_IB=rocep1s0f0,rocep1s0f1 (seed B TP3: "
+                            "a single facing HCA times out in QP RTR)", at="HEAD_CX7_IB")
+    if p.worker2_ssh and p.weight_sync == "nfs" and not p.is_lab:
+        yield _Conflict(("WORKER2_SSH", "WEIGHT_SYNC"),
+                        "WEIGHT_SYNC=nfs with three nodes: worker2 must mount the head's address on ITS link "
+                        "(seed B WORKER2_NFS_SERVER_IP), which the runbook's NFS mode does not model",
+                        "use WEIGHT_SYNC=rsync (seed B: prepare copies the weights to WORKER2 when NFS=0) "
+                        "or download-both", at="WEIGHT_SYNC")
+    if p.lab_cpu_bind:
+        items = [x for x in p.lab_cpu_bind.split(",") if x]
+        if not p.is_lab:
+            yield _Conflict(("RECIPE", "LAB_CPU_BIND"), f"LAB_CPU_BIND binds the lab's CPU vLLM threads; "
+                            f"RECIPE={p.recipe} runs on GPUs", "clear LAB_CPU_BIND", at="LAB_CPU_BIND")
+        elif len(items) != p.node_count:
+            yield _Conflict(("LAB_CPU_BIND", "WORKER2_SSH"),
+                            f"LAB_CPU_BIND={p.lab_cpu_bind} has {len(items)} item(s) for {p.node_count} ranks",
+                            f"give one CPU (or range) per rank, e.g. {','.join(str(i % 2) for i in range(p.node_count))}",
+                            at="LAB_CPU_BIND")
     if p.port == p.master_port:
         yield _Conflict(("PORT", "MASTER_PORT"), f"PORT and MASTER_PORT are both {p.port}",
                         "use different ports (e.g. PORT=8888, MASTER_PORT=29521)")

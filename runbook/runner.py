@@ -71,7 +71,7 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
 
     # 2. the lab, when the profile targets it
     if profile.lab and lab_up is not None:
-        echo("lab: bringing the two-node lab up")
+        echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
         lab_up(profile)
 
     # 3. the run folder (new, or an earlier one to resume)

@@ -728,6 +728,12 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         result.checks.add(check("KV cache size", False, node="head", observed="no 'KV cache size' line in the log",
                                 expected="the startup log reports the KV pool", warn_only=True,
                                 fix="check the log format of this vLLM build"))
+    pad = launch.tp_pad(profile)          # dspark-v4 at TP=3: the head pad must show in the boot log
+    if pad and result.reused:
+        result.checks.add(not_applicable("TP pad applied (boot log)", "reused server: the boot lines may have "
+                                         "rotated out; see the log evidence", node="head"))
+    elif pad:
+        result.checks.add(vllm_log.tp_pad_check(pad, head_log, node="head"))
     return result
 
 

@@ -17,10 +17,12 @@ build as captured in ``tests/unit/data/vllm_logs/``)::
     INFO:     Application startup complete.
     INFO ... Launching vLLM (v0.32.0) headless multiproc executor, with head node address 169.254.77.1:29501
     WARNING ... Truncating max_cudagraph_capture_size to 24
+    INFO ... DSv4 TP pad: heads 64 -> 72 for TP=3                             (seed B TP3 patch)
 
     parse_startup_log(text) -> StartupLog   (every field None when its line is absent)
     is_periodic(line) -> bool               (lines the hang detector must not count as progress)
     capacity(kv_tokens, sizes, max_model_len, max_num_seqs) -> list of rows
+    tp_pad_check(expected, startup, node="head") -> Check   (the TP3 head pad really applied)
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ __all__ = [
     "error_lines",
     "is_periodic",
     "parse_startup_log",
+    "tp_pad_check",
 ]
 
 
@@ -60,6 +63,7 @@ _RX = {
     "headless": re.compile(r"headless multiproc executor, with head node address (\S+)"),
     "capture_truncated": re.compile(r"Truncating max_cudagraph_capture_size to (\d+)"),
     "world": re.compile(r"world_size=(\d+) rank=(\d+).*?distributed_init_method=(\S+) backend=(\w+)"),
+    "tp_pad": re.compile(r"DSv4 TP pad: heads (\d+) -> (\d+) for TP=(\d+)"),
 }
 
 #: log lines that repeat while nothing progresses (never count them as liveness)
@@ -101,6 +105,7 @@ class StartupLog:
     headless_master: str | None = None
     capture_truncated_to: int | None = None
     world: dict[str, Any] | None = None
+    tp_pad: dict[str, int] | None = None        # seed B TP3: {"heads": 64, "padded": 72, "tp": 3}
     errors: list[str] = field(default_factory=list)
     lines: int = 0
 
@@ -155,6 +160,8 @@ def parse_startup_log(text: str) -> StartupLog:
             out.headless_master = m.group(1).rstrip(".,")
         if m := _RX["capture_truncated"].search(line):
             out.capture_truncated_to = int(m.group(1))
+        if m := _RX["tp_pad"].search(line):
+            out.tp_pad = {"heads": int(m.group(1)), "padded": int(m.group(2)), "tp": int(m.group(3))}
         if m := _RX["world"].search(line):
             out.world = {"world_size": int(m.group(1)), "rank": int(m.group(2)),
                          "init_method": m.group(3).rstrip(","), "backend": m.group(4)}
@@ -179,3 +186,25 @@ def capacity(kv_tokens: int, sizes: Iterable[tuple[str, int]], *, max_model_len:
                      "note": "" if allowed else f"exceeds MAX_MODEL_LEN={max_model_len}",
                      "pool_ratio": round(kv_tokens / n, 2) if n else None})
     return rows
+
+
+def tp_pad_check(expected: dict[str, Any] | None, startup: StartupLog | None, *, node: str = "head"):
+    """The TP3 head pad really applied (seed B: the boot log must show ``DSv4 TP pad: heads 64 -> 72
+    for TP=3``; stock vLLM refuses ``64 % 3`` or silently keeps ``8 // 3`` groups per rank).
+
+    ``expected`` is :func:`runbook.launch.tp_pad` of the profile (None: no pad needed -> N/A)."""
+    from ..checks import check, not_applicable
+    name = "TP pad applied (boot log)"
+    if not expected:
+        return not_applicable(name, "TP divides the model's attention groups: no pad", node=node)
+    got = startup.tp_pad if startup else None
+    want = {k: expected[k] for k in ("heads", "padded", "tp")}
+    ok = got == want
+    return check(name, ok, node=node,
+                 observed=(f"DSv4 TP pad: heads {got['heads']} -> {got['padded']} for TP={got['tp']}" if got
+                           else "no 'DSv4 TP pad' line in the boot log"),
+                 expected=expected["line"],
+                 fix=("the image's entrypoint did not apply patches/tp3/apply_tp3_patch.py (it runs only when "
+                      "TP_SIZE=3) or a stale patched container layer was reused: stop (docker rm -f) and start "
+                      "again; never serve TP=3 without the pad (wrong or refused attention shards)"),
+                 data={"expected": want, "observed": got})

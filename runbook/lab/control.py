@@ -23,6 +23,11 @@ TINY_MODEL_DIR = LAB_DIR / "models" / "tiny"
 HUB_ROOT = LAB_DIR / "hub"
 HUB_PID = LAB_DIR / "hub.pid"
 HUB_LOG = LAB_DIR / "hub.log"
+TINY_MODULE = "runbook.lab.tinymodel"
+#: lab Hub repo -> (module that makes it, local model dir); the default is the 2-node tiny model
+TINY_VARIANTS = {
+    "spark-runbook/tiny-tp3": ("runbook.lab.tinymodel_tp3", LAB_DIR / "models" / "tiny-tp3"),   # TP=3 shapes
+}
 
 
 def ensure_lab(profile, *, echo=print):
@@ -40,23 +45,23 @@ def ensure_lab(profile, *, echo=print):
     return info
 
 
-def ensure_tiny_model(*, echo=print) -> Path:
+def ensure_tiny_model(*, echo=print, module: str = TINY_MODULE, out: Path = TINY_MODEL_DIR) -> Path:
     """Make the tiny random model once (deterministic; needs the lab vLLM venv)."""
-    if (TINY_MODEL_DIR / "config.json").is_file():
-        return TINY_MODEL_DIR
+    if (out / "config.json").is_file():
+        return out
     if not VLLM_PYTHON.exists():
         raise LabError("the lab's CPU vLLM venv is missing", observed=str(VLLM_PYTHON),
                        fix="make lab-vllm (make runbook does it for the lab profile)")
-    echo(f"lab: making the tiny model in {TINY_MODEL_DIR}")
-    tmp = TINY_MODEL_DIR.with_name(TINY_MODEL_DIR.name + ".partial")
+    echo(f"lab: making the tiny model in {out}")
+    tmp = out.with_name(out.name + ".partial")
     subprocess.run(["rm", "-rf", str(tmp)], check=True, timeout=60)
-    res = subprocess.run([str(VLLM_PYTHON), "-m", "runbook.lab.tinymodel", "--out", str(tmp)],
+    res = subprocess.run([str(VLLM_PYTHON), "-m", module, "--out", str(tmp)],
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         raise LabError("making the tiny model failed", observed=res.stderr[-2000:],
                        fix="run the command by hand: .lab/vllm-venv/bin/python -m runbook.lab.tinymodel --out /tmp/t")
-    tmp.rename(TINY_MODEL_DIR)
-    return TINY_MODEL_DIR
+    tmp.rename(out)
+    return out
 
 
 def ensure_tiny_repo(repo_id: str, *, echo=print) -> str:
@@ -66,7 +71,8 @@ def ensure_tiny_repo(repo_id: str, *, echo=print) -> str:
     existing = _read_ref(HUB_ROOT / org / name, "main")
     if existing:
         return existing
-    model = ensure_tiny_model(echo=echo)
+    module, out = TINY_VARIANTS.get(repo_id, (TINY_MODULE, TINY_MODEL_DIR))
+    model = ensure_tiny_model(echo=echo, module=module, out=out)
     revision = publish_repo(HUB_ROOT, repo_id, model)
     echo(f"lab: published {repo_id}@{revision} to the lab Hub")
     return revision

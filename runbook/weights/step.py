@@ -1,4 +1,4 @@
-"""Step 02 — weights: pinned download on the head, verification, sharing to the worker, parity.
+"""Step 02 — weights: pinned download on the head, verification, sharing to every worker, parity.
 
 Reads top to bottom as the step: Hub metadata → free space on the head → the head downloads and
 verifies → the profile's WEIGHT_SYNC mode brings the same bytes to the worker → parity of the two
@@ -33,7 +33,7 @@ def worker_dir(profile) -> str:
 
 def run(profile, cluster, *, compare_sha256sum: bool = True, margin_gib: float = 1.0) -> tuple[CheckList, dict[str, Any]]:
     checks = CheckList()
-    head, worker = cluster.head, cluster.worker
+    head = cluster.head
     python = node_python(profile)
     endpoint = profile.hf_endpoint or None
 
@@ -63,21 +63,26 @@ def run(profile, cluster, *, compare_sha256sum: bool = True, margin_gib: float =
     head_manifest = read_node_manifest(head, profile.weights_dir)
 
     mode = profile.weight_sync
-    if mode == "rsync":
-        share = rsync_to_worker(head, worker, profile.weights_dir, worker_dir(profile),
-                                head_manifest=head_manifest, python=python)
-    elif mode == "download-both":
-        share = download_on_node(worker, snap.repo, snap.revision, worker_dir(profile),
-                                 expected=snap.expected(), endpoint=endpoint, python=python,
-                                 max_workers=profile.hf_max_workers)
-        share.checks.append(parity(head_manifest, read_node_manifest(worker, worker_dir(profile)),
-                                   node=worker.name))
-    else:
-        share = nfs_share(head, worker, profile.weights_dir, worker_dir(profile),
-                          execute=not profile.is_lab, head_manifest=head_manifest, python=python,
-                          reason="rendered, not run: this kernel has no NFS server or client (lab)")
-    checks.add(share.checks)
-    data["share"] = share.data
+    shares: dict[str, Any] = {}
+    for worker in cluster.workers:            # every worker rank (TP=3: worker and worker2), in rank order
+        if mode == "rsync":
+            share = rsync_to_worker(head, worker, profile.weights_dir, worker_dir(profile),
+                                    head_manifest=head_manifest, python=python)
+        elif mode == "download-both":
+            share = download_on_node(worker, snap.repo, snap.revision, worker_dir(profile),
+                                     expected=snap.expected(), endpoint=endpoint, python=python,
+                                     max_workers=profile.hf_max_workers)
+            share.checks.append(parity(head_manifest, read_node_manifest(worker, worker_dir(profile)),
+                                       node=worker.name))
+        else:
+            share = nfs_share(head, worker, profile.weights_dir, worker_dir(profile),
+                              execute=not profile.is_lab, head_manifest=head_manifest, python=python,
+                              reason="rendered, not run: this kernel has no NFS server or client (lab)")
+        checks.add(share.checks)
+        shares[worker.name] = share.data
+    data["share"] = shares[cluster.workers[0].name]       # the (first) worker, as with two nodes
+    if len(shares) > 1:
+        data["shares"] = shares
 
     checks.add(cache_dir_is_local(profile.cache_dir, [profile.weights_dir, worker_dir(profile)],
                                   node="cluster"))

@@ -432,3 +432,36 @@ def test_repo_relative_profile_path_works_from_another_directory(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     profile = load_profile("env/lab.env")
     assert profile.source.is_file() and profile.source.name == "lab.env"
+
+
+# ----------------------------------------------------------------------------- three nodes / TP3 keys
+
+def test_bootstrap_keys_drive_host_ip_socket_if_and_master_addr(tmp_path):
+    p = load_profile(lab_with(tmp_path, WORKER2_SSH="spark-worker2", WORKER2_IP="169.254.77.3",
+                              WORKER2_CX7_IF="enp1s0f0np0", LAB_NODES="3", TP="3", NNODES="3",
+                              BOOTSTRAP_IF="eth0", HEAD_BOOTSTRAP_IP="10.77.0.11",
+                              WORKER_BOOTSTRAP_IP="10.77.0.12", WORKER2_BOOTSTRAP_IP="10.77.0.13"), environ=NO_ENV)
+    assert p.master_addr == "10.77.0.11"
+    assert [(n.host_ip, n.socket_if, n.fabric_ip) for n in p.nodes] == [
+        ("10.77.0.11", "eth0", "169.254.77.1"), ("10.77.0.12", "eth0", "169.254.77.2"),
+        ("10.77.0.13", "eth0", "169.254.77.3")]
+    two = load_profile(REPO / "env" / "lab.env", environ=NO_ENV)
+    assert [(n.host_ip, n.socket_if) for n in two.nodes] == [("169.254.77.1", "enp1s0f0np0"),
+                                                             ("169.254.77.2", "enp1s0f0np0")]
+    assert NodeSpec("x", 0, "h", "10.0.0.1", "eth1").host_ip == "10.0.0.1"
+
+
+def test_bootstrap_if_lo_and_missing_addresses_are_reported_at_their_lines(tmp_path):
+    path = lab_with(tmp_path, BOOTSTRAP_IF="lo", HEAD_BOOTSTRAP_IP="127.0.0.1")
+    with pytest.raises(ProfileError) as ei:
+        load_profile(path, environ=NO_ENV)
+    got = {(i.key, i.line) for i in ei.value.issues}
+    assert ("BOOTSTRAP_IF", line_of(path, "BOOTSTRAP_IF")) in got
+    assert ("WORKER_BOOTSTRAP_IP", line_of(path, "WORKER_BOOTSTRAP_IP")) in got
+
+
+def test_lab_cpu_bind_validated_per_rank(tmp_path):
+    with pytest.raises(ProfileError) as ei:
+        load_profile(lab_with(tmp_path, LAB_CPU_BIND="0,1,1"), environ=NO_ENV)
+    assert [i.key for i in ei.value.issues] == ["LAB_CPU_BIND"] and "3 item(s) for 2 ranks" in ei.value.issues[0].message
+    assert load_profile(lab_with(tmp_path, LAB_CPU_BIND="1,0"), environ=NO_ENV).cpu_bind(0) == "1"
