@@ -688,17 +688,11 @@ def recompute_bench_figures(out_dir: str | Path) -> dict[str, dict[str, dict[str
             s = M.spread(vals)
             if s:
                 f[key] = s.to_dict()
-        ok = [r for r in rs if r.ok]
-        put("ttft_s", [M.ttft_s(r) for r in ok])
-        put("ttfr_s", [M.ttfr_s(r) for r in ok])
-        put("tokens_per_chunk", [M.tokens_per_chunk(r) for r in ok])
+        f.update(M.request_spreads(rs, decode=case.startswith("decode")))
         trials: dict[int, list] = {}
         for r in sorted(rs, key=lambda r: (r.trial, r.stream)):
             trials.setdefault(r.trial, []).append(r)
         if case.startswith("decode"):
-            put("decode_tok_s", [M.decode_tok_s(r) for r in ok])
-            put("per_stream_decode_tok_s", [M.decode_tok_s(r) for r in ok])
-            put("max_gap_s", [M.max_gap_s(r) for r in ok])
             aggs = [M.aggregate_figures(t) for _, t in sorted(trials.items())]
             for k in ("aggregate_tok_s", "aggregate_span_tok_s", "aggregate_wall_tok_s", "steady_coverage",
                       "release_skew_s"):

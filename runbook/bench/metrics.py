@@ -210,3 +210,19 @@ def server_prefill_tok_s(prompt_tokens: int, server_prefill_time_s: float | None
     if not server_prefill_time_s or server_prefill_time_s <= 0:
         return None
     return prompt_tokens / server_prefill_time_s
+
+
+def request_spreads(records: Iterable[RequestRecord], *, decode: bool) -> dict[str, dict[str, float]]:
+    """The per-request figures of one case as Spread dicts, over its OK requests. One function for
+    the bench runner and for the report, which recomputes them from ``requests.jsonl``."""
+    ok = [r for r in records if r.ok]
+    per_request = [("ttft_s", ttft_s), ("ttfr_s", ttfr_s), ("tokens_per_chunk", tokens_per_chunk)]
+    if decode:
+        per_request += [("decode_tok_s", decode_tok_s), ("per_stream_decode_tok_s", decode_tok_s),
+                        ("max_gap_s", max_gap_s)]
+    out: dict[str, dict[str, float]] = {}
+    for key, fn in per_request:
+        s = spread(fn(r) for r in ok)
+        if s:
+            out[key] = s.to_dict()
+    return out

@@ -169,14 +169,8 @@ class _Run:
             if s:
                 f[key] = s.to_dict()
 
-        ok = [r for r in recs if r.ok]
-        put("ttft_s", [M.ttft_s(r) for r in ok])
-        put("ttfr_s", [M.ttfr_s(r) for r in ok])
-        put("tokens_per_chunk", [M.tokens_per_chunk(r) for r in ok])
+        f.update(M.request_spreads(recs, decode=res.kind == "decode"))
         if res.kind == "decode":
-            put("decode_tok_s", [M.decode_tok_s(r) for r in ok])            # per stream
-            put("per_stream_decode_tok_s", [M.decode_tok_s(r) for r in ok])
-            put("max_gap_s", [M.max_gap_s(r) for r in ok])
             for k in ("aggregate_tok_s", "aggregate_span_tok_s", "aggregate_wall_tok_s",
                       "steady_coverage", "release_skew_s"):
                 put(k, [t.get(k) for t in trials])
