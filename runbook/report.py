@@ -88,9 +88,9 @@ class Figure:
             return None
         if self.value is None:
             return False
-        if self.rel_tol is not None and math.isclose(self.value, self.recorded, rel_tol=self.rel_tol, abs_tol=1e-9):
-            return True
-        return close(self.value, self.recorded)
+        # Both errors add up: the raw input's rounding (rel_tol) and the recorded value's own rounding.
+        extra = self.rel_tol * max(abs(self.value), abs(self.recorded)) if self.rel_tol else 0.0
+        return close(self.value, self.recorded, extra_tol=extra)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -195,8 +195,9 @@ def rounding_rel_tol(x: Any) -> float | None:
     return 0.5 * 10 ** (-decimals) / abs(v) * 1.01 if decimals < 12 else None
 
 
-def close(a: float, b: float) -> bool:
-    """``a`` equals the recorded ``b`` within ``b``'s own rounding (half a unit of its last decimal)."""
+def close(a: float, b: float, extra_tol: float = 0.0) -> bool:
+    """``a`` equals the recorded ``b`` within ``b``'s own rounding (half a unit of its last decimal), plus
+    ``extra_tol`` (absolute) for rounding carried by the inputs ``a`` was recomputed from."""
     if a is None or b is None:
         return False
     a, b = float(a), float(b)
@@ -208,7 +209,7 @@ def close(a: float, b: float) -> bool:
     else:
         decimals = len(text.split(".", 1)[1]) if "." in text else 0
         tol = 0.5 * 10 ** (-decimals) if decimals < 12 else 0.0
-    return abs(a - b) <= max(tol * 1.0001, 1e-9 * max(abs(a), abs(b)), 1e-12)
+    return abs(a - b) <= max(tol * 1.0001, 1e-9 * max(abs(a), abs(b)), 1e-12) + extra_tol
 
 
 # ------------------------------------------------------------------------------------------------

@@ -102,5 +102,5 @@ def hash_rate_on_node(node, directory: str, manifest: dict[str, Any], python: st
     total = sum(f["size"] for f in manifest.get("files", []))
     seconds = max(end - start, 1e-9)
     return {"bytes": total, "verifier_gbps": report.get("gbps"), "verifier_seconds": report.get("seconds"),
-            "sha256sum_gbps": round(total / seconds / 1e9, 4), "sha256sum_seconds": round(seconds, 4)}
+            "sha256sum_gbps": round(total / seconds / 1e9, 4), "sha256sum_seconds": round(seconds, 6)}
 

@@ -185,7 +185,7 @@ def verify(directory, expected, *, workers=4, reuse=True, write=True, manifest_n
             "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "files": [entries[e["path"]] for e in expected.get("files", [])]})
     return {"ok": ok, "revision": revision, "directory": root, "files": files, "failed": failed,
-            "bytes_hashed": bytes_hashed, "files_hashed": len(to_hash), "seconds": round(seconds, 4),
+            "bytes_hashed": bytes_hashed, "files_hashed": len(to_hash), "seconds": round(seconds, 6),
             "gbps": round(bytes_hashed / seconds / 1e9, 4) if bytes_hashed and seconds > 0 else 0.0,
             "manifest": manifest_path if ok and write else ""}
 

@@ -391,3 +391,16 @@ def test_close_respects_the_recorded_rounding():
     assert not report.close(0.0336, 0.0335)
     assert report.close(9.133164295698709, 9.133164295698709)
     assert not report.close(9.13317, 9.133164295698709)
+
+
+def test_figure_tolerates_rounding_of_both_the_input_and_the_recorded_value():
+    # CI case: gbps recorded (4 decimals) from unrounded seconds; recomputed from seconds rounded to 4 decimals.
+    nbytes, true_seconds = 100_000_000, 1.000501
+    recorded = round(nbytes / true_seconds / 1e9, 4)
+    seconds = round(true_seconds, 4)
+    fig = report.Figure(key="w/verify_gbps/head", step="w", label="x", value=nbytes / seconds / 1e9,
+                        recorded=recorded, rel_tol=report.rounding_rel_tol(seconds))
+    assert fig.consistent
+    # a real disagreement (1 %) is still caught
+    fig.value *= 1.01
+    assert fig.consistent is False
