@@ -250,10 +250,12 @@ def _dir_entry(path: str) -> dict[str, Any]:
 
 @dataclass
 class Fault:
-    """Drop the connection after ``cut_after`` body bytes of ``path``, ``times`` times."""
+    """Drop the connection after ``cut_after`` body bytes of ``path``, ``times`` times; with
+    ``stall_seconds``, first hold it open that long sending nothing (a client killed mid-file)."""
     path: str
     cut_after: int
     times: int = 1
+    stall_seconds: float = 0.0
 
 
 @dataclass
@@ -272,6 +274,7 @@ class HubState:
     faults: list[Fault] = field(default_factory=list)
     log: list[RequestLog] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    closing: threading.Event = field(default_factory=threading.Event)   # ends stalls when the server stops
 
     def take_fault(self, path: str) -> Fault | None:
         with self.lock:
@@ -488,6 +491,8 @@ class _Handler(BaseHTTPRequestHandler):
                     sent += len(chunk)
             if fault is not None and sent < length:
                 self.wfile.flush()
+                if fault.stall_seconds:
+                    self.state.closing.wait(fault.stall_seconds)
                 self.close_connection = True
                 try:   # hard close: the client sees a short body
                     import socket
@@ -518,9 +523,9 @@ class HubServer:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}"
 
-    def add_fault(self, path: str, cut_after: int, times: int = 1) -> None:
+    def add_fault(self, path: str, cut_after: int, times: int = 1, stall_seconds: float = 0.0) -> None:
         with self.state.lock:
-            self.state.faults.append(Fault(path, cut_after, times))
+            self.state.faults.append(Fault(path, cut_after, times, stall_seconds))
 
     def bytes_sent(self, path: str | None = None) -> int:
         return self.state.bytes_sent(path)
@@ -536,6 +541,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self.state.closing.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         if self._thread:

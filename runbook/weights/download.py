@@ -118,7 +118,8 @@ def _free_bytes(path: str | os.PathLike) -> int:
 
 
 def bytes_still_needed(dest: str | os.PathLike, snap: RepoSnapshot) -> int:
-    """Bytes to download: files absent or of the wrong size under ``dest``."""
+    """Bytes to download: files absent or of the wrong size under ``dest``, less what an interrupted
+    run already left in their partials (those bytes are on the disk and will be continued)."""
     need = 0
     for f in snap.files:
         try:
@@ -126,7 +127,8 @@ def bytes_still_needed(dest: str | os.PathLike, snap: RepoSnapshot) -> int:
                 continue
         except OSError:
             pass
-        need += f.size
+        kept = node_download.partial_bytes(str(dest), f.sha256) if f.sha256 else 0
+        need += f.size - kept if 0 < kept <= f.size else f.size
     return need
 
 
@@ -156,6 +158,7 @@ class DownloadResult:
     seconds: float
     verify: dict[str, Any]
     checks: list[Check]
+    fetched: list[dict[str, Any]] = field(default_factory=list)   # LFS files fetched resumably this run
 
     @property
     def ok(self) -> bool:
@@ -195,34 +198,51 @@ def download(repo: str, revision: str, dest: str | os.PathLike, *, endpoint: str
     needed = space.data["need_bytes"]
     Path(dest).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    fetched: list[dict[str, Any]] = []
     _fetch(repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
-           download_timeout, etag_timeout, token, progress)
+           download_timeout, etag_timeout, token, progress, fetched)
     report = verify_manifest.verify(str(dest), snap.expected(), workers=verify_workers)
     if not report["ok"] and repair:
         for rel in report["failed"]:
             _forget(dest, rel)
         _fetch(repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
-               download_timeout, etag_timeout, token, progress)
+               download_timeout, etag_timeout, token, progress, fetched)
         report = verify_manifest.verify(str(dest), snap.expected(), workers=verify_workers)
     seconds = time.monotonic() - t0
+    if fetched:
+        checks.append(fetched_check(fetched, node=node))
     checks.extend(verify_checks(report, node=node))
     return DownloadResult(str(dest), repo, revision, node_download.LAYOUT, snap.total_bytes, needed,
-                          round(seconds, 3), report, checks)
+                          round(seconds, 3), report, checks, fetched)
+
+
+def fetched_check(fetched: list[dict[str, Any]], *, node: str = "") -> Check:
+    """What the resumable fetch did: files fetched, and those continued from an earlier, cut run."""
+    resumed = [f for f in fetched if f.get("resumed_from")]
+    kept = sum(int(f["resumed_from"]) for f in resumed)
+    return check("weights.fetched", True, node=node,
+                 observed=(f"{len(fetched)} LFS file(s) fetched; {len(resumed)} continued from an earlier run "
+                           f"({kept} B kept)" + "".join(f"; {f['path']} from byte {f['resumed_from']}"
+                                                         for f in resumed[:5])),
+                 expected="cut transfers continue from their partial (.cache/runbook/partial)",
+                 data={"files": len(fetched), "resumed": resumed, "bytes_kept": kept})
 
 
 def _fetch(repo, revision, dest, endpoint, allow, ignore, max_workers, timeout, etag_timeout,
-           token, progress) -> None:
+           token, progress, fetched) -> None:
     try:
         node_download.snapshot(repo, revision, str(dest), endpoint=endpoint,
                                allow_patterns=list(allow) if allow else None,
                                ignore_patterns=list(ignore) if ignore else None,
                                max_workers=max_workers, download_timeout=timeout,
-                               etag_timeout=etag_timeout, token=token, progress=progress)
+                               etag_timeout=etag_timeout, token=token, progress=progress,
+                               fetched=fetched)
     except Exception as err:  # noqa: BLE001
         raise ActionError(f"download of {repo}@{revision[:12]} failed",
                           observed=f"{type(err).__name__}: {_mask(str(err), token)}",
                           expected="snapshot_download completes",
-                          fix="re-run (finished files are kept); check HF_ENDPOINT, HF_TOKEN, disk") from None
+                          fix="re-run: finished files are kept and a cut file continues from its partial "
+                              "(WEIGHTS_DIR/.cache/runbook/partial); check HF_ENDPOINT, HF_TOKEN, disk") from None
 
 
 def _forget(dest: str | os.PathLike, rel: str) -> None:

@@ -11,24 +11,135 @@ CLI::
     python3 node_download.py --repo ORG/NAME --revision SHA40 --dest DIR [--endpoint URL]
         [--allow PATTERN ...] [--ignore PATTERN ...] [--max-workers 8] [--timeout 120]
         [--etag-timeout 30] [--token-file PATH] [--no-progress]
-prints one JSON line {"ok", "path", "revision", "seconds", "layout"}; exit 0 / 1.
+prints one JSON line {"ok", "path", "revision", "seconds", "layout", "resumable"}; exit 0 / 1.
+
+Resuming across runs: huggingface_hub resumes a cut transfer within one call (HTTP ``Range``) but deletes
+its partial file when the call fails or the process dies, so the next run starts a 5-90 GB shard over
+(huggingface_hub#4349; hf_xet does not resume either, xet-core#321/#715). So LFS files are first fetched
+here with huggingface_hub's own ``http_get`` into a partial that outlives the process,
+``<dest>/.cache/runbook/partial/<sha256>.part`` (named by content, so a changed revision never appends
+to the wrong bytes); a re-run continues it with ``Range: bytes=<size>-``. A finished partial is renamed into
+place and recorded in huggingface_hub's local-dir metadata, then ``snapshot_download`` fetches the rest
+(small git files, and LFS files over the plain-HTTP size limit, which only the Xet path serves).
+The bytes are verified afterwards against the Hub's sha256 (``verify_manifest``), not trusted here.
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 LAYOUT = "local_dir"   # plain directory (<dest>/<files>), not the HF cache (models--org--name/blobs…)
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
 
 
+PARTIAL_DIR = (".cache", "runbook", "partial")
+
+
+def partial_path(dest, sha256):
+    """Where the not-yet-complete bytes of the LFS file with this sha256 are kept between runs."""
+    return os.path.join(dest, *PARTIAL_DIR, f"{sha256}.part")
+
+
+def partial_bytes(dest, sha256):
+    try:
+        return os.path.getsize(partial_path(dest, sha256))
+    except OSError:
+        return 0
+
+
+def resumable_fetch(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
+                    max_workers=8, etag_timeout=30, token=None, progress=True):
+    """Fetch the LFS files of the pinned revision that are not yet in ``dest`` into partials that
+    survive an interrupted run, then move each finished one into place. Returns one record per file:
+    {"path", "size", "resumed_from"} (``resumed_from`` > 0: bytes a previous run had already fetched)."""
+    from huggingface_hub import HfApi, constants, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers, filter_repo_objects
+    info = HfApi(endpoint=endpoint, token=token if token else False).model_info(
+        repo, revision=revision, files_metadata=True, timeout=etag_timeout)
+    siblings = {s.rfilename: s for s in info.siblings or []}
+    wanted = filter_repo_objects(list(siblings), allow_patterns=allow_patterns or None,
+                                 ignore_patterns=ignore_patterns or None)
+    todo = [siblings[name] for name in wanted
+            if siblings[name].lfs is not None and siblings[name].size is not None
+            and siblings[name].size <= constants.MAX_HTTP_DOWNLOAD_SIZE
+            and not os.path.exists(os.path.join(dest, name))]
+    if not todo:
+        return []
+    headers = build_hf_headers(token=token if token else False)
+    tqdm_class = None
+    if progress:
+        from tqdm.auto import tqdm as tqdm_class
+
+    def fetch(sib):
+        url = hf_hub_url(repo, sib.rfilename, revision=revision, endpoint=endpoint)
+        return _fetch_one(url, headers, dest, sib.rfilename, int(sib.size), sib.lfs.sha256, revision,
+                          http_get, tqdm_class)
+
+    with ThreadPoolExecutor(max_workers=max(1, int(max_workers))) as pool:
+        return list(pool.map(fetch, todo))
+
+
+def _fetch_one(url, headers, dest, name, size, sha256, revision, http_get, tqdm_class):
+    part = partial_path(dest, sha256)
+    os.makedirs(os.path.dirname(part), exist_ok=True)
+    # One writer per partial: two runs appending to the same file would interleave bytes.
+    lock = open(part + ".lock", "w")
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"{name}: another download is writing {part}; wait for it or stop it") from None
+        have = partial_bytes(dest, sha256)
+        if have > size:          # cannot be a prefix of this file: start it over
+            have = 0
+        # "r+b", not "ab": http_get seeks back to 0 when a server answers a Range request with 200.
+        with open(part, "r+b" if have else "wb") as fh:
+            fh.truncate(have)
+            fh.seek(have)
+            http_get(url, fh, resume_size=have, headers=headers, expected_size=size,
+                     displayed_filename=name, tqdm_class=tqdm_class)
+            fh.flush()
+            os.fsync(fh.fileno())
+        got = os.path.getsize(part)
+        if got != size:
+            raise OSError(f"{name}: partial has {got} bytes, expected {size}; re-run to continue it")
+        final = os.path.join(dest, name)
+        os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+        os.replace(part, final)
+        _record_for_hub_client(dest, name, revision, sha256)
+        return {"path": name, "size": size, "resumed_from": have}
+    finally:
+        lock.close()
+        try:
+            os.unlink(part + ".lock")
+        except OSError:
+            pass
+
+
+def _record_for_hub_client(dest, name, revision, sha256):
+    """Tell snapshot_download this file is the pinned revision's (else it would re-hash it to compare
+    with the ETag). Private API: if it moves, the client just does that extra hash."""
+    try:
+        from pathlib import Path
+
+        from huggingface_hub._local_folder import write_download_metadata
+        write_download_metadata(local_dir=Path(dest), filename=name, commit_hash=revision, etag=sha256)
+    except Exception:  # noqa: BLE001 - only an optimisation
+        pass
+
+
 def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
-             max_workers=8, download_timeout=120, etag_timeout=30, token=None, progress=True):
-    """``snapshot_download`` of a pinned revision into ``dest`` (local_dir layout). Returns path."""
+             max_workers=8, download_timeout=120, etag_timeout=30, token=None, progress=True,
+             fetched=None):
+    """Pinned download into ``dest`` (local_dir layout): LFS files by :func:`resumable_fetch`, the rest
+    by ``snapshot_download``. Returns the path; ``fetched`` (a list) receives resumable_fetch's records."""
     if not SHA40.match(revision or ""):
         raise ValueError(f"revision must be a pinned 40-hex commit sha, got {revision!r}")
     # The download timeout is read from huggingface_hub.constants at call time (http_get), and the
@@ -41,6 +152,11 @@ def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore
     old_timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
     constants.HF_HUB_DOWNLOAD_TIMEOUT = int(download_timeout)
     try:
+        records = resumable_fetch(repo, revision, dest, endpoint=endpoint, allow_patterns=allow_patterns,
+                                  ignore_patterns=ignore_patterns, max_workers=max_workers,
+                                  etag_timeout=etag_timeout, token=token, progress=progress)
+        if fetched is not None:
+            fetched.extend(records)
         kwargs = {}
         if progress:
             from tqdm.auto import tqdm
@@ -73,11 +189,13 @@ def main(argv=None):
         with open(args.token_file) as fh:
             token = fh.read().strip() or None
     t0 = time.monotonic()
+    fetched = []
     try:
         path = snapshot(args.repo, args.revision, args.dest, endpoint=args.endpoint,
                         allow_patterns=args.allow, ignore_patterns=args.ignore,
                         max_workers=args.max_workers, download_timeout=args.timeout,
-                        etag_timeout=args.etag_timeout, token=token, progress=not args.no_progress)
+                        etag_timeout=args.etag_timeout, token=token, progress=not args.no_progress,
+                        fetched=fetched)
     except Exception as err:  # noqa: BLE001 - report as JSON, never echo the token
         msg = str(err)
         if token:
@@ -85,7 +203,7 @@ def main(argv=None):
         print(json.dumps({"ok": False, "error": f"{type(err).__name__}: {msg}"}))
         return 1
     print(json.dumps({"ok": True, "path": path, "revision": args.revision, "layout": LAYOUT,
-                      "seconds": round(time.monotonic() - t0, 3)}))
+                      "seconds": round(time.monotonic() - t0, 3), "resumable": fetched}))
     return 0
 
 

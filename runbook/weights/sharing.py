@@ -22,7 +22,7 @@ from typing import Any
 from ..checks import Check, Status, check, not_applicable
 from ..errors import RemoteError, RunbookError
 from . import node_download, verify_manifest
-from .download import hf_token_from_env, require_pinned, verify_checks
+from .download import fetched_check, hf_token_from_env, require_pinned, verify_checks
 from .verify import manifest_to_expected, parity
 from .verify_manifest import MANIFEST_NAME
 
@@ -226,6 +226,8 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
                                    "huggingface_hub; re-run keeps finished files"))
     if not ok or getattr(res, "dry_run", False):
         return result
+    if out.get("resumable"):
+        result.checks.append(fetched_check(out["resumable"], node=node.name))
     report = verify_on_node(node, dest, expected, python=python, workers=verify_workers)
     result.checks.extend(verify_checks(report, node=node.name))
     result.data["verify"] = {k: report.get(k) for k in ("bytes_hashed", "seconds", "gbps", "failed")}

@@ -73,7 +73,13 @@ def test_pinned_download_verifies_and_writes_manifest(repo, downloaded):
     assert paths == {"config.json", "tokenizer/tokenizer.json", BIG, "model-00002-of-00002.safetensors",
                      "README.md"}
     assert all(len(f["sha256"]) == 64 and f["revision"] == repo.sha for f in manifest["files"])
-    assert [c.status for c in res.checks] == [Status.PASS, Status.PASS]      # free space, verified
+    assert [(c.name, c.status) for c in res.checks] == [
+        ("weights.free_space", Status.PASS), ("weights.fetched", Status.PASS), ("weights.verified", Status.PASS)]
+    # the LFS files (the .safetensors) came through the resumable path, from byte 0, leaving no partial
+    assert sorted(res.fetched, key=lambda f: f["path"]) == [
+        {"path": BIG, "size": BIG_SIZE, "resumed_from": 0},
+        {"path": "model-00002-of-00002.safetensors", "size": 300_000, "resumed_from": 0}]
+    assert not list((dest / ".cache" / "runbook" / "partial").glob("*.part"))
     assert res.total_bytes == sum(f["size"] for f in manifest["files"])
 
 
@@ -100,6 +106,51 @@ def test_cut_transfer_resumes_with_range(repo, hub, tmp_path):
     assert gets[1].range.startswith("bytes=") and gets[1].range != "bytes=0-"
     assert 0 < gets[1].bytes_sent < BIG_SIZE          # resumed, not started over
     assert (tmp_path / "w" / BIG).read_bytes() == (repo.src / BIG).read_bytes()
+
+
+def test_download_killed_mid_file_continues_on_the_next_run(repo, hub, tmp_path):
+    """The process dies mid-file (SIGKILL: Ctrl-C'd kernel, dropped SSH, power): the next run asks for the
+    rest with Range and fetches only the missing bytes, instead of starting the shard over."""
+    import signal
+    import time
+    chunk = 10 << 20                      # huggingface_hub writes in 10 MiB pieces
+    hub.add_fault(BIG, cut_after=chunk + (1 << 20), stall_seconds=120)
+    dest = tmp_path / "w"
+    part = Path(W.node_download.partial_path(str(dest), _lfs_sha(repo, BIG)))
+    script = Path(W.node_download.__file__)
+    proc = subprocess.Popen([sys.executable, str(script), "--repo", REPO, "--revision", repo.sha,
+                             "--dest", str(dest), "--endpoint", hub.url, "--max-workers", "1",
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not (part.exists() and part.stat().st_size >= chunk):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the first run never wrote its partial"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    kept = part.stat().st_size
+    assert not (dest / BIG).exists()                       # nothing half-written under the final name
+    snap = W.fetch_metadata(REPO, repo.sha, endpoint=hub.url)
+    space = W.free_space_check(dest, snap, margin_bytes=0)
+    assert space.data["need_bytes"] == snap.total_bytes - kept   # kept bytes are not asked for again
+
+    res = W.download(REPO, repo.sha, dest, endpoint=hub.url, margin_bytes=0, progress=False)
+    assert res.ok, res.verify
+    gets = [e for e in hub.log if e.method == "GET" and e.path == BIG]
+    assert gets[-1].range == f"bytes={kept}-"
+    assert gets[-1].bytes_sent == BIG_SIZE - kept          # only the missing bytes crossed the wire
+    assert {"path": BIG, "size": BIG_SIZE, "resumed_from": kept} in res.fetched
+    row = next(c for c in res.checks if c.name == "weights.fetched")
+    assert f"{BIG} from byte {kept}" in row.observed
+    assert (dest / BIG).read_bytes() == (repo.src / BIG).read_bytes()
+    assert not part.exists()
+
+
+def _lfs_sha(repo, rel):
+    import hashlib
+    return hashlib.sha256((repo.src / rel).read_bytes()).hexdigest()
 
 
 def test_disk_too_small_is_refused_before_downloading(repo, hub, tmp_path):
