@@ -516,7 +516,7 @@ def _weights(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]])
                                         higher_is_better=None))
         elif rec.get("name") in ("weights.rsync", "weights.share") and _num(d.get("seconds")):
             b = _num(d.get("bytes")) or 0.0
-            model.figures.append(Figure(key=f"{name}/share_gbps", step=name, label=f"{rec.get('name')} rate",
+            model.figures.append(Figure(key=f"{name}/share_gbps/{node}", step=name, label=f"{rec.get('name')} rate",
                                         value=b / float(d["seconds"]) / 1e9, unit="GB/s", source=src, node=node,
                                         group="share"))
         elif rec.get("name") == "weights.parity":

@@ -404,3 +404,16 @@ def test_figure_tolerates_rounding_of_both_the_input_and_the_recorded_value():
     # a real disagreement (1 %) is still caught
     fig.value *= 1.01
     assert fig.consistent is False
+
+
+def test_share_rate_has_one_figure_per_receiving_node(results):
+    # TP=3: the head shares to two workers; each copy is its own figure (one key would hide one of them)
+    run = build_run(results, "20261201-040000-lab")
+    path = run / "steps/02_weights.json"
+    sc = json.loads(path.read_text())
+    sc["checks"] += [chk("weights.rsync", "worker", data={"bytes": 9048126, "seconds": 0.5}),
+                     chk("weights.rsync", "worker2", data={"bytes": 9048126, "seconds": 2.0})]
+    path.write_text(json.dumps(sc))
+    model = report.collect(run, redactor=RED)
+    assert model.figure("02_weights/share_gbps/worker").value == pytest.approx(9048126 / 0.5 / 1e9)
+    assert model.figure("02_weights/share_gbps/worker2").value == pytest.approx(9048126 / 2.0 / 1e9)
