@@ -30,7 +30,10 @@ TRACKED_PACKAGES = ("spark-runbook", "papermill", "fabric", "paramiko", "hugging
                     "pandas", "pydantic", "jupyterlab", "nbmake", "ipykernel")
 
 
-def atomic_write(path: Path, data: bytes | str) -> Path:
+def atomic_write(path: Path, data: bytes | str, *, replace: bool = True, mode: int | None = None) -> Path:
+    """Write ``data`` to ``path`` so that ``path`` is either absent/old or complete, never half-written:
+    a fsynced temporary beside it, then a rename. ``replace=False`` never clobbers a file that is there
+    (or appears meanwhile): FileExistsError. ``mode``: permissions (mkstemp makes 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
@@ -40,11 +43,30 @@ def atomic_write(path: Path, data: bytes | str) -> Path:
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)          # fails if the file exists: never clobbers
+            os.unlink(tmp)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
     return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (best effort: not every filesystem allows it)."""
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
 
 
 def new_run_id(profile_name: str, now: _dt.datetime | None = None) -> str:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .evidence import atomic_write
 from .errors import ProfileError, ProfileIssue, RunbookError
 from .profile import KEYS, REPO_ROOT, Profile, is_secret_key, load_profile, parse_env_text
 from .secrets import HF_TOKEN_RE, MASK, redactor_from_env
@@ -520,7 +521,7 @@ class ProfileForm:
         issues = validate_text(text, dest.name)
         if issues:
             raise ProfileError(issues)
-        _atomic_write(dest, text, replace=overwrite)
+        atomic_write(dest, text, replace=overwrite, mode=0o644)
         return dest
 
     def _on_save(self) -> None:
@@ -549,34 +550,6 @@ class ProfileForm:
     # ---------------------------------------------------------------- display
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
-
-
-def _atomic_write(dest: Path, text: str, *, replace: bool) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        if replace:
-            os.replace(tmp, dest)
-        else:
-            os.link(tmp, dest)          # fails if dest appeared meanwhile: never clobbers
-            os.unlink(tmp)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    try:
-        dfd = os.open(dest.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
 
 
 def _resolve(path: str | os.PathLike, env_dir: Path) -> Path:

@@ -721,7 +721,7 @@ def _rules(p: Profile) -> Iterable[_Conflict]:
         if ip and ip in seen_ip:
             yield _Conflict((f"{seen_ip[ip]}_IP", f"{n}_IP"),
                             f"{n}_IP equals {seen_ip[ip]}_IP ({ip}): two nodes cannot share a fabric address",
-                            f"give each node its own fabric IPv4 (e.g. HEAD_IP=10.0.0.1, WORKER_IP=10.0.0.2)")
+                            "give each node its own fabric IPv4 (e.g. HEAD_IP=10.0.0.1, WORKER_IP=10.0.0.2)")
         seen_ip.setdefault(ip, n)
         if ssh and ssh in seen_ssh:
             yield _Conflict((f"{seen_ssh[ssh]}_SSH", f"{n}_SSH"),

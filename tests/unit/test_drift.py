@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from runbook import drift, report
 from runbook.secrets import Redactor

@@ -14,7 +14,6 @@ from types import SimpleNamespace
 import pytest
 
 from runbook.checks import Status
-from runbook.engram import layout as L
 from runbook.engram import step, synth
 
 
