@@ -80,6 +80,7 @@ class Figure:
     spread: dict[str, float] | None = None    # bench: min/max/q1/q3/n of the recomputed values
     group: str = ""                  # sub-table of the section (e.g. "tcp", "rdma", case name)
     rel_tol: float | None = None     # agreement tolerance when the raw file is coarser than the recorded value
+    abs_tol: float = 0.0             # the same, absolute (e.g. a difference of two timestamps stored rounded)
 
     @property
     def consistent(self) -> bool | None:
@@ -89,7 +90,7 @@ class Figure:
         if self.value is None:
             return False
         # Both errors add up: the raw input's rounding (rel_tol) and the recorded value's own rounding.
-        extra = self.rel_tol * max(abs(self.value), abs(self.recorded)) if self.rel_tol else 0.0
+        extra = (self.rel_tol * max(abs(self.value), abs(self.recorded)) if self.rel_tol else 0.0) + self.abs_tol
         return close(self.value, self.recorded, extra_tol=extra)
 
     def to_dict(self) -> dict[str, Any]:
@@ -504,16 +505,19 @@ def _weights(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]])
     for rec in sc.get("checks", []) or []:
         d = rec.get("data") or {}
         node = str(rec.get("node", ""))
-        if rec.get("name") == "weights.verified" and _num(d.get("seconds")):
-            b = _num(d.get("bytes_hashed")) or 0.0
+        # a re-run that reused the manifest hashed nothing: no rate to show
+        if rec.get("name") == "weights.verified" and _num(d.get("seconds")) and _num(d.get("bytes_hashed")):
+            b = float(d["bytes_hashed"])
             model.figures.append(Figure(key=f"{name}/verify_gbps/{node}", step=name, label="sha256 verification rate",
                                         value=b / float(d["seconds"]) / 1e9, unit="GB/s", source=src,
                                         recorded=_num(d.get("gbps")), node=node, group="verify",
                                         rel_tol=rounding_rel_tol(d.get("seconds"))))
             model.figures.append(Figure(key=f"{name}/verified_bytes/{node}", step=name, label="bytes verified",
                                         value=b, unit="B", source=src,
-                                        recorded=_num(data.get("total_bytes")), node=node, group="verify",
-                                        higher_is_better=None))
+                                        # all files re-hashed: must be the repo's size (a partial re-hash is not)
+                                        recorded=(_num(data.get("total_bytes"))
+                                                  if d.get("files_hashed") == data.get("files") else None),
+                                        node=node, group="verify", higher_is_better=None))
         elif rec.get("name") in ("weights.rsync", "weights.share") and _num(d.get("seconds")):
             b = _num(d.get("bytes")) or 0.0
             model.figures.append(Figure(key=f"{name}/share_gbps/{node}", step=name, label=f"{rec.get('name')} rate",
@@ -664,8 +668,11 @@ def _find_bench_result(run: Path, sidecars: dict[str, dict[str, Any]]) -> tuple[
 RECOMPUTED_METRICS = ("ttft_s", "ttfr_s", "tokens_per_chunk", "decode_tok_s", "per_stream_decode_tok_s",
                       "max_gap_s", "aggregate_tok_s", "aggregate_span_tok_s", "aggregate_wall_tok_s",
                       "steady_coverage", "release_skew_s", "prefill_tok_s")
-# requests.jsonl stores times relative to t0 rounded to 0.1 us; result.json was computed before rounding
+# requests.jsonl stores times relative to t0 rounded to 0.1 us; result.json was computed before rounding.
+# Rates carry that as a relative error; a time figure (a difference of two stamps, e.g. a 50 us release
+# skew) as an absolute one of up to 2 x 0.05 us.
 BENCH_REL_TOL = 1e-3
+BENCH_TIME_ABS_TOL = 2e-7
 LOWER_IS_BETTER = ("ttft_s", "ttfr_s", "max_gap_s", "release_skew_s", "mean_queue_time_s", "client_cpu_pct")
 
 
@@ -735,7 +742,8 @@ def _bench(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]]) -
                 unit=_bench_unit(metric), source=src, recorded=recorded,
                 higher_is_better=(not lower) if (metric.endswith("tok_s") or lower) else None, node="head",
                 spread={k: v for k, v in (spread or {}).items() if k != "median"} or None,
-                group=str(case.get("name")), rel_tol=BENCH_REL_TOL))
+                group=str(case.get("name")), rel_tol=BENCH_REL_TOL,
+                abs_tol=BENCH_TIME_ABS_TOL if metric.endswith("_s") and recorded is not None else 0.0))
     cfg = merged.get("config", {}) or {}
     recipe = cfg.get("recipe") or model.profile.get("RECIPE") or ""
     model.bench = {"step": name, "source": res_src, "raw": source, "status": obj.get("status"),

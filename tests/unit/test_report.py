@@ -417,3 +417,28 @@ def test_share_rate_has_one_figure_per_receiving_node(results):
     model = report.collect(run, redactor=RED)
     assert model.figure("02_weights/share_gbps/worker").value == pytest.approx(9048126 / 0.5 / 1e9)
     assert model.figure("02_weights/share_gbps/worker2").value == pytest.approx(9048126 / 2.0 / 1e9)
+
+
+def test_manifest_reuse_run_has_no_verification_rate(results):
+    # a re-run that reused the manifest hashed 0 bytes in a few microseconds: nothing to recompute
+    run = build_run(results, "20261201-040000-lab")
+    path = run / "steps/02_weights.json"
+    sc = json.loads(path.read_text())
+    for c in sc["checks"]:
+        c["data"].update(bytes_hashed=0, files_hashed=0, seconds=0.000412, gbps=0.0)
+    path.write_text(json.dumps(sc))
+    model = report.collect(run, redactor=RED)
+    assert not [f for f in model.figures if "/verify_gbps/" in f.key or "/verified_bytes/" in f.key]
+    assert not [f.key for f in model.inconsistent() if f.key.startswith("02_weights")]
+
+
+def test_bench_time_figure_tolerates_stamps_stored_to_a_tenth_of_a_microsecond():
+    # CI case: release skew 51.321 us from raw clocks, 51.4 us from stamps stored as round(t - t0, 7)
+    a, b = 10.223361549, 10.223412951
+    recorded = b - a
+    value = round(b, 7) - round(a, 7)
+    fig = report.Figure(key="07_bench/c/release_skew_s", step="07_bench", label="release_skew_s", value=value,
+                        recorded=recorded, rel_tol=report.BENCH_REL_TOL, abs_tol=report.BENCH_TIME_ABS_TOL)
+    assert fig.consistent
+    fig.value = recorded + 1e-6                   # a microsecond off is a real disagreement
+    assert fig.consistent is False
