@@ -13,8 +13,8 @@ Two runtimes:
   the weights, the JIT caches and (seed A) the per-rank packed Engram dir *only where that node has
   the rank's shard* (a fact). ``--gpus all`` only with ``EXPECT_GPU=1``; ``/dev/infiniband``,
   ``IPC_LOCK`` and ``--ulimit memlock=-1`` only with ``EXPECT_RDMA=1`` (RDMA memory registration;
-  the lab has neither and its VM may not raise memlock). The lab also drops ``--ipc=host`` (its nodes
-  share one /dev/shm; see ``_docker_argv``).
+  the lab has neither and its VM may not raise memlock). ``--ipc=host`` holds in the lab too: each lab
+  node has its own IPC namespace and /dev/shm.
 * ``process`` — ``VLLM_BIN serve ...`` started with ``setsid nohup ... &`` on the node (the lab's
   CPU vLLM). Relative parts of ``VLLM_BIN`` resolve against the repo root (shared by the lab nodes).
 
@@ -453,14 +453,9 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
     a = ["docker", "run", "-d", "--name", name]
     if p.expect_gpu:
         a += ["--gpus", "all"]
-    a += ["--network", "host"]
-    if not p.is_lab:
-        a += ["--ipc=host"]
-    # The lab's nodes share one /dev/shm and /tmp (one host filesystem): with --ipc=host vLLM's
-    # in_the_same_node_as() finds rank 0's shm segment from the other node, treats the worker as
-    # local and waits on a node-local IPC channel the container cannot reach (observed: hang after
-    # "CPU SHM communicator disabled"). A private IPC namespace per container makes the ranks look
-    # like the separate machines they stand in for, so the cross-node path (TCP) is exercised.
+    # --ipc=host in the lab too: each lab node has its own IPC namespace and /dev/shm (nodeinit.sh),
+    # so vLLM's same-node probe sees two machines there as on Sparks.
+    a += ["--network", "host", "--ipc=host"]
     a += ["--shm-size", p.shm_size]
     if p.recipe == "exl3-v41":
         a += ["--stop-timeout", "60"]

@@ -535,7 +535,7 @@ def _start_node(lab_dir: Path, n: LabNode, cgroups: str) -> int:
            "NL_NODE_DIR": str(nd), "NL_CGROUP_MOUNTS": cgroups}
     with open(nd / "node.log", "ab") as logf:
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", n.netns, "unshare", "--uts", "--mount", "--pid", "--fork",
+            ["ip", "netns", "exec", n.netns, "unshare", "--uts", "--ipc", "--mount", "--pid", "--fork",
              "--kill-child", "--mount-proc", "/bin/sh", str(NODEINIT)],
             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
             start_new_session=True, close_fds=True)

@@ -1,8 +1,8 @@
 #!/bin/sh
 # PID 1 of one lab node. Started by runbook.lab.netlab as
-#   ip netns exec nl-<name> unshare --uts --mount --pid --fork --kill-child --mount-proc nodeinit.sh
-# so it already has its own network, UTS, mount and PID namespaces. It makes the node look like a
-# Spark (hostname, /mnt/nvme, /var/lib/docker, /usr/local/sbin, /etc/hosts are node-private), then
+#   ip netns exec nl-<name> unshare --uts --ipc --mount --pid --fork --kill-child --mount-proc nodeinit.sh
+# so it already has its own network, UTS, IPC, mount and PID namespaces. It makes the node look like a
+# Spark (hostname, /dev/shm, /mnt/nvme, /var/lib/docker, /usr/local/sbin, /etc/hosts are node-private), then
 # becomes the node's sshd. Every SSH session is a child of that sshd and so runs "as this node".
 #
 # Configuration comes from the environment (set by netlab.py):
@@ -33,6 +33,11 @@ done
 mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
 mkdir -p /run/sshd /run/lock
 chmod 0755 /run/sshd
+
+# Node-private /dev/shm (with the IPC namespace): vLLM's in_the_same_node_as() probes for rank 0's
+# shared-memory segment, so ranks on two "nodes" sharing the host's /dev/shm would take the
+# same-machine path. Private, they are separate machines and use the cross-node (TCP) path, as on Sparks.
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
 
 # Node-private directories and files (bind mounts live only in this mount namespace).
 mount --bind "$NL_NODE_DIR/nvme" /mnt/nvme

@@ -265,7 +265,8 @@ def test_lab_drops_gpu_and_rdma_and_adds_cpu_knobs(runtime):
             joined = " ".join(r.docker_argv)
             assert "--gpus" not in joined and "/dev/infiniband" not in joined and "memlock" not in joined
             assert "--network host" in joined and "stack=67108864" in joined
-            assert "--ipc=host" not in joined and "--shm-size 1g" in joined   # nodes share /dev/shm
+            # same IPC flag as on Sparks: each lab node has its own IPC namespace and /dev/shm
+            assert "--ipc=host" in joined and "--shm-size 1g" in joined
 
 
 def test_lab_vllm_bin_relative_parts_resolve_against_the_repo_root():
