@@ -199,14 +199,16 @@ def download(repo: str, revision: str, dest: str | os.PathLike, *, endpoint: str
     Path(dest).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     fetched: list[dict[str, Any]] = []
+    # the Hub metadata read above, so the resumable fetch does not ask for it again
+    lfs = [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in snap.files if f.sha256]
     _fetch(repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
-           download_timeout, etag_timeout, token, progress, fetched)
+           download_timeout, etag_timeout, token, progress, fetched, lfs)
     report = verify_manifest.verify(str(dest), snap.expected(), workers=verify_workers)
     if not report["ok"] and repair:
         for rel in report["failed"]:
             _forget(dest, rel)
         _fetch(repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
-               download_timeout, etag_timeout, token, progress, fetched)
+               download_timeout, etag_timeout, token, progress, fetched, lfs)
         report = verify_manifest.verify(str(dest), snap.expected(), workers=verify_workers)
     seconds = time.monotonic() - t0
     if fetched:
@@ -229,14 +231,14 @@ def fetched_check(fetched: list[dict[str, Any]], *, node: str = "") -> Check:
 
 
 def _fetch(repo, revision, dest, endpoint, allow, ignore, max_workers, timeout, etag_timeout,
-           token, progress, fetched) -> None:
+           token, progress, fetched, lfs) -> None:
     try:
         node_download.snapshot(repo, revision, str(dest), endpoint=endpoint,
                                allow_patterns=list(allow) if allow else None,
                                ignore_patterns=list(ignore) if ignore else None,
                                max_workers=max_workers, download_timeout=timeout,
                                etag_timeout=etag_timeout, token=token, progress=progress,
-                               fetched=fetched)
+                               fetched=fetched, lfs=lfs)
     except Exception as err:  # noqa: BLE001
         raise ActionError(f"download of {repo}@{revision[:12]} failed",
                           observed=f"{type(err).__name__}: {_mask(str(err), token)}",

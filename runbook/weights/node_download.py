@@ -53,23 +53,35 @@ def partial_bytes(dest, sha256):
         return 0
 
 
-def resumable_fetch(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
-                    max_workers=8, etag_timeout=30, token=None, progress=True):
-    """Fetch the LFS files of the pinned revision that are not yet in ``dest`` into partials that
-    survive an interrupted run, then move each finished one into place. Returns one record per file:
-    {"path", "size", "resumed_from"} (``resumed_from`` > 0: bytes a previous run had already fetched)."""
-    from huggingface_hub import HfApi, constants, hf_hub_url
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers, filter_repo_objects
+def lfs_files(repo, revision, *, endpoint=None, allow_patterns=None, ignore_patterns=None, token=None,
+              timeout=30):
+    """The pinned revision's LFS files selected by the patterns: [{"path", "size", "sha256"}]."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import filter_repo_objects
     info = HfApi(endpoint=endpoint, token=token if token else False).model_info(
-        repo, revision=revision, files_metadata=True, timeout=etag_timeout)
+        repo, revision=revision, files_metadata=True, timeout=timeout)
     siblings = {s.rfilename: s for s in info.siblings or []}
     wanted = filter_repo_objects(list(siblings), allow_patterns=allow_patterns or None,
                                  ignore_patterns=ignore_patterns or None)
-    todo = [siblings[name] for name in wanted
-            if siblings[name].lfs is not None and siblings[name].size is not None
-            and siblings[name].size <= constants.MAX_HTTP_DOWNLOAD_SIZE
-            and not os.path.exists(os.path.join(dest, name))]
+    return [{"path": n, "size": int(siblings[n].size), "sha256": siblings[n].lfs.sha256} for n in wanted
+            if siblings[n].lfs is not None and siblings[n].size is not None]
+
+
+def resumable_fetch(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
+                    max_workers=8, etag_timeout=30, token=None, progress=True, files=None):
+    """Fetch the LFS files of the pinned revision that are not yet in ``dest`` into partials that
+    survive an interrupted run, then move each finished one into place. ``files``: the selected LFS
+    files as :func:`lfs_files` gives them, when the caller already has the Hub metadata (else it is
+    read here). Returns one record per file: {"path", "size", "resumed_from"} (``resumed_from`` > 0:
+    bytes a previous run had already fetched)."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+    if files is None:
+        files = lfs_files(repo, revision, endpoint=endpoint, allow_patterns=allow_patterns,
+                          ignore_patterns=ignore_patterns, token=token, timeout=etag_timeout)
+    todo = [f for f in files if f["size"] <= constants.MAX_HTTP_DOWNLOAD_SIZE
+            and not os.path.exists(os.path.join(dest, f["path"]))]
     if not todo:
         return []
     headers = build_hf_headers(token=token if token else False)
@@ -77,10 +89,9 @@ def resumable_fetch(repo, revision, dest, *, endpoint=None, allow_patterns=None,
     if progress:
         from tqdm.auto import tqdm as tqdm_class
 
-    def fetch(sib):
-        url = hf_hub_url(repo, sib.rfilename, revision=revision, endpoint=endpoint)
-        return _fetch_one(url, headers, dest, sib.rfilename, int(sib.size), sib.lfs.sha256, revision,
-                          http_get, tqdm_class)
+    def fetch(f):
+        url = hf_hub_url(repo, f["path"], revision=revision, endpoint=endpoint)
+        return _fetch_one(url, headers, dest, f["path"], f["size"], f["sha256"], revision, http_get, tqdm_class)
 
     with ThreadPoolExecutor(max_workers=max(1, int(max_workers))) as pool:
         return list(pool.map(fetch, todo))
@@ -89,7 +100,8 @@ def resumable_fetch(repo, revision, dest, *, endpoint=None, allow_patterns=None,
 def _fetch_one(url, headers, dest, name, size, sha256, revision, http_get, tqdm_class):
     part = partial_path(dest, sha256)
     os.makedirs(os.path.dirname(part), exist_ok=True)
-    # One writer per partial: two runs appending to the same file would interleave bytes.
+    # One writer per partial: two runs appending to the same file would interleave bytes. The lock file
+    # stays (unlinking it would let a late opener lock the old inode while a new run locks a new one).
     lock = open(part + ".lock", "w")
     try:
         try:
@@ -101,7 +113,6 @@ def _fetch_one(url, headers, dest, name, size, sha256, revision, http_get, tqdm_
             have = 0
         # "r+b", not "ab": http_get seeks back to 0 when a server answers a Range request with 200.
         with open(part, "r+b" if have else "wb") as fh:
-            fh.truncate(have)
             fh.seek(have)
             http_get(url, fh, resume_size=have, headers=headers, expected_size=size,
                      displayed_filename=name, tqdm_class=tqdm_class)
@@ -117,10 +128,6 @@ def _fetch_one(url, headers, dest, name, size, sha256, revision, http_get, tqdm_
         return {"path": name, "size": size, "resumed_from": have}
     finally:
         lock.close()
-        try:
-            os.unlink(part + ".lock")
-        except OSError:
-            pass
 
 
 def _record_for_hub_client(dest, name, revision, sha256):
@@ -137,9 +144,10 @@ def _record_for_hub_client(dest, name, revision, sha256):
 
 def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
              max_workers=8, download_timeout=120, etag_timeout=30, token=None, progress=True,
-             fetched=None):
-    """Pinned download into ``dest`` (local_dir layout): LFS files by :func:`resumable_fetch`, the rest
-    by ``snapshot_download``. Returns the path; ``fetched`` (a list) receives resumable_fetch's records."""
+             fetched=None, lfs=None):
+    """Pinned download into ``dest`` (local_dir layout): LFS files by :func:`resumable_fetch` (``lfs``:
+    its ``files``), the rest by ``snapshot_download``. Returns the path; ``fetched`` (a list) receives
+    resumable_fetch's records."""
     if not SHA40.match(revision or ""):
         raise ValueError(f"revision must be a pinned 40-hex commit sha, got {revision!r}")
     # The download timeout is read from huggingface_hub.constants at call time (http_get), and the
@@ -154,7 +162,7 @@ def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore
     try:
         records = resumable_fetch(repo, revision, dest, endpoint=endpoint, allow_patterns=allow_patterns,
                                   ignore_patterns=ignore_patterns, max_workers=max_workers,
-                                  etag_timeout=etag_timeout, token=token, progress=progress)
+                                  etag_timeout=etag_timeout, token=token, progress=progress, files=lfs)
         if fetched is not None:
             fetched.extend(records)
         kwargs = {}
