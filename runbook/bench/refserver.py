@@ -379,8 +379,10 @@ class RefServer:
         m = self.metrics
         m.inc("vllm:prefix_cache_queries_total", P)
         m.inc("vllm:prefix_cache_hits_total", cached)
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(cfg.max_num_seqs or 1_000_000)
+        # one local reference: set_config() may reset self._sem from the test's thread at any moment
+        sem = self._sem
+        if sem is None:
+            sem = self._sem = asyncio.Semaphore(cfg.max_num_seqs or 1_000_000)
         rid = f"cmpl-ref{nth}"
         created = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -422,8 +424,8 @@ class RefServer:
                         + (',"usage":' + usage_json(0, False) if continuous else "") + '}\n\n')
                 if chat and cfg.role_chunk_early:
                     writer.write(frame(role))
-            queued = self._sem.locked()
-            async with self._sem:
+            queued = sem.locked()
+            async with sem:
                 self._waiting -= 1
                 self._running += 1
                 # no queueing: the request holds its slot from arrival (parsing is inside the TTFT)
