@@ -1,17 +1,23 @@
 """Benchmark: pack throughput vs a plain sequential copy of the same source bytes, same disk.
 
-    python -m runbook.engram.bench_pack [--table-gib 2.2] [--workdir /tmp/engram-bench] [--keep]
+    python -m runbook.engram.bench_pack [--table-gib 2.2] [--repeats 3] [--workdir DIR] [--keep]
 
 1. synthesise one V4.1-style layer table (``--table-gib``, default 2.2 GiB, layer 1 only);
-2. drop the shard from the page cache (fsync + POSIX_FADV_DONTNEED on that file only, so other
-   users of the box are not disturbed), then time ``dd bs=64M conv=fsync`` and ``cp`` + ``sync FILE``
-   of the shard (the faster one is the baseline, which is the conservative choice);
-3. drop the cache again, time ``pack.py --tp 1 --rank 0 --layers 1`` (the whole table: the same bytes
-   as the copy) run as a subprocess with the system python3, exactly as on a node;
+2. ``--repeats`` rounds, each timing, in this order: ``dd bs=64M conv=fsync`` of the shard, ``cp`` +
+   ``sync FILE`` of the shard, and ``pack.py --tp 1 --rank 0 --layers 1`` (the whole table: the same
+   bytes as the copy) run as a subprocess with the system python3, exactly as on a node, once with
+   ``--no-direct`` (buffered writes, for comparison) and once as shipped (O_DIRECT writes). Before each
+   timed command the previous output is deleted, ``sync`` runs (so one command's writeback or discard
+   is not billed to the next) and the shard is dropped from the page cache (fsync + POSIX_FADV_DONTNEED
+   on that file only, so other users of the box are not disturbed);
+3. the figures are medians over the rounds (every sample is printed too); the baseline is the faster
+   of the two copies' medians, which is the conservative choice;
 4. ``check.py`` (1024 sampled rows) and ``probe.py`` (QD 1 and 64, 5 s each) on the packed file;
 5. delete everything (unless ``--keep``) and print one JSON line.
 
 Goals (issue "Engram step 03_engram"): pack MB/s >= 0.9 x copy MB/s; packer peak RSS <= 1 GiB.
+A virtual disk's speed can swing 2x between two copies a minute apart: read the samples, not just
+the ratio.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -59,6 +66,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--table-gib", type=float, default=2.2)
     p.add_argument("--workdir", default=f"/tmp/engram-bench-{os.getpid()}")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of dd, cp and pack")
     p.add_argument("--probe-seconds", type=float, default=5.0)
     p.add_argument("--python", default=shutil.which("python3") or sys.executable)
     p.add_argument("--keep", action="store_true")
@@ -80,27 +88,47 @@ def main(argv=None) -> int:
         shard_bytes = shard.stat().st_size
         result.update(vocab=vocab, rows=lay.num_rows(1), table_bytes=table_bytes, shard_bytes=shard_bytes)
 
-        evict(shard)
-        dt, _ = timed(["dd", f"if={shard}", f"of={work / 'copy.dd'}", "bs=64M", "conv=fsync", "status=none"])
-        (work / "copy.dd").unlink()
-        result["dd_seconds"], result["dd_mb_s"] = round(dt, 2), round(shard_bytes / dt / 1e6, 1)
-        evict(shard)
-        dt, _ = timed(["bash", "-c", f"cp {shard} {work / 'copy.cp'} && sync {work / 'copy.cp'}"])
-        (work / "copy.cp").unlink()
-        result["cp_seconds"], result["cp_mb_s"] = round(dt, 2), round(shard_bytes / dt / 1e6, 1)
-        copy_mb_s = max(result["dd_mb_s"], result["cp_mb_s"])
-
-        evict(shard)
-        dt, proc = timed([a.python, str(tools / "pack.py"), "--src", str(src), "--out", str(out),
-                          "--tp", "1", "--rank", "0", "--layers", "1"])
-        summary = last_json(proc.stdout)
         packed = out / L.packed_name(1, 0, 1)
-        pack_mb_s = packed.stat().st_size / dt / 1e6
-        result.update(pack_wall_seconds=round(dt, 2), pack_mb_s=round(pack_mb_s, 1),
+        copy_dd, copy_cp = work / "copy.dd", work / "copy.cp"
+        commands = {
+            "dd": ["dd", f"if={shard}", f"of={copy_dd}", "bs=64M", "conv=fsync", "status=none"],
+            "cp": ["bash", "-c", f"cp {shard} {copy_cp} && sync {copy_cp}"],
+            "pack_buffered": [a.python, str(tools / "pack.py"), "--src", str(src), "--out", str(out),
+                              "--tp", "1", "--rank", "0", "--layers", "1", "--progress-every", "0", "--no-direct"],
+            "pack": [a.python, str(tools / "pack.py"), "--src", str(src), "--out", str(out),
+                     "--tp", "1", "--rank", "0", "--layers", "1", "--progress-every", "0"],
+        }
+        samples: dict[str, list[float]] = {name: [] for name in commands}
+        summaries = []
+        for _ in range(max(1, a.repeats)):
+            for name, cmd in commands.items():
+                for leftover in (copy_dd, copy_cp):
+                    leftover.unlink(missing_ok=True)
+                shutil.rmtree(out, ignore_errors=True)
+                subprocess.run(["sync"], check=False)
+                evict(shard)
+                dt, proc = timed(cmd)
+                samples[name].append(dt)
+                if name == "pack":
+                    summaries.append(last_json(proc.stdout))
+        pack_bytes = packed.stat().st_size
+        for leftover in (copy_dd, copy_cp):
+            leftover.unlink(missing_ok=True)
+        med = {name: statistics.median(v) for name, v in samples.items()}
+        result["samples_seconds"] = {name: [round(x, 2) for x in v] for name, v in samples.items()}
+        result["repeats"] = len(samples["pack"])
+        result["dd_seconds"], result["dd_mb_s"] = round(med["dd"], 2), round(shard_bytes / med["dd"] / 1e6, 1)
+        result["cp_seconds"], result["cp_mb_s"] = round(med["cp"], 2), round(shard_bytes / med["cp"] / 1e6, 1)
+        copy_mb_s = max(result["dd_mb_s"], result["cp_mb_s"])
+        pack_mb_s = pack_bytes / med["pack"] / 1e6
+        summary = summaries[-1]
+        result.update(pack_wall_seconds=round(med["pack"], 2), pack_mb_s=round(pack_mb_s, 1),
                       pack_internal_mb_s=summary.get("mb_s"),
-                      pack_peak_rss_mib=round(summary.get("peak_rss_bytes", 0) / 2 ** 20, 1),
+                      pack_peak_rss_mib=round(max(x.get("peak_rss_bytes", 0) for x in summaries) / 2 ** 20, 1),
                       pack_chunk_rows=summary.get("chunk_rows"),
-                      pack_vs_copy=round(pack_mb_s / copy_mb_s, 3))
+                      pack_vs_copy=round(pack_mb_s / copy_mb_s, 3),
+                      pack_direct_bytes=sum(f.get("direct_bytes", 0) for f in summary.get("files", [])),
+                      pack_buffered_mb_s=round(pack_bytes / med["pack_buffered"] / 1e6, 1))
         result["goal_ratio_ok"] = result["pack_vs_copy"] >= 0.9
         result["goal_rss_ok"] = result["pack_peak_rss_mib"] <= 1024
 

@@ -15,9 +15,11 @@ What it does, per layer:
 * checks free space first (all layers still to write);
 * writes ``<final>.partial``: the 4096-byte header, then rows lo..hi-1 as 256 weight bytes + 8
   scale bytes, assembled by scatter-reads (``preadv``) straight into a row-interleaved chunk buffer
-  (64 MiB, a multiple of 4096 bytes so every chunk write is page aligned); a writer thread
-  overlaps the writes; ``fdatasync`` + ``POSIX_FADV_DONTNEED`` every ``--sync-mib`` behind the
-  writes and DONTNEED behind the reads keep the page cache (GPU memory on GB10) flat;
+  (32 MiB of page-aligned memory, a multiple of 4096 bytes so every chunk write is page aligned);
+  a writer thread overlaps the writes, which go through ``O_DIRECT`` where the filesystem allows it
+  (no page-cache copy; measured 2.3 s against 3.0 s buffered for a 2.36 GB table), else buffered;
+  ``fdatasync`` + ``POSIX_FADV_DONTNEED`` every ``--sync-mib`` behind the writes and DONTNEED
+  behind the reads keep the page cache (GPU memory on GB10) flat;
 * records the durable row count in ``<final>.partial.json`` after each sync, so a killed run is
   continued from its last synced chunk (a partial without a matching record is redone);
 * fsyncs, checks the exact size, renames to the final name, fsyncs the directory.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import mmap
 import os
 import queue
 import resource
@@ -47,6 +50,7 @@ except ImportError:                    # run as a script next to layout.py (node
 TOOL = "engram-pack"
 EXIT_REFUSED, EXIT_SPACE, EXIT_IO, EXIT_TEST_STOP = 2, 3, 4, 75
 IOV_GROUP = 1024                       # <= IOV_MAX (1024 on Linux)
+DIRECT_ALIGN = 4096                    # O_DIRECT offset/length alignment we keep to (page size)
 N_BUFFERS = 3                          # one being read, one being written, one spare
 ALIGN_ROWS = 512                       # 512 rows * 264 B = 33 pages: chunk writes stay page aligned
 MiB, GiB = 1 << 20, 1 << 30
@@ -83,7 +87,7 @@ class ChunkBuffer:
     def __init__(self, rows: int, head: int, tail: int):
         self.rows, self.head, self.tail = rows, head, tail
         rb = head + tail
-        self.data = bytearray(rows * rb)
+        self.data = mmap.mmap(-1, rows * rb)    # page aligned, as O_DIRECT writes need
         self.mv = memoryview(self.data)
         self.words = rb % 8 == 0 and tail % 8 == 0 and head % 8 == 0
         w = [self.mv[i * rb:i * rb + head] for i in range(rows)]
@@ -121,6 +125,24 @@ class ChunkBuffer:
         rb_q, head_q, tail_q = (self.head + self.tail) // 8, self.head // 8, self.tail // 8
         for k in range(tail_q):
             self.out_q[head_q + k:n * rb_q:rb_q] = self.scale_q[k:n * tail_q:tail_q]
+
+
+def open_direct(path: str) -> int | None:
+    """A second descriptor on ``path`` with O_DIRECT, or None where the filesystem refuses it
+    (tmpfs on older kernels, some network filesystems) or the platform has no O_DIRECT."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+
+
+def write_all(fd: int, view: memoryview, off: int) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], off + done)
 
 
 def scatter_read(fd: int, groups: list[list[memoryview]], unit: int, offset: int, what: str) -> None:
@@ -211,6 +233,7 @@ class Packer:
         rb, total_rows = self.row_bytes, rr.rows
         flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
         out = os.open(partial, flags, 0o644)
+        direct = open_direct(partial) if self.args.direct else None
         fw = os.open(wloc.path, os.O_RDONLY)
         fs = os.open(sloc.path, os.O_RDONLY)
         started = time.monotonic()
@@ -230,10 +253,11 @@ class Packer:
             full_q: queue.Queue = queue.Queue()
             for b in self.buffers():
                 free_q.put(b)
-            state = {"error": None, "rows_done": start_rows, "synced_off": L.HEADER_BYTES + start_rows * rb}
+            state = {"error": None, "rows_done": start_rows, "synced_off": L.HEADER_BYTES + start_rows * rb,
+                     "direct_bytes": 0}
             writer = threading.Thread(target=self._writer, name="engram-writer",
-                                      args=(out, full_q, free_q, state, record_path, expect, rr, started,
-                                            start_rows), daemon=True)
+                                      args=(out, direct, full_q, free_q, state, record_path, expect, rr,
+                                            started, start_rows), daemon=True)
             writer.start()
             row = start_rows
             try:
@@ -257,6 +281,8 @@ class Packer:
             os.fsync(out)
         finally:
             os.close(out)
+            if direct is not None:
+                os.close(direct)
             os.close(fw)
             os.close(fs)
         size = os.path.getsize(partial)
@@ -269,10 +295,10 @@ class Packer:
             os.unlink(record_path)
         except FileNotFoundError:
             pass
-        return {"seconds": time.monotonic() - started,
+        return {"seconds": time.monotonic() - started, "direct_bytes": state["direct_bytes"],
                 "bytes_written": (total_rows - start_rows) * rb + (L.HEADER_BYTES if start_rows == 0 else 0)}
 
-    def _writer(self, out, full_q, free_q, state, record_path, expect, rr, started, start_rows):
+    def _writer(self, out, direct, full_q, free_q, state, record_path, expect, rr, started, start_rows):
         rb = self.row_bytes
         unsynced = 0
         args = self.args
@@ -284,14 +310,28 @@ class Packer:
                 buf, row, n = item
                 off = L.HEADER_BYTES + row * rb
                 view = buf.mv[:n * rb]
-                done = 0
-                while done < len(view):
-                    done += os.pwrite(out, view[done:], off + done)
+                if direct is not None and off % DIRECT_ALIGN == 0 and len(view) % DIRECT_ALIGN == 0:
+                    try:
+                        write_all(direct, view, off)
+                        state["direct_bytes"] += len(view)
+                        buffered = False
+                    except OSError as exc:
+                        if exc.errno != errno.EINVAL:
+                            raise
+                        log(f"O_DIRECT write refused ({exc}); buffered writes from here on")
+                        os.close(direct)
+                        direct = None
+                        buffered = True
+                else:                            # no O_DIRECT here, or the short last chunk
+                    buffered = True
+                if buffered:
+                    write_all(out, view, off)
                 free_q.put(buf)
-                # DONTNEED on dirty pages starts their writeback without waiting (WB_SYNC_NONE),
-                # like sync_file_range(SYNC_FILE_RANGE_WRITE): the disk stays busy between syncs
-                # and the fdatasync below finds little left to do.
-                _fadvise(out, off, n * rb, os.POSIX_FADV_DONTNEED)
+                if buffered:
+                    # DONTNEED on dirty pages starts their writeback without waiting (WB_SYNC_NONE),
+                    # like sync_file_range(SYNC_FILE_RANGE_WRITE): the disk stays busy between syncs
+                    # and the fdatasync below finds little left to do.
+                    _fadvise(out, off, n * rb, os.POSIX_FADV_DONTNEED)
                 unsynced += n * rb
                 state["rows_done"] = row + n
                 last = row + n == rr.rows
@@ -351,6 +391,8 @@ def parse_args(argv):
     p.add_argument("--chunk-mib", type=int, default=32)
     p.add_argument("--chunk-rows", type=int, default=0, help="overrides --chunk-mib; multiple of 512")
     p.add_argument("--sync-mib", type=int, default=256, help="fdatasync + drop cache every N MiB")
+    p.add_argument("--no-direct", dest="direct", action="store_false",
+                   help="buffered writes only (default: O_DIRECT where the filesystem allows it)")
     p.add_argument("--progress-every", type=int, default=16, help="progress line every N chunks (0: off)")
     p.add_argument("--skip-space-check", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--stop-after-chunks", type=int, default=0, help=argparse.SUPPRESS)  # test hook
@@ -419,7 +461,7 @@ def run(args) -> dict:
                  "resumed_from_row": start if status == "resumed" else 0}
         if status == "skipped":
             log(f"{rr.file_name}: complete (header and size match), skipped")
-            entry.update(seconds=0.0, bytes_written=0, mb_s=0.0)
+            entry.update(seconds=0.0, bytes_written=0, direct_bytes=0, mb_s=0.0)
         else:
             if start:
                 log(f"{rr.file_name}: resuming at row {start} of {rr.rows}")
@@ -435,6 +477,7 @@ def run(args) -> dict:
                                     "is kept and resumes after space is freed", EXIT_SPACE) from None
                 raise PackError(f"I/O error while packing {final}: {exc}", EXIT_IO) from None
             entry.update(seconds=round(res["seconds"], 3), bytes_written=res["bytes_written"],
+                         direct_bytes=res["direct_bytes"],
                          mb_s=round(res["bytes_written"] / max(res["seconds"], 1e-9) / 1e6, 1))
             total_bytes += res["bytes_written"]
             log(f"{rr.file_name}: done, {entry['mb_s']} MB/s")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from runbook.engram import layout as L
+from runbook.engram import pack
 from runbook.engram import synth
 
 ENGRAM_DIR = Path(L.__file__).resolve().parent
@@ -119,6 +120,30 @@ def test_pack_tp2_both_ranks_byte_for_byte(tools, src, tmp_path):
     _, summary, _ = run_tool(tools, "pack.py", "--src", src, "--out", out, "--tp", 2, "--rank", 0)
     assert [f["status"] for f in summary["files"]] == ["skipped", "skipped"]
     assert os.stat(out / L.packed_name(1, 0, 2)).st_mtime_ns == before
+
+
+def test_direct_and_buffered_writes_give_the_same_bytes(tools, src, tmp_path):
+    """Full chunks go through O_DIRECT where the filesystem takes it (tmp_path: the suite's disk);
+    the short last chunk and --no-direct go buffered. Both must produce the exact file."""
+    probe = tmp_path / "odirect-probe"
+    probe.write_bytes(b"")
+    direct_ok = pack.open_direct(str(probe))
+    if direct_ok is not None:
+        os.close(direct_ok)
+    outs = {}
+    for mode in ("direct", "buffered"):
+        out = tmp_path / mode
+        flags = () if mode == "direct" else ("--no-direct",)
+        _, summary, _ = run_tool(tools, "pack.py", "--src", src, "--out", out, "--tp", 2, "--rank", 1,
+                                 "--layers", 14, "--chunk-rows", 1024, *flags, subprocess_=True)
+        (entry,) = summary["files"]
+        if mode == "buffered" or direct_ok is None:
+            assert entry["direct_bytes"] == 0
+        else:   # every full chunk direct; only the last, short one buffered
+            assert 0 < entry["direct_bytes"] < entry["bytes_written"], entry
+            assert entry["direct_bytes"] % 4096 == 0
+        outs[mode] = (out / L.packed_name(14, 1, 2)).read_bytes()
+    assert outs["direct"] == outs["buffered"] == expected_file(src, 14, 1, 2)
 
 
 def test_pack_tp3_and_checker_catches_corruption(tools, src, tmp_path):
