@@ -25,10 +25,11 @@ lab-deps:
 	if [ -n "$$missing" ]; then echo "lab-deps: installing (missing:$$missing)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; fi
 
-# CPU build of vLLM for the lab only (about 3 min, 2.5 GB); never needed on real Sparks.
-lab-vllm: $(LAB_VLLM_VENV)/.installed
-$(LAB_VLLM_VENV)/.installed: runbook/lab/install_vllm.sh
-	bash runbook/lab/install_vllm.sh $(LAB_VLLM_VENV)
+# CPU build of vLLM for the lab only (about 3 min, 2.5 GB); never needed on real Sparks. --vision adds
+# the torchvision that vLLM's multimodal models import (the lab's tiny LLaVA vision test).
+lab-vllm: $(LAB_VLLM_VENV)/.installed-vision
+$(LAB_VLLM_VENV)/.installed-vision: runbook/lab/install_vllm.sh
+	bash runbook/lab/install_vllm.sh --vision $(LAB_VLLM_VENV)
 	touch $@
 
 lab-up: install lab-deps

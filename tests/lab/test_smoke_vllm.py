@@ -8,9 +8,10 @@ a time, always stopped (whole process tree checked gone).
   `--tool-strict-level parameter`, and `--api-key` with a generated key exported as VLLM_API_KEY): every
   smoke case, the 7-case tool battery and `vision.disabled` (VISION=0) must PASS; N/A only where the lab
   cannot judge (answers on random weights, speculative decoding, the vision cases of a text model).
-- opt-in LAB_VLLM_VISION=1: a tiny LLaVA (runbook.lab.tinymodel --arch llava) with
-  `--limit-mm-per-prompt {"image": 2}`: the data-URL PNG/JPEG/GIF requests reach the model (image tokens
-  in usage) and the image cap is enforced (adds ~2-4 min).
+- a tiny LLaVA (runbook.lab.tinymodel --arch llava) with `--limit-mm-per-prompt {"image": 2}`: the
+  data-URL PNG/JPEG/GIF requests reach the model through vLLM's real multimodal path (image tokens in
+  usage) and the image cap is enforced (about 1 min on an idle box; needs the venv made by `make lab-vllm`,
+  which adds torchvision; LAB_VLLM_VISION=0 skips it).
 
 LAB_TINY_MODEL_DIR / LAB_TINY_LLAVA_DIR reuse models made by `python -m runbook.lab.tinymodel`;
 LAB_VLLM_READY_TIMEOUT (default 420 s) bounds the wait for /health. The check tables are written to
@@ -153,8 +154,11 @@ def test_smoke_and_tools_against_real_vllm(tmp_path, tmp_path_factory, monkeypat
             assert key not in path.read_text(errors="replace"), path
 
 
-@pytest.mark.skipif(os.environ.get("LAB_VLLM_VISION") != "1", reason="opt-in: LAB_VLLM_VISION=1 (a second server, ~2-4 min)")
+@pytest.mark.skipif(os.environ.get("LAB_VLLM_VISION") == "0", reason="LAB_VLLM_VISION=0 (a second server)")
 def test_vision_against_real_llava(tmp_path, tmp_path_factory, monkeypatch):
+    tv = subprocess.run([str(LAB_PY), "-c", "import torchvision"], capture_output=True, text=True, timeout=120)
+    assert tv.returncode == 0, ("the lab venv has no usable torchvision, which vLLM's LLaVA imports: run "
+                                f"`make lab-vllm` (install_vllm.sh --vision): {tv.stderr[-300:]}")
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     model = _model(tmp_path_factory, "LAB_TINY_LLAVA_DIR", "llava")
     srv, ready = _serve(model, tmp_path / "vllm-llava.log", ["--limit-mm-per-prompt", '{"image": 2}'], tools=False)
