@@ -172,6 +172,31 @@ def test_workers_master_port_disagreeing_is_refused_before_anything_runs(cluster
     _assert_nothing_left(cluster, profile)
 
 
+def test_master_port_in_use_on_the_head_is_refused_before_anything_runs(cluster, tiny_model):
+    """A MASTER_PORT that something else holds on the head: refused at once, naming the port, not a
+    rendezvous that never completes."""
+    profile = _profile()
+    port = profile.master_port
+    holder = ("import socket, time; s = socket.socket(); "
+              f"s.bind(('0.0.0.0', {port})); s.listen(); time.sleep(120)")
+    pid = cluster.head.run(f"setsid nohup python3 -c {quote(holder)} </dev/null >/dev/null 2>&1 & echo $!",
+                           timeout=15).stdout.strip()
+    try:
+        deadline = time.monotonic() + 15
+        while f":{port} " not in cluster.head.read("ss -ltn").stdout and time.monotonic() < deadline:
+            time.sleep(0.2)
+        plan = server.render_plan(cluster, profile)
+        t0 = time.monotonic()
+        with pytest.raises(ActionError) as exc:
+            server.start(cluster, profile, plan)
+        assert time.monotonic() - t0 < 20
+        assert "in use on the head" in str(exc.value) + exc.value.observed, exc.value
+        assert f"{port}:" in exc.value.observed, exc.value.observed
+        _assert_nothing_left(cluster, profile)
+    finally:
+        cluster.head.run(f"kill {int(pid)}", timeout=10, warn=True)
+
+
 # ----------------------------------------------------------------------------- docker runtime
 
 def test_docker_runtime_start_and_stop(cluster, tiny_model, stop_after):
