@@ -67,9 +67,11 @@ REQUIRED_BINARIES = {
     "sshfs": "sshfs", "busybox": "busybox-static", "dockerd": "docker.io", "rsync": "rsync",
     "ssh": "openssh-client", "ssh-keygen": "openssh-client", "ip": "iproute2",
     "unshare": "util-linux", "nsenter": "util-linux",
+    # the weights step's nfs mode in the lab: userspace NFS server (head) and client (worker)
+    "ganesha.nfsd": "nfs-ganesha", "nfs-cat": "libnfs-utils",
 }
 APT_PACKAGES = ("openssh-server", "iperf3", "ethtool", "iputils-ping", "sshfs", "busybox-static",
-                "docker.io", "rsync")
+                "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils")
 SBIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 Log = Callable[[str], None]

@@ -14,8 +14,8 @@ from ..checks import CheckList, check
 from ..evidence import REPO_ROOT
 from ..facts import system
 from .download import fetch_metadata
-from .sharing import (cache_dir_is_local, download_on_node, nfs_share, read_node_manifest,
-                      rsync_to_worker, verify_on_node)
+from .sharing import (cache_dir_is_local, download_on_node, nfs_share, nfs_userspace_share,
+                      read_node_manifest, rsync_to_worker, verify_on_node)
 from .verify import manifest_to_expected, parity
 
 GIB = 1024 ** 3
@@ -74,10 +74,13 @@ def run(profile, cluster, *, compare_sha256sum: bool = True, margin_gib: float =
                                      max_workers=profile.hf_max_workers)
             share.checks.append(parity(head_manifest, read_node_manifest(worker, worker_dir(profile)),
                                        node=worker.name))
+        elif profile.is_lab:      # no kernel NFS here: userspace server and client, kernel mount rendered
+            share = nfs_userspace_share(head, worker, profile.weights_dir, worker_dir(profile),
+                                        head_manifest=head_manifest,
+                                        worker_ips=[w.spec.fabric_ip for w in cluster.workers])
         else:
-            share = nfs_share(head, worker, profile.weights_dir, worker_dir(profile),
-                              execute=not profile.is_lab, head_manifest=head_manifest, python=python,
-                              reason="rendered, not run: this kernel has no NFS server or client (lab)")
+            share = nfs_share(head, worker, profile.weights_dir, worker_dir(profile), execute=True,
+                              head_manifest=head_manifest, python=python)
         checks.add(share.checks)
         shares[worker.name] = share.data
     data["share"] = shares[cluster.workers[0].name]       # the (first) worker, as with two nodes

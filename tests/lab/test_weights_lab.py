@@ -79,3 +79,67 @@ def test_flipped_byte_on_worker_is_named(lab_profile):
         finally:
             # repair: the next rsync run restores the file (size+mtime differ from the head's)
             weights_step.run(lab_profile, cluster, compare_sha256sum=False)
+
+
+def test_nfs_mode_serves_the_export_for_real_with_a_userspace_server(lab_profile):
+    """WEIGHT_SYNC=nfs in the lab: nfs-ganesha on the head, libnfs's client on the worker. Every file
+    reads back byte-identical over NFS, the export is read-only and closed to non-worker addresses;
+    only the kernel mount is N/A (this kernel has no NFS client)."""
+    profile = lab_profile.with_overrides({"WEIGHT_SYNC": "nfs"})
+    with Cluster.from_profile(profile) as cluster:
+        checks, data = weights_step.run(profile, cluster, compare_sha256sum=False)
+        assert not _failed(checks), _failed(checks)
+        by = {c.name: c for c in checks if c.name.startswith("weights.nfs") or c.name == "weights.parity"}
+        for name in ("weights.nfs.server", "weights.nfs.read_only", "weights.nfs.restricted", "weights.parity"):
+            assert by[name].status.value == "PASS", (name, by[name].observed)
+        assert by["weights.parity"].observed == "7 files identical"
+        assert by["weights.nfs.mount"].status.value == "N/A"
+        assert "NFS4ERR_ROFS" in by["weights.nfs.read_only"].observed
+        assert data["share"]["bytes_read"] == data["total_bytes"]
+        # the server is gone afterwards and nothing was written into the export
+        assert ":2049 " not in cluster.head.read("ss -ltn").stdout
+        assert not cluster.head.read(f"test -e {profile.weights_dir}/.runbook-write-probe").ok
+
+
+def test_nfs_mode_names_a_file_that_differs_on_the_export(lab_profile):
+    """A byte changed under the export after the head's manifest was taken: parity over NFS names it."""
+    profile = lab_profile.with_overrides({"WEIGHT_SYNC": "nfs"})
+    from runbook.weights.sharing import nfs_userspace_share
+    with Cluster.from_profile(profile) as cluster:
+        checks, _ = weights_step.run(profile, cluster, compare_sha256sum=False)
+        assert not _failed(checks), _failed(checks)
+        manifest = read_node_manifest(cluster.head, profile.weights_dir)
+        target = f"{profile.weights_dir}/tokenizer.json"
+        before = cluster.head.read(f"dd if={target} bs=1 skip=100 count=1 status=none | od -An -tx1").stdout.strip()
+        try:
+            cluster.head.run(f"printf '\\x00' | dd of={target} bs=1 seek=100 conv=notrunc status=none", timeout=30)
+            share = nfs_userspace_share(cluster.head, cluster.worker, profile.weights_dir, profile.weights_dir,
+                                        head_manifest=manifest)
+            par = [c for c in share.checks if c.name == "weights.parity"]
+            assert par and par[0].failed and "tokenizer.json: sha256" in par[0].observed, par
+        finally:
+            cluster.head.run(f"printf '\\x{before}' | dd of={target} bs=1 seek=100 conv=notrunc status=none",
+                             timeout=30)
+            cluster.head.run(f"rm -f {profile.weights_dir}/.runbook-manifest.json", timeout=30)
+
+
+def test_nfs_mode_refuses_a_port_2049_held_by_another_server(lab_profile):
+    from runbook.remote import quote
+    from runbook.weights.sharing import nfs_userspace_share
+    with Cluster.from_profile(lab_profile) as cluster:
+        ip = lab_profile.head_ip
+        holder = ("import socket, time; s = socket.socket(); "
+                  f"s.bind(('{ip}', 2049)); s.listen(); time.sleep(60)")
+        pid = cluster.head.run(f"setsid nohup python3 -c {quote(holder)} </dev/null >/dev/null 2>&1 & echo $!",
+                               timeout=15).stdout.strip()
+        try:
+            deadline = time.monotonic() + 15
+            while ":2049 " not in cluster.head.read("ss -ltn").stdout and time.monotonic() < deadline:
+                time.sleep(0.2)
+            share = nfs_userspace_share(cluster.head, cluster.worker, lab_profile.weights_dir,
+                                        lab_profile.weights_dir, head_manifest=None)
+            (server,) = [c for c in share.checks if c.name == "weights.nfs.server"]
+            assert server.failed and "port 2049 is already taken" in server.observed, server
+            assert "python3" in server.observed, server.observed
+        finally:
+            cluster.head.run(f"kill {int(pid)}", timeout=10, warn=True)
