@@ -457,7 +457,8 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
         _ganesha_stop(head, state_dir)
     result.checks.append(not_applicable(
         "weights.nfs.mount", "the lab kernel has no NFS client (mount.nfs4: No such device): the worker's "
-        "kernel mount is rendered, not run", node=worker.name,
+        "kernel mount is rendered, not run; a lab launch needs the weights on the worker's disk (WEIGHT_SYNC=rsync "
+        "or download-both)", node=worker.name,
         expected="mount nfs4.2 ro nconnect=8 rsize/wsize 1 MiB hard"))
     return result
 

@@ -367,3 +367,37 @@ def test_cache_dir_must_be_node_local():
     assert W.cache_dir_is_local("/root/.cache/spark-runbook", ["/models/dsv4"]).status is Status.PASS
     bad = W.cache_dir_is_local("/models/dsv4/jit", ["/models/dsv4"])
     assert bad.failed and "/models/dsv4" in bad.observed
+
+
+# nfs-ls of the lab export as the worker saw it (libnfs-utils 4.0.0, nfs-ganesha 4.3, root squashed)
+NFS_LS_CAPTURED = """\
+-rw-r--r--  1 65534 65534           98 generation_config.json
+-rw-r--r--  1 65534 65534          720 config.json
+-rw-r--r--  1 65534 65534         2032 chat_template.jinja
+-rw-r--r--  1 65534 65534      8920240 model.safetensors
+-rw-r--r--  1 65534 65534         2135 .runbook-manifest.json
+-rw-r--r--  1 65534 65534         1100 README.md
+-rw-r--r--  1 65534 65534          382 tokenizer_config.json
+drwxr-xr-x  4 65534 65534         4096 .cache
+-rw-r--r--  1 65534 65534       123554 tokenizer.json
+"""
+
+
+def test_parse_nfs_ls_keeps_regular_files_with_sizes():
+    from runbook.weights.sharing import parse_nfs_ls
+    sizes = parse_nfs_ls(NFS_LS_CAPTURED)
+    assert sizes["model.safetensors"] == 8920240 and sizes["config.json"] == 720
+    assert ".cache" not in sizes and len(sizes) == 8
+
+
+def test_render_ganesha_exports_read_only_to_the_workers_only():
+    from runbook.errors import RunbookError
+    from runbook.weights.sharing import render_ganesha
+    conf = render_ganesha("/mnt/nvme/models/tiny", "169.254.77.1", ["169.254.77.2", "169.254.78.2"])
+    assert "Bind_addr = 169.254.77.1" in conf and "Protocols = 4;" in conf
+    assert "Access_Type = None" in conf                      # nobody by default ...
+    assert "CLIENT { Clients = 169.254.77.2, 169.254.78.2; Access_Type = RO; }" in conf   # ... but the workers, ro
+    assert "Squash = Root_Squash" in conf and 'Path = "/mnt/nvme/models/tiny"' in conf
+    for bad in ("*", "spark-worker", "169.254.77.0/24"):
+        with pytest.raises(RunbookError):
+            render_ganesha("/w", "169.254.77.1", [bad])
