@@ -878,7 +878,7 @@ pre{background:#f7f7f7;border:1px solid #ddd;padding:8px;overflow-x:auto;font-si
 .note{background:#fff8e1;border-left:4px solid #f0ad4e;padding:6px 10px;margin:6px 0}
 .notrun{background:#f4f4f4;border-left:4px solid #aaa;padding:6px 10px;margin:6px 0;color:#555}
 details>summary{cursor:pointer;font-weight:600;margin:4px 0} img{max-width:100%}
-nav a{margin-right:10px}
+nav a{margin-right:10px} td.wrap{overflow-wrap:anywhere;min-width:8em}
 """
 
 
@@ -1203,8 +1203,8 @@ def _render_drift(model: ReportModel, e: Callable[[Any], str]) -> str:
     rows = []
     for it in d.items:
         colour = {"worse": "FAIL", "better": "PASS", "changed": "WARN"}.get(it.direction, "WARN")
-        rows.append([f"<td>{e(it.kind)}</td>", f"<td>{e(it.key)}</td>", f"<td>{e(it.previous)}</td>",
-                     f"<td>{e(it.current)}</td>", _status_cell(colour).replace(f">{colour}<", f">{e(it.direction)}<"),
+        rows.append([f"<td>{e(it.kind)}</td>", f"<td>{e(it.key)}</td>", f'<td class="wrap">{e(it.previous)}</td>',
+                     f'<td class="wrap">{e(it.current)}</td>', _status_cell(colour).replace(f">{colour}<", f">{e(it.direction)}<"),
                      f'<td class="small">{e(it.detail)}</td>'])
     out.append(_table(["kind", "what", f"previous ({d.previous_run_id})", "this run", "", "detail"], rows))
     return "".join(out)
