@@ -172,12 +172,14 @@ def test_workers_master_port_disagreeing_is_refused_before_anything_runs(cluster
     _assert_nothing_left(cluster, profile)
 
 
-def test_master_port_in_use_on_the_head_is_refused_before_anything_runs(cluster, tiny_model):
+def test_master_port_in_use_on_the_head_is_refused_before_anything_runs(cluster, tiny_model, stop_after):
     """A MASTER_PORT that something else holds on the head: refused at once, naming the port, not a
     rendezvous that never completes."""
     profile = _profile()
     port = profile.master_port
+    # SO_REUSEADDR: the previous test's ranks may have left the port in TIME_WAIT
     holder = ("import socket, time; s = socket.socket(); "
+              "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
               f"s.bind(('0.0.0.0', {port})); s.listen(); time.sleep(120)")
     pid = cluster.head.run(f"setsid nohup python3 -c {quote(holder)} </dev/null >/dev/null 2>&1 & echo $!",
                            timeout=15).stdout.strip()
@@ -185,6 +187,7 @@ def test_master_port_in_use_on_the_head_is_refused_before_anything_runs(cluster,
         deadline = time.monotonic() + 15
         while f":{port} " not in cluster.head.read("ss -ltn").stdout and time.monotonic() < deadline:
             time.sleep(0.2)
+        assert f":{port} " in cluster.head.read("ss -ltn").stdout, "the test's port holder did not start"
         plan = server.render_plan(cluster, profile)
         t0 = time.monotonic()
         with pytest.raises(ActionError) as exc:
