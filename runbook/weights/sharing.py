@@ -361,7 +361,8 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
     cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint)
     head_ip = head.spec.fabric_ip
     conf = render_ganesha(export_dir, head_ip, worker_ips or [worker.spec.fabric_ip])
-    result = ShareResult("nfs", data={"commands": cmds, "executed": False, "server": "nfs-ganesha (userspace)",
+    result = ShareResult("nfs", data={"commands": cmds, "executed": False,    # the kernel commands: never here
+                                      "server": "nfs-ganesha (userspace)",
                                       "ganesha_conf": conf, "url": nfs_url(head_ip)})
     missing = [tool for node, tool in ((head, "ganesha.nfsd"), (worker, "nfs-cat"), (worker, "nfs-ls"))
                if not node.read(f"command -v {tool}").ok]
@@ -423,8 +424,7 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
                               timeout=3700)
             if res.ok and res.stdout.split():
                 hashes[path] = res.stdout.split()[0]
-        nested = {p: sizes.get(p) for p in files if "/" in p}   # nfs-ls lists one level: stat nested files
-        for path in nested:
+        for path in (p for p in files if "/" in p):           # nfs-ls lists one level: list nested dirs too
             sub = parse_nfs_ls(worker.read(f"timeout 60 nfs-ls {_q(nfs_url(head_ip, posixpath.dirname(path)))}",
                                            timeout=90).stdout)
             if posixpath.basename(path) in sub:

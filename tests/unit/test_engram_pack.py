@@ -146,6 +146,42 @@ def test_direct_and_buffered_writes_give_the_same_bytes(tools, src, tmp_path):
     assert outs["direct"] == outs["buffered"] == expected_file(src, 14, 1, 2)
 
 
+def test_direct_write_refused_mid_file_falls_back_to_buffered(tools, src, tmp_path, monkeypatch):
+    """A filesystem that opens O_DIRECT but refuses the writes (EINVAL): the packer says so once,
+    finishes buffered and the file is exact; the O_DIRECT descriptor is closed once, by pack()."""
+    import errno as _errno
+    opened, closed = [], []
+    real_open_direct, real_write_all, real_close = pack.open_direct, pack.write_all, os.close
+
+    def open_direct(path):
+        fd = real_open_direct(path)
+        if fd is None:
+            pytest.skip("this filesystem refuses O_DIRECT at open")
+        opened.append(fd)
+        return fd
+
+    def write_all(fd, view, off):
+        if fd in opened:
+            raise OSError(_errno.EINVAL, "Invalid argument")
+        real_write_all(fd, view, off)
+
+    def close(fd):
+        closed.append(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(pack, "open_direct", open_direct)
+    monkeypatch.setattr(pack, "write_all", write_all)
+    monkeypatch.setattr(pack.os, "close", close)
+    out = tmp_path / "fallback"
+    _, summary, log = run_tool(tools, "pack.py", "--src", src, "--out", out, "--tp", 2, "--rank", 0,
+                               "--layers", 1, "--chunk-rows", 1024)
+    monkeypatch.undo()
+    (entry,) = summary["files"]
+    assert entry["direct_bytes"] == 0 and "O_DIRECT write refused" in log
+    assert (out / L.packed_name(1, 0, 2)).read_bytes() == expected_file(src, 1, 0, 2)
+    assert opened and all(closed.count(fd) == 1 for fd in opened), (opened, closed)
+
+
 def test_pack_tp3_and_checker_catches_corruption(tools, src, tmp_path):
     out = tmp_path / "p3"
     run_tool(tools, "pack.py", "--src", src, "--out", out, "--tp", 3, "--rank", 2, "--layers", 14)
