@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from . import metrics as M
+from .crosscheck import run_vllm_bench, vllm_bench_argv
 from .refserver import RefConfig, spawn, truth_records
 from .result import BenchConfig, load_records
 from .runner import run_benchmark
@@ -81,31 +82,21 @@ def compare_vllm_bench(vllm_python: str, streams: int, rate: float, k: int, deco
                        tokenizer: str, client_cpu: int, server_cpu: int, out: Path, ttft: float = 0.2) -> dict:
     """One cell measured by ``vllm bench serve`` (random dataset, exact lengths, ignore_eos, no
     warm-ups) and by this harness, against the same reference server; plus the delivered truth."""
-    import subprocess
     interval = streams / rate
     out.mkdir(parents=True, exist_ok=True)
-    script = ("import argparse,sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
-              "p=argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n")
     with spawn(RefConfig(ttft_s=ttft, interval_s=interval, tokens_per_chunk=k), cpu=server_cpu) as url:
-        argv = ["taskset", "-c", str(client_cpu), vllm_python, "-c", script, "--backend", "openai",
-                "--base-url", url, "--endpoint", "/v1/completions", "--model", "ref-model",
-                "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", "64",
-                "--random-output-len", str(decode_tokens), "--random-range-ratio", "0", "--ignore-eos",
-                "--num-prompts", str(streams), "--max-concurrency", str(streams), "--seed", "4242",
-                "--save-result", "--result-dir", str(out), "--result-filename", "vllm-bench.json"]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
-        (out / "vllm-bench.log").write_text(proc.stdout[-20000:] + "\n--- stderr ---\n" + proc.stderr[-20000:])
+        argv = ["taskset", "-c", str(client_cpu)] + vllm_bench_argv(
+            vllm_python, base_url=url, model="ref-model", tokenizer=tokenizer, input_len=64,
+            output_len=decode_tokens, num_prompts=streams, concurrency=streams, seed=4242, result_dir=out)
+        rc, vb = run_vllm_bench(argv, out, timeout=600)
         log = json.loads(urllib.request.urlopen(url + "/ref/log", timeout=60).read())
-        vb = json.loads((out / "vllm-bench.json").read_text()) if proc.returncode == 0 else {}
         truth = [t for t in truth_records(log) if t.max_tokens == decode_tokens]
         tr = M.aggregate_figures(truth)
         urllib.request.urlopen(urllib.request.Request(url + "/ref/clear", data=b"{}", method="POST"), timeout=10).read()
         ours = measure_on(url, streams, decode_tokens, client_cpu, out / "harness")
-    keys = ("completed", "failed", "duration", "total_output_tokens", "output_throughput", "mean_ttft_ms",
-            "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms")
     return {"cell": {"streams": streams, "rate": rate, "tokens_per_chunk": k, "decode_tokens": decode_tokens,
                      "prompt_tokens": 64, "ttft_s": ttft},
-            "vllm_bench_rc": proc.returncode, "vllm_bench": {k_: vb.get(k_) for k_ in keys},
+            "vllm_bench_rc": rc, "vllm_bench": vb,
             "vllm_bench_per_stream_from_tpot": (1000.0 / vb["median_tpot_ms"]) if vb.get("median_tpot_ms") else None,
             "delivered_truth_vllm_run": {"aggregate_tok_s": tr.get("aggregate_tok_s"),
                                          "aggregate_wall_tok_s": tr.get("aggregate_wall_tok_s"),

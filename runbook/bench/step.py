@@ -42,3 +42,30 @@ def previous_result(run_path: Path, profile_name: str, step: str = "07_bench") -
         if meta.get("profile") == profile_name and entry.get("check_status") == "passed":
             return BenchResult.load(result)
     return None
+
+
+def cross_check(step, server, result: BenchResult, *, enabled: bool = True, python: str = "",
+                tokenizer: str = ""):
+    """The notebook's optional cell: the single-stream decode cell measured again by ``vllm bench
+    serve`` with a fresh seed (``runbook.bench.crosscheck``). Lab profiles find the lab's vLLM venv
+    and the tiny model's tokenizer; elsewhere pass ``python`` (a python with vLLM) and ``tokenizer``
+    (default: the profile's HF_MODEL_REPO, fetched by vLLM)."""
+    from ..checks import not_applicable
+    from . import crosscheck
+    if not enabled:
+        return not_applicable(crosscheck.CHECK_NAME, "vllm_cross_check=False", node="local")
+    profile = step.profile
+    lab_python = lab_tokenizer = None
+    if profile.is_lab:
+        from ..lab import control
+        lab_python = control.VLLM_PYTHON
+        lab_tokenizer = control.TINY_VARIANTS.get(profile.hf_model_repo, (None, control.TINY_MODEL_DIR))[1]
+    py = crosscheck.find_vllm_python(python, lab_python=lab_python)
+    tok = tokenizer or (str(lab_tokenizer) if lab_tokenizer and lab_tokenizer.is_dir() else profile.hf_model_repo)
+    out_dir = step.raw_dir / "vllm-bench"
+    check, data = crosscheck.cross_check(result, base_url=server.base_url, model=server.model, python=py,
+                                         tokenizer=tok, out_dir=out_dir, api_key=server.api_key or None)
+    if data:
+        data["log"] = str(Path(data["log"]).relative_to(step.run.path))
+        step.data["vllm_cross_check"] = data
+    return check
