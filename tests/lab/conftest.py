@@ -6,7 +6,9 @@ RUNBOOK_LAB_DIR overrides the lab directory (default <repo>/.lab).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,29 @@ def vllm_venv() -> Path:
     if not VLLM_PYTHON.exists():
         pytest.skip(f"the lab's CPU vLLM venv is missing ({VLLM_PYTHON}); run `make lab-vllm`")
     return VLLM_PYTHON
+
+
+@contextlib.contextmanager
+def port_held(node, port: int, ip: str = "0.0.0.0", seconds: int = 120):
+    """Something else listening on ``ip:port`` inside ``node`` (a plain python listener) for the
+    duration; SO_REUSEADDR because an earlier test's connections may leave the port in TIME_WAIT."""
+    from runbook.remote import quote
+    holder = ("import socket, time; s = socket.socket(); "
+              "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              f"s.bind(('{ip}', {port})); s.listen(); time.sleep({seconds})")
+    pid = node.run(f"setsid nohup python3 -c {quote(holder)} </dev/null >/dev/null 2>&1 & echo $!",
+                   timeout=15).stdout.strip()
+    try:
+        deadline = time.monotonic() + 15
+        while f":{port} " not in node.read("ss -ltn").stdout and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert f":{port} " in node.read("ss -ltn").stdout, f"the test's holder of port {port} did not start"
+        yield
+    finally:
+        node.run(f"kill {int(pid)}", timeout=10, warn=True)
+
+
+@pytest.fixture
+def hold_port():
+    """``with hold_port(node, port[, ip]):`` -- see ``port_held``."""
+    return port_held

@@ -172,22 +172,13 @@ def test_workers_master_port_disagreeing_is_refused_before_anything_runs(cluster
     _assert_nothing_left(cluster, profile)
 
 
-def test_master_port_in_use_on_the_head_is_refused_before_anything_runs(cluster, tiny_model, stop_after):
+def test_master_port_in_use_on_the_head_is_refused_before_anything_runs(cluster, tiny_model, stop_after,
+                                                                        hold_port):
     """A MASTER_PORT that something else holds on the head: refused at once, naming the port, not a
     rendezvous that never completes."""
     profile = _profile()
     port = profile.master_port
-    # SO_REUSEADDR: the previous test's ranks may have left the port in TIME_WAIT
-    holder = ("import socket, time; s = socket.socket(); "
-              "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-              f"s.bind(('0.0.0.0', {port})); s.listen(); time.sleep(120)")
-    pid = cluster.head.run(f"setsid nohup python3 -c {quote(holder)} </dev/null >/dev/null 2>&1 & echo $!",
-                           timeout=15).stdout.strip()
-    try:
-        deadline = time.monotonic() + 15
-        while f":{port} " not in cluster.head.read("ss -ltn").stdout and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert f":{port} " in cluster.head.read("ss -ltn").stdout, "the test's port holder did not start"
+    with hold_port(cluster.head, port):
         plan = server.render_plan(cluster, profile)
         t0 = time.monotonic()
         with pytest.raises(ActionError) as exc:
@@ -196,8 +187,6 @@ def test_master_port_in_use_on_the_head_is_refused_before_anything_runs(cluster,
         assert "in use on the head" in str(exc.value) + exc.value.observed, exc.value
         assert f"{port}:" in exc.value.observed, exc.value.observed
         _assert_nothing_left(cluster, profile)
-    finally:
-        cluster.head.run(f"kill {int(pid)}", timeout=10, warn=True)
 
 
 # ----------------------------------------------------------------------------- docker runtime

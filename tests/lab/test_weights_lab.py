@@ -123,25 +123,11 @@ def test_nfs_mode_names_a_file_that_differs_on_the_export(lab_profile):
             cluster.head.run(f"rm -f {profile.weights_dir}/.runbook-manifest.json", timeout=30)
 
 
-def test_nfs_mode_refuses_a_port_2049_held_by_another_server(lab_profile):
-    from runbook.remote import quote
+def test_nfs_mode_refuses_a_port_2049_held_by_another_server(lab_profile, hold_port):
     from runbook.weights.sharing import nfs_userspace_share
-    with Cluster.from_profile(lab_profile) as cluster:
-        ip = lab_profile.head_ip
-        holder = ("import socket, time; s = socket.socket(); "
-                  "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-                  f"s.bind(('{ip}', 2049)); s.listen(); time.sleep(60)")
-        pid = cluster.head.run(f"setsid nohup python3 -c {quote(holder)} </dev/null >/dev/null 2>&1 & echo $!",
-                               timeout=15).stdout.strip()
-        try:
-            deadline = time.monotonic() + 15
-            while ":2049 " not in cluster.head.read("ss -ltn").stdout and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert ":2049 " in cluster.head.read("ss -ltn").stdout, "the test's port holder did not start"
-            share = nfs_userspace_share(cluster.head, cluster.worker, lab_profile.weights_dir,
-                                        lab_profile.weights_dir, head_manifest=None)
-            (server,) = [c for c in share.checks if c.name == "weights.nfs.server"]
-            assert server.failed and "port 2049 is already taken" in server.observed, server
-            assert "python3" in server.observed, server.observed
-        finally:
-            cluster.head.run(f"kill {int(pid)}", timeout=10, warn=True)
+    with Cluster.from_profile(lab_profile) as cluster, hold_port(cluster.head, 2049, ip=lab_profile.head_ip):
+        share = nfs_userspace_share(cluster.head, cluster.worker, lab_profile.weights_dir,
+                                    lab_profile.weights_dir, head_manifest=None)
+        (server,) = [c for c in share.checks if c.name == "weights.nfs.server"]
+        assert server.failed and "port 2049 is already taken" in server.observed, server
+        assert "python3" in server.observed, server.observed
