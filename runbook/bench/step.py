@@ -59,7 +59,7 @@ def cross_check(step, server, result: BenchResult, *, enabled: bool = True, pyth
     if profile.is_lab:
         from ..lab import control
         lab_python = control.VLLM_PYTHON
-        lab_tokenizer = control.TINY_VARIANTS.get(profile.hf_model_repo, (None, control.TINY_MODEL_DIR))[1]
+        lab_tokenizer = control.tiny_variant(profile.hf_model_repo)[1]
     py = crosscheck.find_vllm_python(python, lab_python=lab_python)
     tok = tokenizer or (str(lab_tokenizer) if lab_tokenizer and lab_tokenizer.is_dir() else profile.hf_model_repo)
     out_dir = step.raw_dir / "vllm-bench"

@@ -90,13 +90,13 @@ def main(argv=None) -> int:
 
         packed = out / L.packed_name(1, 0, 1)
         copy_dd, copy_cp = work / "copy.dd", work / "copy.cp"
+        pack_cmd = [a.python, str(tools / "pack.py"), "--src", str(src), "--out", str(out),
+                    "--tp", "1", "--rank", "0", "--layers", "1", "--progress-every", "0"]
         commands = {
             "dd": ["dd", f"if={shard}", f"of={copy_dd}", "bs=64M", "conv=fsync", "status=none"],
             "cp": ["bash", "-c", f"cp {shard} {copy_cp} && sync {copy_cp}"],
-            "pack_buffered": [a.python, str(tools / "pack.py"), "--src", str(src), "--out", str(out),
-                              "--tp", "1", "--rank", "0", "--layers", "1", "--progress-every", "0", "--no-direct"],
-            "pack": [a.python, str(tools / "pack.py"), "--src", str(src), "--out", str(out),
-                     "--tp", "1", "--rank", "0", "--layers", "1", "--progress-every", "0"],
+            "pack_buffered": pack_cmd + ["--no-direct"],
+            "pack": pack_cmd,
         }
         samples: dict[str, list[float]] = {name: [] for name in commands}
         summaries = []

@@ -30,6 +30,11 @@ TINY_VARIANTS = {
 }
 
 
+def tiny_variant(repo_id: str) -> tuple[str, Path]:
+    """(module that makes it, local model dir) of a lab Hub repo; the default is the 2-node tiny model."""
+    return TINY_VARIANTS.get(repo_id, (TINY_MODULE, TINY_MODEL_DIR))
+
+
 def ensure_lab(profile, *, echo=print):
     """Bring the lab up (idempotent) for this profile: nodes, tiny model, Hub endpoint."""
     from . import netlab
@@ -71,7 +76,7 @@ def ensure_tiny_repo(repo_id: str, *, echo=print) -> str:
     existing = _read_ref(HUB_ROOT / org / name, "main")
     if existing:
         return existing
-    module, out = TINY_VARIANTS.get(repo_id, (TINY_MODULE, TINY_MODEL_DIR))
+    module, out = tiny_variant(repo_id)
     model = ensure_tiny_model(echo=echo, module=module, out=out)
     revision = publish_repo(HUB_ROOT, repo_id, model)
     echo(f"lab: published {repo_id}@{revision} to the lab Hub")

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..checks import Check, Status, check, not_applicable
 from ..errors import RemoteError, RunbookError
+from ..facts import system
 from . import node_download, verify_manifest
 from .download import fetched_check, hf_token_from_env, require_pinned, verify_checks
 from .verify import manifest_to_expected, parity
@@ -309,6 +310,7 @@ def nfs_share(head, worker, export_dir: str, mountpoint: str, *, execute: bool,
 
 NFS_LAB_DIR = "/tmp/spark-runbook-nfs"
 NFS_LAB_PSEUDO = "/weights"
+NFS_PORT = 2049
 
 
 def render_ganesha(export_dir: str, head_ip: str, worker_ips: list[str], *,
@@ -373,10 +375,10 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
                                    fix="apt-get install nfs-ganesha nfs-ganesha-vfs libnfs-utils (make lab-deps)"))
         return result
     _ganesha_stop(head, state_dir)
-    holder = [ln for ln in head.read("ss -ltnp").stdout.splitlines() if ":2049 " in ln]
-    if holder:
+    listening = system.parse_listening(head.read(system.LISTEN_CMD).stdout)
+    if NFS_PORT in listening:
         result.checks.append(check("weights.nfs.server", False, node=head.name,
-                                   observed=f"port 2049 is already taken: {holder[0].split()[-1][:120]}",
+                                   observed=f"port {NFS_PORT} is already taken: {listening[NFS_PORT] or 'a process'}",
                                    expected="2049 free on the head for the export",
                                    fix="stop the NFS server that holds it (ss -ltnp | grep 2049)"))
         return result
@@ -391,16 +393,14 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
         return result
     try:
         t0 = time.monotonic()
-        listening = False
-        while time.monotonic() - t0 < ready_s:
-            sockets = head.read("ss -ltn").stdout
-            if f"{head_ip}]:2049 " in sockets or f"{head_ip}:2049 " in sockets:   # v4-mapped or plain
-                listening = True
-                break
-            time.sleep(0.3)
+        up = False                    # 2049 was free a moment ago: whoever listens now is our server
+        while not up and time.monotonic() - t0 < ready_s:
+            up = NFS_PORT in system.parse_listening(head.read(system.LISTEN_CMD).stdout)
+            if not up:
+                time.sleep(0.3)
         up_s = time.monotonic() - t0
         result.data["server_ready_s"] = round(up_s, 2)
-        if not listening:
+        if not up:
             log = head.read(f"tail -n 20 {_q(state_dir)}/ganesha.log").stdout
             result.checks.append(check("weights.nfs.server", False, node=head.name,
                                        observed=f"nothing listens on {head_ip}:2049 after {ready_s:.0f} s; "
