@@ -78,7 +78,7 @@ def _server_cluster(args):
 
 
 def cmd_stop(args) -> int:
-    from .actions import server
+    from .launch import server
     profile, cluster = _server_cluster(args)
     with cluster:
         result = server.stop(cluster, profile, nodes=[args.node] if args.node else None)
@@ -87,7 +87,7 @@ def cmd_stop(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .actions import server
+    from .launch import server
     profile, cluster = _server_cluster(args)
     with cluster:
         print(json.dumps(server.status(cluster, profile), indent=2, default=str))
@@ -95,7 +95,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    from .actions import server
+    from .launch import server
     profile, cluster = _server_cluster(args)
     with cluster:
         for node in ([args.node] if args.node else [n.name for n in cluster.nodes]):

@@ -25,6 +25,7 @@ from .secrets import Redactor, default_redactor
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_ROOT = REPO_ROOT / "results"
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 MANIFEST_VERSION = 1
 TRACKED_PACKAGES = ("spark-runbook", "papermill", "fabric", "paramiko", "huggingface_hub", "openai",
                     "pandas", "pydantic", "jupyterlab", "nbmake", "ipykernel")
@@ -235,3 +236,38 @@ def git_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def discover_steps(notebooks_dir: Path = NOTEBOOKS_DIR) -> list[str]:
+    """Step names in run order: ``notebooks/NN_name.ipynb`` sorted by NN."""
+    return sorted(p.stem for p in notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
+
+
+def _manifest_of(run: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def previous_good_run(run_dir: str | Path, results_root: str | Path | None = None) -> Path | None:
+    """The one "previous good run": the latest run under ``results_root`` (default: the run folder's
+    parent) created before ``run_dir``, of the same profile, whose manifest status is ``passed``.
+    The bench's "previous" column and the report's drift both use it, so they name the same run."""
+    run = Path(run_dir).resolve()
+    root = Path(results_root).resolve() if results_root else run.parent
+    mine = _manifest_of(run)
+    order = (str(mine.get("created") or ""), run.name)
+    best: tuple[tuple[str, str], Path] | None = None
+    for manifest in root.glob("*/manifest.json"):
+        candidate = manifest.parent.resolve()
+        if candidate == run:
+            continue
+        meta = _manifest_of(candidate)
+        if meta.get("profile") != mine.get("profile") or meta.get("status") != "passed":
+            continue
+        key = (str(meta.get("created") or ""), candidate.name)
+        if key < order and (best is None or key > best[0]):
+            best = (key, candidate)
+    return best[1] if best else None
+

@@ -349,3 +349,17 @@ def _summary(command: str, stdout: str, stderr: str) -> str:
     if stderr.strip():
         parts.append("stderr (tail):\n" + tail(stderr))
     return "\n".join(parts)
+
+
+def node_ssh_argv(profile, node: "Node", target_ip: str) -> list[str]:
+    """ssh from one node to another over the fabric. The lab's nodes share the host's
+    filesystem, so its key and known_hosts are passed explicitly; real Sparks use the
+    node user's own ~/.ssh."""
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=yes"]
+    if profile.is_lab:
+        if profile.ssh_key:
+            argv += ["-i", str(profile.resolve_path(profile.ssh_key))]
+        if profile.known_hosts:
+            argv += ["-o", f"UserKnownHostsFile={profile.resolve_path(profile.known_hosts)}"]
+    user = node.spec.ssh.split("@", 1)[0] + "@" if "@" in node.spec.ssh else ("root@" if profile.is_lab else "")
+    return argv + [f"{user}{target_ip}"]

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import RunbookError
-from .evidence import REPO_ROOT, RESULTS_ROOT, RunDir, file_sha256, provenance, scrub_tree
+from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
 from .profile import load_profile
 from .secrets import redactor_from_env
 
-NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 KERNEL_NAME = "runbook"
 DEFAULT_STEP_TIMEOUT = 3600
 
@@ -30,11 +29,6 @@ class StepOutcome:
     status: str          # passed | failed | skipped
     seconds: float
     error: str = ""
-
-
-def discover_steps(notebooks_dir: Path = NOTEBOOKS_DIR) -> list[str]:
-    """Step names in run order: ``notebooks/NN_name.ipynb`` sorted by NN."""
-    return sorted(p.stem for p in notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
 
 
 def select_steps(steps: list[str], *, start: str = "", stop: str = "", only: list[str] | None = None) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..evidence import previous_good_run
 from .result import BenchConfig, BenchResult
 
 RAW_DIR_NAME = "bench"
@@ -28,20 +29,12 @@ def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: fl
     )
 
 
-def previous_result(run_path: Path, profile_name: str, step: str = "07_bench") -> BenchResult | None:
-    """The bench result of the most recent earlier passed run of the same profile, if any."""
-    root = Path(run_path).parent
-    for candidate in sorted((p for p in root.iterdir() if p.is_dir() and p.name < Path(run_path).name),
-                            reverse=True):
-        manifest = candidate / "manifest.json"
-        result = candidate / "raw" / step / RAW_DIR_NAME / "result.json"
-        if not (manifest.is_file() and result.is_file()):
-            continue
-        meta = json.loads(manifest.read_text())
-        entry = meta.get("steps", {}).get(step, {})
-        if meta.get("profile") == profile_name and entry.get("check_status") == "passed":
-            return BenchResult.load(result)
-    return None
+def previous_result(run_path: Path, step: str = "07_bench") -> BenchResult | None:
+    """The bench result of the previous good run (``evidence.previous_good_run``, the run the report's
+    drift compares with), if it has one."""
+    previous = previous_good_run(run_path)
+    result = previous / "raw" / step / RAW_DIR_NAME / "result.json" if previous else None
+    return BenchResult.load(result) if result is not None and result.is_file() else None
 
 
 def cross_check(step, server, result: BenchResult, *, enabled: bool = True, python: str = "",

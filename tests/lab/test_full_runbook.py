@@ -24,7 +24,7 @@ def full_run(lab, tmp_path_factory, vllm_venv):
         run_dir, outcomes = runner.run(PROFILE, results_root=results, lab_up=ensure_lab)
         yield profile, run_dir, outcomes
     finally:
-        from runbook.actions import server
+        from runbook.launch import server
         with Cluster.from_profile(profile) as cluster:
             server.stop(cluster, profile)
 
@@ -70,7 +70,7 @@ def test_report_written_and_self_contained(full_run):
 
 def test_stop_leaves_nothing_behind(full_run):
     profile, _, _ = full_run
-    from runbook.actions import server
+    from runbook.launch import server
     with Cluster.from_profile(profile) as cluster:
         result = server.stop(cluster, profile)
         assert result.ok, result.checks.to_text()

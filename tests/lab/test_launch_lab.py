@@ -1,5 +1,5 @@
 """Step 04 in the lab: real vLLM (CPU build 0.32) tensor-parallel 2 across the two lab nodes, started
-over SSH by runbook.actions.server with both runtimes, plus the faults.
+over SSH by runbook.launch.server with both runtimes, plus the faults.
 
 One server start per runtime is shared by the assertions on it (start, reuse, refuse, status, logs,
 stop); the faults start their own short-lived server. The model is a tiny random one placed on each
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from runbook.actions import image, server
+from runbook.launch import image, server
 from runbook.errors import ActionError
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runbook import network
+from runbook.network import verify as network
 from runbook.checks import Status
 from runbook.profile import load_profile
 from runbook.remote import Cluster

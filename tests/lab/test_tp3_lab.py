@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from runbook import launch, runner
+from runbook import runner
+from runbook.launch import render as launch
 from runbook.checks import CheckList, Status
 from runbook.profile import REPO_ROOT, load_profile
 
@@ -38,7 +39,7 @@ def _lab_dir() -> Path:
 
 
 def _stop_all(profile) -> None:
-    from runbook.actions import server
+    from runbook.launch import server
     from runbook.remote import Cluster
     with Cluster.from_profile(profile) as cluster:
         res = server.stop(cluster, profile, mem_settle_s=0)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 
 
-from runbook import drift, report
+from runbook.evidence import previous_good_run
+from runbook.report import drift, page as report
 from runbook.secrets import Redactor
 from test_report import build_run
 
@@ -19,9 +20,9 @@ def test_previous_good_run_is_the_latest_earlier_passed_run_of_the_same_profile(
     build_run(root, "20261201-033000-spark", created="2026-12-01T03:30:00+00:00", profile="spark", steps=("00_preflight",))
     cur = build_run(root, "20261201-040000-lab", created="2026-12-01T04:00:00+00:00", steps=("00_preflight",))
     build_run(root, "20261201-050000-lab", created="2026-12-01T05:00:00+00:00", steps=("00_preflight",))  # later
-    assert drift.find_previous_good(cur, root) == good.resolve()
-    assert drift.find_previous_good(good, root) == good_old.resolve()
-    assert drift.find_previous_good(good_old, root) is None
+    assert previous_good_run(cur, root) == good.resolve()
+    assert previous_good_run(good, root) == good_old.resolve()
+    assert previous_good_run(good_old, root) is None
 
 
 def test_drift_detects_status_change_moved_figure_and_changed_kernel(tmp_path):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from runbook import launch
-from runbook.launch import NodeFacts, check_consistency, render
+from runbook.launch import render as launch
+from runbook.launch.render import NodeFacts, check_consistency, render
 from runbook.profile import REPO_ROOT, load_profile
 
 ENV = REPO_ROOT / "env"
@@ -365,7 +365,7 @@ def test_golden(name, ov, node):
 # ----------------------------------------------------------------------------- pure helpers of the actions
 
 def test_image_plan():
-    from runbook.actions.image import plan_image
+    from runbook.launch.image import plan_image
     from runbook.facts.system import ImageInfo
     lab = load_profile(ENV / "lab.env", {"RUNTIME": "docker"})
     a, b = ImageInfo("sha256:" + "a" * 64, ["sha256:l1"]), ImageInfo("sha256:" + "b" * 64, ["sha256:l1"])
@@ -381,7 +381,7 @@ def test_image_plan():
 
 
 def test_vllm_process_matching_and_progress():
-    from runbook.actions import server
+    from runbook.launch import server
     ps = server._parse_ps(
         "  10    10 Sl   /v/bin/python /repo/runbook/lab/vllm_cli.py serve /m --port 8000\n"
         "  11    10 Sl   VLLM::EngineCore\n"
@@ -398,7 +398,7 @@ def test_vllm_process_matching_and_progress():
 
 
 def test_gids_from_the_network_sidecar_and_api_host():
-    from runbook.actions import server
+    from runbook.launch import server
     side = {"checks": [{"name": "net.gid", "node": "head", "data": {"resolved": 3}},
                        {"name": "net.gid", "node": "worker", "data": {}},
                        {"name": "net.mtu", "node": "head", "data": {"resolved": 9}}]}

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from runbook import network
+from runbook.network import verify as network
 from runbook.checks import Status
 
 FIX = Path(__file__).parent / "facts" / "net"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runbook import report
+from runbook.report import page as report
 from runbook.secrets import Redactor
 
 HF = "hf_" + "Q" * 30

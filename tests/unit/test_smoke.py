@@ -14,10 +14,10 @@ from test_smoke_fakevllm import (
     make_step,
 )
 
-from runbook import smoke
+from runbook.serve import smoke
 from runbook.checks import Status
 from runbook.errors import RunbookError
-from runbook.server_info import (
+from runbook.serve.server_info import (
     ApiClient,
     Exchange,
     ServerInfo,
@@ -28,7 +28,7 @@ from runbook.server_info import (
     find_server,
     usage_problems,
 )
-from runbook.smoke import (
+from runbook.serve.smoke import (
     build_prompt,
     check_answer,
     check_chat_response,

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 import runbook.step
-from runbook.server_info import ApiClient, ServerInfo
+from runbook.serve.server_info import ApiClient, ServerInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERHEAD = 10

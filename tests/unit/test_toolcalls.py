@@ -14,10 +14,10 @@ from test_smoke_fakevllm import (
     tool_call,
 )
 
-from runbook import toolcalls as tc
+from runbook.serve import toolcalls as tc
 from runbook.checks import Status
-from runbook.server_info import Exchange
-from runbook.toolcalls import (
+from runbook.serve.server_info import Exchange
+from runbook.serve.toolcalls import (
     call_problems,
     rule_forced,
     rule_multi_turn_final,

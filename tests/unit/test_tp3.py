@@ -18,11 +18,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from runbook import launch, network, preflight
+from runbook.launch import render as launch
+from runbook.network import verify as network
+from runbook.preflight import verify as preflight
 from runbook.checks import Status
 from runbook.errors import ProfileError
 from runbook.facts import vllm_log
-from runbook.launch import NodeFacts, check_consistency, render
+from runbook.launch.render import NodeFacts, check_consistency, render
 from runbook.profile import KEYS, REPO_ROOT, load_profile
 
 ENV = REPO_ROOT / "env"

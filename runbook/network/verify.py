@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checks import Check, CheckList, Status, check, not_applicable
-from .facts import nccl as fn
-from .facts import net as fnet
-from .facts import rdma as fr
+from ..checks import Check, CheckList, Status, check, not_applicable
+from ..facts import nccl as fn
+from ..facts import net as fnet
+from ..facts import rdma as fr
 
 STEP = "01_network"
 EVIDENCE_PREFIX = f"raw/{STEP}"

@@ -1,6 +1,6 @@
 """Run-to-run drift: this run against the previous GOOD run of the same profile.
 
-    prev = find_previous_good(run_dir, results_root)          # manifest status "passed", same profile, earlier
+    prev = evidence.previous_good_run(run_dir, results_root)  # manifest status "passed", same profile, earlier
     result = compare(current_model, previous_model, rel_tol=0.2)
     result.items                                              # DriftItem(kind, key, previous, current, direction, detail)
 
@@ -23,9 +23,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .secrets import Redactor
+from ..secrets import Redactor
 
-__all__ = ["DriftItem", "DriftResult", "find_previous_good", "compare", "drift_for", "ENV_FACTS", "DEFAULT_REL_TOL"]
+__all__ = ["DriftItem", "DriftResult", "compare", "ENV_FACTS", "DEFAULT_REL_TOL"]
 
 DEFAULT_REL_TOL = 0.20
 ENV_FACTS = ("os", "kernel", "machine", "driver", "docker", "image_id", "gid_index", "gid_index_used", "gid_common",
@@ -81,41 +81,6 @@ class DriftResult:
 
 
 # ------------------------------------------------------------------------------------------------
-
-def _manifest(run: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _order(run: Path, man: dict[str, Any]) -> tuple[str, str]:
-    return (str(man.get("created") or ""), run.name)
-
-
-def find_previous_good(run_dir: str | Path, results_root: str | Path | None = None) -> Path | None:
-    """The latest run under ``results_root`` created before ``run_dir``, with the same profile name and
-    manifest status ``passed`` (``None`` when there is none)."""
-    run = Path(run_dir).resolve()
-    root = Path(results_root).resolve() if results_root else run.parent
-    me = _manifest(run)
-    profile = me.get("profile")
-    mine = _order(run, me)
-    best: tuple[tuple[str, str], Path] | None = None
-    for m in root.glob("*/manifest.json"):
-        cand = m.parent.resolve()
-        if cand == run:
-            continue
-        man = _manifest(cand)
-        if man.get("profile") != profile or man.get("status") != "passed":
-            continue
-        key = _order(cand, man)
-        if key >= mine:
-            continue
-        if best is None or key > best[0]:
-            best = (key, cand)
-    return best[1] if best else None
-
 
 def _moved(cur, prev, rel_tol: float) -> tuple[bool, str]:
     """Did figure ``cur`` move from ``prev``? (bench spread when both carry one of >= 2 values)."""
@@ -207,18 +172,3 @@ def _diff_words(a: str, b: str, limit: int = 6) -> str:
     gone = [w for w in wa if w not in wb][:limit]
     new = [w for w in wb if w not in wa][:limit]
     return f"removed {' '.join(gone) or '-'}; added {' '.join(new) or '-'}"
-
-
-def drift_for(model, *, results_root: str | Path | None = None, rel_tol: float = DEFAULT_REL_TOL,
-              redactor: Redactor | None = None) -> DriftResult:
-    """Find the previous good run of ``model``'s profile and compare (``previous_run_id`` None when none)."""
-    from .report import collect
-    run = Path(model.run_path)
-    root = Path(results_root) if results_root else run.parent
-    prev = find_previous_good(run, root)
-    if prev is None:
-        return DriftResult(run_id=model.run_id, previous_run_id=None, results_root=str(root), rel_tol=rel_tol,
-                           reason=f"no previous good run of profile {model.profile_name!r} under {root} "
-                                  "(an earlier run with manifest status 'passed')")
-    previous = collect(prev, drift=False, redactor=redactor)
-    return compare(model, previous, rel_tol=rel_tol, results_root=root)

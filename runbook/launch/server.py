@@ -1,7 +1,7 @@
 """Start, watch, stop and inspect the two-node vLLM server (step 04).
 
     facts = gather_facts(cluster, profile)                    # home, GID index, packed Engram, lab mounts
-    plan = launch.render(profile, facts, api_key_set=...)     # pure; shown before anything runs
+    plan = render.render(profile, facts, api_key_set=...)     # pure; shown before anything runs
     result = start(cluster, profile, plan, step=step)         # worker first, then head; readiness timed
     stop(cluster, profile)                                    # both ranks, teardown proven
     status(cluster, profile); logs(cluster, profile, "worker", tail=100)
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import launch
+from . import render
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ActionError
 from ..facts import system, vllm_log
-from ..launch import LaunchPlan, NodeFacts, RankLaunch
+from .render import LaunchPlan, NodeFacts, RankLaunch
 from ..remote import Cluster, Node, quote, tail
 
 __all__ = [
@@ -74,7 +74,7 @@ def _lab_runtime_mounts(profile) -> tuple[str, ...]:
     """Lab docker runtime: the busybox image has no Python; bind the host interpreter, its venv and the
     repo read-only (lab-feasibility §7). Read from the local venv's pyvenv.cfg (the lab nodes share
     this filesystem)."""
-    bin_parts = launch._vllm_bin(profile)
+    bin_parts = render.vllm_bin_parts(profile)
     mounts = ["/usr", "/lib", "/lib64", "/etc/ssl", str(profile.root)]
     py = Path(bin_parts[0])
     cfg = py.parent.parent / "pyvenv.cfg"
@@ -110,7 +110,7 @@ def gather_facts(cluster: Cluster, profile, *, gid_indexes: dict[str, int] | Non
         gid = gid_indexes.get(node.name) if profile.recipe != "dspark-v4" else None
         packed = False
         if profile.engram and profile.engram_packed_dir:
-            d = launch._expand(profile.engram_packed_dir, home)
+            d = render.expand_home(profile.engram_packed_dir, home)
             f = f"{d}/engram-l1-r{node.spec.rank}of{profile.tp}.bin"
             packed = node.read(f"test -s {quote(f)}").ok
         mounts = _lab_runtime_mounts(profile) if (profile.is_lab and profile.runtime == "docker") else ()
@@ -129,7 +129,7 @@ def render_plan(cluster: Cluster, profile, *, secrets=None, node_overrides=None,
     if secrets is None:
         from ..secrets import load_secrets
         secrets = load_secrets()
-    return launch.render(profile, gather_facts(cluster, profile, gid_indexes=gid_indexes),
+    return render.render(profile, gather_facts(cluster, profile, gid_indexes=gid_indexes),
                          api_key_set=bool(secrets.api_key), node_overrides=node_overrides)
 
 
@@ -157,7 +157,7 @@ class RankState:
 
 
 def _state_dir(profile, home: str) -> str:
-    return f"{launch._expand(profile.cache_dir, home)}/{launch.STATE_SUBDIR}"
+    return f"{render.expand_home(profile.cache_dir, home)}/{render.STATE_SUBDIR}"
 
 
 def _parse_ps(text: str) -> list[tuple[int, int, str, str]]:
@@ -185,7 +185,7 @@ def rank_state(node: Node, profile, home: str | None = None) -> RankState:
     script = (f"cat {quote(sd + '/' + name + '.pid')} 2>/dev/null; echo '@@'; "
               f"cat {quote(sd + '/' + name + '.fingerprint')} 2>/dev/null; echo '@@'; "
               f"cat {quote(sd + '/' + name + '.json')} 2>/dev/null; echo '@@'; "
-              f"docker inspect -f '{{{{.State.Status}}}} {{{{index .Config.Labels \"{launch.FINGERPRINT_LABEL}\"}}}}' "
+              f"docker inspect -f '{{{{.State.Status}}}} {{{{index .Config.Labels \"{render.FINGERPRINT_LABEL}\"}}}}' "
               f"{quote(container)} 2>/dev/null; echo '@@'; {PS_CMD}")
     parts = (node.read(script).stdout.split("@@\n") + [""] * 5)[:5]
     pid_s, fp_s, rec_s, docker_s, ps_s = (p.strip() for p in parts)
@@ -523,7 +523,7 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: st
 
 
 def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency, cleanup, on_launched):
-    problems = launch.check_consistency(plan)
+    problems = render.check_consistency(plan)
     if consistency:
         result.checks.add(check("ranks agree on rendezvous and shape", not problems, node="cluster",
                                 observed="; ".join(problems) or "master addr/port, nnodes, TP, max-model-len equal",
@@ -719,7 +719,7 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
             result.checks.add(Check("KV cache size", node="head", status=Status.PASS, observed=obs,
                                     expected="reported in the startup log (EXPECT_KV_TOKENS=0: not compared)",
                                     data={"kv_tokens": kv}))
-        result.capacity = vllm_log.capacity(kv, launch.lab_scaled_sizes(profile),
+        result.capacity = vllm_log.capacity(kv, render.lab_scaled_sizes(profile),
                                             max_model_len=profile.max_model_len, max_num_seqs=profile.max_num_seqs)
     elif result.reused:
         result.checks.add(not_applicable("KV cache size", "reused server: startup log lines may have rotated "
@@ -728,7 +728,7 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         result.checks.add(check("KV cache size", False, node="head", observed="no 'KV cache size' line in the log",
                                 expected="the startup log reports the KV pool", warn_only=True,
                                 fix="check the log format of this vLLM build"))
-    pad = launch.tp_pad(profile)          # dspark-v4 at TP=3: the head pad must show in the boot log
+    pad = render.tp_pad(profile)          # dspark-v4 at TP=3: the head pad must show in the boot log
     if pad and result.reused:
         result.checks.add(not_applicable("TP pad applied (boot log)", "reused server: the boot lines may have "
                                          "rotated out; see the log evidence", node="head"))

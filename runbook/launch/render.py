@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .secrets import MASK
+from ..secrets import MASK
 
 __all__ = [
     "FINGERPRINT_LABEL",
@@ -251,7 +251,7 @@ def _pretty(argv: list[str]) -> str:
     return " \\\n    ".join(lines)
 
 
-def _expand(path: str, home: str) -> str:
+def expand_home(path: str, home: str) -> str:
     if path == "~":
         return home
     if path.startswith("~/"):
@@ -259,7 +259,7 @@ def _expand(path: str, home: str) -> str:
     return path
 
 
-def _vllm_bin(profile) -> list[str]:
+def vllm_bin_parts(profile) -> list[str]:
     """VLLM_BIN split; relative parts with a slash resolve against the repo root."""
     out = []
     for part in shlex.split(profile.vllm_bin):
@@ -464,8 +464,8 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
         a += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
     a += ["--ulimit", "stack=67108864"]
     # volumes
-    weights = _expand(p.weights_dir_on(spec.name), home)
-    cache = _expand(p.cache_dir, home)
+    weights = expand_home(p.weights_dir_on(spec.name), home)
+    cache = expand_home(p.cache_dir, home)
     vols: list[str] = []
     if p.recipe == "dspark-v4" or not p.model_dir.startswith("/"):
         vols.append(f"{weights}:/cache/huggingface")
@@ -475,7 +475,7 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
         if p.engram:
             vols.append(f"{cache}/engram-src:/engram-src:ro")
             if facts.packed_engram and p.engram_packed_dir:
-                vols.append(f"{_expand(p.engram_packed_dir, home)}:/engram-packed:ro")
+                vols.append(f"{expand_home(p.engram_packed_dir, home)}:/engram-packed:ro")
         vols += [f"{cache}:/root/.cache/vllm", f"{cache}/triton:/root/.triton/cache",
                  f"{cache}/tilelang:/root/.tilelang/cache"]
     elif p.recipe == "dspark-v4":
@@ -504,9 +504,9 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
     p = profile
     facts = dict(facts or {})
     node_overrides = dict(node_overrides or {})
-    vllm_bin = _vllm_bin(p) if p.runtime == "process" else ["vllm"]
+    vllm_bin = vllm_bin_parts(p) if p.runtime == "process" else ["vllm"]
     if p.runtime == "docker" and p.is_lab:
-        vllm_bin = _vllm_bin(p)          # the lab's image has no vllm: the host venv is mounted in
+        vllm_bin = vllm_bin_parts(p)          # the lab's image has no vllm: the host venv is mounted in
     ranks: list[RankLaunch] = []
     for spec in p.nodes:
         nf = facts.get(spec.name, NodeFacts())
@@ -521,7 +521,7 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
         serve = [*vllm_bin, "serve", p.model_dir,
                  *_serve_flags(p, rank=spec.rank, headless=headless, api_key_set=api_key_set,
                                master_port=master_port)]
-        state_dir = f"{_expand(p.cache_dir, nf.home)}/{STATE_SUBDIR}"
+        state_dir = f"{expand_home(p.cache_dir, nf.home)}/{STATE_SUBDIR}"
         r = RankLaunch(node=spec.name, rank=spec.rank, headless=headless, runtime=p.runtime,
                        serve_argv=serve, env=env, secret_env=secret_env, state_dir=state_dir,
                        container=p.container_on(spec.name) if p.runtime == "docker" else "",

@@ -36,12 +36,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import Check, CheckList, Status, check, not_applicable
-from .errors import RunbookError
+from ..checks import Check, CheckList, Status, check, not_applicable
+from ..errors import RunbookError
 from .server_info import (
     ApiClient,
     Exchange,
     archive,
+    connect,
     content_of,
     finish_of,
     first_choice,
@@ -723,3 +724,12 @@ def run_smoke(step, client: ApiClient | None, *, concurrency: int = 0, context_l
     out.add(guard("spec_decode.acceptance", lambda: spec_decode_check(step, client)))
     out.add(guard("auth.api_key", lambda: api_key_check(step, client)))
     return out
+
+
+def run(step, *, base_url: str = "", model: str = "", concurrency: int = 0,
+        context_lengths: list[int] | None = None, long_context: bool = True) -> ApiClient | None:
+    """Step 05's entry: find the server (04's sidecar, or ``base_url``) and run every smoke case."""
+    client = connect(step, base_url=base_url, model=model)
+    step.add(run_smoke(step, client, concurrency=concurrency, context_lengths=context_lengths,
+                       long_context=long_context))
+    return client

@@ -21,7 +21,7 @@ from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ActionError
 from ..facts import system
 from ..facts.system import ImageInfo
-from ..remote import Cluster, Node, quote
+from ..remote import Cluster, Node, node_ssh_argv, quote
 
 __all__ = ["SHIP_MARGIN_BYTES", "ImagePlan", "ensure_image", "image_infos", "plan_image"]
 
@@ -74,7 +74,6 @@ def _free_bytes(node: Node, path: str) -> int:
 
 
 def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[str, Any]:
-    from ..preflight import node_ssh_argv
     head = cluster.head
     home = head.read("printf %s \"$HOME\"").stdout.strip() or "/root"
     thome = target.read("printf %s \"$HOME\"").stdout.strip() or "/root"

@@ -29,8 +29,8 @@ from typing import Any
 
 import httpx
 
-from .errors import RunbookError
-from .secrets import MASK, load_secrets, register_secret
+from ..errors import RunbookError
+from ..secrets import MASK, load_secrets, register_secret
 
 __all__ = ["LAUNCH_STEP", "ApiClient", "Exchange", "ServerInfo", "archive", "clip", "connect", "find_server"]
 

@@ -36,16 +36,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .checks import Status
-from .evidence import RESULTS_ROOT, RunDir, atomic_write
-from .secrets import MASK, Redactor, default_redactor
+from ..checks import Status
+from ..evidence import RESULTS_ROOT, RunDir, atomic_write, discover_steps, previous_good_run
+from . import drift as drift_mod
+from ..secrets import MASK, Redactor, default_redactor
 
 __all__ = ["Figure", "CheckRow", "StepInfo", "ReportModel", "collect", "render_html", "write_report",
            "write_index", "index_entries", "headline", "report_checks", "resolve_run", "STEP_TITLES",
            "DEFAULT_REL_TOL"]
 
 REPORT_NAME = "report.html"
-DEFAULT_REL_TOL = 0.20
+DEFAULT_REL_TOL = drift_mod.DEFAULT_REL_TOL
 STEP_TITLES = {
     "00_preflight": "Preflight", "01_network": "Network", "02_weights": "Weights", "03_engram": "Engram",
     "04_launch": "Launch", "05_smoke": "Smoke test", "06_vision_tools": "Vision and tools",
@@ -225,7 +226,7 @@ def resolve_run(run: str | Path, results_root: str | Path | None = None) -> Path
     cand = Path(results_root or RESULTS_ROOT) / str(run)
     if (cand / "manifest.json").exists():
         return cand
-    from .errors import RunbookError
+    from ..errors import RunbookError
     raise RunbookError(f"no run {run!r}", observed=f"no manifest.json in {p} or {cand}",
                        fix="give a run id listed under results/ (or --results DIR), or a run folder path")
 
@@ -245,12 +246,7 @@ def _rel(run: Path, path: Path) -> str:
 
 
 def _known_steps() -> list[str]:
-    try:
-        from .runner import NOTEBOOKS_DIR, discover_steps
-        found = discover_steps(NOTEBOOKS_DIR)
-    except Exception:  # noqa: BLE001
-        found = []
-    return sorted(set(found) | set(STEP_TITLES))
+    return sorted(set(discover_steps()) | set(STEP_TITLES))
 
 
 def _title(name: str) -> str:
@@ -304,12 +300,25 @@ def collect(run_dir: str | Path, *, results_root: str | Path | None = None, drif
                                f"({type(exc).__name__}: {exc}); {_where(exc)}")
     if drift:
         try:
-            from . import drift as _drift
-            model.drift = _drift.drift_for(model, results_root=results_root or run.parent, rel_tol=rel_tol,
-                                           redactor=red)
+            model.drift = drift_for(model, results_root=results_root or run.parent, rel_tol=rel_tol, redactor=red)
         except Exception as exc:  # noqa: BLE001
             model.notes.append(f"drift: could not be computed ({type(exc).__name__}: {exc})")
     return model
+
+
+def drift_for(model: ReportModel, *, results_root: str | Path | None = None, rel_tol: float = DEFAULT_REL_TOL,
+              redactor: Redactor | None = None) -> "drift_mod.DriftResult":
+    """Compare ``model`` with the previous good run of its profile (``previous_run_id`` None when none)."""
+    run = Path(model.run_path)
+    root = Path(results_root) if results_root else run.parent
+    prev = previous_good_run(run, root)
+    if prev is None:
+        return drift_mod.DriftResult(run_id=model.run_id, previous_run_id=None, results_root=str(root),
+                                     rel_tol=rel_tol,
+                                     reason=f"no previous good run of profile {model.profile_name!r} under {root} "
+                                            "(an earlier run with manifest status 'passed')")
+    previous = collect(prev, drift=False, redactor=redactor)
+    return drift_mod.compare(model, previous, rel_tol=rel_tol, results_root=root)
 
 
 def _where(exc: BaseException) -> str:
@@ -410,9 +419,9 @@ def _evidence(run: Path, rec: dict[str, Any], rx: re.Pattern) -> Path | None:
 
 
 def _network(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]]) -> None:
-    from .facts import nccl as fn
-    from .facts import net as fnet
-    from .facts import rdma as fr
+    from ..facts import nccl as fn
+    from ..facts import net as fnet
+    from ..facts import rdma as fr
     name, sc = _sidecar(sidecars, "network")
     if sc is None:
         return
@@ -680,8 +689,8 @@ def recompute_bench_figures(out_dir: str | Path) -> dict[str, dict[str, dict[str
     """case name -> metric -> Spread dict, recomputed from ``requests.jsonl`` (+ ``chunks.jsonl``) with
     the formulas of :mod:`runbook.bench.metrics` (the same grouping as the bench runner: per-stream
     metrics over every OK request of the case, per-trial metrics over the case's trials)."""
-    from .bench import metrics as M
-    from .bench.result import load_records
+    from ..bench import metrics as M
+    from ..bench.result import load_records
     recs = load_records(out_dir)
     by_case: dict[str, list] = {}
     for r in recs:
@@ -756,7 +765,7 @@ def _bench(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]]) -
                               "warnings": c.get("warnings", [])} for c in merged.get("cases", []) or []],
                    "soak": obj.get("soak"), "result": merged}
     try:
-        from .bench.report import results_table
+        from ..bench.report import results_table
         df = results_table(_bench_result(merged), recipe=recipe)
         model.bench["table"] = json.loads(df.to_json(orient="records"))
     except Exception as exc:  # noqa: BLE001
@@ -764,7 +773,7 @@ def _bench(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]]) -
 
 
 def _bench_result(d: dict[str, Any]):
-    from .bench.result import BenchResult
+    from ..bench.result import BenchResult
     return BenchResult.from_dict(json.loads(json.dumps(d)))
 
 
@@ -804,7 +813,7 @@ def headline(model: ReportModel) -> dict[str, float | None]:
 
 def report_checks(model: ReportModel, html_path: str | Path | None = None, index_path: str | Path | None = None):
     """The report step's checks: written and self-contained, figures agree, drift computed."""
-    from .checks import Check, check, not_applicable
+    from ..checks import Check, check, not_applicable
     out = []
     if html_path is not None:
         p = Path(html_path)
@@ -960,7 +969,7 @@ def _plot_bench(model: ReportModel) -> str:
         return ""
     import matplotlib
     matplotlib.use("Agg", force=False)
-    from .bench.report import plot_comparison
+    from ..bench.report import plot_comparison
     fig = plot_comparison(_bench_result(model.bench["result"]), recipe=model.bench.get("recipe") or None)
     return _png(fig)
 

@@ -30,7 +30,7 @@ import base64
 import io
 from typing import Any
 
-from .checks import Check, CheckList, Status, check, not_applicable
+from ..checks import Check, CheckList, Status, check, not_applicable
 from .server_info import (
     ApiClient,
     Exchange,

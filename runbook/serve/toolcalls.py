@@ -33,7 +33,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import Check, CheckList, Status
+from ..checks import Check, CheckList, Status
 from .server_info import (
     ApiClient,
     Exchange,

@@ -7,25 +7,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .checks import Check, CheckList, check, not_applicable
-from .facts import system
-from .remote import Cluster, Node, quote
+from ..checks import Check, CheckList, check, not_applicable
+from ..facts import system
+from ..remote import Cluster, Node, node_ssh_argv, quote
 
 GIB = 1024 ** 3
-
-
-def node_ssh_argv(profile, node: Node, target_ip: str) -> list[str]:
-    """ssh from one node to another over the fabric. The lab's nodes share the host's
-    filesystem, so its key and known_hosts are passed explicitly; real Sparks use the
-    node user's own ~/.ssh."""
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=yes"]
-    if profile.is_lab:
-        if profile.ssh_key:
-            argv += ["-i", str(profile.resolve_path(profile.ssh_key))]
-        if profile.known_hosts:
-            argv += ["-o", f"UserKnownHostsFile={profile.resolve_path(profile.known_hosts)}"]
-    user = node.spec.ssh.split("@", 1)[0] + "@" if "@" in node.spec.ssh else ("root@" if profile.is_lab else "")
-    return argv + [f"{user}{target_ip}"]
 
 
 def gather(cluster: Cluster, profile) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,48 @@
+"""Step 04 — launch: render every rank's command from the profile, make the image present, start the
+worker(s) then the head, and wait until the API streams a token (fail fast on a dead rank or a hang).
+
+    outcome = runbook.launch.run(step, action="start")   # start | stop | restart | status
+
+Modules: ``render`` (pure: profile + node facts → per-rank container/env/argv and fingerprint),
+``image`` (the runtime image on every node), ``server`` (start, readiness, stop, status, logs).
+Check names → code: "runtime image …" rows in ``image.py``, every other row in ``server.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import image, server
+from .render import LaunchPlan
+
+ACTIONS = ("start", "stop", "restart", "status")
+
+
+@dataclass
+class LaunchOutcome:
+    """What the notebook shows after the step's actions."""
+    plan: LaunchPlan
+    started: server.StartResult | None = None
+    stopped: server.StopResult | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def run(step, *, action: str = "start") -> LaunchOutcome:
+    """Render the plan (archived before anything runs), then start / stop / restart or read status."""
+    if action not in ACTIONS:
+        raise ValueError(f"action {action!r}: expected one of {', '.join(ACTIONS)}")
+    profile = step.profile
+    gids = server.gids_from_network_sidecar(step.run.read_sidecar("01_network"))
+    plan = server.render_plan(step.cluster, profile, gid_indexes=gids)
+    step.data["rendered"] = plan.to_record()
+    step.data["fingerprint"] = plan.fingerprint
+    outcome = LaunchOutcome(plan=plan)
+    if action in ("start", "restart"):
+        image.ensure_image(step.cluster, profile, step=step)
+    if action in ("stop", "restart"):
+        outcome.stopped = server.stop(step.cluster, profile, step=step)
+    if action in ("start", "restart") and not step.checks.failures():
+        outcome.started = server.start(step.cluster, profile, plan, step=step, raise_on_failure=False)
+    if action == "status":
+        outcome.status = server.status(step.cluster, profile)
+    return outcome

@@ -1,0 +1,13 @@
+"""Step 06's entry: the vision cases, then the tool-call battery, against the launched server."""
+from __future__ import annotations
+
+from .server_info import ApiClient, connect
+from .toolcalls import run_battery
+from .vision import run_vision
+
+
+def run(step, *, base_url: str = "", model: str = "", image_path_on_server: str = "") -> ApiClient | None:
+    client = connect(step, base_url=base_url, model=model)
+    step.add(run_vision(step, client, image_path_on_server=image_path_on_server))
+    step.add(run_battery(step, client))
+    return client
