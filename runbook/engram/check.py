@@ -28,16 +28,6 @@ except ImportError:                    # run as a script next to layout.py (node
 TOOL = "engram-check"
 
 
-def _pread_exact(fd: int, n: int, off: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = os.pread(fd, n - len(out), off + len(out))
-        if not chunk:
-            break
-        out += chunk
-    return out
-
-
 def check_file(path: str, rr: L.RankRange, wloc: L.TensorLoc, sloc: L.TensorLoc,
                samples: int, rng: random.Random) -> dict:
     res = {"path": path, "layer": rr.layer, "lo": rr.lo, "hi": rr.hi, "expected_bytes": rr.packed_bytes,
@@ -48,7 +38,6 @@ def check_file(path: str, rr: L.RankRange, wloc: L.TensorLoc, sloc: L.TensorLoc,
         return res
     size = os.path.getsize(path)
     res["bytes"] = size
-    head, tail = wloc.shape[1], sloc.shape[1]
     with open(path, "rb") as f:
         header = f.read(L.HEADER_BYTES)
     try:
@@ -75,8 +64,8 @@ def check_file(path: str, rr: L.RankRange, wloc: L.TensorLoc, sloc: L.TensorLoc,
     try:
         for i in sorted(rows):
             a = rr.lo + i
-            packed = _pread_exact(pf, rr.row_bytes, L.HEADER_BYTES + i * rr.row_bytes)
-            src = _pread_exact(fw, head, wloc.offset + a * head) + _pread_exact(fs, tail, sloc.offset + a * tail)
+            packed = L.read_exact(pf, rr.row_bytes, L.HEADER_BYTES + i * rr.row_bytes)
+            src = L.source_rows(fw, fs, wloc, sloc, a, 1)
             res["rows_checked"] += 1
             if packed != src:
                 if len(res["mismatched_rows"]) < 16:

@@ -372,6 +372,26 @@ def validate_tables(layout: EngramLayout, layer: int, weight: TensorLoc, scale: 
                               f"{rows * cols} for {dtype} {[rows, cols]}")
 
 
+def read_exact(fd: int, n: int, off: int) -> bytes:
+    """``n`` bytes at ``off`` (fewer only at end of file)."""
+    out = b""
+    while len(out) < n:
+        chunk = os.pread(fd, n - len(out), off + len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def source_rows(fw: int, fs: int, weight: TensorLoc, scale: TensorLoc, first: int, n: int) -> bytes:
+    """Global rows ``[first, first + n)`` as the packed file holds them (weight bytes, then scale
+    bytes, per row), read from the shards open as ``fw``/``fs``. Short where a shard is truncated."""
+    head, tail = weight.shape[1], scale.shape[1]
+    w = read_exact(fw, n * head, weight.offset + first * head)
+    s = read_exact(fs, n * tail, scale.offset + first * tail)
+    return b"".join(w[i * head:(i + 1) * head] + s[i * tail:(i + 1) * tail] for i in range(n))
+
+
 def load_config(src: str, config_path: str | None = None) -> dict[str, Any]:
     path = config_path or os.path.join(src, "config.json")
     try:

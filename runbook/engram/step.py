@@ -33,6 +33,7 @@ from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
 from . import layout as L
+from . import pack as P
 
 HERE = Path(__file__).resolve().parent
 TOOL_FILES = ("layout.py", "pack.py", "check.py", "probe.py")
@@ -50,7 +51,16 @@ EXIT_FIX = {
     3: "free space on the ENGRAM_PACKED_DIR filesystem (bytes needed are in the error) or point "
        "ENGRAM_PACKED_DIR at a larger node-local NVMe path; a kept .partial resumes",
     4: "I/O error: check the disk/NFS mount (dmesg) and re-run; the packer resumes from its last sync",
+    5: "another pack.py still writes this rank's files (an earlier run that timed out?): wait for it to end "
+       "or stop it (fuser -v on the .partial named in the error), then re-run",
 }
+STOPPED_FIX = ("the packer was stopped by a signal (SIGTERM/SIGHUP/SIGINT record the rows written, SIGKILL "
+               "loses those since the last --sync-mib): re-run; it resumes from the recorded row")
+
+
+def exit_fix(code: int) -> str:
+    """The fix for a pack.py exit code (128 + N: stopped by signal N)."""
+    return STOPPED_FIX if code >= 128 else EXIT_FIX.get(code, EXIT_FIX[4])
 SOURCE_FIX = ("run the weights step (02_weights) so ENGRAM_SRC_DIR holds config.json, "
               "model.safetensors.index.json and the shards with layers.{1,14}.engram.embed.* "
               "(HF_ENGRAM_REPO shards 47/48); on the worker ENGRAM_SRC_DIR must show the head's files")
@@ -201,33 +211,61 @@ def existing_complete_bytes(ranges: Iterable[L.RankRange], existing: Mapping[str
     return sum(r.packed_bytes for r in ranges if int(existing.get(r.file_name, -1)) == r.packed_bytes)
 
 
+def partial_kept_bytes(ranges: Iterable[L.RankRange], existing: Mapping[str, int],
+                       records: Mapping[str, Any], shard_sizes: Mapping[str, int] | None = None) -> int:
+    """Bytes of ``.partial`` files the packer will keep (header + recorded rows), for files not
+    complete yet. ``records``: {file name: the partial's progress record} as read on the node;
+    ``shard_sizes``: the node's source files, to drop a record made from other shards (the packer
+    redoes those; it also checks the mtimes and re-reads the last rows, which a laptop cannot)."""
+    kept = 0
+    for r in ranges:
+        if int(existing.get(r.file_name, -1)) == r.packed_bytes:
+            continue
+        record = records.get(r.file_name)
+        rows = P.recorded_rows(record, r, int(existing.get(r.file_name + ".partial", 0)))
+        if rows and shard_sizes is not None and any(
+                shard_sizes.get((record.get(k) or {}).get("shard")) != (record.get(k) or {}).get("size")
+                for k in ("weight", "scale")):
+            rows = 0
+        if rows < r.rows:
+            rows -= rows % P.ALIGN_ROWS            # the packer restarts on a 512-row boundary
+        kept += L.HEADER_BYTES + rows * r.row_bytes if rows else 0
+    return kept
+
+
 def space_checks(profile, facts: Mapping[str, Any], config: Mapping[str, Any], layers=None) -> list[Check]:
-    """Free space on each node's packed dir vs the bytes its rank needs. ``facts[node]`` keys:
-    ``packed_free_bytes`` (``df -B1 --output=avail``) and optionally ``packed_existing_bytes``
+    """Free space on each node's packed dir vs the bytes its rank still has to write. ``facts[node]``
+    keys: ``packed_free_bytes`` (``df -B1 --output=avail``) and optionally ``packed_existing_bytes``
     (bytes of already complete files, which the packer skips) or ``packed_existing``
-    ({file name: size} of ``engram-l*-r*of*.bin`` in the packed dir)."""
+    ({file name: size} of ``engram-l*-r*of*.bin*`` in the packed dir) with ``packed_records``
+    ({file name: progress record of its ``.partial``}: the recorded rows are not written again)."""
     out = []
     for name, ranges in expected_files(profile, config, layers).items():
         nf = _node_facts(facts, name)
+        existing = nf.get("packed_existing") or {}
         have = nf.get("packed_existing_bytes")
         if have is None:
-            have = existing_complete_bytes(ranges, nf.get("packed_existing") or {})
+            have = existing_complete_bytes(ranges, existing)
+        kept = partial_kept_bytes(ranges, existing, nf.get("packed_records") or {}, nf.get("src_files"))
         total = sum(r.packed_bytes for r in ranges)
-        need = total - int(have or 0)
+        need = total - int(have or 0) - kept
         free = nf.get("packed_free_bytes")
         if free is None:
             out.append(not_applicable("engram packed dir free space", "free space not probed", node=name,
                                       expected=f">= {need} bytes"))
             continue
-        where = nf.get("packed_fs") or _packed_of(profile, nf)
+        packed = _packed_of(profile, nf)
+        where = f"{packed} (filesystem {nf['packed_fs']})" if nf.get("packed_fs") else packed
         done = f"; {int(have) / GIB:.2f} GiB complete already" if have else ""
+        done += f"; {kept / MIB:.1f} MiB kept in .partial files (resumed, not rewritten)" if kept else ""
         out.append(check("engram packed dir free space", int(free) >= need, node=name,
                          observed=f"{int(free) / GIB:.2f} GiB free on {where}{done}",
-                         expected=f">= {need / GIB:.2f} GiB still to write ({len(ranges)} file(s), "
-                                  f"{total / GIB:.2f} GiB in all)",
-                         fix="free space or point ENGRAM_PACKED_DIR at a larger node-local NVMe path",
+                         expected=f">= {need / GIB:.2f} GiB ({need} bytes) still to write ({len(ranges)} "
+                                  f"file(s), {total / GIB:.2f} GiB in all)",
+                         fix=f"free {max(need - int(free), 0)} bytes on {where} or point ENGRAM_PACKED_DIR at a "
+                             "larger node-local NVMe path; a .partial resumes",
                          data={"free_bytes": int(free), "need_bytes": need, "total_bytes": total,
-                               "complete_bytes": int(have or 0)}))
+                               "complete_bytes": int(have or 0), "partial_kept_bytes": kept}))
     return out
 
 
@@ -250,11 +288,11 @@ def parse_tool_json(stdout: str, tool: str) -> dict[str, Any]:
 def pack_checks(node: str, summary: Mapping[str, Any], exit_code: int = 0) -> list[Check]:
     if not summary:
         return [Check("engram pack", node, Status.FAIL, observed=f"no summary line (exit {exit_code})",
-                      expected="a JSON summary from pack.py", fix=EXIT_FIX.get(exit_code, EXIT_FIX[4]))]
+                      expected="a JSON summary from pack.py", fix=exit_fix(exit_code))]
     if not summary.get("ok"):
         code = int(summary.get("exit_code", exit_code) or exit_code)
         return [Check("engram pack", node, Status.FAIL, observed=str(summary.get("error", "")),
-                      expected="packed files", fix=EXIT_FIX.get(code, EXIT_FIX[4]), data=dict(summary))]
+                      expected="packed files", fix=exit_fix(code), data=dict(summary))]
     out = []
     for f in summary.get("files", []):
         status = Status.NOOP if f.get("status") == "skipped" else Status.PASS
@@ -335,6 +373,23 @@ def parse_stat_lines(text: str) -> dict[str, int]:
     return out
 
 
+def parse_records(text: str) -> dict[str, dict[str, Any]]:
+    """``<name>.partial.json <record>`` lines -> {packed file name: record}; unreadable ones dropped
+    (the packer redoes such a partial, so it counts as nothing kept)."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in (text or "").splitlines():
+        name, _, raw = line.strip().partition(" ")
+        if not name.endswith(".partial.json"):
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out[name[:-len(".partial.json")]] = record
+    return out
+
+
 def blocked_nodes(checks: Iterable[Check]) -> set[str]:
     """Nodes with a failed check so far: later stages are not started there."""
     return {c.node for c in checks if c.failed and c.node}
@@ -399,6 +454,11 @@ def gather_facts(cluster, profile, facts: Mapping[str, Any] | None = None) -> di
         res = node.read(f"cd {shell_path(packed)} 2>/dev/null && stat -c '%s %n' -- engram-l*-r*of*.bin* "
                         f"2>/dev/null", timeout=20)
         nf["packed_existing"] = parse_stat_lines(res.stdout)
+        if any(n.endswith(".partial.json") for n in nf["packed_existing"]):
+            res = node.read(f"cd {shell_path(packed)} && for f in engram-l*-r*of*.bin.partial.json; do "
+                            f"printf '%s ' \"$f\"; head -c {P.RECORD_BYTES} \"$f\" | tr -d '\\n'; echo; done",
+                            timeout=20)
+            nf["packed_records"] = parse_records(res.stdout)
         return nf
     ranks = {n.name: n.spec.rank for n in cluster.nodes}
     return {name: (value if not isinstance(value, Exception) else
