@@ -3,7 +3,7 @@
 One clock: ``time.perf_counter`` (CLOCK_MONOTONIC). Every request records, on that clock:
 
 * ``t_sent``        just before the HTTP request is issued
-* ``t_headers``     response headers received
+* ``t_headers``     response headers received (the socket read that completed them)
 * ``t_first_chunk`` first SSE ``data:`` event of any kind (TTFR; the chat role chunk counts)
 * ``t_first_token`` first event carrying a generated token: non-empty ``content`` / ``reasoning_content``
   / ``reasoning`` / ``text``, or a continuous-usage ``completion_tokens >= 1`` (TTFT)
@@ -244,7 +244,8 @@ async def stream_request(http: RawHTTP, endpoint: str, payload: dict[str, Any] |
 
     The request bytes are fully encoded before ``t_sent`` is stamped; ``t_sent`` is taken right
     before the bytes are written to a pooled keep-alive connection. SSE events are parsed inside
-    the connection's ``data_received`` and stamped with that socket read's time."""
+    the connection's ``data_received`` and stamped with that socket read's time, including events
+    that arrive in the same read as the response head."""
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     rec.endpoint = endpoint
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -279,12 +280,15 @@ async def stream_request(http: RawHTTP, endpoint: str, payload: dict[str, Any] |
     def on_sent() -> None:
         rec.t_sent = clock()
 
+    def on_head(status: int, headers: dict[str, str], t: float) -> None:
+        # runs inside the read that completed the head, before any body byte of that read
+        rec.t_headers = t
+        rec.http_status = state["status"] = status
+
     resp = None
     try:
         async with asyncio.timeout(timeout_s):
-            resp = await http.send(raw, on_body, on_sent)
-            rec.t_headers = clock()
-            rec.http_status = state["status"] = resp.status
+            resp = await http.send(raw, on_body, on_sent, on_head)
             await resp.wait()
             rec.t_end = clock()
             if resp.status != 200:

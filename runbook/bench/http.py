@@ -6,7 +6,10 @@ stamp and the server seeing the request line, i.e. straight into TTFT; and one c
 SSE event limited a single core to a few thousand events/s. Here a pre-encoded request is written to
 a pooled socket, and the response is decoded inside ``Protocol.data_received`` -- synchronously, once
 per socket read: chunked transfer-encoding, Content-Length, or read-to-close -- and handed to a
-callback together with the read's timestamp (``time.perf_counter``). TLS via ``ssl``. No proxies,
+callback together with the read's timestamp (``time.perf_counter``). Nothing waits for later bytes:
+body bytes that share a read with the head, events inside a chunk still in flight and the last
+event beside the terminating chunk are all handed on in the read that brought them
+(``tests/unit/test_bench_framing.py`` drives every such framing against the reference server). TLS via ``ssl``. No proxies,
 no redirects, no compression (``Accept-Encoding: identity``).
 """
 from __future__ import annotations
@@ -19,6 +22,7 @@ from urllib.parse import urlsplit
 
 clock = time.perf_counter
 BodyCallback = Callable[[bytes, float], None]
+HeadCallback = Callable[[int, "dict[str, str]", float], None]
 
 
 class HTTPError(Exception):
@@ -26,7 +30,13 @@ class HTTPError(Exception):
 
 
 class _Proto(asyncio.Protocol):
-    """One connection; one request in flight at a time."""
+    """One connection; one request in flight at a time.
+
+    Every byte is handed on in the ``data_received`` call that brings it, stamped with that read's
+    time: body bytes that arrive in the same read as the response head, the data of a chunk whose
+    end (or trailing CRLF) is still in flight, and the last data together with the terminating
+    ``0`` chunk. The head is announced (``on_head``) before any of its body bytes, so the caller
+    knows the status when the first body bytes reach it."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -34,10 +44,13 @@ class _Proto(asyncio.Protocol):
         self.state = "idle"           # idle | head | body | done
         self.closed = False
         self.mode = ""                # chunked | length | eof
-        self.left = 0
+        self.left = 0                 # length: body bytes to come; chunked: bytes of the current chunk
+        self.chunk = "size"           # chunked: size | data | crlf | trailer
         self.status = 0
         self.headers: dict[str, str] = {}
+        self.t_head = 0.0
         self.on_body: BodyCallback | None = None
+        self.on_head: HeadCallback | None = None
         self.head_fut: asyncio.Future | None = None
         self.done_fut: asyncio.Future | None = None
 
@@ -58,18 +71,16 @@ class _Proto(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.state == "body" and self.mode == "eof":
-            if self.buf and self.on_body:
-                self.on_body(bytes(self.buf), clock())
-                self.buf.clear()
             self._finish()
         elif self.state in ("head", "body"):
             self._fail(ConnectionResetError("connection closed by server"))
 
     # request lifecycle
-    def start(self, on_body: BodyCallback | None) -> None:
+    def start(self, on_body: BodyCallback | None, on_head: HeadCallback | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.buf.clear()
-        self.state, self.mode, self.left, self.on_body = "head", "", 0, on_body
+        self.state, self.mode, self.left, self.chunk = "head", "", 0, "size"
+        self.on_body, self.on_head = on_body, on_head
         self.head_fut, self.done_fut = loop.create_future(), loop.create_future()
 
     def _fail(self, exc: Exception) -> None:
@@ -88,60 +99,48 @@ class _Proto(asyncio.Protocol):
         if self.done_fut is not None and not self.done_fut.done():
             self.done_fut.set_result(True)
 
-    def _process(self, t: float) -> None:
+    def _head(self, t: float) -> bool:
+        """Parse the response head if complete; False = wait for more bytes."""
         buf = self.buf
-        if self.state == "head":
+        while True:
             i = buf.find(b"\r\n\r\n")
             if i < 0:
-                return
+                return False
             lines = bytes(buf[:i]).decode("latin-1").split("\r\n")
             del buf[:i + 4]
             parts = lines[0].split(" ", 2)
             if len(parts) < 2 or not parts[0].startswith("HTTP/"):
                 raise HTTPError(f"bad status line {lines[0]!r}")
-            self.status = int(parts[1])
-            hdrs: dict[str, str] = {}
-            for ln in lines[1:]:
-                k, sep, v = ln.partition(":")
-                if sep:
-                    hdrs[k.strip().lower()] = v.strip()
-            self.headers = hdrs
-            if "chunked" in hdrs.get("transfer-encoding", "").lower():
-                self.mode = "chunked"
-            elif "content-length" in hdrs:
-                self.mode, self.left = "length", int(hdrs["content-length"])
-            else:
-                self.mode = "eof"
-            self.state = "body"
-            if self.head_fut is not None and not self.head_fut.done():
-                self.head_fut.set_result(True)
-            if self.mode == "length" and self.left == 0:
-                self._finish()
-                return
+            status = int(parts[1])
+            if 100 <= status < 200:
+                continue                        # 100 Continue / 103 Early Hints: the real head follows
+            break
+        hdrs: dict[str, str] = {}
+        for ln in lines[1:]:
+            k, sep, v = ln.partition(":")
+            if sep:
+                hdrs[k.strip().lower()] = v.strip()
+        self.status, self.headers, self.t_head = status, hdrs, t
+        if "chunked" in hdrs.get("transfer-encoding", "").lower():
+            self.mode = "chunked"
+        elif "content-length" in hdrs:
+            self.mode, self.left = "length", int(hdrs["content-length"])
+        else:
+            self.mode = "eof"
+        self.state = "body"
+        if self.on_head:
+            self.on_head(status, hdrs, t)
+        if self.head_fut is not None and not self.head_fut.done():
+            self.head_fut.set_result(True)
+        return True
+
+    def _process(self, t: float) -> None:
+        if self.state == "head" and not self._head(t):
+            return
         if self.state != "body":
             return
-        if self.mode == "chunked":
-            out = []
-            while True:
-                j = buf.find(b"\r\n")
-                if j < 0:
-                    break
-                size = int(bytes(buf[:j]).split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:                       # "0\r\n\r\n" (no trailers expected)
-                    if len(buf) < j + 4:
-                        break
-                    del buf[:]
-                    if out and self.on_body:
-                        self.on_body(b"".join(out), t)
-                    self._finish()
-                    return
-                if len(buf) < j + 2 + size + 2:
-                    break
-                out.append(bytes(buf[j + 2:j + 2 + size]))
-                del buf[:j + 2 + size + 2]
-            if out and self.on_body:
-                self.on_body(b"".join(out), t)
-        elif self.mode == "length":
+        buf = self.buf
+        if self.mode == "length":
             take = bytes(buf[:self.left])
             del buf[:len(take)]
             self.left -= len(take)
@@ -149,16 +148,58 @@ class _Proto(asyncio.Protocol):
                 self.on_body(take, t)
             if self.left <= 0:
                 self._finish()
-        else:
+            return
+        if self.mode == "eof":
             if buf and self.on_body:
                 self.on_body(bytes(buf), t)
             buf.clear()
+            return
+        # chunked: walk size line -> data (handed on as far as it has arrived) -> CRLF -> ...
+        out: list[bytes] = []
+        pos, n = 0, len(buf)
+        while pos < n:
+            if self.chunk == "data":
+                take = min(self.left, n - pos)
+                out.append(bytes(buf[pos:pos + take]))
+                pos += take
+                self.left -= take
+                if self.left == 0:
+                    self.chunk = "crlf"
+            elif self.chunk == "crlf":
+                if n - pos < 2:
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise HTTPError("chunk data not followed by CRLF")
+                pos += 2
+                self.chunk = "size"
+            else:                                   # a size line, or (after the 0 chunk) trailer lines
+                j = buf.find(b"\r\n", pos)
+                if j < 0:
+                    break
+                line = bytes(buf[pos:j])
+                pos = j + 2
+                if self.chunk == "trailer":
+                    if not line:                    # the blank line that ends the message
+                        del buf[:pos]
+                        if out and self.on_body:
+                            self.on_body(b"".join(out), t)
+                        self._finish()
+                        return
+                    continue
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    self.chunk = "trailer"
+                else:
+                    self.chunk, self.left = "data", size
+        del buf[:pos]
+        if out and self.on_body:
+            self.on_body(b"".join(out), t)
 
 
 class Response:
     def __init__(self, client: RawHTTP, proto: _Proto):
         self._client, self._proto = client, proto
-        self.status, self.headers = proto.status, proto.headers
+        self.status, self.headers, self.t_head = proto.status, proto.headers, proto.t_head
 
     async def wait(self) -> None:
         """Wait until the whole body has been delivered to the callback."""
@@ -220,15 +261,17 @@ class RawHTTP:
         return None
 
     async def send(self, raw: bytes, on_body: BodyCallback | None,
-                   on_sent: Callable[[], None] | None = None) -> Response:
-        """Write a pre-encoded request and wait for the response head; the body is then delivered
-        to ``on_body(bytes, t_read)`` as it arrives (``Response.wait()`` for the end). ``on_sent`` is
-        called immediately before the bytes are written (the send stamp)."""
+                   on_sent: Callable[[], None] | None = None,
+                   on_head: HeadCallback | None = None) -> Response:
+        """Write a pre-encoded request and wait for the response head; the body is delivered to
+        ``on_body(bytes, t_read)`` as it arrives (``Response.wait()`` for the end), possibly before
+        this returns: ``on_head(status, headers, t_read)`` runs first, in the same read. ``on_sent``
+        is called immediately before the bytes are written (the send stamp)."""
         for attempt in (0, 1):
             p = self._take() if attempt == 0 else None
             if p is None:
                 p = await self._connect()
-            p.start(on_body)
+            p.start(on_body, on_head)
             if on_sent:
                 on_sent()
             assert p.transport is not None

@@ -22,6 +22,13 @@ Truth it guarantees (all times on ``time.perf_counter`` = CLOCK_MONOTONIC, share
   fakes a hit for rule tests;
 * fault injection: ``fail_every`` (HTTP 500 on every n-th generation request), ``error_every``
   (an in-stream ``{"error": ...}`` payload), ``eos_after`` (stop early unless ``ignore_eos``/``min_tokens``).
+* wire framing (``body``, ``coalesce_head``, ``coalesce_tail``, ``fragment_seed``,
+  ``connection_close``): chunked, Content-Length or read-to-close bodies; headers and the first
+  events in one write; the last event, usage, ``[DONE]`` and the terminating chunk in one write;
+  events cut into HTTP chunks at seeded byte offsets with a chunk left open until the next write;
+  keep-alive or ``Connection: close`` (TCP_NODELAY, so one write is one segment). The truth
+  stamp of a write is taken just before it, whatever it carries;
+* ``extra_running`` / ``extra_waiting`` add other clients' requests to ``/metrics`` (busy-server guard);
 * every emission is logged (``RefServer.log`` / ``GET /ref/log``): arrival, first and last write
   times and every chunk's write time, so a client's figures can be compared with server truth.
 
@@ -37,6 +44,7 @@ import dataclasses
 import hashlib
 import heapq
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,6 +75,78 @@ class RefConfig:
     error_every: int = 0                # every n-th generation request -> in-stream error payload
     spec_tokens: int = 0                # >0: emit spec-decode counters (accepted = k-1 per step)
     keep_chunk_log: bool = True
+    # --- wire framing of streamed responses (what proxies and other servers do; see _Framer)
+    body: str = "chunked"               # chunked | length (Content-Length) | close (read to close)
+    coalesce_head: bool = False         # response headers + the first events in ONE write
+    coalesce_tail: bool = False         # last token event + usage + [DONE] (+ 0 chunk) in ONE write
+    fragment_seed: int = 0              # chunked: >0 = events cut into HTTP chunks at seeded byte
+                                        # offsets, the last chunk of each write left open until the next
+    connection_close: bool = False      # answer "Connection: close" and close after the response
+    # --- what /metrics and /v1/models report besides this server's own work (guard tests)
+    extra_running: int = 0              # other clients' requests running
+    extra_waiting: int = 0              # other clients' requests waiting
+
+    def __post_init__(self) -> None:
+        if self.body not in BODY_MODES:
+            raise ValueError(f"RefConfig.body={self.body!r}: expected one of {', '.join(BODY_MODES)}")
+        if self.fragment_seed and self.body != "chunked":
+            raise ValueError("RefConfig.fragment_seed cuts HTTP chunks: it needs body='chunked' "
+                             f"(got body={self.body!r})")
+
+
+BODY_MODES = ("chunked", "length", "close")
+#: bytes that finish an open chunk at the next write (fragment mode): an SSE comment, skipped by clients
+_PAD = b":\n\n"
+
+
+class _Framer:
+    """Turns SSE text into the bytes of each socket write, in the configured framing.
+
+    chunked: each write is one HTTP chunk, or (``fragment_seed``) several chunks cut at seeded byte
+    offsets (events split mid-JSON across chunks) whose last one declares ``len(_PAD)`` more bytes
+    than it carries: that chunk is completed at the next write, so a reader that waits for whole
+    chunks sees every event one write late. length / close: the SSE bytes as they are."""
+
+    def __init__(self, cfg: RefConfig, rid: int):
+        import random
+        self.mode = cfg.body
+        self.rng = random.Random(cfg.fragment_seed * 1_000_003 + rid) if cfg.fragment_seed else None
+        self.close = cfg.connection_close or cfg.body == "close"
+        self.open_tail = b""                 # the rest of a chunk left open by the previous write
+
+    def head(self, content_length: int = 0) -> bytes:
+        h = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+        if self.mode == "chunked":
+            h += b"Transfer-Encoding: chunked\r\n"
+        elif self.mode == "length":
+            h += b"Content-Length: %d\r\n" % content_length
+        if self.close:
+            h += b"Connection: close\r\n"
+        return h + b"\r\n"
+
+    def data(self, sse: bytes, end: bool = False) -> bytes:
+        """The bytes of one write carrying ``sse``; ``end`` adds the terminating chunk."""
+        if self.mode != "chunked":
+            return sse
+        out = [self.open_tail]
+        self.open_tail = b""
+        if self.rng is None or not sse:
+            out.append(b"%x\r\n%s\r\n" % (len(sse), sse) if sse else b"")
+        else:
+            n = len(sse)
+            cuts = sorted(self.rng.sample(range(1, n), min(n - 1, self.rng.randint(1, 3)))) if n > 1 else []
+            bounds = [0, *cuts, n]
+            for a, b in zip(bounds[:-1], bounds[1:-1]):
+                out.append(b"%x\r\n%s\r\n" % (b - a, sse[a:b]))
+            a = bounds[-2]
+            out.append(b"%x\r\n%s" % (n - a + len(_PAD), sse[a:]))
+            if end:
+                out.append(_PAD + b"\r\n")
+            else:
+                self.open_tail = _PAD + b"\r\n"
+        if end:
+            out.append(b"0\r\n\r\n")
+        return b"".join(out)
 
 
 @dataclass
@@ -77,6 +157,7 @@ class EmitLog:
     max_tokens: int
     t_arrival: float
     nonce: str = ""                      # first word of the prompt / the system message
+    conn: int = 0                        # which TCP connection carried it (1, 2, ... in accept order)
     t_slot: float = 0.0
     t_first: float = 0.0
     t_last: float = 0.0
@@ -141,6 +222,7 @@ class RefServer:
         self._sem: asyncio.Semaphore | None = None
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
+        self.n_connections = 0
         self._heap: list = []
         self._seq = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -222,6 +304,11 @@ class RefServer:
     # ------------------------------------------------------------------ HTTP plumbing
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._conns.add(writer)
+        self.n_connections += 1
+        conn = self.n_connections
+        sock = writer.get_extra_info("socket")
+        if sock is not None:            # each write leaves at once (coalesced framings are one segment)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             while True:
                 line = await reader.readline()
@@ -241,7 +328,7 @@ class RefServer:
                     headers[k.strip().lower()] = v.strip()
                 n = int(headers.get("content-length", "0") or 0)
                 body = await reader.readexactly(n) if n else b""
-                keep = await self._route(method, path.split("?")[0], body, writer, t_arr)
+                keep = await self._route(method, path.split("?")[0], body, writer, t_arr, conn)
                 if not keep or headers.get("connection", "").lower() == "close":
                     break
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
@@ -261,7 +348,7 @@ class RefServer:
                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
 
     async def _route(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter,
-                     t_arr: float) -> bool:
+                     t_arr: float, conn: int = 0) -> bool:
         cfg = self.config
         try:
             req = json.loads(body) if body else {}
@@ -269,8 +356,7 @@ class RefServer:
             self._respond(writer, 400, {"error": {"message": "bad json"}})
             return True
         if path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
-            await self._generate(path, req, writer, t_arr)
-            return True
+            return await self._generate(path, req, writer, t_arr, conn)
         if path == "/tokenize" and method == "POST":
             words = self._prompt_words(req, add_generation_prompt=req.get("add_generation_prompt", True))
             self._respond(writer, 200, {"count": len(words), "max_model_len": cfg.max_model_len,
@@ -278,7 +364,8 @@ class RefServer:
         elif path == "/detokenize" and method == "POST":
             self._respond(writer, 200, {"prompt": " ".join(f"w{t}" for t in req.get("tokens", []))})
         elif path == "/metrics":
-            self._respond(writer, 200, self.metrics.render(cfg.model, self._running, self._waiting),
+            self._respond(writer, 200, self.metrics.render(cfg.model, self._running + cfg.extra_running,
+                                                           self._waiting + cfg.extra_waiting),
                           "text/plain; version=0.0.4")
         elif path == "/reset_prefix_cache" and method == "POST":
             self._cache.clear()
@@ -296,7 +383,11 @@ class RefServer:
             self.clear()
             self._respond(writer, 200, {})
         elif path == "/ref/config" and method == "POST":
-            self.set_config(**req)
+            try:
+                self.set_config(**req)
+            except (TypeError, ValueError) as e:     # unknown field or bad value: say which
+                self._respond(writer, 400, {"error": {"message": f"/ref/config: {e}"}})
+                return True
             self._respond(writer, 200, dataclasses.asdict(self.config))
         else:
             self._respond(writer, 404, {"error": {"message": f"no route {method} {path}"}})
@@ -340,7 +431,8 @@ class RefServer:
         return min(hits, max(0, len(words) - 1))
 
     async def _generate(self, path: str, req: dict[str, Any], writer: asyncio.StreamWriter,
-                        t_arr: float) -> None:
+                        t_arr: float, conn: int = 0) -> bool:
+        """Serve one generation request; False when the connection must close after it."""
         cfg = self.config
         loop = asyncio.get_running_loop()
         self._n_gen += 1
@@ -351,10 +443,10 @@ class RefServer:
         max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         if P + max_tokens > cfg.max_model_len:
             self._respond(writer, 400, {"error": {"message": "max_model_len exceeded"}})
-            return
+            return True
         if cfg.fail_every and nth % cfg.fail_every == 0:
             self._respond(writer, 500, {"error": {"message": "injected failure"}})
-            return
+            return True
         cached = self._cached(words)
         if cfg.force_cached_tokens:
             cached = cfg.force_cached_tokens
@@ -374,7 +466,7 @@ class RefServer:
         elif isinstance(req.get("prompt"), str):
             nonce = req["prompt"].split(" ", 1)[0]
         entry = EmitLog(id=nth, endpoint=path, prompt_tokens=P, max_tokens=max_tokens, t_arrival=t_arr,
-                        nonce=nonce)
+                        nonce=nonce, conn=conn)
         self.log.append(entry)
         m = self.metrics
         m.inc("vllm:prefix_cache_queries_total", P)
@@ -410,20 +502,53 @@ class RefServer:
                 return f'{{"index":0,"delta":{{"{key}":{json.dumps(text)}}},"logprobs":null,"finish_reason":{fr}}}'
             return f'{{"index":0,"text":{json.dumps(text)},"logprobs":null,"finish_reason":{fr}}}'
 
-        def frame(s: str) -> bytes:
-            b = s.encode()
-            return b"%x\r\n" % len(b) + b + b"\r\n"
+        fr = _Framer(cfg, nth)
+        role = ('data: ' + head + '{"index":0,"delta":{"role":"assistant","content":""},'
+                '"logprobs":null,"finish_reason":null}]'
+                + (',"usage":' + usage_json(0, False) if continuous else "") + '}\n\n')
+        role_early = chat and cfg.role_chunk_early
+        k = max(1, cfg.tokens_per_chunk)
+        err_at = (n // (2 * k)) if (cfg.error_every and nth % cfg.error_every == 0) else -1
+
+        def sse(j: int) -> tuple[bytes, int, bool]:
+            """Emission j's SSE bytes, the cumulative tokens after it, whether it ends the generation."""
+            if j == err_at:
+                return b'data: {"error":{"message":"injected stream error","code":500}}\n\n', j * k, True
+            sent = j * k
+            c = min(k, n - sent)
+            parts = [role] if (j == 0 and chat and not role_early) else []
+            r = max(0, min(c, cfg.reasoning_tokens - sent)) if chat else 0
+            sent += c
+            fin = finish if sent >= n else None
+            us = (',"usage":' + usage_json(sent, False)) if continuous else ""
+            if r:
+                parts.append("data: " + head + choice("tok " * r, None if c > r else fin, True) + "]" + us + "}\n\n")
+            if c > r:
+                parts.append("data: " + head + choice("tok " * (c - r), fin, False) + "]" + us + "}\n\n")
+            return "".join(parts).encode(), sent, sent >= n
+
+        def tail(errored: bool) -> bytes:
+            usage = ("data: " + head + '],"usage":' + usage_json(n, True) + "}\n\n"
+                     if include_usage and not errored else "")
+            return (usage + "data: [DONE]\n\n").encode()
 
         self._waiting += 1
         try:
+            pending_head = b""
             if stream:
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                             b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
-                role = ('data: ' + head + '{"index":0,"delta":{"role":"assistant","content":""},'
-                        '"logprobs":null,"finish_reason":null}]'
-                        + (',"usage":' + usage_json(0, False) if continuous else "") + '}\n\n')
-                if chat and cfg.role_chunk_early:
-                    writer.write(frame(role))
+                content_length = 0
+                if cfg.body == "length":       # the whole body is known in advance
+                    j, last, total = 0, False, 0
+                    while not last:
+                        b, _, last = sse(j)
+                        total += len(b)
+                        j += 1
+                    content_length = total + len(tail(err_at >= 0)) + (len(role.encode()) if role_early else 0)
+                pending_head = fr.head(content_length)
+                early = fr.data(role.encode()) if role_early else b""
+                if early or not cfg.coalesce_head:
+                    writer.write(pending_head + early)   # with the role chunk: still one write
+                    pending_head = b""
             queued = sem.locked()
             async with sem:
                 self._waiting -= 1
@@ -435,56 +560,45 @@ class RefServer:
                 m.inc("vllm:request_queue_time_seconds_count")
                 prefill = cfg.ttft_s + (P / cfg.prefill_tok_s if cfg.prefill_tok_s > 0 else 0.0)
                 t_first = t_slot + prefill
-                k = max(1, cfg.tokens_per_chunk)
                 step = k * cfg.interval_s
-                err_at = (n // (2 * k)) if (cfg.error_every and nth % cfg.error_every == 0) else -1
                 # schedule on loop time (same clock) with absolute deadlines
                 off = loop.time() - clock()
                 if stream:
-                    role_pending = [chat and not cfg.role_chunk_early]
-                    sent_box = [0]
-
                     def make(j: int) -> tuple[bytes, bool]:
-                        """Chunk j's bytes and whether it ends the generation."""
+                        """The bytes of write j and whether it ends the generation."""
+                        nonlocal pending_head
+                        data, sent, last = sse(j)
                         if j == err_at:
                             entry.status = "error"
-                            return frame('data: {"error":{"message":"injected stream error","code":500}}\n\n'), True
-                        sent = sent_box[0]
-                        c = min(k, n - sent)
-                        parts = []
-                        if role_pending[0]:
-                            parts.append(role)
-                            role_pending[0] = False
-                        r = max(0, min(c, cfg.reasoning_tokens - sent)) if chat else 0
-                        sent += c
-                        sent_box[0] = sent
-                        fin = finish if sent >= n else None
-                        us = (',"usage":' + usage_json(sent, False)) if continuous else ""
-                        if r:
-                            parts.append("data: " + head + choice("tok " * r, None if c > r else fin, True) + "]" + us + "}\n\n")
-                        if c > r:
-                            parts.append("data: " + head + choice("tok " * (c - r), fin, False) + "]" + us + "}\n\n")
-                        if cfg.spec_tokens and j > 0:
-                            m.inc("vllm:spec_decode_num_drafts_total")
-                            m.inc("vllm:spec_decode_num_draft_tokens_total", cfg.spec_tokens)
-                            m.inc("vllm:spec_decode_num_accepted_tokens_total", c - 1)
-                            for p_ in range(c - 1):
-                                m.inc(f"vllm:spec_decode_num_accepted_tokens_per_pos_total:{p_}")
+                        else:
+                            if cfg.spec_tokens and j > 0:
+                                c = sent - j * k
+                                m.inc("vllm:spec_decode_num_drafts_total")
+                                m.inc("vllm:spec_decode_num_draft_tokens_total", cfg.spec_tokens)
+                                m.inc("vllm:spec_decode_num_accepted_tokens_total", c - 1)
+                                for p_ in range(c - 1):
+                                    m.inc(f"vllm:spec_decode_num_accepted_tokens_per_pos_total:{p_}")
+                            entry.tokens = sent
                         if j == 0:
                             m.inc("vllm:request_prefill_time_seconds_sum", prefill)
                             m.inc("vllm:request_prefill_time_seconds_count")
-                        entry.tokens = sent
-                        return frame("".join(parts)), sent >= n
+                        end = last and cfg.coalesce_tail
+                        if end:
+                            data += tail(entry.status == "error")
+                            if entry.status != "error":
+                                entry.status = "ok"
+                        out = pending_head + fr.data(data, end=end)
+                        pending_head = b""
+                        return out, last
 
                     em = _Emitter(t_first, step, make, entry, writer.transport, loop.create_future(),
                                   cfg.keep_chunk_log)
                     self._schedule(em)
                     await em.fut
-                    if entry.status != "error":
-                        if include_usage:
-                            writer.write(frame("data: " + head + '],"usage":' + usage_json(n, True) + "}\n\n"))
-                        entry.status = "ok"
-                    writer.write(frame("data: [DONE]\n\n") + b"0\r\n\r\n")
+                    if not cfg.coalesce_tail:
+                        if entry.status != "error":
+                            entry.status = "ok"
+                        writer.write(fr.data(tail(entry.status == "error"), end=True))
                     await writer.drain()
                 else:
                     total = prefill + n * cfg.interval_s
@@ -506,6 +620,7 @@ class RefServer:
                 m.inc("vllm:generation_tokens_total", entry.tokens)
                 m.inc("vllm:request_success_total")
                 self._running -= 1
+            return not (stream and fr.close)
         except (ConnectionError, asyncio.CancelledError):
             entry.status = "disconnected"
             self._running = max(0, self._running - 1)
