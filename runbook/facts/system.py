@@ -85,6 +85,46 @@ def parse_disk_free(text: str) -> DiskFree:
     return DiskFree(lines[0].strip(), int(avail), int(size), mount.strip())
 
 
+def shell_path(path: str) -> str:
+    """``path`` as one shell word, with a leading ``~/`` expanded by the node's shell (``"$HOME"/...``)."""
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + (shlex.quote(path[1:]) if len(path) > 1 else "")
+    return shlex.quote(path)
+
+
+def disk_inodes_cmd(path: str) -> str:
+    """Free and total inodes of the filesystem holding ``path`` (or its nearest existing parent),
+    and its device number (``stat %d``: two paths with the same device are one filesystem, even
+    under different mount points such as bind mounts). ``~/`` is expanded on the node."""
+    p = shell_path(path)
+    return (f"p={p}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
+            f"echo \"$p\"; df --output=iavail,itotal,target \"$p\" | tail -n 1; stat -c %d \"$p\"")
+
+
+@dataclass
+class DiskInodes:
+    existing_path: str
+    avail_inodes: int          # 0 with total 0: the filesystem allocates inodes dynamically (btrfs)
+    total_inodes: int
+    mount: str
+    device: str                # st_dev of existing_path
+
+
+def parse_disk_inodes(text: str) -> DiskInodes:
+    """Output of ``disk_inodes_cmd`` (``df`` prints ``-`` where a filesystem has no inode count)::
+
+        /mnt/nvme
+        15523001 15597568 /mnt/nvme
+        66306
+    """
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    if len(lines) < 3:
+        raise ValueError(f"unexpected df -i output: {text!r}")
+    avail, total, mount = lines[-2].split(None, 2)
+    number = lambda v: 0 if v == "-" else int(v)
+    return DiskInodes(lines[0].strip(), number(avail), number(total), mount.strip(), lines[-1].strip())
+
+
 LISTEN_CMD = "ss -ltnpH 2>/dev/null || ss -ltnH"
 
 
