@@ -1,0 +1,86 @@
+"""``python -m runbook plan``: the fit verdict of a profile, without touching any node.
+
+Node facts come from (in this order): ``--facts`` (a preflight sidecar, a run folder, or ``latest``);
+for RECIPE=lab this machine (the lab's nodes run on it); else a nominal GB10 (docs/fit.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import CheckFailed, RunbookError
+from ..evidence import RESULTS_ROOT
+from .budget import FITS, plan
+from .facts import (INDEX_NAME, checkpoint_size_cmd, find_preflight, index_total_size, load_sidecar,
+                    local_facts, node_facts_from_sidecar, nominal_facts, parse_checkpoint_size, LocalHost)
+from .figures import MEASURED, Figure
+from .render import plan_text
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    sp = subparsers.add_parser("plan", help="will the profile fit the nodes' memory and disks? (touches no node)")
+    sp.add_argument("--profile", default="env/lab.env")
+    sp.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+    sp.add_argument("--facts", metavar="SIDECAR|RUN_DIR|latest",
+                    help="cached node facts: results/<run>/steps/00_preflight.json, a run folder, or 'latest' "
+                         "(newest run of this profile); default: nominal GB10 figures (this host for the lab)")
+    sp.add_argument("--results", help="results folder searched by --facts latest (default: results/)")
+    sp.add_argument("--index", metavar="PATH",
+                    help=f"the checkpoint's local {INDEX_NAME} (or its folder) for the weights size")
+    sp.add_argument("--json", action="store_true", help="print the plan as JSON")
+    sp.set_defaults(func=cmd_plan)
+    return sp
+
+
+def _overrides(pairs: list[str] | None) -> dict[str, str]:
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise RunbookError(f"override {pair!r} is not KEY=VALUE", fix="write -p GPU_MEM_UTIL=0.85")
+        out[key.strip()] = value
+    return out
+
+
+def local_checkpoint(arg: str) -> Figure:
+    """``--index``: an index file, or a folder holding one (or single-file ``*.safetensors``)."""
+    p = Path(arg)
+    if p.is_file():
+        return Figure(index_total_size(p.read_text(), str(p)), MEASURED, f"metadata.total_size of {p}")
+    if p.is_dir():
+        total = parse_checkpoint_size(LocalHost().read(checkpoint_size_cmd(str(p.resolve()))).stdout)
+        if total:
+            return Figure(total, MEASURED, f"checkpoint in {p}")
+    raise RunbookError(f"--index {arg}: no {INDEX_NAME} or *.safetensors there",
+                       fix=f"pass the checkpoint's {INDEX_NAME} or the folder holding it")
+
+
+def cmd_plan(args) -> int:
+    from ..profile import load_profile
+    profile = load_profile(args.profile, overrides=_overrides(args.param))
+    checkpoint = local_checkpoint(args.index) if args.index else None
+    if args.facts:
+        root = Path(args.results) if args.results else RESULTS_ROOT
+        side = find_preflight(profile, args.facts, root)
+        facts = node_facts_from_sidecar(profile, load_sidecar(side), str(side))
+        origin = f"cached preflight {side}"
+    elif profile.is_lab:
+        facts, origin = local_facts(profile), "measured on this host (the lab's nodes share it)"
+    else:
+        facts = nominal_facts(profile)
+        origin = ("nominal GB10 (no node measured): MemTotal nominal, MemAvailable published, "
+                  "disk an empty 4 TB NVMe -- run preflight and pass --facts for measured figures")
+    try:
+        result = plan(profile, facts, checkpoint=checkpoint, origin=origin)
+    except ValueError as exc:
+        raise RunbookError(f"cannot plan: {exc}", fix="pass a preflight sidecar of this profile's nodes") from exc
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        print(plan_text(result))
+    if result.verdict != FITS:
+        print(f"\n{result.verdict}: turn {', '.join(result.knobs()) or 'the knobs above'}", file=sys.stderr)
+        return CheckFailed.exit_code
+    return 0
