@@ -3,7 +3,7 @@
     python -m runbook bench --base-url http://127.0.0.1:8000 --model NAME [--api-key-env VAR]
         [--prompt-tokens N] [--decode-tokens N] [--concurrency 1,2,4] [--prefill-tokens 1024,3072]
         [--repeats 3] [--out DIR] [--soak-seconds S] [--endpoint completions|chat] [--recipe R]
-        [--previous DIR_OR_JSON]
+        [--previous DIR_OR_JSON] [--allow-busy] [--allow-other-model]
 
 The API key is read from the named environment variable; it is never printed or written (the
 result records only the variable's name). Exit codes: 0 all cases pass (warnings allowed), 6 a case
@@ -54,6 +54,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default="", help="output directory (result.json, JSONL, table, plot)")
     ap.add_argument("--no-plot", action="store_true", help="write the table but not comparison.png")
+    ap.add_argument("--allow-busy", action="store_true",
+                    help="measure even when /metrics shows other requests running or waiting")
+    ap.add_argument("--allow-other-model", action="store_true",
+                    help="measure even when /v1/models does not list --model")
     return ap
 
 
@@ -74,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                       warmup_requests=a.warmup, reset_prefix_cache=not a.no_reset_cache,
                       request_timeout_s=a.timeout, soak_seconds=a.soak_seconds, soak_window_s=a.soak_window,
                       soak_stall_s=a.soak_stall, soak_min_ratio=a.soak_min_ratio, api_key_env=a.api_key_env,
-                      recipe=a.recipe, label=a.label)
+                      recipe=a.recipe, label=a.label, allow_busy=a.allow_busy,
+                      allow_other_model=a.allow_other_model)
     from .report import render_text, write_report
     from .runner import run_benchmark
     out = Path(a.out) if a.out else None

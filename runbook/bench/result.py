@@ -45,6 +45,8 @@ class BenchConfig:
     label: str = ""
     extra_body: dict[str, Any] = field(default_factory=dict)
     keep_chunks: bool = True                       # write chunks.jsonl
+    allow_busy: bool = False                       # measure even with other requests running/waiting
+    allow_other_model: bool = False                # measure even if /v1/models does not list the model
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -363,6 +363,7 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
         run.http = make_stream_client(run.base_url, api_key)
         run.api = ServerAPI(session, run.base_url, model)
         info = await run.api.info()
+        env_guard = await _guard(run.api, info, model, cfg)
         try:
             await run.api.tokenize(prompt="probe")
         except Exception as e:
@@ -387,6 +388,7 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
     gc.unfreeze()
     env = _environment(info, cfg.api_key_env)
     env["reset_prefix_cache"] = run.reset_ok
+    env["guard"] = env_guard
     env["run_tag"] = run.tag
     env["t0_perf_counter"] = run.t0     # raw record times are relative to this (CLOCK_MONOTONIC)
     _cross_checks(cases)
@@ -399,6 +401,60 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
         write_raw(out, run.records, run.t0, run.snapshots, keep_chunks=cfg.keep_chunks)
         result.save(out / "result.json")
     return result
+
+
+def served_models(info: dict[str, Any]) -> list[str] | None:
+    """Model ids listed by ``/v1/models`` (None when the server did not answer it)."""
+    models = info.get("models")
+    if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+        return None
+    return [str(m.get("id")) for m in models["data"] if isinstance(m, dict)]
+
+
+async def _guard(api: ServerAPI, info: dict[str, Any], model: str, cfg: BenchConfig,
+                 resample: int = 4, pause_s: float = 0.5) -> dict[str, Any]:
+    """Refuse to measure the wrong model or a server other clients are using; returns what was seen.
+
+    Busy = ``vllm:num_requests_running`` or ``vllm:num_requests_waiting`` > 0 (summed over models
+    and engines). A request just finishing can still count: re-sampled ``resample`` times,
+    ``pause_s`` apart, before refusing."""
+    ids = served_models(info)
+    seen: dict[str, Any] = {"served_models": ids, "requested_model": model}
+    if ids is not None and model not in ids:
+        if not cfg.allow_other_model:
+            raise BenchError("the server does not serve the requested model", observed=f"/v1/models lists {ids}",
+                             expected=f"model id {model!r}",
+                             fix="pass the served id as the model (or point base_url at the right server); "
+                                 "to measure anyway (an alias the listing omits): BenchConfig(allow_other_model=True) "
+                                 "/ --allow-other-model")
+        seen["model_mismatch_allowed"] = True
+    busy: tuple[float, float] | None = None
+    for i in range(resample + 1):
+        snap = await api.metrics()
+        if not snap.ok:
+            seen["busy_check"] = f"/metrics not available ({snap.error}): not checked"
+            return seen
+        running = snap.total("vllm:num_requests_running")
+        waiting = snap.total("vllm:num_requests_waiting")
+        if running is None and waiting is None:
+            seen["busy_check"] = "no vllm:num_requests_running/waiting in /metrics: not checked"
+            return seen
+        busy = (running or 0.0, waiting or 0.0)
+        if busy == (0.0, 0.0):
+            seen["busy_check"] = "idle"
+            return seen
+        if i < resample:
+            await asyncio.sleep(pause_s)
+    assert busy is not None
+    seen["busy_check"] = f"busy: {busy[0]:.0f} running, {busy[1]:.0f} waiting"
+    if not cfg.allow_busy:
+        raise BenchError("the server is busy with other requests; figures would include their load",
+                         observed=f"/metrics: {busy[0]:.0f} running, {busy[1]:.0f} waiting "
+                                  f"(sampled {resample + 1} times over {resample * pause_s:.1f} s)",
+                         expected="0 running, 0 waiting before the benchmark",
+                         fix="stop the other clients or wait until the server is idle; to measure anyway "
+                             "(figures then include their load): BenchConfig(allow_busy=True) / --allow-busy")
+    return seen
 
 
 def _cross_checks(cases: list[CaseResult]) -> None:
