@@ -13,18 +13,18 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..checks import Check
-from .budget import DOES_NOT_FIT, FITS, FsFacts, NodeFacts, Plan, Row, plan
+from .budget import DOES_NOT_FIT, FITS, UNKNOWN, FsFacts, NodeFacts, Plan, Row, plan
 from .facts import gather_node, node_facts_from_gather, nominal_facts, probe_paths
 from .figures import Figure
 from .render import plan_text
 
-__all__ = ["DOES_NOT_FIT", "FITS", "Figure", "FsFacts", "NodeFacts", "Plan", "Row", "fit_checks", "fit_plan",
+__all__ = ["DOES_NOT_FIT", "FITS", "UNKNOWN", "Figure", "FsFacts", "NodeFacts", "Plan", "Row", "fit_checks", "fit_plan",
            "gather_node", "nominal_facts", "plan", "plan_text", "probe_paths"]
 
 
 def fit_plan(profile, gathered: Mapping[str, Mapping[str, Any]], checkpoint: Figure | None = None) -> Plan:
-    """The plan on facts preflight just measured (nodes whose facts failed to read are left out of
-    ``gathered`` by the caller; the plan then raises ValueError naming them)."""
+    """The plan on facts preflight just measured. A node whose facts are missing or an Exception
+    (``Cluster.each``) gets an N/A row and the verdict UNKNOWN."""
     return plan(profile, node_facts_from_gather(profile, gathered), checkpoint=checkpoint,
                 origin="measured by preflight")
 

@@ -29,7 +29,7 @@ from ..checks import Check, Status
 from .figures import (DERIVED, DOCKER_ROOT, GIB, LAB_CPU_KV, MEASURED, NOMINAL, PROFILE, PUBLISHED, RECIPES, Figure,
                       RecipeFigures, gib)
 
-FITS, DOES_NOT_FIT = "FITS", "DOES NOT FIT"
+FITS, DOES_NOT_FIT, UNKNOWN = "FITS", "DOES NOT FIT", "UNKNOWN"
 BYTES, TOKENS, FILES = "bytes", "tokens", "files"
 
 
@@ -528,9 +528,14 @@ class Plan:
     weights: Weights
     items: list[DiskItem]
 
+    missing: list[str] = field(default_factory=list)   # nodes without facts (not planned)
+
     @property
     def verdict(self) -> str:
-        return DOES_NOT_FIT if any(r.status is Status.FAIL for r in self.rows) else FITS
+        """DOES NOT FIT on any FAIL; UNKNOWN when a node could not be planned; else FITS."""
+        if any(r.status is Status.FAIL for r in self.rows):
+            return DOES_NOT_FIT
+        return UNKNOWN if self.missing else FITS
 
     def failures(self) -> list[Row]:
         return [r for r in self.rows if r.status is Status.FAIL]
@@ -549,6 +554,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"profile": self.profile, "origin": self.origin, "verdict": self.verdict, "knobs": self.knobs(),
+                "missing": list(self.missing),
                 "rows": [r.to_dict() for r in self.rows],
                 "facts": {name: f.to_dict() for name, f in self.facts.items()}}
 
@@ -559,24 +565,25 @@ def hosts_of(profile, facts: dict[str, NodeFacts]) -> dict[str, str]:
 
 
 def plan(profile, facts: dict[str, NodeFacts], *, checkpoint: Figure | None = None, origin: str = "") -> Plan:
-    """The fit plan of ``profile`` on nodes described by ``facts`` (one entry per node of the profile)."""
+    """The fit plan of ``profile`` on nodes described by ``facts``. A node without facts gets one N/A
+    row and makes the verdict UNKNOWN (never FITS)."""
+    nodes = [n for n in profile.nodes if n.name in facts]
     missing = [n.name for n in profile.nodes if n.name not in facts]
-    if missing:
-        raise ValueError(f"no facts for node(s) {', '.join(missing)}")
     figs = recipe_figures(profile)
     ckpt = checkpoint_size(profile, checkpoint)
     weights = weights_per_rank(profile, ckpt)
-    rows = [weights.row]
+    rows = [weights.row] + [Row("memory", "node facts", name, Status.NA,
+                                detail=f"no facts for {name}: memory and disk not planned") for name in missing]
     hosts = hosts_of(profile, facts)
     by_host: dict[str, list[str]] = {}
-    for n in profile.nodes:
+    for n in nodes:
         by_host.setdefault(hosts[n.name], []).append(n.name)
     if weights.per_rank is not None:
         for host, ranks in by_host.items():
             rows += memory_rows(profile, facts[ranks[0]], ranks, weights.per_rank, figs)
     items: list[DiskItem] = []
-    for n in profile.nodes:
+    for n in nodes:
         f = facts[n.name]
         items += disk_items(profile, n.name, ckpt, image_present=f.image_present, used=f.used)
     rows += disk_rows(profile, items, facts, hosts)
-    return Plan(profile.name, origin, rows, facts, weights, items)
+    return Plan(profile.name, origin, rows, facts, weights, items, missing)

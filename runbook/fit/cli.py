@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import CheckFailed, RunbookError
 from ..evidence import RESULTS_ROOT
-from .budget import FITS, plan
+from .budget import DOES_NOT_FIT, FITS, plan
 from .facts import (INDEX_NAME, checkpoint_size_cmd, find_preflight, index_total_size, load_sidecar,
                     local_facts, node_facts_from_sidecar, nominal_facts, parse_checkpoint_size, LocalHost)
 from .figures import MEASURED, Figure
@@ -72,15 +72,15 @@ def cmd_plan(args) -> int:
         facts = nominal_facts(profile)
         origin = ("nominal GB10 (no node measured): MemTotal nominal, MemAvailable published, "
                   "disk an empty 4 TB NVMe -- run preflight and pass --facts for measured figures")
-    try:
-        result = plan(profile, facts, checkpoint=checkpoint, origin=origin)
-    except ValueError as exc:
-        raise RunbookError(f"cannot plan: {exc}", fix="pass a preflight sidecar of this profile's nodes") from exc
+    result = plan(profile, facts, checkpoint=checkpoint, origin=origin)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))
     else:
         print(plan_text(result))
-    if result.verdict != FITS:
+    if result.verdict == DOES_NOT_FIT:
         print(f"\n{result.verdict}: turn {', '.join(result.knobs()) or 'the knobs above'}", file=sys.stderr)
         return CheckFailed.exit_code
+    if result.verdict != FITS:
+        print(f"\n{result.verdict}: no facts for {', '.join(result.missing)} (re-run preflight)", file=sys.stderr)
+        return 1
     return 0

@@ -116,15 +116,20 @@ def _expand(path: str, home: str) -> str:
 def gather_node(node: Reader, profile) -> dict[str, Any]:
     """Read the fit facts of one node (read-only): per probed path its filesystem (bytes, inodes,
     device) and the bytes already there, plus the kernel's boot id (same id = same host: the lab).
-    Errors are kept as text per path, never raised: the plan shows that path as not placed."""
+    Errors are kept as text per path, never raised: the plan shows that path as not placed.
+    Each read has a timeout (READ_TIMEOUT)."""
     home = node.read(HOME_CMD, timeout=READ_TIMEOUT).stdout.strip()
     out: dict[str, Any] = {"boot_id": node.read(BOOT_ID_CMD, timeout=READ_TIMEOUT).stdout.strip(), "paths": {}}
-    for path in dict.fromkeys(probe_paths(profile, node.name).values()):
+    for label, path in probe_paths(profile, node.name).items():
+        if path in out["paths"]:
+            continue
         real = _expand(path, home)
         entry: dict[str, Any] = {}
-        for key, cmd, parse in (("df", system.disk_free_cmd, system.parse_disk_free),
-                                ("inodes", system.disk_inodes_cmd, system.parse_disk_inodes),
-                                ("used", used_bytes_cmd, parse_used_bytes)):
+        probes = [("df", system.disk_free_cmd, system.parse_disk_free),
+                  ("inodes", system.disk_inodes_cmd, system.parse_disk_inodes)]
+        if label != "image":       # docker's data-root holds every image (and needs root): presence is the image fact
+            probes.append(("used", used_bytes_cmd, parse_used_bytes))
+        for key, cmd, parse in probes:
             res = node.read(cmd(real), timeout=READ_TIMEOUT)
             try:
                 entry[key] = parse(res.stdout) if res.ok else (res.stderr.strip() or f"exit {res.exit_code}")

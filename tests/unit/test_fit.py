@@ -383,3 +383,36 @@ def test_plan_command_json_and_cached_facts(tmp_path, capsys):
         _plan_cmd("--profile", A, "--facts", str(tmp_path / "nope.json"))
     with pytest.raises(RunbookError):
         _plan_cmd("--profile", A, "-p", "GPU_MEM_UTIL")
+
+
+def test_a_node_without_facts_makes_the_verdict_unknown_never_fits():
+    profile = load_profile(A)
+    gathered = _gathered(profile, {})
+    gathered["worker"] = RuntimeError("ssh: connection refused")      # what Cluster.each returns for a dead node
+    p = plan(profile, ff.node_facts_from_gather(profile, gathered))
+    assert p.verdict == budget.UNKNOWN and p.missing == ["worker"]
+    assert [r.node for r in p.rows if r.name == "node facts"] == ["worker"]
+    assert not [r for r in p.rows if r.node == "worker" and r.name != "node facts"]
+
+
+class _Recorder(ff.LocalHost):
+    """This host, recording the commands gather_node sends."""
+    def __init__(self, name):
+        super().__init__(name)
+        self.commands = []
+
+    def read(self, command, *, timeout=ff.READ_TIMEOUT):
+        self.commands.append(command)
+        return super().read(command, timeout=timeout)
+
+
+def test_gather_node_never_sizes_docker_data_root_with_du():
+    profile = load_profile(A)
+    node = _Recorder("head")
+    got = ff.gather_node(node, profile)
+    assert node.commands
+    root = got["paths"][figures.DOCKER_ROOT]
+    assert "used" not in root and isinstance(root["df"], system.DiskFree)
+    assert not [c for c in node.commands if "du -sb" in c and figures.DOCKER_ROOT in c]
+    # every other path was sized
+    assert all("used" in e for p_, e in got["paths"].items() if p_ != figures.DOCKER_ROOT)
