@@ -1,0 +1,48 @@
+"""Classify a failed ``docker pull`` from its output (pure): retry it, stop, or fix DNS.
+
+``unexpected EOF`` is a dropped connection mid-layer: the pull resumes from the layers it has, so
+retrying is right. ``manifest unknown`` means the tag or digest does not exist in that registry:
+retrying never helps. ``no such host`` is name resolution on the node, not the registry.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: (kind, action, pattern, what it means); the first match wins, most specific first
+PULL_ERRORS: tuple[tuple[str, str, str, str], ...] = (
+    ("manifest-unknown", "stop", r"manifest unknown|manifest for \S+ not found|not found: manifest",
+     "the tag or digest does not exist in that registry (typo, or the tag was never pushed / was deleted)"),
+    ("dns", "fix-dns", r"no such host|Temporary failure in name resolution|server misbehaving",
+     "the node cannot resolve the registry's host name"),
+    ("unexpected-eof", "retry", r"unexpected EOF|connection reset by peer|http2: server sent GOAWAY",
+     "the connection dropped mid-download; a new pull resumes from the layers already fetched"),
+    ("timeout", "retry", r"i/o timeout|TLS handshake timeout|context deadline exceeded|"
+     r"Client\.Timeout exceeded", "the registry did not answer in time"),
+    ("rate-limit", "wait", r"toomanyrequests|rate limit", "the registry's pull rate limit was reached"),
+    ("auth", "stop", r"unauthorized|authentication required|denied: requested access|pull access denied",
+     "the registry refused the credentials (or the repository is private / does not exist)"),
+    ("disk", "stop", r"no space left on device", "the node's docker data root is full"),
+)
+
+
+@dataclass
+class PullError:
+    kind: str
+    action: str       # retry | stop | fix-dns | wait
+    meaning: str
+    line: str
+
+
+def classify_pull(text: str) -> PullError | None:
+    """The first recognised error in ``docker pull`` output, or None (no error seen). Sample::
+
+        Error response from daemon: manifest for nvcr.io/nvidia/vllm:26.13-py3 not found: manifest unknown: manifest unknown
+    """
+    lines = (text or "").splitlines()
+    for kind, action, pattern, meaning in PULL_ERRORS:
+        rx = re.compile(pattern, re.IGNORECASE)
+        for line in lines:
+            if rx.search(line):
+                return PullError(kind, action, meaning, line.strip()[:400])
+    return None
