@@ -152,3 +152,33 @@ def test_parsers():
     (c,) = step.check_checks("head", {"tool": "engram-check", "ok": False, "error": "boom"}, 2)
     assert c.status is Status.FAIL and "boom" in c.observed
     assert step.probe_checks("head", {})[0].status is Status.WARN
+
+
+def test_space_check_counts_only_rows_a_partial_record_keeps(tmp_path, src):
+    prof = profile(tmp_path, src, nodes=1)
+    config = {"text_config": synth.engram_text_config(300)}
+    rr, rr14 = step.expected_files(prof, config)["head"]
+    shards = {"model-00047-of-00048.safetensors": 1000, "model-00048-of-00048.safetensors": 2000}
+    record = {"layer": rr.layer, "lo": rr.lo, "hi": rr.hi, "total_rows": rr.total_rows, "row_bytes": 264,
+              "rows_done": 1000, "weight": {"shard": "model-00047-of-00048.safetensors", "size": 1000},
+              "scale": {"shard": "model-00047-of-00048.safetensors", "size": 1000}}
+    text = (f"{rr.file_name}.partial.json {step.json.dumps(record)}    \n"
+            f"{rr14.file_name}.partial.json {{torn\n")             # an unreadable record: nothing kept
+    records = step.parse_records(text)
+    assert list(records) == [rr.file_name] and records[rr.file_name]["rows_done"] == 1000
+    existing = {f"{rr.file_name}.partial": 4096 + 1000 * 264 + 77, f"{rr14.file_name}.partial": 50000}
+    kept = 4096 + 512 * 264                 # 1000 recorded rows restart at row 512 (page alignment)
+    assert step.partial_kept_bytes([rr, rr14], existing, records, shards) == kept
+    assert step.partial_kept_bytes([rr], existing, records, {**shards, "model-00047-of-00048.safetensors": 999}) == 0
+    assert step.partial_kept_bytes([rr], {f"{rr.file_name}.partial": 4096 + 999 * 264}, records, shards) == 0
+    assert step.partial_kept_bytes([rr], {**existing, rr.file_name: rr.packed_bytes}, records, shards) == 0
+    total = rr.packed_bytes + rr14.packed_bytes
+    facts = {"head": {"packed_free_bytes": total - kept, "packed_existing": existing, "packed_records": records,
+                      "src_files": shards, "packed_fs": "/mnt/nvme"}}
+    (c,) = step.space_checks(prof, facts, config)
+    assert c.status is Status.PASS and c.data["need_bytes"] == total - kept and c.data["partial_kept_bytes"] == kept
+    assert "kept in .partial" in c.observed and "/mnt/nvme" in c.observed
+    facts["head"]["packed_free_bytes"] -= 1
+    (c,) = step.space_checks(prof, facts, config)
+    assert c.status is Status.FAIL and c.fix.startswith("free 1 bytes on ")
+    assert step.exit_fix(143) == step.STOPPED_FIX and step.exit_fix(3) == step.EXIT_FIX[3]
