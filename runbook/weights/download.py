@@ -1,9 +1,11 @@
 """Hub metadata, free-space check, pinned download (local side).
 
-Layout: ``local_dir`` — the files land as a plain tree in ``WEIGHTS_DIR`` (what ``vllm serve
-MODEL_DIR`` loads, what rsync/NFS share, where ``.runbook-manifest.json`` sits), not the HF cache
-layout (``models--org--name/{blobs,snapshots,refs}``). huggingface_hub keeps its per-file download
-metadata in ``WEIGHTS_DIR/.cache/huggingface/``; the runbook ignores that directory when sharing.
+Layouts (``node_download.LAYOUTS``): ``local_dir`` — the files land as a plain tree in the
+destination (what ``vllm serve /model`` loads, where ``.runbook-manifest.json`` sits);
+huggingface_hub keeps its per-file download metadata in ``<dest>/.cache/huggingface/``, which the
+runbook ignores when sharing. ``hub_cache`` — the destination is an HF hub cache
+(``models--org--name/{blobs,snapshots/<rev>,refs/main}``); the tree that is verified and holds the
+manifest is ``snapshots/<rev>``. ``runbook.weights.layout`` picks one from the profile.
 """
 from __future__ import annotations
 
@@ -35,10 +37,10 @@ def hf_token_from_env(env: dict[str, str] | None = None) -> str | None:
     return None
 
 
-def require_pinned(revision: str) -> str:
+def require_pinned(revision: str, key: str = "HF_REVISION") -> str:
     if not SHA40.match(revision or ""):
-        raise RunbookError("HF_REVISION is not a pinned commit", observed=repr(revision),
-                           expected="a 40-hex commit sha", fix="set HF_REVISION to the commit sha "
+        raise RunbookError(f"{key} is not a pinned commit", observed=repr(revision),
+                           expected="a 40-hex commit sha", fix=f"set {key} to the commit sha "
                            "shown on the repo's 'Files and versions' page (or HfApi().model_info(repo).sha)")
     return revision
 
@@ -117,25 +119,29 @@ def _free_bytes(path: str | os.PathLike) -> int:
     return shutil.disk_usage(p).free
 
 
-def bytes_still_needed(dest: str | os.PathLike, snap: RepoSnapshot) -> int:
-    """Bytes to download: files absent or of the wrong size under ``dest``, less what an interrupted
-    run already left in their partials (those bytes are on the disk and will be continued)."""
+def bytes_still_needed(dest: str | os.PathLike, snap: RepoSnapshot, layout: str = node_download.LAYOUT) -> int:
+    """Bytes to download: files absent or of the wrong size under ``dest`` (in ``layout``), less what
+    an interrupted run already left in their partials (those bytes are on the disk and will be
+    continued)."""
+    tree = node_download.tree_dir(layout, str(dest), snap.repo, snap.revision)
+    base = node_download.store_dir(layout, str(dest), snap.repo)
     need = 0
     for f in snap.files:
         try:
-            if os.stat(os.path.join(dest, f.path)).st_size == f.size:
+            if os.stat(os.path.join(tree, f.path)).st_size == f.size:
                 continue
         except OSError:
             pass
-        kept = node_download.partial_bytes(str(dest), f.sha256) if f.sha256 else 0
+        kept = node_download.partial_bytes(base, f.sha256) if f.sha256 else 0
         need += f.size - kept if 0 < kept <= f.size else f.size
     return need
 
 
 def free_space_check(dest: str | os.PathLike, snap: RepoSnapshot, *, margin_bytes: int = 2 * GIB,
-                     free_fn: Callable[[str], int] | None = None, node: str = "") -> Check:
+                     free_fn: Callable[[str], int] | None = None, node: str = "",
+                     layout: str = node_download.LAYOUT) -> Check:
     """PASS if ``dest``'s filesystem has room for what is still to be downloaded (+ margin)."""
-    need = bytes_still_needed(dest, snap)
+    need = bytes_still_needed(dest, snap, layout)
     free = (free_fn or _free_bytes)(str(dest))
     ok = free >= need + margin_bytes
     return check("weights.free_space", ok, node=node,
@@ -149,7 +155,7 @@ def free_space_check(dest: str | os.PathLike, snap: RepoSnapshot, *, margin_byte
 
 @dataclass
 class DownloadResult:
-    path: str
+    path: str                        # the verified tree (hub_cache: the snapshot folder)
     repo: str
     revision: str
     layout: str
@@ -171,8 +177,8 @@ def download(repo: str, revision: str, dest: str | os.PathLike, *, endpoint: str
              margin_bytes: int = 2 * GIB, free_fn: Callable[[str], int] | None = None,
              verify_workers: int = 4, repair: bool = True, progress: bool = True,
              snapshot: RepoSnapshot | None = None, token: str | None = None,
-             node: str = "") -> DownloadResult:
-    """Pinned download into ``dest`` then verification against Hub metadata.
+             node: str = "", layout: str = node_download.LAYOUT) -> DownloadResult:
+    """Pinned download into ``dest`` (in ``layout``) then verification against Hub metadata.
 
     Order: pinned-revision check → Hub metadata → free-space check (refuses before any byte is
     downloaded, numbers in the message) → ``snapshot_download`` (bounded ``max_workers``,
@@ -190,7 +196,7 @@ def download(repo: str, revision: str, dest: str | os.PathLike, *, endpoint: str
     snap = snapshot or fetch_metadata(repo, revision, endpoint=endpoint, token=token)
     snap = snap.select(allow_patterns, ignore_patterns)
     checks: list[Check] = []
-    space = free_space_check(dest, snap, margin_bytes=margin_bytes, free_fn=free_fn, node=node)
+    space = free_space_check(dest, snap, margin_bytes=margin_bytes, free_fn=free_fn, node=node, layout=layout)
     checks.append(space)
     if space.failed:
         raise ActionError(f"not enough disk space for {repo}@{revision[:12]}", node=node,
@@ -201,20 +207,21 @@ def download(repo: str, revision: str, dest: str | os.PathLike, *, endpoint: str
     fetched: list[dict[str, Any]] = []
     # the Hub metadata read above, so the resumable fetch does not ask for it again
     lfs = [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in snap.files if f.sha256]
-    _fetch(repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
-           download_timeout, etag_timeout, token, progress, fetched, lfs)
-    report = verify_manifest.verify(str(dest), snap.expected(), workers=verify_workers)
+    tree = node_download.tree_dir(layout, str(dest), repo, revision)
+    fetch_args = (repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
+                  download_timeout, etag_timeout, token, progress, fetched, lfs, layout)
+    _fetch(*fetch_args)
+    report = verify_manifest.verify(tree, snap.expected(), workers=verify_workers)
     if not report["ok"] and repair:
         for rel in report["failed"]:
-            _forget(dest, rel)
-        _fetch(repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
-               download_timeout, etag_timeout, token, progress, fetched, lfs)
-        report = verify_manifest.verify(str(dest), snap.expected(), workers=verify_workers)
+            _forget(dest, rel, layout, repo, revision)
+        _fetch(*fetch_args)
+        report = verify_manifest.verify(tree, snap.expected(), workers=verify_workers)
     seconds = time.monotonic() - t0
     if fetched:
         checks.append(fetched_check(fetched, node=node))
     checks.extend(verify_checks(report, node=node))
-    return DownloadResult(str(dest), repo, revision, node_download.LAYOUT, snap.total_bytes, needed,
+    return DownloadResult(tree, repo, revision, layout, snap.total_bytes, needed,
                           round(seconds, 3), report, checks, fetched)
 
 
@@ -231,25 +238,33 @@ def fetched_check(fetched: list[dict[str, Any]], *, node: str = "") -> Check:
 
 
 def _fetch(repo, revision, dest, endpoint, allow, ignore, max_workers, timeout, etag_timeout,
-           token, progress, fetched, lfs) -> None:
+           token, progress, fetched, lfs, layout) -> None:
     try:
         node_download.snapshot(repo, revision, str(dest), endpoint=endpoint,
                                allow_patterns=list(allow) if allow else None,
                                ignore_patterns=list(ignore) if ignore else None,
                                max_workers=max_workers, download_timeout=timeout,
                                etag_timeout=etag_timeout, token=token, progress=progress,
-                               fetched=fetched, lfs=lfs)
+                               fetched=fetched, lfs=lfs, layout=layout)
     except Exception as err:  # noqa: BLE001
         raise ActionError(f"download of {repo}@{revision[:12]} failed",
                           observed=f"{type(err).__name__}: {_mask(str(err), token)}",
                           expected="snapshot_download completes",
                           fix="re-run: finished files are kept and a cut file continues from its partial "
-                              "(WEIGHTS_DIR/.cache/runbook/partial); check HF_ENDPOINT, HF_TOKEN, disk") from None
+                              "(.cache/runbook/partial in the download dir, or in its models--org--name folder for a hub "
+                              "cache); check HF_ENDPOINT, HF_TOKEN, disk") from None
 
 
-def _forget(dest: str | os.PathLike, rel: str) -> None:
-    """Delete a bad file and huggingface_hub's record of it so the next run fetches it again."""
-    for p in (Path(dest) / rel, Path(dest) / ".cache" / "huggingface" / "download" / f"{rel}.metadata"):
+def _forget(dest: str | os.PathLike, rel: str, layout: str = node_download.LAYOUT, repo: str = "",
+            revision: str = "") -> None:
+    """Delete a bad file and huggingface_hub's record of it so the next run fetches it again
+    (hub_cache: the snapshot's link and the blob it points to)."""
+    if layout == "local_dir":
+        paths = [Path(dest) / rel, Path(dest) / ".cache" / "huggingface" / "download" / f"{rel}.metadata"]
+    else:
+        link = Path(node_download.tree_dir(layout, str(dest), repo, revision)) / rel
+        paths = [link.resolve(), link] if link.is_symlink() else [link]
+    for p in paths:
         try:
             p.unlink()
         except FileNotFoundError:

@@ -10,7 +10,7 @@ CLI::
 
     python3 node_download.py --repo ORG/NAME --revision SHA40 --dest DIR [--endpoint URL]
         [--allow PATTERN ...] [--ignore PATTERN ...] [--max-workers 8] [--timeout 120]
-        [--etag-timeout 30] [--token-file PATH] [--no-progress]
+        [--etag-timeout 30] [--token-file PATH] [--no-progress] [--layout local_dir|hub_cache]
 prints one JSON line {"ok", "path", "revision", "seconds", "layout", "resumable"}; exit 0 / 1.
 
 Resuming across runs: huggingface_hub resumes a cut transfer within one call (HTTP ``Range``) but deletes
@@ -22,6 +22,22 @@ to the wrong bytes); a re-run continues it with ``Range: bytes=<size>-``. A fini
 place and recorded in huggingface_hub's local-dir metadata, then ``snapshot_download`` fetches the rest
 (small git files, and LFS files over the plain-HTTP size limit, which only the Xet path serves).
 The bytes are verified afterwards against the Hub's sha256 (``verify_manifest``), not trusted here.
+
+Two layouts (``--layout``), chosen by the runbook from the profile:
+
+* ``local_dir`` -- ``<dest>/<files>``: a plain tree (recipe A's ``hf download --local-dir``; what
+  ``vllm serve /model`` loads from a bind mount).
+* ``hub_cache`` -- ``<dest>`` is an HF hub cache (``HF_HUB_CACHE`` = ``HF_HOME/hub``):
+  ``models--org--name/blobs/<etag>``, ``snapshots/<rev>/<files>`` as relative symlinks into
+  ``blobs``, and ``refs/main`` = the pinned revision, so ``vllm serve org/name`` resolves the bare
+  repo id with ``HF_HUB_OFFLINE=1`` (recipe B's ``prepare-dspark-model-cache.sh``). A finished
+  partial becomes ``blobs/<sha256>`` (the Hub's ETag of an LFS file); ``snapshot_download`` then
+  links it into the snapshot itself.
+
+Files over huggingface_hub's plain-HTTP limit (50 GB; the V4.1 Engram shards are 94.6 GiB) take the
+same resumable path: the client refuses them only on a request from byte 0, so the first request is
+made without the expected size (the length is still checked against ``Content-Length``, then the
+size and sha256 afterwards) -- what an operator does with ``curl -C -`` on the same URL.
 """
 from __future__ import annotations
 
@@ -34,21 +50,48 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-LAYOUT = "local_dir"   # plain directory (<dest>/<files>), not the HF cache (models--org--name/blobs…)
+LAYOUT = "local_dir"   # the default: plain directory (<dest>/<files>)
+LAYOUTS = ("local_dir", "hub_cache")
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 PARTIAL_DIR = (".cache", "runbook", "partial")
 
 
-def partial_path(dest, sha256):
-    """Where the not-yet-complete bytes of the LFS file with this sha256 are kept between runs."""
-    return os.path.join(dest, *PARTIAL_DIR, f"{sha256}.part")
+def repo_folder(repo):
+    """The hub cache's folder of a model repo: ``models--org--name`` (huggingface_hub's
+    ``repo_folder_name``)."""
+    return "models--" + repo.replace("/", "--")
 
 
-def partial_bytes(dest, sha256):
+def store_dir(layout, dest, repo):
+    """The directory that holds everything of this repo (and its partials): what is copied or
+    exported to another node. ``local_dir``: ``dest``; ``hub_cache``: ``dest/models--org--name``."""
+    _check_layout(layout)
+    return dest if layout == "local_dir" else os.path.join(dest, repo_folder(repo))
+
+
+def tree_dir(layout, dest, repo, revision):
+    """Where the files of the revision appear under their repo paths (what is verified, where the
+    manifest sits). ``hub_cache``: ``dest/models--org--name/snapshots/<revision>``."""
+    _check_layout(layout)
+    return dest if layout == "local_dir" else os.path.join(store_dir(layout, dest, repo), "snapshots", revision)
+
+
+def _check_layout(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+
+
+def partial_path(base, sha256):
+    """Where the not-yet-complete bytes of the LFS file with this sha256 are kept between runs
+    (``base``: the store dir, :func:`store_dir`)."""
+    return os.path.join(base, *PARTIAL_DIR, f"{sha256}.part")
+
+
+def partial_bytes(base, sha256):
     try:
-        return os.path.getsize(partial_path(dest, sha256))
+        return os.path.getsize(partial_path(base, sha256))
     except OSError:
         return 0
 
@@ -68,20 +111,24 @@ def lfs_files(repo, revision, *, endpoint=None, allow_patterns=None, ignore_patt
 
 
 def resumable_fetch(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
-                    max_workers=8, etag_timeout=30, token=None, progress=True, files=None):
+                    max_workers=8, etag_timeout=30, token=None, progress=True, files=None,
+                    layout=LAYOUT):
     """Fetch the LFS files of the pinned revision that are not yet in ``dest`` into partials that
-    survive an interrupted run, then move each finished one into place. ``files``: the selected LFS
-    files as :func:`lfs_files` gives them, when the caller already has the Hub metadata (else it is
-    read here). Returns one record per file: {"path", "size", "resumed_from"} (``resumed_from`` > 0:
+    survive an interrupted run, then move each finished one into place (``local_dir``:
+    ``dest/<path>``; ``hub_cache``: ``blobs/<sha256>``). ``files``: the selected LFS files as
+    :func:`lfs_files` gives them, when the caller already has the Hub metadata (else it is read
+    here). Returns one record per file: {"path", "size", "resumed_from"} (``resumed_from`` > 0:
     bytes a previous run had already fetched)."""
-    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub import hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
     if files is None:
         files = lfs_files(repo, revision, endpoint=endpoint, allow_patterns=allow_patterns,
                           ignore_patterns=ignore_patterns, token=token, timeout=etag_timeout)
-    todo = [f for f in files if f["size"] <= constants.MAX_HTTP_DOWNLOAD_SIZE
-            and not os.path.exists(os.path.join(dest, f["path"]))]
+    base = store_dir(layout, dest, repo)
+    tree = tree_dir(layout, dest, repo, revision)
+    todo = [f for f in files if not os.path.exists(os.path.join(tree, f["path"]))
+            and not os.path.exists(_final_path(layout, dest, repo, f))]
     if not todo:
         return []
     headers = build_hf_headers(token=token if token else False)
@@ -91,14 +138,22 @@ def resumable_fetch(repo, revision, dest, *, endpoint=None, allow_patterns=None,
 
     def fetch(f):
         url = hf_hub_url(repo, f["path"], revision=revision, endpoint=endpoint)
-        return _fetch_one(url, headers, dest, f["path"], f["size"], f["sha256"], revision, http_get, tqdm_class)
+        return _fetch_one(url, headers, base, _final_path(layout, dest, repo, f), f["path"], f["size"],
+                          f["sha256"], http_get, tqdm_class, record=(dest, revision) if layout == "local_dir" else None)
 
     with ThreadPoolExecutor(max_workers=max(1, int(max_workers))) as pool:
         return list(pool.map(fetch, todo))
 
 
-def _fetch_one(url, headers, dest, name, size, sha256, revision, http_get, tqdm_class):
-    part = partial_path(dest, sha256)
+def _final_path(layout, dest, repo, f):
+    if layout == "local_dir":
+        return os.path.join(dest, f["path"])
+    return os.path.join(store_dir(layout, dest, repo), "blobs", f["sha256"])
+
+
+def _fetch_one(url, headers, base, final, name, size, sha256, http_get, tqdm_class, record=None):
+    from huggingface_hub import constants
+    part = partial_path(base, sha256)
     os.makedirs(os.path.dirname(part), exist_ok=True)
     # One writer per partial: two runs appending to the same file would interleave bytes. The lock file
     # stays (unlinking it would let a late opener lock the old inode while a new run locks a new one).
@@ -108,23 +163,26 @@ def _fetch_one(url, headers, dest, name, size, sha256, revision, http_get, tqdm_
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise RuntimeError(f"{name}: another download is writing {part}; wait for it or stop it") from None
-        have = partial_bytes(dest, sha256)
+        have = partial_bytes(base, sha256)
         if have > size:          # cannot be a prefix of this file: start it over
             have = 0
+        # huggingface_hub refuses a file over its plain-HTTP limit only on a request from byte 0 with
+        # the size given; without it the length is checked against Content-Length (and below).
+        expected = size if size <= constants.MAX_HTTP_DOWNLOAD_SIZE or have else None
         # "r+b", not "ab": http_get seeks back to 0 when a server answers a Range request with 200.
         with open(part, "r+b" if have else "wb") as fh:
             fh.seek(have)
-            http_get(url, fh, resume_size=have, headers=headers, expected_size=size,
+            http_get(url, fh, resume_size=have, headers=headers, expected_size=expected,
                      displayed_filename=name, tqdm_class=tqdm_class)
             fh.flush()
             os.fsync(fh.fileno())
         got = os.path.getsize(part)
         if got != size:
             raise OSError(f"{name}: partial has {got} bytes, expected {size}; re-run to continue it")
-        final = os.path.join(dest, name)
         os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
         os.replace(part, final)
-        _record_for_hub_client(dest, name, revision, sha256)
+        if record is not None:
+            _record_for_hub_client(record[0], name, record[1], sha256)
         return {"path": name, "size": size, "resumed_from": have}
     finally:
         lock.close()
@@ -142,14 +200,29 @@ def _record_for_hub_client(dest, name, revision, sha256):
         pass
 
 
+def write_ref(dest, repo, revision, ref="main"):
+    """``refs/<ref>`` = the pinned revision (no newline: huggingface_hub reads the file verbatim), so
+    the bare repo id resolves offline to it."""
+    path = os.path.join(store_dir("hub_cache", dest, repo), "refs", ref)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(revision)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
 def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
              max_workers=8, download_timeout=120, etag_timeout=30, token=None, progress=True,
-             fetched=None, lfs=None):
-    """Pinned download into ``dest`` (local_dir layout): LFS files by :func:`resumable_fetch` (``lfs``:
-    its ``files``), the rest by ``snapshot_download``. Returns the path; ``fetched`` (a list) receives
-    resumable_fetch's records."""
+             fetched=None, lfs=None, layout=LAYOUT):
+    """Pinned download into ``dest`` in ``layout``: LFS files by :func:`resumable_fetch` (``lfs``:
+    its ``files``), the rest by ``snapshot_download``. Returns the tree (:func:`tree_dir`);
+    ``fetched`` (a list) receives resumable_fetch's records."""
     if not SHA40.match(revision or ""):
         raise ValueError(f"revision must be a pinned 40-hex commit sha, got {revision!r}")
+    _check_layout(layout)
     # The download timeout is read from huggingface_hub.constants at call time (http_get), and the
     # environment variable is read at import: set both, so it holds however the module was loaded.
     os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = str(int(download_timeout))
@@ -162,18 +235,26 @@ def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore
     try:
         records = resumable_fetch(repo, revision, dest, endpoint=endpoint, allow_patterns=allow_patterns,
                                   ignore_patterns=ignore_patterns, max_workers=max_workers,
-                                  etag_timeout=etag_timeout, token=token, progress=progress, files=lfs)
+                                  etag_timeout=etag_timeout, token=token, progress=progress, files=lfs,
+                                  layout=layout)
         if fetched is not None:
             fetched.extend(records)
         kwargs = {}
         if progress:
             from tqdm.auto import tqdm
             kwargs["tqdm_class"] = tqdm
-        return snapshot_download(
-            repo_id=repo, revision=revision, local_dir=dest, endpoint=endpoint,
+        if layout == "local_dir":
+            kwargs["local_dir"] = dest
+        else:
+            kwargs["cache_dir"] = dest
+        path = snapshot_download(
+            repo_id=repo, revision=revision, endpoint=endpoint,
             allow_patterns=allow_patterns or None, ignore_patterns=ignore_patterns or None,
             max_workers=max(1, int(max_workers)), etag_timeout=etag_timeout,
             token=token if token else False, **kwargs)
+        if layout == "hub_cache":
+            write_ref(dest, repo, revision)
+        return path
     finally:
         constants.HF_HUB_DOWNLOAD_TIMEOUT = old_timeout
 
@@ -191,6 +272,7 @@ def main(argv=None):
     ap.add_argument("--etag-timeout", type=int, default=30)
     ap.add_argument("--token-file", default="")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--layout", choices=LAYOUTS, default=LAYOUT)
     args = ap.parse_args(argv)
     token = None
     if args.token_file:
@@ -203,14 +285,14 @@ def main(argv=None):
                         allow_patterns=args.allow, ignore_patterns=args.ignore,
                         max_workers=args.max_workers, download_timeout=args.timeout,
                         etag_timeout=args.etag_timeout, token=token, progress=not args.no_progress,
-                        fetched=fetched)
+                        fetched=fetched, layout=args.layout)
     except Exception as err:  # noqa: BLE001 - report as JSON, never echo the token
         msg = str(err)
         if token:
             msg = msg.replace(token, "***")
         print(json.dumps({"ok": False, "error": f"{type(err).__name__}: {msg}"}))
         return 1
-    print(json.dumps({"ok": True, "path": path, "revision": args.revision, "layout": LAYOUT,
+    print(json.dumps({"ok": True, "path": path, "revision": args.revision, "layout": args.layout,
                       "seconds": round(time.monotonic() - t0, 3), "resumable": fetched}))
     return 0
 

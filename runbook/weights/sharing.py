@@ -3,6 +3,8 @@
 Everything on a node goes through the remote layer (``node.read``/``node.run``/``node.put``); the
 verification on a node is ``verify_manifest.py`` shipped and run with the node's ``python3`` (the
 same code that verifies locally). JIT/compile caches stay node-local (``cache_dir_is_local``).
+Every node path may be written ``~/…``: it is expanded with that node's own home
+(``node_paths.on_node``) before it goes into a command, so commands only ever carry absolute paths.
 """
 from __future__ import annotations
 
@@ -24,13 +26,14 @@ from ..errors import RemoteError, RunbookError
 from ..facts import system
 from . import node_download, verify_manifest
 from .download import fetched_check, hf_token_from_env, require_pinned, verify_checks
+from .node_paths import node_user, on_node, sudo_prefix
 from .verify import manifest_to_expected, parity
 from .verify_manifest import MANIFEST_NAME
 
 REMOTE_TOOLS = "/tmp/spark-runbook-weights"
-NFS_EXPORT_OPTS = "ro,sync,no_subtree_check,root_squash,fsid=0"
+NFS_EXPORT_OPTS = "ro,sync,no_subtree_check,root_squash"
 NFS_MOUNT_OPTS = "vers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
-EXPORTS_FILE = "/etc/exports.d/spark-runbook.exports"
+EXPORTS_DIR = "/etc/exports.d"
 
 
 @dataclass
@@ -88,6 +91,7 @@ def verify_on_node(node, directory: str, expected: dict[str, Any], *, python: st
                    workers: int = 4, reuse: bool = True, write: bool = True,
                    remote_dir: str = REMOTE_TOOLS, timeout: float = 4 * 3600) -> dict[str, Any]:
     """Run ``verify_manifest.py`` on ``node`` against ``expected``; return its JSON report."""
+    directory = on_node(node, directory)
     tools = ship_tools(node, remote_dir)
     exp_remote = posixpath.join(remote_dir, f"expected-{uuid.uuid4().hex[:8]}.json")
     _put_json(node, expected, exp_remote)
@@ -109,7 +113,7 @@ def verify_on_node(node, directory: str, expected: dict[str, Any], *, python: st
 
 
 def read_node_manifest(node, directory: str) -> dict[str, Any] | None:
-    res = node.read(f"cat {_q(posixpath.join(directory, MANIFEST_NAME))}", timeout=30)
+    res = node.read(f"cat {_q(posixpath.join(on_node(node, directory), MANIFEST_NAME))}", timeout=30)
     if not res.ok:
         return None
     try:
@@ -123,23 +127,29 @@ def read_node_manifest(node, directory: str) -> dict[str, Any] | None:
 
 def render_rsync(src_dir: str, dst_dir: str, target: str, *,
                  ssh: str = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes") -> str:
-    """rsync head→worker over the fabric address: whole files (no delta CPU), keep partials.
-    ``target`` is ``user@<WORKER_IP>`` (the fabric address, never the management one)."""
+    """rsync head→worker over the fabric address: whole files (no delta CPU), keep partials, symlinks
+    as symlinks (a hub cache's ``snapshots/<rev>/*`` point into ``blobs/``). Manifests are never copied
+    (at any depth: a hub cache keeps its manifest in ``snapshots/<rev>``), so the worker must hash its
+    own bytes. ``target`` is ``user@<WORKER_IP>`` (the fabric address, never the management one)."""
     return (f"rsync -a --whole-file --partial --info=progress2,stats1 --mkpath "
-            f"--exclude=/.cache/ --exclude=/{MANIFEST_NAME} --exclude='/.{MANIFEST_NAME}.*' "
+            f"--exclude=/.cache/ --exclude={_q(MANIFEST_NAME)} --exclude={_q('.' + MANIFEST_NAME + '.*')} "
             f"-e {_q(ssh)} {_q(src_dir.rstrip('/') + '/')} {_q(target + ':' + dst_dir.rstrip('/') + '/')}")
 
 
 def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | None = None,
                     ssh: str = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes",
                     head_manifest: dict[str, Any] | None = None, python: str = "python3",
-                    workers: int = 4, timeout: float = 6 * 3600) -> ShareResult:
-    """Copy the head's verified tree to the worker, verify there by the head manifest, check parity."""
+                    workers: int = 4, timeout: float = 6 * 3600, tree: str = "") -> ShareResult:
+    """Copy the head's verified directory to the worker, verify there by the head manifest, check
+    parity. ``tree``: where the verified files sit inside the copied directory (a hub cache:
+    ``snapshots/<rev>``)."""
     result = ShareResult("rsync")
-    head_manifest = head_manifest or read_node_manifest(head, src_dir)
+    src_dir, dst_dir = on_node(head, src_dir), on_node(worker, dst_dir)
+    src_tree, dst_tree = posixpath.join(src_dir, tree), posixpath.join(dst_dir, tree)
+    head_manifest = head_manifest or read_node_manifest(head, src_tree)
     if not head_manifest:
         result.checks.append(check("weights.head_manifest", False, node=head.name,
-                                   observed=f"no {MANIFEST_NAME} in {src_dir}",
+                                   observed=f"no {MANIFEST_NAME} in {src_tree}",
                                    expected="a verified head tree", fix="run the download/verify on the head first"))
         return result
     target = target or f"root@{worker.spec.fabric_ip}"
@@ -148,7 +158,7 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
     res = head.run(cmd, timeout=timeout, warn=True)
     seconds = time.monotonic() - t0
     total = sum(f["size"] for f in head_manifest.get("files", []))
-    result.data.update(command=cmd, seconds=round(seconds, 2), bytes=total)
+    result.data.update(command=cmd, seconds=round(seconds, 2), bytes=total, src=src_dir, dst=dst_dir)
     result.checks.append(check("weights.rsync", res.ok, node=head.name,
                                observed=f"exit {res.exit_code} in {seconds:.1f} s "
                                         f"({total / max(seconds, 1e-9) / 1e9:.2f} GB/s incl. skipped files)",
@@ -156,10 +166,10 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
                                                      "(--partial)", data=dict(result.data)))
     if not res.ok or getattr(res, "dry_run", False):
         return result
-    report = verify_on_node(worker, dst_dir, manifest_to_expected(head_manifest), python=python,
+    report = verify_on_node(worker, dst_tree, manifest_to_expected(head_manifest), python=python,
                             workers=workers)
     result.checks.extend(verify_checks(report, node=worker.name))
-    result.checks.append(parity(head_manifest, read_node_manifest(worker, dst_dir), node=worker.name))
+    result.checks.append(parity(head_manifest, read_node_manifest(worker, dst_tree), node=worker.name))
     result.data["verify"] = {k: report.get(k) for k in ("bytes_hashed", "seconds", "gbps", "failed")}
     return result
 
@@ -169,9 +179,10 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
 
 def render_node_download(tool: str, repo: str, revision: str, dest: str, *, python: str = "python3",
                          endpoint: str | None = None, allow: Iterable[str] = (), ignore: Iterable[str] = (),
-                         max_workers: int = 8, timeout: int = 120, token_file: str = "") -> str:
+                         max_workers: int = 8, timeout: int = 120, token_file: str = "",
+                         layout: str = node_download.LAYOUT) -> str:
     parts = [python, tool, "--repo", repo, "--revision", require_pinned(revision), "--dest", dest,
-             "--max-workers", int(max_workers), "--timeout", int(timeout), "--no-progress"]
+             "--layout", layout, "--max-workers", int(max_workers), "--timeout", int(timeout), "--no-progress"]
     if endpoint:
         parts += ["--endpoint", endpoint]
     for p in allow:
@@ -187,13 +198,16 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
                      endpoint: str | None = None, python: str = "python3", allow: Iterable[str] = (),
                      ignore: Iterable[str] = (), max_workers: int = 8, timeout: int = 120,
                      token: str | None = None, verify_workers: int = 4,
-                     run_timeout: float = 12 * 3600) -> ShareResult:
-    """The node downloads the pinned revision itself (from ``endpoint``) and verifies it.
+                     run_timeout: float = 12 * 3600, layout: str = node_download.LAYOUT) -> ShareResult:
+    """The node downloads the pinned revision itself (from ``endpoint``) into ``dest`` in ``layout``
+    and verifies it (``data["tree"]``: the verified directory on the node).
 
     ``python`` must have huggingface_hub (e.g. the venv or the serving image's python). The token,
     if any, goes to a 0600 file on the node (never on the command line) and is removed afterwards.
     """
     result = ShareResult("download-both")
+    dest = on_node(node, dest)
+    tree = node_download.tree_dir(layout, dest, repo, revision)
     tools = ship_tools(node)
     token = token or hf_token_from_env()
     token_file = ""
@@ -209,7 +223,7 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
             os.unlink(local)
     cmd = render_node_download(tools["node_download"], repo, revision, dest, python=python,
                                endpoint=endpoint, allow=allow, ignore=ignore, max_workers=max_workers,
-                               timeout=timeout, token_file=token_file)
+                               timeout=timeout, token_file=token_file, layout=layout)
     t0 = time.monotonic()
     try:
         res = node.run(cmd, timeout=run_timeout, warn=True)
@@ -218,7 +232,7 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
             node.run(f"rm -f {_q(token_file)}", timeout=30, warn=True)
     seconds = time.monotonic() - t0
     out = _last_json(res.stdout) or {}
-    result.data.update(command=cmd, seconds=round(seconds, 2))
+    result.data.update(command=cmd, seconds=round(seconds, 2), dest=dest, tree=tree, layout=layout)
     ok = res.ok and bool(out.get("ok")) or getattr(res, "dry_run", False)
     result.checks.append(check("weights.download", ok, node=node.name,
                                observed=f"exit {res.exit_code} in {seconds:.1f} s {out.get('error', '')}".strip(),
@@ -229,7 +243,7 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
         return result
     if out.get("resumable"):
         result.checks.append(fetched_check(out["resumable"], node=node.name))
-    report = verify_on_node(node, dest, expected, python=python, workers=verify_workers)
+    report = verify_on_node(node, tree, expected, python=python, workers=verify_workers)
     result.checks.extend(verify_checks(report, node=node.name))
     result.data["verify"] = {k: report.get(k) for k in ("bytes_hashed", "seconds", "gbps", "failed")}
     return result
@@ -248,57 +262,118 @@ def _single_ipv4(value: str, what: str) -> str:
     return str(ip)
 
 
+def _export_path(path: str) -> str:
+    """An absolute path as /etc/exports writes it: double-quoted (spaces are allowed)."""
+    if not posixpath.isabs(path) or any(c in path for c in '"\\\n'):
+        raise RunbookError("the NFS export needs an absolute path without quotes, backslashes or newlines",
+                           observed=repr(path), expected="e.g. /home/spark/.cache/dsv41-flash-exl3/model",
+                           fix="expand ~ on the node first (node_paths.on_node) or rename the directory")
+    return f'"{path}"'
+
+
 def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *,
-               volume: str = "spark-weights") -> dict[str, list[str]]:
-    """The exact commands of the NFS mode: export ``export_dir`` read-only to the worker's fabric
-    address only (root_squash), mount it on the worker NFSv4.2 with nconnect=8, 1 MiB rsize/wsize,
-    hard. ``fsid=0`` makes the export the NFSv4 root, so the client mounts ``<head_ip>:/``."""
+               name: str = "weights", head_sudo: bool = False, worker_sudo: bool = False,
+               probe: str = "config.json", volume: str = "spark-weights") -> dict[str, list[str]]:
+    """The exact commands of the kernel NFS mode for one directory: export ``export_dir`` (absolute,
+    on the head) read-only to the worker's fabric address only (root_squash) in its own
+    ``/etc/exports.d/spark-runbook-<name>.exports``, and mount it on the worker at ``mountpoint``
+    (absolute) NFSv4.2 with nconnect=8, 1 MiB rsize/wsize, hard. No ``fsid=0``: the server builds the
+    NFSv4 pseudo root from every export, so the model and the Engram source can be exported side by
+    side and the client mounts ``<head_ip>:<export_dir>``. ``*_sudo``: prefix what needs root with
+    ``sudo -n`` (the SSH user is not root there); every such command is a single whitelistable program.
+    ``probe``: a file (relative to the export) the worker must see through the mount."""
     head_ip = _single_ipv4(head_ip, "HEAD_IP")
     worker_ip = _single_ipv4(worker_ip, "WORKER_IP")
-    line = f"{export_dir} {worker_ip}({NFS_EXPORT_OPTS})"
+    quoted = _export_path(export_dir)
+    if not posixpath.isabs(mountpoint):
+        raise RunbookError("the NFS mount point must be absolute", observed=repr(mountpoint),
+                           fix="expand ~ on the worker first (node_paths.on_node)")
+    sh, sw = ("sudo -n " if head_sudo else ""), ("sudo -n " if worker_sudo else "")
+    exports_file = f"{EXPORTS_DIR}/spark-runbook-{name}.exports"
+    line = f"{quoted} {worker_ip}({NFS_EXPORT_OPTS})"
+    mnt = _q(mountpoint)
     return {
         "head": [
-            "mkdir -p /etc/exports.d",
-            f"printf '%s\\n' {_q(line)} > {EXPORTS_FILE}",
-            "exportfs -ra",
-            f"exportfs -v | grep -F {_q(export_dir)}",
+            f"{sh}mkdir -p {EXPORTS_DIR}",
+            f"printf '%s\\n' {_q(line)} | {sh}tee {exports_file} >/dev/null",
+            f"{sh}exportfs -ra",
+            f"{sh}exportfs -v | grep -F {_q(export_dir)}",
             f"rpcinfo -t {head_ip} nfs 4",
         ],
         "worker": [
-            f"mkdir -p {_q(mountpoint)}",
-            f"mountpoint -q {_q(mountpoint)} || mount -t nfs4 -o {NFS_MOUNT_OPTS} {head_ip}:/ {_q(mountpoint)}",
-            f"test -f {_q(posixpath.join(mountpoint, 'config.json'))}",
+            f"mkdir -p {mnt} 2>/dev/null || {sw}mkdir -p {mnt}",
+            f"mountpoint -q {mnt} || {sw}mount -t nfs4 -o {NFS_MOUNT_OPTS} {_q(head_ip + ':' + export_dir)} {mnt}",
+            f"test -f {_q(posixpath.join(mountpoint, probe))}",
         ],
         "worker_docker_volume": [
             f"docker volume rm -f {volume}",
             (f"docker volume create --driver local --opt type=nfs "
-            f"--opt o=addr={head_ip},{NFS_MOUNT_OPTS.replace('vers=', 'nfsvers=')} --opt device=:/ {volume}"),
+             f"--opt o=addr={head_ip},{NFS_MOUNT_OPTS.replace('vers=', 'nfsvers=')} "
+             f"--opt {_q('device=:' + export_dir)} {volume}"),
         ],
-        "undo_head": [f"rm -f {EXPORTS_FILE}", "exportfs -ra"],
-        "undo_worker": [f"umount {_q(mountpoint)}"],
+        "undo_head": [f"{sh}rm -f {exports_file}", f"{sh}exportfs -ra"],
+        "undo_worker": [f"{sw}umount {mnt}"],
     }
+
+
+SUDOERS_PROGRAMS = "/usr/bin/mkdir, /usr/bin/tee /etc/exports.d/spark-runbook-*.exports, /usr/sbin/exportfs, " \
+                   "/usr/bin/mount, /usr/bin/umount, /usr/bin/rm -f /etc/exports.d/spark-runbook-*.exports"
+
+
+def sudo_check(node, commands: list[str]) -> Check | None:
+    """Before anything changes: when ``commands`` use ``sudo -n``, prove it works without a password
+    (``sudo -n true``, read-only). Returns a FAIL naming the first such command and the sudoers
+    drop-in that allows exactly those programs, or None when sudo is not needed or works."""
+    needing = [c for c in commands if "sudo -n " in c]
+    if not needing:
+        return None
+    res = node.read("sudo -n true", timeout=20)
+    if res.ok:
+        return None
+    user = node_user(node).name
+    said = ((res.stderr or "") + (res.stdout or "")).strip().splitlines()
+    return check("weights.nfs.sudo", False, node=node.name,
+                 observed=f"`sudo -n true` as {user}: exit {res.exit_code} {said[-1] if said else ''}".strip()
+                          + f"; the NFS mode would run `{needing[0]}` first",
+                 expected=f"{user} may run the NFS commands with sudo without a password (or SSH as root)",
+                 fix=(f"on {node.name}: echo '{user} ALL=(root) NOPASSWD: {SUDOERS_PROGRAMS}' | "
+                      f"sudo tee /etc/sudoers.d/spark-runbook && sudo chmod 0440 /etc/sudoers.d/spark-runbook "
+                      f"&& sudo visudo -cf /etc/sudoers.d/spark-runbook; or set HEAD_SSH/WORKER_SSH to root@…"))
 
 
 def nfs_share(head, worker, export_dir: str, mountpoint: str, *, execute: bool,
               head_manifest: dict[str, Any] | None = None, python: str = "python3",
-              workers: int = 4, reason: str = "") -> ShareResult:
-    """Render (and with ``execute`` run) the NFS mode. In the lab the kernel has no nfsd/nfs4
-    client, so the commands are rendered and reported N/A — never as a pass."""
-    cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint)
-    result = ShareResult("nfs", data={"commands": cmds, "executed": execute})
+              workers: int = 4, reason: str = "", name: str = "weights", tree: str = "",
+              probe: str = "config.json") -> ShareResult:
+    """Render (and with ``execute`` run) the kernel NFS mode for one directory. Paths are expanded on
+    their own node (``~`` = that node's home); commands that need root get ``sudo -n`` when the SSH
+    user is not root, and sudo is proven to work before anything changes. ``tree``: where the
+    verified files sit in the export (hub cache: ``snapshots/<rev>``). Without ``execute`` (a kernel
+    with no nfsd / nfs4 client) the commands are rendered and reported N/A — never as a pass."""
+    export_dir, mountpoint = on_node(head, export_dir), on_node(worker, mountpoint)
+    head_sudo = execute and not node_user(head).is_root
+    worker_sudo = execute and not node_user(worker).is_root
+    cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint, name=name,
+                      head_sudo=head_sudo, worker_sudo=worker_sudo, probe=probe)
+    result = ShareResult("nfs", data={"commands": cmds, "executed": execute, "export": export_dir,
+                                      "mountpoint": mountpoint})
     if not execute:
         result.checks.append(not_applicable(
             "weights.nfs", reason or "rendered, not run (no kernel NFS server/client here)",
             node="cluster", expected="export ro to WORKER_IP only; mount nfs4.2 nconnect=8 hard"))
         return result
+    refused = [c for c in (sudo_check(head, cmds["head"]), sudo_check(worker, cmds["worker"])) if c]
+    if refused:
+        result.checks.extend(refused)
+        return result
     for cmd in cmds["head"]:
         head.run(cmd, timeout=60)
     for cmd in cmds["worker"]:
         worker.run(cmd, timeout=120)
-    head_manifest = head_manifest or read_node_manifest(head, export_dir)
+    head_manifest = head_manifest or read_node_manifest(head, posixpath.join(export_dir, tree))
     if head_manifest:
-        report = verify_on_node(worker, mountpoint, manifest_to_expected(head_manifest), python=python,
-                                workers=workers, reuse=False, write=False)
+        report = verify_on_node(worker, posixpath.join(mountpoint, tree), manifest_to_expected(head_manifest),
+                                python=python, workers=workers, reuse=False, write=False)
         result.checks.extend(verify_checks(report, node=worker.name))
     return result
 
@@ -355,12 +430,15 @@ def _ganesha_stop(head, state_dir: str) -> None:
 
 def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
                         head_manifest: dict[str, Any] | None, worker_ips: list[str] | None = None,
-                        state_dir: str = NFS_LAB_DIR, ready_s: float = 20.0) -> ShareResult:
+                        state_dir: str = NFS_LAB_DIR, ready_s: float = 20.0, name: str = "weights",
+                        tree: str = "", probe: str = "config.json") -> ShareResult:
     """The NFS mode where only userspace NFS can run (the lab): serve ``export_dir`` from the head
     with nfs-ganesha, prove from the worker that every file reads back byte-identical over NFS
     (parity against the head manifest), that the export is read-only and that it is closed to any
-    address but the workers'; then stop the server. The kernel mount is rendered and reported N/A."""
-    cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint)
+    address but the workers'; then stop the server. The kernel mount is rendered and reported N/A.
+    ``tree``: where the manifest's files sit inside the export (hub cache: ``snapshots/<rev>``)."""
+    export_dir, mountpoint = on_node(head, export_dir), on_node(worker, mountpoint)
+    cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint, name=name, probe=probe)
     head_ip = head.spec.fabric_ip
     conf = render_ganesha(export_dir, head_ip, worker_ips or [worker.spec.fabric_ip])
     result = ShareResult("nfs", data={"commands": cmds, "executed": False,    # the kernel commands: never here
@@ -415,7 +493,7 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
                                             "run in the lab: the userspace server stands in)",
                                    data={"conf": conf}))
         # parity over NFS: sizes from the listing, sha256 of every file as it reads through the server
-        files = [f["path"] for f in (head_manifest or {}).get("files", [])]
+        files = [posixpath.join(tree, f["path"]) for f in (head_manifest or {}).get("files", [])]
         listing = worker.read(f"timeout 60 nfs-ls {_q(nfs_url(head_ip))}", timeout=90)
         sizes = parse_nfs_ls(listing.stdout)
         hashes: dict[str, str] = {}
@@ -430,7 +508,7 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
             if posixpath.basename(path) in sub:
                 sizes[path] = sub[posixpath.basename(path)]
         over_nfs = {"revision": (head_manifest or {}).get("revision"),
-                    "files": [{"path": p, "size": sizes[p], "sha256": hashes[p]}
+                    "files": [{"path": posixpath.relpath(p, tree or "."), "size": sizes[p], "sha256": hashes[p]}
                               for p in files if p in sizes and p in hashes]}
         result.checks.append(parity(head_manifest, over_nfs, node=f"{worker.name} over NFS"))
         result.data["bytes_read"] = sum(f["size"] for f in over_nfs["files"])

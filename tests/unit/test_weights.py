@@ -333,7 +333,7 @@ def test_download_on_node_uses_token_file_and_verifies(repo, downloaded, tmp_pat
 
 def test_rsync_command_and_rsync_mode(downloaded, tmp_path):
     cmd = W.render_rsync("/models/dsv4", "/models/dsv4", "root@10.0.22.2")
-    for flag in ("--whole-file", "--partial", "--exclude=/.cache/", f"--exclude=/{W.MANIFEST_NAME}",
+    for flag in ("--whole-file", "--partial", "--exclude=/.cache/", f"--exclude={W.MANIFEST_NAME} ",
                  "root@10.0.22.2:/models/dsv4/", "BatchMode=yes"):
         assert flag in cmd
     head, worker = LocalNode("head", "10.77.0.1"), LocalNode("worker")
@@ -350,11 +350,12 @@ def test_rsync_command_and_rsync_mode(downloaded, tmp_path):
 def test_nfs_commands_are_rendered_not_run_in_the_lab():
     cmds = W.render_nfs("/models/dsv4", "10.0.22.1", "10.0.22.2", "/mnt/dsv4")
     export = cmds["head"][1]
-    assert "10.0.22.2(ro,sync,no_subtree_check,root_squash,fsid=0)" in export and "*" not in export
+    assert '"/models/dsv4" 10.0.22.2(ro,sync,no_subtree_check,root_squash)' in export and "*" not in export
+    assert "fsid=0" not in export          # the pseudo root is built from every export (model + Engram)
     mount = cmds["worker"][1]
     for opt in ("vers=4.2", "ro", "nconnect=8", "rsize=1048576", "wsize=1048576", "hard"):
         assert opt in mount
-    assert "10.0.22.1:/" in mount
+    assert "10.0.22.1:/models/dsv4 /mnt/dsv4" in mount
     with pytest.raises(RunbookError):
         W.render_nfs("/models", "10.0.22.1", "*", "/mnt")
     head, worker = LocalNode("head", "10.77.0.1"), LocalNode("worker", "10.77.0.2")
