@@ -325,10 +325,12 @@ class ServerAPI:
             return r.status, await r.text(errors="replace")
 
     async def tokenize(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
-                       timeout: float = 300) -> int:
+                       timeout: float = 300, chat_template_kwargs: dict[str, Any] | None = None) -> int:
         body: dict[str, Any] = {"model": self.model}
         if messages is not None:
             body.update(messages=messages, add_generation_prompt=True)
+            if chat_template_kwargs:     # the template the requests use (thinking on/off changes the count)
+                body["chat_template_kwargs"] = chat_template_kwargs
         else:
             body["prompt"] = prompt
         async with self.session.post(self.base + "/tokenize", json=body,

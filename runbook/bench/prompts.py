@@ -1,21 +1,70 @@
 """Prompts of an exact token length, counted by the *served* tokenizer (``POST /tokenize``).
 
-Each prompt starts with a per-request nonce (``<run-tag>-<namespace>-<index>``) so it is unique from
-token 0: prefix caching matches from token 0 in whole blocks, so a suffix nonce would not defeat it.
-Filler is pseudo-random common words (~1 token/word on BPE tokenizers). The word count is searched
-with /tokenize until the count equals the target; when one word adds two tokens at the boundary,
-short alternative last words are tried. Chat prompts put the nonce in a system message so that the
-template's own default system prompt (shared by every request) is not emitted.
+The one exact-length prompt builder of the project: :func:`build_exact_prompt` (a ``count``
+callable that returns the server's token count, e.g. an HTTP client's /tokenize) and
+:func:`abuild_exact_prompt` (the same with an async ``count``) drive one search, :func:`search`.
+
+* Each prompt starts with a per-request nonce so it is unique from token 0: prefix caching matches
+  from token 0 in whole blocks, so a suffix nonce would not defeat it. Chat prompts put the nonce in
+  a system message so that the template's own default system prompt (shared by every request) is
+  not emitted.
+* The body is words of a workload's text (:data:`WORKLOADS`): ``filler`` = pseudo-random common
+  words (~1 token/word on BPE tokenizers; the lab's default), ``prose`` = natural-language passages
+  of the shipped corpus (``corpus.json``) after an instruction to continue them (the seeds' figures
+  are prose, and with speculative decoding the text decides the acceptance rate). ``start`` picks
+  the first passage, so concurrent streams read different text; long prompts run through the
+  passages in a seeded order, again and again.
+* The word count is searched until /tokenize returns the target (secant steps, then bisection),
+  then single-token pads close a gap smaller than one word. An inexact result is returned as such
+  (``BuiltPrompt.exact``); a target below the fixed part (nonce, instruction, template) is an error.
 """
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 from typing import Any
 
+from ..errors import BenchError
+
 WORDS = ["time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school", "state", "family", "student", "group", "country", "problem", "hand", "part", "place", "case", "week", "company", "system", "program", "question", "work", "government", "number", "night", "point", "home", "water", "room", "mother", "area", "money", "story", "fact", "month", "lot", "right", "study", "book", "eye", "job", "word", "business", "issue", "side", "kind", "head", "house", "service", "friend", "father", "power", "hour", "game", "line", "end", "member", "law", "car", "city", "community", "name", "president", "team", "minute", "idea", "kid", "body", "information", "back", "parent", "face", "others", "level", "office", "door", "health", "person", "art", "war", "history", "party", "result", "change", "morning", "reason", "research", "girl", "guy", "moment", "air", "teacher", "force", "education", "river", "garden", "stone", "light", "music", "paper", "table", "window", "market", "street", "field", "color", "green", "blue", "small", "large", "early", "late", "open", "close", "quick", "slow", "warm", "cold", "bright", "dark", "simple"]
-ALT_LAST = ("a", "I", "to", "of", "and", "in", "it", "is", "on", "at", ".", ",", "x", "1")
+PADS = (" a", " 0", ".", " x", "!", " 1", ",", " I")
+PARAGRAPH = "\n\n"
+
+
+@cache
+def corpus() -> dict[str, Any]:
+    """The shipped text corpus (``runbook/bench/corpus.json``): written for this project, no downloads."""
+    return json.loads(resources.files(__package__).joinpath("corpus.json").read_text())
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a prompt's text is: an instruction before the body, and where the body's words come from."""
+    name: str
+    instruction: str = ""
+    source: str = "filler"            # filler (random common words) | a corpus key holding passages
+    description: str = ""
+
+
+WORKLOADS: dict[str, Workload] = {
+    "filler": Workload("filler", description="pseudo-random common words (lab default; not comparable with "
+                                             "published prose figures)"),
+    "prose": Workload("prose", "Continue the following text in the same style, as one long passage of plain "
+                               "prose.\n\n", "prose",
+                      description="natural-language passages of the shipped corpus, continued as prose "
+                                  "(the seeds' decode condition)"),
+}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise BenchError("unknown bench workload", observed=repr(name), expected=" | ".join(WORKLOADS),
+                         fix="set BenchConfig.workload to one of the listed workloads")
+    return WORKLOADS[name]
 
 
 @dataclass
@@ -25,6 +74,8 @@ class BuiltPrompt:
     tokens: int              # count by the server's /tokenize
     target: int
     tokenize_calls: int
+    words: int = 0           # body words used (the next search's first guess)
+    workload: str = "filler"
 
     @property
     def exact(self) -> bool:
@@ -36,75 +87,167 @@ def filler(n_words: int, seed: int = 1234) -> list[str]:
     return [rng.choice(WORDS) for _ in range(n_words)]
 
 
+@dataclass
+class _Text:
+    """The body's words for one prompt: filler, or corpus passages from ``start`` on (seeded cycles)."""
+    wl: Workload
+    start: int = 0
+    seed: int = 1234
+    words: list[str] = field(default_factory=list)
+    _cycle: int = 0
+
+    def take(self, n: int) -> list[str]:
+        while len(self.words) < n:
+            if self.wl.source == "filler":
+                self.words = filler(max(n, 2 * len(self.words), 64), self.seed)
+                continue
+            passages = corpus()[self.wl.source]
+            order = list(range(len(passages)))
+            if self._cycle:                       # later cycles: a seeded shuffle (first: corpus order)
+                random.Random(self.seed + self._cycle).shuffle(order)
+            k = self.start % len(order)
+            for i in order[k:] + order[:k]:
+                ws = passages[i].split()
+                ws[-1] += PARAGRAPH
+                self.words += ws
+            self._cycle += 1
+        return self.words[:n]
+
+
+def _renderer(text: _Text, nonce: str, endpoint: str, instruction: str, tail: str, needle: str,
+              depth: float) -> Callable[[int, str], Any]:
+    def render(w: int, pad: str = "") -> Any:
+        body = list(text.take(w))
+        if needle:
+            k = int(w * depth)
+            body = body[:k] + [needle] + body[k:]
+        content = instruction + (" ".join(body).replace(PARAGRAPH + " ", PARAGRAPH).rstrip() + pad) + tail
+        if endpoint == "chat":
+            return [{"role": "system", "content": nonce}, {"role": "user", "content": content}]
+        return f"{nonce} {content}"
+    return render
+
+
+def search(target: int, render: Callable[[int, str], Any], *, hint: int = 0, max_calls: int = 40,
+           pads: tuple[str, ...] = PADS) -> Generator[Any, int, tuple[int, str, int, int]]:
+    """The search as a generator: it yields a prompt to count and is sent the server's count;
+    it returns ``(words, pad, tokens, calls)``. Drive it with :func:`build_exact_prompt` (sync) or
+    :func:`abuild_exact_prompt` (async)."""
+    counts: dict[tuple[int, str], int] = {}
+    calls = 0
+
+    def ask(w: int, pad: str = "") -> Generator[Any, int, int]:
+        nonlocal calls
+        if (w, pad) not in counts:
+            if calls >= max_calls:
+                raise BenchError(f"could not build a {target}-token prompt within {max_calls} /tokenize calls",
+                                 observed=f"counts {sorted(counts.items())[-4:]}", expected=f"{target} tokens",
+                                 fix="check that /tokenize counts the same text the requests send")
+            calls += 1
+            counts[(w, pad)] = yield render(w, pad)
+        return counts[(w, pad)]
+
+    n0 = yield from ask(0)
+    if target < n0:
+        raise BenchError(f"a {target}-token prompt is shorter than its fixed part", observed=f"{n0} tokens with "
+                         "no body (nonce, instruction, chat template)", expected=f"<= {target}",
+                         fix="raise the prompt length or use a shorter instruction")
+    lo, n_lo, hi = 0, n0, None          # lo: most words known to fit (n <= target); hi: fewest that overshoot
+    w = hint if hint > 0 else max(1, round((target - n0) / 1.3))
+    while n_lo < target:
+        n = yield from ask(w)
+        if n == target:
+            return w, "", n, calls
+        if n < target:
+            lo, n_lo = w, n
+        else:
+            hi = w
+        if hi is not None and hi - lo <= 1:
+            break
+        per = max(0.2, (n - n0) / w)                   # tokens per word so far
+        step = w + round((target - n) / per)
+        if hi is not None and not lo < step < hi:
+            step = (lo + hi) // 2
+        elif hi is None and step <= lo:
+            step = lo + 1
+        w = step
+    pad, n = "", n_lo
+    while n < target:                                 # less than one word short: single-token pads
+        for p in pads:
+            m = yield from ask(lo, pad + p)
+            if n < m <= target:
+                pad, n = pad + p, m
+                break
+        else:
+            break
+    return lo, pad, n, calls
+
+
+def _prepare(target: int, nonce: str, endpoint: str, workload_name: str, start: int, seed: int,
+             instruction: str | None, tail: str, needle: str, depth: float):
+    wl = get_workload(workload_name)
+    text = _Text(wl, start, seed)
+    return wl, _renderer(text, nonce, endpoint, wl.instruction if instruction is None else instruction,
+                         tail, needle, depth)
+
+
+def build_exact_prompt(count: Callable[[Any], int], target: int, nonce: str, *, endpoint: str = "chat",
+                       workload: str = "filler", start: int = 0, seed: int = 1234,
+                       instruction: str | None = None, tail: str = "", needle: str = "", depth: float = 0.5,
+                       hint: int = 0, max_calls: int = 40) -> BuiltPrompt:
+    """A prompt of exactly ``target`` tokens by ``count(prompt)`` (the server's /tokenize of a str for
+    completions or of messages for chat, with the requests' chat_template_kwargs). ``instruction``
+    replaces the workload's; ``tail`` follows the body (e.g. a question); ``needle`` is inserted at
+    ``depth`` of the body."""
+    wl, render = _prepare(target, nonce, endpoint, workload, start, seed, instruction, tail, needle, depth)
+    gen = search(target, render, hint=hint, max_calls=max_calls)
+    try:
+        prompt = next(gen)
+        while True:
+            prompt = gen.send(count(prompt))
+    except StopIteration as stop:
+        w, pad, n, calls = stop.value
+    return BuiltPrompt(nonce, render(w, pad), n, target, calls, w, wl.name)
+
+
+async def abuild_exact_prompt(count: Callable[[Any], Awaitable[int]], target: int, nonce: str, *,
+                              endpoint: str = "chat", workload: str = "filler", start: int = 0, seed: int = 1234,
+                              instruction: str | None = None, tail: str = "", needle: str = "",
+                              depth: float = 0.5, hint: int = 0, max_calls: int = 40) -> BuiltPrompt:
+    """:func:`build_exact_prompt` with an async ``count``."""
+    wl, render = _prepare(target, nonce, endpoint, workload, start, seed, instruction, tail, needle, depth)
+    gen = search(target, render, hint=hint, max_calls=max_calls)
+    try:
+        prompt = next(gen)
+        while True:
+            prompt = gen.send(await count(prompt))
+    except StopIteration as stop:
+        w, pad, n, calls = stop.value
+    return BuiltPrompt(nonce, render(w, pad), n, target, calls, w, wl.name)
+
+
 class PromptBuilder:
-    """Builds exact-length prompts; remembers the word count that worked for each target length."""
+    """The runner's builder: one workload and endpoint, remembering the word count that worked for
+    each target length (the next prompt of that length usually needs one /tokenize call)."""
 
     def __init__(self, tokenize: Callable[..., Awaitable[int]], endpoint: str = "completions",
-                 seed: int = 1234):
+                 seed: int = 1234, workload: str = "filler", chat_template_kwargs: dict[str, Any] | None = None):
         self.tokenize, self.endpoint, self.seed = tokenize, endpoint, seed
-        self._words: list[str] = []
+        self.workload = get_workload(workload).name          # unknown: a clear error now
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._hint: dict[int, int] = {}
-
-    def _w(self, n: int) -> list[str]:
-        if len(self._words) < n:
-            self._words = filler(max(n, 2 * len(self._words)), self.seed)
-        return self._words[:n]
-
-    def _make(self, nonce: str, n_words: int, last: str | None = None) -> Any:
-        words = self._w(n_words)
-        if last is not None and words:
-            words = words[:-1] + [last]
-        body = " ".join(words)
-        if self.endpoint == "chat":
-            return [{"role": "system", "content": nonce}, {"role": "user", "content": body}]
-        return f"{nonce} {body}"
 
     async def _count(self, prompt: Any) -> int:
         if self.endpoint == "chat":
+            if self.chat_template_kwargs:
+                return await self.tokenize(messages=prompt, chat_template_kwargs=self.chat_template_kwargs)
             return await self.tokenize(messages=prompt)
         return await self.tokenize(prompt=prompt)
 
-    async def build(self, target: int, nonce: str, max_calls: int = 24) -> BuiltPrompt:
-        calls = 0
-        cache: dict[int, int] = {}
-
-        async def count(m: int) -> int:
-            nonlocal calls
-            if m not in cache:
-                calls += 1
-                cache[m] = await self._count(self._make(nonce, m))
-            return cache[m]
-
-        m = self._hint.get(target, max(1, target - 8))
-        c = await count(m)
-        # secant-like steps assuming ~1 token per word, then a bracket search
-        for _ in range(8):
-            if c == target or calls >= max_calls:
-                break
-            m = max(0, m + (target - c))
-            c = await count(m)
-        lo = [k for k, v in cache.items() if v <= target]
-        hi = [k for k, v in cache.items() if v > target]
-        if c != target and lo and hi:
-            a, b = max(lo), min(hi)
-            while b - a > 1 and calls < max_calls:
-                mid = (a + b) // 2
-                if await count(mid) <= target:
-                    a = mid
-                else:
-                    b = mid
-            m, c = a, cache[a]
-        if c == target:
-            self._hint[target] = m
-            return BuiltPrompt(nonce, self._make(nonce, m), c, target, calls)
-        # one short: try alternative last words on m+1 words
-        if c < target:
-            for alt in ALT_LAST:
-                if calls >= max_calls:
-                    break
-                p = self._make(nonce, m + 1, alt)
-                calls += 1
-                cc = await self._count(p)
-                if cc == target:
-                    return BuiltPrompt(nonce, p, cc, target, calls)
-        return BuiltPrompt(nonce, self._make(nonce, m), c, target, calls)
+    async def build(self, target: int, nonce: str, start: int = 0, max_calls: int = 40) -> BuiltPrompt:
+        b = await abuild_exact_prompt(self._count, target, nonce, endpoint=self.endpoint, workload=self.workload,
+                                      start=start, seed=self.seed, hint=self._hint.get(target, 0),
+                                      max_calls=max_calls)
+        if b.exact:
+            self._hint[target] = b.words
+        return b

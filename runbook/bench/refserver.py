@@ -13,8 +13,9 @@ Truth it guarantees (all times on ``time.perf_counter`` = CLOCK_MONOTONIC, share
   deadline ``t_first + j * k * interval_s`` (no drift), so the true decode rate is ``1/interval_s``
   and ``C`` concurrent streams decode at ``C/interval_s`` in aggregate;
 * token counting: ``/tokenize`` counts one token per whitespace-separated word (chat messages add
-  ``chat_template_tokens`` per message plus 1 for the generation prompt), so exact-length prompts can
-  be built; ``usage.prompt_tokens`` uses the same count;
+  ``chat_template_tokens`` per message plus 1 for the generation prompt, plus 1 when
+  ``chat_template_kwargs`` switch thinking off), so exact-length prompts can be built;
+  ``usage.prompt_tokens`` uses the same count;
 * usage: a final usage chunk when ``stream_options.include_usage``; cumulative usage in every chunk
   when ``stream_options.continuous_usage_stats`` (as vLLM does);
 * a real block prefix cache (``block_size`` words, chained block hashes, as vLLM) reports
@@ -158,6 +159,9 @@ class EmitLog:
     t_arrival: float
     nonce: str = ""                      # first word of the prompt / the system message
     conn: int = 0                        # which TCP connection carried it (1, 2, ... in accept order)
+    temperature: float | None = None     # as requested
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    text_head: str = ""                  # the first 80 characters of the last message / the prompt
     t_slot: float = 0.0
     t_first: float = 0.0
     t_last: float = 0.0
@@ -394,6 +398,13 @@ class RefServer:
         return True
 
     # ------------------------------------------------------------------ model behaviour
+    @staticmethod
+    def _text_head(req: dict[str, Any]) -> str:
+        if req.get("messages"):
+            content = req["messages"][-1].get("content") or ""
+            return content[:80] if isinstance(content, str) else ""
+        return str(req.get("prompt", ""))[:80]
+
     def _prompt_words(self, req: dict[str, Any], add_generation_prompt: bool = True) -> list[str]:
         if "messages" in req:
             words: list[str] = ["<bos>"]
@@ -404,6 +415,9 @@ class RefServer:
                 words += [f"<{m.get('role', 'user')}>"] * self.config.chat_template_tokens + content.split()
             if add_generation_prompt:
                 words.append("<assistant>")
+                kw = req.get("chat_template_kwargs") or {}
+                if kw.get("enable_thinking") is False or kw.get("thinking") is False:
+                    words.append("</think>")      # as DeepSeek's template: thinking off closes the block
             return words
         prompt = req.get("prompt", "")
         if isinstance(prompt, list):
@@ -466,7 +480,9 @@ class RefServer:
         elif isinstance(req.get("prompt"), str):
             nonce = req["prompt"].split(" ", 1)[0]
         entry = EmitLog(id=nth, endpoint=path, prompt_tokens=P, max_tokens=max_tokens, t_arrival=t_arr,
-                        nonce=nonce, conn=conn)
+                        nonce=nonce, conn=conn, temperature=req.get("temperature"),
+                        chat_template_kwargs=dict(req.get("chat_template_kwargs") or {}),
+                        text_head=self._text_head(req))
         self.log.append(entry)
         m = self.metrics
         m.inc("vllm:prefix_cache_queries_total", P)

@@ -20,6 +20,9 @@ class BenchConfig:
     """What to measure. Every field is recorded in the result (the API key never is: only the name
     of the environment variable that holds it)."""
     endpoint: str = "completions"                  # "completions" (exact ISL, no template) | "chat"
+    workload: str = "filler"                       # prompt text: filler (random words) | prose (prompts.WORKLOADS)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)   # chat: e.g. thinking off
+    conditions: dict[str, Any] = field(default_factory=dict)   # where these settings come from (seed, deviations)
     prompt_tokens: int = 1024                      # ISL of the decode cases
     decode_tokens: int = 512                       # OSL (max_tokens = min_tokens, ignore_eos)
     concurrency: tuple[int, ...] = (1, 2, 4)       # decode cases (streams released together)
@@ -47,6 +50,13 @@ class BenchConfig:
     keep_chunks: bool = True                       # write chunks.jsonl
     allow_busy: bool = False                       # measure even with other requests running/waiting
     allow_other_model: bool = False                # measure even if /v1/models does not list the model
+
+    def request_extra(self) -> dict[str, Any]:
+        """Extra request-body fields: ``extra_body`` plus the chat template kwargs (chat only)."""
+        extra = dict(self.extra_body)
+        if self.chat_template_kwargs and self.endpoint == "chat":
+            extra["chat_template_kwargs"] = {**extra.get("chat_template_kwargs", {}), **self.chat_template_kwargs}
+        return extra
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -43,7 +43,7 @@ from .client import (
     stream_request,
 )
 from .prom import MetricsSnapshot, delta
-from .prompts import PromptBuilder
+from .prompts import PromptBuilder, get_workload
 from .result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
 
 
@@ -89,13 +89,13 @@ class _Run:
         built = []
         for i in range(n):
             nonce = f"{self.tag}-{namespace}-{trial}-{i}"
-            built.append(await self.builder.build(prompt_tokens, nonce))
+            built.append(await self.builder.build(prompt_tokens, nonce, start=trial * n + i))
         recs = [RequestRecord(id=f"{case}/t{trial}/s{i}", case=case, trial=trial, stream=i,
                               nonce=b.nonce, target_prompt_tokens=prompt_tokens, max_tokens=max_tokens)
                 for i, b in enumerate(built)]
         bodies = [json.dumps(build_payload(self.cfg.endpoint, self.model, b.prompt, max_tokens,
                                            ignore_eos=self.cfg.ignore_eos, temperature=self.cfg.temperature,
-                                           extra=self.cfg.extra_body)).encode() for b in built]
+                                           extra=self.cfg.request_extra())).encode() for b in built]
         go = asyncio.Event()
         ready = 0
         tmo = self.timeout(prompt_tokens)
@@ -254,7 +254,7 @@ class _Run:
                 prompt = (base.prompt.replace(base.nonce, nonce, 1) if isinstance(base.prompt, str)
                           else [{**base.prompt[0], "content": nonce}] + base.prompt[1:])
                 body = json.dumps(build_payload(cfg.endpoint, self.model, prompt, D, ignore_eos=cfg.ignore_eos,
-                                                temperature=cfg.temperature, extra=cfg.extra_body)).encode()
+                                                temperature=cfg.temperature, extra=cfg.request_extra())).encode()
                 r = RequestRecord(id=f"soak/{seq}", case="soak", stream=w, nonce=nonce,
                                   target_prompt_tokens=base.tokens, max_tokens=D)
                 inflight[r.id] = [clock(), 0]
@@ -353,6 +353,11 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
                              expected="the server's API key", fix=f"export {cfg.api_key_env}=...")
     if cfg.endpoint not in ("completions", "chat"):
         raise BenchError("unknown endpoint", observed=cfg.endpoint, expected="completions | chat")
+    get_workload(cfg.workload)
+    if cfg.chat_template_kwargs and cfg.endpoint != "chat":
+        raise BenchError("chat_template_kwargs need the chat endpoint",
+                         observed=f"endpoint={cfg.endpoint}, chat_template_kwargs={cfg.chat_template_kwargs}",
+                         expected="endpoint='chat'", fix="set BenchConfig.endpoint='chat' or drop chat_template_kwargs")
     run = _Run(normalize_base_url(base_url), model, cfg, api_key)
     started = _now()
     import gc
@@ -370,7 +375,8 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
             raise BenchError("server /tokenize is not usable; exact-length prompts cannot be built",
                              observed=str(e)[:200], expected="POST /tokenize -> {count}",
                              fix="use a vLLM OpenAI server (it exposes /tokenize)") from e
-        run.builder = PromptBuilder(run.api.tokenize, cfg.endpoint)
+        run.builder = PromptBuilder(run.api.tokenize, cfg.endpoint, workload=cfg.workload,
+                                    chat_template_kwargs=cfg.request_extra().get("chat_template_kwargs"))
         # warm-up: disjoint nonce namespace, opens max(C) keep-alive connections
         nw = cfg.warmup_requests or max(cfg.concurrency or (1,))
         warm = await run.wave("warmup", 0, nw, cfg.warmup_prompt_tokens, cfg.warmup_decode_tokens, "warmup")

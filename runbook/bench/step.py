@@ -1,8 +1,9 @@
 """Step 07 — benchmarks against the launched server, with the profile's sizes.
 
-The profile chooses the sizes (the lab's are scaled to the tiny model; the hardware profiles keep
-the recipes' 32k/256k prefill cases); the figures are compared with the published figures of the
-matching recipe and with the previous good run of the same profile.
+Recipe profiles measure under the seeds' published conditions (``conditions.SEEDS``: chat, prose,
+temperature 0, thinking off, the published lengths, the 32k/256k prefill cases); the lab keeps
+sizes scaled to the tiny model. The figures are compared with the published figures of the
+matching recipe and workload class and with the previous good run of the same profile.
 """
 from __future__ import annotations
 
@@ -10,23 +11,59 @@ import json
 from pathlib import Path
 
 from ..evidence import previous_good_run
+from ..errors import BenchError
+from .conditions import PROFILE_KEYS, SEEDS
 from .result import BenchConfig, BenchResult
 
 RAW_DIR_NAME = "bench"
 
 
 def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: float | None = None) -> BenchConfig:
+    """The step's BenchConfig. Recipe profiles measure under the seeds' published conditions
+    (:data:`conditions.SEEDS`: chat, prose, temperature 0, thinking off, the published lengths,
+    concurrency and the 32k/256k prefill cases); a BENCH_* key the profile sets itself wins and is
+    listed in ``conditions["deviations"]``. The lab keeps its scaled sizes (completions, filler)."""
+    common = dict(repeats=profile.bench_repeats if repeats is None else repeats,
+                  soak_seconds=float(profile.soak_seconds if soak_seconds is None else soak_seconds),
+                  recipe=profile.recipe, label=profile.profile_name)
+    seed = None if profile.is_lab else SEEDS.get(profile.recipe)
+    if seed is None:
+        return BenchConfig(endpoint="completions", workload="filler",
+                           prompt_tokens=profile.bench_prompt_tokens, decode_tokens=profile.bench_decode_tokens,
+                           concurrency=tuple(profile.bench_concurrency),
+                           prefill_tokens=tuple(profile.bench_prefill_tokens),
+                           conditions={"source": f"profile BENCH_* keys (RECIPE={profile.recipe}: scaled sizes, "
+                                                 "no published figures to match)", "thinking": "server default"},
+                           **common)
+    explicit = set(profile.key_lines) | set(profile.overrides)
+    values: dict[str, object] = {}
+    deviations: list[str] = []
+    for key, (name, attr) in PROFILE_KEYS.items():
+        published, own = getattr(seed, name), getattr(profile, attr)
+        if isinstance(published, tuple):
+            own = tuple(own)
+        if key in explicit and own != published:
+            values[name] = own
+            deviations.append(f"{key}={','.join(map(str, own)) if isinstance(own, tuple) else own} "
+                              f"(published: {','.join(map(str, published)) if isinstance(published, tuple) else published})")
+        else:
+            values[name] = published
+    need = max(int(values["prompt_tokens"]) + int(values["decode_tokens"]),
+               max(values["prefill_tokens"], default=0) + 1)
+    if need > profile.max_model_len:
+        raise BenchError(f"RECIPE={profile.recipe}: the bench's largest request does not fit the context",
+                         observed=f"{need} tokens (prefill cases {list(values['prefill_tokens'])}, decode "
+                                  f"{values['prompt_tokens']}+{values['decode_tokens']}) > MAX_MODEL_LEN="
+                                  f"{profile.max_model_len}",
+                         expected="every bench request within MAX_MODEL_LEN",
+                         fix=f"raise MAX_MODEL_LEN to >= {need}, or set BENCH_PREFILL_TOKENS in the profile "
+                             "(the 256k case is then not comparable with the published figure)")
     return BenchConfig(
-        endpoint="completions",
-        prompt_tokens=profile.bench_prompt_tokens,
-        decode_tokens=profile.bench_decode_tokens,
-        concurrency=tuple(profile.bench_concurrency),
-        prefill_tokens=tuple(profile.bench_prefill_tokens),
-        repeats=profile.bench_repeats if repeats is None else repeats,
-        soak_seconds=float(profile.soak_seconds if soak_seconds is None else soak_seconds),
-        recipe=profile.recipe,
-        label=profile.profile_name,
-    )
+        endpoint=seed.endpoint, workload=seed.workload, temperature=seed.temperature,
+        chat_template_kwargs=dict(seed.thinking_off),
+        conditions={"source": seed.source, "thinking": "off", "workload": seed.workload,
+                    "published": seed.to_dict(), "deviations": deviations},
+        **values, **common)
 
 
 def previous_result(run_path: Path, step: str = "07_bench") -> BenchResult | None:
