@@ -512,9 +512,10 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: st
     ev = (lambda name, text: step.raw(name, text)) if step is not None else (lambda name, text: "")
     result.evidence.append(ev("rendered.txt", plan.to_text()))
     result.evidence.append(ev("rendered.json", json.dumps(plan.to_record(), indent=2)))
+    run_id = step.run.run_id if step is not None else ""
     try:
         return _start(cluster, profile, plan, result, url, api_key, ev, raise_on_failure, consistency,
-                      cleanup_on_failure, on_launched)
+                      cleanup_on_failure, on_launched, run_id)
     finally:
         if step is not None:
             step.add(result.checks)
@@ -522,7 +523,7 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: st
                               "served_model_name": plan.served_model_name})
 
 
-def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency, cleanup, on_launched):
+def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency, cleanup, on_launched, run_id):
     problems = render.check_consistency(plan)
     if consistency:
         result.checks.add(check("ranks agree on rendezvous and shape", not problems, node="cluster",
@@ -553,7 +554,8 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
             result.reused = True
             result.checks.add(Check("server started", node="head", status=Status.NOOP,
                                     observed=f"already running with the same fingerprint "
-                                             f"{plan.fingerprint[:12]} ({head_st.describe()}); reused",
+                                             f"{plan.fingerprint[:12]} ({head_st.describe()}; started by run "
+                                             f"{head_st.record.get('run_id') or '?'}); reused, not relaunched",
                                     expected="the rendered configuration running"))
             return _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, cleanup=False,
                               t0=time.monotonic(), started=False)
@@ -599,6 +601,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
         for rank in sorted(plan.ranks, key=lambda r: -r.rank):
             node = cluster[rank.node]
             rec = {"fingerprint": plan.fingerprint, "runtime": rank.runtime, "started_at": time.time(),
+                   "run_id": run_id,
                    "mem_available_before": result.mem_before.get(rank.node), "container": rank.container,
                    "log": rank.log_path, "base_url": url if rank.rank == 0 else ""}
             node.run(f"mkdir -p {quote(rank.state_dir)} && printf '%s\\n' {quote(json.dumps(rec))} "

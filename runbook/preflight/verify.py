@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..checks import Check, CheckList, check, not_applicable
+from ..checks import Check, CheckList, Status, check, not_applicable
 from ..facts import system
+from ..launch.server import RankState, rank_state
 from ..remote import Cluster, Node, node_ssh_argv, quote
 
 GIB = 1024 ** 3
@@ -35,6 +36,7 @@ def gather(cluster: Cluster, profile) -> dict[str, dict[str, Any]]:
         facts["image"] = system.parse_image(node.read(system.image_cmd(profile.image)).stdout) if docker.ok else None
         facts["containers"] = node.read(system.CONTAINERS_CMD).stdout.strip().splitlines() if docker.ok else []
         facts["vllm_procs"] = system.parse_vllm_processes(node.read(system.VLLM_PROCS_CMD).stdout)
+        facts["rank"] = rank_state(node, profile)   # the runbook's own rank on this node, if one runs
         gpu = node.read(system.GPU_CMD)
         facts["gpu_text"] = gpu.stdout.strip()
         facts["gpus"] = system.parse_gpus(gpu.stdout)
@@ -185,16 +187,40 @@ def _disk(name: str, f: dict[str, Any], profile) -> list[Check]:
 def _memory(name: str, f: dict[str, Any], profile) -> Check:
     avail = f["mem"].get("MemAvailable", 0) / GIB
     need = float(profile.weight_budget_gib) + float(profile.boot_margin_gib)
+    own = _own_server(f["rank"])
+    if own:     # the memory is held by the server step 04 will reuse or refuse
+        return Check("memory available", node=name, status=Status.NOOP,
+                     observed=f"MemAvailable {avail:.1f} GiB while {own} runs",
+                     expected=f">= {need:.1f} GiB before a launch; {_REUSE}",
+                     data={"mem_available_bytes": f["mem"].get("MemAvailable", 0), "need_gib": need})
     return check("memory available", avail >= need, node=name, observed=f"MemAvailable {avail:.1f} GiB",
                  expected=f">= {need:.1f} GiB (weights {profile.weight_budget_gib} + margin {profile.boot_margin_gib})",
                  fix="stop other workloads (docker ps; free -g) or drop the page cache before launch",
                  data={"mem_available_bytes": f["mem"].get("MemAvailable", 0), "need_gib": need})
 
 
+def _own_server(st: RankState) -> str:
+    """How a rank the runbook itself started is described in the rows below ('' when none runs)."""
+    if not st.running:
+        return ""
+    run_id = (st.record or {}).get("run_id") or "an earlier run"
+    return (f"the runbook's own {st.runtime} rank (fingerprint {st.fingerprint[:12] or '?'}, started by "
+            f"{run_id})")
+
+
+_REUSE = ("04_launch reuses it when the profile renders the same fingerprint, and refuses otherwise "
+          "(then: python -m runbook stop --profile <profile>, or run 04 with action='restart')")
+
+
 def _ports(name: str, f: dict[str, Any], profile) -> list[Check]:
     out = []
+    own = _own_server(f["rank"])
     for label, port in (("API port", profile.port), ("master port", profile.master_port)):
         owner = f["listening"].get(int(port))
+        if owner is not None and own:
+            out.append(Check(f"{label} {port} free", node=name, status=Status.NOOP,
+                             observed=f"held by {own}", expected=f"free, or held by the runbook's server: {_REUSE}"))
+            continue
         out.append(check(f"{label} {port} free", owner is None, node=name,
                          observed=f"in use by {owner or 'a process'}" if owner is not None else "free",
                          expected="free", fix=f"stop what listens on {port} (ss -ltnp) or change the port in the profile"))
@@ -202,9 +228,23 @@ def _ports(name: str, f: dict[str, Any], profile) -> list[Check]:
 
 
 def _stale(name: str, f: dict[str, Any], profile) -> Check:
+    st: RankState = f["rank"]
+    own = _own_server(st)
     ours = {profile.container_head, profile.container_worker} - {""}
     containers = [line for line in f["containers"] if line.split("\t", 1)[0] in ours]
-    stale = containers + f["vllm_procs"]
+    procs = f["vllm_procs"]
+    if own:
+        # our running rank's container and processes are not stale; anything else still is
+        containers = []
+        if st.runtime == "process":
+            mine = {p.split(" ", 1)[0] for p in st.processes}
+            procs = [p for p in procs if p.split(" ", 1)[0] not in mine]
+        else:
+            procs = []
+    stale = containers + procs
+    if own and not stale:
+        return Check("no stale vLLM ranks", node=name, status=Status.NOOP, observed=f"{own} is running",
+                     expected=f"no vLLM from an earlier run, or the runbook's server: {_REUSE}")
     return check("no stale vLLM ranks", not stale, node=name,
                  observed="; ".join(stale)[:300] if stale else "none",
                  expected="no vLLM container or process from an earlier run",
