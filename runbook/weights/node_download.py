@@ -56,6 +56,7 @@ SHA40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 PARTIAL_DIR = (".cache", "runbook", "partial")
+FROM_ZERO_ATTEMPTS = 3      # a file over the plain-HTTP limit cut before its first 10 MiB is asked again
 
 
 def repo_folder(repo):
@@ -163,19 +164,29 @@ def _fetch_one(url, headers, base, final, name, size, sha256, http_get, tqdm_cla
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise RuntimeError(f"{name}: another download is writing {part}; wait for it or stop it") from None
-        have = partial_bytes(base, sha256)
-        if have > size:          # cannot be a prefix of this file: start it over
-            have = 0
-        # huggingface_hub refuses a file over its plain-HTTP limit only on a request from byte 0 with
-        # the size given; without it the length is checked against Content-Length (and below).
-        expected = size if size <= constants.MAX_HTTP_DOWNLOAD_SIZE or have else None
-        # "r+b", not "ab": http_get seeks back to 0 when a server answers a Range request with 200.
-        with open(part, "r+b" if have else "wb") as fh:
-            fh.seek(have)
-            http_get(url, fh, resume_size=have, headers=headers, expected_size=expected,
-                     displayed_filename=name, tqdm_class=tqdm_class)
-            fh.flush()
-            os.fsync(fh.fileno())
+        first = partial_bytes(base, sha256)
+        if first > size:         # cannot be a prefix of this file: start it over
+            first = 0
+        have = first
+        for attempt in range(FROM_ZERO_ATTEMPTS):
+            # huggingface_hub refuses a file over its plain-HTTP limit only on a request from byte 0 with
+            # the size given; without it the length is checked against Content-Length (and below).
+            expected = size if size <= constants.MAX_HTTP_DOWNLOAD_SIZE or have else None
+            try:
+                # "r+b", not "ab": http_get seeks back to 0 when a server answers a Range request with 200.
+                with open(part, "r+b" if have else "wb") as fh:
+                    fh.seek(have)
+                    http_get(url, fh, resume_size=have, headers=headers, expected_size=expected,
+                             displayed_filename=name, tqdm_class=tqdm_class)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                break
+            except ValueError:
+                # http_get's own retry after a cut before its first 10 MiB chunk asks again from byte 0
+                # with the size it learnt, and refuses itself: ask again here, the same way as above.
+                have = partial_bytes(base, sha256)
+                if expected is not None or have or attempt == FROM_ZERO_ATTEMPTS - 1:
+                    raise
         got = os.path.getsize(part)
         if got != size:
             raise OSError(f"{name}: partial has {got} bytes, expected {size}; re-run to continue it")
@@ -183,7 +194,7 @@ def _fetch_one(url, headers, base, final, name, size, sha256, http_get, tqdm_cla
         os.replace(part, final)
         if record is not None:
             _record_for_hub_client(record[0], name, record[1], sha256)
-        return {"path": name, "size": size, "resumed_from": have}
+        return {"path": name, "size": size, "resumed_from": first}
     finally:
         lock.close()
 
