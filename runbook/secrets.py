@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from .envfile import parse_env_file
 from .errors import ProfileError, ProfileIssue
 
 __all__ = [
@@ -88,8 +89,6 @@ def _check_file_mode(path: Path) -> None:
 
 
 def _read_file(path: Path) -> dict[str, tuple[str, int]]:
-    from .profile import parse_env_file  # local import: profile imports this module
-
     _check_file_mode(path)
     entries, issues = parse_env_file(path)
     if issues:
