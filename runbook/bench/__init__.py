@@ -7,6 +7,7 @@ Notebook API::
     results_table(res, recipe="exl3-v41", previous=prev_dir); plot_comparison(res, recipe="exl3-v41")
 """
 from .report import (
+           anchors_table,
            load_published,
            plot_comparison,
            render_text,
@@ -18,6 +19,7 @@ from .runner import arun_benchmark, run_benchmark
 
 __all__ = [
            "SCHEMA_VERSION",
+           "anchors_table",
            "BenchConfig",
            "BenchResult",
            "CaseResult",

@@ -94,6 +94,8 @@ class CaseResult:
     figures: dict[str, dict[str, float]] = field(default_factory=dict)
     trials: list[dict[str, Any]] = field(default_factory=list)
     server: dict[str, Any] = field(default_factory=dict)
+    workload: str = ""               # text class when it differs from the run's (class panel); "" = the run's
+    thinking: str = ""               # off | on when set per case (class panel); "" = the run's
 
     def median(self, metric: str) -> float | None:
         f = self.figures.get(metric)

@@ -8,7 +8,7 @@ import pytest
 from runbook.bench import metrics as M
 from runbook.bench.client import RequestRecord, _event, finalize
 from runbook.bench.prom import MetricsSnapshot, delta, parse_prometheus
-from runbook.bench.report import load_published, plot_comparison, results_table
+from runbook.bench.report import anchors_table, load_published, plot_comparison, results_table
 from runbook.bench.result import SCHEMA_VERSION, BenchResult, CaseResult
 
 
@@ -118,45 +118,84 @@ def test_spread():
     assert M.spread([]) is None
 
 
-def _result(scale: float = 1.0) -> BenchResult:
+PROSE_OFF = {"recipe": "exl3-v41", "endpoint": "chat", "workload": "prose",
+             "chat_template_kwargs": {"enable_thinking": False}}
+
+
+def _result(scale: float = 1.0, config: dict | None = None) -> BenchResult:
     def fig(v):
         return {"median": v, "min": v * 0.98, "max": v * 1.02, "q1": v * 0.99, "q3": v * 1.01, "iqr": v * 0.02, "n": 3}
-    cases = [CaseResult("decode-c1-p1024-d512", "decode", 1, 1024, 512, 3,
+    cases = [CaseResult("decode-c1-p256-d400", "decode", 1, 256, 400, 3,
                         figures={"decode_tok_s": fig(30 * scale), "aggregate_tok_s": fig(30 * scale),
                                  "aggregate_span_tok_s": fig(30 * scale), "ttft_s": fig(0.25)}),
-             CaseResult("decode-c2-p1024-d512", "decode", 2, 1024, 512, 3,
+             CaseResult("decode-c2-p256-d400", "decode", 2, 256, 400, 3,
                         figures={"decode_tok_s": fig(21 * scale), "aggregate_tok_s": fig(42 * scale),
                                  "aggregate_span_tok_s": fig(41 * scale), "ttft_s": fig(0.3)}),
-             CaseResult("prefill-p32768", "prefill", 1, 32768, 1, 3,
+             CaseResult("prefill-p32789", "prefill", 1, 32789, 1, 3,
                         figures={"prefill_tok_s": fig(1000 * scale), "server_prefill_tok_s": fig(1050 * scale),
                                  "ttft_s": fig(32.0)})]
-    return BenchResult(SCHEMA_VERSION, "run1", "http://127.0.0.1:8000", "m", {"recipe": "exl3-v41"}, {}, cases)
+    return BenchResult(SCHEMA_VERSION, "run1", "http://127.0.0.1:8000", "m", dict(config or PROSE_OFF), {}, cases)
 
 
 def test_published_figures_and_table(tmp_path):
     pub = load_published()
     a = {(f["recipe"], f["metric"], f["concurrency"], f["prompt_tokens"]): f["value"] for f in pub["figures"]
-         if f["variant"] == "default" and f["decode_tokens"] in (None, 8, 128, 400)}
-    assert a[("exl3-v41", "decode_tok_s", 1, None)] == 31.6
+         if f["variant"] == "default" and f["decode_tokens"] in (None, 8, 128, 400) and f["kind"] == "seed"
+         and f["workload"] in ("prose", "filler", "structured")}
+    assert a[("exl3-v41", "decode_tok_s", 1, 256)] == 31.6
     assert a[("exl3-v41", "prefill_tok_s", 1, 32789)] == 1054.7
     assert a[("exl3-v41", "prefill_tok_s", 1, 262158)] == 872.6
     assert a[("dspark-v4", "decode_tok_s", 1, 256)] == 82.6
     assert a[("dspark-v4", "aggregate_tok_s", 6, 256)] in (162, 191.2)
+    indep = [f for f in pub["figures"] if f["kind"] == "independent"]
+    assert {f["value"] for f in indep if f["metric"] == "decode_tok_s" and f["concurrency"] == 1} >= {34.6, 37.6, 66.4, 36.0}
+    assert all(f["workload"] in pub["workloads"] and f["thinking"] in ("off", "on", "unknown") and f["source"]
+               for f in pub["figures"])
     prev = _result(0.5)
     prev.save(tmp_path / "prev" / "result.json")
     df = results_table(_result(), previous=tmp_path / "prev")
-    rows = df[(df.case == "decode-c1-p1024-d512") & (df.metric == "decode_tok_s")]
-    assert set(rows.published) == {31.6, 23.0}            # default and spec=none, each with its conditions
+    rows = df[(df.case == "decode-c1-p256-d400") & (df.metric == "decode_tok_s")]
+    # seed default and spec=none; the independent prose figures (one does not state thinking: flagged)
+    assert set(rows.published) == {31.6, 23.0, 34.6, 40.6, 37.6, 36.0}, set(rows.published)
     row = rows[rows.published == 31.6].iloc[0]
-    assert row.published == 31.6 and row.previous == 15 and row.change_pct == pytest.approx(100)
-    span = df[(df.case == "decode-c2-p1024-d512") & (df.metric == "aggregate_span_tok_s")].iloc[0]
+    assert row.previous == 15 and row.change_pct == pytest.approx(100)
+    assert row.ratio == pytest.approx(30 / 31.6) and row.published_kind == "seed" and row.workload == "prose"
+    assert "does not state thinking" in rows[rows.published == 36.0].iloc[0].match
+    assert 66.4 not in set(df[df.case != "(no matching case)"].published)    # structured: another class
+    span = df[(df.case == "decode-c2-p256-d400") & (df.metric == "aggregate_span_tok_s")].iloc[0]
     assert span.published == 42.5                         # sparkDash aggregate = our span definition
-    pf = df[(df.case == "prefill-p32768") & (df.metric == "prefill_tok_s")].iloc[0]
-    assert pf.published == 1054.7
-    assert (df.case == "(not measured)").any()           # 256k etc. listed, not dropped
+    pf = df[(df.case == "prefill-p32789") & (df.metric == "prefill_tok_s")]
+    assert set(pf.published) == {1054.7, 2013.0}           # the seed's and the independent 32k figure
+    assert (df.case == "(no matching case)").any()         # 256k, other classes etc. listed, not dropped
+    assert 117.3 in set(df[df.case == "(no matching case)"].published)     # 4 nodes: shown, never matched
     fig = plot_comparison(_result(), previous=prev, path=tmp_path / "cmp.png")
     assert (tmp_path / "cmp.png").stat().st_size > 10_000
     assert len(fig.axes) == 3
+    assert any(t.get_text() == f"x{30 / 31.6:.2f}" for t in fig.axes[0].texts)    # the ratio beside the anchor
+    assert not math.isnan(df["median"].dropna().iloc[0])
+
+
+def test_other_classes_are_never_set_beside_prose():
+    """A filler (random words) run is not compared with prose decode figures; prefill still is."""
+    df = results_table(_result(config={"recipe": "exl3-v41"}))
+    decode = df[df.case.str.startswith("decode") & df.published.notna()]
+    assert decode.empty, decode[["case", "published", "published_conditions"]]
+    assert 1054.7 in set(df[df.case == "prefill-p32789"].published)
+
+
+def test_anchors_table_side_by_side_and_for_the_lab():
+    t = anchors_table(_result())
+    assert len(t) > 40 and set(t.kind) == {"seed", "independent"}
+    hit = t[(t.published == 34.6) & (t.metric == "decode_tok_s")].iloc[0]
+    assert hit.ours == 30 and hit.ratio == pytest.approx(30 / 34.6) and hit.ours_case == "decode-c1-p256-d400"
+    miss = t[t.published == 66.4].iloc[0]
+    assert miss.ours is None or math.isnan(miss.ours)
+    assert miss.match == "no matching case"
+    lab = anchors_table(_result(config={"recipe": "lab"}))
+    assert len(lab) > 10 and set(lab.kind) == {"independent"} and lab.ratio.isna().all()
+    assert set(lab.match) == {"lab: tiny CPU model, not comparable"}
+
+
+def test_foreign_result_is_refused():
     with pytest.raises(ValueError):
         BenchResult.from_dict({"schema_version": "other"})
-    assert not math.isnan(df["median"].dropna().iloc[0])
