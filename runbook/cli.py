@@ -175,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="relative change that counts as drift for figures without a spread (default 0.20)")
     rep.add_argument("--no-index", action="store_true", help="do not regenerate results/index.html|json")
     rep.set_defaults(func=cmd_report)
+    from .fit.cli import add_parser as add_plan_parser
+    add_plan_parser(sub)
     return parser
 
 

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
+from .. import fit
 from ..facts import system
 from ..launch.server import RankState, rank_state
 from ..remote import Cluster, Node, node_ssh_argv, quote
@@ -37,6 +38,7 @@ def gather(cluster: Cluster, profile) -> dict[str, dict[str, Any]]:
         facts["containers"] = node.read(system.CONTAINERS_CMD).stdout.strip().splitlines() if docker.ok else []
         facts["vllm_procs"] = system.parse_vllm_processes(node.read(system.VLLM_PROCS_CMD).stdout)
         facts["rank"] = rank_state(node, profile)   # the runbook's own rank on this node, if one runs
+        facts["fit"] = fit.gather_node(node, profile)
         gpu = node.read(system.GPU_CMD)
         facts["gpu_text"] = gpu.stdout.strip()
         facts["gpus"] = system.parse_gpus(gpu.stdout)
@@ -96,6 +98,7 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
         checks.add(_stale(name, f, profile))
         checks.add(_gpu(name, f, profile))
     checks.add(_image_identity(good, profile))
+    checks.add(_fit(good, facts, profile, data))
     offsets = clock_offsets(cluster)
     checks.add(_clock(offsets, profile))
     data["clock_offsets_s"] = {k: (list(v) if not isinstance(v, Exception) else str(v))
@@ -199,6 +202,18 @@ def _memory(name: str, f: dict[str, Any], profile) -> Check:
                  data={"mem_available_bytes": f["mem"].get("MemAvailable", 0), "need_gib": need})
 
 
+def _fit(good: dict[str, dict[str, Any]], facts: dict[str, Any], profile, data: dict[str, Any]) -> list[Check]:
+    """The fit planner on the facts just read (``runbook.fit``); its plan is kept for ``runbook plan --facts``."""
+    running = [name for name, f in good.items() if _own_server(f["rank"])]
+    if running:
+        return [Check("fit: plan", node="cluster", status=Status.NOOP,
+                      observed=f"not re-planned: the runbook's server runs on {', '.join(running)} and holds the memory",
+                      expected=f"a plan before a launch; {_REUSE}")]
+    plan = fit.fit_plan(profile, facts)
+    data["fit"] = plan.to_dict()
+    return plan.to_checks()
+
+
 def _own_server(st: RankState) -> str:
     """How a rank the runbook itself started is described in the rows below ('' when none runs)."""
     if not st.running:
@@ -278,6 +293,7 @@ def _clock(offsets: dict[str, Any], profile) -> Check:
 def _node_summary(f: dict[str, Any]) -> dict[str, Any]:
     return {"os": f["os"].pretty_name, "kernel": f["os"].kernel, "machine": f["os"].machine,
             "hostname": f["os"].hostname, "mem_available": f["mem"].get("MemAvailable"),
+            "mem_total": f["mem"].get("MemTotal"),
             "docker": f["docker"], "image_id": f["image"].image_id if f["image"] else None,
             "image_layers": f["image"].layers if f["image"] else None,
             "gpus": f["gpus"], "driver": f["driver"], "listening": sorted(f["listening"])}
