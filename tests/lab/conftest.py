@@ -26,9 +26,45 @@ def lab() -> netlab.LabInfo:
         pytest.skip("the netns lab needs root")
     info = netlab.up(lab_dir())
     print(f"\n[lab] up: reused={info.reused} timings={info.timings}")
-    yield info
+    with users_server_set_aside(info.reused):
+        yield info
     if not info.reused and os.environ.get("RUNBOOK_KEEP_LAB") != "1":
         netlab.down(lab_dir())
+
+
+USER_PROFILE = Path(__file__).resolve().parents[2] / "env" / "lab.env"
+
+
+@contextlib.contextmanager
+def users_server_set_aside(lab_reused: bool):
+    """The README's order is `make runbook`, then `make test`: the lab tests need the lab's ports, so a
+    server the user's runbook left running (env/lab.env) is stopped for the session and started again
+    afterwards with the same profile, and the test fails if it does not come back with the same
+    fingerprint."""
+    if not lab_reused:
+        yield
+        return
+    from runbook.launch import server
+    from runbook.profile import load_profile
+    from runbook.remote import Cluster
+    profile = load_profile(USER_PROFILE)
+    with Cluster.from_profile(profile) as cluster:
+        before = server.rank_state(cluster.head, profile)
+        if before.running:
+            print(f"\n[lab] the runbook's server is up ({before.describe()}): set aside for the tests")
+            server.stop(cluster, profile, mem_settle_s=0)
+    try:
+        yield
+    finally:
+        if before.running:
+            with Cluster.from_profile(profile) as cluster:
+                server.stop(cluster, profile, mem_settle_s=0)      # whatever a test left on these ports
+                plan = server.render_plan(cluster, profile)
+                restored = server.start(cluster, profile, plan, raise_on_failure=False)
+            print(f"[lab] the runbook's server started again: ok={restored.ok} fingerprint {plan.fingerprint[:12]}")
+            assert restored.ok and plan.fingerprint == before.fingerprint, (
+                "the user's server was not restored as it was: "
+                + restored.checks.to_text() + f"\nfingerprint before {before.fingerprint} after {plan.fingerprint}")
 
 
 @pytest.fixture(scope="session")

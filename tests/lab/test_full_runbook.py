@@ -17,16 +17,24 @@ PROFILE = "env/lab.env"
 
 
 @pytest.fixture(scope="module")
-def full_run(lab, tmp_path_factory, vllm_venv):
+def two_runs(lab, tmp_path_factory, vllm_venv):
+    """`make runbook` twice in a row, as a user would: the second finds the first's server up."""
     profile = load_profile(PROFILE)
     results = tmp_path_factory.mktemp("results")
     try:
-        run_dir, outcomes = runner.run(PROFILE, results_root=results, lab_up=ensure_lab)
-        yield profile, run_dir, outcomes
+        first = runner.run(PROFILE, results_root=results, lab_up=ensure_lab)
+        second = runner.run(PROFILE, results_root=results, lab_up=ensure_lab)
+        yield profile, first, second
     finally:
         from runbook.launch import server
         with Cluster.from_profile(profile) as cluster:
             server.stop(cluster, profile)
+
+
+@pytest.fixture(scope="module")
+def full_run(two_runs):
+    profile, (run_dir, outcomes), _ = two_runs
+    return profile, run_dir, outcomes
 
 
 def _sidecar(run_dir, step):
@@ -75,4 +83,23 @@ def test_stop_leaves_nothing_behind(full_run):
         result = server.stop(cluster, profile)
         assert result.ok, result.checks.to_text()
         state = server.status(cluster, profile)
-    assert not any(n.get("running") for n in state.get("ranks", {}).values()), state
+    assert state["nodes"], state
+    assert {name: (n.get("running"), n.get("vllm_processes")) for name, n in state["nodes"].items()} == \
+        {name: (False, []) for name in state["nodes"]}, state
+
+
+def test_second_run_reuses_the_running_server(two_runs):
+    _, (first_dir, first), (second_dir, second) = two_runs
+    assert [o.status for o in first] and all(o.status == "passed" for o in first), first
+    assert all(o.status == "passed" for o in second), [(o.name, o.status, o.error[:300]) for o in second]
+    pre = CheckList.from_records(_sidecar(second_dir, "00_preflight")["checks"])
+    noop = {c.name for c in pre if c.status is Status.NOOP}
+    assert {"no stale vLLM ranks", "API port 8000 free", "master port 29501 free"} <= noop, noop
+    launch = CheckList.from_records(_sidecar(second_dir, "04_launch")["checks"])
+    started = [c for c in launch if c.name == "server started"]
+    assert started and started[0].status is Status.NOOP and "reused" in started[0].observed, started
+    first_s = sum(o.seconds for o in first)
+    second_s = sum(o.seconds for o in second)
+    print(f"\n[rerun] first {first_s:.1f} s, second {second_s:.1f} s ({second_s / first_s:.0%}); "
+          f"per step: " + ", ".join(f"{o.name} {o.seconds:.1f}" for o in second))
+    assert second_s < first_s, (first_s, second_s)
