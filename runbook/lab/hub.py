@@ -18,6 +18,7 @@ and ``lfs.size`` in the metadata, ``ETag``/``X-Linked-Etag`` = sha256, ``X-Linke
 files as plain git blobs (``oid`` = git blob sha1), exactly as the Hub does.
 
 Run:  ``python -m runbook.lab.hub --root DIR --host 10.77.0.1 --port 8765``
+An Engram source repo for a rehearsal: ``python -m runbook.lab.hub --root DIR --publish-engram ORG/NAME``.
 Tests: ``with HubServer(root, host="127.0.0.1") as hub: hub.url …`` (port 0 = any free port).
 """
 from __future__ import annotations
@@ -143,6 +144,35 @@ def publish_repo(root: str | os.PathLike, repo_id: str, src_dir: str | os.PathLi
     (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
     (repo_dir / "refs" / branch).write_text(sha + "\n")
     return sha
+
+
+ENGRAM_OTHER_SHARD = "model-00001-of-00048.safetensors"
+
+
+def publish_engram_source(root: str | os.PathLike, repo_id: str, *, vocab: int = 2000, seed: int = 0,
+                          branch: str = "main") -> str:
+    """Publish a scaled-down original DeepSeek-V4.1 checkpoint as ``repo_id``: the Engram tables in
+    shards ``model-00047/00048-of-00048.safetensors`` with the real tensor names and dtypes, a
+    ``config.json`` with the ``engram_*`` keys and an index (``runbook.engram.synth``), plus what a
+    full checkpoint has and recipe A does NOT download (a non-Engram shard in the index, a tokenizer),
+    so a rehearsal's 02_weights proves it fetches only config, index and shards 47/48. Deterministic
+    for (vocab, seed): the same revision sha every time on a fresh root. Returns the sha."""
+    import tempfile
+
+    from ..engram import synth
+    with tempfile.TemporaryDirectory(prefix="lab-engram-src-") as tmp:
+        synth.make_source(tmp, vocab_size=vocab, seed=seed)
+        with open(os.path.join(tmp, ENGRAM_OTHER_SHARD), "wb") as fh:     # stands in for a shard 02 must not fetch
+            fh.write(hashlib.sha256(f"other shard {seed}".encode()).digest() * 4096)
+        index_path = os.path.join(tmp, "model.safetensors.index.json")
+        with open(index_path) as fh:
+            index = json.load(fh)
+        index["weight_map"]["layers.0.attn.wq_a.weight"] = ENGRAM_OTHER_SHARD
+        with open(index_path, "w") as fh:
+            json.dump(index, fh, indent=1)
+        with open(os.path.join(tmp, "tokenizer.json"), "w") as fh:
+            json.dump({"version": "1.0", "lab": True}, fh)
+        return publish_repo(root, repo_id, tmp, branch=branch)
 
 
 def _split_repo(repo_id: str) -> tuple[str, str]:
@@ -562,10 +592,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token-file", default="", help="require this bearer token (file, 0600)")
     ap.add_argument("--publish", nargs=2, metavar=("REPO_ID", "SRC_DIR"),
                     help="publish SRC_DIR as a new revision of REPO_ID, print the sha, and exit")
+    ap.add_argument("--publish-engram", metavar="REPO_ID",
+                    help="publish a scaled-down V4.1 Engram source checkpoint as REPO_ID, print the sha, and exit")
+    ap.add_argument("--engram-vocab", type=int, default=2000, help="vocab of --publish-engram (table size)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.publish:
         print(publish_repo(args.root, args.publish[0], args.publish[1]))
+        return 0
+    if args.publish_engram:
+        print(publish_engram_source(args.root, args.publish_engram, vocab=args.engram_vocab))
         return 0
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     server = HubServer(args.root, args.host, args.port, token=token, verbose=args.verbose)

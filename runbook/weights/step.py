@@ -263,7 +263,7 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
     head_manifest = read_node_manifest(head, paths[head.name])
     shares = {}
     for worker in workers:
-        share = share_to_worker(profile, head, worker, src=paths[head.name], dst=paths[worker.name], tree="",
+        share = share_to_worker(profile, cluster, worker, src=paths[head.name], dst=paths[worker.name], tree="",
                                 head_manifest=head_manifest, python=python, download=fetch,
                                 space=lambda node, dest: free_space(node, dest, dest, snap, margin, key="ENGRAM_SRC_DIR"),
                                 name="engram", worker_root=paths[worker.name],

@@ -122,3 +122,21 @@ def test_cli_serves(published):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_engram_source_repo_is_served_like_the_real_checkpoint(tmp_path):
+    """What a rehearsal needs to download an Engram source for real: a pinned V4.1-shaped repo
+    (shards 47/48 as LFS files with sha256, index, config) plus files recipe A does not fetch."""
+    from runbook.lab.hub import ENGRAM_OTHER_SHARD, publish_engram_source
+    sha = publish_engram_source(tmp_path / "a", "lab-org/engram", vocab=600)
+    assert sha == publish_engram_source(tmp_path / "b", "lab-org/engram", vocab=600)     # deterministic
+    with HubServer(tmp_path / "a") as server:
+        info = HfApi(endpoint=server.url, token=False).model_info("lab-org/engram", revision=sha, files_metadata=True)
+    files = {s.rfilename: s for s in info.siblings}
+    assert set(files) == {"config.json", "model.safetensors.index.json", "tokenizer.json", ENGRAM_OTHER_SHARD,
+                          "model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors"}
+    assert files["model-00047-of-00048.safetensors"].lfs.sha256 and files["config.json"].lfs is None
+    cli = subprocess.run([sys.executable, "-m", "runbook.lab.hub", "--root", str(tmp_path / "c"),
+                          "--publish-engram", "lab-org/engram", "--engram-vocab", "600"],
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert cli.returncode == 0 and cli.stdout.strip() == sha
