@@ -85,10 +85,11 @@ def parse_firewall(text: str) -> Firewall:
         elif cur:
             sections[cur].append(line)
     fw = Firewall(**{k: "\n".join(v) for k, v in sections.items()})
+    err = re.compile(r"command not found|Operation not permitted|Permission denied|must be root|"
+                     r"You need to be root|sudo: ")
     for tool in ("nft", "iptables", "ufw"):
-        body = getattr(fw, tool)
-        if re.search(r"command not found|Operation not permitted|Permission denied|must be root|"
-                     r"You need to be root", body):
+        body = [l for l in getattr(fw, tool).splitlines() if l.strip()]
+        if body and all(err.search(l) for l in body):      # only errors: the state is unknown, not empty
             fw.unreadable.append(tool)
     fw.ufw_active = bool(re.search(r"^Status: active", fw.ufw, re.MULTILINE))
     fw.ufw_default_deny_in = bool(re.search(r"^Default: (deny|reject) \(incoming\)", fw.ufw, re.MULTILINE))

@@ -42,11 +42,16 @@ def oom_kills(text: str) -> list[Kill]:
     """
     out: list[Kill] = []
     lines = (text or "").splitlines()
+    dry_mode = False                     # earlyoom --dryrun announces itself once at start
     for i, line in enumerate(lines):
+        if "earlyoom v" in line:
+            dry_mode = False
+        if "dryrun mode enabled" in line:
+            dry_mode = True
         if m := _KERNEL_OOM.search(line):
             out.append(Kill("kernel", int(m.group(1)), m.group(2), line.strip()))
         elif m := _EARLYOOM.search(line):
-            dry = any("dryrun, not actually sending" in nxt for nxt in lines[i + 1:i + 3])
+            dry = dry_mode or any("dryrun, not actually sending" in nxt for nxt in lines[i + 1:i + 3])
             out.append(Kill("earlyoom", int(m.group(2)), m.group(3), line.strip(), dry_run=dry))
         elif m := _OOMD.search(line):
             out.append(Kill("systemd-oomd", None, m.group(1), line.strip()))
