@@ -57,6 +57,7 @@ _CLIENTS_JOINED = re.compile(r"DistStoreError: Timed out after \d+ seconds waiti
 _CLIENT_TIMEOUT = re.compile(r"client socket has (?:timed out after \d+ms while trying to connect to|"
                              r"failed to connect to any network address of) \((\S+?), (\d+)\)")
 _STARTUP_DONE = re.compile(r"Application startup complete")
+_RANK_NAMES = re.compile(r"python|vllm|VLLM|EngineCore|pt_main_thread|ray::", re.IGNORECASE)
 
 
 def _lines(text: str, rx: re.Pattern, limit: int = 3) -> list[str]:
@@ -133,7 +134,7 @@ def _sig_rendezvous_mgmt(b: B.Bundle) -> list[Hit]:
             off.append(f"{where} is none of the fabric addresses {sorted(ctx.fabric_ips)}")
     if not off:
         return []
-    return [Hit(head.name, off + failures, {"addr": off[0].split("=")[1].split()[0]})]
+    return [Hit(head.name, off + failures)]
 
 
 def _sig_firewall(b: B.Bundle) -> list[Hit]:
@@ -425,8 +426,9 @@ def _sig_dstate(b: B.Bundle) -> list[Hit]:
     hits = []
     for node in b.nodes:
         rows = procs.parse_ps(b.text(node, B.D_THREADS)) + procs.parse_ps(b.text(node, B.PROCESSES))
-        stuck = {(p.pid, p.tid): p for p in rows if p.uninterruptible}
-        hung = hostlog.hung_tasks(b.text(node, B.DMESG))
+        # only rank processes: kernel threads (jbd2, kworker) pass through D state all the time
+        stuck = {(p.pid, p.tid): p for p in rows if p.uninterruptible and _RANK_NAMES.search(p.cmd)}
+        hung = [h for h in hostlog.hung_tasks(b.text(node, B.DMESG)) if _RANK_NAMES.search(h.name)]
         if not stuck and not hung:
             continue
         ev = [f"{node}: pid {p.pid}{f' tid {p.tid}' if p.tid else ''} state {p.stat} waiting in "
@@ -487,9 +489,6 @@ def _pull_sig(kind: str) -> Callable[[B.Bundle], list[Hit]]:
                     hits.append(Hit(node, [f"{node} docker run: {err.line}"]))
         return hits
     return sig
-
-
-_RANK_NAMES = re.compile(r"python|vllm|VLLM|EngineCore|pt_main_thread|ray::", re.IGNORECASE)
 
 
 def _sig_oom(b: B.Bundle) -> list[Hit]:

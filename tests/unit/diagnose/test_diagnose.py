@@ -317,3 +317,66 @@ def test_ibv_devinfo_and_ps_and_environ():
     assert [(r.tid, r.wchan) for r in d][:2] == [(4377, "folio_wait_bit_common"), (4391, "folio_wait_bit_common")]
     env = procs.parse_environ((DATA / "mgmt_rendezvous/head/env.txt").read_text())
     assert env["VLLM_HOST_IP"] == "10.214.0.11" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+# --------------------------------------------------------------------------- branches the scenarios do not reach
+
+
+def _ids(texts, ctx=None, timings=None):
+    return sorted({f.id for f in match(Bundle(texts, ctx or _lab_context("10.213.0.1", "10.213.0.2"), timings or {}))})
+
+
+PS_HEADER = "  PID   TID STAT WCHAN                            ELAPSED COMMAND\n"
+
+
+def test_d_state_counts_rank_threads_only():
+    kernel = PS_HEADER + "  312   312 D    io_schedule                         5000 jbd2/vda-8\n"
+    assert _ids({"worker": {B.D_THREADS: kernel}}) == []
+    rank = PS_HEADER + " 4377  4391 D    folio_wait_bit_common                911 VLLM::Worker\n"
+    assert _ids({"worker": {B.D_THREADS: rank}}) == ["rank-in-d-state"]
+
+
+def test_inert_nccl_settings_from_env_and_plan():
+    assert _ids({"worker": {B.ENV: "NCCL_NET_GDR_LEVEL=PHB\n"}}) == []
+    assert _ids({"worker": {B.ENV: "NCCL_NET_GDR_LEVEL=5\n"}}) == ["inert-nccl-settings"]
+    plan = "## rank 1 on worker (headless)\nenv NCCL_TIMEOUT=1800 VLLM_HOST_IP=10.213.0.2 vllm serve /m \\\n    --headless\n"
+    assert _ids({LOCAL: {B.LOCAL_LAUNCH_PLAN: plan}}) == ["inert-nccl-settings"]
+
+
+def test_socket_transport_when_rdma_is_expected():
+    log = "spark-worker:1:2 [0] NCCL INFO NET/Socket : Using [0]enp1s0f0np0:192.168.100.2<0>\n"
+    ctx = Context.from_dict(json.loads((DATA / "gid_per_nic/context.json").read_text()))
+    assert _ids({"worker": {B.RANK_LOG: log}}, ctx) == ["nccl-ib-no-device"]
+    lab = _lab_context("10.213.0.1", "10.213.0.2")      # the lab expects no RDMA: sockets are right there
+    assert _ids({"worker": {B.RANK_LOG: log}}, lab) == []
+
+
+def test_kernels_that_differ_between_nodes():
+    os_text = (DATA / "kernel_bad/head/os.txt").read_text()
+    same = {"head": {B.OS: os_text}, "worker": {B.OS: os_text}}
+    ctx = Context.from_dict(json.loads((DATA / "kernel_bad/context.json").read_text()))
+    assert _ids(same, ctx) == []
+    other = os_text.replace("6.17.0-1032-nvidia", "6.17.0-1040-nvidia")
+    [f] = match(Bundle({"head": {B.OS: os_text}, "worker": {B.OS: other}}, ctx))
+    assert f.id == "kernel-known-bad" and f.node == "cluster" and "6.17.0-1040-nvidia" in f.evidence[0]
+
+
+def test_worker_error_lines_are_shown_when_it_died():
+    head = (DATA / "worker_never_started/head/rank.log").read_text()
+    worker = ("Building wheel for deep_gemm (setup.py): started\n"
+              "csrc/python_api.cpp:1:10: fatal error: Python.h: No such file or directory\n"
+              "compilation terminated.\n")
+    texts = {"head": {B.RANK_LOG: head}, "worker": {B.RANK_LOG: worker, B.PROCESSES: "  PID  PPID STAT WCHAN ELAPSED RSS COMMAND\n"}}
+    [f] = [f for f in match(Bundle(texts, _lab_context("10.215.0.1", "10.215.0.2"))) if f.id == "worker-not-running"]
+    assert any("Python.h" in e for e in f.evidence)
+    texts["worker"][B.PROCESSES] += " 4242     1 Ssl  - 30 1000 python3 -m vllm.entrypoints.cli.main serve /m --headless\n"
+    assert "worker-not-running" not in _ids(texts, _lab_context("10.215.0.1", "10.215.0.2"))
+
+
+def test_ufw_default_deny_without_an_allow_rule():
+    ufw = ("### ufw\nStatus: active\nDefault: deny (incoming), allow (outgoing), disabled (routed)\n\n"
+           "To                         Action      From\n--                         ------      ----\n"
+           "22/tcp                     ALLOW IN    Anywhere\n")
+    assert _ids({"head": {B.FIREWALL: ufw}}) == ["firewall-master-port"]
+    allowed = ufw + "Anywhere on enp1s0f0np0    ALLOW IN    Anywhere\n"
+    assert _ids({"head": {B.FIREWALL: allowed}}) == []
