@@ -8,6 +8,7 @@ Notebook API::
 """
 from .report import (
            anchors_table,
+           class_table,
            load_published,
            plot_comparison,
            render_text,
@@ -20,6 +21,7 @@ from .runner import arun_benchmark, run_benchmark
 __all__ = [
            "SCHEMA_VERSION",
            "anchors_table",
+           "class_table",
            "BenchConfig",
            "BenchResult",
            "CaseResult",

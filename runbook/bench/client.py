@@ -7,6 +7,8 @@ One clock: ``time.perf_counter`` (CLOCK_MONOTONIC). Every request records, on th
 * ``t_first_chunk`` first SSE ``data:`` event of any kind (TTFR; the chat role chunk counts)
 * ``t_first_token`` first event carrying a generated token: non-empty ``content`` / ``reasoning_content``
   / ``reasoning`` / ``text``, or a continuous-usage ``completion_tokens >= 1`` (TTFT)
+* ``t_first_content`` first event carrying answer text (``content`` / ``text``) or a tool call, not
+  reasoning (time to first answer: with thinking on, TTFT plus the reasoning)
 * per event: arrival time and cumulative ``usage.completion_tokens`` (continuous usage) -- events
   that arrive in the same socket read share that read's timestamp
 * ``t_last_token``  the event at which the cumulative count first reached the final
@@ -56,6 +58,7 @@ class RequestRecord:
     t_headers: float | None = None
     t_first_chunk: float | None = None
     t_first_token: float | None = None
+    t_first_content: float | None = None      # first answer token: content / text / a tool call, not reasoning
     t_last_token: float | None = None
     t_end: float | None = None
     first_chunk_tokens: int | None = None    # cumulative tokens at the first token event
@@ -126,6 +129,7 @@ def build_payload(endpoint: str, model: str, prompt: str | list[dict[str, Any]],
 
 
 _CT_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
+_ANSWER_RE = re.compile(rb'[{,]\s*"(?:content"\s*:\s*"[^"]|text"\s*:\s*"[^"]|tool_calls"\s*:\s*\[\s*\{)')
 _FR = b'"finish_reason":"'
 
 
@@ -152,6 +156,8 @@ def _event(rec: RequestRecord, ev: bytes, t: float) -> bool:
                 rec.completion_tokens = cum
                 rec.ev_t.append(t)
                 rec.ev_cum.append(cum)
+                if rec.t_first_content is None and _ANSWER_RE.search(data):
+                    rec.t_first_content = t
                 k = data.find(_FR)
                 if k >= 0:
                     rec.finish_reason = data[k + len(_FR):data.find(b'"', k + len(_FR))].decode()
@@ -185,9 +191,14 @@ def _event_json(rec: RequestRecord, data: bytes, t: float) -> bool:
     for ch in obj.get("choices") or ():
         d = ch.get("delta")
         if d is not None:
-            txt = d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ""
+            answer = d.get("content") or ""
+            txt = answer or d.get("reasoning_content") or d.get("reasoning") or ""
+            if (answer or d.get("tool_calls")) and rec.t_first_content is None:
+                rec.t_first_content = t
         else:
             txt = ch.get("text") or ""
+            if txt and rec.t_first_content is None:
+                rec.t_first_content = t
         if txt:
             has_text = True
             rec.text_chars += len(txt)
@@ -325,12 +336,15 @@ class ServerAPI:
             return r.status, await r.text(errors="replace")
 
     async def tokenize(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
-                       timeout: float = 300, chat_template_kwargs: dict[str, Any] | None = None) -> int:
+                       timeout: float = 300, chat_template_kwargs: dict[str, Any] | None = None,
+                       tools: list[dict[str, Any]] | None = None) -> int:
         body: dict[str, Any] = {"model": self.model}
         if messages is not None:
             body.update(messages=messages, add_generation_prompt=True)
             if chat_template_kwargs:     # the template the requests use (thinking on/off changes the count)
                 body["chat_template_kwargs"] = chat_template_kwargs
+            if tools:
+                body["tools"] = tools
         else:
             body["prompt"] = prompt
         async with self.session.post(self.base + "/tokenize", json=body,

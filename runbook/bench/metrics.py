@@ -60,6 +60,12 @@ def ttfr_s(r: RequestRecord) -> float | None:
     return None if r.t_first_chunk is None else r.t_first_chunk - r.t_sent
 
 
+def ttfa_s(r: RequestRecord) -> float | None:
+    """Time to first answer = t_first_content - t_sent (content or a tool call, not reasoning): with
+    thinking on, the reasoning tax is ttfa_s(on) - ttfa_s(off)."""
+    return None if r.t_first_content is None else r.t_first_content - r.t_sent
+
+
 def first_tokens(r: RequestRecord) -> int:
     """``f``: tokens delivered with the first token event (continuous usage), else 1."""
     return r.first_chunk_tokens if r.first_chunk_tokens else 1
@@ -216,7 +222,7 @@ def request_spreads(records: Iterable[RequestRecord], *, decode: bool) -> dict[s
     """The per-request figures of one case as Spread dicts, over its OK requests. One function for
     the bench runner and for the report, which recomputes them from ``requests.jsonl``."""
     ok = [r for r in records if r.ok]
-    per_request = [("ttft_s", ttft_s), ("ttfr_s", ttfr_s), ("tokens_per_chunk", tokens_per_chunk)]
+    per_request = [("ttft_s", ttft_s), ("ttfr_s", ttfr_s), ("ttfa_s", ttfa_s), ("tokens_per_chunk", tokens_per_chunk)]
     if decode:
         per_request += [("decode_tok_s", decode_tok_s), ("per_stream_decode_tok_s", decode_tok_s),
                         ("max_gap_s", max_gap_s)]

@@ -8,12 +8,16 @@ callable that returns the server's token count, e.g. an HTTP client's /tokenize)
   from token 0 in whole blocks, so a suffix nonce would not defeat it. Chat prompts put the nonce in
   a system message so that the template's own default system prompt (shared by every request) is
   not emitted.
-* The body is words of a workload's text (:data:`WORKLOADS`): ``filler`` = pseudo-random common
-  words (~1 token/word on BPE tokenizers; the lab's default), ``prose`` = natural-language passages
-  of the shipped corpus (``corpus.json``) after an instruction to continue them (the seeds' figures
-  are prose, and with speculative decoding the text decides the acceptance rate). ``start`` picks
-  the first passage, so concurrent streams read different text; long prompts run through the
-  passages in a seeded order, again and again.
+* The body is units (a word and the whitespace after it) of a workload's text (:data:`WORKLOADS`):
+  ``filler`` = pseudo-random common words (~1 token/word on BPE tokenizers; the lab's default);
+  the classes (:data:`CLASSES`) ``prose`` = natural-language passages of the shipped corpus
+  (``corpus.json``) after an instruction to continue them (the seeds' figures are prose), ``code``
+  = small Python modules to continue, ``structured`` = seeded synthetic records to turn into JSON
+  lines, ``tool`` = an agentic turn (task, a first tool call, its long result: the body) whose next
+  tool call is decoded. With speculative decoding the text decides the acceptance rate, so each
+  class is measured and reported on its own. ``start`` picks the first passage, so concurrent
+  streams read different text; long prompts run through the passages in a seeded order, again and
+  again.
 * The word count is searched until /tokenize returns the target (secant steps, then bisection),
   then single-token pads close a gap smaller than one word. An inexact result is returned as such
   (``BuiltPrompt.exact``); a target below the fixed part (nonce, instruction, template) is an error.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from functools import cache
@@ -43,10 +48,12 @@ def corpus() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Workload:
-    """What a prompt's text is: an instruction before the body, and where the body's words come from."""
+    """What a prompt's text is: an instruction before the body, where the body's units come from,
+    and how the messages are laid out (``tool``: the body is a tool result inside an agentic turn)."""
     name: str
     instruction: str = ""
-    source: str = "filler"            # filler (random common words) | a corpus key holding passages
+    source: str = "filler"            # filler | prose | code | records | tool (its result is prose)
+    layout: str = "plain"             # plain | tool
     description: str = ""
 
 
@@ -57,7 +64,19 @@ WORKLOADS: dict[str, Workload] = {
                                "prose.\n\n", "prose",
                       description="natural-language passages of the shipped corpus, continued as prose "
                                   "(the seeds' decode condition)"),
+    "code": Workload("code", "Continue this Python module: add more functions in the same style, with "
+                             "docstrings and no commentary.\n\n", "code",
+                     description="small Python modules of the shipped corpus, continued as code"),
+    "structured": Workload("structured", "Convert every record below into one JSON object per line with the "
+                                         "keys id, name, city, year, amount and status. Output only JSON "
+                                         "lines.\n\n", "records",
+                           description="seeded synthetic records turned into JSON lines (predictable output)"),
+    "tool": Workload("tool", "", "prose", layout="tool",
+                     description="an agentic turn: task, a first tool call, its (long) result; the model "
+                                 "decodes the next tool call (tools API, tool_choice auto)"),
 }
+#: the workload classes of the class panel (filler is not a class: it is the lab's scaled default)
+CLASSES = ("prose", "code", "structured", "tool")
 
 
 def get_workload(name: str) -> Workload:
@@ -65,6 +84,13 @@ def get_workload(name: str) -> Workload:
         raise BenchError("unknown bench workload", observed=repr(name), expected=" | ".join(WORKLOADS),
                          fix="set BenchConfig.workload to one of the listed workloads")
     return WORKLOADS[name]
+
+
+def request_extra(workload_name: str) -> dict[str, Any]:
+    """Request-body fields a workload needs besides its messages (the tool turn: its tools)."""
+    if get_workload(workload_name).layout == "tool":
+        return {"tools": corpus()["tool"]["tools"], "tool_choice": "auto"}
+    return {}
 
 
 @dataclass
@@ -87,31 +113,58 @@ def filler(n_words: int, seed: int = 1234) -> list[str]:
     return [rng.choice(WORDS) for _ in range(n_words)]
 
 
+_UNIT = re.compile(r"\S+\s*")
+
+
+def _units(text: str) -> list[str]:
+    """Words with the whitespace that follows them (joining them restores the text exactly)."""
+    return _UNIT.findall(text)
+
+
+def _records(seed: int, start: int, n: int) -> list[str]:
+    """Synthetic records (one line each) from the corpus word lists, seeded."""
+    r = corpus()["records"]
+    rng = random.Random(seed * 7919 + start)
+    out = []
+    for i in range(start, start + n):
+        out.append(f"R{i:05d} {rng.choice(r['first_names'])} {rng.choice(r['last_names'])}, "
+                   f"{rng.choice(r['cities'])}, {rng.randint(1950, 2024)}, {rng.randint(100, 99999) / 100:.2f}, "
+                   f"{rng.choice(r['statuses'])}\n")
+    return out
+
+
 @dataclass
 class _Text:
-    """The body's words for one prompt: filler, or corpus passages from ``start`` on (seeded cycles)."""
+    """The body's units for one prompt: filler words, or corpus items from ``start`` on (corpus order
+    first, then seeded shuffles), or generated records."""
     wl: Workload
     start: int = 0
     seed: int = 1234
-    words: list[str] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)
     _cycle: int = 0
 
     def take(self, n: int) -> list[str]:
-        while len(self.words) < n:
+        while len(self.units) < n:
             if self.wl.source == "filler":
-                self.words = filler(max(n, 2 * len(self.words), 64), self.seed)
+                self.units = [w + " " for w in filler(max(n, 2 * len(self.units), 64), self.seed)]
                 continue
-            passages = corpus()[self.wl.source]
-            order = list(range(len(passages)))
+            if self.wl.source == "records":
+                for line in _records(self.seed, self.start * 1000 + self._cycle * 200, 200):
+                    self.units += _units(line)
+                self._cycle += 1
+                continue
+            items = corpus()[self.wl.source]
+            order = list(range(len(items)))
             if self._cycle:                       # later cycles: a seeded shuffle (first: corpus order)
                 random.Random(self.seed + self._cycle).shuffle(order)
             k = self.start % len(order)
             for i in order[k:] + order[:k]:
-                ws = passages[i].split()
-                ws[-1] += PARAGRAPH
-                self.words += ws
+                item = f"doc-{i + 1:03d}: {items[i]}" if self.wl.layout == "tool" else items[i]
+                us = _units(item.rstrip())
+                us[-1] = us[-1].rstrip() + PARAGRAPH
+                self.units += us
             self._cycle += 1
-        return self.words[:n]
+        return self.units[:n]
 
 
 def _renderer(text: _Text, nonce: str, endpoint: str, instruction: str, tail: str, needle: str,
@@ -120,8 +173,19 @@ def _renderer(text: _Text, nonce: str, endpoint: str, instruction: str, tail: st
         body = list(text.take(w))
         if needle:
             k = int(w * depth)
-            body = body[:k] + [needle] + body[k:]
-        content = instruction + (" ".join(body).replace(PARAGRAPH + " ", PARAGRAPH).rstrip() + pad) + tail
+            body = body[:k] + [needle + " "] + body[k:]
+        content = instruction + "".join(body).rstrip() + pad + tail
+        if text.wl.layout == "tool":
+            if endpoint != "chat":
+                raise BenchError("the tool workload needs the chat endpoint", observed=f"endpoint={endpoint}",
+                                 expected="chat", fix="set BenchConfig.endpoint='chat'")
+            t = corpus()["tool"]
+            call = {"id": "call_0", "type": "function",
+                    "function": {"name": t["call"]["name"], "arguments": json.dumps(t["call"]["arguments"])}}
+            return [{"role": "system", "content": f"{nonce} {t['system']}"},
+                    {"role": "user", "content": t["user"]},
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_0", "content": t["result_header"] + content}]
         if endpoint == "chat":
             return [{"role": "system", "content": nonce}, {"role": "user", "content": content}]
         return f"{nonce} {content}"
@@ -239,9 +303,13 @@ class PromptBuilder:
 
     async def _count(self, prompt: Any) -> int:
         if self.endpoint == "chat":
+            kw: dict[str, Any] = {}
             if self.chat_template_kwargs:
-                return await self.tokenize(messages=prompt, chat_template_kwargs=self.chat_template_kwargs)
-            return await self.tokenize(messages=prompt)
+                kw["chat_template_kwargs"] = self.chat_template_kwargs
+            tools = request_extra(self.workload).get("tools")
+            if tools:
+                kw["tools"] = tools              # the template renders them into the prompt
+            return await self.tokenize(messages=prompt, **kw)
         return await self.tokenize(prompt=prompt)
 
     async def build(self, target: int, nonce: str, start: int = 0, max_calls: int = 40) -> BuiltPrompt:

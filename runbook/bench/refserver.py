@@ -67,6 +67,7 @@ class RefConfig:
     role_chunk_early: bool = False      # chat: send the empty role chunk at arrival (TTFR << TTFT)
     reasoning_tokens: int = 0           # chat: first N tokens go to delta.reasoning_content
     reasoning_field: str = "reasoning_content"
+    thinking_tokens: int = 0            # chat with thinking switched on (chat_template_kwargs): first N reasoning
     block_size: int = 16                # prefix-cache block (tokens)
     prefix_cache: bool = True
     prompt_tokens_details: bool = True  # report usage.prompt_tokens_details.cached_tokens
@@ -519,6 +520,9 @@ class RefServer:
             return f'{{"index":0,"text":{json.dumps(text)},"logprobs":null,"finish_reason":{fr}}}'
 
         fr = _Framer(cfg, nth)
+        kw = req.get("chat_template_kwargs") or {}
+        thinking_on = kw.get("enable_thinking") is True or kw.get("thinking") is True
+        reasoning = max(cfg.reasoning_tokens, cfg.thinking_tokens if thinking_on else 0)
         role = ('data: ' + head + '{"index":0,"delta":{"role":"assistant","content":""},'
                 '"logprobs":null,"finish_reason":null}]'
                 + (',"usage":' + usage_json(0, False) if continuous else "") + '}\n\n')
@@ -533,7 +537,7 @@ class RefServer:
             sent = j * k
             c = min(k, n - sent)
             parts = [role] if (j == 0 and chat and not role_early) else []
-            r = max(0, min(c, cfg.reasoning_tokens - sent)) if chat else 0
+            r = max(0, min(c, reasoning - sent)) if chat else 0
             sent += c
             fin = finish if sent >= n else None
             us = (',"usage":' + usage_json(sent, False)) if continuous else ""

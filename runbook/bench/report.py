@@ -21,6 +21,9 @@ ROWS = {
                ("aggregate_wall_tok_s", "aggregate tok/s (wall, incl. TTFT)"),
                ("ttft_s", "TTFT s"), ("ttfr_s", "time to first chunk s"), ("tokens_per_chunk", "tokens/chunk"),
                ("spec_mean_acceptance_length", "spec acceptance length")],
+    "class": [("decode_tok_s", "decode tok/s"), ("ttft_s", "TTFT s"), ("ttfa_s", "time to first answer s"),
+              ("tokens_per_chunk", "tokens/chunk"), ("spec_acceptance_rate", "spec acceptance rate"),
+              ("spec_mean_acceptance_length", "spec acceptance length")],
     "prefill": [("prefill_tok_s", "prefill tok/s (prompt/TTFT)"),
                 ("server_prefill_tok_s", "prefill tok/s (server /metrics)"), ("ttft_s", "TTFT s")],
 }
@@ -186,6 +189,31 @@ def anchors_table(result: BenchResult | str | os.PathLike[str], *, recipe: str |
     return pd.DataFrame(rows)
 
 
+def class_table(result: BenchResult | str | os.PathLike[str]):
+    """The workload-class panel: one row per class x thinking (never averaged into one figure) with
+    decode tok/s, TTFT, time to first answer, tokens per chunk and, where /metrics exposes them, the
+    speculative acceptance rate and length of that case alone (counter deltas), plus the reasoning
+    tax (time to first answer with thinking on minus off, same class)."""
+    import pandas as pd
+    res = _as_result(result)
+    assert res is not None
+    rows = []
+    for c in res.cases:
+        if c.kind != "class":
+            continue
+        row = {"class": c.workload, "thinking": c.thinking, "case": c.name, "status": c.status,
+               "concurrency": c.concurrency, "prompt_tokens": c.prompt_tokens, "decode_tokens": c.decode_tokens}
+        for metric, _ in ROWS["class"]:
+            row[metric] = c.median(metric)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        off = {r["class"]: r["ttfa_s"] for r in rows if r["thinking"] == "off"}
+        df["reasoning_tax_s"] = [(r["ttfa_s"] - off[r["class"]]) if (r["thinking"] == "on" and r["ttfa_s"] is not None
+                                  and off.get(r["class"]) is not None) else None for r in rows]
+    return df
+
+
 def _pts(res: BenchResult | None, kind: str, metric: str, x: str) -> tuple[list, list, list, list]:
     xs, ys, lo, hi = [], [], [], []
     if res is None:
@@ -225,6 +253,38 @@ def _plot_published(ax, pts, color_of) -> None:
                     color=color_of(f))
 
 
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def _plot_classes(ax, res: BenchResult, classes: list[CaseResult], pub: list[dict[str, Any]]) -> None:
+    """Decode tok/s per workload class, thinking off and on side by side (min..max bars), with the
+    acceptance rate written on each bar and the matching published figures of that class."""
+    names = list(dict.fromkeys(c.workload for c in classes))
+    width = 0.38
+    for j, th in enumerate(("off", "on")):
+        for i, wl in enumerate(names):
+            c = next((k for k in classes if k.workload == wl and k.thinking == th), None)
+            f = c.figures.get("decode_tok_s") if c else None
+            if not f:
+                continue
+            x = i + (j - 0.5) * width
+            ax.bar([x], [f["median"]], width, color="C0" if th == "off" else "C3",
+                   yerr=[[f["median"] - f["min"]], [f["max"] - f["median"]]], capsize=2,
+                   label=f"thinking {th}" if i == 0 else None)
+            acc = c.median("spec_acceptance_rate")
+            if acc is not None:
+                ax.annotate(f"acc {acc:.0%}", (x, f["median"]), textcoords="offset points", xytext=(0, 2),
+                            ha="center", fontsize=6)
+            for k in _matches(pub, c, "decode_tok_s", *case_class(res, c)):
+                ax.plot([x], [pub[k]["value"]], marker="s" if pub[k].get("kind", "seed") == "seed" else "D",
+                        mfc="none", color="gray")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("tok/s"); ax.set_title(f"decode by workload class (C={classes[0].concurrency})")
+    _legend(ax)
+
+
 def plot_comparison(result: BenchResult | str | os.PathLike[str], *, previous: Any = None,
                     recipe: str | None = None, published: dict[str, Any] | None = None,
                     path: str | os.PathLike[str] | None = None):
@@ -244,7 +304,8 @@ def plot_comparison(result: BenchResult | str | os.PathLike[str], *, previous: A
     recipe = recipe if recipe is not None else res.config.get("recipe", "")
     pub = _applicable(published, recipe)
     wl, th = case_class(res)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    classes = [c for c in res.cases if c.kind == "class"]
+    fig, axes = plt.subplots(1, 4 if classes else 3, figsize=(20 if classes else 15, 4.2))
     title = (f"{res.model} @ {res.base_url} run {res.run_id} ({wl}, thinking {th})"
              + (f" vs published ({recipe})" if pub else ""))
     fig.suptitle(title, fontsize=10)
@@ -263,7 +324,7 @@ def plot_comparison(result: BenchResult | str | os.PathLike[str], *, previous: A
     if pts:
         ax.plot([], [], marker="s", mfc="none", color="gray", ls="none", label="published (seed)")
         ax.plot([], [], marker="D", mfc="none", color="gray", ls="none", label="published (independent)")
-    ax.set_xlabel("concurrent streams"); ax.set_ylabel("tok/s"); ax.set_title(f"decode ({wl})"); ax.legend(fontsize=7)
+    ax.set_xlabel("concurrent streams"); ax.set_ylabel("tok/s"); ax.set_title(f"decode ({wl})"); _legend(ax)
     ax = axes[1]
     xs, ys, lo, hi = _pts(res, "decode", "ttft_s", "concurrency")
     if xs:
@@ -274,7 +335,7 @@ def plot_comparison(result: BenchResult | str | os.PathLike[str], *, previous: A
     pts = _matched_points(res, pub, "decode", ("ttft_s",), "concurrency")
     _plot_published(ax, pts, lambda f: "gray")
     ax.set_yscale("log"); ax.set_xlabel("concurrent streams"); ax.set_ylabel("s"); ax.set_title("TTFT (decode cases)")
-    ax.legend(fontsize=7)
+    _legend(ax)
     ax = axes[2]
     for metric, lab, color in (("prefill_tok_s", "client prompt/TTFT", "C0"), ("server_prefill_tok_s", "server /metrics", "C2")):
         xs, ys, lo, hi = _pts(res, "prefill", metric, "prompt_tokens")
@@ -286,7 +347,9 @@ def plot_comparison(result: BenchResult | str | os.PathLike[str], *, previous: A
     pts = _matched_points(res, pub, "prefill", ("prefill_tok_s",), "prompt_tokens")
     _plot_published(ax, pts, lambda f: "gray")
     ax.set_xscale("log"); ax.set_xlabel("prompt tokens"); ax.set_ylabel("tok/s"); ax.set_title("prefill (C=1)")
-    ax.legend(fontsize=7)
+    _legend(ax)
+    if classes:
+        _plot_classes(axes[3], res, classes, pub)
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.13, top=0.88, wspace=0.25)
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -310,6 +373,8 @@ def render_text(result: BenchResult | str | os.PathLike[str], *, previous: Any =
     for c in res.cases:
         if c.kind == "decode":
             body = ", ".join(fmt(c, m) for m in ("decode_tok_s", "aggregate_tok_s", "ttft_s"))
+        elif c.kind == "class":
+            body = ", ".join(fmt(c, m) for m in ("decode_tok_s", "ttft_s", "ttfa_s", "spec_acceptance_rate"))
         else:
             body = ", ".join(fmt(c, m) for m in ("prefill_tok_s", "server_prefill_tok_s", "ttft_s"))
         lines.append(f"  {c.status:4} {c.name:28} {body}")
@@ -327,14 +392,17 @@ def render_text(result: BenchResult | str | os.PathLike[str], *, previous: Any =
 
 def write_report(result: BenchResult, out_dir: str | os.PathLike[str], *, previous: Any = None,
                  recipe: str | None = None, plot: bool = True) -> dict[str, str]:
-    """Write ``table.csv``, ``anchors.csv``, ``summary.txt`` and (unless ``plot=False``) ``comparison.png``."""
+    """Write ``table.csv``, ``anchors.csv``, ``classes.csv``, ``summary.txt`` and (unless ``plot=False``)
+    ``comparison.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     df = results_table(result, previous=previous, recipe=recipe)
     df.to_csv(out / "table.csv", index=False)
     anchors_table(result, recipe=recipe).to_csv(out / "anchors.csv", index=False)
+    class_table(result).to_csv(out / "classes.csv", index=False)
     (out / "summary.txt").write_text(render_text(result, previous=previous, recipe=recipe) + "\n")
-    paths = {"table": str(out / "table.csv"), "anchors": str(out / "anchors.csv"), "summary": str(out / "summary.txt")}
+    paths = {"table": str(out / "table.csv"), "anchors": str(out / "anchors.csv"),
+             "classes": str(out / "classes.csv"), "summary": str(out / "summary.txt")}
     if not plot:
         return paths
     fig = plot_comparison(result, previous=previous, recipe=recipe, path=out / "comparison.png")
@@ -363,7 +431,8 @@ def _matches(pub: list[dict[str, Any]], case: CaseResult, metric: str, workload:
         if cm != metric and not (metric == "decode_tok_s" and cm == "per_stream_decode_tok_s"):
             continue
         kind = _pub_kind(f)
-        if kind != case.kind or (f["concurrency"] or 1) != case.concurrency or f.get("nodes", 2) != 2:
+        case_kind = "decode" if case.kind == "class" else case.kind
+        if kind != case_kind or (f["concurrency"] or 1) != case.concurrency or f.get("nodes", 2) != 2:
             continue
         p = f["prompt_tokens"]
         if kind == "prefill":

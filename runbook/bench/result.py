@@ -49,6 +49,13 @@ class BenchConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)
     keep_chunks: bool = True                       # write chunks.jsonl
     allow_busy: bool = False                       # measure even with other requests running/waiting
+    # the workload-class panel (kind "class"): each class x thinking is a chat decode case of its own
+    classes: tuple[str, ...] = ()                  # () = no panel; from prompts.CLASSES: prose code structured tool
+    class_thinking: tuple[str, ...] = ("off", "on")
+    thinking_key: str = "enable_thinking"          # the chat_template_kwargs key that switches thinking
+    class_concurrency: int = 1
+    class_prompt_tokens: int = 0                   # 0 = prompt_tokens
+    class_decode_tokens: int = 0                   # 0 = decode_tokens
     allow_other_model: bool = False                # measure even if /v1/models does not list the model
 
     def request_extra(self) -> dict[str, Any]:
@@ -60,7 +67,7 @@ class BenchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("concurrency", "prefill_tokens", "soak_concurrency"):
+        for k in ("concurrency", "prefill_tokens", "soak_concurrency", "classes", "class_thinking"):
             d[k] = list(d[k])
         return d
 
@@ -68,7 +75,7 @@ class BenchConfig:
     def from_dict(cls, d: dict[str, Any]) -> BenchConfig:
         names = {f.name for f in fields(cls)}
         vals = {k: v for k, v in d.items() if k in names}
-        for k in ("concurrency", "prefill_tokens", "soak_concurrency"):
+        for k in ("concurrency", "prefill_tokens", "soak_concurrency", "classes", "class_thinking"):
             if k in vals:
                 vals[k] = tuple(vals[k])
         return cls(**vals)
@@ -153,7 +160,7 @@ class BenchResult:
         for c in self.cases:
             fig = c.figures
             key = {"decode": "aggregate_tok_s" if c.concurrency > 1 else "decode_tok_s",
-                   "prefill": "prefill_tok_s"}.get(c.kind, "")
+                   "class": "decode_tok_s", "prefill": "prefill_tok_s"}.get(c.kind, "")
             med = fig.get(key, {}).get("median")
             obs = f"{key}={med:.1f}" if med is not None else "no figure"
             if c.failures:

@@ -43,7 +43,7 @@ from .client import (
     stream_request,
 )
 from .prom import MetricsSnapshot, delta
-from .prompts import PromptBuilder, get_workload
+from .prompts import CLASSES, PromptBuilder, get_workload, request_extra
 from .result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
 
 
@@ -54,6 +54,22 @@ def _now() -> str:
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """How one case's requests are made: endpoint, prompt text and the extra body fields."""
+    endpoint: str
+    workload: str
+    extra_json: str = "{}"            # request extras (chat_template_kwargs, tools) as JSON: hashable
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        return json.loads(self.extra_json)
+
+
+def _spec(endpoint: str, workload: str, extra: dict[str, Any]) -> _Spec:
+    return _Spec(endpoint, workload, json.dumps({**extra, **request_extra(workload)}, sort_keys=True))
 
 
 @dataclass
@@ -70,7 +86,20 @@ class _Run:
     session: Any = None
     http: Any = None
     api: ServerAPI | None = None
-    builder: PromptBuilder | None = None
+    builders: dict[_Spec, PromptBuilder] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> _Spec:
+        """The run's own request shape (decode, prefill, soak, warm-up)."""
+        return _spec(self.cfg.endpoint, self.cfg.workload, self.cfg.request_extra())
+
+    def builder(self, spec: _Spec) -> PromptBuilder:
+        b = self.builders.get(spec)
+        if b is None:
+            assert self.api
+            b = self.builders[spec] = PromptBuilder(self.api.tokenize, spec.endpoint, workload=spec.workload,
+                                                    chat_template_kwargs=spec.extra.get("chat_template_kwargs"))
+        return b
 
     def timeout(self, prompt_tokens: int) -> float:
         return self.cfg.request_timeout_s or request_timeout_s(prompt_tokens)
@@ -84,18 +113,19 @@ class _Run:
 
     # ------------------------------------------------------------------ one wave of N streams
     async def wave(self, case: str, trial: int, n: int, prompt_tokens: int, max_tokens: int,
-                   namespace: str) -> list[RequestRecord]:
-        assert self.builder
+                   namespace: str, spec: _Spec | None = None) -> list[RequestRecord]:
+        spec = spec or self.spec
+        builder = self.builder(spec)
         built = []
         for i in range(n):
             nonce = f"{self.tag}-{namespace}-{trial}-{i}"
-            built.append(await self.builder.build(prompt_tokens, nonce, start=trial * n + i))
+            built.append(await builder.build(prompt_tokens, nonce, start=trial * n + i))
         recs = [RequestRecord(id=f"{case}/t{trial}/s{i}", case=case, trial=trial, stream=i,
                               nonce=b.nonce, target_prompt_tokens=prompt_tokens, max_tokens=max_tokens)
                 for i, b in enumerate(built)]
-        bodies = [json.dumps(build_payload(self.cfg.endpoint, self.model, b.prompt, max_tokens,
+        bodies = [json.dumps(build_payload(spec.endpoint, self.model, b.prompt, max_tokens,
                                            ignore_eos=self.cfg.ignore_eos, temperature=self.cfg.temperature,
-                                           extra=self.cfg.request_extra())).encode() for b in built]
+                                           extra=spec.extra)).encode() for b in built]
         go = asyncio.Event()
         ready = 0
         tmo = self.timeout(prompt_tokens)
@@ -104,7 +134,7 @@ class _Run:
             nonlocal ready
             ready += 1
             await go.wait()
-            await stream_request(self.http, self.cfg.endpoint, bodies[i], recs[i], timeout_s=tmo)
+            await stream_request(self.http, spec.endpoint, bodies[i], recs[i], timeout_s=tmo)
 
         await self.http.warm(n)                    # n idle keep-alive connections before the barrier
         tasks = [asyncio.create_task(one(i)) for i in range(n)]
@@ -116,12 +146,24 @@ class _Run:
         return recs
 
     # ------------------------------------------------------------------ cases
-    async def case(self, kind: str, n: int, prompt_tokens: int, max_tokens: int) -> CaseResult:
+    async def case(self, kind: str, n: int, prompt_tokens: int, max_tokens: int, *,
+                   workload: str = "", thinking: str = "") -> CaseResult:
+        """One case. ``kind`` decode | prefill, or ``class`` (the class panel: a decode case of one
+        workload class with thinking off/on, named ``decode-<class>-think<off|on>-...`` so that every
+        decode-shaped reader treats it as one, and kept apart from the run's decode cases by kind)."""
         cfg = self.cfg
-        name = (f"decode-c{n}-p{prompt_tokens}-d{max_tokens}" if kind == "decode"
-                else f"prefill-p{prompt_tokens}")
+        spec = None
+        if kind == "class":
+            name = f"decode-{workload}-think{thinking}-c{n}-p{prompt_tokens}-d{max_tokens}"
+            kw = {k: v for k, v in cfg.request_extra().get("chat_template_kwargs", {}).items()
+                  if k not in ("thinking", "enable_thinking")}
+            kw[cfg.thinking_key] = thinking == "on"
+            spec = _spec("chat", workload, {**cfg.extra_body, "chat_template_kwargs": kw})
+        else:
+            name = (f"decode-c{n}-p{prompt_tokens}-d{max_tokens}" if kind == "decode"
+                    else f"prefill-p{prompt_tokens}")
         res = CaseResult(name=name, kind=kind, concurrency=n, prompt_tokens=prompt_tokens,
-                         decode_tokens=max_tokens, repeats=cfg.repeats)
+                         decode_tokens=max_tokens, repeats=cfg.repeats, workload=workload, thinking=thinking)
         if cfg.reset_prefix_cache:
             assert self.api
             ok = await self.api.reset_prefix_cache()
@@ -132,14 +174,14 @@ class _Run:
         per_trial: list[dict[str, Any]] = []
         for trial in range(cfg.repeats):
             s0 = await self.snap(name, f"before-t{trial}")
-            recs = await self.wave(name, trial, n, prompt_tokens, max_tokens, name)
+            recs = await self.wave(name, trial, n, prompt_tokens, max_tokens, name, spec)
             s1 = await self.snap(name, f"after-t{trial}")
             first_snap = first_snap or s0
             last_snap = s1
             all_recs += recs
             d = delta(s0, s1)
             tf: dict[str, Any] = {"trial": trial}
-            if kind == "decode":
+            if kind in ("decode", "class"):
                 agg = M.aggregate_figures(recs)
                 tf.update({k: v for k, v in agg.items() if k != "per_stream_decode_tok_s"})
             else:
@@ -169,8 +211,8 @@ class _Run:
             if s:
                 f[key] = s.to_dict()
 
-        f.update(M.request_spreads(recs, decode=res.kind == "decode"))
-        if res.kind == "decode":
+        f.update(M.request_spreads(recs, decode=res.kind in ("decode", "class")))
+        if res.kind in ("decode", "class"):
             for k in ("aggregate_tok_s", "aggregate_span_tok_s", "aggregate_wall_tok_s",
                       "steady_coverage", "release_skew_s"):
                 put(k, [t.get(k) for t in trials])
@@ -215,7 +257,7 @@ class _Run:
         if not res.server.get("available"):
             warns.append("/metrics not available: no server-side figures")
         cov = res.figures.get("steady_coverage", {}).get("min")
-        if res.kind == "decode" and res.concurrency > 1 and cov is not None and cov < self.cfg.steady_min_coverage:
+        if res.kind in ("decode", "class") and res.concurrency > 1 and cov is not None and cov < self.cfg.steady_min_coverage:
             warns.append(f"steady window covers {cov:.0%} of the decode span (< {self.cfg.steady_min_coverage:.0%})")
         res.status = "FAIL" if fails else ("WARN" if warns else "PASS")
 
@@ -225,8 +267,7 @@ class _Run:
         levels = list(cfg.soak_concurrency or cfg.concurrency)
         P = cfg.soak_prompt_tokens or cfg.prompt_tokens
         D = cfg.soak_decode_tokens or cfg.decode_tokens
-        assert self.builder
-        base = await self.builder.build(P, f"{self.tag}-soak-00000-00")
+        base = await self.builder(self.spec).build(P, f"{self.tag}-soak-00000-00")
         deadline = clock() + cfg.soak_seconds
         windows: list[dict[str, Any]] = []
         failures: list[str] = []
@@ -354,6 +395,12 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
     if cfg.endpoint not in ("completions", "chat"):
         raise BenchError("unknown endpoint", observed=cfg.endpoint, expected="completions | chat")
     get_workload(cfg.workload)
+    bad = [c for c in cfg.classes if c not in CLASSES] + [t for t in cfg.class_thinking if t not in ("off", "on")]
+    if bad:
+        raise BenchError("unknown class panel entry", observed=f"classes={list(cfg.classes)}, "
+                         f"class_thinking={list(cfg.class_thinking)}",
+                         expected=f"classes from {', '.join(CLASSES)}; class_thinking from off, on",
+                         fix=f"drop {bad} from BenchConfig.classes / class_thinking")
     if cfg.chat_template_kwargs and cfg.endpoint != "chat":
         raise BenchError("chat_template_kwargs need the chat endpoint",
                          observed=f"endpoint={cfg.endpoint}, chat_template_kwargs={cfg.chat_template_kwargs}",
@@ -375,8 +422,6 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
             raise BenchError("server /tokenize is not usable; exact-length prompts cannot be built",
                              observed=str(e)[:200], expected="POST /tokenize -> {count}",
                              fix="use a vLLM OpenAI server (it exposes /tokenize)") from e
-        run.builder = PromptBuilder(run.api.tokenize, cfg.endpoint, workload=cfg.workload,
-                                    chat_template_kwargs=cfg.request_extra().get("chat_template_kwargs"))
         # warm-up: disjoint nonce namespace, opens max(C) keep-alive connections
         nw = cfg.warmup_requests or max(cfg.concurrency or (1,))
         warm = await run.wave("warmup", 0, nw, cfg.warmup_prompt_tokens, cfg.warmup_decode_tokens, "warmup")
@@ -389,6 +434,11 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
             cases.append(await run.case("decode", c, cfg.prompt_tokens, cfg.decode_tokens))
         for p in cfg.prefill_tokens:
             cases.append(await run.case("prefill", 1, p, 1))
+        for wl in cfg.classes:                 # the class panel: each class and thinking on its own
+            for th in cfg.class_thinking:
+                cases.append(await run.case("class", cfg.class_concurrency, cfg.class_prompt_tokens or
+                                            cfg.prompt_tokens, cfg.class_decode_tokens or cfg.decode_tokens,
+                                            workload=wl, thinking=th))
         soak = await run.soak() if cfg.soak_seconds > 0 else None
         await run.http.close()
     gc.unfreeze()

@@ -13,6 +13,7 @@ from pathlib import Path
 from ..evidence import previous_good_run
 from ..errors import BenchError
 from .conditions import PROFILE_KEYS, SEEDS
+from .prompts import CLASSES
 from .result import BenchConfig, BenchResult
 
 RAW_DIR_NAME = "bench"
@@ -22,10 +23,12 @@ def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: fl
     """The step's BenchConfig. Recipe profiles measure under the seeds' published conditions
     (:data:`conditions.SEEDS`: chat, prose, temperature 0, thinking off, the published lengths,
     concurrency and the 32k/256k prefill cases); a BENCH_* key the profile sets itself wins and is
-    listed in ``conditions["deviations"]``. The lab keeps its scaled sizes (completions, filler)."""
+    listed in ``conditions["deviations"]``. The lab keeps its scaled sizes (completions, filler).
+    Both run the workload-class panel (prose, code, structured, tool; thinking off and on; C=1)."""
     common = dict(repeats=profile.bench_repeats if repeats is None else repeats,
                   soak_seconds=float(profile.soak_seconds if soak_seconds is None else soak_seconds),
-                  recipe=profile.recipe, label=profile.profile_name)
+                  recipe=profile.recipe, label=profile.profile_name,
+                  classes=CLASSES, class_thinking=("off", "on"), class_concurrency=1)
     seed = None if profile.is_lab else SEEDS.get(profile.recipe)
     if seed is None:
         return BenchConfig(endpoint="completions", workload="filler",
@@ -60,7 +63,7 @@ def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: fl
                              "(the 256k case is then not comparable with the published figure)")
     return BenchConfig(
         endpoint=seed.endpoint, workload=seed.workload, temperature=seed.temperature,
-        chat_template_kwargs=dict(seed.thinking_off),
+        chat_template_kwargs=dict(seed.thinking_off), thinking_key=next(iter(seed.thinking_off)),
         conditions={"source": seed.source, "thinking": "off", "workload": seed.workload,
                     "published": seed.to_dict(), "deviations": deviations},
         **values, **common)
