@@ -18,6 +18,8 @@ class Status(str, Enum):
     WARN = "WARN"      # flagged for a human, does not fail the step
     NA = "N/A"         # not applicable on this profile (e.g. RDMA in the lab) -- never a pass
     NOOP = "NO-OP"     # an action found the node already in the desired state
+    SIMULATED = "SIMULATED"  # rehearsal: a hardware-only tool was stood in for by a simulator that checked
+                             # the invocation it got -- shows the command is right, never that the hardware is
 
     def __str__(self) -> str:
         return self.value
@@ -58,6 +60,16 @@ def check(name: str, ok: bool, *, node: str = "", observed: Any = "", expected: 
     return Check(name=name, node=node, status=status, observed=str(observed),
                  expected=str(expected), fix="" if ok else fix, evidence=list(evidence),
                  data=dict(data or {}))
+
+
+def simulated(item: Check, why: str) -> Check:
+    """The rehearsal's form of a hardware-only row: a passing row becomes SIMULATED (its observed value came
+    from a simulator, not from the hardware); a failing row stays FAIL -- the invocation was wrong."""
+    if item.status is Status.FAIL:
+        return item
+    item.status = Status.SIMULATED
+    item.observed = f"{item.observed} [simulated: {why}]" if item.observed else f"[simulated: {why}]"
+    return item
 
 
 def not_applicable(name: str, reason: str, *, node: str = "", expected: Any = "") -> Check:

@@ -653,6 +653,8 @@ class Profile(BaseModel):
     command_timeout: Int(1, 86400) = Field(120, description="default timeout per remote command, s")
     lab: Bool = Field(False, description="bring up the embedded lab before running")
     lab_nodes: Int(2, 3) = Field(2, description="number of lab nodes (2 or 3)")
+    rehearsal: Bool = Field(False, description="rehearse this recipe profile on the lab (set by `run --rehearse`: "
+                                               "only the hardware is substituted, and its rows say SIMULATED)")
     lab_cpu_bind: CpuBind = Field("", description="lab CPU vLLM: VLLM_CPU_OMP_THREADS_BIND per rank, "
                                   "comma-separated (e.g. 0,1,1); empty = the rank number")
 
@@ -1076,9 +1078,15 @@ def _rules(p: Profile) -> Iterable[_Conflict]:
     if p.lab and p.lab_nodes != n:
         yield _Conflict(("LAB_NODES", "WORKER2_SSH"), f"LAB_NODES={p.lab_nodes} but {n} nodes are configured",
                         f"set LAB_NODES={n}", at="LAB_NODES")
-    if p.lab and not p.is_lab:
+    if p.lab and not p.is_lab and not p.rehearsal:
         yield _Conflict(("RECIPE", "LAB"), f"LAB=1 brings up the embedded lab, but RECIPE={p.recipe}",
-                        "use RECIPE=lab with LAB=1, or LAB=0 for real Sparks")
+                        "use RECIPE=lab with LAB=1, or LAB=0 for real Sparks (or rehearse the recipe on the lab: "
+                        "python -m runbook run --rehearse --profile ...)")
+    if p.rehearsal and (p.is_lab or not p.lab):
+        yield _Conflict(("RECIPE", "REHEARSAL"),
+                        f"REHEARSAL=1 rehearses a recipe profile on the lab; got RECIPE={p.recipe}, LAB={int(p.lab)}",
+                        "leave REHEARSAL unset in the profile: `python -m runbook run --rehearse --profile "
+                        "env/<recipe>.env` sets it together with the lab's node mapping", at="REHEARSAL")
     if p.ssh_accept_new_host_keys and not p.is_lab:
         yield _Conflict(("RECIPE", "SSH_ACCEPT_NEW_HOST_KEYS"),
                         f"SSH_ACCEPT_NEW_HOST_KEYS=1 is only allowed with RECIPE=lab (got {p.recipe})",
@@ -1172,7 +1180,7 @@ def _rules(p: Profile) -> Iterable[_Conflict]:
                         f"DEGRADED_GBPS={p.degraded_gbps:g} is above MIN_RDMA_GBPS_RAIL={p.min_rdma_gbps_rail:g}: "
                         "a rail could pass and be called degraded at once",
                         "keep DEGRADED_GBPS below MIN_RDMA_GBPS_RAIL (the recipes: 25 and 90)", at="DEGRADED_GBPS")
-    if p.hf_endpoint.startswith("http://") and not p.is_lab:
+    if p.hf_endpoint.startswith("http://") and not p.is_lab and not p.rehearsal:
         yield _Conflict(("RECIPE", "HF_ENDPOINT"),
                         f"HF_ENDPOINT={p.hf_endpoint} is plain http: the HF token would cross the network "
                         "in clear text", "use the https:// address of the endpoint (or leave HF_ENDPOINT empty)",

@@ -91,7 +91,8 @@ def begin(name: str, profile_path: str | Path, *, run_dir: str | Path = "", dry_
 
 
 _STATUS_COLOURS = {Status.PASS.value: "#d4edda", Status.FAIL.value: "#f8d7da",
-                   Status.WARN.value: "#fff3cd", Status.NA.value: "#e2e3e5", Status.NOOP.value: "#d1ecf1"}
+                   Status.WARN.value: "#fff3cd", Status.NA.value: "#e2e3e5", Status.NOOP.value: "#d1ecf1",
+                   Status.SIMULATED.value: "#e8dff5"}
 
 
 def show_table(checks: CheckList) -> None:

@@ -872,7 +872,7 @@ def external_refs(text: str) -> list[str]:
 # rendering
 # ------------------------------------------------------------------------------------------------
 
-_COLOURS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "WARN": "#fff3cd", "N/A": "#e2e3e5", "NO-OP": "#d1ecf1",
+_COLOURS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "WARN": "#fff3cd", "N/A": "#e2e3e5", "NO-OP": "#d1ecf1", "SIMULATED": "#e8dff5",
             "passed": "#d4edda", "failed": "#f8d7da", "running": "#fff3cd", "not run": "#eeeeee"}
 
 _CSS = """
