@@ -1,9 +1,11 @@
 """runbook.weights: pinned download, manifest/sha256 verification, sharing, parity.
 
-Notebook API (02_weights)::
+Notebook API (02_weights; ``step.run(profile, cluster)`` does all of it in order)::
 
+    layout = weights_layout(profile)                             # local_dir | hub_cache, from MODEL_DIR
+    on_node(node, "~/.cache/huggingface")                        # ~ = that node's home (read once per node)
     snap = fetch_metadata(repo, revision, endpoint=...)          # Hub sizes + LFS sha256
-    res  = download(repo, revision, weights_dir, endpoint=..., allow_patterns=..., max_workers=...)
+    res  = download(repo, revision, weights_dir, endpoint=..., allow_patterns=..., layout="hub_cache")
     res.checks                                                   # free space, per-file, summary
     verify_dir(weights_dir, snap.expected())                     # re-run: manifest reuse
     rsync_to_worker(cluster.head, cluster.worker, src, dst)      # WEIGHT_SYNC=rsync
@@ -24,7 +26,9 @@ from .download import (
                        require_pinned,
                        verify_checks,
 )
-from .node_download import LAYOUT
+from .layout import WeightsLayout, weights_layout
+from .node_download import LAYOUT, LAYOUTS
+from .node_paths import NodeUser, expand_home, node_user, on_node
 from .sharing import (
                        ShareResult,
                        cache_dir_is_local,
@@ -36,6 +40,7 @@ from .sharing import (
                        render_rsync,
                        rsync_to_worker,
                        ship_tools,
+                       sudo_check,
                        verify_on_node,
 )
 from .verify import (
@@ -48,32 +53,40 @@ from .verify import (
 from .verify_manifest import MANIFEST_NAME
 
 __all__ = [
-                       "LAYOUT",
-                       "MANIFEST_NAME",
-                       "DownloadResult",
-                       "RemoteFile",
-                       "RepoSnapshot",
-                       "ShareResult",
-                       "bytes_still_needed",
-                       "cache_dir_is_local",
-                       "download",
-                       "download_on_node",
-                       "fetch_metadata",
-                       "free_space_check",
-                       "hash_rate_vs_sha256sum",
-                       "hf_token_from_env",
-                       "manifest_to_expected",
-                       "nfs_share",
-                       "parity",
-                       "read_manifest",
-                       "read_node_manifest",
-                       "render_nfs",
-                       "render_node_download",
-                       "render_rsync",
-                       "require_pinned",
-                       "rsync_to_worker",
-                       "ship_tools",
-                       "verify_checks",
-                       "verify_dir",
-                       "verify_on_node",
+    "DownloadResult",
+    "LAYOUT",
+    "LAYOUTS",
+    "MANIFEST_NAME",
+    "NodeUser",
+    "RemoteFile",
+    "RepoSnapshot",
+    "ShareResult",
+    "WeightsLayout",
+    "bytes_still_needed",
+    "cache_dir_is_local",
+    "download",
+    "download_on_node",
+    "expand_home",
+    "fetch_metadata",
+    "free_space_check",
+    "hash_rate_vs_sha256sum",
+    "hf_token_from_env",
+    "manifest_to_expected",
+    "nfs_share",
+    "node_user",
+    "on_node",
+    "parity",
+    "read_manifest",
+    "read_node_manifest",
+    "render_nfs",
+    "render_node_download",
+    "render_rsync",
+    "require_pinned",
+    "rsync_to_worker",
+    "ship_tools",
+    "sudo_check",
+    "verify_checks",
+    "verify_dir",
+    "verify_on_node",
+    "weights_layout",
 ]

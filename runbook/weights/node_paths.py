@@ -96,7 +96,3 @@ def on_node(node, path: str, *, key: str = "path") -> str:
         return expand_home(path, "/", key=key)
     return expand_home(path, node_user(node).home, key=key)
 
-
-def sudo_prefix(node) -> str:
-    """``"sudo -n "`` when the node's SSH user is not root (never prompts: fails at once instead)."""
-    return "" if node_user(node).is_root else "sudo -n "
