@@ -19,7 +19,6 @@ Contracts (the remote collection and ``python -m runbook diagnose`` are wired el
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import io
 import json
 import re
@@ -394,7 +393,3 @@ def read_bundle(path: str | Path) -> Bundle:
             continue
         texts.setdefault(node, {})[name] = text
     return Bundle(texts=texts, context=ctx, timings={k: float(v) for k, v in timings.items()})
-
-
-def html_escape(text: str) -> str:
-    return html.escape(text, quote=True)

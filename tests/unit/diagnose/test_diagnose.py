@@ -8,7 +8,6 @@ must match: exactly those, no more.
 """
 from __future__ import annotations
 
-import io
 import json
 import socket
 import subprocess
