@@ -8,7 +8,7 @@ LAB_VLLM_VENV := .lab/vllm-venv
 APT_PACKAGES := openssh-server iperf3 ethtool iputils-ping sshfs busybox-static docker.io rsync \
   nfs-ganesha nfs-ganesha-vfs libnfs-utils
 
-.PHONY: install runbook test test-unit test-lab lab-up lab-down lab-status lab-deps lab-vllm jupyter browser-deps test-browser clean-results
+.PHONY: install runbook rehearse test test-unit test-lab lab-up lab-down lab-status lab-deps lab-vllm jupyter browser-deps test-browser clean-results
 
 install: $(VENV)/.installed
 
@@ -46,6 +46,10 @@ LAB_PROFILE := $(shell grep -qs '^LAB=1' $(PROFILE) && echo yes)
 # The whole runbook on PROFILE (default: the embedded lab).
 runbook: install $(if $(LAB_PROFILE),lab-deps lab-vllm)
 	$(PY) -m runbook run --profile $(PROFILE) $(ARGS)
+
+# Rehearse a recipe profile on the lab before touching your Sparks: make rehearse PROFILE=env/exl3-v41.env
+rehearse: install lab-deps lab-vllm
+	$(PY) -m runbook run --rehearse --profile $(PROFILE) $(ARGS)
 
 test: install lab-deps lab-vllm browser-deps
 	$(PY) -m pytest tests $(ARGS)

@@ -31,10 +31,17 @@ def cmd_run(args) -> int:
     from . import runner
     from .lab.control import ensure_lab
     only = [s for s in (args.only or "").split(",") if s]
+    overrides, rehearsal = _overrides(args.param), None
+    if args.rehearse:
+        from .lab.rehearsal import load_rehearsal
+        _, overrides, subs = load_rehearsal(args.profile, overrides)
+        rehearsal = [s.to_dict() for s in subs]
+        print(f"rehearsal of {args.profile} on the lab: {len(subs)} key(s) substituted "
+              f"(see rehearsal.json in the run folder); every other key runs as the recipe has it")
     run_dir, outcomes = runner.run(args.profile, start=args.start or "", stop=args.stop or "", only=only,
                                    resume=args.resume or "", dry_run=args.dry_run,
-                                   overrides=_overrides(args.param), step_timeout=args.step_timeout,
-                                   lab_up=None if args.no_lab else ensure_lab)
+                                   overrides=overrides, step_timeout=args.step_timeout,
+                                   lab_up=None if args.no_lab else ensure_lab, rehearsal=rehearsal)
     failed = [o for o in outcomes if o.status != "passed"]
     print(f"\nrun {run_dir.run_id}: " + ", ".join(f"{o.name}={o.status}" for o in outcomes))
     print(f"evidence: {run_dir.path}")
@@ -141,7 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", metavar="RUN_ID", help="continue a run: skip its passed steps")
     run.add_argument("--dry-run", action="store_true", help="record every command without running actions")
     run.add_argument("--no-lab", action="store_true", help="do not bring the lab up (it is already up)")
-    run.add_argument("--step-timeout", type=int, default=3600)
+    run.add_argument("--rehearse", action="store_true",
+                     help="run a recipe profile on the embedded lab: only the hardware is substituted "
+                          "(listed in rehearsal.json; hardware-only rows say SIMULATED)")
+    run.add_argument("--step-timeout", type=int, default=0,
+                     help="seconds one notebook may run (default: sized from the profile's downloads)")
     run.set_defaults(func=cmd_run)
 
     val = sub.add_parser("validate", help="validate a profile and print it")

@@ -45,6 +45,17 @@ def select_steps(steps: list[str], *, start: str = "", stop: str = "", only: lis
     return steps[lo:hi + 1]
 
 
+# the slowest step is a first download: weights + Engram source at a pessimistic 50 MB/s, plus an hour
+DOWNLOAD_MB_S = 50
+
+
+def default_step_timeout(profile) -> int:
+    """Seconds one notebook may run: an hour, or more when the profile's first download needs it
+    (recipe A: ~197 GiB of weights + ~189 GiB of Engram source is ~2.3 h at 50 MB/s)."""
+    gib = float(profile.weights_gib) + (float(profile.engram_gib) if profile.engram else 0.0)
+    return int(DEFAULT_STEP_TIMEOUT + gib * 1024 ** 3 / (DOWNLOAD_MB_S * 1e6))
+
+
 def check_kernel(kernel: str) -> None:
     from jupyter_client.kernelspec import KernelSpecManager
     if kernel not in KernelSpecManager().find_kernel_specs():
@@ -54,11 +65,13 @@ def check_kernel(kernel: str) -> None:
 
 def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list[str] | None = None,
         resume: str = "", dry_run: bool = False, overrides: dict[str, str] | None = None,
-        kernel: str = KERNEL_NAME, step_timeout: int = DEFAULT_STEP_TIMEOUT,
+        kernel: str = KERNEL_NAME, step_timeout: int = 0,
         results_root: Path | None = None, notebooks_dir: Path = NOTEBOOKS_DIR,
-        lab_up: Callable | None = None, echo: Callable[[str], None] = print) -> tuple[RunDir, list[StepOutcome]]:
+        lab_up: Callable | None = None, echo: Callable[[str], None] = print,
+        rehearsal: list[dict[str, str]] | None = None) -> tuple[RunDir, list[StepOutcome]]:
     # 1. the profile is validated before anything else happens
     profile = load_profile(profile_path, overrides=overrides)
+    step_timeout = step_timeout or default_step_timeout(profile)
     steps = select_steps(discover_steps(notebooks_dir), start=start, stop=stop, only=only)
     check_kernel(kernel)
     redactor = redactor_from_env()
@@ -79,9 +92,12 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         run_dir = RunDir.create(profile.profile_name, results_root or RESULTS_ROOT, redactor)
         run_dir.write_json("profile.json", profile.redacted())
         run_dir.write_json("provenance.json", provenance(profile))
+        if rehearsal is not None:
+            run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal})
     run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
                             profile_source=str(profile.source))
-    echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path}")
+    echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
+         "--step-timeout to change)")
 
     # 4. the steps, in order, stopping at the first failure
     outcomes: list[StepOutcome] = []
