@@ -30,6 +30,9 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fabric": ("the CX-7 link is the lab's veth (one /24, MTU 9000, interface enp1s0f0np0 on every node)",
                ("HEAD_IP", "WORKER_IP", "WORKER2_IP", "HEAD_CX7_IF", "WORKER_CX7_IF", "WORKER2_CX7_IF",
                 "BOOTSTRAP_IF", "HEAD_BOOTSTRAP_IP", "WORKER_BOOTSTRAP_IP", "WORKER2_BOOTSTRAP_IP")),
+    "link": ("a veth carries the real pings and iperf3 of a rehearsal, but not a CX-7's speed: TCP/RTT thresholds "
+             "and the link speed are the lab's (RDMA and NCCL thresholds stay: their tools are simulated)",
+             ("EXPECT_LINK_GBPS", "MIN_TCP_GBPS", "MAX_RTT_MS")),
     "registries": ("no registry or Hub is reachable: the lab's Hub endpoint and runtime image stand in",
                    ("HF_ENDPOINT", "IMAGE", "VLLM_BIN")),
     "gpu": ("vLLM's CPU build serves a tiny model: GPU-only quantisation, KV layouts, speculative decoding, "
