@@ -84,6 +84,28 @@ def _server_cluster(args):
     return profile, Cluster.from_profile(profile)
 
 
+def cmd_start(args) -> int:
+    """Start the server of a profile outside a run (image, worker(s) then head, readiness). Exit 0 when it
+    came up, 3 when its ranks were already running with the same configuration (the seeds' contract), 1 when
+    it could not start."""
+    from .errors import ALREADY_RUNNING
+    from .launch import image, server
+    profile, cluster = _server_cluster(args)
+    with cluster:
+        image_checks = image.ensure_image(cluster, profile)
+        if image_checks.failures():
+            print(image_checks.to_text())
+            return 1
+        plan = server.render_plan(cluster, profile)
+        result = server.start(cluster, profile, plan, raise_on_failure=False)
+    print(result.checks.to_text())
+    if result.reused:
+        print(f"not a failed start: the ranks already run with fingerprint {plan.fingerprint[:12]} (dockerd restores "
+              f"them after a reboot); exit {ALREADY_RUNNING}", file=sys.stderr)
+        return ALREADY_RUNNING
+    return 0 if result.ok else 1
+
+
 def cmd_stop(args) -> int:
     from .launch import server
     profile, cluster = _server_cluster(args)
@@ -165,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--nodes", type=int, default=2)
     lab.add_argument("--lab-dir")
     lab.set_defaults(func=cmd_lab)
+
+    start = sub.add_parser("start", help="start the profile's server (exit 3: its ranks already run)")
+    start.add_argument("--profile", default=DEFAULT_PROFILE)
+    start.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+    start.set_defaults(func=cmd_start)
 
     for name, func, text in (("stop", cmd_stop, "stop the vLLM server on both nodes (proves teardown)"),
                              ("status", cmd_status, "state of both vLLM ranks and the API"),

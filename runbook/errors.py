@@ -62,9 +62,15 @@ class ProfileError(RunbookError):
         return self.what
 
 
+# The seeds' start contract: exit 3 means "the ranks are already running" (dockerd restored them after a
+# reboot, `restart: unless-stopped`); systemd units treat it as success (SuccessExitStatus=3). No error
+# class uses 3.
+ALREADY_RUNNING = 3
+
+
 class RemoteError(RunbookError):
     """A command on a node could not be run, failed, or timed out."""
-    exit_code = 3
+    exit_code = 8
 
 
 class ActionError(RunbookError):

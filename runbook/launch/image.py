@@ -44,12 +44,17 @@ def plan_image(profile, infos: dict[str, ImageInfo | None]) -> ImagePlan:
     others = {n: i for n, i in infos.items() if n != "head"}
     pinned = "@sha256:" in profile.image
     if head is None:
-        if pinned and not profile.is_lab:
+        if profile.is_lab or profile.rehearsal:
+            return ImagePlan("fail", f"{profile.image} is missing on the head (the lab never pulls: its nodes "
+                                     "have no route out; `python -m runbook lab up` imports the lab image)")
+        if pinned:
             return ImagePlan("pull", f"{profile.image} is missing on the head; digest-pinned: pull it",
                              targets=sorted(infos))
-        return ImagePlan("fail", f"{profile.image} is missing on the head"
-                         + ("" if pinned else " and IMAGE is not digest-pinned (refusing to pull a moving tag)")
-                         + (" (the lab never pulls: its nodes have no route out)" if profile.is_lab else ""))
+        # a moving tag (seed A publishes one) is pulled once, on the head, and shipped from there, so every
+        # rank runs the same bytes; the digest it resolved to is recorded and the run stays a candidate
+        return ImagePlan("pull-head", f"{profile.image} is missing on the head and is a moving tag: pull it on "
+                                      "the head only, record the digest it resolves to, ship it to the workers",
+                         targets=sorted(infos))
     differ = [n for n, i in others.items() if i is None or list(i.layers) != list(head.layers)]
     if not differ:
         return ImagePlan("none", "same layer digests on every node")
@@ -140,10 +145,16 @@ def ensure_image(cluster: Cluster, profile, *, step=None) -> CheckList:
     shipped: dict[str, Any] = {}
     for name in plan.targets:
         node = cluster[name]
-        if plan.action == "pull":
+        if plan.action == "pull" or (plan.action == "pull-head" and name == "head"):
             r = node.run(f"docker pull {quote(profile.image)}", timeout=7200, warn=True)
             if r.ok or name == "head" or infos.get("head") is None:
                 shipped[name] = {"pulled": r.ok}
+                if name == "head" and not r.ok:
+                    checks.add(check("image pulled", False, node="head", observed=r.stderr.strip()[-500:],
+                                     expected=f"docker pull {profile.image} succeeds",
+                                     fix="see the docker error (`unexpected EOF`: rerun, `manifest unknown`: fix "
+                                         "IMAGE, `no such host`: DNS); or docker load a saved image on the head"))
+                    return _finish(checks, step, {**data, "shipped": shipped})
                 continue
         try:
             shipped[name] = _ship(cluster, profile, node, checks)

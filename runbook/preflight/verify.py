@@ -10,6 +10,7 @@ from typing import Any
 from ..checks import Check, CheckList, Status, check, not_applicable
 from .. import fit
 from ..facts import system
+from ..launch.image import plan_image
 from ..launch.server import RankState, rank_state
 from ..remote import Cluster, Node, node_ssh_argv, quote
 
@@ -144,17 +145,26 @@ def _docker(name: str, f: dict[str, Any], profile) -> list[Check]:
                  observed=f"server {f['docker']}" if f["docker"] else f["docker_error"][:200],
                  expected="docker daemon answering",
                  fix="install docker and start dockerd (lab: make lab-up starts it in each node)")]
-    if f["docker"] is not None:
-        image = f["image"]
-        out.append(check("runtime image present", image is not None, node=name,
-                         observed=image.image_id[:19] if image else "absent", expected=profile.image,
-                         fix=f"docker pull {profile.image} (or let the launch step ship it from the head)"))
+    if f["docker"] is not None and f["image"] is not None:
+        out.append(check("runtime image present", True, node=name, observed=f["image"].image_id[:19],
+                         expected=profile.image))
     return out
 
 
 def _image_identity(facts: dict[str, dict[str, Any]], profile) -> list[Check]:
+    if profile.runtime != "docker":
+        return []
     images = {name: f["image"] for name, f in facts.items() if f.get("image")}
-    if len(images) < len(facts) or len(images) < 2:
+    missing = sorted(name for name, f in facts.items() if f["docker"] is not None and not f.get("image"))
+    if missing:
+        # missing is not a failure by itself: 04_launch pulls or ships it; preflight says which, or why not
+        plan = plan_image(profile, {name: f.get("image") for name, f in facts.items()})
+        return [check("runtime image obtainable", plan.action != "fail", node=",".join(missing),
+                      observed=f"absent on {', '.join(missing)}; 04_launch will {plan.action}: {plan.reason}",
+                      expected=f"{profile.image} present, or pullable / shippable by 04_launch",
+                      fix=f"docker pull {profile.image} on the head (or docker load a saved image there), "
+                          "then rerun", warn_only=plan.action == "pull-head")]
+    if len(images) < 2:
         return []
     ids = {name: img.image_id for name, img in images.items()}
     layers = {name: tuple(img.layers) for name, img in images.items()}

@@ -76,6 +76,16 @@ def test_report_written_and_self_contained(full_run):
     assert "https://" not in html and "<script src=" not in html and "<link " not in html
 
 
+def test_a_second_start_while_the_ranks_run_exits_3(two_runs):
+    """The seeds' contract: `start` on running ranks is not a failure, it is exit 3 (before the stop test)."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "runbook", "start", "--profile", PROFILE], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 3, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    assert "already run" in done.stderr and "NO-OP" in done.stdout
+
+
 def test_stop_leaves_nothing_behind(full_run):
     profile, _, _ = full_run
     from runbook.launch import server

@@ -375,8 +375,9 @@ def test_image_plan():
     assert plan_image(lab, {"head": None, "worker": a}).action == "fail"      # the lab never pulls
     seed_b = load_profile(ENV / "dspark-v4.env")                               # digest-pinned
     assert plan_image(seed_b, {"head": None, "worker": None}).action == "pull"
-    seed_a = load_profile(ENV / "exl3-v41.env")                                # a moving tag: never pulled
-    assert plan_image(seed_a, {"head": None, "worker": None}).action == "fail"
+    seed_a = load_profile(ENV / "exl3-v41.env")          # a moving tag: pulled once on the head, then shipped
+    moving = plan_image(seed_a, {"head": None, "worker": None})
+    assert moving.action == "pull-head" and moving.targets == ["head", "worker"] and "digest" in moving.reason
     assert plan_image(seed_a, {"head": a, "worker": ImageInfo(a.image_id, ["sha256:l2"])}).action == "ship"
 
 

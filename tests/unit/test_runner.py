@@ -38,3 +38,15 @@ def test_bad_profile_is_rejected_before_anything_runs(tmp_path):
         run(bad, results_root=results, lab_up=lambda p: calls.append(p))
     assert "MAX_MODL_LEN" in str(err.value) and "MAX_MODEL_LEN" in str(err.value)
     assert not results.exists() and not calls     # no run folder, no lab, no connection
+
+
+def test_step_timeout_covers_a_first_download_of_the_recipe():
+    from runbook.profile import load_profile
+    from runbook.runner import DEFAULT_STEP_TIMEOUT, default_step_timeout
+    lab = load_profile("env/lab.env")
+    assert default_step_timeout(lab) < DEFAULT_STEP_TIMEOUT + 60
+    exl3 = load_profile("env/exl3-v41.env")
+    # ~197 GiB weights + ~189 GiB Engram source at 50 MB/s is about 2.3 h: more than the old 3600 s
+    seconds = (exl3.weights_gib + exl3.engram_gib) * 1024 ** 3 / 50e6
+    assert seconds > 3600
+    assert default_step_timeout(exl3) >= seconds + DEFAULT_STEP_TIMEOUT - 1
