@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from . import launch, weights
 from .errors import RunbookError
 from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
 from .profile import load_profile
+from .remote import Cluster
 from .secrets import redactor_from_env
 
 KERNEL_NAME = "runbook"
@@ -86,6 +88,12 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         run_dir = RunDir(_resolve_run(resume, results_root), redactor)
         done = {name for name, entry in run_dir.manifest().get("steps", {}).items()
                 if entry.get("status") == "passed"}
+        gone = first_state_gone(profile, run_dir, sorted(done), dry_run=dry_run)
+        if gone:
+            name, why = gone
+            echo(f"resuming {run_dir.run_id}: {name} passed, but its state is gone ({why}): re-running from {name}")
+            steps = sorted(set(steps) | {s for s in done if s >= name})
+            done = {s for s in done if s < name}
         steps = [s for s in steps if s not in done]
         echo(f"resuming {run_dir.run_id}: skipping {sorted(done) or 'nothing'}")
     else:
@@ -122,6 +130,33 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         echo(f"report: not written ({type(exc).__name__}: {exc})")
     run_dir.scrub()
     return run_dir, outcomes
+
+
+def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bool = False
+                     ) -> tuple[str, str] | None:
+    """Resume means resume: the first passed step whose state on the nodes is gone, and why (None when all
+    are intact). Checked read-only: the server 04 launched (same fingerprint on every rank), and the weights
+    manifest 02 wrote on every node that holds a copy."""
+    checkable = [s for s in passed if s in STATE_CHECKS]
+    if not checkable or dry_run:
+        return None
+    with Cluster.from_profile(profile) as cluster:
+        for name in checkable:
+            why = STATE_CHECKS[name](profile, cluster, run_dir.read_sidecar(name))
+            if why:
+                return name, why
+    return None
+
+
+def _weights_state(profile, cluster, sidecar) -> str:
+    holders = [cluster.head] if profile.weight_sync == "nfs" else list(cluster)
+    for node in holders:
+        if weights.read_node_manifest(node, profile.weights_dir_on(node.name)) is None:
+            return f"no verified weights manifest on {node.name} in {profile.weights_dir_on(node.name)}"
+    return ""
+
+
+STATE_CHECKS = {"02_weights": _weights_state, "04_launch": launch.state_left}
 
 
 def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool,

@@ -46,3 +46,21 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
     if action == "status":
         outcome.status = server.status(step.cluster, profile)
     return outcome
+
+
+def state_left(profile, cluster, sidecar: dict[str, Any] | None) -> str:
+    """What a resume re-checks before skipping a passed 04: every rank still runs the configuration that
+    step started (same fingerprint). '' when intact, else why not."""
+    fingerprint = ((sidecar or {}).get("data") or {}).get("fingerprint", "")
+    if not fingerprint:
+        return "04_launch recorded no fingerprint"
+    states = cluster.each(lambda node: server.rank_state(node, profile))
+    for name, st in states.items():
+        if isinstance(st, Exception):
+            return f"{name}: cannot read its rank ({st})"
+        if not st.running:
+            return f"the server 04_launch started is gone: {name} {st.describe()}"
+        if st.fingerprint and st.fingerprint != fingerprint:
+            return f"{name} runs another configuration (fingerprint {st.fingerprint[:12]}, 04 started {fingerprint[:12]})"
+    return ""
+

@@ -86,6 +86,12 @@ def test_a_second_start_while_the_ranks_run_exits_3(two_runs):
     assert "already run" in done.stderr and "NO-OP" in done.stdout
 
 
+def test_resume_finds_intact_state_while_the_server_runs(two_runs):
+    profile, _, (second_dir, _) = two_runs
+    # before the stop test (file order): the second run's server is the first's, reused
+    assert runner.first_state_gone(profile, second_dir, runner.discover_steps()) is None
+
+
 def test_stop_leaves_nothing_behind(full_run):
     profile, _, _ = full_run
     from runbook.launch import server
@@ -113,3 +119,10 @@ def test_second_run_reuses_the_running_server(two_runs):
     print(f"\n[rerun] first {first_s:.1f} s, second {second_s:.1f} s ({second_s / first_s:.0%}); "
           f"per step: " + ", ".join(f"{o.name} {o.seconds:.1f}" for o in second))
     assert second_s < first_s, (first_s, second_s)
+
+
+def test_resume_notices_the_server_is_gone(full_run):
+    """After the stop above, a resume of the first run must not skip 04: its server is gone."""
+    profile, run_dir, _ = full_run
+    gone = runner.first_state_gone(profile, run_dir, runner.discover_steps())
+    assert gone is not None and gone[0] == "04_launch" and "gone" in gone[1], gone
