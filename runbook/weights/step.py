@@ -33,10 +33,15 @@ ENGRAM_INDEX = "model.safetensors.index.json"
 ENGRAM_CONFIG = "config.json"
 
 
+def on_lab(profile) -> bool:
+    """The nodes are the embedded lab: RECIPE=lab, or a recipe profile rehearsed there."""
+    return profile.is_lab or bool(profile.rehearsal)
+
+
 def node_python(profile) -> str:
     """A python with huggingface_hub on the nodes. The lab's nodes share this machine's
     filesystem, so they use the package's own venv; on Sparks the operator's python3."""
-    return str(REPO_ROOT / ".venv" / "bin" / "python") if profile.is_lab else "python3"
+    return str(REPO_ROOT / ".venv" / "bin" / "python") if on_lab(profile) else "python3"
 
 
 def worker_dir(profile) -> str:
@@ -131,7 +136,7 @@ def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, 
         share.checks.insert(0, room)
         share.checks.append(parity(head_manifest, read_node_manifest(worker, worker_tree), node=worker.name))
         return share
-    if profile.is_lab:      # no kernel NFS here: userspace server and client, kernel mount rendered
+    if on_lab(profile):     # no kernel NFS here: userspace server and client, kernel mount rendered
         return nfs_userspace_share(head, worker, src, dst, head_manifest=head_manifest, name=name, tree=tree,
                                    probe=probe, worker_ips=[w.spec.fabric_ip for w in cluster.workers])
     return nfs_share(head, worker, src, dst, execute=True, head_manifest=head_manifest, python=python,

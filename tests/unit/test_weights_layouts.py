@@ -210,3 +210,13 @@ def test_profiles_weight_sync_and_cache_lines():
                                                           "download-both")
     t = _profile("tp3-dspark")
     assert (t.weights_dir, t.cache_dir) == ("~/.cache/huggingface", "~/.cache/huggingface/vllm-cache")
+
+
+def test_a_rehearsal_runs_with_the_lab_python_and_the_recipes_paths():
+    """Rehearsed on the lab, a recipe profile keeps its paths and layout; only what the lab forces
+    changes: the nodes' python with huggingface_hub is the venv (the lab shares this filesystem)."""
+    p = _profile("dspark-v4")
+    assert wstep.node_python(p) == "python3" and not wstep.on_lab(p)
+    r = p.model_copy(update={"rehearsal": True})
+    assert wstep.on_lab(r) and wstep.node_python(r) == str(Path(wstep.REPO_ROOT) / ".venv" / "bin" / "python")
+    assert weights_layout(r) == weights_layout(p)
