@@ -150,9 +150,11 @@ def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bo
 
 def _weights_state(profile, cluster, sidecar) -> str:
     holders = [cluster.head] if profile.weight_sync == "nfs" else list(cluster)
+    layout = weights.weights_layout(profile)
     for node in holders:
-        if weights.read_node_manifest(node, profile.weights_dir_on(node.name)) is None:
-            return f"no verified weights manifest on {node.name} in {profile.weights_dir_on(node.name)}"
+        tree = layout.tree(weights.on_node(node, profile.weights_dir_on(node.name)))
+        if weights.read_node_manifest(node, tree) is None:
+            return f"no verified weights manifest on {node.name} in {tree}"
     return ""
 
 
