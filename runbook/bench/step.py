@@ -17,6 +17,7 @@ from .prompts import CLASSES
 from .result import BenchConfig, BenchResult
 
 RAW_DIR_NAME = "bench"
+CLASS_PROMPT_TOKENS = 1024
 
 
 def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: float | None = None) -> BenchConfig:
@@ -28,7 +29,10 @@ def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: fl
     common = dict(repeats=profile.bench_repeats if repeats is None else repeats,
                   soak_seconds=float(profile.soak_seconds if soak_seconds is None else soak_seconds),
                   recipe=profile.recipe, label=profile.profile_name,
-                  classes=CLASSES, class_thinking=("off", "on"), class_concurrency=1)
+                  classes=CLASSES, class_thinking=("off", "on"), class_concurrency=1,
+                  # the tool class carries its tool definitions (~600 tokens with a chat template): class
+                  # prompts are long enough for every class to have a body of its own
+                  class_prompt_tokens=CLASS_PROMPT_TOKENS)
     seed = None if profile.is_lab else SEEDS.get(profile.recipe)
     if seed is None:
         return BenchConfig(endpoint="completions", workload="filler",
