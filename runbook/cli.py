@@ -106,6 +106,25 @@ def cmd_start(args) -> int:
     return 0 if result.ok else 1
 
 
+def cmd_diagnose(args) -> int:
+    """Collect from every node, write results/<run>/diagnose/diagnose-<stamp>.tar.gz with its pages, print
+    the catalogue entries that match. Exit 0 when none matched, 1 when some did."""
+    from .evidence import RESULTS_ROOT, RunDir
+    from .launch import diagnosis, server
+    from .secrets import redactor_from_env
+    profile, cluster = _server_cluster(args)
+    redactor = redactor_from_env()
+    run = RunDir(RESULTS_ROOT / args.run, redactor) if args.run else RunDir.create(profile.profile_name,
+                                                                                   RESULTS_ROOT, redactor)
+    with cluster:
+        plan = server.render_plan(cluster, profile)
+        archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
+    for finding in findings:
+        print(finding.to_text() + "\n")
+    print(f"{len(findings)} known failure(s) matched; bundle: {archive}")
+    return 1 if findings else 0
+
+
 def cmd_stop(args) -> int:
     from .launch import server
     profile, cluster = _server_cluster(args)
@@ -192,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--profile", default=DEFAULT_PROFILE)
     start.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
     start.set_defaults(func=cmd_start)
+
+    diag = sub.add_parser("diagnose", help="collect a support bundle from every node and match known failures")
+    diag.add_argument("--profile", default=DEFAULT_PROFILE)
+    diag.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+    diag.add_argument("--run", help="write into this run folder under results/ (default: a new one)")
+    diag.set_defaults(func=cmd_diagnose)
 
     for name, func, text in (("stop", cmd_stop, "stop the vLLM server on both nodes (proves teardown)"),
                              ("status", cmd_status, "state of both vLLM ranks and the API"),

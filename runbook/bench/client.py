@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 
 from .http import HTTPError, RawHTTP
-from .prom import MetricsSnapshot
+from ..facts.prom import MetricsSnapshot
 
 clock = time.perf_counter
 READ_BUFSIZE = 4 << 20       # vLLM #39963: aiohttp's 64 KiB default collapses long-context throughput

@@ -42,7 +42,7 @@ from .client import (
     request_timeout_s,
     stream_request,
 )
-from .prom import MetricsSnapshot, delta
+from ..facts.prom import MetricsSnapshot, delta
 from .prompts import CLASSES, PromptBuilder, get_workload, request_extra
 from .result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
 

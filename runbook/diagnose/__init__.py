@@ -3,7 +3,8 @@ support bundle collected from every node (see docs/diagnose.md).
 
     from runbook.diagnose import collect_commands, write_bundle, match, read_bundle, Context
 """
-from .bundle import LOCAL, Bundle, Command, Context, NodeInfo, collect_commands, page_paths, read_bundle, write_bundle
+from .archive import page_paths, read_bundle, write_bundle
+from .bundle import LOCAL, Bundle, Command, Context, NodeInfo, collect_commands
 from .catalogue import BY_ID, ENTRIES, Entry, Hit
 from .match import Finding, catalogue_markdown, match
 

@@ -9,13 +9,15 @@ started, or without RDMA, simply has less to match. Sources: ``shared/reference/
 """
 from __future__ import annotations
 
+import datetime as _dt
+
 import json
 import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..bench.prom import MetricsSnapshot
+from ..facts.prom import MetricsSnapshot
 from ..facts import docker_pull, firewall, hostlog, ibv, net, procs, rdma, sockets, system
 from . import bundle as B
 
@@ -491,11 +493,36 @@ def _pull_sig(kind: str) -> Callable[[B.Bundle], list[Hit]]:
     return sig
 
 
+_DMESG_T = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
+
+
+def _rank_started(b: B.Bundle, node: str) -> float | None:
+    """When the node's rank was last started (its start record), as epoch seconds."""
+    try:
+        return float(json.loads(b.text(node, B.START_RECORD) or "{}").get("started_at"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _before(line: str, started: float | None) -> bool:
+    """A ``dmesg -T`` line stamped more than a minute before the rank's start: an older event (the kernel
+    ring buffer is the host's, shared by every namespace and every earlier run)."""
+    m = _DMESG_T.match(line.strip())
+    if started is None or not m:
+        return False
+    try:
+        stamp = _dt.datetime.strptime(" ".join(m.group(1).split()), "%a %b %d %H:%M:%S %Y").timestamp()
+    except ValueError:
+        return False
+    return stamp < started - 60
+
+
 def _sig_oom(b: B.Bundle) -> list[Hit]:
     hits = []
     for node in b.nodes:
         text = b.text(node, B.DMESG) + "\n" + b.text(node, B.JOURNAL)
-        kills = [k for k in hostlog.oom_kills(text) if not k.dry_run]
+        started = _rank_started(b, node)
+        kills = [k for k in hostlog.oom_kills(text) if not k.dry_run and not _before(k.line, started)]
         gpu = hostlog.gpu_oom_lines(text)
         if not kills and not gpu:
             continue

@@ -466,7 +466,7 @@ def gather_facts(cluster, profile, facts: Mapping[str, Any] | None = None) -> di
             for name, value in cluster.each(probe).items()}
 
 
-def _engram_shards(nf: Mapping[str, Any]) -> list[str]:
+def engram_shards(nf: Mapping[str, Any]) -> list[str]:
     """Shard files that hold Engram tensors, per the node's index (or every *.safetensors)."""
     index = nf.get("index") or {}
     wm = index.get("weight_map") or {}
@@ -497,7 +497,7 @@ def source_checks(profile, facts: Mapping[str, Any]) -> list[Check]:
         missing = [f for f in ("config.json", L.INDEX_NAME) if f not in files]
         if nf.get("config_error") or nf.get("index_error"):
             missing.append(nf.get("config_error") or nf.get("index_error"))
-        shards = _engram_shards(nf)
+        shards = engram_shards(nf)
         missing += [s for s in shards if s not in files]
         if not shards:
             missing.append("no shard with layers.*.engram.embed.* in the index")

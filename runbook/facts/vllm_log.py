@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..checks import check, not_applicable
+
 __all__ = [
     "PERIODIC_PATTERNS",
     "StartupLog",
@@ -193,7 +195,6 @@ def tp_pad_check(expected: dict[str, Any] | None, startup: StartupLog | None, *,
     for TP=3``; stock vLLM refuses ``64 % 3`` or silently keeps ``8 // 3`` groups per rank).
 
     ``expected`` is :func:`runbook.launch.tp_pad` of the profile (None: no pad needed -> N/A)."""
-    from ..checks import check, not_applicable
     name = "TP pad applied (boot log)"
     if not expected:
         return not_applicable(name, "TP divides the model's attention groups: no pad", node=node)

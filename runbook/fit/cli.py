@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import CheckFailed, RunbookError
 from ..evidence import RESULTS_ROOT
+from ..profile import load_profile
 from .budget import DOES_NOT_FIT, FITS, plan
 from .facts import (INDEX_NAME, checkpoint_size_cmd, find_preflight, index_total_size, load_sidecar,
                     local_facts, node_facts_from_sidecar, nominal_facts, parse_checkpoint_size, LocalHost)
@@ -58,7 +59,6 @@ def local_checkpoint(arg: str) -> Figure:
 
 
 def cmd_plan(args) -> int:
-    from ..profile import load_profile
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     checkpoint = local_checkpoint(args.index) if args.index else None
     if args.facts:

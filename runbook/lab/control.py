@@ -71,9 +71,9 @@ def ensure_tiny_model(*, echo=print, module: str = TINY_MODULE, out: Path = TINY
 
 def ensure_tiny_repo(repo_id: str, *, echo=print) -> str:
     """Publish the tiny model to the lab Hub once; return its pinned revision."""
-    from .hub import _read_ref, publish_repo
+    from .hub import read_ref, publish_repo
     org, name = repo_id.split("/", 1)
-    existing = _read_ref(HUB_ROOT / org / name, "main")
+    existing = read_ref(HUB_ROOT / org / name, "main")
     if existing:
         return existing
     module, out = tiny_variant(repo_id)

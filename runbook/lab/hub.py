@@ -117,7 +117,7 @@ def publish_repo(root: str | os.PathLike, repo_id: str, src_dir: str | os.PathLi
         raise FileNotFoundError(f"publish_repo: source directory {src} does not exist")
     repo_dir = Path(root) / org / name
     files = scan_revision(src, lfs_threshold)
-    parent = _read_ref(repo_dir, branch) or ""
+    parent = read_ref(repo_dir, branch) or ""
     digest = hashlib.sha1(f"{repo_id}\n{parent}\n".encode())
     for f in files:
         digest.update(f"{f['path']}\0{f['size']}\0{f['sha256']}\n".encode())
@@ -182,7 +182,7 @@ def _split_repo(repo_id: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-def _read_ref(repo_dir: Path, ref: str) -> str | None:
+def read_ref(repo_dir: Path, ref: str) -> str | None:
     path = repo_dir / "refs" / ref
     if "/" in ref or ref.startswith(".") or not path.is_file():
         return None
@@ -213,7 +213,7 @@ class HubStore:
             return None
         if _SHA40.match(revision):
             return revision if (repo_dir / revision).is_dir() else None
-        return _read_ref(repo_dir, revision)
+        return read_ref(repo_dir, revision)
 
     def files(self, repo_id: str, sha: str) -> dict[str, dict[str, Any]]:
         key = (repo_id, sha)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import image, server
+from . import diagnosis, image, server
 from .render import LaunchPlan
 
 ACTIONS = ("start", "stop", "restart", "status")
@@ -43,6 +43,15 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
         outcome.stopped = server.stop(step.cluster, profile, step=step)
     if action in ("start", "restart") and not step.checks.failures():
         outcome.started = server.start(step.cluster, profile, plan, step=step, raise_on_failure=False)
+        if not outcome.started.ok and not step.dry_run:
+            # say why, not only that: collect from every node and match the known failures
+            archive, findings = diagnosis.diagnose_server(step.cluster, profile, step.run.path, step.run.redactor,
+                                                          plan=plan)
+            step.add(diagnosis.finding_checks(findings, archive, step.run.path))
+            step.data["diagnose"] = {"archive": str(archive.relative_to(step.run.path)),
+                                     "findings": [f.id for f in findings]}
+            for finding in findings:
+                print(finding.to_text())
     if action == "status":
         outcome.status = server.status(step.cluster, profile)
     return outcome

@@ -38,6 +38,7 @@ from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import RunbookError
+from ..facts.prom import parse_prometheus
 from .server_info import (
     ApiClient,
     Exchange,
@@ -379,7 +380,6 @@ def build_prompt(client: ApiClient, target: int, *, needle: str = "", depth: flo
 # metrics
 # ------------------------------------------------------------------------------------------------
 
-_PROM_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)')
 
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -388,24 +388,13 @@ SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {name: sum over label sets}; per-position spec counters are kept as
-    ``name{position=N}``."""
+    """Prometheus text (parsed by the project's one parser, ``facts.prom``) -> {name: sum over label sets};
+    per-position spec counters are kept as ``name{position=N}``."""
     out: dict[str, float] = {}
-    for line in (text or "").splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _PROM_LINE.match(line)
-        if not m:
-            continue
-        name, labels, value = m.groups()
-        try:
-            v = float(value)
-        except ValueError:
-            continue
+    for (name, labels), value in parse_prometheus(text or "").items():
         if name == SPEC_PER_POS:
-            pos = re.search(r'position="(\d+)"', labels or "")
-            name = f"{name}{{position={pos.group(1) if pos else '?'}}}"
-        out[name] = out.get(name, 0.0) + v
+            name = f"{name}{{position={dict(labels).get('position', '?')}}}"
+        out[name] = out.get(name, 0.0) + value
     return out
 
 

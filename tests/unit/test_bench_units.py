@@ -7,7 +7,7 @@ import pytest
 
 from runbook.bench import metrics as M
 from runbook.bench.client import RequestRecord, _event, finalize
-from runbook.bench.prom import MetricsSnapshot, delta, parse_prometheus
+from runbook.facts.prom import MetricsSnapshot, delta, parse_prometheus
 from runbook.bench.report import anchors_table, load_published, plot_comparison, results_table
 from runbook.bench.result import SCHEMA_VERSION, BenchResult, CaseResult
 
