@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import launch, weights
+from .checks import check
+from .launch import health
 from .errors import RunbookError
 from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
 from .profile import load_profile
@@ -199,10 +201,42 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
             Path(str(dest) + ".partial").replace(dest)
         shutil.rmtree(scratch, ignore_errors=True)
     seconds = time.time() - started
+    if status == "failed" and not _sidecar_written_since(run_dir, name, started):
+        write_failure_sidecar(run_dir, name, error, profile_path=profile_path, overrides=overrides,
+                              dry_run=dry_run, seconds=seconds)
     run_dir.record_step(name, status=status, end=time.time(), seconds=round(seconds, 2),
                         exit=exit_code, error=run_dir.redactor.redact(error))
     echo(f"--- {name}: {status} in {seconds:.1f} s" + (f"\n{run_dir.redactor.redact(error)}" if error else ""))
     return StepOutcome(name, status, seconds, error)
+
+
+SERVER_STEPS_FROM = "04"    # from the launch on, a failure is explained by the server's and fabric's state
+
+
+def _sidecar_written_since(run_dir: RunDir, name: str, started: float) -> bool:
+    path = run_dir.path / run_dir.sidecar_rel(name)
+    return path.is_file() and path.stat().st_mtime >= started
+
+
+def write_failure_sidecar(run_dir: RunDir, name: str, error: str, *, profile_path: str,
+                          overrides: dict[str, str] | None, dry_run: bool, seconds: float) -> None:
+    """A step that ended in an exception never reached its summary cell: write its sidecar here, with the
+    error and (from the launch on) what can be seen of the server and the fabric, so the table says why."""
+    rows = [check("step completed", False, node="local", observed=run_dir.redactor.redact(error)[:1500],
+                  expected="the notebook ran to its summary cell",
+                  fix=f"read notebooks/{name}.ipynb in the run folder for the cell that raised; the rows below "
+                      "say what the server and the fabric look like now")]
+    if name >= SERVER_STEPS_FROM and not dry_run:
+        try:
+            profile = load_profile(profile_path, overrides=overrides)
+            with Cluster.from_profile(profile, run_dir=run_dir.path, redactor=run_dir.redactor) as cluster:
+                rows += health.explain(cluster, profile)
+        except Exception as exc:  # noqa: BLE001 - the explanation is best effort; the error row stands
+            rows.append(check("state readable", False, node="cluster", observed=f"{type(exc).__name__}: {exc}"[:500],
+                              expected="the nodes answer", fix="check ssh to the nodes"))
+    run_dir.write_sidecar(name, [r.to_record() for r in rows], {"duration_s": round(seconds, 3),
+                                                               "written_by": "runner (the step raised)"},
+                          "failed")
 
 
 def _resolve_run(resume: str, results_root: Path | None) -> Path:

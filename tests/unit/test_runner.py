@@ -50,3 +50,17 @@ def test_step_timeout_covers_a_first_download_of_the_recipe():
     seconds = (exl3.weights_gib + exl3.engram_gib) * 1024 ** 3 / 50e6
     assert seconds > 3600
     assert default_step_timeout(exl3) >= seconds + DEFAULT_STEP_TIMEOUT - 1
+
+
+def test_a_step_that_raised_gets_a_sidecar_saying_why(tmp_path):
+    import json
+    from runbook.evidence import RunDir
+    from runbook.runner import write_failure_sidecar
+    run = RunDir.create("lab", tmp_path)
+    write_failure_sidecar(run, "02_weights", "ConnectError: [Errno 111] Connection refused",
+                          profile_path="env/lab.env", overrides=None, dry_run=False, seconds=1.5)
+    sidecar = json.loads((run.path / "steps" / "02_weights.json").read_text())
+    assert sidecar["status"] == "failed"
+    rows = sidecar["checks"]
+    assert [r["name"] for r in rows] == ["step completed"]      # before the launch: the error alone
+    assert rows[0]["status"] == "FAIL" and "Connection refused" in rows[0]["observed"] and rows[0]["fix"]

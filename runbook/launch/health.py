@@ -1,0 +1,79 @@
+"""What the runbook can see of the server and the fabric right now, as check rows: used when a step ended
+in an exception (the runner writes these into the step's sidecar, so the table says *why*), and by the
+serving watchdog.
+
+    rows = explain(cluster, profile)    # server answers? each rank running? fabric link up and pingable?
+"""
+from __future__ import annotations
+
+from ..checks import Check, check
+from ..facts import net
+from ..remote import Cluster
+from ..secrets import load_secrets
+from ..serve.server_info import ApiClient, ServerInfo
+from .server import base_url, rank_state
+
+
+def stop_hint(profile) -> str:
+    return f"python -m runbook stop --profile {profile.source}"
+
+
+def server_rows(cluster: Cluster, profile) -> list[Check]:
+    """/health of the API, and each rank's state; ranks left running without a serving head are named with
+    the command that stops them."""
+    rows = []
+    server = ServerInfo(base_url(profile), profile.served_model_name, api_key=load_secrets().api_key)
+    with ApiClient(server, timeout=5) as api:
+        health = api.get("/health")
+    rows.append(check("server answers /health", health.status == 200, node="head",
+                      observed=f"HTTP {health.status}" if health.status is not None else health.error[:200],
+                      expected="HTTP 200", fix=f"the API is gone: read `python -m runbook logs --profile "
+                                                f"{profile.source}`; restart with 04_launch (action='restart')"))
+    states = cluster.each(lambda node: rank_state(node, profile))
+    alive, dead = [], []
+    for name, st in states.items():
+        if isinstance(st, Exception):
+            rows.append(check("rank running", False, node=name, observed=f"cannot read: {str(st)[:200]}",
+                              expected="the rank 04_launch started", fix="check the node is reachable (ssh)"))
+            continue
+        (alive if st.running else dead).append(name)
+        rows.append(check("rank running", st.running, node=name, observed=st.describe(),
+                          expected="the rank 04_launch started",
+                          fix=f"read its log: python -m runbook logs {name} --profile {profile.source}"))
+    if alive and (dead or health.status != 200):
+        rows.append(check("no orphaned ranks", False, node=",".join(alive),
+                          observed=f"still running on {', '.join(alive)} while "
+                                   + (f"{', '.join(dead)} is gone" if dead else "the API does not answer"),
+                          expected="every rank serving, or none left running",
+                          fix=f"stop what remains: {stop_hint(profile)}"))
+    return rows
+
+
+def fabric_rows(cluster: Cluster, profile) -> list[Check]:
+    """Each node's fabric interface state and a short ping to every peer over it (both ways)."""
+    rows = []
+    nodes = list(cluster)
+    for node in nodes:
+        iface = node.spec.fabric_if.split(",")[0]
+        addrs = net.parse_ip_addr(node.read(f"ip -j addr show dev {iface}", timeout=10).stdout)
+        link = addrs.get(iface)
+        rows.append(check("fabric link up", link is not None and link.up, node=node.name,
+                          observed=f"{iface} {link.state if link else 'missing'}", expected=f"{iface} UP",
+                          fix=f"bring the link up on {node.name} (ip link set {iface} up; check the cable and the "
+                              f"other end) and rerun the step"))
+        for peer in nodes:
+            if peer is node or not peer.spec.fabric_ip:
+                continue
+            res = node.read(net.ping_cmd(peer.spec.fabric_ip, size=56, count=2, iface=iface, deadline_s=4),
+                            timeout=15)
+            ping = net.parse_ping(res.stdout + res.stderr)
+            rows.append(check(f"fabric ping {node.name}→{peer.name}", ping.ok, node=node.name,
+                              observed=f"{ping.received}/{ping.transmitted} replies" + (f" ({ping.error})"
+                                                                                         if ping.error else ""),
+                              expected="every reply", fix="the fabric between these nodes is broken: check both "
+                                                          "links (ip -br link), the cable, and the addresses"))
+    return rows
+
+
+def explain(cluster: Cluster, profile) -> list[Check]:
+    return server_rows(cluster, profile) + fabric_rows(cluster, profile)
