@@ -125,6 +125,27 @@ def cmd_diagnose(args) -> int:
     return 1 if findings else 0
 
 
+def cmd_watch(args) -> int:
+    """The serving watchdog in the foreground over the profile's server (Ctrl-C ends it). Exit 1 if it fired."""
+    import time
+    from .launch.watchdog import Watchdog
+    from .profile import load_profile
+    profile = load_profile(args.profile, overrides=_overrides(args.param))
+    dog = Watchdog(profile, stall_s=args.stall).start()
+    print(f"watching {profile.served_model_name} on port {profile.port} (stall limit {args.stall:.0f} s); Ctrl-C ends")
+    try:
+        deadline = time.monotonic() + args.seconds if args.seconds else None
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dog.stop()
+    row = dog.check()
+    print(f"{row.status.value}: {row.observed}")
+    return 1 if dog.alerts else 0
+
+
 def cmd_stop(args) -> int:
     from .launch import server
     profile, cluster = _server_cluster(args)
@@ -217,6 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
     diag.add_argument("--run", help="write into this run folder under results/ (default: a new one)")
     diag.set_defaults(func=cmd_diagnose)
+
+    watch = sub.add_parser("watch", help="alert when the server stops generating while requests wait (wedge)")
+    watch.add_argument("--profile", default=DEFAULT_PROFILE)
+    watch.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+    watch.add_argument("--seconds", type=float, default=0, help="stop after this long (default: until Ctrl-C)")
+    watch.add_argument("--stall", type=float, default=20.0, help="seconds without generated tokens that count")
+    watch.set_defaults(func=cmd_watch)
 
     for name, func, text in (("stop", cmd_stop, "stop the vLLM server on both nodes (proves teardown)"),
                              ("status", cmd_status, "state of both vLLM ranks and the API"),

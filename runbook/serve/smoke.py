@@ -27,6 +27,7 @@ Cases (names are the check names):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import re
@@ -39,6 +40,7 @@ from typing import Any
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import RunbookError
 from ..facts.prom import parse_prometheus
+from ..launch.watchdog import watching
 from .server_info import (
     ApiClient,
     Exchange,
@@ -719,6 +721,7 @@ def run(step, *, base_url: str = "", model: str = "", concurrency: int = 0,
         context_lengths: list[int] | None = None, long_context: bool = True) -> ApiClient | None:
     """Step 05's entry: find the server (04's sidecar, or ``base_url``) and run every smoke case."""
     client = connect(step, base_url=base_url, model=model)
-    step.add(run_smoke(step, client, concurrency=concurrency, context_lengths=context_lengths,
-                       long_context=long_context))
+    with watching(step) if not base_url else contextlib.nullcontext():
+        step.add(run_smoke(step, client, concurrency=concurrency, context_lengths=context_lengths,
+                           long_context=long_context))
     return client

@@ -1,6 +1,9 @@
 """Step 06's entry: the vision cases, then the tool-call battery, against the launched server."""
 from __future__ import annotations
 
+import contextlib
+
+from ..launch.watchdog import watching
 from .server_info import ApiClient, connect
 from .toolcalls import run_battery
 from .vision import run_vision
@@ -8,6 +11,8 @@ from .vision import run_vision
 
 def run(step, *, base_url: str = "", model: str = "", image_path_on_server: str = "") -> ApiClient | None:
     client = connect(step, base_url=base_url, model=model)
-    step.add(run_vision(step, client, image_path_on_server=image_path_on_server))
-    step.add(run_battery(step, client))
+    # the watchdog needs the profile's server: not for a server passed in by base_url
+    with watching(step) if not base_url else contextlib.nullcontext():
+        step.add(run_vision(step, client, image_path_on_server=image_path_on_server))
+        step.add(run_battery(step, client))
     return client
