@@ -132,7 +132,7 @@ def cmd_watch(args) -> int:
     from .profile import load_profile
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     dog = Watchdog(profile, stall_s=args.stall).start()
-    print(f"watching {profile.served_model_name} on port {profile.port} (stall limit {args.stall:.0f} s); Ctrl-C ends")
+    print(f"watching {profile.served_model_name} on port {profile.port} (stall limit {dog.stall_s:.0f} s); Ctrl-C ends")
     try:
         deadline = time.monotonic() + args.seconds if args.seconds else None
         while deadline is None or time.monotonic() < deadline:
@@ -243,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--profile", default=DEFAULT_PROFILE)
     watch.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
     watch.add_argument("--seconds", type=float, default=0, help="stop after this long (default: until Ctrl-C)")
-    watch.add_argument("--stall", type=float, default=20.0, help="seconds without generated tokens that count")
+    watch.add_argument("--stall", type=float, default=None,
+                       help="seconds without a processed token that count (default: 20 on the lab, 180 on Sparks)")
     watch.set_defaults(func=cmd_watch)
 
     for name, func, text in (("stop", cmd_stop, "stop the vLLM server on both nodes (proves teardown)"),

@@ -24,10 +24,18 @@ from . import health
 from .server import base_url
 
 GENERATED = "vllm:generation_tokens_total"
+PROMPTED = "vllm:prompt_tokens_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 INTERVAL_S = 2.0
-STALL_S = 20.0          # caught within 30 s: the stall plus one scrape and the fabric checks
+STALL_S = 20.0          # the lab: caught within 30 s (the stall plus one scrape and the fabric checks)
+# on Sparks a published 262k-token prefill runs ~130 s at ~2k tok/s without a generated token, and vLLM may
+# count its prompt tokens only when it completes: the stall limit there must be longer than the longest prefill
+RECIPE_STALL_S = 180.0
+
+
+def stall_for(profile) -> float:
+    return STALL_S if profile.is_lab or profile.rehearsal else RECIPE_STALL_S
 
 
 @dataclass
@@ -45,10 +53,11 @@ class Alert:
 class Watchdog:
     """A background thread over one server. ``alerts`` fills as it fires; ``stop()`` ends it."""
 
-    def __init__(self, profile, *, interval_s: float = INTERVAL_S, stall_s: float = STALL_S,
+    def __init__(self, profile, *, interval_s: float = INTERVAL_S, stall_s: float | None = None,
                  check_nodes: bool = True, echo=print):
         self.profile, self.check_nodes = profile, check_nodes
-        self.interval_s, self.stall_s, self.echo = interval_s, stall_s, echo
+        self.interval_s, self.echo = interval_s, echo
+        self.stall_s = stall_for(profile) if stall_s is None else stall_s
         self.alerts: list[Alert] = []
         self.scrapes = 0
         self._stop = threading.Event()
@@ -79,7 +88,8 @@ class Watchdog:
                         self._fire("api-gone", f"/metrics: {ex.status or ex.error}")
                     continue
                 snap = MetricsSnapshot.from_text(now, ex.body)
-                count = snap.total(GENERATED) or 0.0
+                # progress is any token processed: generated, or prompt tokens of a long prefill
+                count = (snap.total(GENERATED) or 0.0) + (snap.total(PROMPTED) or 0.0)
                 busy = (snap.total(RUNNING) or 0.0) + (snap.total(WAITING) or 0.0)
                 if last_count is None or count != last_count or busy == 0:
                     last_count, moved_at = count, now
@@ -87,8 +97,9 @@ class Watchdog:
                     continue
                 if now - moved_at >= self.stall_s and firing != "wedge":
                     firing = "wedge"
-                    self._fire("wedge", f"{busy:.0f} request(s) running/waiting, {GENERATED} stuck at {count:.0f} "
-                                        f"for {now - moved_at:.0f} s while /metrics answers")
+                    self._fire("wedge", f"{busy:.0f} request(s) running/waiting, no token processed ({GENERATED} + "
+                                        f"{PROMPTED} stuck at {count:.0f}) for {now - moved_at:.0f} s while "
+                                        "/metrics answers")
 
     def _fire(self, kind: str, observed: str) -> None:
         rows: list[Check] = []
