@@ -3,15 +3,31 @@ files, and the drift from the previous good run of the same profile.
 
     report_path, model = runbook.report.run(step, results_root="", drift_tolerance=0.2)
 
-Modules: ``page`` (collect → model → HTML, the results index, the step's own checks),
-``drift`` (the pure comparison of two report models). Check names → code: ``page.report_checks``.
+Modules, in the order the data flows:
+
+* ``runfiles``  -- reading a run folder (JSON, sidecars, the evidence paths the steps recorded);
+* ``model``     -- ``Figure``/``StepInfo``/``ReportModel`` dataclasses, agreement rule, headline figures;
+* ``recompute`` -- figures of 00–04 from their raw files (one function per step section);
+* ``recompute_bench`` -- the 07 figures from ``requests.jsonl``/``chunks.jsonl`` beside ``result.json``;
+* ``collector`` -- run folder → model (the above, guarded: a broken section becomes a note), drift;
+* ``drift``     -- the pure comparison of two report models;
+* ``plots``, ``html_parts``, ``html_sections``, ``html_page`` -- model → self-contained HTML;
+* ``index``     -- ``results/index.{json,html}``; ``write`` -- ``report.html`` + index on disk;
+* ``checks``    -- the 08 step's own checks (``report_checks``): check names → code.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .drift import DEFAULT_REL_TOL
-from .page import ReportModel, collect, headline, report_checks, resolve_run, write_index, write_report
+from .checks import report_checks
+from .collector import DEFAULT_REL_TOL, collect, resolve_run
+from .html_page import render_html
+from .index import index_entries, write_index
+from .model import Figure, ReportModel, headline
+from .write import write_report
+
+__all__ = ["run", "collect", "render_html", "write_report", "write_index", "index_entries", "report_checks",
+           "resolve_run", "headline", "Figure", "ReportModel", "DEFAULT_REL_TOL"]
 
 
 def run(step, *, results_root: str | Path = "", drift_tolerance: float = DEFAULT_REL_TOL

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 
-
 from runbook.evidence import previous_good_run
-from runbook.report import drift, page as report
+from runbook.report import drift
+from runbook.report.checks import report_checks
+from runbook.report.collector import collect
+from runbook.report.html_page import render_html
+from runbook.report.model import Figure, ReportModel, StepInfo
 from runbook.secrets import Redactor
-from test_report import build_run
+from support.runs import build_run
 
 RED = Redactor()
 
@@ -30,7 +33,7 @@ def test_drift_detects_status_change_moved_figure_and_changed_kernel(tmp_path):
     build_run(root, "20261201-030000-lab", created="2026-12-01T03:00:00+00:00")
     cur = build_run(root, "20261201-040000-lab", created="2026-12-01T04:00:00+00:00",
                     gpu_status="FAIL", tcp=(4.0, 7.70), kernel="6.19.1", command_flag="--max-model-len 8192")
-    model = report.collect(cur, results_root=root, redactor=RED)
+    model = collect(cur, results_root=root, redactor=RED)
     d = model.drift
     assert d.previous_run_id == "20261201-030000-lab"
     status = {i.key: i for i in d.of_kind("status")}
@@ -45,9 +48,9 @@ def test_drift_detects_status_change_moved_figure_and_changed_kernel(tmp_path):
     assert env["worker: kernel"].current == "6.19.1"
     assert "head: command" in env and "8192" in env["head: command"].detail
     # the report shows the section and the step's check says WARN
-    page = report.render_html(model, redactor=RED)
+    page = render_html(model, redactor=RED)
     assert "Compared with <b>20261201-030000-lab</b>" in page and "6.19.1" in page
-    rec = {c.name: c for c in report.report_checks(model)}
+    rec = {c.name: c for c in report_checks(model)}
     assert rec["drift"].status.value == "WARN"
 
 
@@ -55,7 +58,7 @@ def test_identical_runs_show_no_drift(tmp_path):
     root = tmp_path / "results"
     build_run(root, "20261201-030000-lab", created="2026-12-01T03:00:00+00:00")
     cur = build_run(root, "20261201-040000-lab", created="2026-12-01T04:00:00+00:00")
-    d = report.collect(cur, results_root=root, redactor=RED).drift
+    d = collect(cur, results_root=root, redactor=RED).drift
     assert d.items == [] and d.compared_figures > 10 and d.compared_checks > 10
     assert not d.significant
 
@@ -64,19 +67,19 @@ def test_tolerance_is_configurable(tmp_path):
     root = tmp_path / "results"
     build_run(root, "20261201-030000-lab", created="2026-12-01T03:00:00+00:00")
     cur = build_run(root, "20261201-040000-lab", created="2026-12-01T04:00:00+00:00", tcp=(9.133 * 0.9, 7.765))
-    assert not report.collect(cur, results_root=root, redactor=RED).drift.of_kind("figure")
-    moved = report.collect(cur, results_root=root, redactor=RED, rel_tol=0.05).drift.of_kind("figure")
+    assert not collect(cur, results_root=root, redactor=RED).drift.of_kind("figure")
+    moved = collect(cur, results_root=root, redactor=RED, rel_tol=0.05).drift.of_kind("figure")
     assert [i.key for i in moved] == ["01_network/net.tcp.rail0.head->worker"]
 
 
 def _bench_figure(key, value, lo, hi, n=3):
-    return report.Figure(key=key, step="07_bench", label="decode_tok_s", value=value, unit="tok/s",
+    return Figure(key=key, step="07_bench", label="decode_tok_s", value=value, unit="tok/s",
                          spread={"min": lo, "max": hi, "n": n}, higher_is_better=True)
 
 
 def _model(run_id, figures):
-    step = report.StepInfo(name="07_bench", title="Benchmark", ran=True, has_sidecar=True)
-    return report.ReportModel(run_id=run_id, run_path="/x/" + run_id, generated="", manifest={}, profile={},
+    step = StepInfo(name="07_bench", title="Benchmark", ran=True, has_sidecar=True)
+    return ReportModel(run_id=run_id, run_path="/x/" + run_id, generated="", manifest={}, profile={},
                               provenance={}, steps=[step], figures=figures)
 
 
@@ -95,7 +98,7 @@ def test_steps_not_in_both_runs_are_not_compared(tmp_path):
     build_run(root, "20261201-030000-lab", created="2026-12-01T03:00:00+00:00", steps=("00_preflight", "01_network"))
     cur = build_run(root, "20261201-040000-lab", created="2026-12-01T04:00:00+00:00",
                     steps=("00_preflight", "02_weights"), tcp=(1.0, 1.0))
-    d = report.collect(cur, results_root=root, redactor=RED).drift
+    d = collect(cur, results_root=root, redactor=RED).drift
     assert d.not_compared == ["01_network", "02_weights"]
     assert d.items == []
 
@@ -103,7 +106,7 @@ def test_steps_not_in_both_runs_are_not_compared(tmp_path):
 def test_no_previous_good_run(tmp_path):
     root = tmp_path / "results"
     cur = build_run(root, "20261201-040000-lab")
-    model = report.collect(cur, results_root=root, redactor=RED)
+    model = collect(cur, results_root=root, redactor=RED)
     assert model.drift.previous_run_id is None and "no previous good run" in model.drift.reason
-    assert "no previous good run" in report.render_html(model, redactor=RED)
+    assert "no previous good run" in render_html(model, redactor=RED)
     json.dumps(model.to_dict(), default=str)      # serialisable (index / debugging)

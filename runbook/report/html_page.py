@@ -1,0 +1,148 @@
+"""The run page: one self-contained HTML document rendered from a ``ReportModel`` (pure; plots embedded).
+
+Order: header (status, check counts, provenance line), notes, steps, check matrix, drift, the measured
+sections (:mod:`.html_sections`), all figures, profile, provenance. The whole page passes through the
+redactor before it is returned.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from ..secrets import Redactor, default_redactor
+from . import html_sections as sections
+from .html_parts import COLOURS, CSS, escaper, fmt, status_cell, table
+from .model import ReportModel
+
+__all__ = ["render_html", "render_drift"]
+
+Escape = Callable[[Any], str]
+NAV = [("steps", "Steps"), ("matrix", "Checks"), ("drift", "Drift"), ("network", "Network"),
+       ("weights", "Weights"), ("engram", "Engram"), ("launch", "Launch"), ("bench", "Benchmark"),
+       ("figures", "All figures"), ("profile", "Profile"), ("provenance", "Provenance")]
+
+
+def render_html(model: ReportModel, *, redactor: Redactor | None = None, plots: bool = True) -> str:
+    """The report page (pure function of the model; plots rendered here and embedded as data: URIs)."""
+    red = redactor or default_redactor()
+    e = escaper(red)
+    parts = (header(model, e) + steps(model, e) + matrix(model, e)
+             + ['<h2 id="drift">Drift from the previous good run</h2>', render_drift(model, e)]
+             + sections.network(model, e, plots) + sections.weights(model, e) + sections.engram(model, e)
+             + sections.launch(model, e, plots) + sections.bench(model, e, plots)
+             + [f'<div class="notrun">Step {e(s.name)} ({e(s.title)}) did not run in this run.</div>'
+                for s in (model.step("smoke"), model.step("vision_tools")) if s is not None and not s.ran]
+             + all_figures(model, e) + profile(model, e) + provenance(model, e))
+    body = "\n".join(p for p in parts if p)
+    page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>Run report {e(model.run_id)}</title><style>{CSS}</style></head><body>{body}"
+            f"<p class=\"small muted\">spark-runbook report · {e(model.generated)}</p></body></html>\n")
+    return red.redact(page)
+
+
+def header(model: ReportModel, e: Escape) -> list[str]:
+    st = model.status
+    git = (model.provenance or {}).get("git") or {}
+    parts = [f"<h1>Run report · {e(model.run_id)}</h1>"]
+    parts.append(
+        f'<p><span class="badge" style="background:{COLOURS.get(st, "#eee")}">run {e(st)}</span>'
+        + "".join(f'<span class="badge" style="background:{COLOURS.get(k, "#eee")}">{e(k)} {v}</span>'
+                  for k, v in model.counts().items() if v)
+        + f'</p><p class="small muted">profile <b>{e(model.profile_name)}</b> (recipe {e(model.profile.get("RECIPE", "?"))}, '
+          f'{e(model.manifest.get("profile_source", ""))}) · created {e(model.manifest.get("created", "?"))} · '
+          f'mode {e(model.manifest.get("mode", "?"))}{" · DRY RUN" if model.manifest.get("dry_run") else ""} · '
+          f'git {e((git.get("sha") or "?")[:12])}{" (dirty)" if git.get("dirty") else ""} · report generated '
+          f'{e(model.generated)} from the files of {e(model.run_path)}; every number below is recomputed from '
+          f'the run folder (sidecars, raw tool output, JSONL), none is copied from notebook text.</p>')
+    parts.append("<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t in NAV) + "</nav>")
+    parts += [f'<div class="note">{e(n)}</div>' for n in model.notes]
+    return parts
+
+
+def steps(model: ReportModel, e: Escape) -> list[str]:
+    rows = []
+    for s in model.steps:
+        c = s.counts or {}
+        rows.append([f"<td>{e(s.name)}</td>", f"<td>{e(s.title)}</td>", status_cell(s.status or "?"),
+                     f'<td class="num">{fmt(s.seconds, "s")}</td>',
+                     "<td>" + " ".join(f"{e(k)}&nbsp;{v}" for k, v in c.items() if v) + "</td>",
+                     f'<td class="small">{e(s.error)}</td>'])
+    return ['<h2 id="steps">Steps</h2>', table(["step", "title", "status", "duration", "checks", "error"], rows)]
+
+
+def matrix(model: ReportModel, e: Escape) -> list[str]:
+    parts = ['<h2 id="matrix">Check matrix</h2><p class="small muted">Every check of every step, '
+             'from <code>steps/&lt;step&gt;.json</code>.</p>']
+    for s in model.steps:
+        if not s.ran:
+            continue
+        if not s.checks:
+            parts.append(f'<h3>{e(s.name)} · {e(s.title)}</h3><div class="notrun">'
+                         + ("no sidecar: the step did not finish (see its error above)" if not s.has_sidecar
+                            else "the step recorded no checks") + "</div>")
+            continue
+        summary = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
+        rows = [[f"<td>{e(c.name)}</td>", f"<td>{e(c.node)}</td>", status_cell(c.status),
+                 f"<td>{e(c.observed)}</td>", f"<td>{e(c.expected)}</td>", f'<td class="small">{e(c.fix)}</td>']
+                for c in s.checks]
+        parts.append(f"<details open><summary>{e(s.name)} · {e(s.title)} — {e(summary)}</summary>"
+                     + table(["check", "node", "status", "observed", "expected", "fix"], rows) + "</details>")
+    not_run = [s.name for s in model.steps if not s.ran]
+    if not_run:
+        parts.append(f'<div class="notrun">Not run in this run: {e(", ".join(not_run))}</div>')
+    return parts
+
+
+def render_drift(model: ReportModel, e: Escape) -> str:
+    d = model.drift
+    if d is None:
+        return '<div class="notrun">Drift was not computed.</div>'
+    if d.previous_run_id is None:
+        return f'<div class="notrun">{e(d.reason or "no previous good run")}</div>'
+    out = [f'<p>Compared with <b>{e(d.previous_run_id)}</b> (the latest earlier run of profile '
+           f'{e(model.profile_name)} whose manifest status is <i>passed</i>). Figures: moved when outside the '
+           f'benchmark spread (min…max of both runs do not overlap) or, without a spread, when they change by more '
+           f'than {d.rel_tol:.0%}. {e(d.summary())}.</p>']
+    if d.not_compared:
+        out.append(f'<p class="small muted">Not compared (step ran in only one of the two runs): '
+                   f'{e(", ".join(d.not_compared))}</p>')
+    if not d.items:
+        out.append('<p>No drift.</p>')
+        return "".join(out)
+    rows = []
+    for it in d.items:
+        colour = {"worse": "FAIL", "better": "PASS", "changed": "WARN"}.get(it.direction, "WARN")
+        rows.append([f"<td>{e(it.kind)}</td>", f"<td>{e(it.key)}</td>", f'<td class="wrap">{e(it.previous)}</td>',
+                     f'<td class="wrap">{e(it.current)}</td>', status_cell(colour).replace(f">{colour}<", f">{e(it.direction)}<"),
+                     f'<td class="small">{e(it.detail)}</td>'])
+    out.append(table(["kind", "what", f"previous ({d.previous_run_id})", "this run", "", "detail"], rows))
+    return "".join(out)
+
+
+def all_figures(model: ReportModel, e: Escape) -> list[str]:
+    parts = ['<h2 id="figures">All figures and their recomputation</h2>']
+    bad = model.inconsistent()
+    if bad:
+        parts.append(f'<div class="note">{len(bad)} figure(s) disagree with what their step recorded: '
+                     f'{e(", ".join(f.key for f in bad))}</div>')
+    other = [f for f in model.figures if not f.step.endswith("bench")]
+    parts.append(table(["key"] + sections.FIGURE_HEAD[1:],
+                       [[f"<td class='small'>{e(f.key)}</td>"] + sections.figure_rows([f], e)[0][1:] for f in other])
+                 if other else '<p class="muted">No figures.</p>')
+    return parts
+
+
+def profile(model: ReportModel, e: Escape) -> list[str]:
+    rows = [[f"<td>{e(k)}</td>", f"<td>{e(json.dumps(v) if not isinstance(v, str) else v)}</td>"]
+            for k, v in model.profile.items()]
+    return ['<h2 id="profile">Profile</h2><p class="small muted">profile.json of the run (secrets masked).</p>',
+            "<details><summary>all keys</summary>" + table(["key", "value"], rows) + "</details>"]
+
+
+def provenance(model: ReportModel, e: Escape) -> list[str]:
+    prov = model.provenance or {}
+    git = prov.get("git") or {}
+    items = ([("git", json.dumps(git)), ("python", prov.get("python")), ("host", json.dumps(prov.get("host")))]
+             + [(f"package {k}", v) for k, v in (prov.get("packages") or {}).items()])
+    return ['<h2 id="provenance">Provenance</h2>',
+            table(["item", "value"], [[f"<td>{e(k)}</td>", f"<td>{e(v)}</td>"] for k, v in items])]

@@ -1,0 +1,66 @@
+"""The HTML pieces the run page and the results index share: style, cells, tables, number format."""
+from __future__ import annotations
+
+import html
+import math
+import re
+from typing import Any, Callable, Iterable
+
+from ..secrets import Redactor
+
+__all__ = ["CSS", "COLOURS", "escaper", "fmt", "status_cell", "table", "img", "external_refs"]
+
+COLOURS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "WARN": "#fff3cd", "N/A": "#e2e3e5", "NO-OP": "#d1ecf1",
+           "passed": "#d4edda", "failed": "#f8d7da", "running": "#fff3cd", "not run": "#eeeeee"}
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222;font-size:14px}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:18px;border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:32px}
+h3{font-size:15px;margin-bottom:6px} table{border-collapse:collapse;margin:6px 0 12px;width:100%}
+th,td{border:1px solid #d0d0d0;padding:3px 6px;text-align:left;vertical-align:top}
+th{background:#f3f3f3} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.st{font-weight:600;text-align:center;white-space:nowrap} .muted{color:#777} .small{font-size:12px}
+pre{background:#f7f7f7;border:1px solid #ddd;padding:8px;overflow-x:auto;font-size:12px;white-space:pre-wrap;word-break:break-all}
+.badge{display:inline-block;padding:2px 8px;border-radius:10px;margin-right:6px;font-weight:600}
+.note{background:#fff8e1;border-left:4px solid #f0ad4e;padding:6px 10px;margin:6px 0}
+.notrun{background:#f4f4f4;border-left:4px solid #aaa;padding:6px 10px;margin:6px 0;color:#555}
+details>summary{cursor:pointer;font-weight:600;margin:4px 0} img{max-width:100%}
+nav a{margin-right:10px} td.wrap{overflow-wrap:anywhere;min-width:8em}
+"""
+
+_EXT_RX = re.compile(r"""(?:src|href|url)\s*[=(]\s*["']?\s*(?:https?:)?//""", re.I)
+
+
+def escaper(red: Redactor) -> Callable[[Any], str]:
+    """``e(x)``: text of ``x`` with secrets masked, HTML-escaped ("" for None)."""
+    return lambda x: html.escape(red.redact(str(x)) if x is not None else "")
+
+
+def fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float) and math.isfinite(v):
+        s = f"{v:,.0f}" if abs(v) >= 10000 else f"{v:.4g}"
+    else:
+        s = str(v)
+    return f"{s} {unit}".strip() if unit else s
+
+
+def status_cell(s: str) -> str:
+    return f'<td class="st" style="background:{COLOURS.get(s, "#fff")}">{html.escape(s)}</td>'
+
+
+def table(headers: list[str], rows: Iterable[list[str]]) -> str:
+    """A table of header texts (escaped here) and rows of ready-made ``<td>`` cells."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def img(uri: str, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="{uri}">' if uri else ""
+
+
+def external_refs(text: str) -> list[str]:
+    """Attributes that would load something from the network (src=/href=/url() to http(s) or //)."""
+    return [text[max(0, m.start() - 20): m.end() + 40] for m in _EXT_RX.finditer(text or "")]

@@ -1,0 +1,148 @@
+"""The measured sections of the run page: network, weights, Engram, launch, benchmark.
+
+Each function returns the section's HTML parts (empty strings are dropped by the page); ``e`` is the
+page's escaper (secrets masked, HTML-escaped), ``plots`` whether to embed the PNG plots.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from .html_parts import fmt, img, status_cell, table
+from .model import Figure, ReportModel
+from .plots import plot_bench, plot_network, plot_readiness
+
+__all__ = ["FIGURE_HEAD", "figure_rows", "not_ran", "network", "weights", "engram", "launch", "bench"]
+
+Escape = Callable[[Any], str]
+FIGURE_HEAD = ["figure", "node", "recomputed", "threshold", "recorded by step", "agrees", "recomputed from"]
+
+
+def not_ran(model: ReportModel, suffix: str, e: Escape) -> str:
+    s = model.step(suffix)
+    if s is None or not s.ran:
+        return f'<div class="notrun">Step {e(s.name if s else suffix)} did not run in this run.</div>'
+    return ""
+
+
+def figure_rows(figs: list[Figure], e: Escape) -> list[list[str]]:
+    """One row per figure: label, node, recomputed, threshold, recorded, agrees, source (FIGURE_HEAD)."""
+    out = []
+    for f in figs:
+        ok = f.consistent
+        mark = "–" if ok is None else ("yes" if ok else "NO")
+        thr = fmt(f.threshold) if f.threshold is not None else ""
+        out.append([f"<td>{e(f.label)}</td>", f"<td>{e(f.node)}</td>", f'<td class="num">{fmt(f.value, f.unit)}</td>',
+                    f'<td class="num">{thr}</td>', f'<td class="num">{fmt(f.recorded)}</td>',
+                    status_cell("PASS" if ok else "FAIL") if ok is not None else f"<td>{mark}</td>",
+                    f'<td class="small">{e(f.source)}</td>'])
+    return out
+
+
+def network(model: ReportModel, e: Escape, plots: bool) -> list[str]:
+    parts = ['<h2 id="network">Network</h2>', not_ran(model, "network", e)]
+    net = model.figures_of("network")
+    if net:
+        if plots:
+            parts.append(img(plot_network(net), "bandwidth"))
+        parts.append(table(FIGURE_HEAD, figure_rows(net, e)))
+    elif model.step("network") and model.step("network").ran:
+        parts.append('<p class="muted">No bandwidth or latency figures in the 01 evidence.</p>')
+    env_rows = []
+    for node, facts in sorted(model.environment.items()):
+        for k, v in sorted(facts.items()):
+            if k == "command":
+                continue
+            env_rows.append([f"<td>{e(node)}</td>", f"<td>{e(k)}</td>", f"<td>{e(v)}</td>"])
+    if env_rows:
+        parts.append("<h3>Node facts used for drift (00 / 01 / 04 sidecars)</h3>")
+        parts.append(table(["node", "fact", "value"], env_rows))
+    return parts
+
+
+def weights(model: ReportModel, e: Escape) -> list[str]:
+    parts = ['<h2 id="weights">Weights</h2>', not_ran(model, "weights", e)]
+    if model.weights:
+        parts.append("<p>" + " · ".join(f"{e(k)} <b>{e(v)}</b>" for k, v in model.weights.items()) + "</p>")
+    wf = model.figures_of("weights")
+    if wf:
+        parts.append(table(FIGURE_HEAD, figure_rows(wf, e)))
+    return parts
+
+
+def engram(model: ReportModel, e: Escape) -> list[str]:
+    parts = ['<h2 id="engram">Engram</h2>', not_ran(model, "engram", e)]
+    ef = model.figures_of("engram")
+    if ef:
+        parts.append(table(FIGURE_HEAD, figure_rows(ef, e)))
+    elif model.step("engram") and model.step("engram").ran:
+        parts.append('<p class="muted">No Engram tool output archived (disabled on this profile, or the step '
+                     'stopped before packing; see its checks).</p>')
+    return parts
+
+
+def launch(model: ReportModel, e: Escape, plots: bool) -> list[str]:
+    parts = ['<h2 id="launch">Launch</h2>', not_ran(model, "launch", e)]
+    L = model.launch
+    if not L:
+        return parts
+    parts.append(f'<p>runtime <b>{e(L.get("runtime"))}</b> · recipe {e(L.get("recipe"))} · fingerprint '
+                 f'<code>{e((L.get("fingerprint") or "")[:16])}</code> · API {e(L.get("base_url"))}'
+                 f'{" · reused a running server" if L.get("reused") else ""}</p>')
+    for r in sorted(L.get("ranks", []), key=lambda r: -(r.get("rank") or 0)):
+        parts.append(f"<h3>rank {e(r.get('rank'))} on {e(r.get('node'))}"
+                     f"{' (headless)' if r.get('headless') else ''}</h3><pre>{e(r.get('command'))}</pre>")
+    if not L.get("ranks"):
+        parts.append('<p class="muted">No rendered commands archived (raw/04_launch/rendered.json missing).</p>')
+    rf = [f for f in model.figures_of("launch") if f.group == "readiness"]
+    if rf:
+        parts.append("<h3>Readiness (seconds from launch of the worker rank)</h3>")
+        if plots:
+            parts.append(img(plot_readiness(L.get("readiness", [])), "readiness"))
+        parts.append(table(FIGURE_HEAD, figure_rows(rf, e)))
+    if L.get("capacity"):
+        cap = L["capacity"]
+        keys = sorted({k for row in cap for k in row})
+        parts.append("<h3>Capacity</h3>" + table(keys, [[f"<td>{e(row.get(k))}</td>" for k in keys] for row in cap]))
+    return parts
+
+
+def bench(model: ReportModel, e: Escape, plots: bool) -> list[str]:
+    parts = ['<h2 id="bench">Benchmark</h2>', not_ran(model, "bench", e)]
+    B = model.bench
+    if not B:
+        return parts
+    parts.append(f'<p>{e(B.get("model"))} @ {e(B.get("base_url"))} · status {e(B.get("status"))} · recipe '
+                 f'{e(B.get("recipe"))} · config {e(json.dumps(B.get("config")))}<br><span class="small muted">'
+                 f'figures recomputed from {e(B.get("raw"))}; recorded values from {e(B.get("source"))}</span></p>')
+    if plots:
+        try:
+            parts.append(img(plot_bench(model), "benchmark vs published"))
+        except Exception as exc:  # noqa: BLE001 - a plot never breaks the page
+            parts.append(f'<div class="note">bench plot failed: {e(exc)}</div>')
+    rows = []
+    for r in B.get("table") or []:
+        rows.append([f"<td>{e(r.get('case'))}</td>", status_cell(r.get("status") or "") if r.get("status") else "<td></td>",
+                     f"<td>{e(r.get('label'))}</td>", f'<td class="num">{fmt(r.get("median"))}</td>',
+                     f'<td class="num">{fmt(r.get("min"))} … {fmt(r.get("max"))}</td>',
+                     f'<td class="num">{e(r.get("n"))}</td>', f'<td class="num">{fmt(r.get("published"))}</td>',
+                     f'<td class="small">{e(r.get("published_conditions"))}<br><i>{e(r.get("published_source"))}</i></td>'])
+    if rows:
+        parts.append(table(["case", "status", "metric", "median", "min … max", "n", "published",
+                            "published conditions / source"], rows))
+    issues = [(c["name"], "FAIL", m) for c in B.get("cases", []) for m in c.get("failures", [])]
+    issues += [(c["name"], "WARN", m) for c in B.get("cases", []) for m in c.get("warnings", [])]
+    if issues:
+        parts.append(table(["case", "", "message"], [[f"<td>{e(a)}</td>", status_cell(b), f"<td>{e(c)}</td>"]
+                                                     for a, b, c in issues]))
+    bf = model.figures_of("bench")
+    if bf:
+        parts.append("<details><summary>Recomputation of every benchmark figure</summary>"
+                     + table(["case / metric", "recomputed median", "min … max", "n", "recorded (result.json)", "agrees", "from"],
+                             [[f"<td>{e(f.group)} / {e(f.label)}</td>", f'<td class="num">{fmt(f.value, f.unit)}</td>',
+                               f'<td class="num">{fmt((f.spread or {}).get("min"))} … {fmt((f.spread or {}).get("max"))}</td>',
+                               f'<td class="num">{e((f.spread or {}).get("n", ""))}</td>',
+                               f'<td class="num">{fmt(f.recorded)}</td>',
+                               (status_cell("PASS" if f.consistent else "FAIL") if f.consistent is not None else "<td>–</td>"),
+                               f'<td class="small">{e(f.source)}</td>'] for f in bf]) + "</details>")
+    return parts
