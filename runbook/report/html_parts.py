@@ -10,7 +10,7 @@ from ..secrets import Redactor
 
 __all__ = ["CSS", "COLOURS", "escaper", "fmt", "status_cell", "table", "img", "external_refs"]
 
-COLOURS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "WARN": "#fff3cd", "N/A": "#e2e3e5", "NO-OP": "#d1ecf1",
+COLOURS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "WARN": "#fff3cd", "N/A": "#e2e3e5", "NO-OP": "#d1ecf1", "SIMULATED": "#e8dff5",
            "passed": "#d4edda", "failed": "#f8d7da", "running": "#fff3cd", "not run": "#eeeeee"}
 
 CSS = """
