@@ -604,6 +604,11 @@ Image = Str(rf"(?:[A-Za-z0-9.-]+(?::\d+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::[\
             "ghcr.io/owner/image:tag@sha256:<64 hex>")
 ModelDir = Str(rf"(?:/|~/).*|{_REPO}", "an absolute path in the runtime, a ~/ path or a Hugging Face repo id",
                "/model or deepseek-ai/DeepSeek-V4-Flash")
+# the recipe whose start chain the containers run: a git URL (https/ssh) or, for the lab, a local path
+RecipeRepo = Str(r"(?:https://|ssh://|git@)\S+|[A-Za-z0-9_.~/-]+", "a git repository URL (https://, ssh://, git@host:path) "
+                 "or a local path", "https://github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-EXL3-2x-DGX-Sparks")
+Commit = Str(r"[0-9a-f]{40}", "a full 40-character lower-case commit id",
+             "503b4825f435dde0ecdacab4b333afc6acaac8c2 (git -C <checkout> rev-parse HEAD)")
 
 #: --kv-cache-dtype values vLLM accepts. Source: the ``CacheDType`` literal in vLLM's
 #: vllm/config/cache.py (vllm-project/vllm main at 002f10e; it lists the dspark recipe's
@@ -691,6 +696,11 @@ class Profile(BaseModel):
     # --- runtime and serve
     runtime: Choice("docker", "process") = Field("docker", description="docker container or bare process")
     image: Image = Field("", description="runtime image (docker)")
+    recipe_repo: RecipeRepo = Field("", description="git repository of the recipe whose start chain every rank runs "
+                                     "(lab: a local path); empty = stock vllm serve (lab only)")
+    recipe_commit: Commit = Field("", description="the recipe's pinned commit (40 hex)")
+    recipe_dir: NodePath = Field("", description="the recipe checkout on every node (cloned on the head, shipped "
+                                 "to the workers over the fabric)")
     container_head: Word = Field("spark-runbook-head", description="container name on the head")
     container_worker: Word = Field("spark-runbook-worker", description="container name on workers")
     vllm_bin: Command = Field("vllm", description="command that starts vLLM (process runtime)")
@@ -1104,6 +1114,7 @@ def _rules(p: Profile) -> Iterable[_Conflict]:
         yield _Conflict(("RUNTIME", "IMAGE"), "RUNTIME=docker needs an IMAGE", "set IMAGE", at="IMAGE")
     if p.runtime == "process" and not p.vllm_bin:
         yield _Conflict(("RUNTIME", "VLLM_BIN"), "RUNTIME=process needs VLLM_BIN", "set VLLM_BIN", at="VLLM_BIN")
+    yield from _recipe_rules(p)
     # scheduler
     if p.vision and p.max_num_batched_tokens < 1025:
         yield _Conflict(("VISION", "MAX_NUM_BATCHED_TOKENS"),
@@ -1188,6 +1199,41 @@ def _rules(p: Profile) -> Iterable[_Conflict]:
 
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def _recipe_rules(p: Profile) -> Iterable[_Conflict]:
+    """The recipe pin: the real recipes' overlay/hotfix files come from a checkout at one commit."""
+    if not p.recipe_repo:
+        if not p.is_lab:
+            yield _Conflict(("RECIPE", "RECIPE_REPO"),
+                            f"RECIPE={p.recipe} runs the recipe's own start chain (its overlay/hotfix files, applied "
+                            "fail-closed before vllm serve), so the recipe checkout must be pinned",
+                            f"set RECIPE_REPO, RECIPE_COMMIT and RECIPE_DIR (the shipped values are in "
+                            f"env/{p.recipe}.env)", at="RECIPE_REPO")
+        for k in ("RECIPE_COMMIT", "RECIPE_DIR"):
+            if p.value(k):
+                yield _Conflict(("RECIPE_REPO", k), f"{k} is set but RECIPE_REPO is empty", "set RECIPE_REPO or clear "
+                                f"{k}", at=k)
+        return
+    for k in ("RECIPE_COMMIT", "RECIPE_DIR"):
+        if not p.value(k):
+            yield _Conflict(("RECIPE_REPO", k), f"RECIPE_REPO is set but {k} is empty",
+                            "set RECIPE_COMMIT to the full commit id and RECIPE_DIR to the checkout path on the nodes "
+                            "(e.g. ~/recipes/<repo name>)", at=k)
+    d = p.recipe_dir.rstrip("/")
+    if d in ("", "~", "/", "/root", "/home", "/tmp", "/mnt", "/opt", "/usr", "/var", "/etc"):
+        if p.recipe_dir:
+            yield _Conflict(("RECIPE_DIR",), f"RECIPE_DIR={p.recipe_dir} is not a directory of its own: the workers' "
+                            "copy is synchronised with rsync --delete", "use a dedicated directory, e.g. "
+                            "~/recipes/<repo name>", at="RECIPE_DIR")
+    if not p.is_lab and not p.recipe_repo.startswith(("https://", "ssh://", "git@")):
+        yield _Conflict(("RECIPE", "RECIPE_REPO"), f"RECIPE_REPO={p.recipe_repo} is a local path; RECIPE={p.recipe} "
+                        "clones its recipe on the head from a git URL", "use the recipe's https:// URL (e.g. "
+                        "https://github.com/<owner>/<repo>)", at="RECIPE_REPO")
+    if not p.is_lab and p.runtime != "docker":
+        yield _Conflict(("RECIPE", "RUNTIME"), f"RECIPE={p.recipe} with RUNTIME={p.runtime}: the recipe's start chain "
+                        "applies its files at the paths its image expects (/opt/...), so it runs in the image only",
+                        "set RUNTIME=docker", at="RUNTIME")
 
 
 def _pinning_rules(p: Profile) -> Iterable[_Conflict]:
