@@ -125,15 +125,20 @@ def read_node_manifest(node, directory: str) -> dict[str, Any] | None:
 # -------------------------------------------------------------------------------------------
 # rsync
 
+# a logged-in user's Hugging Face token files and netrc never leave the node they are on
+CREDENTIAL_FILES = ("token", "stored_tokens", ".netrc", ".git-credentials")
+
+
 def render_rsync(src_dir: str, dst_dir: str, target: str, *,
                  ssh: str = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes") -> str:
     """rsync head→worker over the fabric address: whole files (no delta CPU), keep partials, symlinks
     as symlinks (a hub cache's ``snapshots/<rev>/*`` point into ``blobs/``). Manifests are never copied
     (at any depth: a hub cache keeps its manifest in ``snapshots/<rev>``), so the worker must hash its
     own bytes. ``target`` is ``user@<WORKER_IP>`` (the fabric address, never the management one)."""
+    credentials = " ".join(f"--exclude={_q(name)}" for name in CREDENTIAL_FILES)
     return (f"rsync -a --whole-file --partial --info=progress2,stats1 --mkpath "
             f"--exclude=/.cache/ --exclude={_q(MANIFEST_NAME)} --exclude={_q('.' + MANIFEST_NAME + '.*')} "
-            f"-e {_q(ssh)} {_q(src_dir.rstrip('/') + '/')} {_q(target + ':' + dst_dir.rstrip('/') + '/')}")
+            f"{credentials} -e {_q(ssh)} {_q(src_dir.rstrip('/') + '/')} {_q(target + ':' + dst_dir.rstrip('/') + '/')}")
 
 
 def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | None = None,

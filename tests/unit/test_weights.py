@@ -402,3 +402,28 @@ def test_render_ganesha_exports_read_only_to_the_workers_only():
     for bad in ("*", "spark-worker", "169.254.77.0/24"):
         with pytest.raises(RunbookError):
             render_ganesha("/w", "169.254.77.1", [bad])
+
+
+def test_rsync_never_copies_credential_files(tmp_path):
+    """A real rsync of a tree holding a logged-in user's token files: the model files go, the tokens stay."""
+    import shutil
+    import subprocess
+    from runbook.weights.sharing import CREDENTIAL_FILES, render_rsync
+    if shutil.which("rsync") is None:
+        import pytest
+        pytest.skip("rsync is not installed (make lab-deps)")
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "hub" / "models--o--m").mkdir(parents=True)
+    (src / "hub" / "models--o--m" / "config.json").write_text("{}")
+    for name in CREDENTIAL_FILES:
+        (src / name).write_text("hf_secret")
+    # rsync's remote shell is a local one here (drops the host, runs rsync's server side): the real rsync
+    # protocol and the command exactly as rendered
+    shell = tmp_path / "local-shell"
+    shell.write_text('#!/bin/sh\nshift\nexec "$@"\n')
+    shell.chmod(0o755)
+    cmd = render_rsync(str(src), str(dst), "localhost", ssh=str(shell))
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (dst / "hub" / "models--o--m" / "config.json").is_file()
+    assert CREDENTIAL_FILES and not [n for n in CREDENTIAL_FILES if (dst / n).exists()]
