@@ -9,6 +9,7 @@ Modules, in the order the data flows:
 * ``model``     -- ``Figure``/``StepInfo``/``ReportModel`` dataclasses, agreement rule, headline figures;
 * ``recompute`` -- figures of 00–04 from their raw files (one function per step section);
 * ``recompute_bench`` -- the 07 figures from ``requests.jsonl``/``chunks.jsonl`` beside ``result.json``;
+* ``verdict``   -- validated / candidate with what is missing, from the run folder alone;
 * ``collector`` -- run folder → model (the above, guarded: a broken section becomes a note), drift;
 * ``drift``     -- the pure comparison of two report models;
 * ``plots``, ``html_parts``, ``html_sections``, ``html_page`` -- model → self-contained HTML;
@@ -39,5 +40,6 @@ def run(step, *, results_root: str | Path = "", drift_tolerance: float = DEFAULT
     step.add(report_checks(model, report_path, root / "index.html"))
     step.data.update({"report": str(report_path.relative_to(step.run.path)), "headline": headline(model),
                       "figures": len(model.figures), "mismatched": [f.key for f in model.inconsistent()],
-                      "notes": model.notes, "drift": model.drift.to_dict() if model.drift is not None else None})
+                      "notes": model.notes, "drift": model.drift.to_dict() if model.drift is not None else None,
+                      "verdict": model.verdict.to_dict() if model.verdict is not None else None})
     return report_path, model

@@ -1,5 +1,6 @@
 """The 08 step's own checks: report written and self-contained, figures agree with what the steps
-recorded, drift computed, results index written."""
+recorded, drift computed, the run verdict (informational: PASS validated, N/A candidate — never FAIL),
+results index written."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,6 +56,14 @@ def report_checks(model: ReportModel, html_path: str | Path | None = None,
                          observed=f"vs {d.previous_run_id}: {summary}", expected="no drift from the previous good run",
                          fix="see the Drift section of the report" if d.significant else "",
                          data={"previous": d.previous_run_id, "items": len(d.items)}))
+    v = model.verdict
+    if v is not None and v.validated:
+        out.append(check("run verdict", True, node="local", observed="validated: " + "; ".join(v.met),
+                         expected="validated (every requirement met)", data=v.to_dict()))
+    else:   # a candidate run is not a failed run: informational N/A with what is missing
+        reason = "; ".join(v.missing) if v is not None else "not computed"
+        out.append(not_applicable("run verdict", f"candidate: {reason}", node="local",
+                                  expected="validated (every requirement met)"))
     if index_path is not None:
         ip = Path(index_path)
         out.append(check("results index written", ip.exists(), node="local", observed=str(ip),

@@ -1,5 +1,6 @@
 """Run folder → ``ReportModel``: manifest, profile, provenance, every sidecar's checks, then each step's
-figures recomputed from its raw files, then the drift from the previous good run.
+figures recomputed from its raw files, the verdict (validated / candidate), then the drift from the
+previous good run.
 
     model = collect(run_dir)                 # pure: reads the run folder; no notebook text
 
@@ -18,8 +19,9 @@ from ..secrets import Redactor, default_redactor
 from . import drift as drift_mod
 from . import recompute, recompute_bench
 from .masking import mask_mapping
-from .model import STEP_TITLES, CheckRow, ReportModel, StepInfo, step_title
+from .model import CANDIDATE, STEP_TITLES, CheckRow, ReportModel, StepInfo, Verdict, step_title
 from .runfiles import load_json, read_sidecars, where
+from .verdict import run_verdict
 
 __all__ = ["collect", "drift_for", "resolve_run", "DEFAULT_REL_TOL", "SECTIONS"]
 
@@ -86,6 +88,12 @@ def collect(run_dir: str | Path, *, results_root: str | Path | None = None, drif
             builder(model, run, sidecars)
         except Exception as exc:  # noqa: BLE001 - an optional section never breaks the report
             model.notes.append(f"{name}: section could not be built ({type(exc).__name__}: {exc}); {where(exc)}")
+    try:
+        model.verdict = run_verdict(model, run, sidecars)
+    except Exception as exc:  # noqa: BLE001 - unreadable evidence makes a candidate, never a crash
+        reason = f"verdict: could not be computed ({type(exc).__name__}: {exc}); {where(exc)}"
+        model.notes.append(reason)
+        model.verdict = Verdict(CANDIDATE, missing=[reason])
     if drift:
         try:
             model.drift = drift_for(model, results_root=results_root or run.parent, rel_tol=rel_tol, redactor=red)

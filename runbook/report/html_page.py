@@ -1,6 +1,7 @@
 """The run page: one self-contained HTML document rendered from a ``ReportModel`` (pure; plots embedded).
 
-Order: header (status, check counts, provenance line), notes, steps, check matrix, drift, the measured
+Order: the verdict (first line: validated, or candidate with what is missing), header (status, check
+counts, provenance line), notes, steps, check matrix, drift, the measured
 sections (:mod:`.html_sections`), all figures, profile, provenance. The whole page passes through the
 redactor before it is returned.
 """
@@ -14,7 +15,7 @@ from . import html_sections as sections
 from .html_parts import COLOURS, CSS, escaper, fmt, status_cell, table
 from .model import ReportModel
 
-__all__ = ["render_html", "render_drift"]
+__all__ = ["render_html", "render_drift", "verdict_line"]
 
 Escape = Callable[[Any], str]
 NAV = [("steps", "Steps"), ("matrix", "Checks"), ("drift", "Drift"), ("network", "Network"),
@@ -26,7 +27,7 @@ def render_html(model: ReportModel, *, redactor: Redactor | None = None, plots: 
     """The report page (pure function of the model; plots rendered here and embedded as data: URIs)."""
     red = redactor or default_redactor()
     e = escaper(red)
-    parts = (header(model, e) + steps(model, e) + matrix(model, e)
+    parts = (verdict_line(model, e) + header(model, e) + steps(model, e) + matrix(model, e)
              + ['<h2 id="drift">Drift from the previous good run</h2>', render_drift(model, e)]
              + sections.network(model, e, plots) + sections.weights(model, e) + sections.engram(model, e)
              + sections.launch(model, e, plots) + sections.bench(model, e, plots)
@@ -38,6 +39,21 @@ def render_html(model: ReportModel, *, redactor: Redactor | None = None, plots: 
             f"<title>Run report {e(model.run_id)}</title><style>{CSS}</style></head><body>{body}"
             f"<p class=\"small muted\">spark-runbook report · {e(model.generated)}</p></body></html>\n")
     return red.redact(page)
+
+
+def verdict_line(model: ReportModel, e: Escape) -> list[str]:
+    """The page's first line, then every requirement with its evidence or what is missing."""
+    v = model.verdict
+    if v is None:
+        return []
+    said = "; ".join(v.met) if v.validated else "missing: " + "; ".join(v.missing)
+    rows = [[f"<td>{e(item.split(': ', 1)[0])}</td>", status_cell("PASS" if ok else "N/A"),
+             f'<td class="wrap">{e(item.split(": ", 1)[-1])}</td>']
+            for ok, items in ((False, v.missing), (True, v.met)) for item in items]
+    return [f'<p class="verdict" style="background:{COLOURS.get(v.verdict, "#eee")}">Verdict: <b>{e(v.verdict)}</b>'
+            f' — {e(said)}</p>',
+            '<details><summary>Verdict requirements (validated only when every one is met)</summary>'
+            + table(["requirement", "met", "evidence / what is missing"], rows) + "</details>"]
 
 
 def header(model: ReportModel, e: Escape) -> list[str]:

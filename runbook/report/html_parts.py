@@ -10,8 +10,9 @@ from ..secrets import Redactor
 
 __all__ = ["CSS", "COLOURS", "escaper", "fmt", "status_cell", "table", "img", "external_refs"]
 
-COLOURS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "WARN": "#fff3cd", "N/A": "#e2e3e5", "NO-OP": "#d1ecf1", "SIMULATED": "#e8dff5",
-           "passed": "#d4edda", "failed": "#f8d7da", "running": "#fff3cd", "not run": "#eeeeee"}
+COLOURS = {"PASS": "#d4edda", "FAIL": "#f8d7da", "WARN": "#fff3cd", "N/A": "#e2e3e5", "NO-OP": "#d1ecf1",
+           "SIMULATED": "#e8dff5", "passed": "#d4edda", "failed": "#f8d7da", "running": "#fff3cd",
+           "not run": "#eeeeee", "validated": "#d4edda", "candidate": "#fff3cd"}
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1200px;color:#222;font-size:14px}
@@ -26,6 +27,7 @@ pre{background:#f7f7f7;border:1px solid #ddd;padding:8px;overflow-x:auto;font-si
 .notrun{background:#f4f4f4;border-left:4px solid #aaa;padding:6px 10px;margin:6px 0;color:#555}
 details>summary{cursor:pointer;font-weight:600;margin:4px 0} img{max-width:100%}
 nav a{margin-right:10px} td.wrap{overflow-wrap:anywhere;min-width:8em}
+.verdict{padding:6px 10px;margin:0 0 6px;border-radius:4px;font-size:15px}
 """
 
 _EXT_RX = re.compile(r"""(?:src|href|url)\s*[=(]\s*["']?\s*(?:https?:)?//""", re.I)

@@ -1,5 +1,6 @@
 """``results/index.json`` and ``results/index.html``: every run under a results folder, newest first,
-with its profile, status, steps, check counts and headline figures (recomputed from each run's files)."""
+with its profile, status, verdict (and what is missing), steps, check counts and headline figures
+(recomputed from each run's files)."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -11,7 +12,7 @@ from typing import Any
 from ..evidence import atomic_write
 from ..secrets import Redactor, default_redactor
 from .collector import collect
-from .html_parts import CSS, escaper, fmt, status_cell, table
+from .html_parts import COLOURS, CSS, escaper, fmt, status_cell, table
 from .model import headline, headline_keys
 from .runfiles import load_json
 
@@ -34,6 +35,8 @@ def index_entries(results_root: str | Path, redactor: Redactor | None = None) ->
             model = collect(run, drift=False, redactor=redactor)
             entry["headline"] = headline(model)
             entry["checks"] = model.counts()
+            entry["verdict"] = model.verdict.verdict if model.verdict is not None else None
+            entry["verdict_missing"] = model.verdict.missing if model.verdict is not None else []
         except Exception as exc:  # noqa: BLE001 - one unreadable run never hides the others
             entry["headline"], entry["error"] = {}, f"{type(exc).__name__}: {exc}"
         out.append(entry)
@@ -55,13 +58,18 @@ def write_index(results_root: str | Path, redactor: Redactor | None = None) -> t
     for en in entries:
         link = f'<a href="{html.escape(en["report"])}">{e(en["run_id"])}</a>' if en.get("report") else e(en["run_id"])
         hl = en.get("headline") or {}
+        missing = "; ".join(en.get("verdict_missing") or [])
         rows.append([f"<td>{link}</td>", f"<td>{e(en.get('profile'))}</td>", status_cell(str(en.get("status"))),
+                     f'<td class="st" style="background:{COLOURS.get(str(en.get("verdict")), "#fff")}">'
+                     f'{e(en.get("verdict") or "?")}'
+                     + (f'<br><span class="small" style="font-weight:normal">{e(missing)}</span>' if missing else "")
+                     + "</td>",
                      f"<td class='small'>{e(en.get('created'))}</td>",
                      f"<td class='small'>{e(', '.join(en.get('steps') or {}))}</td>"]
                     + [f'<td class="num">{fmt(hl.get(k))}</td>' for k in keys])
     page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Runs</title><style>{CSS}</style>"
             f"</head><body><h1>Runs under {e(root)}</h1><p class='small muted'>generated {e(gen)} · "
             f"headline figures recomputed from each run's files</p>"
-            + table(["run", "profile", "status", "created", "steps"] + keys, rows) + "</body></html>\n")
+            + table(["run", "profile", "status", "verdict", "created", "steps"] + keys, rows) + "</body></html>\n")
     hpath = atomic_write(root / "index.html", red.redact(page))
     return hpath, jpath

@@ -1,8 +1,9 @@
 """The report model: what one run folder says, as plain data (no file access, no HTML).
 
 ``Figure`` is one recomputed number beside the value its step recorded; ``StepInfo``/``CheckRow`` the
-steps and their check records; ``ReportModel`` the whole run (figures, node facts, section data, notes,
-drift). ``headline`` picks the few figures the results index shows per run.
+steps and their check records; ``Verdict`` validated or candidate (:mod:`.verdict`); ``ReportModel`` the
+whole run (figures, node facts, section data, notes, drift, verdict). ``headline`` picks the few figures
+the results index shows per run.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any, Callable
 from ..checks import Status
 from .runfiles import number
 
-__all__ = ["Figure", "CheckRow", "StepInfo", "ReportModel", "STEP_TITLES", "close", "rounding_rel_tol",
-           "headline", "headline_keys", "step_title"]
+__all__ = ["Figure", "CheckRow", "StepInfo", "Verdict", "ReportModel", "STEP_TITLES", "VALIDATED", "CANDIDATE",
+           "close", "rounding_rel_tol", "headline", "headline_keys", "step_title"]
 
 STEP_TITLES = {
     "00_preflight": "Preflight", "01_network": "Network", "02_weights": "Weights", "03_engram": "Engram",
@@ -88,6 +89,29 @@ class StepInfo:
     checks: list[CheckRow] = field(default_factory=list)
 
 
+VALIDATED, CANDIDATE = "validated", "candidate"
+
+
+@dataclass
+class Verdict:
+    """``validated`` only when every requirement of :mod:`runbook.report.verdict` is met; ``candidate``
+    with one reason per unmet requirement otherwise."""
+    verdict: str
+    missing: list[str] = field(default_factory=list)   # "<requirement>: <what is missing>"
+    met: list[str] = field(default_factory=list)       # "<requirement>: <the evidence>"
+
+    @property
+    def validated(self) -> bool:
+        return self.verdict == VALIDATED
+
+    def line(self) -> str:
+        """One line: ``validated`` or ``candidate — missing: a; b``."""
+        return VALIDATED if self.validated else f"{CANDIDATE} — missing: " + "; ".join(self.missing)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class ReportModel:
     run_id: str
@@ -105,6 +129,7 @@ class ReportModel:
     bench: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)      # sections that could not be built, and why
     drift: Any = None                                   # runbook.report.drift.DriftResult | None
+    verdict: Verdict | None = None                      # validated | candidate (None: not computed)
 
     # -- convenience ------------------------------------------------------------------------------
     @property
@@ -143,7 +168,8 @@ class ReportModel:
                 "steps": [{k: v for k, v in asdict(s).items() if k != "checks"} for s in self.steps],
                 "figures": [f.to_dict() for f in self.figures], "environment": self.environment,
                 "headline": headline(self), "notes": self.notes,
-                "drift": self.drift.to_dict() if self.drift is not None else None}
+                "drift": self.drift.to_dict() if self.drift is not None else None,
+                "verdict": self.verdict.to_dict() if self.verdict is not None else None}
 
 
 def rounding_rel_tol(x: Any) -> float | None:

@@ -6,9 +6,11 @@ ib_write_bw text, Engram tool JSON written by the library's own ``record()``, th
 (:func:`bench_output`).
 
     run = build_run(results, "20261201-040000-lab", bench=bench_output(tmp))
+    run = build_full_run(results, "20261201-040000-exl3", p := recipe_profile(), bench=seed_bench_output(tmp, p))
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -16,11 +18,16 @@ from pathlib import Path
 from runbook.bench.refserver import RefConfig, serve_in_thread
 from runbook.bench.result import BenchConfig, BenchResult
 from runbook.bench.runner import run_benchmark
+from runbook.bench.step import config_from_profile
 from runbook.engram.step import probe_checks, record
 from runbook.evidence import RunDir
+from runbook.profile import Profile, load_profile
 
 __all__ = ["HF", "API", "PROFILE", "chk", "iperf_json", "ping_text", "ib_bw_text", "write", "build_run",
-           "bench_output", "RawRecorder", "edit_sidecar"]
+           "bench_output", "RawRecorder", "edit_sidecar", "add_sidecar", "recipe_profile", "seed_bench_output",
+           "build_full_run", "edit_bench_config", "REPO", "RECIPE_PIN", "SMOKE_CHECKS", "QUALITY_CHECKS", "TOOL_CHECKS"]
+
+REPO = Path(__file__).resolve().parents[2]
 
 HF = "hf_" + "Q" * 30
 API = "sk-live-planted-api-key-0123456789"
@@ -218,3 +225,78 @@ def bench_output(out: Path, **config) -> Path:
     with serve_in_thread(RefConfig(ttft_s=0.02, interval_s=0.004, prefill_tok_s=20000.0)) as srv:
         run_benchmark(srv.base_url, "ref-model", BenchConfig(**cfg), out)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# full runs (every step 00-07) for the verdict
+# ------------------------------------------------------------------------------------------------
+
+#: the recipe checkout keys a recipe profile needs (given as overrides: the shipped profile's own values
+#: are not what the tests are about)
+RECIPE_PIN = {"RECIPE_REPO": "https://github.com/example/exl3-recipe", "RECIPE_COMMIT": "c0ffee" + "1" * 34,
+              "RECIPE_DIR": "~/recipes/exl3-recipe"}
+# the names 05/06 record (from an archived lab run); quality.* are the gate's rows
+SMOKE_CHECKS = ("server.reachable", "health", "version", "models.served_name", "models.max_model_len", "metrics",
+                "chat.response", "chat.answer", "chat.stream", "concurrency", "context.near_max", "context.past_max")
+QUALITY_CHECKS = ("quality.arithmetic", "quality.word_problems", "quality.needle", "quality.json_format",
+                  "quality.garble")
+TOOL_CHECKS = ("tools.single", "tools.nested", "tools.multi_turn", "tools.parallel", "tools.forced_named",
+               "tools.forced_required")
+
+
+def recipe_profile(env: str = "env/exl3-v41.env", **overrides) -> Profile:
+    """A shipped profile loaded (and validated) as the runner loads it; recipe profiles get RECIPE_PIN."""
+    extra = {} if env.endswith("lab.env") else dict(RECIPE_PIN)
+    return load_profile(REPO / env, {**extra, **{k: str(v) for k, v in overrides.items()}})
+
+
+def seed_bench_output(out: Path, profile: Profile) -> Path:
+    """A real benchmark against the reference server with the step's own config for ``profile``
+    (``config_from_profile``: recipe profiles measure at their seed's published conditions and sizes;
+    one repeat, no soak, no class panel, to stay short)."""
+    cfg = dataclasses.replace(config_from_profile(profile, repeats=1, soak_seconds=0), classes=())
+    with serve_in_thread(RefConfig(ttft_s=0.01, interval_s=0.0005, prefill_tok_s=1e8)) as srv:
+        run_benchmark(srv.base_url, "ref-model", cfg, out)
+    return out
+
+
+def add_sidecar(run: Path, step: str, checks: list[dict], data: dict, status: str = "passed") -> None:
+    """``steps/<step>.json`` and the step's manifest entry, as Step.finish writes them."""
+    rd = RunDir(run)
+    rd.write_sidecar(step, checks, data, status)
+    counts = {s: sum(1 for c in checks if c["status"] == s) for s in ("PASS", "FAIL", "WARN", "N/A", "NO-OP")}
+    rd.record_step(step, notebook=f"notebooks/{step}.ipynb", status=status, seconds=3.0, exit=0, error="",
+                   checks=counts, check_status=status, sidecar=rd.sidecar_rel(step))
+
+
+def build_full_run(root: Path, run_id: str, profile: Profile, *, bench: Path, recipe: bool = True,
+                   quality_status: str = "PASS", **kwargs) -> Path:
+    """Every step 00-07 with ``profile`` as the run's profile.json: 00-04 from :func:`build_run`, the
+    revisions 02 fetched, 04's recipe record (``recipe``: the pinned commit and patch markers found on
+    each rank), the 05 smoke + quality gate rows, the 06 tool rows and the 07 bench at ``bench``."""
+    run = build_run(root, run_id, profile=profile.profile_name, bench=bench, **kwargs)
+    prof = profile.redacted()
+    (run / "profile.json").write_text(json.dumps(prof, indent=2))
+    engram = ({"enabled": True, "repo": prof["HF_ENGRAM_REPO"], "revision": prof["HF_ENGRAM_REVISION"]}
+              if prof["ENGRAM"] and not profile.is_lab else {"enabled": bool(prof["ENGRAM"])})
+    edit_sidecar(run, "02_weights", lambda sc: sc["data"].update(repo=prof["HF_MODEL_REPO"],
+                                                                 revision=prof["HF_REVISION"], engram=engram))
+    if recipe:
+        edit_sidecar(run, "04_launch", lambda sc: sc["data"].update(recipe={
+            "repo": prof.get("RECIPE_REPO"), "commit": prof.get("RECIPE_COMMIT"),
+            "markers": {n: [f"[{n}] recipe start chain: 3/3 steps done"] for n in ("head", "worker")}}))
+    add_sidecar(run, "05_smoke", [chk(n, observed="ok", expected="ok") for n in SMOKE_CHECKS]
+                + [chk(n, status=quality_status, observed="score 1.0", expected=">= threshold") for n in QUALITY_CHECKS],
+                {"server": {"base_url": "http://10.0.0.1:8000"}})
+    add_sidecar(run, "06_vision_tools", [chk("vision.disabled", observed="VISION=0", expected="no image input")]
+                + [chk(n, observed="tool call parsed", expected="strict") for n in TOOL_CHECKS], {})
+    return run
+
+
+def edit_bench_config(run: Path, **fields) -> dict:
+    """Change fields of the recorded bench config (``result.json`` the 07 sidecar names)."""
+    path = run / json.loads((run / "steps/07_bench.json").read_text())["data"]["result"]
+    res = json.loads(path.read_text())
+    res["config"].update(fields)
+    path.write_text(json.dumps(res, indent=1))
+    return res
