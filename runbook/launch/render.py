@@ -18,6 +18,14 @@ Two runtimes:
 * ``process`` — ``VLLM_BIN serve ...`` started with ``setsid nohup ... &`` on the node (the lab's
   CPU vLLM). Relative parts of ``VLLM_BIN`` resolve against the repo root (shared by the lab nodes).
 
+Recipe start chain (``recipe.py``): with RECIPE_REPO pinned, every rank runs the recipe's entrypoint,
+which applies the overlay/hotfix files mounted from the node's checkout fail-closed and then ``exec``s the
+serve argv below unchanged. docker: ``--entrypoint <shell> IMAGE <entrypoint> <serve argv>`` (seed A's
+generated inner script at ``/start.sh``, seed B's generated compose chain at
+``/opt/spark-runbook/entrypoint.sh``, the lab's ``start.sh`` from the checkout mounted at
+``/opt/lab-recipe``); process (lab): ``sh <checkout>/start.sh <serve argv>``. A generated entrypoint is
+written next to the rank's state by the start command and enters the fingerprint.
+
 Per-rank environment: ``VLLM_HOST_IP`` = the node's fabric IP, ``NCCL/GLOO(/TP)_SOCKET_IFNAME`` = its
 fabric netdev, ``NCCL_IB_HCA`` = its HCAs, ``NCCL_IB_GID_INDEX`` = its GID index (a pinned profile value,
 or the index resolved from sysfs by the network step; seed B's ``auto`` leaves it unset), the recipe's
@@ -37,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..secrets import MASK
+from .recipe import expand_home, rank_recipe
 
 __all__ = [
     "FINGERPRINT_LABEL",
@@ -46,6 +55,7 @@ __all__ = [
     "NodeFacts",
     "RankLaunch",
     "check_consistency",
+    "expand_home",
     "lab_scaled_sizes",
     "render",
     "tp_pad",
@@ -82,7 +92,7 @@ _EXL3_ENV: dict[str, str] = {
 # seed B docker-compose.dspark.yml environment (seeds-repos.md §B.2/B.3, Vision-Exp era)
 _DSPARK_ENV: dict[str, str] = {
     "HF_HOME": "/cache/huggingface", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_XET": "1",
-    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "4096", "DSPARK_MAX_INFLIGHT_PREFILLS": "2",
+    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "4096", "DSPARK_MAX_INFLIGHT_PREFILLS": "1",
     "VLLM_CACHE_ROOT": "/cache/huggingface/vllm-cache", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
     "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0",
     "VLLM_USE_FLASHINFER_SAMPLER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
@@ -95,7 +105,15 @@ _DSPARK_ENV: dict[str, str] = {
     "NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ROCE_VERSION_NUM": "2",
     "NCCL_CROSS_NIC": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN",
     "NCCL_NVLS_ENABLE": "0",
+    # read by the hotfix chain (compose defaults at 01eed1e) and issue #117's flight recorder
+    "ABLATE": "0", "DSPARK_SUPPRESS_STOPS_IN_REASONING": "1", "VLLM_ENABLE_RESPONSES_API_STORE": "0",
+    "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_ENABLE_MONITORING": "1",
+    "TORCH_FR_DUMP_TEMP_FILE": "/cache/huggingface/nccl-fr/comm_lib_trace_rank_",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/fr_dump_pipe_",
+    "B12X_CUTE_COMPILE_CACHE_DIR": "/cache/huggingface/b12x-cute-cache",
 }
+SEED_B_VLLM_BIN = "/usr/local/bin/vllm"             # the compose's `exec /usr/local/bin/vllm serve`
+RECIPE_COMMIT_ENV = "SPARK_RUNBOOK_RECIPE_COMMIT"   # the pinned recipe commit, visible in every rank
 
 # seed B TP3 lane (docs/TP3.md; seeds-repos.md §B.11): the head reaches two workers over two CX ports on
 # two /24s; NCCL must not merge the ports and must pair GIDs per /24 (the default /16 would treat
@@ -147,6 +165,10 @@ class RankLaunch:
     state_dir: str = ""            # node dir holding pid/fingerprint/log (process) and the start record
     log_path: str = ""             # process runtime log file ("" for docker: `docker logs`)
     fingerprint: str = ""          # the cluster fingerprint (same on every rank)
+    entry_argv: list[str] = field(default_factory=list)   # the recipe entrypoint before serve_argv (process)
+    entry_script: str = ""         # generated recipe entrypoint (seeds), written to entry_path at start
+    entry_path: str = ""           # node path of the generated entrypoint
+    recipe_markers: list[str] = field(default_factory=list)   # lines this rank's boot log must show
 
     @property
     def pid_path(self) -> str:
@@ -165,7 +187,7 @@ class RankLaunch:
         if self.runtime == "docker":
             return list(self.docker_argv)
         env = [f"{k}={v}" for k, v in self.env.items()] + [f"{k}={MASK}" for k in self.secret_env]
-        return ["env", *env, *self.serve_argv]
+        return ["env", *env, *self.entry_argv, *self.serve_argv]
 
     def start_command(self) -> str:
         """Shell line that starts this rank on its node and returns at once. Secret values are
@@ -174,12 +196,15 @@ class RankLaunch:
             argv = list(self.docker_argv)
             label = ["--label", f"{FINGERPRINT_LABEL}={self.fingerprint}"]
             argv = argv[:3] + label + argv[3:]          # docker run -d <label> ...
-            return (f"mkdir -p {shlex.quote(self.state_dir)} && "
+            prepare = f"mkdir -p {shlex.quote(self.state_dir)}"
+            if self.entry_script:                      # the generated recipe entrypoint, mounted read-only
+                prepare += f" && printf '%s' {shlex.quote(self.entry_script)} > {shlex.quote(self.entry_path)}"
+            return (f"{prepare} || exit 1; "
                     f"docker rm -f {shlex.quote(self.container)} >/dev/null 2>&1; "
                     + " ".join(shlex.quote(a) for a in argv))
         env = " ".join(shlex.quote(f"{k}={v}") for k, v in self.env.items())
         secrets = " ".join(f"{k}=\"${k}\"" for k in self.secret_env)
-        serve = " ".join(shlex.quote(a) for a in self.serve_argv)
+        serve = " ".join(shlex.quote(a) for a in [*self.entry_argv, *self.serve_argv])
         d, log = shlex.quote(self.state_dir), shlex.quote(self.log_path)
         # `;` not `&&` before the background job: `a && b &` would background the whole list and
         # $! would be a subshell, not vLLM. setsid: own session/process group (stop signals the group).
@@ -206,6 +231,7 @@ class LaunchPlan:
     served_model_name: str
     max_model_len: int
     expect_log: list[str] = field(default_factory=list)    # lines every rank's boot log must show (TP pad)
+    recipe_chain: dict[str, Any] | None = None   # the pinned recipe and each rank's start chain (recipe.py)
 
     @property
     def head(self) -> RankLaunch:
@@ -226,14 +252,22 @@ class LaunchPlan:
                 f"fingerprint {self.fingerprint[:16]}")]
         for line in self.expect_log:
             out.append(f"# boot log must show: {line}")
+        if self.recipe_chain:
+            out.append(f"# recipe {self.recipe_chain['name']}: {self.recipe_chain['repo']} @ {self.recipe_chain['commit']} "
+                       f"in {self.recipe_chain['dir']}")
         for r in sorted(self.ranks, key=lambda r: -r.rank):      # start order: workers first
             out.append(f"\n## rank {r.rank} on {r.node}{' (headless)' if r.headless else ''}")
+            if self.recipe_chain:
+                steps = self.recipe_chain["steps"].get(r.node, [])
+                out.append(f"# start chain ({len(steps)} steps, fail-closed): {'; '.join(steps)}")
+                out.append(f"# this rank's boot log must show: {' | '.join(r.recipe_markers)}")
             out.append(_pretty(r.display_argv()))
         return "\n".join(out)
 
     def to_record(self) -> dict[str, Any]:
         return {"profile": self.profile_name, "recipe": self.recipe, "runtime": self.runtime,
                 "fingerprint": self.fingerprint, "expect_log": list(self.expect_log),
+                "recipe_chain": self.recipe_chain,
                 "ranks": [r.to_record() for r in self.ranks]}
 
 
@@ -249,14 +283,6 @@ def _pretty(argv: list[str]) -> str:
     if cur:
         lines.append(" ".join(shlex.quote(x) for x in cur))
     return " \\\n    ".join(lines)
-
-
-def expand_home(path: str, home: str) -> str:
-    if path == "~":
-        return home
-    if path.startswith("~/"):
-        return home.rstrip("/") + path[1:]
-    return path
 
 
 def vllm_bin_parts(profile) -> list[str]:
@@ -438,6 +464,8 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
         gid = spec.gid if isinstance(spec.gid, int) else facts.gid_index
         if gid is not None:
             env["NCCL_IB_GID_INDEX"] = str(gid)
+    if p.recipe_repo:
+        env[RECIPE_COMMIT_ENV] = p.recipe_commit
     if p.is_lab:
         if not p.kv_cache_memory_bytes:
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"      # GiB; the env var would override the flag
@@ -446,7 +474,8 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
 
 
 def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str, str],
-                 secret_env: list[str], serve_argv: list[str], vllm_bin: list[str]) -> list[str]:
+                 secret_env: list[str], serve_argv: list[str], vllm_bin: list[str], rr=None,
+                 entry_path: str = "") -> list[str]:
     p = profile
     home = facts.home
     name = p.container_on(spec.name)
@@ -484,13 +513,21 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
         vols.append(f"{cache}/vllm:/root/.cache/vllm")
     for m in facts.runtime_mounts:
         vols.append(f"{m}:{m}:ro")
+    if rr is not None:                       # the recipe's files, from this node's checkout, where it mounts them
+        checkout = expand_home(p.recipe_dir, home).rstrip("/")
+        vols += [f"{checkout}/{m.source}".rstrip("/") + f":{m.target}:ro" for m in rr.mounts]
+        if rr.generated:
+            vols.append(f"{entry_path}:{rr.entry}:ro")
     for v in vols:
         a += ["-v", v]
     for k, v in env.items():
         a += ["-e", f"{k}={v}"]
     for k in secret_env:
         a += ["-e", k]                       # value from the docker client's environment
-    a += ["--entrypoint", vllm_bin[0], p.image, *vllm_bin[1:], *serve_argv[len(vllm_bin):]]
+    if rr is not None:
+        a += ["--entrypoint", rr.shell, p.image, *rr.shell_args, rr.entry, *serve_argv]
+    else:
+        a += ["--entrypoint", vllm_bin[0], p.image, *vllm_bin[1:], *serve_argv[len(vllm_bin):]]
     return a
 
 
@@ -507,6 +544,9 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
     vllm_bin = vllm_bin_parts(p) if p.runtime == "process" else ["vllm"]
     if p.runtime == "docker" and p.is_lab:
         vllm_bin = vllm_bin_parts(p)          # the lab's image has no vllm: the host venv is mounted in
+    elif p.runtime == "docker" and p.recipe == "dspark-v4":
+        vllm_bin = [SEED_B_VLLM_BIN]
+    recipes: dict[str, Any] = {}
     ranks: list[RankLaunch] = []
     for spec in p.nodes:
         nf = facts.get(spec.name, NodeFacts())
@@ -526,9 +566,17 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
                        serve_argv=serve, env=env, secret_env=secret_env, state_dir=state_dir,
                        container=p.container_on(spec.name) if p.runtime == "docker" else "",
                        log_path="" if p.runtime == "docker" else f"{state_dir}/{spec.name}.log")
+        rr = rank_recipe(p, is_head=spec.is_head, api_key_set=bool(secret_env))
+        if rr is not None:
+            recipes[spec.name] = rr
+            r.recipe_markers = [m.text for m in rr.markers]
+            if rr.generated:
+                r.entry_script, r.entry_path = rr.script, f"{state_dir}/{spec.name}.entrypoint.sh"
+            if p.runtime == "process":
+                r.entry_argv = [rr.shell, f"{expand_home(p.recipe_dir, nf.home).rstrip('/')}/{rr.entry}"]
         if p.runtime == "docker":
             r.docker_argv = _docker_argv(p, spec, nf, rank=spec.rank, env=env, secret_env=secret_env,
-                                         serve_argv=serve, vllm_bin=vllm_bin)
+                                         serve_argv=serve, vllm_bin=vllm_bin, rr=rr, entry_path=r.entry_path)
         ranks.append(r)
     fp = fingerprint(ranks)
     for r in ranks:
@@ -536,7 +584,20 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
     pad = tp_pad(p)
     return LaunchPlan(profile_name=p.name, recipe=p.recipe, runtime=p.runtime, ranks=ranks, fingerprint=fp,
                       base_port=p.port, served_model_name=p.served_model_name, max_model_len=p.max_model_len,
-                      expect_log=[pad["line"]] if pad else [])
+                      expect_log=[pad["line"]] if pad else [], recipe_chain=_recipe_record(recipes))
+
+
+def _recipe_record(recipes: dict[str, Any]) -> dict[str, Any] | None:
+    """The plan's view of the recipe: the pin, and per rank its start chain and boot-log markers."""
+    if not recipes:
+        return None
+    first = next(iter(recipes.values())).to_record()
+    return {"name": first["name"], "repo": first["repo"], "commit": first["commit"], "dir": first["dir"],
+            "entry": first["entry"], "generated": first["generated"],
+            "mounts": {n: rr.to_record()["mounts"] for n, rr in recipes.items()},
+            "steps": {n: [s.name for s in rr.steps] for n, rr in recipes.items()},
+            "markers": {n: [m.text for m in rr.markers] for n, rr in recipes.items()},
+            "marker_sources": {n: {m.text: m.source for m in rr.markers} for n, rr in recipes.items()}}
 
 
 def tp_pad(profile) -> dict[str, Any] | None:
@@ -559,8 +620,9 @@ def tp_pad(profile) -> dict[str, Any] | None:
 def fingerprint(ranks: list[RankLaunch]) -> str:
     """sha256 over every rank's runtime, argv and environment; secret values never enter it
     (only whether a secret is passed)."""
-    payload = [{"node": r.node, "runtime": r.runtime, "argv": r.docker_argv or r.serve_argv,
-                "env": sorted(r.env.items()), "secrets": sorted(r.secret_env)} for r in ranks]
+    payload = [{"node": r.node, "runtime": r.runtime, "argv": r.docker_argv or [*r.entry_argv, *r.serve_argv],
+                "env": sorted(r.env.items()), "secrets": sorted(r.secret_env),
+                "entry_script": hashlib.sha256(r.entry_script.encode()).hexdigest()} for r in ranks]
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

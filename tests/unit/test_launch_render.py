@@ -184,7 +184,7 @@ SEED_B_ENV = {
     "HF_HOME": "/cache/huggingface", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_XET": "1",
     "DSPARK_MODEL": "deepseek-ai/DeepSeek-V4-Flash-Vision-Exp",
     "DSPARK_REVISION": "86f746b36186f0e567729a5c06a8c918caba82a9",
-    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "4096", "DSPARK_MAX_INFLIGHT_PREFILLS": "2",
+    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": "4096", "DSPARK_MAX_INFLIGHT_PREFILLS": "1",   # compose @ 01eed1e
     "VLLM_CACHE_ROOT": "/cache/huggingface/vllm-cache", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
     "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "0",
     "VLLM_USE_FLASHINFER_SAMPLER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
@@ -213,7 +213,7 @@ SEED_B_RANK_ENV = {
 def test_seed_b_serve_argv(node, rank):
     r = _plan("dspark-v4").rank(node)
     argv = r.serve_argv
-    assert argv[:3] == ["vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash-Vision-Exp"]
+    assert argv[:3] == ["/usr/local/bin/vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash-Vision-Exp"]   # compose exec
     f = flags(argv[3:])
     for k, v in SEED_B_SERVE.items():
         assert f.get(k) == v, f"{k}: rendered {f.get(k)!r}, seed B {v!r}"
@@ -229,9 +229,13 @@ def test_seed_b_docker_and_env(node):
     for o in SEED_B_DOCKER:
         assert o in opts, o
     assert ("--name", "deepseek-v4-flash-vllm-dspark-1") in opts
-    assert ("--entrypoint", "vllm") in opts
-    assert r.docker_argv[r.docker_argv.index("--entrypoint") + 2] == \
+    # the recipe's hotfix chain runs first (bash -l like the compose's bash -lc), then execs the serve argv
+    assert ("--entrypoint", "bash") in opts
+    i = r.docker_argv.index("--entrypoint")
+    assert r.docker_argv[i + 2] == \
         "ghcr.io/anemll/dspark-vllm-gx10:0.1.1@sha256:a83948492cf13df455170fb42885f5ef4db54fefe0feff0f841ecbff464ac9d8"
+    assert r.docker_argv[i + 3:i + 5] == ["-l", "/opt/spark-runbook/entrypoint.sh"]
+    assert r.docker_argv[i + 5:] == r.serve_argv
     assert f"{HOME}/.cache/huggingface:/cache/huggingface" in vols
     env = dict(e.split("=", 1) for e in envs)
     for k, v in {**SEED_B_ENV, **SEED_B_RANK_ENV[node]}.items():
@@ -346,7 +350,8 @@ CASES = [("exl3-v41", {}), ("dspark-v4", {}), ("lab", {}), ("lab", {"RUNTIME": "
 
 
 def _golden_record(r) -> dict:
-    rec = {"serve_argv": r.serve_argv, "env": r.env, "secret_env": r.secret_env, "docker_argv": r.docker_argv}
+    rec = {"serve_argv": r.serve_argv, "env": r.env, "secret_env": r.secret_env, "docker_argv": r.docker_argv,
+           "entry_argv": r.entry_argv, "entry_path": r.entry_path, "recipe_markers": r.recipe_markers}
     return json.loads(json.dumps(rec).replace(str(REPO_ROOT), "<repo>"))
 
 
@@ -360,6 +365,22 @@ def test_golden(name, ov, node):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(got, indent=1) + "\n")
     assert got == json.loads(path.read_text()), f"render changed; review and UPDATE_GOLDEN=1 ({path})"
+
+
+SCRIPT_CASES = [("exl3-v41", {}, False), ("dspark-v4", {}, True), ("tp3-dspark", {}, False)]
+
+
+@pytest.mark.parametrize("name,ov,keyed", SCRIPT_CASES, ids=[c[0] for c in SCRIPT_CASES])
+@pytest.mark.parametrize("node", ["head", "worker"])
+def test_golden_entrypoint_scripts(name, ov, keyed, node):
+    """The generated seed entrypoints, kept as reviewable shell files."""
+    facts = {n: NodeFacts(home=HOME) for n in ("head", "worker", "worker2")}
+    script = _plan(name, ov, facts=facts, api_key_set=keyed).rank(node).entry_script
+    assert script.startswith("#!/bin/bash") and script.rstrip().endswith('exec "$@"')
+    path = GOLDEN / f"{name}-{node}.entrypoint.sh"
+    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+        path.write_text(script)
+    assert script == path.read_text(), f"entrypoint changed; review and UPDATE_GOLDEN=1 ({path})"
 
 
 # ----------------------------------------------------------------------------- pure helpers of the actions
