@@ -11,7 +11,9 @@
 """
 from __future__ import annotations
 
+import io
 import json
+import re
 import shlex
 import socket
 import threading
@@ -192,7 +194,8 @@ class Node:
         full = _with_env(command, env)
         started = time.monotonic()
         try:
-            res = conn.run(full, hide=not stream, warn=True, timeout=timeout, in_stream=False, pty=False)
+            res = conn.run(full, hide=not stream, warn=True, timeout=timeout, pty=False,
+                           in_stream=io.StringIO(_env_values(env)) if env else False)
             result = CommandResult(self.name, full, res.exited, res.stdout, res.stderr,
                                    time.monotonic() - started)
         except CommandTimedOut as exc:
@@ -336,10 +339,20 @@ def map_connect_error(exc: Exception, node: str, target: str, known_hosts) -> Re
 
 
 def _with_env(command: str, env: Mapping[str, str] | None) -> str:
+    """Environment for one command, read from the command's stdin (``_env_values``), never written into
+    the command line: a value on the remote shell's command line is readable by anyone in ``ps`` on the
+    node while the command runs (the API key during a docker start)."""
     if not env:
         return command
-    exports = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items())
-    return f"export {exports}; {command}"
+    reads = " && ".join(f"IFS= read -r {k}" for k in env)
+    return f"{reads} && export {' '.join(env)}; {command}"
+
+
+def _env_values(env: Mapping[str, str]) -> str:
+    for key, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or "\n" in str(value):
+            raise ValueError(f"environment {key!r}: a name of letters, digits and _, a value of one line")
+    return "".join(f"{value}\n" for value in env.values())
 
 
 def _summary(command: str, stdout: str, stderr: str) -> str:

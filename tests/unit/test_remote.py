@@ -25,7 +25,8 @@ def test_dry_run_records_actions_without_connecting(tmp_path):
     entries = [json.loads(l) for l in (tmp_path / "commands.jsonl").read_text().splitlines()]
     assert [e["dry_run"] for e in entries] == [True, True]
     assert "docker rm -f spark-runbook-worker" in entries[0]["command"]
-    assert "s3cr3t-value" not in entries[0]["command"] and "***" in entries[0]["command"]
+    # the value is read from stdin on the node, never written into the command line (ps would show it)
+    assert "s3cr3t-value" not in entries[0]["command"] and "read -r VLLM_API_KEY" in entries[0]["command"]
     assert entries[1]["command"] == "put /etc/hostname -> /tmp/x"
 
 
