@@ -34,7 +34,7 @@ def cmd_run(args) -> int:
     overrides, rehearsal = _overrides(args.param), None
     if args.rehearse:
         from .lab.rehearsal import load_rehearsal
-        _, overrides, subs = load_rehearsal(args.profile, overrides)
+        _, overrides, subs = load_rehearsal(args.profile, overrides, publish=True)
         rehearsal = [s.to_dict() for s in subs]
         print(f"rehearsal of {args.profile} on the lab: {len(subs)} key(s) substituted "
               f"(see rehearsal.json in the run folder); every other key runs as the recipe has it")

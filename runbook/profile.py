@@ -1064,7 +1064,7 @@ def _rules(p: Profile) -> Iterable[_Conflict]:
                         "or download-both", at="WEIGHT_SYNC")
     if p.lab_cpu_bind:
         items = [x for x in p.lab_cpu_bind.split(",") if x]
-        if not p.is_lab:
+        if not p.is_lab and not p.rehearsal:
             yield _Conflict(("RECIPE", "LAB_CPU_BIND"), f"LAB_CPU_BIND binds the lab's CPU vLLM threads; "
                             f"RECIPE={p.recipe} runs on GPUs", "clear LAB_CPU_BIND", at="LAB_CPU_BIND")
         elif len(items) != p.node_count:

@@ -13,12 +13,14 @@ the pinned revisions, the Engram settings, the readiness rules.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import ProfileError, ProfileIssue
 from ..evidence import REPO_ROOT
 from ..profile import Profile, load_profile
+from . import control, hub
 
 LAB_PROFILES = {2: REPO_ROOT / "env" / "lab.env", 3: REPO_ROOT / "env" / "lab-tp3.env"}
 
@@ -62,6 +64,17 @@ class Substitution:
         return asdict(self)
 
 
+def env_text(value) -> str:
+    """A profile value as it is written in an env file (and passed as an override)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":")) if value else ""
+    return "" if value is None else str(value)
+
+
 def lab_profile_for(profile: Profile) -> Profile:
     path = LAB_PROFILES.get(profile.node_count)
     if path is None:
@@ -81,11 +94,22 @@ def substitutions(profile: Profile) -> list[Substitution]:
     out = []
     for group, (why, keys) in GROUPS.items():
         for key in keys:
-            recipe_value, lab_value = profile.value(key), lab.value(key)
+            recipe_value, lab_value = env_text(profile.value(key)), env_text(lab.value(key))
             if recipe_value != lab_value:
                 out.append(Substitution(key, recipe_value, lab_value, group, why))
+    if profile.bootstrap_if:
+        # the recipe needs a bootstrap interface common to every node (seed B TP3); on the lab all nodes share
+        # one fabric subnet, which the profile rules accept as that interface, with the fabric addresses
+        why = GROUPS["fabric"][0] + "; the bootstrap interface is that shared fabric subnet"
+        subs = {s.key: s for s in out}
+        subs["BOOTSTRAP_IF"] = Substitution("BOOTSTRAP_IF", profile.bootstrap_if, lab.value("HEAD_CX7_IF"), "fabric", why)
+        for node in ("HEAD", "WORKER", "WORKER2"):
+            key = f"{node}_BOOTSTRAP_IP"
+            if profile.value(key):
+                subs[key] = Substitution(key, profile.value(key), lab.value(f"{node}_IP"), "fabric", why)
+        out = list(subs.values())
     for key, value in SET_BY_REHEARSAL.items():
-        out.append(Substitution(key, profile.value(key), value, "rehearsal", "set by `run --rehearse`"))
+        out.append(Substitution(key, env_text(profile.value(key)), value, "rehearsal", "set by `run --rehearse`"))
     return out
 
 
@@ -93,12 +117,28 @@ def rehearsal_overrides(subs: list[Substitution]) -> dict[str, str]:
     return {s.key: s.lab for s in subs}
 
 
-def load_rehearsal(profile_path: str | Path, overrides: dict[str, str] | None = None
-                   ) -> tuple[Profile, dict[str, str], list[Substitution]]:
+MODEL_WHY = ("the checkpoint is the lab's tiny model (and a scaled synthetic Engram source), published on the lab "
+             "Hub under the recipe's repository ids; their revisions are the lab Hub's commits")
+
+
+def publish_models(profile: Profile, *, echo=print) -> list[Substitution]:
+    """Publish the tiny model under HF_MODEL_REPO (and the synthetic Engram source under HF_ENGRAM_REPO when
+    ENGRAM=1) on the lab Hub; the revisions to pin instead of the recipe's."""
+    out = [Substitution("HF_REVISION", profile.hf_revision, control.ensure_tiny_repo(profile.hf_model_repo, echo=echo),
+                        "model", MODEL_WHY)]
+    if profile.engram and profile.hf_engram_repo:
+        revision = hub.publish_engram_source(control.HUB_ROOT, profile.hf_engram_repo)
+        out.append(Substitution("HF_ENGRAM_REVISION", profile.hf_engram_revision, revision, "model", MODEL_WHY))
+    return out
+
+
+def load_rehearsal(profile_path: str | Path, overrides: dict[str, str] | None = None, *, publish: bool = False,
+                   echo=print) -> tuple[Profile, dict[str, str], list[Substitution]]:
     """The recipe profile as the rehearsal runs it, the overrides that make it so (the user's ``-p`` keys
-    first; a key the rehearsal must substitute cannot be overridden), and the substitutions."""
+    first; a key the rehearsal must substitute cannot be overridden), and the substitutions. ``publish``
+    puts the stand-in checkpoints on the lab Hub and pins their revisions (what a real rehearsal does)."""
     recipe = load_profile(profile_path, overrides=overrides)
-    subs = substitutions(recipe)
+    subs = substitutions(recipe) + (publish_models(recipe, echo=echo) if publish else [])
     mapped = rehearsal_overrides(subs)
     clash = sorted(set(overrides or {}) & set(mapped))
     if clash:

@@ -1,0 +1,60 @@
+"""Rehearsal mapping: a recipe profile on the lab keeps every key but the hardware-bound ones, each listed."""
+from __future__ import annotations
+
+import pytest
+
+from runbook.errors import ProfileError
+from runbook.lab.rehearsal import GROUPS, load_rehearsal, substitutions
+from runbook.profile import KEYS, load_profile
+
+RECIPES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env"]
+SUBSTITUTABLE = {k for _, keys in GROUPS.values() for k in keys} | {"LAB", "REHEARSAL"}
+
+
+@pytest.mark.parametrize("path", RECIPES)
+def test_rehearsal_keeps_every_key_it_does_not_list(path):
+    recipe = load_profile(path)
+    rehearsed, overrides, subs = load_rehearsal(path)
+    assert subs, "a rehearsal substitutes at least the nodes"
+    listed = {s.key for s in subs}
+    assert listed == set(overrides)
+    assert listed <= SUBSTITUTABLE, listed - SUBSTITUTABLE
+    kept = [k for k in KEYS if k not in listed]
+    assert kept
+    assert {k: rehearsed.value(k) for k in kept} == {k: recipe.value(k) for k in kept}
+    assert rehearsed.recipe == recipe.recipe and rehearsed.rehearsal and rehearsed.lab
+    # what the issue says a rehearsal must keep exactly
+    for key in ("WEIGHTS_DIR", "WEIGHT_SYNC", "RUNTIME", "PORT", "MASTER_PORT", "HF_MODEL_REPO", "HF_REVISION",
+                "ENGRAM", "ENGRAM_SRC_DIR", "ENGRAM_PACKED_DIR", "CACHE_DIR", "EXPECT_GPU", "EXPECT_RDMA"):
+        assert rehearsed.value(key) == recipe.value(key), key
+    assert len(rehearsed.nodes) == len(recipe.nodes)
+    assert all(n.ssh.startswith("spark-") for n in rehearsed.nodes)
+
+
+def test_every_substitution_says_why_and_what_it_replaced():
+    subs = substitutions(load_profile("env/exl3-v41.env"))
+    by_key = {s.key: s for s in subs}
+    assert by_key["HEAD_SSH"].recipe == "spark1" and by_key["HEAD_SSH"].lab == "spark-head"
+    assert by_key["QUANTIZATION"].group == "gpu" and "CPU build" in by_key["QUANTIZATION"].why
+    assert all(s.why for s in subs)
+
+
+def test_a_lab_profile_is_not_rehearsed():
+    with pytest.raises(ProfileError) as err:
+        load_rehearsal("env/lab.env")
+    assert "RECIPE" in str(err.value)
+
+
+def test_user_overrides_of_substituted_keys_are_refused_by_name():
+    with pytest.raises(ProfileError) as err:
+        load_rehearsal("env/exl3-v41.env", {"HEAD_IP": "10.0.0.9"})
+    assert "HEAD_IP" in str(err.value) and "--rehearse" in str(err.value)
+
+
+def test_rehearsal_key_in_a_profile_file_without_the_lab_is_rejected(tmp_path):
+    text = open("env/exl3-v41.env").read().replace("REHEARSAL=0", "REHEARSAL=1")
+    bad = tmp_path / "bad.env"
+    bad.write_text(text)
+    with pytest.raises(ProfileError) as err:
+        load_profile(bad)
+    assert "REHEARSAL" in str(err.value)
