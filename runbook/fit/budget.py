@@ -162,7 +162,8 @@ class Weights:
 
 
 def recipe_figures(profile) -> RecipeFigures:
-    return RECIPES[profile.recipe]
+    # the figures of the hardware the profile runs on: a rehearsal of a recipe runs on the lab
+    return RECIPES["lab" if profile.lab else profile.recipe]
 
 
 def checkpoint_size(profile, measured: Figure | None = None) -> Figure | None:
@@ -235,7 +236,7 @@ def kv_pool(profile, total: Figure, weights: Figure) -> KvPool:
     bpt = kv_bytes_per_token(profile)
     if profile.kv_cache_memory_bytes:
         return KvPool("pinned", Figure(profile.kv_cache_memory_bytes, PROFILE, "KV_CACHE_MEMORY_BYTES"), bpt)
-    if profile.is_lab:
+    if profile.lab:
         return KvPool("cpu", LAB_CPU_KV, bpt)
     figs = recipe_figures(profile)
     r = figs.util_boot.profiled_runtime if figs.util_boot else figs.runtime
@@ -287,7 +288,7 @@ def memory_rows(profile, facts: NodeFacts, ranks: list[str], weights: Figure, fi
     g_term = (times("runtime"), Figure(n * g.value, g.source, g.note))
 
     # vLLM's own startup check (GPU backends): requested = util x total must be free
-    if profile.is_lab:
+    if profile.lab:
         rows.append(Row("memory", "vLLM startup check", node, Status.NA,
                         detail="CPU vLLM (lab): no GPU_MEM_UTIL startup check"))
     else:
@@ -561,7 +562,7 @@ class Plan:
 
 def hosts_of(profile, facts: dict[str, NodeFacts]) -> dict[str, str]:
     """node -> host. The lab's nodes share one kernel (and its memory and disks); Sparks are one each."""
-    return {name: (f.host or ("lab" if profile.is_lab else name)) for name, f in facts.items()}
+    return {name: (f.host or ("lab" if profile.lab else name)) for name, f in facts.items()}
 
 
 def plan(profile, facts: dict[str, NodeFacts], *, checkpoint: Figure | None = None, origin: str = "") -> Plan:
