@@ -556,8 +556,9 @@ def ensure_checkout(cluster: Cluster, profile, *, ship: bool = True) -> tuple[Ch
     actions = {n: "none" for n in paths}
     failed: dict[str, tuple[str, str]] = {}
     head = cluster.head
-    if ship and not before[head.name].at(pin.commit):
-        ok, what, fix = _fetch_on_head(head, profile, pin, paths[head.name], before[head.name])
+    hf = before[head.name]
+    if ship and (not hf.at(pin.commit) or hf.dirty):
+        ok, what, fix = _fetch_on_head(head, profile, pin, paths[head.name], hf)
         actions[head.name] = what if ok else "failed"
         if not ok:
             failed[head.name] = (what, fix)

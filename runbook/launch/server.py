@@ -18,6 +18,12 @@ While waiting for readiness both ranks' liveness is polled; a dead worker ends t
 detector (``HANG_SECONDS``; periodic lines such as ``shm_broadcast`` excluded) collects diagnostics
 (py-spy if the node has it, ps, log tails) and fails. On any failure the ranks this call started are
 stopped (a half-started cluster holds memory and blocks the next start).
+
+The recipe (``recipe.py``): before the ranks start, the pinned checkout is brought to every node (clone
+on the head, rsync to the workers over the fabric) and verified at the pinned commit; a reused server only
+has it verified. After readiness every rank's boot log is searched for the lines its start chain declares
+(e.g. seed B's TP=3 pad on EVERY rank); ``step.data["recipe"]`` records
+``{"repo", "commit", "markers": {node: [found lines]}}``.
 """
 from __future__ import annotations
 
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import render
+from . import recipe, render
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ActionError
 from ..facts import system, vllm_log
@@ -452,6 +458,8 @@ class StartResult:
     evidence: list[str] = field(default_factory=list)
     failure_detected_at: float | None = None    # time.monotonic() when the wait ended on a failure
     failure_detected_s: float | None = None     # ... in seconds from launch
+    recipe: dict[str, Any] = field(default_factory=dict)            # {"repo", "commit", "markers": {node: [lines]}}
+    recipe_checkout: dict[str, Any] = field(default_factory=dict)   # per node: path, commit, action
 
     @property
     def ok(self) -> bool:
@@ -519,6 +527,10 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: st
     finally:
         if step is not None:
             step.add(result.checks)
+            if result.recipe:
+                step.data["recipe"] = result.recipe
+            if result.recipe_checkout:
+                step.data["recipe_checkout"] = result.recipe_checkout
             step.data.update({"launch": result.data(), "base_url": url,
                               "served_model_name": plan.served_model_name})
 
@@ -552,6 +564,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
     if head_st.running:
         if head_st.fingerprint == plan.fingerprint and all(w.running for w in workers_st):
             result.reused = True
+            _recipe_checkout(cluster, profile, result, ship=False)     # read-only: what the running ranks mount
             result.checks.add(Check("server started", node="head", status=Status.NOOP,
                                     observed=f"already running with the same fingerprint "
                                              f"{plan.fingerprint[:12]} ({head_st.describe()}; started by run "
@@ -587,6 +600,14 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                      observed=", ".join(f"{p}: {listening[p] or 'a process'}" for p in busy),
                      expected="free", fix="stop what listens there (ss -ltnp) or change PORT/MASTER_PORT",
                      raise_=raise_)
+
+    # -- the recipe checkout at the pinned commit on every node (its files are mounted into the ranks)
+    if not _recipe_checkout(cluster, profile, result, ship=True):
+        return _fail(result, "launch refused", "the recipe checkout is not at the pinned commit on every node: "
+                     "nothing was started", node="cluster",
+                     observed="; ".join(f"{c.node}: {c.observed}" for c in result.checks.failures())[:1500],
+                     expected=f"{profile.recipe_repo} @ {profile.recipe_commit[:12]} on every node",
+                     fix="see the recipe checkout rows", raise_=raise_)
 
     # -- launch: workers first, then the head
     mem = cluster.each(_mem_available)
@@ -686,11 +707,18 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         result.startup[name] = vllm_log.parse_startup_log(text).to_dict()
     for name, text in diagnostics.items():
         result.evidence.append(ev(f"hang-{name}.txt", text))
+    logs = {n: (t if isinstance(t, str) else "") for n, t in texts.items()}
+    pin = recipe.recipe_pin(profile)
+    if pin is not None:
+        result.recipe = recipe.marker_record(pin, {r.node: r.recipe_markers for r in plan.ranks}, logs)
 
     if failure is not None:
         cname, what, node, observed, fix = failure
         tails = "\n".join(f"--- {n} log tail ---\n{tail(t if isinstance(t, str) else '', TAIL)}"
                           for n, t in texts.items())
+        fatal = [f"{n}: {line}" for n, t in logs.items() for line in recipe.chain_failures(t)]
+        if fatal:                            # the recipe's start chain refused: that is the cause
+            observed = f"{observed}; recipe start chain: {' | '.join(fatal[:4])}"
         if started and cleanup:
             stop(cluster, profile, grace=10, mem_settle_s=0)     # a booting vLLM ignores SIGTERM anyway
         return _fail(result, cname, what, node=node, observed=f"{observed}\n{tails}",
@@ -731,13 +759,43 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         result.checks.add(check("KV cache size", False, node="head", observed="no 'KV cache size' line in the log",
                                 expected="the startup log reports the KV pool", warn_only=True,
                                 fix="check the log format of this vLLM build"))
-    pad = render.tp_pad(profile)          # dspark-v4 at TP=3: the head pad must show in the boot log
-    if pad and result.reused:
-        result.checks.add(not_applicable("TP pad applied (boot log)", "reused server: the boot lines may have "
-                                         "rotated out; see the log evidence", node="head"))
-    elif pad:
-        result.checks.add(vllm_log.tp_pad_check(pad, head_log, node="head"))
+    _marker_checks(plan, result, logs)
     return result
+
+
+def _marker_checks(plan: LaunchPlan, result: StartResult, logs: dict[str, str]) -> None:
+    """Every rank's boot log shows the lines its recipe start chain declares (seed B's TP=3 pad on every
+    rank, not the head only). A reused server's boot lines may have rotated out: N/A, not FAIL."""
+    for r in plan.ranks:
+        if not r.recipe_markers:
+            continue
+        found = recipe.find_markers(r.recipe_markers, logs.get(r.node, ""))
+        missing = [m for m, line in found.items() if line is None]
+        name = "recipe start chain markers in the boot log"
+        if missing and result.reused:
+            result.checks.add(not_applicable(name, "reused server: the boot lines may have rotated out; missing: "
+                                             + " | ".join(missing), node=r.node))
+            continue
+        fatal = recipe.chain_failures(logs.get(r.node, ""))
+        sources = (plan.recipe_chain or {}).get("marker_sources", {}).get(r.node, {})
+        result.checks.add(check(
+            name, not missing, node=r.node,
+            observed=(f"{len(found)} of {len(found)} found" if not missing else
+                      f"missing: {' | '.join(missing)}" + (f"; chain: {' | '.join(fatal[:3])}" if fatal else "")),
+            expected=" | ".join(r.recipe_markers),
+            fix="the line's source did not run on this rank: " + "; ".join(f"{m} <- {sources.get(m, '?')}"
+                                                                            for m in missing),
+            data={"found": {m: line for m, line in found.items() if line}}))
+
+
+def _recipe_checkout(cluster: Cluster, profile, result: StartResult, *, ship: bool) -> bool:
+    """The pinned checkout on every node (``ship``: fetch on the head and copy to the workers first)."""
+    if recipe.recipe_pin(profile) is None:
+        return True
+    checks, data = recipe.ensure_checkout(cluster, profile, ship=ship)
+    result.checks.add(checks)
+    result.recipe_checkout = data
+    return not checks.failures()
 
 
 # ------------------------------------------------------------------------------------------------
