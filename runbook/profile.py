@@ -605,8 +605,9 @@ Image = Str(rf"(?:[A-Za-z0-9.-]+(?::\d+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::[\
 ModelDir = Str(rf"(?:/|~/).*|{_REPO}", "an absolute path in the runtime, a ~/ path or a Hugging Face repo id",
                "/model or deepseek-ai/DeepSeek-V4-Flash")
 # the recipe whose start chain the containers run: a git URL (https/ssh) or, for the lab, a local path
-RecipeRepo = Str(r"(?:https://|ssh://|git@)\S+|[A-Za-z0-9_.~/-]+", "a git repository URL (https://, ssh://, git@host:path) "
-                 "or a local path", "https://github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-EXL3-2x-DGX-Sparks")
+RecipeRepo = Str(r"(?:https://|ssh://|git@)\S+|[A-Za-z0-9_.~/-]+",
+                 "a git repository URL (https://, ssh://, git@host:path) or a local path",
+                 "https://github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-EXL3-2x-DGX-Sparks")
 Commit = Str(r"[0-9a-f]{40}", "a full 40-character lower-case commit id",
              "503b4825f435dde0ecdacab4b333afc6acaac8c2 (git -C <checkout> rev-parse HEAD)")
 

@@ -280,7 +280,8 @@ def _seed_b(profile, pin: RecipePin, *, keyed: bool) -> RankRecipe:
                 'if [ -n "${TORCH_FR_DUMP_TEMP_FILE:-}" ]; then mkdir -p "$(dirname "$TORCH_FR_DUMP_TEMP_FILE")" || '
                 'say "warn: cannot create the flight-recorder dump dir (boot continues)"; fi',
                 'if [ "${ABLATE:-0}" = 0 ]; then unset DSV4_ABLATE_FILE; fi',
-                'if [ "${VLLM_ENABLE_RESPONSES_API_STORE:-0}" != 1 ]; then export VLLM_ENABLE_RESPONSES_API_STORE=0; fi']
+                'if [ "${VLLM_ENABLE_RESPONSES_API_STORE:-0}" != 1 ]; then '
+                'export VLLM_ENABLE_RESPONSES_API_STORE=0; fi']
     return RankRecipe(name="dspark-v4", pin=pin, shell="bash", entry="/opt/spark-runbook/entrypoint.sh",
                       generated=True, prefix="dspark-v4", mounts=mounts, steps=steps, markers=markers,
                       preamble=preamble)
@@ -674,7 +675,8 @@ def lab_source_repo(profile, src: Path = LAB_SOURCE) -> Path:
         commit = _build_lab_repo(src, work)
         if commit != profile.recipe_commit:
             raise RuntimeError(f"the lab recipe files ({src}) make commit {commit}, but RECIPE_COMMIT="
-                               f"{profile.recipe_commit}: set RECIPE_COMMIT={commit} in {profile.source or 'the profile'}")
+                               f"{profile.recipe_commit}: set RECIPE_COMMIT={commit} in "
+                               f"{profile.source or 'the profile'}")
         staged = Path(tmp) / "bare.git"
         _git("clone", "--quiet", "--bare", str(work), str(staged))
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -253,8 +253,8 @@ class LaunchPlan:
         for line in self.expect_log:
             out.append(f"# boot log must show: {line}")
         if self.recipe_chain:
-            out.append(f"# recipe {self.recipe_chain['name']}: {self.recipe_chain['repo']} @ {self.recipe_chain['commit']} "
-                       f"in {self.recipe_chain['dir']}")
+            rc = self.recipe_chain
+            out.append(f"# recipe {rc['name']}: {rc['repo']} @ {rc['commit']} in {rc['dir']}")
         for r in sorted(self.ranks, key=lambda r: -r.rank):      # start order: workers first
             out.append(f"\n## rank {r.rank} on {r.node}{' (headless)' if r.headless else ''}")
             if self.recipe_chain:
