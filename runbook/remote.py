@@ -32,6 +32,16 @@ DEFAULT_READ_TIMEOUT = 30.0
 DEFAULT_RUN_TIMEOUT = 120.0
 TAIL_LINES = 20
 
+# Rehearsal hook (REHEARSAL=1 only): the node-private lab directory whose bin/ holds the simulators of the
+# hardware-only tools (installed by runbook.lab.sim). Every node command of a rehearsal runs with it first
+# on PATH; the prefix is part of the command as run and as logged in commands.jsonl.
+REHEARSAL_SIM_DIR = "/mnt/nvme/.rehearsal/sim"
+
+
+def rehearsal_path_prefix(profile) -> str:
+    """``export PATH=<sim>/bin:"$PATH"; `` for a rehearsed profile, else ''."""
+    return f'export PATH={REHEARSAL_SIM_DIR}/bin:"$PATH"; ' if getattr(profile, "rehearsal", False) else ""
+
 
 def quote(*parts: Any) -> str:
     """Join argv parts into one shell-safe command string."""
@@ -104,12 +114,13 @@ class Node:
     ib_devs, gid). Connects lazily; use as a context manager or call ``close()``."""
 
     def __init__(self, spec, ssh: SshSettings, *, log: CommandLog | None = None,
-                 dry_run: bool = False):
+                 dry_run: bool = False, command_prefix: str = ""):
         self.spec = spec
         self.name = spec.name
         self.ssh = ssh
         self.log = log or CommandLog(None)
         self.dry_run = dry_run
+        self.command_prefix = command_prefix     # rehearsal_path_prefix(profile); '' on real nodes
         self._conn = None
         self._conn_lock = threading.Lock()
 
@@ -181,7 +192,7 @@ class Node:
             env: Mapping[str, str] | None = None, stream: bool = False) -> CommandResult:
         """Run a command that changes the node. Dry-run records it without executing."""
         if self.dry_run:
-            result = CommandResult(self.name, _with_env(command, env), 0, dry_run=True)
+            result = CommandResult(self.name, self.command_prefix + _with_env(command, env), 0, dry_run=True)
             self.log.record(result, kind="run")
             return result
         return self._execute(command, timeout=timeout, env=env, kind="run", warn=warn, stream=stream)
@@ -191,7 +202,7 @@ class Node:
         from invoke.exceptions import CommandTimedOut, UnexpectedExit
 
         conn = self._connection()
-        full = _with_env(command, env)
+        full = self.command_prefix + _with_env(command, env)
         started = time.monotonic()
         try:
             res = conn.run(full, hide=not stream, warn=True, timeout=timeout, pty=False,
@@ -252,7 +263,9 @@ class Cluster:
                      redactor: Redactor | None = None) -> "Cluster":
         log = CommandLog(Path(run_dir) / "commands.jsonl" if run_dir else None, redactor)
         settings = ssh_settings(profile)
-        return cls([Node(spec, settings, log=log, dry_run=dry_run) for spec in profile.nodes], log=log)
+        prefix = rehearsal_path_prefix(profile)
+        return cls([Node(spec, settings, log=log, dry_run=dry_run, command_prefix=prefix) for spec in profile.nodes],
+                   log=log)
 
     @property
     def head(self) -> Node:

@@ -50,14 +50,23 @@ def parse_ibdev2netdev(text: str) -> list[HcaPort]:
 
 # --------------------------------------------------------------------------- GID tables
 
+SYSFS = "/sys"
 GID_GLOBS = (
-    "/sys/class/infiniband/*/ports/*/gids",
-    "/sys/class/infiniband/*/ports/*/gid_attrs/types",
-    "/sys/class/infiniband/*/ports/*/gid_attrs/ndevs",
-    "/sys/class/infiniband/*/ports/*/state",
-    "/sys/class/infiniband/*/ports/*/link_layer",
+    "/class/infiniband/*/ports/*/gids",
+    "/class/infiniband/*/ports/*/gid_attrs/types",
+    "/class/infiniband/*/ports/*/gid_attrs/ndevs",
+    "/class/infiniband/*/ports/*/state",
+    "/class/infiniband/*/ports/*/link_layer",
 )
-GID_DUMP_CMD = sysfs_dump_cmd(GID_GLOBS)
+
+
+def gid_dump_cmd(root: str = SYSFS) -> str:
+    """The GID-table dump under ``root`` (``/sys`` on a node; a rehearsal reads its simulated tree)."""
+    root = root.rstrip("/")
+    return sysfs_dump_cmd(root + g for g in GID_GLOBS)
+
+
+GID_DUMP_CMD = gid_dump_cmd()
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
@@ -119,8 +128,8 @@ class GidPort:
         return "; ".join(parts) or "<no populated GIDs>"
 
 
-def parse_gid_dump(text: str) -> dict[str, GidPort]:
-    """Parse :data:`GID_DUMP_CMD` output into ``{"hca" or "hca:port": GidPort}`` (key is the HCA
+def parse_gid_dump(text: str, root: str = SYSFS) -> dict[str, GidPort]:
+    """Parse :func:`gid_dump_cmd` output (paths under ``root``) into ``{"hca" or "hca:port": GidPort}`` (key is the HCA
     name for port 1, ``hca:port`` otherwise). Sample (DGX Spark, rocep1s0f0, shortened)::
 
         /sys/class/infiniband/rocep1s0f0/ports/1/state\t4: ACTIVE
@@ -137,8 +146,8 @@ def parse_gid_dump(text: str) -> dict[str, GidPort]:
     """
     ports: dict[str, GidPort] = {}
     for path, value in parse_sysfs_dump(text).items():
-        m = re.match(r"/sys/class/infiniband/([^/]+)/ports/(\d+)/(gids/(\d+)|gid_attrs/(types|ndevs)/(\d+)"
-                     r"|state|link_layer)$", path)
+        m = re.match(re.escape(root.rstrip("/")) + r"/class/infiniband/([^/]+)/ports/(\d+)/(gids/(\d+)"
+                     r"|gid_attrs/(types|ndevs)/(\d+)|state|link_layer)$", path)
         if not m:
             continue
         hca, port = m.group(1), int(m.group(2))

@@ -2,16 +2,26 @@
 
     runbook.network.run(step, traffic=True, iperf_seconds=3)   # -> the bandwidth figure
 
-Check names → code: ``verify.py`` (one ``_<topic>_checks`` function per table section).
+Check names → code: ``verify.py`` (one ``_<topic>_checks`` function per table section); the traffic tools
+(perftest, OpenMPI, nccl-tests: found, installed when allowed, or a FAIL with the commands): ``tools.py``.
+In a rehearsal the hardware-only tools are the simulators of ``runbook.lab.sim``, installed first.
 """
 from __future__ import annotations
 
+from ..lab import sim
 from .verify import bandwidth_rows, plot_bandwidth, verify_network
 
 
-def run(step, *, traffic: bool = True, iperf_seconds: int = 3):
-    """Verify the fabric, archive every raw tool output, record the bandwidth rows; returns the plot."""
-    checks, raw = verify_network(step.profile, step.cluster, traffic=traffic, iperf_seconds=iperf_seconds)
+def run(step, *, traffic: bool = True, iperf_seconds: int = 3, install_tools: bool | None = None):
+    """Verify the fabric, archive every raw tool output, record the bandwidth rows; returns the plot.
+    ``install_tools`` (default: the profile's INSTALL_NET_TOOLS, else False) lets the step install missing
+    perftest / OpenMPI / nccl-tests on the nodes instead of failing with the commands."""
+    if install_tools is None:
+        install_tools = bool(getattr(step.profile, "install_net_tools", False))
+    if getattr(step.profile, "rehearsal", False):
+        step.add(sim.install(step.cluster, step.profile))
+    checks, raw = verify_network(step.profile, step.cluster, traffic=traffic, iperf_seconds=iperf_seconds,
+                                 install_tools=install_tools)
     step.add(checks)
     step.archive(raw)
     step.data["bandwidth"] = bandwidth_rows(checks)

@@ -230,9 +230,15 @@ def test_sweep_python_derivation():
 # --------------------------------------------------------------------------- Spark (RDMA)
 
 
-def spark_rules(side, *, gids, bw_fixture="ib_write_bw_rail0.txt"):
+TOOLS_FOUND = ("tool ib_write_bw /usr/bin/ib_write_bw\ntool ib_write_lat /usr/bin/ib_write_lat\n"
+               "tool mpirun /usr/bin/mpirun\nnccl /home/spark/nccl-tests/build\n")
+
+
+def spark_rules(side, *, gids, bw_fixture="ib_write_bw_rail0.txt", tools=TOOLS_FOUND):
     addr = fx(f"ip_addr_spark_{side}.json")
     return [
+        (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', Res(0, "/home/spark\n1000\nspark\n")),
+        (r"^for t in ib_write_bw ib_write_lat mpirun; ", Res(0, tools)),
         (r"^ip -j addr show$", Res(0, addr)),
         (r"^ip -j route show$", Res(0, fx("ip_route_spark_head.json"))),
         (r"^ibdev2netdev$", Res(0, fx("ibdev2netdev_spark.txt"))),
@@ -280,9 +286,131 @@ def test_spark_two_rails_all_pass():
     assert by(checks, "net.nccl.transport").status is Status.PASS
     assert by(checks, "net.nccl.hcas").status is Status.PASS
     mp = next(c for c in cluster.nodes[0].log if c.startswith("timeout 180 mpirun"))
-    assert "NCCL_IB_GID_INDEX=3" in mp and "NCCL_IB_HCA=roceP2p1s0f0,rocep1s0f0" in mp and " : " in mp
-    bwcmds = [c for c in cluster.nodes[0].log if "ib_write_bw" in c]
+    ranks = mpirun_apps(mp)
+    assert [r["host"] for r in ranks] == ["192.168.100.1", "192.168.100.2"]
+    for r in ranks:
+        assert r["env"]["NCCL_IB_GID_INDEX"] == "3" and r["env"]["NCCL_IB_HCA"] == "rocep1s0f0,roceP2p1s0f0"
+        assert r["binary"] == "/home/spark/nccl-tests/build/all_reduce_perf"
+    assert "--allow-run-as-root" not in mp                      # uid 1000 on these nodes
+    assert "--mca btl_tcp_if_include 192.168.100.0/24 " in mp   # a subnet: valid on every node
+    assert [c.status for c in checks if c.name == "net.tools"] == [Status.PASS, Status.PASS]
+    bwcmds = [c for c in cluster.nodes[0].log if "ib_write_bw -d" in c]
     assert all(" -x 3" in c for c in bwcmds)
+
+
+def mpirun_apps(cmd: str) -> list[dict]:
+    """The app contexts of a rendered mpirun: host, -x environment and binary of each rank."""
+    import shlex
+    argv = shlex.split(cmd.replace(" 2>&1", ""))
+    argv = argv[argv.index("mpirun") + 1:]
+    apps, cur = [], None
+    while argv:
+        a = argv.pop(0)
+        if a == "-np":
+            cur = {"env": {}, "host": "", "binary": ""}
+            apps.append(cur)
+            argv.pop(0)
+        elif cur is None:
+            continue
+        elif a == "-H":
+            cur["host"] = argv.pop(0).split(":")[0]
+        elif a == "-x":
+            k, _, v = argv.pop(0).partition("=")
+            cur["env"][k] = v
+        elif a == ":":
+            cur = None
+        elif not cur["binary"]:
+            cur["binary"] = a
+    return apps
+
+
+def test_nccl_ranks_get_their_own_interface_hca_and_gid():
+    """Defect 5: recipe A is cabled head enp1s0f1np1/rocep1s0f1 <-> worker enp1s0f0np0/rocep1s0f0; each rank of
+    nccl-tests must get its own node's NCCL_SOCKET_IFNAME, NCCL_IB_HCA and GID index (the head's interface does
+    not exist on the worker)."""
+    from runbook.profile import load_profile
+    profile = load_profile("env/exl3-v41.env")
+    specs = {n.name: n for n in profile.nodes}
+    assert specs["head"].fabric_if != specs["worker"].fabric_if        # the premise of the defect
+
+    def recipe_addr(side, iface, ip):
+        data = json.loads(fx("ip_addr_lab.json"))
+        for item in data:
+            if item["ifname"] == "enp1s0f0np0":
+                item["ifname"] = iface
+                for a in item["addr_info"]:
+                    if a["family"] == "inet":
+                        a["local"], a["label"] = ip, iface
+        return json.dumps(data)
+
+    def recipe_gids(hca, netdev, ip_hex):
+        return fx("gids_head_gid3.tsv").replace("rocep1s0f0", hca).replace("enp1s0f0np0", netdev) \
+            .replace("c0a8:6401", ip_hex).split("/sys/class/infiniband/roceP2")[0]
+
+    nodes = []
+    for name, ip_hex in (("head", "0a00:0001"), ("worker", "0a00:0002")):
+        spec = specs[name]
+        iface, hca = spec.fabric_if, spec.ib_devs[0]
+        rules = [(r"^ip -j addr show$", Res(0, recipe_addr(name, iface, spec.fabric_ip))),
+                 (r"^ip -j route show$", Res(0, fx("ip_route_lab.json"))),
+                 (r"^ibdev2netdev$", Res(0, f"{hca} port 1 ==> {iface} (Up)\n")),
+                 (r"^grep -r -H \. /sys/class/infiniband", Res(0, recipe_gids(hca, iface, ip_hex)))]
+        rules += spark_rules(name, gids="gids_head_gid3.tsv")
+        node = FakeNode(name, spec.rank, fabric_ip=spec.fabric_ip, fabric_if=iface, ib_devs=",".join(spec.ib_devs),
+                        gid=spec.gid, rules=rules)
+        node.spec = spec
+        nodes.append(node)
+    checks, _ = network.verify_network(profile, FakeCluster(nodes), None)
+    assert by(checks, "net.gid", "worker").status is Status.PASS, checks.to_text()
+    mp = next(c for c in nodes[0].log if c.startswith("timeout 180 mpirun"))
+    ranks = mpirun_apps(mp)
+    assert [(r["host"], r["env"]["NCCL_SOCKET_IFNAME"], r["env"]["NCCL_IB_HCA"], r["env"]["NCCL_IB_GID_INDEX"])
+            for r in ranks] == [("10.0.0.1", "enp1s0f1np1", "rocep1s0f1", "3"),
+                                ("10.0.0.2", "enp1s0f0np0", "rocep1s0f0", "3")]
+    assert "--mca btl_tcp_if_include 10.0.0.0/24 " in mp and "--mca oob_tcp_if_include 10.0.0.0/24 " in mp
+    # nccl-tests under CACHE_DIR (~ expanded with each node's home) is looked for first
+    probe = next(c for c in nodes[1].log if c.startswith("for t in ib_write_bw"))
+    assert "/home/spark/.cache/vllm-dsv41-flash-exl3/nccl-tests/build" in probe
+
+
+def test_missing_tools_fail_with_the_exact_commands():
+    cluster = spark_cluster()
+    cluster.nodes[1].rules.insert(0, (r"^for t in ib_write_bw", Res(0, "missing ib_write_bw\nmissing ib_write_lat\n"
+                                                                       "tool mpirun /usr/bin/mpirun\n")))
+    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    c = by(checks, "net.tools", "worker")
+    assert c.status is Status.FAIL
+    assert "ib_write_bw, ib_write_lat, all_reduce_perf" in c.observed and "/home/spark/nccl-tests/build" in c.observed
+    assert "sudo -n apt-get install -y perftest" in c.fix
+    assert "git clone --quiet https://github.com/NVIDIA/nccl-tests.git /home/spark/nccl-tests" in c.fix
+    assert "checkout --quiet --detach v2.18.3" in c.fix and "make -C /home/spark/nccl-tests -j4 MPI=1" in c.fix
+    assert "install_tools=True" in c.fix
+    assert by(checks, "net.tools", "head").status is Status.PASS
+    assert not any(cmd.startswith("sudo") for n in cluster.nodes for cmd in n.log)   # nothing installed
+
+
+def test_missing_tools_are_installed_when_allowed():
+    cluster = spark_cluster()
+    worker = cluster.nodes[1]
+    state = {"installed": False}
+
+    def probe(cmd):
+        if state["installed"]:
+            return Res(0, TOOLS_FOUND.replace("/home/spark/nccl-tests/build", "/home/spark/nccl-tests/build"))
+        return Res(0, "missing ib_write_bw\nmissing ib_write_lat\ntool mpirun /usr/bin/mpirun\n")
+    worker.rules.insert(0, (r"^for t in ib_write_bw", probe))
+    ran = []
+
+    def run(cmd, timeout=0, warn=False):
+        assert timeout >= 600 and warn
+        ran.append(cmd)
+        state["installed"] = "make -C" in cmd or state["installed"]
+        return Res(0, "0123456789abcdef0123\n" if "rev-parse" in cmd else "")
+    worker.run = run
+    checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
+    assert ran[0] == "sudo -n apt-get install -y perftest" and "v2.18.3" in ran[1]
+    c = by(checks, "net.tools", "worker")
+    assert c.status is Status.PASS and "commit 0123456789ab" in c.observed and "perftest" in c.observed
 
 
 def test_degraded_rdma_fails_hard():
