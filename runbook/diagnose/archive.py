@@ -16,7 +16,7 @@ from .bundle import MAX_TEXT_BYTES, TIMING_KEYS, Bundle, Context, NAME_RE
 from .match import match, render_html, render_markdown
 
 
-def _check_name(kind: str, name: str) -> None:
+def check_name(kind: str, name: str) -> None:
     if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
         raise ValueError(f"bundle {kind} name {name!r} is not a plain file name "
                          f"(fix: use letters, digits, '.', '_' or '-', no '/' and no '..')")
@@ -45,9 +45,9 @@ def write_bundle(run_dir: str | Path, texts: Mapping[str, Mapping[str, str]], re
     if not isinstance(redactor, Redactor):
         raise TypeError("write_bundle needs a runbook.secrets.Redactor (fix: pass runbook.secrets.default_redactor())")
     for node, items in texts.items():
-        _check_name("node", node)
+        check_name("node", node)
         for name in items:
-            _check_name(f"text (node {node})", name)
+            check_name(f"text (node {node})", name)
     unknown = set(timings or {}) - set(TIMING_KEYS)
     if unknown:
         raise ValueError(f"unknown timing key(s) {sorted(unknown)} (known: {sorted(TIMING_KEYS)})")

@@ -18,6 +18,7 @@ import pytest
 
 from runbook.diagnose import (BY_ID, ENTRIES, LOCAL, Bundle, Context, Entry, NodeInfo, catalogue_markdown,
                               collect_commands, match, page_paths, read_bundle, write_bundle)
+from runbook.diagnose import archive as A
 from runbook.diagnose import bundle as B
 from runbook.facts import docker_pull, firewall, hostlog, ibv, procs, sockets
 from runbook.profile import load_profile
@@ -206,7 +207,7 @@ def test_collect_commands_contract_lab_profile():
         for c in items:
             assert isinstance(c.cmd, str) and c.cmd and 0 < c.timeout <= 60, c
             assert not any(bad in c.cmd for bad in _CHANGES_A_NODE), f"{node} {c.name} may change the node: {c.cmd}"
-            B._check_name("text", c.name)
+            A.check_name("text", c.name)
         for needed in (B.RANK_LOG, B.ENV, B.SS, B.TCP_MASTER, B.FIREWALL, B.GIDS, B.IBV_DEVINFO, B.MEMINFO, B.DISK,
                        B.DMESG, B.PROCESSES):
             assert needed in names, f"{node}: {needed} not collected"
