@@ -30,6 +30,17 @@ Truth it guarantees (all times on ``time.perf_counter`` = CLOCK_MONOTONIC, share
   keep-alive or ``Connection: close`` (TCP_NODELAY, so one write is one segment). The truth
   stamp of a write is taken just before it, whatever it carries;
 * ``extra_running`` / ``extra_waiting`` add other clients' requests to ``/metrics`` (busy-server guard);
+* answers (``answer_mode``, chat only): ``filler`` (default) emits ``tok tok ...``; the other modes read an
+  answer key (``answer_key``; default: the quality gate's set ``runbook/serve/quality_set.json``, whose
+  ``cases[].prompt`` / ``cases[].reference`` it uses) and match the last user message by its ending:
+  ``correct`` answers with the reference (content, a regex group taken from the conversation, or
+  tool calls), ``garbage`` with a plausible wrong answer derived from it (a near-miss number, JSON or
+  arguments with wrong values, a passphrase with its digits changed), ``garble`` with broken text
+  (a ``")")")"`` loop, replacement/control characters in mixed scripts, or consonant soup) for any
+  prompt. All three are deterministic (seeded by the prompt). ``correct`` and ``garbage`` refuse (400)
+  a prompt the key does not know, a streamed tool call and a call to a tool the request does not offer;
+  answer tokens are whitespace units (as ``/tokenize`` counts), ``finish_reason`` is ``stop`` when the
+  answer fits ``max_tokens`` (``tool_calls`` for a call), else ``length``;
 * every emission is logged (``RefServer.log`` / ``GET /ref/log``): arrival, first and last write
   times and every chunk's write time, so a client's figures can be compared with server truth.
 
@@ -45,10 +56,15 @@ import dataclasses
 import hashlib
 import heapq
 import json
+import random
+import re
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 clock = time.perf_counter
@@ -87,8 +103,15 @@ class RefConfig:
     # --- what /metrics and /v1/models report besides this server's own work (guard tests)
     extra_running: int = 0              # other clients' requests running
     extra_waiting: int = 0              # other clients' requests waiting
+    # --- what the answers say (quality gate tests; see the module docstring)
+    answer_mode: str = "filler"         # filler | correct | garbage | garble
+    answer_key: str = ""                # JSON answer key; empty = runbook/serve/quality_set.json
 
     def __post_init__(self) -> None:
+        if self.answer_mode not in ANSWER_MODES:
+            raise ValueError(f"RefConfig.answer_mode={self.answer_mode!r}: expected one of {', '.join(ANSWER_MODES)}")
+        if self.answer_mode in ("correct", "garbage"):
+            load_answer_key(self.answer_key)          # a bad key is refused now, not at the first request
         if self.body not in BODY_MODES:
             raise ValueError(f"RefConfig.body={self.body!r}: expected one of {', '.join(BODY_MODES)}")
         if self.fragment_seed and self.body != "chunked":
@@ -97,6 +120,7 @@ class RefConfig:
 
 
 BODY_MODES = ("chunked", "length", "close")
+ANSWER_MODES = ("filler", "correct", "garbage", "garble")
 #: bytes that finish an open chunk at the next write (fragment mode): an SSE comment, skipped by clients
 _PAD = b":\n\n"
 
@@ -212,6 +236,183 @@ class _Metrics:
             else:
                 lines.append(f"{name}{lab} {self.c[name]}")
         return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ answers (answer_mode)
+
+_UNIT = re.compile(r"\S+\s*")
+DEFAULT_ANSWER_KEY = "runbook/serve/quality_set.json"
+#: plausible replacements for a string value in a near-miss answer
+_ALTERNATES = ("Lyon", "Berlin", "Madrid", "Oslo", "sports", "news", "relevance", "asc", "EUR")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one request is answered with: content tokens (whitespace units, as /tokenize counts) or
+    tool calls (``{"name", "arguments"}``; ``pieces`` then holds the call's raw text, for its token count
+    and for the truncated form)."""
+    pieces: tuple[str, ...] = ()
+    tool_calls: tuple[dict[str, Any], ...] = ()
+
+
+def load_answer_key(path: str = "") -> tuple[tuple[str, tuple[str, Any]], ...]:
+    """``(prompt, (reference kind, value))`` for each case of an answer key; ValueError names the file
+    and the entry. Read again when the file changes."""
+    try:
+        st = Path(path).stat() if path else None
+    except OSError:
+        st = None
+    return _load_answer_key(path, (st.st_mtime_ns, st.st_size) if st else None)
+
+
+@lru_cache(maxsize=8)
+def _load_answer_key(path: str, _version: tuple[int, int] | None) -> tuple[tuple[str, tuple[str, Any]], ...]:
+    where = path or DEFAULT_ANSWER_KEY
+    try:
+        text = (Path(path).read_text() if path else
+                resources.files("runbook.serve").joinpath("quality_set.json").read_text())
+        doc = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"RefConfig.answer_key={where}: cannot read it as JSON ({exc})") from None
+    cases = doc.get("cases") if isinstance(doc, dict) else None
+    out = []
+    for i, c in enumerate(cases if isinstance(cases, list) else []):
+        prompt = c.get("prompt") if isinstance(c, dict) else None
+        ref = c.get("reference") if isinstance(c, dict) else None
+        if (not isinstance(prompt, str) or not prompt.strip() or not isinstance(ref, dict) or len(ref) != 1
+                or next(iter(ref)) not in ("content", "content_from", "tool_calls")):
+            raise ValueError(f"RefConfig.answer_key={where}: cases[{i}] needs a prompt and a reference with one "
+                             "of content | content_from | tool_calls")
+        out.append((prompt.strip(), next(iter(ref.items()))))
+    if not out:
+        raise ValueError(f"RefConfig.answer_key={where}: no cases")
+    return tuple(out)
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _seeded(text: str) -> random.Random:
+    return random.Random(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big"))
+
+
+def _wrong_leaf(v: Any, rng: random.Random) -> Any:
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int):
+        return v + rng.choice((-2, -1, 1, 2, 10))
+    if isinstance(v, float):
+        return v + 1.5
+    if isinstance(v, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", v):
+        return f"{v[:8]}{int(v[8:]) % 28 + 1:02d}"                 # a day later (or the 1st)
+    return rng.choice([a for a in _ALTERNATES if a.casefold() != str(v).casefold()])
+
+
+def _near_miss(obj: Any, rng: random.Random) -> Any:
+    """``obj`` with one leaf value changed: the shape a fluent but wrong model gives."""
+    leaves: list[tuple[Any, Any]] = []
+
+    def walk(o: Any) -> None:
+        for k in (range(len(o)) if isinstance(o, list) else list(o)):
+            if isinstance(o[k], (dict, list)) and o[k]:
+                walk(o[k])
+            else:
+                leaves.append((o, k))
+
+    out = json.loads(json.dumps(obj))
+    if not isinstance(out, (dict, list)) or not out:
+        return _wrong_leaf(out, rng)
+    walk(out)
+    parent, k = rng.choice(leaves)
+    parent[k] = _wrong_leaf(parent[k], rng)
+    return out
+
+
+def _wrong_text(text: str, rng: random.Random) -> str:
+    """A plausible wrong answer: a near-miss number, JSON with one wrong value, a passphrase with its
+    digits moved, or the words in another order."""
+    if re.fullmatch(r"-?\d+", text):
+        return str(int(text) + rng.choice((-10, -2, -1, 1, 2, 9, 10, 100)))
+    m = re.fullmatch(r"([A-Za-z]+-)(\d+)", text)
+    if m:
+        digits = m.group(2)
+        moved = digits[1:] + digits[0]
+        return m.group(1) + (moved if moved != digits else str((int(digits) + 1) % 10 ** len(digits)).zfill(len(digits)))
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, (dict, list)) and obj:
+        return json.dumps(_near_miss(obj, rng))
+    words = text.split()
+    rng.shuffle(words)
+    return " ".join(words if words != text.split() else words[::-1])
+
+
+def _garble(rng: random.Random, last: str, max_tokens: int) -> Answer:
+    """Broken output, one of three kinds: the lab's tiny model's two-character loop (to max_tokens),
+    words with U+FFFD, a control character and letters of three scripts, or consonant soup."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        return Answer(('")',) * (max_tokens + 1))
+    if kind == 1:
+        words = (last.split() or ["answer"])[:12]
+        noisy = []
+        for i, w in enumerate(words):
+            if i % 3 == 0:
+                w = w[:2] + "\ufffd" + w[2:]
+            elif i % 3 == 1:
+                w = w.replace("a", "\u0430").replace("o", "\u043e").replace("e", "\u0435") + "\u0007"
+            noisy.append(w + " ")
+        return Answer(tuple(noisy) + ("\u6570\u636e\u03bb\u03cc\u03b3\u03bf\u03c2 ",))
+    consonants = "bcdfghjklmnpqrstvwxz"
+    return Answer(tuple("".join(rng.choice(consonants) for _ in range(rng.randint(7, 13))) + " "
+                        for _ in range(24)))
+
+
+def answer_for(mode: str, req: dict[str, Any], key_path: str, max_tokens: int) -> tuple[Answer | None, str]:
+    """The answer to a chat request in ``mode`` (not filler), or (None, why it is refused)."""
+    msgs = [m for m in req.get("messages") or [] if isinstance(m, dict)]
+    conversation = "\n".join(_text(m) for m in msgs)
+    rng = _seeded(conversation)
+    last = _text(msgs[-1]).strip() if msgs else ""
+    if mode == "garble":
+        return _garble(rng, last, max_tokens), ""
+    who = f"refserver answer_mode={mode}"
+    if not msgs or msgs[-1].get("role") != "user":
+        return None, f"{who}: the last message is not a user message (only single questions are known)"
+    hits = [(p, ref) for p, ref in load_answer_key(key_path) if last.endswith(p)]
+    if not hits:
+        return None, (f"{who}: no reference answer for this prompt (it ends {last[-80:]!r}; answer key "
+                      f"{key_path or DEFAULT_ANSWER_KEY})")
+    _, (kind, value) = max(hits, key=lambda h: len(h[0]))
+    if kind == "tool_calls":
+        if req.get("stream"):
+            return None, f"{who}: streamed tool calls are not implemented"
+        offered = {(t.get("function") or {}).get("name") for t in req.get("tools") or [] if isinstance(t, dict)}
+        calls = [{"name": c["name"], "arguments": c.get("arguments", {})} for c in value]
+        missing = [c["name"] for c in calls if c["name"] not in offered]
+        if missing:
+            return None, f"{who}: the reference calls {missing}, which the request does not offer (tools: {sorted(offered)})"
+        if mode == "garbage":
+            calls = [dict(c, arguments=_near_miss(c["arguments"], rng)) for c in calls]
+        raw = "".join(f"<tool_call>{json.dumps({'name': c['name'], 'arguments': c['arguments']})}</tool_call>"
+                      for c in calls)
+        return Answer(tuple(_UNIT.findall(raw)), tuple(calls)), ""
+    if kind == "content_from":
+        m = re.search(value, conversation)
+        if not m:
+            return None, f"{who}: the reference pattern {value!r} is not in the conversation"
+        text = m.group(1)
+    else:
+        text = str(value)
+    if mode == "garbage":
+        text = _wrong_text(text, rng)
+    return Answer(tuple(_UNIT.findall(text))), ""
 
 
 class RefServer:
@@ -462,13 +663,25 @@ class RefServer:
         if cfg.fail_every and nth % cfg.fail_every == 0:
             self._respond(writer, 500, {"error": {"message": "injected failure"}})
             return True
+        answer: Answer | None = None
+        if cfg.answer_mode != "filler":
+            answer, refusal = (answer_for(cfg.answer_mode, req, cfg.answer_key, max_tokens) if chat else
+                               (None, f"refserver answer_mode={cfg.answer_mode}: chat completions only"))
+            if answer is None:
+                self._respond(writer, 400, {"error": {"message": refusal}})
+                return True
         cached = self._cached(words)
         if cfg.force_cached_tokens:
             cached = cfg.force_cached_tokens
         min_tokens = int(req.get("min_tokens") or 0)
         n = max_tokens
         finish = "length"
-        if cfg.eos_after and not req.get("ignore_eos"):
+        if answer is not None:
+            size = len(answer.pieces)
+            n = min(size, max_tokens)
+            if size <= max_tokens:
+                finish = "tool_calls" if answer.tool_calls else "stop"
+        elif cfg.eos_after and not req.get("ignore_eos"):
             n = min(max_tokens, max(min_tokens, cfg.eos_after))
             finish = "stop" if n < max_tokens else "length"
         so = req.get("stream_options") or {}
@@ -503,10 +716,10 @@ class RefServer:
                 u += f',"prompt_tokens_details":{{"cached_tokens":{cached}}}'
             return "{" + u + "}"
 
-        choice_cache: dict[tuple[int, str | None, bool], str] = {}
+        choice_cache: dict[tuple[str, str | None, bool], str] = {}
 
         def choice(text: str, fin: str | None, reasoning: bool) -> str:
-            key = (len(text), fin, reasoning)
+            key = (text, fin, reasoning)
             hit = choice_cache.get(key)
             if hit is None:
                 hit = choice_cache[key] = _choice(text, fin, reasoning)
@@ -522,7 +735,11 @@ class RefServer:
         fr = _Framer(cfg, nth)
         kw = req.get("chat_template_kwargs") or {}
         thinking_on = kw.get("enable_thinking") is True or kw.get("thinking") is True
-        reasoning = max(cfg.reasoning_tokens, cfg.thinking_tokens if thinking_on else 0)
+        reasoning = 0 if answer is not None else max(cfg.reasoning_tokens, cfg.thinking_tokens if thinking_on else 0)
+
+        def text_of(a: int, b: int) -> str:
+            """Content tokens a..b-1 (counted from the first content token)."""
+            return "tok " * (b - a) if answer is None else "".join(answer.pieces[a:b])
         role = ('data: ' + head + '{"index":0,"delta":{"role":"assistant","content":""},'
                 '"logprobs":null,"finish_reason":null}]'
                 + (',"usage":' + usage_json(0, False) if continuous else "") + '}\n\n')
@@ -544,7 +761,8 @@ class RefServer:
             if r:
                 parts.append("data: " + head + choice("tok " * r, None if c > r else fin, True) + "]" + us + "}\n\n")
             if c > r:
-                parts.append("data: " + head + choice("tok " * (c - r), fin, False) + "]" + us + "}\n\n")
+                parts.append("data: " + head + choice(text_of(sent - c + r - reasoning, sent - reasoning), fin, False)
+                             + "]" + us + "}\n\n")
             return "".join(parts).encode(), sent, sent >= n
 
         def tail(errored: bool) -> bytes:
@@ -628,8 +846,13 @@ class RefServer:
                     entry.status = "ok"
                     m.inc("vllm:request_prefill_time_seconds_sum", prefill)
                     m.inc("vllm:request_prefill_time_seconds_count")
-                    text = "tok " * n
+                    text = text_of(0, n)
                     msg = ({"role": "assistant", "content": text} if chat else None)
+                    if answer is not None and answer.tool_calls and finish == "tool_calls":
+                        msg = {"role": "assistant", "content": None, "tool_calls": [
+                            {"id": f"call_ref{nth}_{i}", "type": "function",
+                             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                            for i, c in enumerate(answer.tool_calls)]}
                     ch = {"index": 0, "finish_reason": finish}
                     ch.update({"message": msg} if chat else {"text": text})
                     body = {"id": rid, "object": "chat.completion" if chat else "text_completion",
