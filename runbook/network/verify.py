@@ -160,10 +160,10 @@ class _Ctx:
         return c
 
     def add_hw(self, c: Check, why: str) -> Check:
-        """A row read from a hardware-only tool: in a rehearsal a passing row says SIMULATED (with why), a
-        WARN keeps its status and gains the note, a FAIL stays FAIL."""
+        """A row read from a hardware-only tool: in a rehearsal a passing row says SIMULATED (with why); a WARN
+        or FAIL keeps its status and gains the note (its value came from a simulator too)."""
         if self.rehearsal and c.status is not Status.NA:
-            if c.status is Status.WARN:
+            if c.status in (Status.WARN, Status.FAIL):
                 c.observed = f"{c.observed} [simulated: {why}]"
             else:
                 c = simulated(c, why)

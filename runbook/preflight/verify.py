@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..checks import Check, CheckList, Status, check, not_applicable
+from ..checks import Check, CheckList, Status, check, not_applicable, simulated
 from .. import fit
 from ..facts import system
 from ..launch.image import plan_image
+from ..lab import sim
 from ..launch.server import RankState, rank_state
 from ..remote import Cluster, Node, node_ssh_argv, quote
 
@@ -79,6 +80,8 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
     alive = [n for n in cluster if not isinstance(reach[n.name], Exception)]
     if len(alive) < len(cluster.nodes):
         return checks, {"reach": {k: str(v) for k, v in reach.items()}}
+    if profile.rehearsal:       # the lab nodes get their simulated Spark before any GPU/RDMA fact is read
+        checks.add(sim.install(cluster, profile))
 
     facts = gather(cluster, profile)
     data: dict[str, Any] = {"nodes": {}}
@@ -282,8 +285,12 @@ def _gpu(name: str, f: dict[str, Any], profile) -> Check:
                               node=name, expected="none (EXPECT_GPU=0)")
     gpus = f["gpus"]
     ok = any("GB10" in g for g in gpus)
-    return check("GPU present", ok, node=name, observed=", ".join(gpus) or f["gpu_text"][:120],
-                 expected="NVIDIA GB10", fix="check the driver: nvidia-smi must list the GB10")
+    row = check("GPU present", ok, node=name, observed=", ".join(gpus) or f["gpu_text"][:120],
+                expected="NVIDIA GB10", fix="check the driver: nvidia-smi must list the GB10")
+    if profile.rehearsal:
+        return simulated(row, f"nvidia-smi is the rehearsal's simulator ({sim.SIM_DIR}/bin): the lab has no GPU; "
+                              f"it prints the GB10 of a DGX Spark in nvidia-smi's format (driver {f['driver']})")
+    return row
 
 
 def _clock(offsets: dict[str, Any], profile) -> Check:

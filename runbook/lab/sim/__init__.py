@@ -108,8 +108,9 @@ def _ipv4_base(pin: Any) -> int:
     return idx - 1 if idx % 2 else idx
 
 
-def node_config(profile, spec, ip_addr_json: str, *, root: str = SIM_DIR) -> dict[str, Any]:
-    """This node's simulated Spark (what ``node.json`` holds), from the profile's node and ``ip -j addr``."""
+def node_config(profile, spec, ip_addr_json: str, *, hostname: str, root: str = SIM_DIR) -> dict[str, Any]:
+    """This node's simulated Spark (what ``node.json`` holds), from the profile's node, ``ip -j addr`` and
+    ``hostname`` read on the node."""
     ifaces = fnet.parse_ip_addr(ip_addr_json)
     if not ifaces:
         raise RunbookError(f"cannot read {spec.name}'s interfaces for its simulated Spark",
@@ -130,7 +131,7 @@ def node_config(profile, spec, ip_addr_json: str, *, root: str = SIM_DIR) -> dic
                      "node_guid": ":".join(guid[i:i + 4] for i in range(0, 16, 4))})
     uuid = hashlib.sha256(f"gb10/{spec.name}".encode()).hexdigest()
     return {
-        "node": spec.name, "rank": spec.rank, "root": root, "sysfs": f"{root}/sys",
+        "node": spec.name, "rank": spec.rank, "hostname": hostname, "root": root, "sysfs": f"{root}/sys",
         "interfaces": {n: {"ipv4": list(i.ipv4), "mtu": i.mtu, "up": i.up, "mac": i.mac} for n, i in ifaces.items()},
         "hcas": hcas, "gid_pin": str(spec.gid),
         "gpu": {**GPU, "uuid": f"GPU-{uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:32]}"},
@@ -235,7 +236,8 @@ def install(cluster, profile) -> list[Check]:
                          expected="a lab node (runbook.lab.netlab marks its /mnt/nvme)",
                          fix="rehearse only on the embedded lab (make lab-up); simulators never go on a real node")
         addr = node.read(fnet.IP_ADDR_CMD, timeout=20)
-        files = node_files(node_config(profile, node.spec, addr.stdout), source)
+        host = (node.read("hostname", timeout=20).stdout or "").strip() or node.name
+        files = node_files(node_config(profile, node.spec, addr.stdout, hostname=host), source)
         want = manifest_digest(files["manifest.json"].decode())
         have = manifest_digest(node.read(f"cat {MANIFEST} 2>/dev/null", timeout=20).stdout or "")
         where = f"{SIM_DIR} ({', '.join(TOOLS)}, nccl-tests/build/all_reduce_perf; manifest.json)"

@@ -15,8 +15,10 @@ Nothing here moves RDMA data or touches a GPU. What is real: the TCP exchange pe
 test (client -> server address:port over the lab fabric), mpirun's remote launch through its
 ``plm_rsh_agent`` (ssh) and the per-rank environment each rank sees on its own node.
 
-Unit tests only: ``RUNBOOK_SIM_NODE`` points a process at another node's node.json (the tests run every
-"node" on one host), and ``RUNBOOK_SIM_ADDRESS_MAP`` (``ip=ip,...``) redirects TCP connects.
+Unit tests only (they run every "node" on one host): ``RUNBOOK_SIM_NODE`` points a process at another node's
+node.json, and ``RUNBOOK_SIM_ADDRESS_MAP`` (``fabric-ip=local-ip,...``) gives each node's addresses a local
+stand-in: connects go to the mapped address, and a perftest server listens on its own node's mapped address
+instead of perftest's any-address.
 """
 from __future__ import annotations
 
@@ -118,9 +120,17 @@ def routable(node: dict, hca: str, peer_ip: str) -> bool:
     return any(ipaddress.ip_address(peer_ip) in n.network for n in iface_networks(node, h.get("netdev", "")))
 
 
+def _address_map() -> dict[str, str]:
+    return dict(p.split("=", 1) for p in os.environ.get(ADDRESS_MAP_ENV, "").split(",") if "=" in p)
+
+
 def connect_address(ip: str) -> str:
-    mapping = dict(p.split("=", 1) for p in os.environ.get(ADDRESS_MAP_ENV, "").split(",") if "=" in p)
-    return mapping.get(ip, ip)
+    return _address_map().get(ip, ip)
+
+
+def listen_address(node: dict) -> str:
+    mapping = _address_map()
+    return next((mapping[ip] for ip in sorted(node_ipv4s(node)) if ip in mapping), "0.0.0.0")
 
 
 def gid_bytes(ipv4: str | None) -> str:
@@ -304,11 +314,11 @@ def _perftest_fail(lines: list[str], code: int = 1) -> int:
     return code
 
 
-def _exchange_server(port: int, mine: dict, timeout: float) -> dict | str:
+def _exchange_server(port: int, mine: dict, timeout: float, bind: str = "0.0.0.0") -> dict | str:
     try:
         srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("0.0.0.0", port))
+        srv.bind((bind, port))
         srv.listen(1)
     except OSError as exc:
         return f" Couldn't listen to port {port} ({exc.strerror})"
@@ -363,7 +373,7 @@ def perftest(tool: str, argv: list[str]) -> int:
             return _perftest_fail([peer, "Unable to open file descriptor for socket connection "
                                          "Unable to init the socket connection"])
     else:
-        peer = _exchange_server(port, mine, timeout=60)
+        peer = _exchange_server(port, mine, timeout=60, bind=listen_address(node))
         if isinstance(peer, str):
             return _perftest_fail([peer])
     if peer.get("tool") != tool:
@@ -574,7 +584,7 @@ def mpirun(argv: list[str]) -> int:
         for k in range(app["np"]):
             ranks.append((hosts[k % len(hosts)], app))
     size = len(ranks)
-    mine = node_ipv4s(node) | {"localhost", "127.0.0.1", socket.gethostname()}
+    mine = node_ipv4s(node) | {"localhost", "127.0.0.1", node.get("hostname") or socket.gethostname()}
     procs = []
     for rank, (host, app) in enumerate(ranks):
         env = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size), "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
@@ -649,7 +659,7 @@ def all_reduce_perf(argv: list[str]) -> int:
     node = load_node()
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-    host = socket.gethostname()
+    host = node.get("hostname") or socket.gethostname()
     pid = os.getpid()
     args = {"b": "33554432", "e": "33554432", "f": "1", "g": "1", "w": "5", "n": "20"}
     long_names = {"--minbytes": "b", "--maxbytes": "e", "--stepfactor": "f", "--ngpus": "g", "--warmup_iters": "w",

@@ -1,0 +1,439 @@
+"""The rehearsal's simulators of the hardware-only tools (runbook/lab/sim) run as real subprocesses, fed exactly
+what 00_preflight / 01_network render for env/exl3-v41.env (and env/tp3-dspark.env) under --rehearse.
+
+Every "lab node" here is a directory holding the tree the installer puts in the node's private
+/mnt/nvme/.rehearsal/sim; :class:`SimNode` stands in for runbook.remote.Node: it runs the simulator-bound
+commands for real (bash, the rehearsal PATH prefix of runbook.remote, the node's directory in place of the
+lab path) and answers the lab's real-tool facts (ip, ethtool, ping, iperf3, the gloo sweep) from the captured
+lab fixtures; any other command is refused. mpirun reaches the other "nodes" through a stand-in ``ssh`` (its
+plm_rsh_agent) that refuses hosts it does not know; perftest's TCP exchange runs over one loopback address
+per node (RUNBOOK_SIM_ADDRESS_MAP).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from runbook.checks import Status
+from runbook.facts import nccl as fn
+from runbook.facts import rdma as fr
+from runbook.facts import system
+from runbook.lab import sim
+from runbook.lab.rehearsal import load_rehearsal
+from runbook.network import verify as network
+from runbook.remote import REHEARSAL_SIM_DIR, Cluster, rehearsal_path_prefix
+
+from test_network_step import FakeCluster, Res, by, fx, lab_addr, mpirun_apps
+
+SIM_ROWS = ("net.gid", "net.gid.plan", "net.tools", "net.rdma.bw.rail0.", "net.rdma.lat.rail0.", "net.nccl.")
+FAKE_SSH = """#!/usr/bin/env python3
+# plm_rsh_agent stand-in: "ssh [-o X] HOST CMD" runs CMD in HOST's node directory; unknown hosts are refused.
+import json, os, subprocess, sys
+hosts = json.load(open(os.environ["SIM_TEST_HOSTS"]))
+args = sys.argv[1:]
+while args and args[0].startswith("-"):
+    if args.pop(0) in ("-o", "-i", "-p", "-F", "-l"):
+        args.pop(0)
+host, cmd = args[0], " ".join(args[1:])
+if host not in hosts:
+    print(f"ssh: connect to host {host} port 22: No route to host", file=sys.stderr)
+    sys.exit(255)
+root = hosts[host]
+for other in hosts.values():
+    cmd = cmd.replace(other, root)
+env = dict(os.environ, PATH=root + "/bin:" + os.environ["PATH"])
+sys.exit(subprocess.run(["bash", "-c", cmd], env=env).returncode)
+"""
+
+
+def load(path):
+    prof, _, _ = load_rehearsal(path)
+    assert prof.rehearsal and prof.lab and prof.expect_gpu and prof.expect_rdma
+    return prof
+
+
+@pytest.fixture(scope="module")
+def exl3():
+    return load("env/exl3-v41.env")
+
+
+class SimNode:
+    def __init__(self, spec, root: Path, profile, env: dict[str, str], hostname: str):
+        self.spec, self.name, self.root, self.profile, self.env = spec, spec.name, str(root), profile, env
+        ip_last = int(str(spec.fabric_ip).rsplit(".", 1)[1])
+        self.addr = lab_addr(ip_last)
+        sim.write_tree(root, sim.node_files(sim.node_config(profile, spec, self.addr, hostname=hostname, root=str(root)),
+                                            str(profile.source)))
+        self.log: list[str] = []
+        self.lock = threading.Lock()
+        self.canned = [
+            (r"^ip -j addr show$", Res(0, self.addr)),
+            (r"^ip -j route show$", Res(0, fx("ip_route_lab.json"))),
+            (r"^ethtool enp1s0f0np0$", Res(0, fx("ethtool_veth.txt"))),
+            (r"^grep -r -H \. /sys/class/net/", Res(0, "")),
+            (r"^sysctl net\.ipv4\.conf\.all\.rp_filter", Res(0, fx("rp_filter_lab.txt"))),
+            (r"^ping -M do -s 8972 ", Res(0, fx("ping_ok.txt"))),
+            (r"iperf3 -s -1 -B ", Res(0, fx("iperf3_server.json"))),
+            (r"iperf3 -c ", Res(0, fx("iperf3_client.json"))),
+            (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', Res(0, "/root\n0\nroot\n")),     # the lab runs as root
+            (r"RUNBOOK_SWEEP_EOF", Res(0, fx("allreduce_sweep_rank0.json"))),
+        ]
+
+    def read(self, command, timeout=20):
+        assert timeout and timeout > 0
+        with self.lock:
+            self.log.append(command)
+        for pat, res in self.canned:
+            if re.search(pat, command):
+                return res
+        if REHEARSAL_SIM_DIR in command or re.search(r"\b(ibdev2netdev|nvidia-smi|ibv_devinfo|ib_write_\w+|mpirun)\b",
+                                                      command):
+            return self.sh(command, timeout)
+        raise AssertionError(f"SimNode {self.name} refused unknown command: {command[:200]}")
+
+    def sh(self, command, timeout=60):
+        full = (rehearsal_path_prefix(self.profile) + command).replace(REHEARSAL_SIM_DIR, self.root)
+        p = subprocess.run(["bash", "-c", full], env=self.env, capture_output=True, text=True, timeout=timeout)
+        return Res(p.returncode, p.stdout.replace(self.root, REHEARSAL_SIM_DIR), p.stderr.replace(self.root, REHEARSAL_SIM_DIR))
+
+    def run(self, *a, **k):
+        raise AssertionError("network verification must not change nodes")
+
+
+def sim_cluster(profile, tmp_path) -> FakeCluster:
+    fakebin = tmp_path / "fakebin"
+    fakebin.mkdir()
+    (fakebin / "ssh").write_text(FAKE_SSH)
+    (fakebin / "ssh").chmod(0o755)
+    roots = {str(n.fabric_ip): tmp_path / f"n{n.rank}-{n.name}" for n in profile.nodes}
+    (tmp_path / "hosts.json").write_text(json.dumps({ip: str(r) for ip, r in roots.items()}))
+    env = dict(os.environ, PATH=f"{fakebin}:{os.environ['PATH']}", SIM_TEST_HOSTS=str(tmp_path / "hosts.json"),
+               RUNBOOK_SIM_ADDRESS_MAP=",".join(f"{n.fabric_ip}=127.0.1.{n.rank + 1}" for n in profile.nodes))
+    return FakeCluster([SimNode(n, roots[str(n.fabric_ip)], profile, env, f"spark-{n.name}") for n in profile.nodes])
+
+
+# --------------------------------------------------------------------------- the installer's tree
+
+
+def test_tree_is_a_spark_with_the_profiles_cabling(exl3, tmp_path):
+    head, worker = sim_cluster(exl3, tmp_path).nodes
+    out = head.sh("ibdev2netdev").stdout
+    assert fr.parse_ibdev2netdev(out)
+    ports = {p.hca: p for p in fr.parse_ibdev2netdev(out)}
+    # recipe A: the head's rocep1s0f1 is cabled (the lab's veth stands in for enp1s0f1np1); its twins are Down;
+    # rocep1s0f0 is not simulated on the head: its Spark netdev name is the lab veth carrying rocep1s0f1
+    assert ports["rocep1s0f1"].up and ports["rocep1s0f1"].netdev == "enp1s0f0np0"
+    assert {h for h, p in ports.items() if not p.up} == {"roceP2p1s0f0", "roceP2p1s0f1"}
+    assert "rocep1s0f0" not in ports
+    assert {p.hca for p in fr.parse_ibdev2netdev(worker.sh("ibdev2netdev").stdout) if p.up} == {"rocep1s0f0"}
+    # the network step's own GID dump and resolver read the simulated sysfs: RoCE v2 IPv4 at the pinned 3
+    dump = head.sh(fr.gid_dump_cmd(sim.SYSFS_ROOT)).stdout
+    gids = fr.parse_gid_dump(dump, root=sim.SYSFS_ROOT)
+    ng = fr.resolve_node_gid("head", gids, ["rocep1s0f1"], {"enp1s0f0np0": ["169.254.77.1"]},
+                             {"rocep1s0f1": "enp1s0f0np0"}, match_ip="169.254.77.1")
+    assert ng.index == 3 and ng.via == "match IP 169.254.77.1"
+    assert gids["rocep1s0f1"].entry(3).ipv4 == "169.254.77.1" and gids["rocep1s0f1"].entry(4).zero
+    manifest = json.loads((Path(head.root) / "manifest.json").read_text())
+    assert set(manifest["sources"]) >= {"rdma_gbps", "lat_us", "nccl_busbw_gbs", "gpu"}
+    assert manifest["profile"].endswith("exl3-v41.env") and manifest["gid_index"] == 3
+
+
+def test_pinned_index_and_typo_hca(exl3, tmp_path):
+    from dataclasses import replace
+    spec = replace(exl3.nodes[1], gid=5, ib_devs=["rocep1s0f0", "roceP2p1s0f9"])
+    files = sim.node_files(sim.node_config(exl3, spec, lab_addr(2), hostname="spark-worker", root=str(tmp_path)))
+    sim.write_tree(tmp_path, files)
+    gids = fr.parse_gid_dump(subprocess.run(["bash", "-c", fr.gid_dump_cmd(f"{tmp_path}/sys")], capture_output=True,
+                                            text=True, timeout=20).stdout, root=f"{tmp_path}/sys")
+    assert gids["rocep1s0f0"].entry(5).roce_v2 and gids["rocep1s0f0"].entry(5).ipv4 == "169.254.77.2"
+    assert gids["rocep1s0f0"].entry(3).zero
+    assert "roceP2p1s0f9" not in gids                # not a Spark HCA name: the step will name it missing
+
+
+def test_active_mtu_follows_the_netdev_mtu():
+    assert [sim.active_mtu(m) for m in (9000, 4200, 1500)] == [4096, 4096, 1024]
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def test_nvidia_smi_and_the_preflight_gpu_row(exl3, tmp_path):
+    from runbook.preflight import verify as preflight
+    head = sim_cluster(exl3, tmp_path).nodes[0]
+    out = head.sh(system.GPU_CMD).stdout
+    assert system.parse_gpus(out) == ["NVIDIA GB10"] and "(UUID: GPU-" in out
+    driver = head.sh(system.DRIVER_CMD).stdout.strip()
+    assert driver == sim.GPU["driver"]
+    row = preflight._gpu("head", {"gpus": system.parse_gpus(out), "gpu_text": out, "driver": driver}, exl3)
+    assert row.status is Status.SIMULATED and "simulator" in row.observed
+    bad = head.sh("nvidia-smi --query-gpu=vram --format=csv")
+    assert bad.exit_code == 2 and 'Field "vram" is not a valid field to query.' in bad.stderr
+    assert head.sh("nvidia-smi -q -x").exit_code != 0
+
+
+def test_ibv_devinfo(exl3, tmp_path):
+    from runbook.facts import ibv
+    head = sim_cluster(exl3, tmp_path).nodes[0]
+    ports = ibv.parse_ibv_devinfo(head.sh(ibv.IBV_DEVINFO_CMD).stdout)
+    assert ports
+    up = [p for p in ports if p.hca == "rocep1s0f1"]
+    assert up and up[0].active and up[0].active_mtu == 4096 and up[0].link_layer == "Ethernet"
+    res = head.sh("ibv_devinfo -d rocep1s0f0")
+    assert res.exit_code != 0 and "IB device 'rocep1s0f0' wasn't found" in res.stderr
+
+
+# --------------------------------------------------------------------------- perftest
+
+
+def _pair(client, server, ccmd, scmd):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("srv", server.sh(scmd, 60)))
+    t.start()
+    cli = client.sh(ccmd, 60)
+    t.join(70)
+    return cli, out["srv"]
+
+
+def test_ib_write_bw_as_the_step_renders_it(exl3, tmp_path):
+    head, worker = sim_cluster(exl3, tmp_path).nodes
+    scmd = fr.ib_write_bw_cmd("rocep1s0f0", 18715, gid_index=3, timeout_s=45)
+    ccmd = fr.ib_write_bw_cmd("rocep1s0f1", 18715, server_ip="169.254.77.2", gid_index=3, timeout_s=30)
+    cli, srv = _pair(head, worker, ccmd, scmd)
+    assert cli.exit_code == 0 and srv.exit_code == 0, cli.stdout + srv.stdout
+    bw = fr.parse_ib_write_bw(cli.stdout)
+    assert bw.avg_gbps == sim.FIGURES["rdma_gbps"]["rocep1s0f1"]
+    assert (bw.header.device, bw.header.gid_index, bw.header.mtu, bw.header.qps) == ("rocep1s0f1", 3, 4096, 4)
+    assert "GID: 00:00:00:00:00:00:00:00:00:00:255:255:169:254:77:02" in cli.stdout   # the peer's GID, over TCP
+
+
+@pytest.mark.parametrize("case", ["hca_typo", "gid_zero_slot", "gid_0_link_local", "server_is_self"])
+def test_ib_write_bw_bad_invocations_fail_like_perftest(exl3, tmp_path, case):
+    head, worker = sim_cluster(exl3, tmp_path).nodes
+    hca, gid, server = "rocep1s0f1", 3, "169.254.77.2"
+    if case == "hca_typo":
+        hca = "rocep1s0f9"
+    elif case == "gid_zero_slot":
+        gid = 4
+    elif case == "gid_0_link_local":
+        gid = 0
+    else:
+        server = "169.254.77.1"
+    scmd = fr.ib_write_bw_cmd("rocep1s0f0", 18716, gid_index=3, timeout_s=8)
+    ccmd = fr.ib_write_bw_cmd(hca, 18716, server_ip=server, gid_index=gid, timeout_s=8)
+    cli, _ = _pair(head, worker, ccmd, scmd)
+    bw = fr.parse_ib_write_bw(cli.stdout + cli.stderr)
+    assert cli.exit_code != 0 and bw.avg_gbps is None
+    expected = {"hca_typo": "Unable to find the Infiniband/RoCE device", "gid_zero_slot": "Failed to modify QP",
+                "gid_0_link_local": "Failed to modify QP", "server_is_self": "Couldn't connect to 169.254.77.1"}
+    assert expected[case] in bw.error
+
+
+def test_ib_write_lat(exl3, tmp_path):
+    head, worker = sim_cluster(exl3, tmp_path).nodes
+    cli, _ = _pair(head, worker, fr.ib_write_lat_cmd("rocep1s0f1", 18717, server_ip="169.254.77.2", gid_index=3),
+                   fr.ib_write_lat_cmd("rocep1s0f0", 18717, gid_index=3))
+    lat = fr.parse_ib_write_lat(cli.stdout)
+    assert (lat.t_typical_us, lat.p99_us, lat.p999_us) == (1.47, 1.57, 1.93)
+
+
+# --------------------------------------------------------------------------- nccl-tests
+
+
+def _ranks(profile, **worker):
+    ranks = [network.NcclRank(node=n.name, host=str(n.fabric_ip), socket_if=n.socket_if, hcas=list(n.ib_devs),
+                              gid_index=3, tests_dir=sim.NCCL_TESTS_DIR) for n in profile.nodes]
+    for k, v in worker.items():
+        setattr(ranks[1], k, v)
+    return ranks
+
+
+def _mpirun(cluster, profile, **worker):
+    cmd = network.nccl_tests_cmd(_ranks(profile, **worker), mpi_include=["169.254.77.0/24"],
+                                 as_root=os.geteuid() == 0)
+    return cmd, cluster.nodes[0].sh(cmd, 120)
+
+
+def test_all_reduce_perf_per_rank(exl3, tmp_path):
+    cluster = sim_cluster(exl3, tmp_path)
+    cmd, res = _mpirun(cluster, exl3)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert "RUNBOOK-SIM-PMIX" not in res.stdout + res.stderr      # the launch channel never leaks
+    out = fn.parse_nccl_tests(res.stdout)
+    assert out.ranks == 2 and len(out.rows) == 5 and not out.wrong
+    assert out.avg_busbw_gbs == sim.FIGURES["nccl_busbw_gbs"]["1"]       # one twin per node in recipe A
+    logs = network.rank_logs(res.stdout, cluster.nodes)
+    assert fn.parse_nccl_log(logs["head"]).hca_names == ["rocep1s0f1"]
+    assert fn.parse_nccl_log(logs["worker"]).hca_names == ["rocep1s0f0"]
+    assert all(fn.parse_nccl_log(log).transport == "IB" for log in logs.values())
+
+
+@pytest.mark.parametrize("case", ["worker_gets_head_interface", "hca_typo", "gid_zero_slot", "unknown_host"])
+def test_all_reduce_perf_bad_invocations(exl3, tmp_path, case):
+    cluster = sim_cluster(exl3, tmp_path)
+    change = {"worker_gets_head_interface": {"socket_if": "enp1s0f1np1"},   # recipe A's head IF, as before defect 5
+              "hca_typo": {"hcas": ["roce1s0f0"]}, "gid_zero_slot": {"gid_index": 4},
+              "unknown_host": {"host": "169.254.77.9"}}[case]
+    _, res = _mpirun(cluster, exl3, **change)
+    text = res.stdout + res.stderr
+    logs = network.rank_logs(res.stdout, cluster.nodes)
+    if case == "hca_typo":        # not fatal in NCCL: the worker falls back to sockets, and the step FAILs on it
+        assert res.exit_code == 0
+        worker = fn.parse_nccl_log(logs["worker"])
+        assert worker.transport == "Socket" and "NET/IB : No device found." in logs["worker"]
+        assert fn.parse_nccl_tests(res.stdout).avg_busbw_gbs == sim.FIGURES["nccl_busbw_gbs"]["socket"]
+        return
+    assert res.exit_code != 0
+    parsed = fn.parse_nccl_tests(res.stdout)
+    assert parsed.avg_busbw_gbs is None and parsed.error
+    expected = {"worker_gets_head_interface": "spark-worker: Test NCCL failure common.cu:1279 'invalid usage",
+                "gid_zero_slot": "Call to ibv_modify_qp failed with 61 No data available, on dev rocep1s0f0:1",
+                "unknown_host": "ORTE was unable to reliably start one or more daemons"}[case]
+    assert expected in text
+    if case == "worker_gets_head_interface":
+        assert "NCCL WARN Bootstrap : no socket interface found" in logs["worker"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="OpenMPI's root refusal applies to root only")
+def test_mpirun_refuses_root_without_the_flag(exl3, tmp_path):
+    cluster = sim_cluster(exl3, tmp_path)
+    cmd = network.nccl_tests_cmd(_ranks(exl3), mpi_include=["169.254.77.0/24"], as_root=False)
+    res = cluster.nodes[0].sh(cmd, 60)
+    assert res.exit_code != 0 and "mpirun has detected an attempt to run as root" in res.stdout
+
+
+# --------------------------------------------------------------------------- 01_network, rehearsed
+
+
+def _rehearse(path, tmp_path):
+    profile = load(path)
+    cluster = sim_cluster(profile, tmp_path)
+    checks, raw = network.verify_network(profile, cluster, tmp_path / "raw")
+    return profile, cluster, checks, raw
+
+
+def _expected_failures(profile, checks):
+    """Rows the published figures cannot meet under this profile's thresholds (a finding, not a simulator
+    fault): a single twin per node gives 92.57 Gb/s of RDMA and ~12 GB/s of NCCL busbw."""
+    one_twin = sim.FIGURES["rdma_gbps"]["rocep1s0f0"]
+    out = set()
+    if one_twin < profile.min_rdma_gbps_total:
+        out |= {(c.name, c.node) for c in checks if c.name.startswith("net.rdma.bw.total.")}
+    if sim.FIGURES["nccl_busbw_gbs"]["1"] < profile.min_nccl_busbw_gbs:
+        out.add(("net.nccl.busbw", "cluster"))
+    return out
+
+
+@pytest.mark.parametrize("path", ["env/exl3-v41.env", "env/tp3-dspark.env"])
+def test_network_step_rehearsed(path, tmp_path):
+    profile, cluster, checks, raw = _rehearse(path, tmp_path)
+    failed = {(c.name, c.node) for c in checks.failures()}
+    assert failed == _expected_failures(profile, checks), checks.to_text()
+    sim_rows = [c for c in checks if c.name.startswith(SIM_ROWS)]
+    assert sim_rows
+    for c in sim_rows:
+        assert c.status in (Status.SIMULATED, Status.FAIL), (c.name, c.status)
+        assert "[simulated:" in c.observed or c.status is Status.FAIL
+    assert not [c for c in checks if c.name.startswith(SIM_ROWS) and c.status is Status.PASS]
+    # real tools stay real (here: answered from the lab fixtures) and are never marked simulated
+    assert all(c.status is Status.PASS for c in checks if c.name.startswith(("net.ping.", "net.tcp.", "net.link.")))
+    assert by(checks, "net.pcie.enp1s0f0np0", "head").status is Status.NA
+    mp = next(cmd for cmd in cluster.nodes[0].log if cmd.startswith("timeout 180 mpirun"))
+    apps = mpirun_apps(mp)
+    assert [a["env"]["NCCL_IB_HCA"] for a in apps] == [",".join(n.ib_devs) for n in profile.nodes]
+    assert all(a["binary"] == f"{sim.NCCL_TESTS_DIR}/all_reduce_perf" for a in apps)
+    assert "--allow-run-as-root" in mp                # the lab's SSH user is root
+    hcas = [c for c in checks if c.name == "net.nccl.hcas"]
+    assert [c.node for c in hcas] == [n.name for n in profile.nodes]
+    assert all(c.status is Status.SIMULATED for c in hcas)
+    assert "nccl_all_reduce_perf.txt" in raw and "Avg bus bandwidth" in raw["nccl_all_reduce_perf.txt"]
+
+
+def test_rehearsal_path_hook_is_recorded(exl3, tmp_path):
+    from runbook.profile import load_profile
+    cluster = Cluster.from_profile(exl3, run_dir=tmp_path, dry_run=True)
+    assert all(n.command_prefix == f'export PATH={REHEARSAL_SIM_DIR}/bin:"$PATH"; ' for n in cluster.nodes)
+    cluster.head.run("ibdev2netdev")
+    logged = json.loads((tmp_path / "commands.jsonl").read_text().splitlines()[-1])
+    assert logged["command"].startswith(f"export PATH={REHEARSAL_SIM_DIR}/bin:")
+    assert all(n.command_prefix == "" for n in Cluster.from_profile(load_profile("env/exl3-v41.env")).nodes)
+
+
+# --------------------------------------------------------------------------- install()
+
+
+class InstallNode:
+    """A lab node for install(): node-private paths (/mnt/nvme/...) live under ``root``; commands run for real."""
+
+    def __init__(self, spec, root: Path, lab: bool = True):
+        self.spec, self.name, self.root = spec, spec.name, root
+        (root / "nvme").mkdir(parents=True)
+        if lab:
+            (root / "nvme" / "WHOAMI").write_text(f"this is spark-{spec.name}'s local NVMe (lab)\n")
+        self.ran: list[str] = []
+
+    def _local(self, cmd: str) -> str:
+        return cmd.replace("/mnt/nvme", str(self.root / "nvme"))
+
+    def read(self, cmd, timeout=20):
+        if cmd == "ip -j addr show":
+            return Res(0, lab_addr(int(str(self.spec.fabric_ip).rsplit(".", 1)[1])))
+        if cmd == "hostname":
+            return Res(0, f"spark-{self.name}\n")
+        if cmd.startswith("cat /mnt/nvme/"):
+            p = subprocess.run(["bash", "-c", self._local(cmd)], capture_output=True, text=True, timeout=timeout)
+            return Res(p.returncode, p.stdout, p.stderr)
+        raise AssertionError(f"InstallNode refused: {cmd}")
+
+    def run(self, cmd, timeout=120, warn=False):
+        self.ran.append(cmd)
+        p = subprocess.run(["bash", "-c", self._local(cmd)], capture_output=True, text=True, timeout=timeout)
+        assert p.returncode == 0, p.stderr
+        return Res(p.returncode, p.stdout, p.stderr)
+
+    def put(self, local, remote):
+        self.ran.append(f"put {remote}")
+        Path(self._local(remote)).write_bytes(Path(local).read_bytes())
+
+
+def test_install_puts_the_tree_on_each_lab_node_once(exl3, tmp_path):
+    nodes = [InstallNode(n, tmp_path / n.name) for n in exl3.nodes]
+    first = sim.install(FakeCluster(nodes), exl3)
+    assert [(c.node, c.status) for c in first] == [("head", Status.PASS), ("worker", Status.PASS)]
+    tree = tmp_path / "worker" / "nvme" / ".rehearsal" / "sim"
+    assert (tree / "bin" / "ib_write_bw").is_symlink() and (tree / "nccl-tests/build/all_reduce_perf").exists()
+    node = json.loads((tree / "node.json").read_text())
+    assert node["node"] == "worker" and node["sysfs"] == sim.SYSFS_ROOT and node["hostname"] == "spark-worker"
+    # the tree runs: the worker's own config through its installed nvidia-smi
+    env = dict(os.environ, RUNBOOK_SIM_NODE=str(tree / "node.json"))
+    out = subprocess.run([str(tree / "bin" / "nvidia-smi"), "-L"], capture_output=True, text=True, env=env, timeout=20)
+    assert out.stdout.startswith("GPU 0: NVIDIA GB10")
+    again = sim.install(FakeCluster(nodes), exl3)
+    assert [c.status for c in again] == [Status.NOOP, Status.NOOP]
+    assert not (tmp_path / "head" / "nvme" / ".rehearsal" / "sim-install.tar.gz").exists()
+
+
+def test_install_refuses_a_node_that_is_not_a_lab_node_and_a_real_profile(exl3, tmp_path):
+    from runbook.errors import RunbookError
+    from runbook.profile import load_profile
+    nodes = [InstallNode(n, tmp_path / n.name, lab=(n.name == "head")) for n in exl3.nodes]
+    rows = sim.install(FakeCluster(nodes), exl3)
+    worker = next(c for c in rows if c.node == "worker")
+    assert worker.status is Status.FAIL and "never go on a real node" in worker.fix
+    assert nodes[1].ran == []
+    with pytest.raises(RunbookError):
+        sim.install(FakeCluster(nodes), load_profile("env/exl3-v41.env"))
+
+
+def test_simtools_is_standard_library_only():
+    src = Path(sim.SIMTOOLS).read_text()
+    assert not re.search(r"^\s*(from|import)\s+runbook", src, re.M)
+    res = subprocess.run([sys.executable, str(sim.SIMTOOLS), "no-such-tool"], capture_output=True, text=True,
+                         timeout=20)
+    assert res.returncode == 127 and "unknown tool" in res.stderr
