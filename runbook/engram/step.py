@@ -36,7 +36,7 @@ from . import layout as L
 from . import pack as P
 
 HERE = Path(__file__).resolve().parent
-TOOL_FILES = ("layout.py", "pack.py", "check.py", "probe.py")
+TOOL_FILES = ("layout.py", "pack.py", "check.py", "probe.py", "slim.py")
 LAB_TOOL_FILES = ("layout.py", "synth.py")
 DEFAULT_TOOLS_DIR = "/tmp/spark-runbook-engram"
 PACK_TIMEOUT_S = 4 * 3600          # 2 x 47 GiB per node; NFS-sourced worker reads are the slow part
@@ -626,6 +626,41 @@ def run_probe(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DI
         checks.add(value if not isinstance(value, Exception) else
                    [Check("engram read probe", name, Status.WARN, observed=str(value).splitlines()[0])])
     return checks
+
+
+SLIM_SUBDIR = "engram-src"      # under CACHE_DIR: what recipe A's launch mounts at /engram-src
+
+
+def make_slim_source(cluster, profile, facts: Mapping[str, Any] | None = None, *,
+                     tools_dir: str = DEFAULT_TOOLS_DIR) -> list[Check]:
+    """Recipe A only: on every node that packs, the slim Engram dir (``slim.py``: Engram shards hard-linked,
+    config, an Engram-only index) in ``CACHE_DIR/engram-src``, which 04 mounts at ``/engram-src``."""
+    if profile.recipe != "exl3-v41" or not profile.engram:
+        return [not_applicable("engram slim source", f"RECIPE={profile.recipe}: only recipe A mounts it",
+                               node="cluster")]
+    out: list[Check] = []
+    for spec in profile.nodes:
+        if spec.rank >= int(profile.tp):
+            continue
+        node = cluster[_node_name(spec)]
+        nf = _node_facts(facts, node.name)
+        tdir = ship_tools(node, tools_dir)
+        dst = f"{profile.cache_dir.rstrip('/')}/{SLIM_SUBDIR}"
+        cmd = " ".join([str(nf.get("python", "python3")), shlex.quote(f"{tdir}/slim.py"),
+                        "--src", shell_path(_src_of(profile, nf)), "--dst", shell_path(dst)])
+        res = node.run(cmd, timeout=600, warn=True)
+        if _is_dry(node, res):
+            out.append(not_applicable("engram slim source", "dry run", node=node.name))
+            continue
+        summary = _last_json(res.stdout)
+        out.append(check("engram slim source", bool(summary.get("ok")), node=node.name,
+                         observed=(f"{summary.get('tables')} tables in {', '.join(summary.get('shards', []))} "
+                                   f"-> {summary.get('dst')} ({summary.get('files')})") if summary.get("ok")
+                         else str(summary.get("error") or tail_line(res.stderr) or f"exit {res.exit_code}"),
+                         expected="an Engram-only index, the Engram shards and config.json in CACHE_DIR/engram-src",
+                         fix="rerun 02_weights (it downloads the Engram source), then this step",
+                         data={"slim": summary}))
+    return out
 
 
 def summarize(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
