@@ -56,6 +56,7 @@ __all__ = [
     "judge_needle",
     "judge_number",
     "judge_tool",
+    "judged",
     "load_quality_set",
     "needle_code",
     "run_gate",
@@ -760,6 +761,12 @@ def score_rows(results: list[_Result], limits: Thresholds, *, judged: bool) -> C
     return rows
 
 
+def judged(profile) -> bool:
+    """Whether answers are judged: real weights only (a recipe profile, not its rehearsal on the lab's
+    random tiny model)."""
+    return recipe_spec(profile).hardware and not profile.rehearsal
+
+
 def run_gate(step, client: ApiClient | None, *, quality_set: QualitySet | None = None) -> CheckList:
     """Every case of the set, ``quality.score``, then ``quality.garble`` over every answer the step
     archived. Judged on real weights only (``RECIPE`` exl3-v41 / dspark-v4, not a rehearsal)."""
@@ -771,8 +778,8 @@ def run_gate(step, client: ApiClient | None, *, quality_set: QualitySet | None =
         return CheckList([first])
     qs = quality_set or _shipped()
     spec = recipe_spec(step.profile)
-    judged = spec.hardware and not step.profile.rehearsal
-    key = step.profile.recipe if judged else "lab"
+    on_weights = judged(step.profile)
+    key = step.profile.recipe if on_weights else "lab"
     if key not in qs.recipes:
         raise RunbookError(f"{qs.source}: no thresholds for RECIPE={key}", expected=f"recipes.{key}",
                            fix=f"add recipes.{key} (min_score, required, needle_tokens) to {qs.source}")
@@ -785,15 +792,15 @@ def run_gate(step, client: ApiClient | None, *, quality_set: QualitySet | None =
             if case.kind == "needle":
                 results += gate.needle(case)
             elif case.kind == "tool":
-                results += gate.tool(case, judged)
+                results += gate.tool(case, on_weights)
             else:
                 results += gate.simple(case)
         except Exception as exc:  # noqa: BLE001 - a case that cannot run is a failed row; the others go on
             why = f"the case could not run: {type(exc).__name__}: {str(exc)[:300]}"
             results += [_Result(n, case, [why], [], [], {}, why) for n in case.row_names()]
-    rows = score_rows(results, limits, judged=judged)
-    rows.add(garble_check(step, judged=judged))
+    rows = score_rows(results, limits, judged=on_weights)
+    rows.add(garble_check(step, judged=on_weights))
     step.data.setdefault("quality", {}).update(
-        recipe=step.profile.recipe, judged=judged, thresholds=key,
+        recipe=step.profile.recipe, judged=on_weights, thresholds=key,
         rows={c.name: c.status.value for c in rows if c.name != "quality.garble"})
     return rows

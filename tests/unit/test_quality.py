@@ -16,6 +16,7 @@ from runbook.bench.prompts import corpus
 from runbook.bench.refserver import ANSWER_MODES, RefConfig, serve_in_thread
 from runbook.checks import Status
 from runbook.errors import RunbookError
+from runbook.profile import load_profile
 from runbook.serve import quality
 from runbook.serve.server_info import ApiClient, Exchange, ServerInfo, archive
 from runbook.serve.smoke import chat_checks
@@ -341,6 +342,14 @@ def test_garble_row_covers_the_smoke_answers_too(tmp_path):
         rows = {c.name: c for c in quality.run_gate(step, cl)}
     flagged = rows["quality.garble"].data["flagged_sources"]
     assert "chat.probe#0" in flagged and "chat.stream#0" in flagged
+
+
+def test_answers_are_judged_on_recipe_weights_only():
+    judged = {name: quality.judged(load_profile(ROOT / "env" / f"{name}.env"))
+              for name in ("lab", "exl3-v41", "dspark-v4")}
+    assert judged == {"lab": False, "exl3-v41": True, "dspark-v4": True}
+    rehearsal = load_profile(ROOT / "env" / "exl3-v41.env", overrides={"REHEARSAL": "1", "LAB": "1"})
+    assert not quality.judged(rehearsal)              # a rehearsal serves the lab's tiny model
 
 
 def test_dry_run_and_unreachable_server(tmp_path):
