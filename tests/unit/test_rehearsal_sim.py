@@ -417,6 +417,10 @@ def test_install_puts_the_tree_on_each_lab_node_once(exl3, tmp_path):
     again = sim.install(FakeCluster(nodes), exl3)
     assert [c.status for c in again] == [Status.NOOP, Status.NOOP]
     assert not (tmp_path / "head" / "nvme" / ".rehearsal" / "sim-install.tar.gz").exists()
+    dry = InstallNode(exl3.nodes[0], tmp_path / "dry")
+    dry.dry_run = True
+    row = sim.install(FakeCluster([dry]), exl3)[0]
+    assert row.status is Status.NOOP and "dry run: would install" in row.observed and dry.ran == []
 
 
 def test_install_refuses_a_node_that_is_not_a_lab_node_and_a_real_profile(exl3, tmp_path):

@@ -245,6 +245,10 @@ def install(cluster, profile) -> list[Check]:
             return Check("rehearsal simulators", node=node.name, status=Status.NOOP,
                          observed=f"already installed at {where}, digest {want[:12]}",
                          expected="the simulated Spark of this profile's node")
+        if getattr(node, "dry_run", False):
+            return Check("rehearsal simulators", node=node.name, status=Status.NOOP,
+                         observed=f"dry run: would install at {where}, digest {want[:12]} (installed has "
+                                  f"{have[:12] or 'none'})", expected="the simulated Spark of this profile's node")
         tar_path = posixpath.join(posixpath.dirname(SIM_DIR), "sim-install.tar.gz")
         with tempfile.NamedTemporaryFile(suffix=".tar.gz") as tmp:
             tmp.write(_tarball(files))
