@@ -3,5 +3,7 @@
 the runbook's steps talk to it with (the benchmark keeps its own timed stream reader).
 
 Check names → code: ``server.*``, ``health``, ``models.*``, ``chat.*``, ``context.*``, ``spec_decode.*``,
-``auth.*`` in ``smoke.py``; ``vision.*`` in ``vision.py``; ``tools.*`` in ``toolcalls.py``.
+``auth.*`` in ``smoke.py``; ``quality.*`` in ``quality.py``; ``vision.*`` in ``vision.py``; ``tools.*`` in
+``toolcalls.py``; ``serving watchdog`` in ``launch/watchdog.py``. Shared: ``recipes.py`` (what each recipe
+sends and expects), ``guards.py`` (reachability, early stop, refusals, case guard).
 """

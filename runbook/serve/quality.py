@@ -37,7 +37,8 @@ from ..bench.prompts import WORDS, build_exact_prompt
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import RunbookError
 from .server_info import ApiClient, Exchange, archive, content_of, finish_of, message_of, reasoning_of, usage_problems
-from .smoke import answer_matches, precheck, reachable, recipe_spec
+from .guards import precheck, reachable
+from .recipes import answer_matches, recipe_spec
 from .toolcalls import rule_nested, rule_single, tool_defs, tool_map, validate_args
 
 __all__ = [

@@ -30,10 +30,8 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import re
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +39,9 @@ from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import RunbookError
 from ..facts.prom import parse_prometheus
 from ..launch.watchdog import watching
+from .guards import check_refused, guard, precheck, reachable
+from .quality import run_gate
+from .recipes import LAB_REASON, RECIPES, RecipeSpec, answer_matches, recipe_spec
 from .server_info import (
     ApiClient,
     Exchange,
@@ -84,58 +85,6 @@ FINISH_REASONS = ("stop", "length")
 # ------------------------------------------------------------------------------------------------
 # recipes
 # ------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RecipeSpec:
-    """What the recipe's own smoke tests send and expect (seeds-repos.md §A.11, §B.7)."""
-    recipe: str
-    hardware: bool                      # real weights: answers are judged
-    probe: str                          # the deterministic question
-    expected: str                       # the answer that must appear (word match)
-    thinking_off: dict[str, Any]        # chat_template_kwargs that switch reasoning off
-    thinking_on: dict[str, Any]         # ... and on (thinking + tool case)
-    context_lengths: tuple[int, ...]    # needle lengths (hardware); the lab scales to its max_model_len
-    concurrency: int                    # parallel smoke requests; 0 = MAX_NUM_SEQS
-    probe_max_tokens: int = 32
-    reply_max_tokens: int = 64          # concurrency / streaming requests
-    source: str = ""
-
-
-PROBE = "What is 17*19? Reply with the integer only."
-
-RECIPES: dict[str, RecipeSpec] = {
-    # repo A README / tests/test_smoke.sh: must contain 323; smokes must send enable_thinking=false.
-    "exl3-v41": RecipeSpec(
-        "exl3-v41", True, PROBE, "323",
-        thinking_off={"enable_thinking": False},
-        thinking_on={"enable_thinking": True, "reasoning_effort": "low"},
-        context_lengths=(8192, 32768, 131072, 262144), concurrency=6,
-        source="seed A README smoke (17*19 -> 323, enable_thinking=false)"),
-    # repo B: smoke CONCURRENCY=6; probe {"thinking": ..., "reasoning_effort": "low"}; 1M context.
-    "dspark-v4": RecipeSpec(
-        "dspark-v4", True, PROBE, "323",
-        thinking_off={"thinking": False},
-        thinking_on={"thinking": True, "reasoning_effort": "low"},
-        context_lengths=(8192, 32768, 131072, 262144, 1_000_000), concurrency=6,
-        source="seed B smoke (6 parallel) and start-script probe (chat_template_kwargs.thinking)"),
-    # the lab's random tiny model: same request path, answers not judged.
-    "lab": RecipeSpec(
-        "lab", False, PROBE, "323",
-        thinking_off={"enable_thinking": False},
-        thinking_on={"enable_thinking": True},
-        context_lengths=(), concurrency=0, probe_max_tokens=32, reply_max_tokens=16,
-        source="lab: random-weight tiny model (answers are not judged)"),
-}
-
-LAB_REASON = "lab: random-weight tiny model; the answer is judged only on real weights"
-
-
-def recipe_spec(profile) -> RecipeSpec:
-    try:
-        return RECIPES[profile.recipe]
-    except KeyError:
-        raise RunbookError(f"no smoke spec for RECIPE={profile.recipe}", fix=f"use one of {sorted(RECIPES)}") from None
-
 
 def context_lengths_for(profile, spec: RecipeSpec | None = None, max_model_len: int = 0,
                         reserve: int = 64) -> list[int]:
@@ -181,10 +130,6 @@ def check_chat_response(name: str, ex: Exchange, *, max_tokens: int | None = Non
                  fix="see the raw request/response in the evidence; check the server log (04_launch)",
                  evidence=evidence, data={"request": request, "latency_s": round(ex.latency_s, 4),
                                           "usage": usage, "finish_reason": finish_of(ex.json)})
-
-
-def answer_matches(text: str, expected: str) -> bool:
-    return re.search(rf"(?<![\w.]){re.escape(expected)}(?![\w])", text or "") is not None
 
 
 def check_answer(name: str, ex: Exchange, expected: str, *, hardware: bool, reason: str = LAB_REASON,
@@ -252,32 +197,6 @@ def check_stream(name: str, streamed: Exchange, reference: Exchange, *, strict_t
                  evidence=list(evidence), data={"request": request, "ttft_s": streamed.ttft_s,
                                                 "latency_s": round(streamed.latency_s, 4), "usage": usage,
                                                 "n_events": body.get("n_events")})
-
-
-def check_refused(name: str, ex: Exchange, *, expect_status: int = 400, max_latency_s: float = 60.0,
-                  evidence: list[str] = (), request: str = "", expected_text: str = "") -> Check:
-    """The server refuses quickly with ``expect_status`` (not a 200, not a 500, not a hang)."""
-    ok = ex.status == expect_status and ex.latency_s <= max_latency_s
-    if ex.status is None:
-        observed = f"no answer: {ex.error} (a hang, not a refusal)"
-    else:
-        observed = f"{ex.summary()}: {ex.error_message()[:160]!r}"
-    return check(name, ok, node="head", observed=observed,
-                 expected=f"HTTP {expect_status} within {max_latency_s:.0f} s" + (f" ({expected_text})" if expected_text else ""),
-                 fix=f"the server must reject this request with {expect_status}; a 200 means the limit is not "
-                     "enforced, no answer means it hangs",
-                 evidence=evidence, data={"request": request, "latency_s": round(ex.latency_s, 4),
-                                          "status": ex.status})
-
-
-def guard(name: str, fn: Callable[[], Check | list[Check]]) -> list[Check]:
-    """Run one case; an unexpected exception becomes a FAIL row instead of killing the step."""
-    try:
-        out = fn()
-    except Exception as exc:  # noqa: BLE001 - reported as a row
-        return [check(name, False, node="head", observed=f"{type(exc).__name__}: {str(exc)[:300]}",
-                      expected="the case runs", fix="see the traceback in the notebook / raw evidence")]
-    return [out] if isinstance(out, Check) else list(out)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -424,17 +343,6 @@ def _ctx(step, client: ApiClient) -> _Ctx:
     spec = recipe_spec(step.profile)
     mml = client.server.max_model_len or step.profile.max_model_len
     return _Ctx(step, client, spec, mml)
-
-
-def reachable(step, client: ApiClient, name: str = "server.reachable") -> Check:
-    ex = client.get("/health", timeout=15)
-    ev = archive(step, name, ex, server=client.server.describe())
-    return check(name, ex.status is not None, node="head",
-                 observed=f"{client.server.base_url}: {ex.summary()}",
-                 expected="an HTTP answer from GET /health",
-                 fix="start the server (04_launch) or pass the right base_url; a refused connection means "
-                     "nothing listens there", evidence=ev, data={"latency_s": round(ex.latency_s, 4),
-                                                                 "server": client.server.describe()})
 
 
 def endpoint_checks(step, client: ApiClient) -> list[Check]:
@@ -685,14 +593,6 @@ def api_key_check(step, client: ApiClient) -> Check:
                        "with": yes.status, "latency_s": [round(no.latency_s, 4), round(yes.latency_s, 4)]})
 
 
-def precheck(step, client: ApiClient | None, what: str) -> CheckList | None:
-    """Rows that end a step early: N/A in a dry run (no client), FAIL when the server does not answer.
-    None = go on (the PASS row of ``server.reachable`` is added to ``step`` by the caller's list)."""
-    if client is None or step.dry_run:
-        return CheckList([not_applicable(what, "dry run: no server was launched, no request sent", node="head")])
-    return None
-
-
 def run_smoke(step, client: ApiClient | None, *, concurrency: int = 0, context_lengths: list[int] | None = None,
               long_context: bool = True) -> CheckList:
     """Every smoke case, in order. Stops after ``server.reachable`` when nothing answers."""
@@ -724,4 +624,5 @@ def run(step, *, base_url: str = "", model: str = "", concurrency: int = 0,
     with watching(step) if not base_url else contextlib.nullcontext():
         step.add(run_smoke(step, client, concurrency=concurrency, context_lengths=context_lengths,
                            long_context=long_context))
+        step.add(run_gate(step, client))       # is the output right, not only fast (docs/quality.md)
     return client

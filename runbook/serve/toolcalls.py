@@ -44,7 +44,8 @@ from .server_info import (
     reasoning_of,
     usage_problems,
 )
-from .smoke import RecipeSpec, guard, precheck, reachable, recipe_spec
+from .guards import guard, precheck, reachable
+from .recipes import RecipeSpec, recipe_spec
 
 __all__ = [
     "CASES",

@@ -39,7 +39,8 @@ from .server_info import (
     finish_of,
     usage_problems,
 )
-from .smoke import LAB_REASON, check_refused, guard, precheck, reachable, recipe_spec
+from .guards import check_refused, guard, precheck, reachable
+from .recipes import LAB_REASON, recipe_spec
 
 __all__ = [
     "AT_LIMIT_MAX",

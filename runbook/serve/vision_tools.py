@@ -1,9 +1,11 @@
-"""Step 06's entry: the vision cases, then the tool-call battery, against the launched server."""
+"""Step 06's entry: the vision cases, then the tool-call battery, against the launched server; then the
+garble detector over every answer the step received (docs/quality.md)."""
 from __future__ import annotations
 
 import contextlib
 
 from ..launch.watchdog import watching
+from .quality import garble_check, judged
 from .server_info import ApiClient, connect
 from .toolcalls import run_battery
 from .vision import run_vision
@@ -15,4 +17,6 @@ def run(step, *, base_url: str = "", model: str = "", image_path_on_server: str 
     with watching(step) if not base_url else contextlib.nullcontext():
         step.add(run_vision(step, client, image_path_on_server=image_path_on_server))
         step.add(run_battery(step, client))
+    if client is not None:                   # a dry run sent nothing: no answers to judge
+        step.add(garble_check(step, judged=judged(step.profile)))
     return client
