@@ -130,6 +130,13 @@ def bench(model: ReportModel, e: Escape, plots: bool) -> list[str]:
     if rows:
         parts.append(table(["case", "status", "metric", "median", "min … max", "n", "published",
                             "published conditions / source"], rows))
+    for key, title in (("classes", "Workload classes (thinking off and on; never averaged into one figure)"),
+                       ("anchors", "Published anchors beside ours (ratio = ours / published, same class and condition)")):
+        records = B.get(key) or []
+        if records:
+            cols = list(records[0])
+            parts.append(f"<h3>{e(title)}</h3>" + table(cols, [[f"<td>{e(fmt(r.get(c)) if isinstance(r.get(c), float) else r.get(c))}</td>"
+                                                               for c in cols] for r in records]))
     issues = [(c["name"], "FAIL", m) for c in B.get("cases", []) for m in c.get("failures", [])]
     issues += [(c["name"], "WARN", m) for c in B.get("cases", []) for m in c.get("warnings", [])]
     if issues:

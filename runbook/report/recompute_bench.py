@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench import metrics
-from ..bench.report import results_table
+from ..bench.report import anchors_table, class_table, results_table
 from ..bench.result import BenchResult, load_records
 from .model import Figure, ReportModel
 from .runfiles import data_paths, find_sidecar, load_json, number, relative
@@ -133,6 +133,13 @@ def bench(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]]) ->
         model.bench["table"] = json.loads(df.to_json(orient="records"))
     except Exception as exc:  # noqa: BLE001 - the comparison table is optional
         model.notes.append(f"bench: published comparison table unavailable ({type(exc).__name__}: {exc})")
+    # the workload-class panel (never averaged into one figure) and every published anchor beside ours
+    for key, build in (("classes", lambda: class_table(bench_result(merged))),
+                       ("anchors", lambda: anchors_table(bench_result(merged), recipe=recipe))):
+        try:
+            model.bench[key] = json.loads(build().to_json(orient="records"))
+        except Exception as exc:  # noqa: BLE001 - optional sections
+            model.notes.append(f"bench: {key} table unavailable ({type(exc).__name__}: {exc})")
 
 
 def bench_result(d: dict[str, Any]) -> BenchResult:
