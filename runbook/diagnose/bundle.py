@@ -69,6 +69,7 @@ LOCAL_COMMANDS = "commands.jsonl"       # the run's command log (results/<run>/c
 TIMING_KEYS = {
     "metrics_interval_s": "seconds between metrics_1 and metrics_2",
     "since_head_start_s": "seconds from the head's start to the collection",
+    "collected_at": "epoch seconds of the collection (judges how old a kernel line is when no rank runs)",
 }
 
 MAX_TEXT_BYTES = 8 << 20          # one text in the archive (a rank log can be large)

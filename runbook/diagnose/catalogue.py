@@ -496,6 +496,9 @@ def _pull_sig(kind: str) -> Callable[[B.Bundle], list[Hit]]:
 _DMESG_T = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
 
 
+RECENT_S = 3600.0
+
+
 def _rank_started(b: B.Bundle, node: str) -> float | None:
     """When the node's rank was last started (its start record), as epoch seconds."""
     try:
@@ -522,6 +525,8 @@ def _sig_oom(b: B.Bundle) -> list[Hit]:
     for node in b.nodes:
         text = b.text(node, B.DMESG) + "\n" + b.text(node, B.JOURNAL)
         started = _rank_started(b, node)
+        if started is None and b.timings.get("collected_at"):
+            started = b.timings["collected_at"] - RECENT_S     # no rank runs: only what happened lately
         kills = [k for k in hostlog.oom_kills(text) if not k.dry_run and not _before(k.line, started)]
         gpu = hostlog.gpu_oom_lines(text)
         if not kills and not gpu:

@@ -49,6 +49,7 @@ def diagnose(cluster, profile, run_dir: str | Path, redactor: Redactor, *,
     texts = collect(cluster, profile, state_dirs=state_dirs)
     if local:
         texts[LOCAL] = dict(local)
+    timings = {**(timings or {}), "collected_at": time.time()}
     archive = write_bundle(run_dir, texts, redactor, context=Context.from_profile(profile), timings=timings)
     findings = match(read_bundle(archive))
     print(f"diagnose: {len(texts) - (1 if local else 0)} node(s) collected in {time.monotonic() - started:.1f} s "
