@@ -192,7 +192,8 @@ def test_too_small_disk_is_refused(env):
         facts = engram.gather_facts(cluster, profile)
         pre = engram.precheck(profile, facts)
         space = _by(pre, "engram packed dir free space", "worker")
-        assert space.status is Status.FAIL and "free space" in space.fix, pre.to_text()
+        assert space.status is Status.FAIL and "ENGRAM_PACKED_DIR" in space.fix, pre.to_text()
+        assert f"free {space.data['need_bytes'] - space.data['free_bytes']} bytes" in space.fix
         assert space.data["free_bytes"] <= 4 << 20 < space.data["need_bytes"]
         assert _by(pre, "engram packed dir free space", "head").status is Status.PASS
         # the step does not start the worker's packer after that failure ...
