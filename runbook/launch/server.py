@@ -382,9 +382,17 @@ class _Watch:
     alive: bool
     lines: int
     tail: list[str]
+    mem_available: int | None = None     # bytes, read in the same command (the startup memory profile)
+
+
+MEM_LINE = "awk '/^MemAvailable:/{print $2}' /proc/meminfo; "      # kB (mawk's %d overflows past 2 GiB)
 
 
 def _watch_cmd(rank: RankLaunch) -> str:
+    return MEM_LINE + _rank_watch_cmd(rank)
+
+
+def _rank_watch_cmd(rank: RankLaunch) -> str:
     if rank.runtime == "docker":
         c = quote(rank.container)
         return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ] "
@@ -399,9 +407,11 @@ def _watch_cmd(rank: RankLaunch) -> str:
 
 def _watch(node: Node, rank: RankLaunch) -> _Watch:
     out = node.read(_watch_cmd(rank), timeout=30).stdout.splitlines()
+    mem = int(out[0]) * 1024 if out and out[0].strip().isdigit() else None
+    out = out[1:]
     alive = bool(out) and out[0].strip() == "alive"
     lines = int(out[1].strip()) if len(out) > 1 and out[1].strip().isdigit() else 0
-    return _Watch(alive, lines, out[2:])
+    return _Watch(alive, lines, out[2:], mem)
 
 
 def _progress(prev: _Watch | None, cur: _Watch) -> bool:
@@ -454,6 +464,8 @@ class StartResult:
     startup: dict[str, dict[str, Any]] = field(default_factory=dict)      # node -> StartupLog dict
     capacity: list[dict[str, Any]] = field(default_factory=list)
     mem_before: dict[str, int] = field(default_factory=dict)            # node -> MemAvailable bytes
+    # node -> [[seconds from launch, MemAvailable bytes], ...] sampled at every readiness poll
+    memory_profile: dict[str, list[list[float]]] = field(default_factory=dict)
     checks: CheckList = field(default_factory=CheckList)
     evidence: list[str] = field(default_factory=list)
     failure_detected_at: float | None = None    # time.monotonic() when the wait ended on a failure
@@ -474,6 +486,7 @@ class StartResult:
                 "first_token_text": self.readiness.first_token_text,
                 "first_token_latency_s": self.readiness.first_token_latency,
                 "startup_log": self.startup, "capacity": self.capacity, "mem_available_before": self.mem_before,
+                "memory_profile": self.memory_profile,
                 "failure_detected_s": self.failure_detected_s}
 
     def timings_frame(self):
@@ -663,6 +676,8 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
             if isinstance(w, Exception):
                 dead_count[name] += 1
                 continue
+            if w.mem_available is not None:
+                result.memory_profile.setdefault(name, []).append([round(now - t0, 1), w.mem_available])
             if _progress(prev[name], w):
                 last_progress = now
             prev[name] = w

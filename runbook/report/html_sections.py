@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .html_parts import fmt, img, status_cell, table
 from .model import Figure, ReportModel
-from .plots import plot_bench, plot_network, plot_readiness
+from .plots import plot_bench, plot_memory, plot_network, plot_readiness
 
 __all__ = ["FIGURE_HEAD", "figure_rows", "not_ran", "network", "weights", "engram", "launch", "bench"]
 
@@ -100,6 +100,12 @@ def launch(model: ReportModel, e: Escape, plots: bool) -> list[str]:
         if plots:
             parts.append(img(plot_readiness(L.get("readiness", [])), "readiness"))
         parts.append(table(FIGURE_HEAD, figure_rows(rf, e)))
+    mf = [f for f in model.figures_of("launch") if f.group == "memory"]
+    if mf:
+        parts.append("<h3>Startup memory (MemAvailable on every node through the start)</h3>")
+        if plots:
+            parts.append(img(plot_memory(L.get("memory_profile") or {}), "startup memory"))
+        parts.append(table(FIGURE_HEAD, figure_rows(mf, e)))
     if L.get("capacity"):
         cap = L["capacity"]
         keys = sorted({k for row in cap for k in row})

@@ -58,6 +58,22 @@ def plot_readiness(readiness: list[dict[str, Any]]) -> str:
     return png_uri(fig)
 
 
+def plot_memory(profile: dict[str, list[list[float]]]) -> str:
+    """MemAvailable on every node while the server started (the peak use is the lowest point)."""
+    if not any(profile.values()):
+        return ""
+    fig, ax = plt.subplots(figsize=(7, 2.2))
+    for node, samples in sorted(profile.items()):
+        if samples:
+            ax.plot([s[0] for s in samples], [s[1] / 2**30 for s in samples], marker=".", label=node)
+            t_low, low = min(samples, key=lambda s: s[1])
+            ax.annotate(f"{low / 2**30:.1f} GiB", (t_low, low / 2**30), fontsize=7)
+    ax.set_xlabel("seconds from launch")
+    ax.set_ylabel("MemAvailable (GiB)")
+    ax.legend(fontsize=7)
+    return png_uri(fig)
+
+
 def plot_bench(model: ReportModel) -> str:
     """The bench's comparison plot (runbook.bench.report) of the recomputed result ("" without a bench)."""
     if not model.bench.get("result"):

@@ -311,4 +311,13 @@ def launch(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
                     "readiness": readiness, "reused": launch_data.get("reused"), "base_url": launch_data.get("base_url"),
                     "head_started_s": number(launch_data.get("head_started_s")),
                     "first_token_latency_s": number(launch_data.get("first_token_latency_s")),
-                    "capacity": launch_data.get("capacity") or []}
+                    "capacity": launch_data.get("capacity") or [],
+                    "memory_profile": launch_data.get("memory_profile") or {}}
+    # the startup memory profile: the lowest MemAvailable each node reached while the server started
+    for node, samples in (launch_data.get("memory_profile") or {}).items():
+        if samples:
+            t_low, low = min(samples, key=lambda s: s[1])
+            model.figures.append(Figure(key=f"{name}/memory/{node}/min_available", step=name,
+                                        label=f"lowest MemAvailable during start ({t_low:.0f} s from launch)",
+                                        value=low / 2**30, unit="GiB", source=f"steps/{name}.json memory_profile",
+                                        higher_is_better=True, node=node, group="memory"))

@@ -279,3 +279,20 @@ def test_raw_files_are_read_where_the_sidecars_say(results, bench_out):
     # a 07 sidecar that names no result: no bench section (nothing is searched for)
     edit_sidecar(run, "07_bench", lambda sc: sc.update(data={}))
     assert collector.collect(run, redactor=RED).bench == {}
+
+
+def test_startup_memory_profile_is_plotted_with_each_nodes_lowest_point(tmp_path):
+    run = build_run(tmp_path / "results", "20261202-050000-lab")
+    sidecar = run / "steps" / "04_launch.json"
+    doc = json.loads(sidecar.read_text())
+    gib = 2 ** 30
+    doc["data"]["launch"]["memory_profile"] = {"head": [[0.0, 20 * gib], [8.0, 14 * gib], [16.0, 17 * gib]],
+                                               "worker": [[0.0, 21 * gib], [8.0, 19 * gib]]}
+    sidecar.write_text(json.dumps(doc))
+    model = collector.collect(run, drift=False, redactor=RED)
+    lows = {f.node: f for f in model.figures if f.group == "memory"}
+    assert sorted(lows) == ["head", "worker"]
+    assert lows["head"].value == 14 and "8 s from launch" in lows["head"].label
+    assert lows["worker"].value == 19
+    html = html_page.render_html(model, redactor=RED)
+    assert "Startup memory" in html and "lowest MemAvailable during start" in html
