@@ -31,8 +31,6 @@ import json
 import re
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +42,7 @@ from ..errors import ActionError
 from ..facts import system, vllm_log
 from .render import LaunchPlan, NodeFacts, RankLaunch
 from ..remote import Cluster, Node, quote, tail
+from ..serve.server_info import ApiClient, ServerInfo
 
 __all__ = [
     "RankState",
@@ -244,13 +243,6 @@ def base_url(profile) -> str:
     return f"http://{api_host(profile)}:{profile.port}"
 
 
-def _headers(api_key: str) -> dict[str, str]:
-    h = {"Content-Type": "application/json"}
-    if api_key:
-        h["Authorization"] = f"Bearer {api_key}"
-    return h
-
-
 def _port_open(host: str, port: int, timeout: float = 1.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -259,42 +251,33 @@ def _port_open(host: str, port: int, timeout: float = 1.5) -> bool:
         return False
 
 
-def _get(url: str, api_key: str, timeout: float = 5.0) -> tuple[int, str]:
-    req = urllib.request.Request(url, headers=_headers(api_key))
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        return 0, str(exc)
+def api_get(base: str, path: str, api_key: str, timeout: float = 5.0) -> tuple[int, str]:
+    """(HTTP status or 0, body text or the transport error) of one GET, through the runbook's API client."""
+    with ApiClient(ServerInfo(base, "", api_key=api_key), timeout=timeout) as api:
+        ex = api.get(path, timeout=timeout)
+    if ex.status is None:
+        return 0, ex.error
+    return ex.status, ex.body if isinstance(ex.body, str) else json.dumps(ex.body)
 
 
-def _first_token(url: str, model: str, api_key: str, timeout: float = 60.0,
+def _first_token(base: str, model: str, api_key: str, timeout: float = 60.0,
                  extra: dict[str, Any] | None = None) -> tuple[bool, str, float]:
     """Stream a tiny chat; return (ok, first non-empty delta or error, seconds to it)."""
-    body = {"model": model, "messages": [{"role": "user", "content": "Reply with OK."}],
-            "max_tokens": 8, "temperature": 0, "stream": True, **(extra or {})}
-    req = urllib.request.Request(url.rstrip("/") + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers=_headers(api_key))
-    t0 = time.monotonic()
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            for raw in resp:
-                line = raw.decode(errors="replace").strip()
-                if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                    continue
-                ev = json.loads(line[5:])
-                for ch in ev.get("choices") or []:
-                    d = ch.get("delta") or {}
-                    text = d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ""
-                    if text:
-                        return True, text, time.monotonic() - t0
-        return False, "stream ended without a token", time.monotonic() - t0
-    except urllib.error.HTTPError as exc:
-        return False, f"HTTP {exc.code}: {exc.read().decode(errors='replace')[:300]}", time.monotonic() - t0
-    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
-        return False, str(exc), time.monotonic() - t0
+    payload = {"messages": [{"role": "user", "content": "Reply with OK."}], "max_tokens": 8, "temperature": 0,
+               **(extra or {})}
+    with ApiClient(ServerInfo(base, model, api_key=api_key), timeout=timeout) as api:
+        ex = api.stream_chat(payload, timeout=timeout)
+    if ex.status is None:
+        return False, ex.error, ex.latency_s
+    if ex.status != 200:
+        return False, f"HTTP {ex.status}: {ex.error_message()[:300]}", ex.latency_s
+    for ev in ex.events:
+        for ch in ev.get("choices") or []:
+            d = ch.get("delta") or {}
+            text = d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ""
+            if text:
+                return True, text, ex.ttft_s if ex.ttft_s is not None else ex.latency_s
+    return False, ex.error or "stream ended without a token", ex.latency_s
 
 
 def _chat_extra(profile) -> dict[str, Any]:
@@ -350,12 +333,12 @@ def probe_readiness(profile, url: str, api_key: str, ready: Readiness, t0: float
             return
         ready.port_open = since()
     if ready.health is None:
-        code, _ = _get(url + "/health", api_key)
+        code, _ = api_get(url, "/health", api_key)
         if code != 200:
             return
         ready.health = since()
     if ready.models is None:
-        code, text = _get(url + "/v1/models", api_key)
+        code, text = api_get(url, "/v1/models", api_key)
         if code != 200:
             return
         ok, detail = _models_ok(text, profile)
@@ -939,8 +922,8 @@ def status(cluster: Cluster, profile) -> dict[str, Any]:
     url = base_url(profile)
     from ..secrets import load_secrets
     key = load_secrets().api_key
-    code, _ = _get(url + "/health", key, timeout=3)
-    mcode, mtext = _get(url + "/v1/models", key, timeout=3) if code == 200 else (0, "")
+    code, _ = api_get(url, "/health", key, timeout=3)
+    mcode, mtext = api_get(url, "/v1/models", key, timeout=3) if code == 200 else (0, "")
     out["base_url"] = url
     out["health"] = code
     out["models"] = _models_ok(mtext, profile)[1] if mcode == 200 else ""
