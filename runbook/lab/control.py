@@ -10,12 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
 from ..errors import LabError
 from ..evidence import REPO_ROOT
+from ..serve.server_info import ApiClient, ServerInfo
 
 LAB_DIR = REPO_ROOT / ".lab"
 VLLM_PYTHON = LAB_DIR / "vllm-venv" / "bin" / "python"
@@ -84,11 +84,8 @@ def ensure_tiny_repo(repo_id: str, *, echo=print) -> str:
 
 
 def hub_alive(endpoint: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{endpoint.rstrip('/')}/api/models/spark-runbook/tiny", timeout=3) as r:
-            return r.status == 200
-    except Exception:  # noqa: BLE001 - any failure means "not serving"
-        return False
+    with ApiClient(ServerInfo(endpoint.rstrip("/"), ""), timeout=3) as api:
+        return api.get("/api/models/spark-runbook/tiny").status == 200
 
 
 def ensure_hub(endpoint: str, *, echo=print) -> None:

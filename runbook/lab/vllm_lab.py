@@ -14,15 +14,15 @@ build it without running anything.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..serve.server_info import ApiClient, ServerInfo
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_CLI = Path(__file__).resolve().with_name("vllm_cli.py")
@@ -127,43 +127,36 @@ def serve_env(
     return env
 
 
+def _split_url(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}", parts.path + (f"?{parts.query}" if parts.query else "")
+
+
 def http_json(
     url: str, payload: dict | None = None, timeout: float = 120.0
 ) -> tuple[int, dict | str]:
-    """GET (payload None) or POST JSON; returns (status, parsed JSON or text). Never raises on HTTP errors."""
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(
-        url, data=data, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, body = resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        status, body = exc.code, exc.read().decode(errors="replace")
-    try:
-        return status, json.loads(body)
-    except ValueError:
-        return status, body
+    """GET (payload None) or POST JSON through the runbook's API client; returns (status, parsed JSON or
+    text). Never raises on HTTP errors; a transport error raises (there is no status to return)."""
+    base, path = _split_url(url)
+    with ApiClient(ServerInfo(base, ""), timeout=timeout) as api:
+        ex = api.get(path) if payload is None else api.post(path, payload)
+    if ex.status is None:
+        raise ConnectionError(f"{url}: {ex.error}")
+    return ex.status, ex.body
 
 
 def sse_events(url: str, payload: dict, timeout: float = 120.0) -> list[dict]:
-    """POST with stream=true; returns the parsed `data:` events (without the final [DONE])."""
-    req = urllib.request.Request(
-        url,
-        data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    events = []
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            events.append(json.loads(data))
-    return events
+    """POST a chat with stream=true through the runbook's API client (its one SSE parser); returns the
+    parsed events (without the final [DONE])."""
+    base, path = _split_url(url)
+    if path != "/v1/chat/completions":
+        raise ValueError(f"sse_events streams chat completions only, not {path}")
+    body = {k: v for k, v in payload.items() if k != "stream"}
+    with ApiClient(ServerInfo(base, str(payload.get("model", ""))), timeout=timeout) as api:
+        ex = api.stream_chat(body, timeout=timeout)
+    if ex.status != 200:
+        raise ConnectionError(f"{url}: HTTP {ex.status} {ex.error or ex.error_message()[:200]}")
+    return ex.events
 
 
 def _proc_group_members(pgid: int) -> list[int]:
@@ -269,14 +262,9 @@ class VllmServer:
                     + self.log_tail()
                 )
             self.processes()
-            try:
-                with urllib.request.urlopen(
-                    base_url.rstrip("/") + "/health", timeout=5
-                ) as resp:
-                    if resp.status == 200:
-                        return time.monotonic() - self.started
-            except (urllib.error.URLError, OSError):
-                pass
+            with ApiClient(ServerInfo(base_url.rstrip("/"), ""), timeout=5) as api:
+                if api.get("/health").status == 200:
+                    return time.monotonic() - self.started
             time.sleep(interval)
         raise TimeoutError(
             f"vLLM not ready after {timeout:.0f} s; log tail:\n" + self.log_tail()
