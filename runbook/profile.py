@@ -1227,7 +1227,7 @@ def _recipe_rules(p: Profile) -> Iterable[_Conflict]:
             yield _Conflict(("RECIPE_DIR",), f"RECIPE_DIR={p.recipe_dir} is not a directory of its own: the workers' "
                             "copy is synchronised with rsync --delete", "use a dedicated directory, e.g. "
                             "~/recipes/<repo name>", at="RECIPE_DIR")
-    if not p.is_lab and not p.recipe_repo.startswith(("https://", "ssh://", "git@")):
+    if not p.lab and not p.recipe_repo.startswith(("https://", "ssh://", "git@")):
         yield _Conflict(("RECIPE", "RECIPE_REPO"), f"RECIPE_REPO={p.recipe_repo} is a local path; RECIPE={p.recipe} "
                         "clones its recipe on the head from a git URL", "use the recipe's https:// URL (e.g. "
                         "https://github.com/<owner>/<repo>)", at="RECIPE_REPO")

@@ -93,7 +93,7 @@ def cross_check(step, server, result: BenchResult, *, enabled: bool = True, pyth
         return not_applicable(crosscheck.CHECK_NAME, "vllm_cross_check=False", node="local")
     profile = step.profile
     lab_python = lab_tokenizer = None
-    if profile.is_lab:
+    if profile.lab:        # the lab's hardware, also in a rehearsal of a recipe
         from ..lab import control
         lab_python = control.VLLM_PYTHON
         lab_tokenizer = control.tiny_variant(profile.hf_model_repo)[1]

@@ -37,6 +37,10 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
              ("EXPECT_LINK_GBPS", "MIN_TCP_GBPS", "MAX_RTT_MS")),
     "registries": ("no registry or Hub is reachable: the lab's Hub endpoint and runtime image stand in",
                    ("HF_ENDPOINT", "IMAGE", "VLLM_BIN")),
+    "recipe": ("the recipe's repository is not reachable here and its patches target vLLM's GPU build: the lab's "
+               "recipe carries the same contract (pinned checkout shipped to every node, files mounted where the "
+               "recipe mounts them, a fail-closed start script, boot-log markers checked on every rank)",
+               ("RECIPE_REPO", "RECIPE_COMMIT", "RECIPE_DIR")),
     "gpu": ("vLLM's CPU build serves a tiny model: GPU-only quantisation, KV layouts, speculative decoding, "
             "DeepSeek parsers and vision cannot run",
             ("QUANTIZATION", "KV_CACHE_DTYPE", "KV_CACHE_MEMORY_BYTES", "KV_BLOCK_SIZE", "GPU_MEM_UTIL",

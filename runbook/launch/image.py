@@ -59,7 +59,7 @@ def plan_image(profile, infos: dict[str, ImageInfo | None]) -> ImagePlan:
     if not differ:
         return ImagePlan("none", "same layer digests on every node")
     why = ", ".join(f"{n}: {'missing' if others[n] is None else 'different layers'}" for n in differ)
-    if pinned and not profile.is_lab:
+    if pinned and not profile.lab:
         return ImagePlan("pull", f"{why}; digest-pinned: pull on those nodes (falls back to shipping)",
                          targets=differ)
     return ImagePlan("ship", f"{why}; ship the head's image over the fabric", targets=differ)
@@ -90,7 +90,7 @@ def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[st
     tar_name = profile.image.replace("/", "_").replace(":", "_").replace("@", "_") + ".tar"
     size_r = head.read(f"docker image inspect --format '{{{{.Size}}}}' {quote(profile.image)}")
     size = int(size_r.stdout.strip() or 0) if size_r.stdout.strip().isdigit() else 0
-    margin = LAB_SHIP_MARGIN_BYTES if profile.is_lab else SHIP_MARGIN_BYTES
+    margin = LAB_SHIP_MARGIN_BYTES if profile.lab else SHIP_MARGIN_BYTES
     head.run(f"mkdir -p {quote(stage)}", timeout=30)
     target.run(f"mkdir -p {quote(tstage)}", timeout=30)
     free_h, free_t = _free_bytes(head, stage), _free_bytes(target, tstage)

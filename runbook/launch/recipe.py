@@ -307,6 +307,8 @@ def rank_recipe(profile, *, is_head: bool, api_key_set: bool = False) -> RankRec
     pin = recipe_pin(profile)
     if pin is None:
         return None
+    if profile.lab:             # the lab, and a rehearsal of a recipe on it: the lab's chain, same contract
+        return _lab(profile, pin, is_head=is_head)
     if profile.recipe == "exl3-v41":
         rr = _seed_a(profile, pin, is_head=is_head)
     elif profile.recipe == "dspark-v4":
@@ -477,7 +479,7 @@ def _by_hand(pin: RecipePin, head_dir: str) -> str:
 def _fetch_on_head(head: Node, profile, pin: RecipePin, path: str, fact: CheckoutFact) -> tuple[bool, str, str]:
     """Bring the head's checkout to the pinned commit. Returns (ok, what was done or observed, fix)."""
     repo = pin.repo
-    if profile.is_lab:
+    if profile.lab:        # the lab's recipe (a rehearsal substitutes it for the recipe's repository)
         try:
             repo = str(lab_source_repo(profile))
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:

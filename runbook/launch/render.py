@@ -371,9 +371,9 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
         f += ["--reasoning-parser", p.reasoning_parser]
     if p.tool_call_parser:
         f += ["--enable-auto-tool-choice"]
-    if p.recipe == "exl3-v41":
+    if p.recipe == "exl3-v41" and not p.lab:
         f += ["--enable-prefix-caching", "--enable-prompt-tokens-details", "--no-enable-flashinfer-autotune"]
-    elif p.is_lab:
+    elif p.lab:
         # as on the recipes: prefix caching on, and cached_tokens reported so the benchmark can
         # prove that none of its prompts hit the cache
         f += ["--enable-prefix-caching", "--enable-prompt-tokens-details"]
@@ -466,7 +466,7 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
             env["NCCL_IB_GID_INDEX"] = str(gid)
     if p.recipe_repo:
         env[RECIPE_COMMIT_ENV] = p.recipe_commit
-    if p.is_lab:
+    if p.lab:                # the lab's CPU vLLM (also under a rehearsed recipe)
         if not p.kv_cache_memory_bytes:
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"      # GiB; the env var would override the flag
         env["VLLM_CPU_OMP_THREADS_BIND"] = p.cpu_bind(rank)     # LAB_CPU_BIND (3 ranks on 2 cores: 0,1,1)
@@ -542,7 +542,7 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
     facts = dict(facts or {})
     node_overrides = dict(node_overrides or {})
     vllm_bin = vllm_bin_parts(p) if p.runtime == "process" else ["vllm"]
-    if p.runtime == "docker" and p.is_lab:
+    if p.runtime == "docker" and p.lab:
         vllm_bin = vllm_bin_parts(p)          # the lab's image has no vllm: the host venv is mounted in
     elif p.runtime == "docker" and p.recipe == "dspark-v4":
         vllm_bin = [SEED_B_VLLM_BIN]
@@ -656,7 +656,7 @@ def lab_scaled_sizes(profile) -> list[tuple[str, int]]:
     """Request sizes of the capacity table: 32k/200k/500k/1M tokens; in the lab scaled so that 1M
     maps to MAX_MODEL_LEN (the tiny model's 4096-token context)."""
     sizes = [("32k", 32 * 1024), ("200k", 200_000), ("500k", 500_000), ("1M", 1_048_576)]
-    if profile.is_lab:
+    if profile.lab:
         scale = profile.max_model_len / 1_048_576
         return [(f"{label} (x{scale:.4g} = {max(1, round(n * scale))})", max(1, round(n * scale)))
                 for label, n in sizes]

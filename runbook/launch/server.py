@@ -118,7 +118,7 @@ def gather_facts(cluster: Cluster, profile, *, gid_indexes: dict[str, int] | Non
             d = render.expand_home(profile.engram_packed_dir, home)
             f = f"{d}/engram-l1-r{node.spec.rank}of{profile.tp}.bin"
             packed = node.read(f"test -s {quote(f)}").ok
-        mounts = _lab_runtime_mounts(profile) if (profile.is_lab and profile.runtime == "docker") else ()
+        mounts = _lab_runtime_mounts(profile) if (profile.lab and profile.runtime == "docker") else ()
         return NodeFacts(home=home, gid_index=gid, packed_engram=packed, runtime_mounts=mounts)
 
     out = cluster.each(read)
