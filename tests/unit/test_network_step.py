@@ -1,75 +1,15 @@
 """runbook.network step logic against FakeNodes that map command regexes to canned results and
 refuse any command they do not know."""
+import dataclasses
 import json
-import re
-import threading
-from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from runbook.network import verify as network
 from runbook.checks import Status
-
-FIX = Path(__file__).parent / "facts" / "net"
-
-
-def fx(name: str) -> str:
-    return (FIX / name).read_text()
-
-
-@dataclass
-class Res:
-    exit_code: int = 0
-    stdout: str = ""
-    stderr: str = ""
-
-    @property
-    def ok(self):
-        return self.exit_code == 0
-
-
-class FakeNode:
-    def __init__(self, name, rank, *, fabric_ip, fabric_if, ib_devs="", gid="auto", rules=()):
-        self.name = name
-        self.spec = SimpleNamespace(name=name, rank=rank, fabric_ip=fabric_ip, fabric_if=fabric_if,
-                                    ib_devs=ib_devs, gid=gid, ssh=f"root@{name}")
-        self.rules = list(rules)          # [(regex, Res | callable(cmd) -> Res)]
-        self.log: list[str] = []
-        self._lock = threading.Lock()
-
-    def read(self, command, timeout=20):
-        assert timeout and timeout > 0
-        with self._lock:
-            self.log.append(command)
-        for pat, res in self.rules:
-            if re.search(pat, command):
-                return res(command) if callable(res) else res
-        raise AssertionError(f"FakeNode {self.name} refused unknown command: {command[:200]}")
-
-    def run(self, *a, **k):
-        raise AssertionError("network verification must not change nodes")
-
-
-class FakeCluster:
-    def __init__(self, nodes):
-        self.nodes = nodes
-
-    def each(self, fn, nodes=None):
-        out, threads = {}, []
-        def go(n):
-            try:
-                out[n.name] = fn(n)
-            except Exception as exc:  # noqa: BLE001
-                out[n.name] = exc
-        for n in (nodes or self.nodes):
-            t = threading.Thread(target=go, args=(n,))
-            t.start()
-            threads.append(t)
-        for t in threads:
-            t.join()
-        return {n.name: out[n.name] for n in (nodes or self.nodes)}
+from support.doubles import FakeCluster, FakeNode, res
+from support.net import by, fx, lab_rules, mpirun_apps
 
 
 def lab_profile(**kw):
@@ -80,48 +20,12 @@ def lab_profile(**kw):
     return SimpleNamespace(**base)
 
 
-def lab_addr(ip_last: int, *, mtu=9000, state="UP") -> str:
-    data = json.loads(fx("ip_addr_lab.json"))
-    for item in data:
-        if item["ifname"] == "enp1s0f0np0":
-            item["mtu"] = mtu
-            item["operstate"] = state
-            if state != "UP":
-                item["flags"] = ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"]
-            for a in item["addr_info"]:
-                if a["family"] == "inet":
-                    a["local"] = f"169.254.77.{ip_last}"
-    return json.dumps(data)
-
-
-def ping_result(cmd):
-    return Res(0, fx("ping_ok.txt"))
-
-
-def lab_rules(ip_last, *, mtu=9000, state="UP", ethtool=None, ping=ping_result):
-    eth = ethtool or fx("ethtool_veth.txt")
-    return [
-        (r"^ip -j addr show$", Res(0, lab_addr(ip_last, mtu=mtu, state=state))),
-        (r"^ip -j route show$", Res(0, fx("ip_route_lab.json"))),
-        (r"^ethtool enp1s0f0np0$", Res(0, eth)),
-        (r"^grep -r -H \. /sys/class/net/", Res(0, "")),
-        (r"^sysctl net\.ipv4\.conf\.all\.rp_filter", Res(0, fx("rp_filter_lab.txt"))),
-        (r"^ping -M do -s 8972 ", ping),
-        (r"iperf3 -s -1 -B ", Res(0, fx("iperf3_server.json"))),
-        (r"iperf3 -c ", Res(0, fx("iperf3_client.json"))),
-    ]
-
-
 def lab_cluster(head_kw=None, worker_kw=None, worker_if="enp1s0f0np0"):
-    head = FakeNode("head", 0, fabric_ip="169.254.77.1", fabric_if="enp1s0f0np0", rules=lab_rules(1, **(head_kw or {})))
-    worker = FakeNode("worker", 1, fabric_ip="169.254.77.2", fabric_if=worker_if, rules=lab_rules(2, **(worker_kw or {})))
+    head = FakeNode("head", 0, fabric_ip="169.254.77.1", fabric_if="enp1s0f0np0", rules=lab_rules(1, **(head_kw or {})),
+                    read_only=True)
+    worker = FakeNode("worker", 1, fabric_ip="169.254.77.2", fabric_if=worker_if, rules=lab_rules(2, **(worker_kw or {})),
+                      read_only=True)
     return FakeCluster([head, worker])
-
-
-def by(checks, name, node=None):
-    found = [c for c in checks if c.name == name and (node is None or c.node == node)]
-    assert found, f"no check {name}@{node}: {[ (c.name, c.node) for c in checks]}"
-    return found[0]
 
 
 # --------------------------------------------------------------------------- lab
@@ -147,7 +51,7 @@ def test_lab_happy_path(tmp_path):
     assert all(c.status is not Status.PASS for c in checks if "not applicable" in c.observed)
     # commands are bounded: servers under timeout, client pings DF
     head = cluster.nodes[1]   # worker ran the server for head->worker
-    assert any(c.startswith("timeout ") and "iperf3 -s -1" in c for c in head.log)
+    assert any(c.startswith("timeout ") and "iperf3 -s -1" in c for c in head.commands)
 
 
 def test_link_down_on_worker_named():
@@ -162,7 +66,7 @@ def test_link_down_on_worker_named():
 
 def test_mtu_mismatch_named_with_both_values():
     def too_long(cmd):
-        return Res(1, fx("ping_toolong.txt").replace("mtu=9000", "mtu=1500"))
+        return res(1, fx("ping_toolong.txt").replace("mtu=9000", "mtu=1500"))
     cluster = lab_cluster(worker_kw={"mtu": 1500, "ping": too_long})
     checks, _ = network.verify_network(lab_profile(), cluster, None)
     m = by(checks, "net.mtu.rail0.match", "cluster")
@@ -181,13 +85,13 @@ def test_wrong_interface_named_before_anything_runs():
     assert "enp1s0f1np1 does not exist on worker" in c.observed and "enp1s0f0np0" in c.observed and "lo" in c.observed
     assert "WORKER_CX7_IF" in c.fix
     for node in cluster.nodes:      # only the two fact probes ran: no ethtool, ping, iperf3
-        assert node.log and all(cmd.startswith("ip -j ") for cmd in node.log), node.log
+        assert node.commands and all(cmd.startswith("ip -j ") for cmd in node.commands), node.commands
     assert len(checks.failures()) == 1
 
 
 def test_high_rtt_warns_not_fails():
     slow = fx("ping_ok.txt").replace("0.050/0.058/0.069/0.007", "0.950/1.016/1.100/0.040")
-    cluster = lab_cluster(head_kw={"ping": lambda cmd: Res(0, slow)})
+    cluster = lab_cluster(head_kw={"ping": lambda cmd: res(0, slow)})
     checks, _ = network.verify_network(lab_profile(max_rtt_ms=0.5), cluster, None)
     c = by(checks, "net.ping.rail0.head->worker")
     assert c.status is Status.WARN and "1.016" in c.observed
@@ -209,11 +113,11 @@ def test_unknown_command_is_refused_and_becomes_a_failure():
 def test_sweep_runs_on_both_nodes_with_lab_python():
     cluster = lab_cluster()
     for n in cluster.nodes:
-        n.rules.append((r"allreduce_sweep|RUNBOOK_SWEEP_EOF", Res(0, fx("allreduce_sweep_rank0.json"))))
+        n.rules.append((r"allreduce_sweep|RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"))))
     prof = lab_profile(vllm_bin="/opt/lab/vllm-venv/bin/vllm")
     checks, raw = network.verify_network(prof, cluster, None)
     for n in cluster.nodes:
-        cmd = next(c for c in n.log if "RUNBOOK_SWEEP_EOF" in c)
+        cmd = next(c for c in n.commands if "RUNBOOK_SWEEP_EOF" in c)
         assert cmd.startswith("timeout 120 /opt/lab/vllm-venv/bin/python - --rank ")
         assert "--master-addr 169.254.77.1" in cmd and "--iface enp1s0f0np0" in cmd
         assert f"--rank {0 if n.name == 'head' else 1}" in cmd
@@ -237,33 +141,33 @@ TOOLS_FOUND = ("tool ib_write_bw /usr/bin/ib_write_bw\ntool ib_write_lat /usr/bi
 def spark_rules(side, *, gids, bw_fixture="ib_write_bw_rail0.txt", tools=TOOLS_FOUND):
     addr = fx(f"ip_addr_spark_{side}.json")
     return [
-        (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', Res(0, "/home/spark\n1000\nspark\n")),
-        (r"^for t in ib_write_bw ib_write_lat mpirun; ", Res(0, tools)),
-        (r"^ip -j addr show$", Res(0, addr)),
-        (r"^ip -j route show$", Res(0, fx("ip_route_spark_head.json"))),
-        (r"^ibdev2netdev$", Res(0, fx("ibdev2netdev_spark.txt"))),
-        (r"^grep -r -H \. /sys/class/infiniband", Res(0, fx(gids))),
-        (r"^ethtool ", Res(0, fx("ethtool_cx7_200g.txt"))),
-        (r"^grep -r -H \. /sys/class/net/", Res(0, fx("pcie_spark_x2.tsv").replace("\t2\n", "\t4\n"))),
-        (r"^sysctl ", Res(0, "net.ipv4.conf.all.rp_filter = 0\nnet.ipv4.conf.enp1s0f0np0.rp_filter = 2\n"
+        (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', res(0, "/home/spark\n1000\nspark\n")),
+        (r"^for t in ib_write_bw ib_write_lat mpirun; ", res(0, tools)),
+        (r"^ip -j addr show$", res(0, addr)),
+        (r"^ip -j route show$", res(0, fx("ip_route_spark_head.json"))),
+        (r"^ibdev2netdev$", res(0, fx("ibdev2netdev_spark.txt"))),
+        (r"^grep -r -H \. /sys/class/infiniband", res(0, fx(gids))),
+        (r"^ethtool ", res(0, fx("ethtool_cx7_200g.txt"))),
+        (r"^grep -r -H \. /sys/class/net/", res(0, fx("pcie_spark_x2.tsv").replace("\t2\n", "\t4\n"))),
+        (r"^sysctl ", res(0, "net.ipv4.conf.all.rp_filter = 0\nnet.ipv4.conf.enp1s0f0np0.rp_filter = 2\n"
                                 "net.ipv4.conf.enP2p1s0f0np0.rp_filter = 2\n")),
-        (r"^ping ", Res(0, fx("ping_ok.txt"))),
-        (r"iperf3 -s", Res(0, fx("iperf3_server.json"))),
-        (r"iperf3 -c", Res(0, fx("iperf3_client.json").replace("11578842108.840954", "98000000000.0"))),
-        (r"ib_write_bw .*192\.168\.", Res(0, fx(bw_fixture))),
-        (r"ib_write_bw ", Res(0, fx("ib_write_bw_rail0.txt"))),
-        (r"ib_write_lat .*192\.168\.", Res(0, fx("ib_write_lat_rail0.txt"))),
-        (r"ib_write_lat ", Res(0, fx("ib_write_lat_rail0.txt"))),
-        (r"mpirun .*all_reduce_perf", Res(0, fx("nccl_log_ib.txt") + fx("all_reduce_perf_2node.txt"))),
+        (r"^ping ", res(0, fx("ping_ok.txt"))),
+        (r"iperf3 -s", res(0, fx("iperf3_server.json"))),
+        (r"iperf3 -c", res(0, fx("iperf3_client.json").replace("11578842108.840954", "98000000000.0"))),
+        (r"ib_write_bw .*192\.168\.", res(0, fx(bw_fixture))),
+        (r"ib_write_bw ", res(0, fx("ib_write_bw_rail0.txt"))),
+        (r"ib_write_lat .*192\.168\.", res(0, fx("ib_write_lat_rail0.txt"))),
+        (r"ib_write_lat ", res(0, fx("ib_write_lat_rail0.txt"))),
+        (r"mpirun .*all_reduce_perf", res(0, fx("nccl_log_ib.txt") + fx("all_reduce_perf_2node.txt"))),
     ]
 
 
 def spark_cluster(worker_gids="gids_worker_gid3.tsv", worker_gid="auto", bw="ib_write_bw_rail0.txt"):
-    hcas = "rocep1s0f0,roceP2p1s0f0"
-    head = FakeNode("head", 0, fabric_ip="192.168.100.1", fabric_if="enp1s0f0np0", ib_devs=hcas,
+    hcas = ["rocep1s0f0", "roceP2p1s0f0"]
+    head = FakeNode("head", 0, fabric_ip="192.168.100.1", fabric_if="enp1s0f0np0", ib_devs=hcas, read_only=True,
                     rules=spark_rules("head", gids="gids_head_gid3.tsv", bw_fixture=bw))
     worker = FakeNode("worker", 1, fabric_ip="192.168.100.2", fabric_if="enp1s0f0np0", ib_devs=hcas, gid=worker_gid,
-                      rules=spark_rules("worker", gids=worker_gids, bw_fixture=bw))
+                      read_only=True, rules=spark_rules("worker", gids=worker_gids, bw_fixture=bw))
     return FakeCluster([head, worker])
 
 
@@ -285,7 +189,7 @@ def test_spark_two_rails_all_pass():
     assert by(checks, "net.addr.twin_subnets", "head").status is Status.PASS
     assert by(checks, "net.nccl.transport").status is Status.PASS
     assert by(checks, "net.nccl.hcas").status is Status.PASS
-    mp = next(c for c in cluster.nodes[0].log if c.startswith("timeout 180 mpirun"))
+    mp = next(c for c in cluster.nodes[0].commands if c.startswith("timeout 180 mpirun"))
     ranks = mpirun_apps(mp)
     assert [r["host"] for r in ranks] == ["192.168.100.1", "192.168.100.2"]
     for r in ranks:
@@ -294,34 +198,8 @@ def test_spark_two_rails_all_pass():
     assert "--allow-run-as-root" not in mp                      # uid 1000 on these nodes
     assert "--mca btl_tcp_if_include 192.168.100.0/24 " in mp   # a subnet: valid on every node
     assert [c.status for c in checks if c.name == "net.tools"] == [Status.PASS, Status.PASS]
-    bwcmds = [c for c in cluster.nodes[0].log if "ib_write_bw -d" in c]
+    bwcmds = [c for c in cluster.nodes[0].commands if "ib_write_bw -d" in c]
     assert all(" -x 3" in c for c in bwcmds)
-
-
-def mpirun_apps(cmd: str) -> list[dict]:
-    """The app contexts of a rendered mpirun: host, -x environment and binary of each rank."""
-    import shlex
-    argv = shlex.split(cmd.replace(" 2>&1", ""))
-    argv = argv[argv.index("mpirun") + 1:]
-    apps, cur = [], None
-    while argv:
-        a = argv.pop(0)
-        if a == "-np":
-            cur = {"env": {}, "host": "", "binary": ""}
-            apps.append(cur)
-            argv.pop(0)
-        elif cur is None:
-            continue
-        elif a == "-H":
-            cur["host"] = argv.pop(0).split(":")[0]
-        elif a == "-x":
-            k, _, v = argv.pop(0).partition("=")
-            cur["env"][k] = v
-        elif a == ":":
-            cur = None
-        elif not cur["binary"]:
-            cur["binary"] = a
-    return apps
 
 
 def test_nccl_ranks_get_their_own_interface_hca_and_gid():
@@ -351,31 +229,28 @@ def test_nccl_ranks_get_their_own_interface_hca_and_gid():
     for name, ip_hex in (("head", "0a00:0001"), ("worker", "0a00:0002")):
         spec = specs[name]
         iface, hca = spec.fabric_if, spec.ib_devs[0]
-        rules = [(r"^ip -j addr show$", Res(0, recipe_addr(name, iface, spec.fabric_ip))),
-                 (r"^ip -j route show$", Res(0, fx("ip_route_lab.json"))),
-                 (r"^ibdev2netdev$", Res(0, f"{hca} port 1 ==> {iface} (Up)\n")),
-                 (r"^grep -r -H \. /sys/class/infiniband", Res(0, recipe_gids(hca, iface, ip_hex)))]
+        rules = [(r"^ip -j addr show$", res(0, recipe_addr(name, iface, spec.fabric_ip))),
+                 (r"^ip -j route show$", res(0, fx("ip_route_lab.json"))),
+                 (r"^ibdev2netdev$", res(0, f"{hca} port 1 ==> {iface} (Up)\n")),
+                 (r"^grep -r -H \. /sys/class/infiniband", res(0, recipe_gids(hca, iface, ip_hex)))]
         rules += spark_rules(name, gids="gids_head_gid3.tsv")
-        node = FakeNode(name, spec.rank, fabric_ip=spec.fabric_ip, fabric_if=iface, ib_devs=",".join(spec.ib_devs),
-                        gid=spec.gid, rules=rules)
-        node.spec = spec
-        nodes.append(node)
+        nodes.append(FakeNode(spec=spec, rules=rules, read_only=True))
     checks, _ = network.verify_network(profile, FakeCluster(nodes), None)
     assert by(checks, "net.gid", "worker").status is Status.PASS, checks.to_text()
-    mp = next(c for c in nodes[0].log if c.startswith("timeout 180 mpirun"))
+    mp = next(c for c in nodes[0].commands if c.startswith("timeout 180 mpirun"))
     ranks = mpirun_apps(mp)
     assert [(r["host"], r["env"]["NCCL_SOCKET_IFNAME"], r["env"]["NCCL_IB_HCA"], r["env"]["NCCL_IB_GID_INDEX"])
             for r in ranks] == [("10.0.0.1", "enp1s0f1np1", "rocep1s0f1", "3"),
                                 ("10.0.0.2", "enp1s0f0np0", "rocep1s0f0", "3")]
     assert "--mca btl_tcp_if_include 10.0.0.0/24 " in mp and "--mca oob_tcp_if_include 10.0.0.0/24 " in mp
     # nccl-tests under CACHE_DIR (~ expanded with each node's home) is looked for first
-    probe = next(c for c in nodes[1].log if c.startswith("for t in ib_write_bw"))
+    probe = next(c for c in nodes[1].commands if c.startswith("for t in ib_write_bw"))
     assert "/home/spark/.cache/vllm-dsv41-flash-exl3/nccl-tests/build" in probe
 
 
 def test_missing_tools_fail_with_the_exact_commands():
     cluster = spark_cluster()
-    cluster.nodes[1].rules.insert(0, (r"^for t in ib_write_bw", Res(0, "missing ib_write_bw\nmissing ib_write_lat\n"
+    cluster.nodes[1].rules.insert(0, (r"^for t in ib_write_bw", res(0, "missing ib_write_bw\nmissing ib_write_lat\n"
                                                                        "tool mpirun /usr/bin/mpirun\n")))
     checks, _ = network.verify_network(spark_profile(), cluster, None)
     c = by(checks, "net.tools", "worker")
@@ -386,7 +261,7 @@ def test_missing_tools_fail_with_the_exact_commands():
     assert "checkout --quiet --detach v2.18.3" in c.fix and "make -C /home/spark/nccl-tests -j4 MPI=1" in c.fix
     assert "install_tools=True" in c.fix
     assert by(checks, "net.tools", "head").status is Status.PASS
-    assert not any(cmd.startswith("sudo") for n in cluster.nodes for cmd in n.log)   # nothing installed
+    assert not any(cmd.startswith("sudo") for n in cluster.nodes for cmd in n.commands)   # nothing installed
 
 
 def test_missing_tools_are_installed_when_allowed():
@@ -396,19 +271,20 @@ def test_missing_tools_are_installed_when_allowed():
 
     def probe(cmd):
         if state["installed"]:
-            return Res(0, TOOLS_FOUND)
-        return Res(0, "missing ib_write_bw\nmissing ib_write_lat\ntool mpirun /usr/bin/mpirun\n")
+            return res(0, TOOLS_FOUND)
+        return res(0, "missing ib_write_bw\nmissing ib_write_lat\ntool mpirun /usr/bin/mpirun\n")
     worker.rules.insert(0, (r"^for t in ib_write_bw", probe))
-    ran = []
 
-    def run(cmd, timeout=0, warn=False):
-        assert timeout >= 600 and warn
-        ran.append(cmd)
-        state["installed"] = "make -C" in cmd or state["installed"]
-        return Res(0, "0123456789abcdef0123\n" if "rev-parse" in cmd else "")
-    worker.run = run
+    def build(cmd):                             # nccl_build_cmd: clone, make, print the commit
+        state["installed"] = True
+        return res(0, "0123456789abcdef0123\n")
+    worker.read_only = False                    # installing is what this test allows
+    worker.rules[1:1] = [(r"^sudo -n apt-get install -y perftest$", ""),
+                         (r"^set -e; .*git clone .*nccl-tests.*make -C ", build)]
     checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
-    assert ran[0] == "sudo -n apt-get install -y perftest" and "v2.18.3" in ran[1]
+    ran = worker.runs()
+    assert ran and ran[0] == "sudo -n apt-get install -y perftest" and "v2.18.3" in ran[1], ran
+    assert all(c.timeout >= 600 and c.warn for c in worker.calls if c.kind == "run")
     c = by(checks, "net.tools", "worker")
     assert c.status is Status.PASS and "commit 0123456789ab" in c.observed and "perftest" in c.observed
 
@@ -441,16 +317,17 @@ def test_twins_without_common_index_fail():
 
 def test_missing_hca_named_before_traffic():
     cluster = spark_cluster()
-    cluster.nodes[1].spec.ib_devs = "rocep1s0f0,roceP9p1s0f0"
+    worker = cluster.nodes[1]
+    worker.spec = dataclasses.replace(worker.spec, ib_devs=["rocep1s0f0", "roceP9p1s0f0"])
     checks, _ = network.verify_network(spark_profile(), cluster, None)
     c = by(checks, "net.hca", "worker")
     assert c.status is Status.FAIL and "roceP9p1s0f0 not found" in c.observed
-    assert not any("ping" in cmd or "iperf3" in cmd for n in cluster.nodes for cmd in n.log)
+    assert not any("ping" in cmd or "iperf3" in cmd for n in cluster.nodes for cmd in n.commands)
 
 
 def test_nccl_socket_fallback_fails():
     cluster = spark_cluster()
-    cluster.nodes[0].rules.insert(0, (r"mpirun", Res(0, fx("nccl_log_socket.txt") + fx("all_reduce_perf_2node.txt"))))
+    cluster.nodes[0].rules.insert(0, (r"mpirun", res(0, fx("nccl_log_socket.txt") + fx("all_reduce_perf_2node.txt"))))
     checks, _ = network.verify_network(spark_profile(), cluster, None)
     assert by(checks, "net.nccl.transport").status is Status.FAIL
     assert by(checks, "net.nccl.hcas").status is Status.FAIL

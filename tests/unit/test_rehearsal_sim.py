@@ -2,7 +2,7 @@
 what 00_preflight / 01_network render for env/exl3-v41.env (and env/tp3-dspark.env) under --rehearse.
 
 Every "lab node" here is a directory holding the tree the installer puts in the node's private
-/mnt/nvme/.rehearsal/sim; :class:`SimNode` stands in for runbook.remote.Node: it runs the simulator-bound
+/mnt/nvme/.rehearsal/sim; :func:`sim_node` (a support.doubles FakeNode) stands in for runbook.remote.Node: it runs the simulator-bound
 commands for real (bash, the rehearsal PATH prefix of runbook.remote, the node's directory in place of the
 lab path) and answers the lab's real-tool facts (ip, ethtool, ping, iperf3, the gloo sweep) from the captured
 lab fixtures; any other command is refused. mpirun reaches the other "nodes" through a stand-in ``ssh`` (its
@@ -30,7 +30,8 @@ from runbook.lab.rehearsal import load_rehearsal
 from runbook.network import verify as network
 from runbook.remote import REHEARSAL_SIM_DIR, Cluster, rehearsal_path_prefix
 
-from test_network_step import FakeCluster, Res, by, fx, lab_addr, mpirun_apps
+from support.doubles import SHELL, FakeCluster, FakeNode, LocalShell, exact, res
+from support.net import by, fx, lab_addr, lab_rules, mpirun_apps
 
 SIM_ROWS = ("net.gid", "net.gid.plan", "net.tools", "net.rdma.bw.rail0.", "net.rdma.lat.rail0.", "net.nccl.")
 FAKE_SSH = """#!/usr/bin/env python3
@@ -64,47 +65,24 @@ def exl3():
     return load("env/exl3-v41.env")
 
 
-class SimNode:
-    def __init__(self, spec, root: Path, profile, env: dict[str, str], hostname: str):
-        self.spec, self.name, self.root, self.profile, self.env = spec, spec.name, str(root), profile, env
-        ip_last = int(str(spec.fabric_ip).rsplit(".", 1)[1])
-        self.addr = lab_addr(ip_last)
-        sim.write_tree(root, sim.node_files(sim.node_config(profile, spec, self.addr, hostname=hostname, root=str(root)),
-                                            str(profile.source)))
-        self.log: list[str] = []
-        self.lock = threading.Lock()
-        self.canned = [
-            (r"^ip -j addr show$", Res(0, self.addr)),
-            (r"^ip -j route show$", Res(0, fx("ip_route_lab.json"))),
-            (r"^ethtool enp1s0f0np0$", Res(0, fx("ethtool_veth.txt"))),
-            (r"^grep -r -H \. /sys/class/net/", Res(0, "")),
-            (r"^sysctl net\.ipv4\.conf\.all\.rp_filter", Res(0, fx("rp_filter_lab.txt"))),
-            (r"^ping -M do -s 8972 ", Res(0, fx("ping_ok.txt"))),
-            (r"iperf3 -s -1 -B ", Res(0, fx("iperf3_server.json"))),
-            (r"iperf3 -c ", Res(0, fx("iperf3_client.json"))),
-            (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', Res(0, "/root\n0\nroot\n")),     # the lab runs as root
-            (r"RUNBOOK_SWEEP_EOF", Res(0, fx("allreduce_sweep_rank0.json"))),
-        ]
+def sim_node(spec, root: Path, profile, env: dict[str, str], hostname: str) -> FakeNode:
+    """A lab node whose /mnt/nvme/.rehearsal/sim is ``root`` (the installer's tree, written here): the simulated
+    tools run there for real with the rehearsal PATH prefix; the lab's real-tool facts come from the fixtures;
+    anything else is refused, and nothing may change the node."""
+    ip_last = int(str(spec.fabric_ip).rsplit(".", 1)[1])
+    sim.write_tree(root, sim.node_files(sim.node_config(profile, spec, lab_addr(ip_last), hostname=hostname,
+                                                        root=str(root)), str(profile.source)))
+    rules = [*lab_rules(ip_last),
+             (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', res(0, "/root\n0\nroot\n")),     # the lab runs as root
+             (r"RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"))),
+             (re.escape(REHEARSAL_SIM_DIR) + r"|\b(ibdev2netdev|nvidia-smi|ibv_devinfo|ib_write_\w+|mpirun)\b", SHELL)]
+    shell = LocalShell(env=env, rewrite={REHEARSAL_SIM_DIR: str(root)}, prefix=rehearsal_path_prefix(profile))
+    return FakeNode(spec=spec, rules=rules, shell=shell, read_only=True)
 
-    def read(self, command, timeout=20):
-        assert timeout and timeout > 0
-        with self.lock:
-            self.log.append(command)
-        for pat, res in self.canned:
-            if re.search(pat, command):
-                return res
-        if REHEARSAL_SIM_DIR in command or re.search(r"\b(ibdev2netdev|nvidia-smi|ibv_devinfo|ib_write_\w+|mpirun)\b",
-                                                      command):
-            return self.sh(command, timeout)
-        raise AssertionError(f"SimNode {self.name} refused unknown command: {command[:200]}")
 
-    def sh(self, command, timeout=60):
-        full = (rehearsal_path_prefix(self.profile) + command).replace(REHEARSAL_SIM_DIR, self.root)
-        p = subprocess.run(["bash", "-c", full], env=self.env, capture_output=True, text=True, timeout=timeout)
-        return Res(p.returncode, p.stdout.replace(self.root, REHEARSAL_SIM_DIR), p.stderr.replace(self.root, REHEARSAL_SIM_DIR))
-
-    def run(self, *a, **k):
-        raise AssertionError("network verification must not change nodes")
+def sh(node: FakeNode, command: str, timeout: float = 60):
+    """Run ``command`` in the node's simulator shell directly (no rule in between)."""
+    return node.shell(node.name, command, timeout=timeout)
 
 
 def sim_cluster(profile, tmp_path) -> FakeCluster:
@@ -116,7 +94,7 @@ def sim_cluster(profile, tmp_path) -> FakeCluster:
     (tmp_path / "hosts.json").write_text(json.dumps({ip: str(r) for ip, r in roots.items()}))
     env = dict(os.environ, PATH=f"{fakebin}:{os.environ['PATH']}", SIM_TEST_HOSTS=str(tmp_path / "hosts.json"),
                RUNBOOK_SIM_ADDRESS_MAP=",".join(f"{n.fabric_ip}=127.0.1.{n.rank + 1}" for n in profile.nodes))
-    return FakeCluster([SimNode(n, roots[str(n.fabric_ip)], profile, env, f"spark-{n.name}") for n in profile.nodes])
+    return FakeCluster([sim_node(n, roots[str(n.fabric_ip)], profile, env, f"spark-{n.name}") for n in profile.nodes])
 
 
 # --------------------------------------------------------------------------- the installer's tree
@@ -124,7 +102,7 @@ def sim_cluster(profile, tmp_path) -> FakeCluster:
 
 def test_tree_is_a_spark_with_the_profiles_cabling(exl3, tmp_path):
     head, worker = sim_cluster(exl3, tmp_path).nodes
-    out = head.sh("ibdev2netdev").stdout
+    out = sh(head, "ibdev2netdev").stdout
     assert fr.parse_ibdev2netdev(out)
     ports = {p.hca: p for p in fr.parse_ibdev2netdev(out)}
     # recipe A: the head's rocep1s0f1 is cabled (the lab's veth stands in for enp1s0f1np1); its twins are Down;
@@ -132,15 +110,15 @@ def test_tree_is_a_spark_with_the_profiles_cabling(exl3, tmp_path):
     assert ports["rocep1s0f1"].up and ports["rocep1s0f1"].netdev == "enp1s0f0np0"
     assert {h for h, p in ports.items() if not p.up} == {"roceP2p1s0f0", "roceP2p1s0f1"}
     assert "rocep1s0f0" not in ports
-    assert {p.hca for p in fr.parse_ibdev2netdev(worker.sh("ibdev2netdev").stdout) if p.up} == {"rocep1s0f0"}
+    assert {p.hca for p in fr.parse_ibdev2netdev(sh(worker, "ibdev2netdev").stdout) if p.up} == {"rocep1s0f0"}
     # the network step's own GID dump and resolver read the simulated sysfs: RoCE v2 IPv4 at the pinned 3
-    dump = head.sh(fr.gid_dump_cmd(sim.SYSFS_ROOT)).stdout
+    dump = sh(head, fr.gid_dump_cmd(sim.SYSFS_ROOT)).stdout
     gids = fr.parse_gid_dump(dump, root=sim.SYSFS_ROOT)
     ng = fr.resolve_node_gid("head", gids, ["rocep1s0f1"], {"enp1s0f0np0": ["169.254.77.1"]},
                              {"rocep1s0f1": "enp1s0f0np0"}, match_ip="169.254.77.1")
     assert ng.index == 3 and ng.via == "match IP 169.254.77.1"
     assert gids["rocep1s0f1"].entry(3).ipv4 == "169.254.77.1" and gids["rocep1s0f1"].entry(4).zero
-    manifest = json.loads((Path(head.root) / "manifest.json").read_text())
+    manifest = json.loads((Path(head.shell.rewrite[REHEARSAL_SIM_DIR]) / "manifest.json").read_text())
     assert set(manifest["sources"]) >= {"rdma_gbps", "lat_us", "nccl_busbw_gbs", "gpu"}
     assert manifest["profile"].endswith("exl3-v41.env") and manifest["gid_index"] == 3
 
@@ -167,25 +145,25 @@ def test_active_mtu_follows_the_netdev_mtu():
 def test_nvidia_smi_and_the_preflight_gpu_row(exl3, tmp_path):
     from runbook.preflight import verify as preflight
     head = sim_cluster(exl3, tmp_path).nodes[0]
-    out = head.sh(system.GPU_CMD).stdout
+    out = sh(head, system.GPU_CMD).stdout
     assert system.parse_gpus(out) == ["NVIDIA GB10"] and "(UUID: GPU-" in out
-    driver = head.sh(system.DRIVER_CMD).stdout.strip()
+    driver = sh(head, system.DRIVER_CMD).stdout.strip()
     assert driver == sim.GPU["driver"]
     row = preflight._gpu("head", {"gpus": system.parse_gpus(out), "gpu_text": out, "driver": driver}, exl3)
     assert row.status is Status.SIMULATED and "simulator" in row.observed
-    bad = head.sh("nvidia-smi --query-gpu=vram --format=csv")
+    bad = sh(head, "nvidia-smi --query-gpu=vram --format=csv")
     assert bad.exit_code == 2 and 'Field "vram" is not a valid field to query.' in bad.stderr
-    assert head.sh("nvidia-smi -q -x").exit_code != 0
+    assert sh(head, "nvidia-smi -q -x").exit_code != 0
 
 
 def test_ibv_devinfo(exl3, tmp_path):
     from runbook.facts import ibv
     head = sim_cluster(exl3, tmp_path).nodes[0]
-    ports = ibv.parse_ibv_devinfo(head.sh(ibv.IBV_DEVINFO_CMD).stdout)
+    ports = ibv.parse_ibv_devinfo(sh(head, ibv.IBV_DEVINFO_CMD).stdout)
     assert ports
     up = [p for p in ports if p.hca == "rocep1s0f1"]
     assert up and up[0].active and up[0].active_mtu == 4096 and up[0].link_layer == "Ethernet"
-    res = head.sh("ibv_devinfo -d rocep1s0f0")
+    res = sh(head, "ibv_devinfo -d rocep1s0f0")
     assert res.exit_code != 0 and "IB device 'rocep1s0f0' wasn't found" in res.stderr
 
 
@@ -194,9 +172,9 @@ def test_ibv_devinfo(exl3, tmp_path):
 
 def _pair(client, server, ccmd, scmd):
     out = {}
-    t = threading.Thread(target=lambda: out.setdefault("srv", server.sh(scmd, 60)))
+    t = threading.Thread(target=lambda: out.setdefault("srv", sh(server, scmd, 60)))
     t.start()
-    cli = client.sh(ccmd, 60)
+    cli = sh(client, ccmd, 60)
     t.join(70)
     return cli, out["srv"]
 
@@ -257,7 +235,7 @@ def _ranks(profile, **worker):
 def _mpirun(cluster, profile, **worker):
     cmd = network.nccl_tests_cmd(_ranks(profile, **worker), mpi_include=["169.254.77.0/24"],
                                  as_root=os.geteuid() == 0)
-    return cmd, cluster.nodes[0].sh(cmd, 120)
+    return cmd, sh(cluster.nodes[0], cmd, 120)
 
 
 def test_all_reduce_perf_per_rank(exl3, tmp_path):
@@ -304,7 +282,7 @@ def test_all_reduce_perf_bad_invocations(exl3, tmp_path, case):
 def test_mpirun_refuses_root_without_the_flag(exl3, tmp_path):
     cluster = sim_cluster(exl3, tmp_path)
     cmd = network.nccl_tests_cmd(_ranks(exl3), mpi_include=["169.254.77.0/24"], as_root=False)
-    res = cluster.nodes[0].sh(cmd, 60)
+    res = sh(cluster.nodes[0], cmd, 60)
     assert res.exit_code != 0 and "mpirun has detected an attempt to run as root" in res.stdout
 
 
@@ -344,7 +322,7 @@ def test_network_step_rehearsed(path, tmp_path):
     # real tools stay real (here: answered from the lab fixtures) and are never marked simulated
     assert all(c.status is Status.PASS for c in checks if c.name.startswith(("net.ping.", "net.tcp.", "net.link.")))
     assert by(checks, "net.pcie.enp1s0f0np0", "head").status is Status.NA
-    mp = next(cmd for cmd in cluster.nodes[0].log if cmd.startswith("timeout 180 mpirun"))
+    mp = next(cmd for cmd in cluster.nodes[0].commands if cmd.startswith("timeout 180 mpirun"))
     apps = mpirun_apps(mp)
     assert [a["env"]["NCCL_IB_HCA"] for a in apps] == [",".join(n.ib_devs) for n in profile.nodes]
     assert all(a["binary"] == f"{sim.NCCL_TESTS_DIR}/all_reduce_perf" for a in apps)
@@ -368,42 +346,21 @@ def test_rehearsal_path_hook_is_recorded(exl3, tmp_path):
 # --------------------------------------------------------------------------- install()
 
 
-class InstallNode:
-    """A lab node for install(): node-private paths (/mnt/nvme/...) live under ``root``; commands run for real."""
-
-    def __init__(self, spec, root: Path, lab: bool = True):
-        self.spec, self.name, self.root = spec, spec.name, root
-        (root / "nvme").mkdir(parents=True)
-        if lab:
-            (root / "nvme" / "WHOAMI").write_text(f"this is spark-{spec.name}'s local NVMe (lab)\n")
-        self.ran: list[str] = []
-
-    def _local(self, cmd: str) -> str:
-        return cmd.replace("/mnt/nvme", str(self.root / "nvme"))
-
-    def read(self, cmd, timeout=20):
-        if cmd == "ip -j addr show":
-            return Res(0, lab_addr(int(str(self.spec.fabric_ip).rsplit(".", 1)[1])))
-        if cmd == "hostname":
-            return Res(0, f"spark-{self.name}\n")
-        if cmd.startswith("cat /mnt/nvme/"):
-            p = subprocess.run(["bash", "-c", self._local(cmd)], capture_output=True, text=True, timeout=timeout)
-            return Res(p.returncode, p.stdout, p.stderr)
-        raise AssertionError(f"InstallNode refused: {cmd}")
-
-    def run(self, cmd, timeout=120, warn=False):
-        self.ran.append(cmd)
-        p = subprocess.run(["bash", "-c", self._local(cmd)], capture_output=True, text=True, timeout=timeout)
-        assert p.returncode == 0, p.stderr
-        return Res(p.returncode, p.stdout, p.stderr)
-
-    def put(self, local, remote):
-        self.ran.append(f"put {remote}")
-        Path(self._local(remote)).write_bytes(Path(local).read_bytes())
+def install_node(spec, root: Path, lab: bool = True) -> FakeNode:
+    """A lab node for install(): node-private paths (/mnt/nvme/...) live under ``root``; reads other than the
+    facts install() asks are refused, commands that change the node run for real."""
+    (root / "nvme").mkdir(parents=True)
+    if lab:
+        (root / "nvme" / "WHOAMI").write_text(f"this is spark-{spec.name}'s local NVMe (lab)\n")
+    rules = [(exact("ip -j addr show"), res(0, lab_addr(int(str(spec.fabric_ip).rsplit(".", 1)[1])))),
+             (exact("hostname"), f"spark-{spec.name}\n"),
+             (r"^cat /mnt/nvme/", SHELL, "read"),
+             (r"", SHELL, "run")]
+    return FakeNode(spec=spec, rules=rules, shell=LocalShell(cwd=root, rewrite={"/mnt/nvme": str(root / "nvme")}))
 
 
 def test_install_puts_the_tree_on_each_lab_node_once(exl3, tmp_path):
-    nodes = [InstallNode(n, tmp_path / n.name) for n in exl3.nodes]
+    nodes = [install_node(n, tmp_path / n.name) for n in exl3.nodes]
     first = sim.install(FakeCluster(nodes), exl3)
     assert [(c.node, c.status) for c in first] == [("head", Status.PASS), ("worker", Status.PASS)]
     tree = tmp_path / "worker" / "nvme" / ".rehearsal" / "sim"
@@ -417,20 +374,20 @@ def test_install_puts_the_tree_on_each_lab_node_once(exl3, tmp_path):
     again = sim.install(FakeCluster(nodes), exl3)
     assert [c.status for c in again] == [Status.NOOP, Status.NOOP]
     assert not (tmp_path / "head" / "nvme" / ".rehearsal" / "sim-install.tar.gz").exists()
-    dry = InstallNode(exl3.nodes[0], tmp_path / "dry")
+    dry = install_node(exl3.nodes[0], tmp_path / "dry")
     dry.dry_run = True
     row = sim.install(FakeCluster([dry]), exl3)[0]
-    assert row.status is Status.NOOP and "dry run: would install" in row.observed and dry.ran == []
+    assert row.status is Status.NOOP and "dry run: would install" in row.observed and dry.runs() == []
 
 
 def test_install_refuses_a_node_that_is_not_a_lab_node_and_a_real_profile(exl3, tmp_path):
     from runbook.errors import RunbookError
     from runbook.profile import load_profile
-    nodes = [InstallNode(n, tmp_path / n.name, lab=(n.name == "head")) for n in exl3.nodes]
+    nodes = [install_node(n, tmp_path / n.name, lab=(n.name == "head")) for n in exl3.nodes]
     rows = sim.install(FakeCluster(nodes), exl3)
     worker = next(c for c in rows if c.node == "worker")
     assert worker.status is Status.FAIL and "never go on a real node" in worker.fix
-    assert nodes[1].ran == []
+    assert nodes[1].runs() == []
     with pytest.raises(RunbookError):
         sim.install(FakeCluster(nodes), load_profile("env/exl3-v41.env"))
 

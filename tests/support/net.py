@@ -1,0 +1,83 @@
+"""Captured network facts (tests/unit/facts/net) and the canned lab node rules built from them, shared by the
+network step and the rehearsal simulator tests; plus readers for what those steps return and render."""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from support.doubles import res
+
+__all__ = ["FIX", "fx", "lab_addr", "ping_result", "lab_rules", "by", "mpirun_apps"]
+
+FIX = Path(__file__).resolve().parents[1] / "unit" / "facts" / "net"
+
+
+def fx(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+def lab_addr(ip_last: int, *, mtu=9000, state="UP") -> str:
+    """The lab's ``ip -j addr show`` with this node's fabric address (169.254.77.<ip_last>), MTU and state."""
+    data = json.loads(fx("ip_addr_lab.json"))
+    for item in data:
+        if item["ifname"] == "enp1s0f0np0":
+            item["mtu"] = mtu
+            item["operstate"] = state
+            if state != "UP":
+                item["flags"] = ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"]
+            for a in item["addr_info"]:
+                if a["family"] == "inet":
+                    a["local"] = f"169.254.77.{ip_last}"
+    return json.dumps(data)
+
+
+def ping_result(cmd):
+    return res(0, fx("ping_ok.txt"))
+
+
+def lab_rules(ip_last, *, mtu=9000, state="UP", ethtool=None, ping=ping_result):
+    """FakeNode rules answering 01_network's lab probes (veth fabric, iperf3) from the captured lab output."""
+    eth = ethtool or fx("ethtool_veth.txt")
+    return [
+        (r"^ip -j addr show$", res(0, lab_addr(ip_last, mtu=mtu, state=state))),
+        (r"^ip -j route show$", res(0, fx("ip_route_lab.json"))),
+        (r"^ethtool enp1s0f0np0$", res(0, eth)),
+        (r"^grep -r -H \. /sys/class/net/", res(0, "")),
+        (r"^sysctl net\.ipv4\.conf\.all\.rp_filter", res(0, fx("rp_filter_lab.txt"))),
+        (r"^ping -M do -s 8972 ", ping),
+        (r"iperf3 -s -1 -B ", res(0, fx("iperf3_server.json"))),
+        (r"iperf3 -c ", res(0, fx("iperf3_client.json"))),
+    ]
+
+
+def by(checks, name, node=None):
+    """The one check called ``name`` (on ``node``); fails naming what there is when it is missing."""
+    found = [c for c in checks if c.name == name and (node is None or c.node == node)]
+    assert found, f"no check {name}@{node}: {[(c.name, c.node) for c in checks]}"
+    return found[0]
+
+
+def mpirun_apps(cmd: str) -> list[dict]:
+    """The app contexts of a rendered mpirun: host, -x environment and binary of each rank."""
+    argv = shlex.split(cmd.replace(" 2>&1", ""))
+    argv = argv[argv.index("mpirun") + 1:]
+    apps, cur = [], None
+    while argv:
+        a = argv.pop(0)
+        if a == "-np":
+            cur = {"env": {}, "host": "", "binary": ""}
+            apps.append(cur)
+            argv.pop(0)
+        elif cur is None:
+            continue
+        elif a == "-H":
+            cur["host"] = argv.pop(0).split(":")[0]
+        elif a == "-x":
+            k, _, v = argv.pop(0).partition("=")
+            cur["env"][k] = v
+        elif a == ":":
+            cur = None
+        elif not cur["binary"]:
+            cur["binary"] = a
+    return apps
