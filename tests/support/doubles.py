@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ from runbook.errors import RemoteError
 from runbook.profile import NodeSpec
 from runbook.remote import DEFAULT_READ_TIMEOUT, DEFAULT_RUN_TIMEOUT, Cluster, CommandLog, CommandResult
 
-__all__ = ["FakeNode", "LocalNode", "LocalShell", "FakeCluster", "Call", "SHELL", "exact", "res"]
+__all__ = ["FakeNode", "LocalNode", "LocalShell", "FakeCluster", "Call", "SHELL", "exact", "res", "local_pair"]
 
 #: a rule's answer meaning "run this command for real in the node's LocalShell"
 SHELL = "<run in the node's local shell>"
@@ -50,7 +51,7 @@ def res(exit_code: int = 0, stdout: str = "", stderr: str = "") -> CommandResult
 class LocalShell:
     """Runs a node's command in a local ``bash -c``, the way sshd would on the node.
 
-    ``env`` is the whole environment (default: this process's, with ``HOME`` set when ``home`` is given);
+    ``env`` is the whole environment (default: this process's); ``HOME`` is ``home`` when given;
     ``path_first`` is put in front of PATH; ``as_user=(uid, gid)`` runs it as that user (setpriv);
     ``rewrite`` maps node paths to local ones in commands and file copies (and back in the output);
     ``prefix`` is prepended to every command (the rehearsal PATH hook)."""
@@ -75,7 +76,7 @@ class LocalShell:
     def __call__(self, node: str, command: str, *, timeout: float, env: Mapping[str, str] | None = None
                  ) -> CommandResult:
         base = dict(self.env if self.env is not None else os.environ)
-        if self.home is not None and self.env is None:
+        if self.home is not None:
             base["HOME"] = str(self.home)
         if self.path_first:
             base["PATH"] = os.pathsep.join([*map(str, self.path_first), base.get("PATH", "/usr/bin:/bin")])
@@ -257,6 +258,17 @@ class LocalNode(FakeNode):
         shell = LocalShell(home=home, cwd=self.cwd, env=env, path_first=tuple(path_first), as_user=as_user,
                            rewrite=dict(rewrite or {}), prefix=prefix)
         super().__init__(name, rank, rules=[*rules, (ANY, SHELL)], shell=shell, **kw)
+
+
+def local_pair(tmp_path: Path, **kw) -> tuple[LocalNode, LocalNode]:
+    """head (10.77.0.1) and worker (10.77.0.2) as local shells, each with its own HOME (a path with a space, to
+    catch quoting) and working directory, and a clean environment whose PATH starts with this interpreter's
+    bin (the nodes' python3 has the runbook's dependencies). ``kw``: more LocalNode options."""
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]),
+           "LANG": "C.UTF-8"}
+    head = LocalNode("head", 0, home=tmp_path / "head home", fabric_ip="10.77.0.1", env=env, **kw)
+    worker = LocalNode("worker", 1, home=tmp_path / "worker home", fabric_ip="10.77.0.2", env=env, **kw)
+    return head, worker
 
 
 class FakeCluster(Cluster):

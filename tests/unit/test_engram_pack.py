@@ -2,16 +2,10 @@
 the standalone scripts copied alone into a directory and started with ``python3 -I``."""
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib
-import io
 import json
 import os
 import shutil
-import struct
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -20,10 +14,8 @@ import pytest
 from runbook.engram import layout as L
 from runbook.engram import pack
 from runbook.engram import synth
+from support.engram import ENGRAM_DIR, TOOLS, config, expected_file, run_tool, source_table
 
-ENGRAM_DIR = Path(L.__file__).resolve().parent
-TOOLS = ("layout.py", "pack.py", "check.py", "probe.py")
-PY = shutil.which("python3") or sys.executable        # the system python, no venv packages
 VOCAB = 2000                                           # ~50k rows/layer, ~13 MB per layer table
 
 
@@ -40,56 +32,6 @@ def src(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("src")
     synth.make_source(str(d), vocab_size=VOCAB)
     return d
-
-
-def run_tool(tools: Path, script: str, *args, expect: int | None = 0,
-             subprocess_: bool = False) -> tuple[int, dict, str]:
-    """Run a tool's main(). In-process by default (the box is slow to start interpreters);
-    ``subprocess_=True`` runs the copied standalone script with ``python3 -I`` like a node does."""
-    argv = [str(a) for a in args]
-    if subprocess_:
-        proc = subprocess.run([PY, "-I", str(tools / script), *argv], capture_output=True,
-                              text=True, timeout=120, cwd=tools)
-        code, text = proc.returncode, proc.stdout + proc.stderr
-        stdout = proc.stdout
-    else:
-        module = importlib.import_module(f"runbook.engram.{script[:-3]}")
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = module.main(argv)
-        stdout, text = out.getvalue(), out.getvalue() + err.getvalue()
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-    summary = json.loads(lines[-1]) if lines else {}
-    if expect is not None:
-        assert code == expect, text
-    return code, summary, text
-
-
-@functools.lru_cache(maxsize=8)
-def source_table(src: Path, layer: int) -> bytes:
-    """The layer's full interleaved table computed independently of the packer."""
-    index = json.loads((src / L.INDEX_NAME).read_text())["weight_map"]
-    shard = src / index[L.weight_name(layer)]
-    data = shard.read_bytes()
-    (n,) = struct.unpack_from("<Q", data)
-    header = json.loads(data[8:8 + n])
-    w0, w1 = header[L.weight_name(layer)]["data_offsets"]
-    s0, s1 = header[L.scale_name(layer)]["data_offsets"]
-    w = data[8 + n + w0:8 + n + w1]
-    s = data[8 + n + s0:8 + n + s1]
-    rows = len(s) // 8
-    assert len(w) == rows * 256
-    return b"".join(w[i * 256:(i + 1) * 256] + s[i * 8:(i + 1) * 8] for i in range(rows))
-
-
-def config(src: Path) -> dict:
-    return json.loads((src / "config.json").read_text())
-
-
-def expected_file(src: Path, layer: int, rank: int, tp: int) -> bytes:
-    lay = L.EngramLayout.from_config(config(src), tp)
-    rr = lay.rank_range(layer, rank)
-    return rr.header() + source_table(src, layer)[rr.lo * 264:rr.hi * 264]
 
 
 def test_pack_tp2_both_ranks_byte_for_byte(tools, src, tmp_path):

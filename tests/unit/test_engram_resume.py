@@ -16,12 +16,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_engram_pack import PY, expected_file, run_tool
-from test_engram_step import FakeCluster, FakeNode
 
 from runbook.checks import Status
 from runbook.engram import layout as L
 from runbook.engram import pack, step, synth
+from support.doubles import FakeCluster, LocalNode
+from support.engram import PY, expected_file, run_tool, tool_node
 
 ENGRAM_DIR = Path(L.__file__).resolve().parent
 RB = 264
@@ -135,7 +135,7 @@ def test_disk_full_mid_write_then_grown_resumes_and_counts_only_the_rest(tools, 
     assert (partial.stat().st_mtime_ns, Path(f"{partial}.json").read_bytes()) == before   # untouched
 
     # the step's pre-check (gather_facts over a node, then precheck) says the same
-    cluster = FakeCluster([FakeNode("head", 0)])
+    cluster = FakeCluster([tool_node("head", 0)])
     prof = SimpleNamespace(tp=2, nodes=[cluster.nodes[0].spec], engram_src_dir=str(src),
                            engram_packed_dir=str(mnt), engram_gib=0)
     facts = step.gather_facts(cluster, prof)
@@ -243,15 +243,8 @@ def test_resume_through_the_step_command_line(tools, src, tmpfs):
     """step.run_pack runs ``python3 <tools>/pack.py ...`` and ``check.py`` under bash, like a node:
     disk full mid-write -> a failed row with the space fix; the pre-check then counts the kept rows;
     after the disk grows the re-run resumes and verifies."""
-    class ShellNode(FakeNode):
-        def _exec(self, command, timeout):            # every command a real process, nothing in-process
-            self.commands.append(command)
-            p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
-            return SimpleNamespace(ok=p.returncode == 0, exit_code=p.returncode, stdout=p.stdout,
-                                   stderr=p.stderr, duration_s=0.0, dry_run=False)
-
     mnt = tmpfs.path
-    cluster = FakeCluster([ShellNode("head", 0)])
+    cluster = FakeCluster([LocalNode("head", 0)])        # every command a real process, nothing in-process
     prof = SimpleNamespace(tp=2, nodes=[cluster.nodes[0].spec], engram_src_dir=str(src),
                            engram_packed_dir=str(mnt), engram_gib=0)
     rr = rank_range(src, 1, 0, 2)

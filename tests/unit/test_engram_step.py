@@ -1,77 +1,14 @@
 """The cluster-facing step functions, against a fake cluster whose nodes run commands locally."""
 from __future__ import annotations
 
-import contextlib
-import importlib
-import io
-import shlex
-import shutil
-import subprocess
-import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from runbook.checks import Status
 from runbook.engram import step, synth
-
-
-class FakeNode:
-    """Node.read/run/put semantics (run raises unless warn) executed on this machine."""
-
-    def __init__(self, name: str, rank: int):
-        self.name, self.spec, self.dry_run = name, SimpleNamespace(name=name, rank=rank), False
-        self.commands: list[str] = []
-        self.puts: list[tuple[str, str]] = []
-
-    def _exec(self, command: str, timeout: float):
-        """``python3 <dir>/<tool>.py ...`` runs that tool's main() in-process (after shlex parsing
-        the exact command string; starting interpreters is slow on the shared test box); anything
-        else runs under bash. The standalone scripts themselves are exercised as subprocesses in
-        test_engram_pack.py."""
-        self.commands.append(command)
-        t0 = time.monotonic()
-        argv = shlex.split(command)
-        if argv[0] == "python3" and argv[1].endswith(".py"):
-            module = importlib.import_module(f"runbook.engram.{Path(argv[1]).stem}")
-            assert (Path(argv[1]).parent / "layout.py").exists()      # shipped side by side
-            out, err = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = module.main(argv[2:])
-            stdout, stderr = out.getvalue(), err.getvalue()
-        else:
-            p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
-            code, stdout, stderr = p.returncode, p.stdout, p.stderr
-        return SimpleNamespace(ok=code == 0, exit_code=code, stdout=stdout, stderr=stderr,
-                               duration_s=time.monotonic() - t0, dry_run=False)
-
-    def read(self, command, *, timeout=30, env=None):
-        return self._exec(command, timeout)
-
-    def run(self, command, *, timeout=120, warn=False, env=None, stream=False):
-        res = self._exec(command, timeout)
-        if not res.ok and not warn:
-            raise RuntimeError(f"{command}: {res.stderr}")
-        return res
-
-    def put(self, local, remote):
-        self.puts.append((str(local), remote))
-        shutil.copy(local, remote)
-
-
-class FakeCluster:
-    def __init__(self, nodes):
-        self.nodes = nodes
-
-    def each(self, fn):
-        out = {}
-        for n in self.nodes:
-            try:
-                out[n.name] = fn(n)
-            except Exception as exc:  # noqa: BLE001
-                out[n.name] = exc
-        return out
+from support.doubles import FakeCluster
+from support.engram import tool_node
 
 
 def profile(tmp_path, src, nodes=2, tp=2):
@@ -114,13 +51,14 @@ def test_expected_files_and_space_checks(tmp_path, src):
 
 def test_run_pack_on_fake_cluster_then_noop(tmp_path, src):
     prof = profile(tmp_path, src)
-    cluster = FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)])
+    cluster = FakeCluster([tool_node("head", 0), tool_node("worker", 1)])
     tools = str(tmp_path / "tools")
     checks = step.run_pack(cluster, prof, tools_dir=tools)
     assert not checks.failures(), checks.to_text()
     names = [c.name for c in checks]
     assert names.count("engram pack L1") == 2 and names.count("engram packed L14 verify") == 2
-    assert {p[1].rsplit("/", 1)[1] for p in cluster.nodes[0].puts} == set(step.TOOL_FILES)
+    puts = [c for c in cluster.nodes[0].runs() if c.startswith("put ")]
+    assert {p.rsplit("/", 1)[1] for p in puts} == set(step.TOOL_FILES)
     for name, ranges in step.expected_files(prof, step.L.load_config(str(src))).items():
         for rr in ranges:
             assert (tmp_path / "packed" / rr.file_name).stat().st_size == rr.packed_bytes
@@ -134,7 +72,7 @@ def test_run_pack_failure_becomes_a_failed_check_with_fix(tmp_path):
     bad = tmp_path / "bad"
     synth.make_source(str(bad), vocab_size=200, overrides={"layers.1.engram.embed.scale": {"dtype": "U8"}})
     prof = profile(tmp_path, bad)
-    cluster = FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)])
+    cluster = FakeCluster([tool_node("head", 0), tool_node("worker", 1)])
     checks = step.run_pack(cluster, prof, tools_dir=str(tmp_path / "tools"))
     assert len(checks.failures()) == 2
     first = checks.failures()[0]

@@ -13,23 +13,21 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from runbook.checks import Status
-from runbook.errors import ProfileError, RemoteError
+from runbook.errors import ProfileError
 from runbook.launch import recipe, server
 from runbook.launch.recipe import Marker, Mount, RankRecipe, RecipePin, Step
 from runbook.launch.render import NodeFacts, render
 from runbook.profile import REPO_ROOT, load_profile
-from runbook.remote import CommandResult
+from support.doubles import FakeCluster, LocalNode
 
 ENV = REPO_ROOT / "env"
 NO_ENV: dict[str, str] = {}
@@ -344,69 +342,24 @@ def test_probe_reads_commit_cleanliness_and_missing_files(tmp_path, checkout, la
 
 # ----------------------------------------------------------------------------- ensure_checkout on a local head
 
-@dataclass
-class _Spec:
-    name: str = "head"
-    rank: int = 0
-    ssh: str = "local"
-    fabric_ip: str = "127.0.0.1"
-
-
-class LocalNode:
-    """Transport double: the node's commands run in a local shell (real git, real files). Only what
-    ensure_checkout uses exists; anything else raises AttributeError."""
-
-    def __init__(self, home: Path):
-        self.spec, self.name, self.dry_run, self.home = _Spec(), "head", False, home
-        self.commands: list[str] = []
-
-    def _exec(self, command: str, timeout: float) -> CommandResult:
-        self.commands.append(command)
-        res = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout,
-                             env={**os.environ, "HOME": str(self.home)})
-        return CommandResult(self.name, command, res.returncode, res.stdout, res.stderr)
-
-    def read(self, command: str, *, timeout: float = 30) -> CommandResult:
-        return self._exec(command, timeout)
-
-    def run(self, command: str, *, timeout: float = 120, warn: bool = False) -> CommandResult:
-        r = self._exec(command, timeout)
-        if not r.ok and not warn:
-            raise RemoteError(f"command failed with exit code {r.exit_code}", node=self.name,
-                              observed=f"$ {command}\n{r.stderr}")
-        return r
-
-
-class LocalCluster:
-    def __init__(self, node: LocalNode):
-        self.nodes, self.head, self.workers = [node], node, []
-
-    def __iter__(self):
-        return iter(self.nodes)
-
-    def each(self, fn):
-        out = {}
-        for n in self.nodes:
-            try:
-                out[n.name] = fn(n)
-            except Exception as exc:  # noqa: BLE001 - same contract as remote.Cluster.each
-                out[n.name] = exc
-        return out
+def local_head(home: Path) -> LocalNode:
+    """The head as a local shell with HOME=``home``: real git, real files."""
+    return LocalNode("head", 0, home=home, cwd=home, ssh="local", fabric_ip="127.0.0.1")
 
 
 def test_ensure_checkout_clones_at_the_pin_then_noops_and_refuses_local_changes(tmp_path, lab_pin):
     repo, commit = lab_pin
     prof = load_profile(ENV / "lab.env", {"RECIPE_REPO": str(repo), "RECIPE_DIR": "~/recipes/lab"}, environ=NO_ENV)
-    node = LocalNode(tmp_path)
-    checks, data = recipe.ensure_checkout(LocalCluster(node), prof)
+    node = local_head(tmp_path)
+    checks, data = recipe.ensure_checkout(FakeCluster([node]), prof)
     [c] = checks
     assert c.status == Status.PASS and "cloned" in c.observed and (tmp_path / "recipes/lab/start.sh").is_file()
     assert data["nodes"]["head"]["commit"] == commit and data["nodes"]["head"]["path"] == f"{tmp_path}/recipes/lab"
     assert any(cmd.startswith("mkdir -p") and "git clone" in cmd for cmd in node.commands)
-    [c] = recipe.ensure_checkout(LocalCluster(node), prof)[0]
+    [c] = recipe.ensure_checkout(FakeCluster([node]), prof)[0]
     assert c.status == Status.NOOP                                         # already at the pin: nothing done
     (tmp_path / "recipes/lab/start.sh").write_text("changed\n")
-    [c] = recipe.ensure_checkout(LocalCluster(node), prof)[0]
+    [c] = recipe.ensure_checkout(FakeCluster([node]), prof)[0]
     assert c.status == Status.FAIL and "never discards local changes" in c.fix
     assert (tmp_path / "recipes/lab/start.sh").read_text() == "changed\n"   # untouched
 
@@ -415,7 +368,7 @@ def test_ensure_checkout_names_the_failing_clone_and_how_to_place_it_by_hand(tmp
     _, commit = lab_pin
     prof = load_profile(ENV / "exl3-v41.env", {"RECIPE_REPO": f"https://127.0.0.1:9/none.git",
                                                "RECIPE_DIR": str(tmp_path / "r")}, environ=NO_ENV)
-    [c] = recipe.ensure_checkout(LocalCluster(LocalNode(tmp_path)), prof)[0]
+    [c] = recipe.ensure_checkout(FakeCluster([local_head(tmp_path)]), prof)[0]
     assert c.status == Status.FAIL and "git clone --quiet https://127.0.0.1:9/none.git" in c.observed
     assert "place it by hand" in c.fix and "checkout 503b4825f435dde0ecdacab4b333afc6acaac8c2" in c.fix
     assert not (tmp_path / "r").exists()
@@ -426,7 +379,7 @@ def test_ensure_checkout_refuses_a_directory_that_is_no_checkout(tmp_path):
     (tmp_path / "r" / "mine.txt").write_text("x")
     prof = load_profile(ENV / "lab.env", {"RECIPE_REPO": str(tmp_path / "repo.git"), "RECIPE_DIR": str(tmp_path / "r")},
                         environ=NO_ENV)
-    [c] = recipe.ensure_checkout(LocalCluster(LocalNode(tmp_path)), prof)[0]
+    [c] = recipe.ensure_checkout(FakeCluster([local_head(tmp_path)]), prof)[0]
     assert c.status == Status.FAIL and "no recipe checkout" in c.observed
     assert (tmp_path / "r" / "mine.txt").read_text() == "x"
 

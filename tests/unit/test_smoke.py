@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_smoke_fakevllm import (
+from support.fake_vllm import (
     RECORDED_PAST_MAX_400,
     RECORDED_PROBE_LAB,
     FakeVllm,

@@ -3,7 +3,7 @@ responses (pass and fail), and the battery end to end against the fake server.""
 from __future__ import annotations
 
 import pytest
-from test_smoke_fakevllm import (
+from support.fake_vllm import (
     RECORDED_FORCED_NAMED,
     RECORDED_TRUNCATED_REQUIRED,
     VALID_ARGS,

@@ -26,6 +26,7 @@ from runbook.errors import ProfileError
 from runbook.facts import vllm_log
 from runbook.launch.render import NodeFacts, check_consistency, render
 from runbook.profile import KEYS, REPO_ROOT, load_profile
+from support.doubles import FakeCluster, FakeNode, exact
 
 ENV = REPO_ROOT / "env"
 GOLDEN = Path(__file__).parent / "golden" / "launch"
@@ -240,6 +241,7 @@ def test_pad_line_parsed_and_checked():
 
 def test_weights_step_shares_to_every_worker(monkeypatch):
     from runbook.checks import check
+    from runbook.weights import node_paths
     from runbook.weights import step as wstep
     from runbook.weights.sharing import ShareResult
 
@@ -247,7 +249,6 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
     snap = SimpleNamespace(repo="spark-runbook/tiny-tp3", revision="r" * 40, files=[1], total_bytes=10,
                            expected=lambda: {"files": []})
     monkeypatch.setattr(wstep, "fetch_metadata", lambda *a, **k: snap)
-    monkeypatch.setattr(wstep.system, "parse_disk_free", lambda text: SimpleNamespace(avail_bytes=1 << 40, mount="/"))
     monkeypatch.setattr(wstep, "download_on_node", lambda node, *a, **k: SimpleNamespace(
         ok=True, checks=[check("weights.verified", True, node=node.name)], data={"node": node.name}))
     monkeypatch.setattr(wstep, "read_node_manifest", lambda node, d: {"files": []})
@@ -258,8 +259,9 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
                            data={"seconds": 1.0, "to": worker.name})
 
     monkeypatch.setattr(wstep, "rsync_to_worker", fake_rsync)
-    nodes = [SimpleNamespace(name=n, read=lambda cmd, **k: SimpleNamespace(stdout="")) for n in NODES]
-    cluster = SimpleNamespace(head=nodes[0], workers=nodes[1:])
+    rules = [(r"; df -B1 --output=avail,size,target ", "/mnt/nvme\n1099511627776 3998614986752 /mnt/nvme\n"),
+             (exact(node_paths.USER_CMD), "/home/spark\n1000\nspark\n")]
+    cluster = FakeCluster([FakeNode(n, k, read_only=True, rules=rules) for k, n in enumerate(NODES)])
     checks, data = wstep.run(labtp3(), cluster, compare_sha256sum=False)
     assert [c[1] for c in calls] == ["worker", "worker2"]
     assert data["share"] == {"seconds": 1.0, "to": "worker"} and set(data["shares"]) == {"worker", "worker2"}
@@ -268,21 +270,16 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
 
 # ----------------------------------------------------------------------------- preflight: every pair
 
-class _Node:
-    def __init__(self, name, rank, ip, ssh):
-        self.name = name
-        self.spec = SimpleNamespace(name=name, rank=rank, fabric_ip=ip, ssh=ssh)
-        self.commands: list[str] = []
-
-    def read(self, command, timeout=20):
-        self.commands.append(command)
-        target = re.search(r"root@([\d.]+)", command).group(1)
-        return SimpleNamespace(ok=True, stdout=f"host-{target}\n", stderr="", exit_code=0)
+def _ssh_node(spec):
+    """Answers the fabric ssh probe ``ssh ... root@<ip> hostname`` with ``host-<ip>``; refuses anything else."""
+    def hostname(cmd):
+        return "host-" + re.search(r"root@([\d.]+)", cmd).group(1) + "\n"
+    return FakeNode(spec=spec, read_only=True, rules=[(r"root@[\d.]+ ", hostname)])
 
 
 def test_preflight_fabric_ssh_covers_all_six_directions_and_parity_all_nodes():
     p = labtp3()
-    nodes = [_Node(n.name, n.rank, n.fabric_ip, n.ssh) for n in p.nodes]
+    nodes = [_ssh_node(n) for n in p.nodes]
     checks = preflight._fabric_ssh(nodes, p)
     assert sorted(c.name for c in checks) == sorted(f"ssh {a}→{b} over fabric" for a in NODES for b in NODES if a != b)
     assert all(c.status == Status.PASS for c in checks)
@@ -307,35 +304,14 @@ def _ifaces(entries):
     return json.dumps(out)
 
 
-class _NetNode:
-    def __init__(self, name, rank, fabric_ip, fabric_if, ifaces, ib_devs=""):
-        self.name = name
-        self.spec = SimpleNamespace(name=name, rank=rank, fabric_ip=fabric_ip, fabric_if=fabric_if, ib_devs=ib_devs,
-                                    gid="auto", ssh=f"root@{name}", socket_if="")
-        self.addr = _ifaces(ifaces)
-        self.log: list[str] = []
-
-    def read(self, command, timeout=20):
-        self.log.append(command)
-        if command == "ip -j addr show":
-            return SimpleNamespace(exit_code=0, ok=True, stdout=self.addr, stderr="")
-        if command == "ip -j route show":
-            return SimpleNamespace(exit_code=0, ok=True, stdout="[]", stderr="")
-        if command.startswith("ping "):
-            return SimpleNamespace(exit_code=0, ok=True, stderr="", stdout=(
-                "5 packets transmitted, 5 received, 0% packet loss, time 4004ms\n"
-                "rtt min/avg/max/mdev = 0.050/0.060/0.070/0.010 ms\n"))
-        if command.startswith("sysctl"):
-            return SimpleNamespace(exit_code=0, ok=True, stderr="", stdout="net.ipv4.conf.all.rp_filter = 2\n")
-        return SimpleNamespace(exit_code=0, ok=True, stdout="", stderr="")
+PING_OK = ("5 packets transmitted, 5 received, 0% packet loss, time 4004ms\n"
+           "rtt min/avg/max/mdev = 0.050/0.060/0.070/0.010 ms\n")
 
 
-class _NetCluster:
-    def __init__(self, nodes):
-        self.nodes = nodes
-
-    def each(self, fn, nodes=None):
-        return {n.name: fn(n) for n in (nodes or self.nodes)}
+def _net_node(name, rank, fabric_ip, fabric_if, ifaces):
+    return FakeNode(name, rank, fabric_ip=fabric_ip, fabric_if=fabric_if, read_only=True,
+                    rules=[(exact("ip -j addr show"), _ifaces(ifaces)), (exact("ip -j route show"), "[]"),
+                           (r"^ping ", PING_OK), (r"^sysctl ", "net.ipv4.conf.all.rp_filter = 2\n")])
 
 
 def _net_profile():
@@ -356,9 +332,9 @@ def _run_static_and_ping(cluster):
 
 
 def test_network_three_node_bridge_is_one_rail_with_every_pair():
-    nodes = [_NetNode(n, k, f"169.254.77.{k + 1}", "enp1s0f0np0", [("enp1s0f0np0", f"169.254.77.{k + 1}/24")])
+    nodes = [_net_node(n, k, f"169.254.77.{k + 1}", "enp1s0f0np0", [("enp1s0f0np0", f"169.254.77.{k + 1}/24")])
              for k, n in enumerate(NODES)]
-    ctx, rails = _run_static_and_ping(_NetCluster(nodes))
+    ctx, rails = _run_static_and_ping(FakeCluster(nodes))
     assert len(rails) == 1 and set(rails[0].ends) == set(NODES)
     pings = sorted(c.name for c in ctx.checks if c.name.startswith("net.ping."))
     assert pings == sorted(f"net.ping.rail0.{a}->{b}" for a in NODES for b in NODES if a != b)
@@ -366,13 +342,13 @@ def test_network_three_node_bridge_is_one_rail_with_every_pair():
 
 
 def test_network_tp3_links_each_on_its_own_subnet_are_rails_per_pair():
-    head = _NetNode("head", 0, "10.0.22.1", "enp1s0f0np0,enp1s0f1np1",
+    head = _net_node("head", 0, "10.0.22.1", "enp1s0f0np0,enp1s0f1np1",
                     [("enp1s0f0np0", "10.0.22.1/24"), ("enp1s0f1np1", "10.0.23.1/24"), ("enP7s7", "192.168.1.11/24")])
-    worker = _NetNode("worker", 1, "10.0.22.2", "enp1s0f0np0",
+    worker = _net_node("worker", 1, "10.0.22.2", "enp1s0f0np0",
                       [("enp1s0f0np0", "10.0.22.2/24"), ("enP7s7", "192.168.1.12/24")])
-    worker2 = _NetNode("worker2", 2, "10.0.23.2", "enp1s0f1np1",
+    worker2 = _net_node("worker2", 2, "10.0.23.2", "enp1s0f1np1",
                        [("enp1s0f1np1", "10.0.23.2/24"), ("enP7s7", "192.168.1.13/24")])
-    ctx, rails = _run_static_and_ping(_NetCluster([head, worker, worker2]))
+    ctx, rails = _run_static_and_ping(FakeCluster([head, worker, worker2]))
     assert rails is not None, ctx.checks.to_text()
     assert [{n: (e.iface, e.ip) for n, e in r.ends.items()} for r in rails] == [
         {"head": ("enp1s0f0np0", "10.0.22.1"), "worker": ("enp1s0f0np0", "10.0.22.2")},
@@ -386,10 +362,10 @@ def test_network_tp3_links_each_on_its_own_subnet_are_rails_per_pair():
 
 
 def test_network_two_nodes_with_unequal_rails_still_fail_clearly():
-    head = _NetNode("head", 0, "10.0.22.1", "enp1s0f0np0,enp1s0f1np1",
+    head = _net_node("head", 0, "10.0.22.1", "enp1s0f0np0,enp1s0f1np1",
                     [("enp1s0f0np0", "10.0.22.1/24"), ("enp1s0f1np1", "10.0.23.1/24")])
-    worker = _NetNode("worker", 1, "10.0.22.2", "enp1s0f0np0", [("enp1s0f0np0", "10.0.22.2/24")])
-    ctx, rails = _run_static_and_ping(_NetCluster([head, worker]))
+    worker = _net_node("worker", 1, "10.0.22.2", "enp1s0f0np0", [("enp1s0f0np0", "10.0.22.2/24")])
+    ctx, rails = _run_static_and_ping(FakeCluster([head, worker]))
     assert rails is None and ctx.checks.failures()[0].name == "net.rails"
 
 

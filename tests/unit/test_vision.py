@@ -7,7 +7,7 @@ import io
 
 import pytest
 from PIL import Image
-from test_smoke_fakevllm import (
+from support.fake_vllm import (
     RECORDED_NOT_MULTIMODAL_400,
     FakeVllm,
     by_name,

@@ -16,8 +16,8 @@ from runbook import weights as W
 from runbook.checks import Status
 from runbook.errors import ActionError, RunbookError
 from runbook.lab.hub import HubServer, publish_repo
-from runbook.remote import CommandResult
 from runbook.weights import verify_manifest
+from support.doubles import LocalNode
 
 REPO = "lab-org/weights-test"
 BIG = "model-00001-of-00002.safetensors"
@@ -275,38 +275,11 @@ def test_hash_rate_vs_sha256sum(downloaded):
 
 # ------------------------------------------------------------------------------ sharing
 
-class LocalNode:
-    """Stands in for runbook.remote.Node: runs commands locally, records them."""
-
-    def __init__(self, name, fabric_ip="10.77.0.2"):
-        self.name = name
-        self.spec = SimpleNamespace(fabric_ip=fabric_ip)
-        self.commands = []
-
-    def _exec(self, command, timeout):
-        self.commands.append(command)
-        p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout,
-                           check=False)
-        return CommandResult(self.name, command, p.returncode, p.stdout, p.stderr)
-
-    def read(self, command, *, timeout=30, env=None):
-        return self._exec(command, timeout)
-
-    def run(self, command, *, timeout=120, warn=False, env=None, stream=False):
-        res = self._exec(command, timeout)
-        assert res.ok or warn, res.stderr
-        return res
-
-    def put(self, local, remote):
-        self.commands.append(f"put {local} -> {remote}")
-        shutil.copyfile(local, remote)
-
-
 def test_verify_on_node_and_parity_names_the_differing_file(downloaded, tmp_path):
     head_manifest = W.read_manifest(downloaded.dest)
     worker_dir = tmp_path / "worker-weights"
     shutil.copytree(downloaded.dest, worker_dir, ignore=shutil.ignore_patterns(".cache", W.MANIFEST_NAME))
-    worker = LocalNode("worker")
+    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2")
     report = W.verify_on_node(worker, str(worker_dir), W.manifest_to_expected(head_manifest))
     assert report["ok"] and report["files_hashed"] == 5
     same = W.parity(head_manifest, W.read_node_manifest(worker, str(worker_dir)))
@@ -321,7 +294,7 @@ def test_verify_on_node_and_parity_names_the_differing_file(downloaded, tmp_path
 
 def test_download_on_node_uses_token_file_and_verifies(repo, downloaded, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_nodesecret456")
-    worker = LocalNode("worker")
+    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2")
     with HubServer(repo.root, token="hf_nodesecret456") as server:
         res = W.download_on_node(worker, REPO, repo.sha, str(tmp_path / "wd"), endpoint=server.url,
                                  expected=downloaded.snap.expected(), python=sys.executable)
@@ -336,7 +309,7 @@ def test_rsync_command_and_rsync_mode(downloaded, tmp_path):
     for flag in ("--whole-file", "--partial", "--exclude=/.cache/", f"--exclude={W.MANIFEST_NAME} ",
                  "root@10.0.22.2:/models/dsv4/", "BatchMode=yes"):
         assert flag in cmd
-    head, worker = LocalNode("head", "10.77.0.1"), LocalNode("worker")
+    head, worker = LocalNode("head", 0, fabric_ip="10.77.0.1"), LocalNode("worker", 1, fabric_ip="10.77.0.2")
     dst = tmp_path / "w"
     # a local rsync stands in for the ssh hop: same flags, target without host
     res = W.rsync_to_worker(head, worker, str(downloaded.dest), str(dst), target="localhost",
@@ -358,7 +331,7 @@ def test_nfs_commands_are_rendered_not_run_in_the_lab():
     assert "10.0.22.1:/models/dsv4 /mnt/dsv4" in mount
     with pytest.raises(RunbookError):
         W.render_nfs("/models", "10.0.22.1", "*", "/mnt")
-    head, worker = LocalNode("head", "10.77.0.1"), LocalNode("worker", "10.77.0.2")
+    head, worker = LocalNode("head", 0, fabric_ip="10.77.0.1"), LocalNode("worker", 1, fabric_ip="10.77.0.2")
     res = W.nfs_share(head, worker, "/models", "/mnt/m", execute=False)
     assert res.checks[0].status is Status.NA and head.commands == worker.commands == []
     assert res.data["executed"] is False and "10.77.0.2(" in res.data["commands"]["head"][1]

@@ -5,7 +5,6 @@ its own. Then 03_engram's own source check accepts what 02 left there."""
 import json
 import os
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,10 +16,9 @@ from runbook.engram import step as engram_step
 from runbook.errors import RunbookError
 from runbook.lab.hub import ENGRAM_OTHER_SHARD, HubServer, publish_engram_source, publish_repo
 from runbook.profile import load_profile
-from runbook.remote import Cluster, CommandLog
 from runbook.weights import MANIFEST_NAME
 from runbook.weights import step as wstep
-from test_weights_nodes import nodes_pair
+from support.doubles import FakeCluster, local_pair
 
 MODEL = "lab-org/exl3-tiny"
 ENGRAM = "lab-org/v41-engram-src"
@@ -75,8 +73,8 @@ def test_engram_files_follow_the_index():
 
 def test_step_02_brings_the_engram_source_to_every_packing_node_and_a_rerun_fetches_nothing(published, hub, tmp_path):
     p = exl3(published, hub.url)
-    head, worker = nodes_pair(tmp_path)
-    checks, data = wstep.run(p, SimpleNamespace(head=head, workers=[worker]), compare_sha256sum=False)
+    head, worker = local_pair(tmp_path)
+    checks, data = wstep.run(p, FakeCluster([head, worker]), compare_sha256sum=False)
     assert not checks.failures(), [(c.name, c.node, c.observed) for c in checks.failures()]
     names = [(c.name, c.node) for c in checks if c.name.startswith("weights.engram.")]
     assert ("weights.engram.verified", "head") in names and ("weights.engram.verified", "worker") in names
@@ -97,7 +95,7 @@ def test_step_02_brings_the_engram_source_to_every_packing_node_and_a_rerun_fetc
     assert [c.status for c in checks if c.name == "weights.cache_local"] == [Status.PASS, Status.PASS]
 
     # 03_engram reads the source 02 left, on each node, with its own probes: accepted
-    cluster = Cluster([head, worker], log=CommandLog(None))
+    cluster = FakeCluster([head, worker])
     facts = engram_step.gather_facts(cluster, p, {n: {"python": "python3"} for n in ("head", "worker")})
     rows = engram_step.source_checks(p, facts)
     assert [r.name for r in rows if r.name == "engram source"] == ["engram source", "engram source"]
@@ -105,7 +103,7 @@ def test_step_02_brings_the_engram_source_to_every_packing_node_and_a_rerun_fetc
 
     # a second run fetches nothing: the only body fetched again is the index the runbook itself reads
     seen = len(hub.log)
-    again, _ = wstep.run(p, SimpleNamespace(head=head, workers=[worker]), compare_sha256sum=False)
+    again, _ = wstep.run(p, FakeCluster([head, worker]), compare_sha256sum=False)
     assert not again.failures()
     assert [e.path for e in hub.log[seen:] if e.method == "GET" and e.bytes_sent] == ["model.safetensors.index.json"]
     hashed = [c.data.get("files_hashed") for c in again if c.name == "weights.engram.verified"]
@@ -115,16 +113,16 @@ def test_step_02_brings_the_engram_source_to_every_packing_node_and_a_rerun_fetc
 def test_unpinned_engram_revision_is_refused_before_any_engram_byte(published, hub, tmp_path):
     """The profile refuses a branch already; the step refuses it too when handed one."""
     p = exl3(published, hub.url).model_copy(update={"hf_engram_revision": "main"})
-    head, worker = nodes_pair(tmp_path)
+    head, worker = local_pair(tmp_path)
     with pytest.raises(RunbookError, match="HF_ENGRAM_REVISION is not a pinned commit"):
-        wstep.engram_source(p, SimpleNamespace(head=head, workers=[worker]), python=sys.executable,
+        wstep.engram_source(p, FakeCluster([head, worker]), python=sys.executable,
                             endpoint=hub.url, margin=0)
     assert not [e for e in hub.log if ENGRAM in e.path or e.path in SHARDS]
 
 
 def test_a_repo_without_engram_tables_is_refused_by_name(published, hub, tmp_path):
-    head, worker = nodes_pair(tmp_path)
-    cluster = SimpleNamespace(head=head, workers=[worker])
+    head, worker = local_pair(tmp_path)
+    cluster = FakeCluster([head, worker])
     p = exl3(published, hub.url, HF_ENGRAM_REPO="lab-org/no-engram", HF_ENGRAM_REVISION=published.plain_sha)
     rows, _ = wstep.engram_source(p, cluster, python=sys.executable, endpoint=hub.url, margin=0)
     assert [(r.name, r.status) for r in rows] == [("weights.engram.source", Status.FAIL)]
@@ -132,14 +130,14 @@ def test_a_repo_without_engram_tables_is_refused_by_name(published, hub, tmp_pat
     p = exl3(published, hub.url, HF_ENGRAM_REPO=MODEL, HF_ENGRAM_REVISION=published.model_sha)   # no index at all
     with pytest.raises(RunbookError, match="cannot read model.safetensors.index.json"):
         wstep.engram_source(p, cluster, python=sys.executable, endpoint=hub.url, margin=0)
-    assert not [c for n in (head, worker) for k, c in n.commands if k == "run"]
+    assert not [c for n in (head, worker) for c in n.runs()]
 
 
 def test_the_lab_profile_keeps_its_synthetic_source(tmp_path):
     p = load_profile("env/lab.env")
     assert p.engram
-    head, worker = nodes_pair(tmp_path)
-    rows, data = wstep.engram_source(p, SimpleNamespace(head=head, workers=[worker]), python=sys.executable,
+    head, worker = local_pair(tmp_path)
+    rows, data = wstep.engram_source(p, FakeCluster([head, worker]), python=sys.executable,
                                      endpoint=None, margin=0)
     assert [(r.name, r.status) for r in rows] == [("weights.engram.source", Status.NA)]
     assert "prepare_lab_source" in rows[0].observed and head.commands == [] and worker.commands == []

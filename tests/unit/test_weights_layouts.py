@@ -21,7 +21,7 @@ from runbook.profile import load_profile
 from runbook.weights import node_download
 from runbook.weights import step as wstep
 from runbook.weights.layout import weights_layout
-from test_weights_nodes import nodes_pair
+from support.doubles import FakeCluster, local_pair
 
 REPO = "lab-org/hubcache-test"
 BIG = "model-00001-of-00001.safetensors"
@@ -169,8 +169,8 @@ def test_shipped_dspark_profile_runs_its_own_step_02_on_nodes_with_different_hom
     resolves offline there, parity holds and CACHE_DIR is node-local on both."""
     p = _profile("dspark-v4", endpoint=hub.url, HF_MODEL_REPO=REPO, MODEL_DIR=REPO, HF_REVISION=repo.sha)
     assert p.weight_sync == "download-both"                      # seed B DSPARK_WORKER_HF_NFS=0
-    head, worker = nodes_pair(tmp_path)
-    checks, data = wstep.run(p, SimpleNamespace(head=head, workers=[worker]), compare_sha256sum=False)
+    head, worker = local_pair(tmp_path)
+    checks, data = wstep.run(p, FakeCluster([head, worker]), compare_sha256sum=False)
     assert not checks.failures(), [(c.name, c.node, c.observed) for c in checks.failures()]
     by = {(c.name, c.node): c for c in checks}
     assert by[("weights.cache_local", "head")].status is Status.PASS
@@ -182,11 +182,11 @@ def test_shipped_dspark_profile_runs_its_own_step_02_on_nodes_with_different_hom
         snapshot = cache / node_download.repo_folder(REPO) / "snapshots" / repo.sha
         assert data["paths"][node.name]["tree"] == str(snapshot)
         assert resolve_offline(cache, REPO, repo.sha)["bare"] == str(snapshot)
-    assert not [c for n in (head, worker) for k, c in n.commands if k == "run" and "~" in c]
+    assert not [c for n in (head, worker) for c in n.runs() if "~" in c]
 
 
 def test_rsync_of_a_hub_cache_keeps_links_and_the_worker_hashes_its_own_copy(repo, hub, tmp_path):
-    head, worker = nodes_pair(tmp_path)
+    head, worker = local_pair(tmp_path)
     lay = weights_layout(_profile("dspark-v4", HF_MODEL_REPO=REPO, MODEL_DIR=REPO, HF_REVISION=repo.sha))
     root = "~/.cache/huggingface"
     got = W.download_on_node(head, REPO, repo.sha, lay.download_dir(f"{head.home}/.cache/huggingface"),

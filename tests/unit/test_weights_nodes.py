@@ -7,7 +7,6 @@ and a working directory of their own, so a literal ``~`` would show up as ``<cwd
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,59 +20,11 @@ from runbook import weights as W
 from runbook.checks import Status
 from runbook.errors import RunbookError
 from runbook.lab.hub import HubServer, publish_repo
-from runbook.remote import CommandResult
 from runbook.weights import node_paths
+from support.doubles import local_pair
 
 REPO = "lab-org/nodes-test"
-VENV_BIN = str(Path(sys.executable).parent)
 ODD = "models/it's a \"quoted\" dir"          # spaces, a single and a double quote
-
-
-class LocalNode:
-    """A node that is a local bash with its own HOME and working directory. Records every command
-    (``kind`` read/run) and refuses nothing it is asked to run: the commands are real."""
-
-    def __init__(self, name, home, *, rank=0, fabric_ip="10.77.0.2", path_first=(), as_user=None):
-        self.name = name
-        self.home = Path(home)
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.cwd = self.home.parent / f"{name}-cwd"
-        self.cwd.mkdir(exist_ok=True)
-        self.spec = SimpleNamespace(name=name, rank=rank, fabric_ip=fabric_ip, ssh=f"{name}-ssh")
-        self.path = os.pathsep.join([*map(str, path_first), VENV_BIN, os.environ.get("PATH", "/usr/bin:/bin")])
-        self.as_user = as_user                 # (uid, gid): run as that user (setpriv), like a non-root login
-        self.commands = []
-
-    def _exec(self, command, timeout, kind):
-        self.commands.append((kind, command))
-        argv = ["bash", "-c", command]
-        if self.as_user:
-            uid, gid = self.as_user
-            argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *argv]
-        env = {"HOME": str(self.home), "PATH": self.path, "LANG": "C.UTF-8"}
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=self.cwd, env=env)
-        return CommandResult(self.name, command, p.returncode, p.stdout, p.stderr)
-
-    def read(self, command, *, timeout=30, env=None):
-        return self._exec(command, timeout, "read")
-
-    def run(self, command, *, timeout=120, warn=False, env=None, stream=False):
-        res = self._exec(command, timeout, "run")
-        assert res.ok or warn, (command, res.stderr)
-        return res
-
-    def put(self, local, remote):
-        self.commands.append(("run", f"put {local} -> {remote}"))
-        shutil.copyfile(local, remote)
-
-    def runs(self):
-        return [c for kind, c in self.commands if kind == "run"]
-
-
-def nodes_pair(tmp_path, **kw):
-    head = LocalNode("head", tmp_path / "head home", rank=0, fabric_ip="10.77.0.1", **kw)
-    worker = LocalNode("worker", tmp_path / "worker home", rank=1, fabric_ip="10.77.0.2", **kw)
-    return head, worker
 
 
 def no_tilde_dirs(*nodes):
@@ -114,12 +65,12 @@ def test_expand_home_is_pure_and_refuses_what_a_node_cannot_mean():
 
 
 def test_home_is_read_once_per_node_and_differs_per_node(tmp_path):
-    head, worker = nodes_pair(tmp_path)
+    head, worker = local_pair(tmp_path)
     assert node_paths.on_node(head, "~/a") == f"{head.home}/a"
     assert node_paths.on_node(worker, "~/a") == f"{worker.home}/a"
     node_paths.on_node(head, "~/b")
     node_paths.on_node(head, "/abs")
-    reads = [c for kind, c in head.commands if kind == "read"]
+    reads = head.reads()
     assert reads == [node_paths.USER_CMD]                 # one fact, whatever the number of paths
     assert node_paths.node_user(head).uid == os.geteuid()
 
@@ -129,7 +80,7 @@ def test_download_on_node_lands_under_that_nodes_home(repo, hub, tmp_path, monke
     HOME/<path> (a path with spaces and quotes), never at <cwd>/~/…, and verified there."""
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    _, worker = nodes_pair(tmp_path)
+    _, worker = local_pair(tmp_path)
     res = W.download_on_node(worker, REPO, repo.sha, f"~/{ODD}", endpoint=hub.url,
                              expected=repo.snap.expected(), python=sys.executable)
     assert res.ok, [c.to_record() for c in res.checks]
@@ -145,7 +96,7 @@ def test_rsync_expands_each_side_with_its_own_home(repo, hub, tmp_path, monkeypa
     """Head and worker have different homes (anchors-2026-12 failure 13): the source is the head's
     ~/…, the destination the worker's ~/…; verified and at parity there."""
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    head, worker = nodes_pair(tmp_path)
+    head, worker = local_pair(tmp_path)
     got = W.download_on_node(head, REPO, repo.sha, f"~/{ODD}", endpoint=hub.url, expected=repo.snap.expected(),
                              python=sys.executable)
     assert got.ok
@@ -165,7 +116,7 @@ def test_rsync_expands_each_side_with_its_own_home(repo, hub, tmp_path, monkeypa
 # ------------------------------------------------------------------------------ defect 7: kernel NFS
 
 def test_nfs_renders_expanded_paths_never_a_literal_tilde(tmp_path):
-    head, worker = nodes_pair(tmp_path)
+    head, worker = local_pair(tmp_path)
     res = W.nfs_share(head, worker, f"~/{'w x'}", "~/w x", execute=False)
     assert res.checks[0].status is Status.NA
     cmds = res.data["commands"]
@@ -210,7 +161,7 @@ def test_nfs_refuses_before_changing_anything_when_sudo_cannot_run(tmp_path, stu
     per node naming what sudo said, the first command that needs root and the sudoers drop-in; no
     command changed anything."""
     first = [stub_sudo_dir] if sudo == "wants a password" else []
-    head, worker = nodes_pair(tmp_path, path_first=first, as_user=(65534, 65534))
+    head, worker = local_pair(tmp_path, path_first=first, as_user=(65534, 65534))
     res = W.nfs_share(head, worker, "~/weights", "~/weights", execute=True, head_manifest={"files": []})
     fails = [c for c in res.checks if c.failed]
     assert [(c.name, c.node) for c in fails] == [("weights.nfs.sudo", "head"), ("weights.nfs.sudo", "worker")]
