@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from runbook.launch import render as launch
 from runbook.launch.render import NodeFacts, check_consistency, render
 from runbook.profile import REPO_ROOT, load_profile
+from support.doubles import FakeNode
 
 ENV = REPO_ROOT / "env"
 GOLDEN = Path(__file__).parent / "golden" / "launch"
@@ -402,17 +404,29 @@ def test_image_plan():
     assert plan_image(seed_a, {"head": a, "worker": ImageInfo(a.image_id, ["sha256:l2"])}).action == "ship"
 
 
-def test_vllm_process_matching_and_progress():
+PS = ("  10    10 Sl   /v/bin/python /repo/runbook/lab/vllm_cli.py serve /m --port 8000\n"
+      "  11    10 Sl   VLLM::EngineCore\n"
+      "  12    10 S    /v/bin/python -c from multiprocessing.resource_tracker import main;main(31)\n"
+      "  13    13 Z    [python] <defunct>\n"
+      "  20    20 S    /v/bin/python -m runbook.lab.tinymodel --out /tmp/x   (vllm-venv, not a server)\n"
+      "  30    30 S    vllm serve /model --port 8888\n")
+
+
+@pytest.mark.parametrize("pid,expected", [("10", [10, 11, 12, 30]), ("", [10, 11, 30])])
+def test_rank_state_matches_vllm_processes_and_our_process_group(pid, expected):
+    """rank_state reads the pid file, fingerprint, record, container and process table in one command:
+    with our pid file its whole process group counts (the resource tracker too); without it only what looks
+    like vLLM; zombies and non-servers never."""
     from runbook.launch import server
-    ps = server._parse_ps(
-        "  10    10 Sl   /v/bin/python /repo/runbook/lab/vllm_cli.py serve /m --port 8000\n"
-        "  11    10 Sl   VLLM::EngineCore\n"
-        "  12    10 S    /v/bin/python -c from multiprocessing.resource_tracker import main;main(31)\n"
-        "  13    13 Z    [python] <defunct>\n"
-        "  20    20 S    /v/bin/python -m runbook.lab.tinymodel --out /tmp/x   (vllm-venv, not a server)\n"
-        "  30    30 S    vllm serve /model --port 8888\n")
-    assert [p[0] for p in server._vllm_procs(ps, pgid=10)] == [10, 11, 12, 30]
-    assert [p[0] for p in server._vllm_procs(ps)] == [10, 11, 30]
+    answer = f"{pid}\n@@\nfp-123\n@@\n\n@@\n\n@@\n{PS}"
+    node = FakeNode("head", 0, read_only=True, rules=[(r"^cat \S+/head\.pid 2>/dev/null; .*" + re.escape(server.PS_CMD) + "$", answer)])
+    st = server.rank_state(node, load_profile(ENV / "lab.env"), home="/root")
+    assert [int(p.split()[0]) for p in st.processes] == expected
+    assert (st.running, st.runtime, st.fingerprint) == ((True, "process", "fp-123") if pid else (False, "", ""))
+
+
+def test_start_progress_is_a_non_periodic_log_line():
+    from runbook.launch import server
     W = server._Watch
     assert server._progress(W(True, 10, ["a"] * 10), W(True, 11, ["a"] * 10 + ["Loading weights took 1 s"]))
     assert not server._progress(W(True, 10, ["x"]), W(True, 11, ["x", 'INFO: 1.2.3.4 - "GET /health HTTP/1.1" 200']))

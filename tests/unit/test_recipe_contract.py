@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -269,13 +270,15 @@ def test_seed_entrypoints_are_valid_bash_and_every_target_is_mounted_or_in_the_i
                                 api_key_set=keyed and r.rank == 0)
         assert rr.steps and rr.mounts
         mounted = [m.target for m in rr.mounts]
+        # each `need <path> <label>` line of the script, its path as bash reads it (quotes removed, $SITE kept)
+        needed = {shlex.split(ln)[1] for ln in r.entry_script.splitlines() if ln.strip().startswith("need ")}
         for s in rr.steps:
             for req in s.requires:
                 # a recipe file is mounted from the checkout; the rest is the image, the model or the weights
                 in_image = req.startswith(("$SITE/", recipe.SEED_B_VLLM, "/cache/huggingface/", "/model",
                                            "/engram-src"))
                 assert in_image or any(req == t or req.startswith(t + "/") for t in mounted), (name, s.name, req)
-                assert f"need {recipe._sh_path(req)} " in r.entry_script
+                assert req in needed, (name, s.name, req)
         vols = [r.docker_argv[i + 1] for i, a in enumerate(r.docker_argv) if a == "-v"]
         assert f"{r.entry_path}:{rr.entry}:ro" in vols
         for m in rr.mounts:

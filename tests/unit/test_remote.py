@@ -10,18 +10,21 @@ from runbook.remote import CommandLog, Node, SshSettings, map_connect_error, quo
 from runbook.secrets import Redactor
 
 
-def _node(tmp_path, dry_run=True, redactor=None):
-    spec = NodeSpec(name="worker", rank=1, ssh="spark-worker", fabric_ip="169.254.77.2",
+def _node(tmp_path, dry_run=True, redactor=None, ssh="spark-worker"):
+    spec = NodeSpec(name="worker", rank=1, ssh=ssh, fabric_ip="169.254.77.2",
                     fabric_if="enp1s0f0np0", ib_devs=[], gid="auto")
     log = CommandLog(tmp_path / "commands.jsonl", redactor or Redactor())
     return Node(spec, SshSettings(), log=log, dry_run=dry_run)
 
 
 def test_dry_run_records_actions_without_connecting(tmp_path):
-    node = _node(tmp_path, redactor=Redactor(["s3cr3t-value"]))
+    # nothing listens on port 1: any connection attempt would raise RemoteError instead of returning
+    node = _node(tmp_path, redactor=Redactor(["s3cr3t-value"]), ssh="root@127.0.0.1:1")
     res = node.run("docker rm -f spark-runbook-worker", env={"VLLM_API_KEY": "s3cr3t-value"})
     node.put("/etc/hostname", "/tmp/x")
-    assert res.dry_run and res.ok and node._conn is None
+    assert res.dry_run and res.ok
+    with pytest.raises(RemoteError):                # the premise: the same node not in dry-run does connect
+        _node(tmp_path, dry_run=False, ssh="root@127.0.0.1:1").run("true", timeout=10)
     entries = [json.loads(l) for l in (tmp_path / "commands.jsonl").read_text().splitlines()]
     assert [e["dry_run"] for e in entries] == [True, True]
     assert "docker rm -f spark-runbook-worker" in entries[0]["command"]

@@ -27,6 +27,7 @@ from runbook.facts import vllm_log
 from runbook.launch.render import NodeFacts, check_consistency, render
 from runbook.profile import KEYS, REPO_ROOT, load_profile
 from support.doubles import FakeCluster, FakeNode, exact
+from support.net import by, fx
 
 ENV = REPO_ROOT / "env"
 GOLDEN = Path(__file__).parent / "golden" / "launch"
@@ -311,7 +312,8 @@ PING_OK = ("5 packets transmitted, 5 received, 0% packet loss, time 4004ms\n"
 def _net_node(name, rank, fabric_ip, fabric_if, ifaces):
     return FakeNode(name, rank, fabric_ip=fabric_ip, fabric_if=fabric_if, read_only=True,
                     rules=[(exact("ip -j addr show"), _ifaces(ifaces)), (exact("ip -j route show"), "[]"),
-                           (r"^ping ", PING_OK), (r"^sysctl ", "net.ipv4.conf.all.rp_filter = 2\n")])
+                           (r"^ping ", PING_OK), (r"^sysctl ", "net.ipv4.conf.all.rp_filter = 2\n"),
+                           (r"iperf3 -s -1 -B ", fx("iperf3_server.json")), (r"iperf3 -c ", fx("iperf3_client.json"))])
 
 
 def _net_profile():
@@ -319,54 +321,48 @@ def _net_profile():
                            min_tcp_gbps=0.1, command_timeout=20, vllm_bin="", master_addr="192.168.1.11")
 
 
-def _run_static_and_ping(cluster):
-    ctx = network._Ctx(_net_profile(), cluster, None)
-    network._collect_base(ctx)
-    assert network._early_validation(ctx)
-    rails = network._build_rails(ctx)
-    if rails is not None:
-        network._collect_rail_facts(ctx, rails)
-        network._static_checks(ctx, rails)
-        network._ping_checks(ctx, rails)
-    return ctx, rails
+def _verify(cluster):
+    """01_network's public entry over canned nodes: every rail's static facts, ping and TCP per pair."""
+    checks, _ = network.verify_network(_net_profile(), cluster, None)
+    return checks
 
 
 def test_network_three_node_bridge_is_one_rail_with_every_pair():
     nodes = [_net_node(n, k, f"169.254.77.{k + 1}", "enp1s0f0np0", [("enp1s0f0np0", f"169.254.77.{k + 1}/24")])
              for k, n in enumerate(NODES)]
-    ctx, rails = _run_static_and_ping(FakeCluster(nodes))
-    assert len(rails) == 1 and set(rails[0].ends) == set(NODES)
-    pings = sorted(c.name for c in ctx.checks if c.name.startswith("net.ping."))
-    assert pings == sorted(f"net.ping.rail0.{a}->{b}" for a in NODES for b in NODES if a != b)
-    assert not ctx.checks.failures(), ctx.checks.to_text()
+    checks = _verify(FakeCluster(nodes))
+    every_pair = sorted(f"rail0.{a}->{b}" for a in NODES for b in NODES if a != b)      # one rail, every pair
+    assert sorted(c.name[len("net.ping."):] for c in checks if c.name.startswith("net.ping.")) == every_pair
+    assert sorted(c.name[len("net.tcp."):] for c in checks if c.name.startswith("net.tcp.")) == every_pair
+    assert not checks.failures(), checks.to_text()
 
 
 def test_network_tp3_links_each_on_its_own_subnet_are_rails_per_pair():
     head = _net_node("head", 0, "10.0.22.1", "enp1s0f0np0,enp1s0f1np1",
-                    [("enp1s0f0np0", "10.0.22.1/24"), ("enp1s0f1np1", "10.0.23.1/24"), ("enP7s7", "192.168.1.11/24")])
+                     [("enp1s0f0np0", "10.0.22.1/24"), ("enp1s0f1np1", "10.0.23.1/24"), ("enP7s7", "192.168.1.11/24")])
     worker = _net_node("worker", 1, "10.0.22.2", "enp1s0f0np0",
-                      [("enp1s0f0np0", "10.0.22.2/24"), ("enP7s7", "192.168.1.12/24")])
+                       [("enp1s0f0np0", "10.0.22.2/24"), ("enP7s7", "192.168.1.12/24")])
     worker2 = _net_node("worker2", 2, "10.0.23.2", "enp1s0f1np1",
-                       [("enp1s0f1np1", "10.0.23.2/24"), ("enP7s7", "192.168.1.13/24")])
-    ctx, rails = _run_static_and_ping(FakeCluster([head, worker, worker2]))
-    assert rails is not None, ctx.checks.to_text()
-    assert [{n: (e.iface, e.ip) for n, e in r.ends.items()} for r in rails] == [
-        {"head": ("enp1s0f0np0", "10.0.22.1"), "worker": ("enp1s0f0np0", "10.0.22.2")},
-        {"head": ("enp1s0f1np1", "10.0.23.1"), "worker2": ("enp1s0f1np1", "10.0.23.2")}]
-    pings = sorted(c.name for c in ctx.checks if c.name.startswith("net.ping."))
+                        [("enp1s0f1np1", "10.0.23.2/24"), ("enP7s7", "192.168.1.13/24")])
+    checks = _verify(FakeCluster([head, worker, worker2]))
+    rails = by(checks, "net.rails")
+    assert rails.status == Status.PASS and rails.observed == (
+        "per-subnet rails: rail0: head enp1s0f0np0 10.0.22.1, worker enp1s0f0np0 10.0.22.2; "
+        "rail1: head enp1s0f1np1 10.0.23.1, worker2 enp1s0f1np1 10.0.23.2"), rails.observed
+    pings = sorted(c.name for c in checks if c.name.startswith("net.ping."))
     assert pings == ["net.ping.rail0.head->worker", "net.ping.rail0.worker->head",
                      "net.ping.rail1.head->worker2", "net.ping.rail1.worker2->head"]
-    by = {c.name: c for c in ctx.checks}
-    assert by["net.rails"].status == Status.PASS and by["net.path.worker-worker2"].status == Status.NA
-    assert not ctx.checks.failures(), ctx.checks.to_text()
+    assert by(checks, "net.path.worker-worker2").status == Status.NA
+    assert not checks.failures(), checks.to_text()
 
 
 def test_network_two_nodes_with_unequal_rails_still_fail_clearly():
     head = _net_node("head", 0, "10.0.22.1", "enp1s0f0np0,enp1s0f1np1",
-                    [("enp1s0f0np0", "10.0.22.1/24"), ("enp1s0f1np1", "10.0.23.1/24")])
+                     [("enp1s0f0np0", "10.0.22.1/24"), ("enp1s0f1np1", "10.0.23.1/24")])
     worker = _net_node("worker", 1, "10.0.22.2", "enp1s0f0np0", [("enp1s0f0np0", "10.0.22.2/24")])
-    ctx, rails = _run_static_and_ping(FakeCluster([head, worker]))
-    assert rails is None and ctx.checks.failures()[0].name == "net.rails"
+    checks = _verify(FakeCluster([head, worker]))
+    assert [c.name for c in checks.failures()] == ["net.rails"], checks.to_text()
+    assert not [c for c in checks if c.name.startswith(("net.ping.", "net.tcp."))]     # stopped before traffic
 
 
 # ----------------------------------------------------------------------------- engram: a rank per node
