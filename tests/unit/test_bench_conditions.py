@@ -183,4 +183,4 @@ def test_seed_conditions_reach_the_server(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert rows and all(r["prompt_tokens"] == r["target_prompt_tokens"] for r in rows)
     assert res.config["workload"] == "prose" and res.config["chat_template_kwargs"] == {"enable_thinking": False}
-    assert all(c.status != "FAIL" for c in res.cases), [c.failures for c in res.cases]
+    assert res.cases and all(c.status != "FAIL" for c in res.cases), [c.failures for c in res.cases]

@@ -85,6 +85,7 @@ def test_ttft_and_tokens_exact_in_every_framing(server, tmp_path, name):
     errors = [r.error for r in recs if r.error]
     assert not errors, f"{name}: {errors[:3]}"
     report, all_errs, all_truths = {}, [], []
+    assert res.cases, f"{name}: no case measured"
     for case in res.cases:
         assert case.status != "FAIL", (name, case.name, case.failures)
         rs = [r for r in recs if r.case == case.name]

@@ -68,6 +68,7 @@ def test_is_prime_matches_sieve_and_64bit_cases():
 @pytest.mark.parametrize("tp,dp", [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (2, 2), (3, 2), (7, 4)])
 def test_rank_split_is_whole_columns_covering_without_overlap(tp, dp):
     lay = L.EngramLayout.from_config(V41, tp=tp, dp=dp)
+    assert lay.layer_ids, "V4.1 config has no Engram layers"
     for layer in lay.layer_ids:
         offs = lay.column_offsets(layer)
         ranges = [lay.rank_range(layer, r, d) for r in range(tp) for d in range(dp)]

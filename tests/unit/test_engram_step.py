@@ -59,7 +59,9 @@ def test_run_pack_on_fake_cluster_then_noop(tmp_path, src):
     assert names.count("engram pack L1") == 2 and names.count("engram packed L14 verify") == 2
     puts = [c for c in cluster.nodes[0].runs() if c.startswith("put ")]
     assert {p.rsplit("/", 1)[1] for p in puts} == set(step.TOOL_FILES)
-    for name, ranges in step.expected_files(prof, step.L.load_config(str(src))).items():
+    expected = step.expected_files(prof, step.L.load_config(str(src)))
+    assert sorted(expected) == ["head", "worker"] and all(expected.values()), expected
+    for name, ranges in expected.items():
         for rr in ranges:
             assert (tmp_path / "packed" / rr.file_name).stat().st_size == rr.packed_bytes
     again = step.run_pack(cluster, prof, tools_dir=tools)

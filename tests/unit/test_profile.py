@@ -65,6 +65,7 @@ def test_env_file_loads_and_sets_every_key(name):
 @pytest.mark.parametrize("name", ENV_FILES)
 def test_env_file_every_key_has_comment_above(name):
     lines = (REPO / "env" / name).read_text().splitlines()
+    assert lines, name
     for i, line in enumerate(lines):
         if line and not line.startswith("#"):
             assert i > 0 and lines[i - 1].startswith("# "), f"{name}:{i + 1} {line} has no comment above"

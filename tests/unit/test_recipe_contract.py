@@ -242,7 +242,7 @@ def test_generated_chain_runs_every_step_then_execs(tmp_path):
     assert res.returncode == 0, res.stderr
     assert _fake_report(res.stdout)["argv"] == ARGV[1:]
     assert res.stdout.index("[patch_a] applied") < res.stdout.index("[patch_b] ok") < res.stdout.index("FAKE-VLLM")
-    assert all(recipe.find_markers(rr.markers, res.stdout).values())
+    assert rr.markers and all(recipe.find_markers(rr.markers, res.stdout).values())
 
 
 def test_generated_chain_aborts_on_a_missing_target(tmp_path):
@@ -264,6 +264,7 @@ def test_generated_chain_aborts_on_a_failing_step_with_its_exit_code(tmp_path):
 @pytest.mark.parametrize("name,keyed", [("exl3-v41", False), ("dspark-v4", True), ("tp3-dspark", False)])
 def test_seed_entrypoints_are_valid_bash_and_every_target_is_mounted_or_in_the_image(name, keyed):
     plan = render(load_profile(ENV / f"{name}.env", environ=NO_ENV), ALL, api_key_set=keyed)
+    assert plan.ranks
     for r in plan.ranks:
         assert subprocess.run(["bash", "-n"], input=r.entry_script, text=True, timeout=30).returncode == 0
         rr = recipe.rank_recipe(load_profile(ENV / f"{name}.env", environ=NO_ENV), is_head=r.rank == 0,
@@ -272,6 +273,7 @@ def test_seed_entrypoints_are_valid_bash_and_every_target_is_mounted_or_in_the_i
         mounted = [m.target for m in rr.mounts]
         # each `need <path> <label>` line of the script, its path as bash reads it (quotes removed, $SITE kept)
         needed = {shlex.split(ln)[1] for ln in r.entry_script.splitlines() if ln.strip().startswith("need ")}
+        assert needed == {req for s in rr.steps for req in s.requires} and needed, (name, r.node)
         for s in rr.steps:
             for req in s.requires:
                 # a recipe file is mounted from the checkout; the rest is the image, the model or the weights
@@ -438,6 +440,7 @@ def test_recipe_keys_are_validated(name, overrides, key, text):
 def test_a_lab_profile_without_a_recipe_serves_stock_vllm():
     prof = load_profile(ENV / "lab.env", {"RECIPE_REPO": "", "RECIPE_COMMIT": "", "RECIPE_DIR": ""}, environ=NO_ENV)
     plan = render(prof, ALL)
-    assert plan.recipe_chain is None and all(not r.entry_argv and not r.recipe_markers for r in plan.ranks)
+    assert plan.ranks and plan.recipe_chain is None
+    assert all(not r.entry_argv and not r.recipe_markers for r in plan.ranks)
     assert "SPARK_RUNBOOK_RECIPE_COMMIT" not in plan.head.env
     assert textwrap.dedent(plan.head.start_command()).count(" & ") == 1

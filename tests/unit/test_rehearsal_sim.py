@@ -320,7 +320,8 @@ def test_network_step_rehearsed(path, tmp_path):
         assert "[simulated:" in c.observed or c.status is Status.FAIL
     assert not [c for c in checks if c.name.startswith(SIM_ROWS) and c.status is Status.PASS]
     # real tools stay real (here: answered from the lab fixtures) and are never marked simulated
-    assert all(c.status is Status.PASS for c in checks if c.name.startswith(("net.ping.", "net.tcp.", "net.link.")))
+    real = [c for c in checks if c.name.startswith(("net.ping.", "net.tcp.", "net.link."))]
+    assert real and all(c.status is Status.PASS for c in real), [(c.name, c.status) for c in real]
     assert by(checks, "net.pcie.enp1s0f0np0", "head").status is Status.NA
     mp = next(cmd for cmd in cluster.nodes[0].commands if cmd.startswith("timeout 180 mpirun"))
     apps = mpirun_apps(mp)
@@ -336,11 +337,13 @@ def test_network_step_rehearsed(path, tmp_path):
 def test_rehearsal_path_hook_is_recorded(exl3, tmp_path):
     from runbook.profile import load_profile
     cluster = Cluster.from_profile(exl3, run_dir=tmp_path, dry_run=True)
+    assert [n.name for n in cluster.nodes] == ["head", "worker"]
     assert all(n.command_prefix == f'export PATH={REHEARSAL_SIM_DIR}/bin:"$PATH"; ' for n in cluster.nodes)
     cluster.head.run("ibdev2netdev")
     logged = json.loads((tmp_path / "commands.jsonl").read_text().splitlines()[-1])
     assert logged["command"].startswith(f"export PATH={REHEARSAL_SIM_DIR}/bin:")
-    assert all(n.command_prefix == "" for n in Cluster.from_profile(load_profile("env/exl3-v41.env")).nodes)
+    real = Cluster.from_profile(load_profile("env/exl3-v41.env")).nodes
+    assert real and all(n.command_prefix == "" for n in real)
 
 
 # --------------------------------------------------------------------------- install()

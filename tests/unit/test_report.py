@@ -40,7 +40,9 @@ def results(tmp_path):
 def test_matrix_rows_equal_the_sidecars_checks(results):
     run = build_run(results, "20261201-040000-lab")
     model = collector.collect(run, redactor=RED)
-    for sc_path in sorted((run / "steps").glob("*.json")):
+    sidecars = sorted((run / "steps").glob("*.json"))
+    assert sidecars and model.checks
+    for sc_path in sidecars:
         sc = json.loads(sc_path.read_text())
         rows = [(c.name, c.node, c.status, c.observed, c.expected) for c in model.checks if c.step == sc["step"]]
         assert rows == [(c["name"], c["node"], c["status"], c["observed"], c["expected"]) for c in sc["checks"]]
@@ -67,6 +69,7 @@ def test_network_weights_engram_figures_equal_independent_recomputation(results)
     assert model.figure("01_network/net.rdma.bw.rail0.head->worker").value == float(line.split()[3])
     assert model.figure("01_network/net.rdma.bw.total.head->worker").value == float(line.split()[3])
     sc = json.loads((run / "steps/02_weights.json").read_text())
+    assert sc["checks"], "02_weights recorded no check"
     for c in sc["checks"]:
         d = c["data"]
         assert model.figure(f"02_weights/verify_gbps/{c['node']}").value == pytest.approx(
@@ -84,7 +87,8 @@ def test_network_weights_engram_figures_equal_independent_recomputation(results)
     assert model.figure("04_launch/ready/first_token").value == 23.75
     # and every figure agrees with what its step recorded
     assert model.inconsistent() == []
-    assert all(c.status != "FAIL" for c in report_checks(model))
+    own = report_checks(model)
+    assert own and all(c.status != "FAIL" for c in own), [(c.name, c.status) for c in own]
 
 
 def test_bench_figures_recomputed_from_jsonl(results, bench_out):
@@ -245,6 +249,7 @@ def test_manifest_reuse_run_has_no_verification_rate(results):
         c["data"].update(bytes_hashed=0, files_hashed=0, seconds=0.000412, gbps=0.0)
     path.write_text(json.dumps(sc))
     model = collector.collect(run, redactor=RED)
+    assert model.figures, "no figure at all: the next two lines would hold for nothing"
     assert not [f for f in model.figures if "/verify_gbps/" in f.key or "/verified_bytes/" in f.key]
     assert not [f.key for f in model.inconsistent() if f.key.startswith("02_weights")]
 

@@ -381,7 +381,7 @@ def test_hardware_needle_judged(tmp_path):
     step = hw_step(tmp_path, "dspark-v4")
     fake = FakeVllm(model="deepseek-v4-flash-vision-exp", max_model_len=1048576, mode="hw")
     rows = smoke.needle_checks(step, fake.client(), lengths=[300, 900])
-    assert all(c.status is Status.PASS for c in rows), [c.observed for c in rows]
+    assert rows and all(c.status is Status.PASS for c in rows), [c.observed for c in rows]
     fake.answer_override = "no idea"
     rows = smoke.needle_checks(step, fake.client(), lengths=[300])
     assert rows[0].failed and "passphrase" in rows[0].observed

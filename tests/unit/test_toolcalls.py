@@ -225,7 +225,7 @@ def test_battery_hardware_passes(tmp_path):
     bad = [(c.name, c.status.value, c.observed) for c in rows if c.status is not Status.PASS]
     assert not bad, bad
     sent = [p for path, p in fake.requests if path == "/v1/chat/completions"]
-    assert all("strict" not in p["tools"][0]["function"] for p in sent)
+    assert sent and all("strict" not in p["tools"][0]["function"] for p in sent)
     thinking = [p for p in sent if p["chat_template_kwargs"].get("thinking")]
     assert thinking and thinking[0]["chat_template_kwargs"]["reasoning_effort"] == "low"
 

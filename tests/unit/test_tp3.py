@@ -62,6 +62,7 @@ def test_tp3_profiles_load_set_every_key_with_a_comment(name):
     p = load_profile(ENV / name, environ=NO_ENV)
     assert set(p.key_lines) == set(KEYS), set(KEYS) - set(p.key_lines)
     lines = (ENV / name).read_text().splitlines()
+    assert lines, name
     for i, line in enumerate(lines):
         if line and not line.startswith("#"):
             assert i > 0 and lines[i - 1].startswith("# "), f"{name}:{i + 1} {line} has no comment above"
@@ -187,7 +188,7 @@ def test_lab_tp3_render_binds_three_ranks_on_two_cores():
     assert [plan.rank(n).env["VLLM_CPU_OMP_THREADS_BIND"] for n in NODES] == ["0", "1", "1"]
     assert [plan.rank(n).env["VLLM_HOST_IP"] for n in NODES] == ["169.254.77.1", "169.254.77.2", "169.254.77.3"]
     assert check_consistency(plan) == [] and plan.expect_log == []
-    assert all(_flag(r.serve_argv, "--tensor-parallel-size") == "3" for r in plan.ranks)
+    assert len(plan.ranks) == 3 and all(_flag(r.serve_argv, "--tensor-parallel-size") == "3" for r in plan.ranks)
 
 
 @pytest.mark.parametrize("tp,want", [(1, None), (2, None), (3, (64, 72)), (4, None), (6, (64, 96))])

@@ -199,7 +199,7 @@ def test_manifest_reuse_skips_hashing(downloaded, tmp_path):
     expected = downloaded.snap.expected()
     again = W.verify_dir(dest, expected)
     assert again["ok"] and again["files_hashed"] == 0 and again["bytes_hashed"] == 0
-    assert not any(f["hashed"] for f in again["files"])
+    assert again["files"] and not any(f["hashed"] for f in again["files"])
     os.utime(dest / "config.json")                # changed mtime → only that file is re-hashed
     third = W.verify_dir(dest, expected)
     assert third["ok"] and [f["path"] for f in third["files"] if f["hashed"]] == ["config.json"]
@@ -299,7 +299,7 @@ def test_download_on_node_uses_token_file_and_verifies(repo, downloaded, tmp_pat
         res = W.download_on_node(worker, REPO, repo.sha, str(tmp_path / "wd"), endpoint=server.url,
                                  expected=downloaded.snap.expected(), python=sys.executable)
     assert res.ok, [c.to_record() for c in res.checks]
-    assert all("hf_nodesecret456" not in c for c in worker.commands)
+    assert worker.commands and all("hf_nodesecret456" not in c for c in worker.commands)
     assert not list(Path(W.sharing.REMOTE_TOOLS).glob(".tok-*"))
     assert W.parity(W.read_manifest(downloaded.dest), W.read_manifest(tmp_path / "wd")).status is Status.PASS
 

@@ -89,7 +89,7 @@ def test_download_on_node_lands_under_that_nodes_home(repo, hub, tmp_path, monke
     assert (dest / "model.safetensors").read_bytes() == (repo.src / "model.safetensors").read_bytes()
     assert json.loads((dest / W.MANIFEST_NAME).read_text())["revision"] == repo.sha
     assert no_tilde_dirs(worker) == []
-    assert all("~" not in c for c in worker.runs())
+    assert worker.runs() and all("~" not in c for c in worker.runs())
 
 
 def test_rsync_expands_each_side_with_its_own_home(repo, hub, tmp_path, monkeypatch):
@@ -131,7 +131,7 @@ def test_nfs_renders_expanded_paths_never_a_literal_tilde(tmp_path):
 
 def test_nfs_as_root_needs_no_sudo_and_as_a_user_gets_sudo_n():
     root = W.render_nfs("/w", "10.0.0.1", "10.0.0.2", "/m")
-    assert not any("sudo" in c for g in root.values() for c in g)
+    assert root and all(root.values()) and not any("sudo" in c for g in root.values() for c in g)
     user = W.render_nfs("/w", "10.0.0.1", "10.0.0.2", "/m", head_sudo=True, worker_sudo=True)
     assert user["head"][:4] == ["sudo -n mkdir -p /etc/exports.d",
                                 "printf '%s\\n' '\"/w\" 10.0.0.2(ro,sync,no_subtree_check,root_squash)' | "

@@ -212,6 +212,7 @@ def test_collect_commands_contract_lab_profile():
                        B.DMESG, B.PROCESSES):
             assert needed in names, f"{node}: {needed} not collected"
         peers = [n.name for n in p.nodes if n.name != node]
+        assert peers, f"{node}: no peer to ping"
         assert all(f"ping_{peer}.txt" in names and f"ping_mtu_{peer}.txt" in names for peer in peers)
     head_log = next(c for c in cmds["head"] if c.name == B.RANK_LOG).cmd
     assert head_log.startswith("tail -n") and '"$HOME"/' in head_log and "/launch/head.log" in head_log
