@@ -133,7 +133,7 @@ _ANSWER_RE = re.compile(rb'[{,]\s*"(?:content"\s*:\s*"[^"]|text"\s*:\s*"[^"]|too
 _FR = b'"finish_reason":"'
 
 
-def _event(rec: RequestRecord, ev: bytes, t: float) -> bool:
+def handle_event(rec: RequestRecord, ev: bytes, t: float) -> bool:
     """Handle one SSE event; returns True on ``[DONE]``.
 
     Fast path (no JSON decode) once the first token has been seen and the server sends continuous
@@ -278,7 +278,7 @@ async def stream_request(http: RawHTTP, endpoint: str, payload: dict[str, Any] |
             if i < 0:
                 break
             n0 = len(rec.ev_t)
-            if _event(rec, buf[start:i], t):
+            if handle_event(rec, buf[start:i], t):
                 state["done"] = True
             start = i + 2
             if len(rec.ev_t) > n0:

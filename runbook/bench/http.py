@@ -29,7 +29,7 @@ class HTTPError(Exception):
     pass
 
 
-class _Proto(asyncio.Protocol):
+class HttpProtocol(asyncio.Protocol):
     """One connection; one request in flight at a time.
 
     Every byte is handed on in the ``data_received`` call that brings it, stamped with that read's
@@ -197,7 +197,7 @@ class _Proto(asyncio.Protocol):
 
 
 class Response:
-    def __init__(self, client: RawHTTP, proto: _Proto):
+    def __init__(self, client: RawHTTP, proto: HttpProtocol):
         self._client, self._proto = client, proto
         self.status, self.headers, self.t_head = proto.status, proto.headers, proto.t_head
 
@@ -233,12 +233,12 @@ class RawHTTP:
         hostport = self.host if (u.port is None) else f"{self.host}:{self.port}"
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._head = f"Host: {hostport}\r\nAccept: text/event-stream\r\nAccept-Encoding: identity\r\n{extra}"
-        self._idle: list[_Proto] = []
+        self._idle: list[HttpProtocol] = []
         self._ssl = _ssl.create_default_context() if self.https else None
 
-    async def _connect(self) -> _Proto:
+    async def _connect(self) -> HttpProtocol:
         loop = asyncio.get_running_loop()
-        _, proto = await loop.create_connection(_Proto, self.host, self.port, ssl=self._ssl)
+        _, proto = await loop.create_connection(HttpProtocol, self.host, self.port, ssl=self._ssl)
         return proto
 
     async def warm(self, n: int) -> None:
@@ -253,7 +253,7 @@ class RawHTTP:
         return (f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._head}Content-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: keep-alive\r\n\r\n").encode("latin-1") + body
 
-    def _take(self) -> _Proto | None:
+    def _take(self) -> HttpProtocol | None:
         while self._idle:
             p = self._idle.pop()
             if not p.closed:

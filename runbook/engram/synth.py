@@ -35,7 +35,7 @@ ITEMSIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "U8": 1, "I8": 1, "BF16": 2, "F16": 2, "
 DEFAULT_VOCAB = 16000          # ~384k rows/layer, ~101 MB per layer table: a few hundred MB in all
 
 
-def _base(seed: int) -> bytes:
+def base_block(seed: int) -> bytes:
     b = random.Random(seed).randbytes(BASE_BYTES)
     return b + b                # doubled so any rotation is one slice
 
@@ -66,7 +66,7 @@ def tensor_block(name: str, row_bytes: int, row0: int, rows: int, base: bytes) -
 
 
 def expected_row(name: str, row_bytes: int, row: int, seed: int = 0) -> bytes:
-    return tensor_block(name, row_bytes, row, 1, _base(seed))
+    return tensor_block(name, row_bytes, row, 1, base_block(seed))
 
 
 def write_safetensors(path: str, tensors: list[dict[str, Any]], base: bytes) -> dict[str, Any]:
@@ -126,7 +126,7 @@ def make_source(dst: str, *, vocab_size: int = DEFAULT_VOCAB, layer_ids=(1, 14),
               **({"text_config": tcfg} if nest_text_config else tcfg)}
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
-    base = _base(seed)
+    base = base_block(seed)
     overrides = overrides or {}
     weight_map: dict[str, str] = {}
     total = 0

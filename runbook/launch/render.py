@@ -626,7 +626,7 @@ def fingerprint(ranks: list[RankLaunch]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def _flag(argv: list[str], name: str) -> str | None:
+def flag_value(argv: list[str], name: str) -> str | None:
     for i, a in enumerate(argv):
         if a == name and i + 1 < len(argv):
             return argv[i + 1]
@@ -641,12 +641,12 @@ def check_consistency(plan: LaunchPlan) -> list[str]:
     problems = []
     head = plan.head
     for flag in ("--master-addr", "--master-port", "--nnodes", "--tensor-parallel-size", "--max-model-len"):
-        want = _flag(head.serve_argv, flag)
+        want = flag_value(head.serve_argv, flag)
         for r in plan.workers:
-            got = _flag(r.serve_argv, flag)
+            got = flag_value(r.serve_argv, flag)
             if got != want:
                 problems.append(f"{r.node} {flag} {got} but head {flag} {want}")
-    ranks = sorted(int(_flag(r.serve_argv, "--node-rank") or -1) for r in plan.ranks)
+    ranks = sorted(int(flag_value(r.serve_argv, "--node-rank") or -1) for r in plan.ranks)
     if ranks != list(range(len(plan.ranks))):
         problems.append(f"node ranks {ranks} are not 0..{len(plan.ranks) - 1}")
     return problems

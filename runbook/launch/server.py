@@ -361,7 +361,7 @@ def probe_readiness(profile, url: str, api_key: str, ready: Readiness, t0: float
 # ------------------------------------------------------------------------------------------------
 
 @dataclass
-class _Watch:
+class RankWatch:
     alive: bool
     lines: int
     tail: list[str]
@@ -388,16 +388,16 @@ def _rank_watch_cmd(rank: RankLaunch) -> str:
             f"wc -l < {log} 2>/dev/null || echo 0; tail -n 200 {log} 2>/dev/null")
 
 
-def _watch(node: Node, rank: RankLaunch) -> _Watch:
+def _watch(node: Node, rank: RankLaunch) -> RankWatch:
     out = node.read(_watch_cmd(rank), timeout=30).stdout.splitlines()
     mem = int(out[0]) * 1024 if out and out[0].strip().isdigit() else None
     out = out[1:]
     alive = bool(out) and out[0].strip() == "alive"
     lines = int(out[1].strip()) if len(out) > 1 and out[1].strip().isdigit() else 0
-    return _Watch(alive, lines, out[2:], mem)
+    return RankWatch(alive, lines, out[2:], mem)
 
 
-def _progress(prev: _Watch | None, cur: _Watch) -> bool:
+def log_progressed(prev: RankWatch | None, cur: RankWatch) -> bool:
     """True when the log grew by at least one non-periodic line."""
     if prev is None:
         return cur.lines > 0
@@ -646,7 +646,7 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
     ready = result.readiness
     deadline = t0 + profile.ready_timeout
     hang_s = profile.hang_seconds
-    prev: dict[str, _Watch | None] = {r.node: None for r in plan.ranks}
+    prev: dict[str, RankWatch | None] = {r.node: None for r in plan.ranks}
     last_progress = time.monotonic()
     dead_count = {r.node: 0 for r in plan.ranks}
     failure: tuple[str, str, str, str, str] | None = None    # (check, what, node, observed, fix)
@@ -661,7 +661,7 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
                 continue
             if w.mem_available is not None:
                 result.memory_profile.setdefault(name, []).append([round(now - t0, 1), w.mem_available])
-            if _progress(prev[name], w):
+            if log_progressed(prev[name], w):
                 last_progress = now
             prev[name] = w
             dead_count[name] = 0 if w.alive else dead_count[name] + 1
@@ -757,11 +757,11 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         result.checks.add(check("KV cache size", False, node="head", observed="no 'KV cache size' line in the log",
                                 expected="the startup log reports the KV pool", warn_only=True,
                                 fix="check the log format of this vLLM build"))
-    _marker_checks(plan, result, logs)
+    marker_checks(plan, result, logs)
     return result
 
 
-def _marker_checks(plan: LaunchPlan, result: StartResult, logs: dict[str, str]) -> None:
+def marker_checks(plan: LaunchPlan, result: StartResult, logs: dict[str, str]) -> None:
     """Every rank's boot log shows the lines its recipe start chain declares (seed B's TP=3 pad on every
     rank, not the head only). A reused server's boot lines may have rotated out: N/A, not FAIL."""
     for r in plan.ranks:

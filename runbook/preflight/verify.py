@@ -91,8 +91,8 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
                              expected="all preflight probes answer"))
     good = {k: v for k, v in facts.items() if not isinstance(v, Exception)}
 
-    checks.add(_fabric_ssh(cluster, profile))
-    checks.add(_parity(good, rehearsal=profile.rehearsal))
+    checks.add(fabric_ssh_checks(cluster, profile))
+    checks.add(parity_checks(good, rehearsal=profile.rehearsal))
     for name, f in good.items():
         data["nodes"][name] = _node_summary(f)
         checks.add(_docker(name, f, profile))
@@ -100,7 +100,7 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
         checks.add(_memory(name, f, profile))
         checks.add(_ports(name, f, profile))
         checks.add(_stale(name, f, profile))
-        checks.add(_gpu(name, f, profile))
+        checks.add(gpu_check(name, f, profile))
     checks.add(_image_identity(good, profile))
     checks.add(_fit(good, facts, profile, data))
     offsets = clock_offsets(cluster)
@@ -111,7 +111,7 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
 
 
 # -- individual checks ---------------------------------------------------------------------------
-def _fabric_ssh(cluster: Cluster, profile) -> list[Check]:
+def fabric_ssh_checks(cluster: Cluster, profile) -> list[Check]:
     out = []
     pairs = [(a, b) for a in cluster for b in cluster if a is not b and b.spec.fabric_ip]
     for src, dst in pairs:
@@ -126,7 +126,7 @@ def _fabric_ssh(cluster: Cluster, profile) -> list[Check]:
     return out
 
 
-def _parity(facts: dict[str, dict[str, Any]], rehearsal: bool = False) -> list[Check]:
+def parity_checks(facts: dict[str, dict[str, Any]], rehearsal: bool = False) -> list[Check]:
     if len(facts) < 2:
         return []
     out = []
@@ -281,7 +281,7 @@ def _stale(name: str, f: dict[str, Any], profile) -> Check:
                  fix="python -m runbook stop --profile <profile> (or docker rm -f the container)")
 
 
-def _gpu(name: str, f: dict[str, Any], profile) -> Check:
+def gpu_check(name: str, f: dict[str, Any], profile) -> Check:
     if not profile.expect_gpu:
         return not_applicable("GPU present", f"profile expects no GPU; nvidia-smi says: {f['gpu_text'][:80]}",
                               node=name, expected="none (EXPECT_GPU=0)")

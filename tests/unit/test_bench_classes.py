@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from runbook.bench.client import RequestRecord, _event, stream_request, make_stream_client, build_payload
+from runbook.bench.client import RequestRecord, handle_event, stream_request, make_stream_client, build_payload
 from runbook.bench.prompts import CLASSES, build_exact_prompt, corpus
 from runbook.bench.refserver import RefConfig, serve_in_thread
 from runbook.bench.report import anchors_table, class_table, plot_comparison, results_table
@@ -99,11 +99,11 @@ def test_time_to_first_answer_from_streamed_events():
            (b'data: {"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"f"}}]}}],'
             b'"usage":{"completion_tokens":6}}', 0.3)]
     for ev, t in evs:
-        _event(r, ev, t)
+        handle_event(r, ev, t)
     assert r.t_first_token == 0.1 and r.t_first_content == 0.3
     r2 = RequestRecord(id="y", t_sent=0.0)
     for ev, t in [(b'data: {"choices":[{"delta":{"content":"A"}}],"usage":{"completion_tokens":1}}', 0.1)]:
-        _event(r2, ev, t)
+        handle_event(r2, ev, t)
     assert r2.t_first_content == 0.1
 
 

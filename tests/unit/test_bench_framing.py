@@ -158,7 +158,7 @@ def test_every_byte_is_handed_on_in_the_read_that_brings_it(body_mode):
     import asyncio
     import random
 
-    from runbook.bench.http import _Proto
+    from runbook.bench.http import HttpProtocol
 
     events = [b'data: {"choices":[{"text":"tok %d"}]}\n\n' % i for i in range(5)] + [b"data: [DONE]\n\n"]
     wire, marks = _wire(body_mode, events)
@@ -169,7 +169,7 @@ def test_every_byte_is_handed_on_in_the_read_that_brings_it(body_mode):
     assert splits
 
     async def feed(cuts: list[int]) -> None:
-        p = _Proto()
+        p = HttpProtocol()
         got: list[bytes] = []
         order: list[str] = []
         p.start(lambda b, t: (got.append(b), order.append("body")), lambda s, h, t: order.append(f"head {s}"))

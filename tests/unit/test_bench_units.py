@@ -6,7 +6,7 @@ import math
 import pytest
 
 from runbook.bench import metrics as M
-from runbook.bench.client import RequestRecord, _event, finalize
+from runbook.bench.client import RequestRecord, handle_event, finalize
 from runbook.facts.prom import MetricsSnapshot, delta, parse_prometheus
 from runbook.bench.report import anchors_table, load_published, plot_comparison, results_table
 from runbook.bench.result import SCHEMA_VERSION, BenchResult, CaseResult
@@ -60,8 +60,8 @@ def test_sse_parsing_usage_only_counts():
         (b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":6,"prompt_tokens_details":{"cached_tokens":0}}}', 0.31),
     ]
     for ev, t in evs:
-        assert not _event(r, ev, t)
-    assert _event(r, b"data: [DONE]", 0.32)
+        assert not handle_event(r, ev, t)
+    assert handle_event(r, b"data: [DONE]", 0.32)
     finalize(r)
     assert (M.ttfr_s(r), M.ttft_s(r)) == (0.1, 0.2)        # role chunk = first chunk, not first token
     assert r.first_chunk_tokens == 3 and r.completion_tokens == 6 and r.cached_tokens == 0
@@ -72,7 +72,7 @@ def test_sse_parsing_usage_only_counts():
 
 def test_sse_error_payload_is_a_failure():
     r = RequestRecord(id="x")
-    _event(r, b'data: {"error":{"message":"boom"}}', 0.1)
+    handle_event(r, b'data: {"error":{"message":"boom"}}', 0.1)
     assert "boom" in r.error
 
 

@@ -283,8 +283,8 @@ def test_pack_in_process_import_path(src, tmp_path):
 
 
 def test_synth_rows_are_distinct_and_deterministic(tmp_path):
-    a = synth.tensor_block("layers.1.engram.embed.weight", 256, 4000, 200, synth._base(0))
-    b = synth.tensor_block("layers.1.engram.embed.weight", 256, 4100, 50, synth._base(0))
+    a = synth.tensor_block("layers.1.engram.embed.weight", 256, 4000, 200, synth.base_block(0))
+    b = synth.tensor_block("layers.1.engram.embed.weight", 256, 4100, 50, synth.base_block(0))
     assert a[100 * 256:150 * 256] == b                       # any row range regenerates identically
     rows = {a[i * 256:(i + 1) * 256] for i in range(200)}
     assert len(rows) == 200

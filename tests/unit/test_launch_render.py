@@ -428,10 +428,10 @@ def test_rank_state_matches_vllm_processes_and_our_process_group(pid, expected):
 
 def test_start_progress_is_a_non_periodic_log_line():
     from runbook.launch import server
-    W = server._Watch
-    assert server._progress(W(True, 10, ["a"] * 10), W(True, 11, ["a"] * 10 + ["Loading weights took 1 s"]))
-    assert not server._progress(W(True, 10, ["x"]), W(True, 11, ["x", 'INFO: 1.2.3.4 - "GET /health HTTP/1.1" 200']))
-    assert not server._progress(W(True, 10, []), W(True, 10, []))
+    W = server.RankWatch
+    assert server.log_progressed(W(True, 10, ["a"] * 10), W(True, 11, ["a"] * 10 + ["Loading weights took 1 s"]))
+    assert not server.log_progressed(W(True, 10, ["x"]), W(True, 11, ["x", 'INFO: 1.2.3.4 - "GET /health HTTP/1.1" 200']))
+    assert not server.log_progressed(W(True, 10, []), W(True, 10, []))
 
 
 def test_gids_from_the_network_sidecar_and_api_host():

@@ -400,7 +400,7 @@ def test_marker_checks_want_the_tp3_pad_on_every_rank_and_record_the_found_lines
     done = f"[dspark-v4] {recipe.CHAIN_DONE.format(n=len(plan.recipe_chain['steps']['head']))} (pid 1)"
     logs = {"head": f"{done}\n{PAD}\n", "worker": f"{done}\n{PAD}\n", "worker2": f"{done}\nno pad here\n"}
     result = server.StartResult(plan=plan, base_url="http://x")
-    server._marker_checks(plan, result, logs)
+    server.marker_checks(plan, result, logs)
     by_node = {c.node: c for c in result.checks}
     assert set(by_node) == {"head", "worker", "worker2"}
     assert by_node["head"].status == by_node["worker"].status == Status.PASS
@@ -410,7 +410,7 @@ def test_marker_checks_want_the_tp3_pad_on_every_rank_and_record_the_found_lines
     assert rec["repo"] == prof.recipe_repo and rec["commit"] == prof.recipe_commit
     assert rec["markers"]["head"] == [PAD, done] and rec["markers"]["worker2"] == [done]
     reused = server.StartResult(plan=plan, base_url="http://x", reused=True)
-    server._marker_checks(plan, reused, logs)
+    server.marker_checks(plan, reused, logs)
     assert {c.node: c.status for c in reused.checks}["worker2"] == Status.NA
 
 

@@ -149,7 +149,7 @@ def test_nvidia_smi_and_the_preflight_gpu_row(exl3, tmp_path):
     assert system.parse_gpus(out) == ["NVIDIA GB10"] and "(UUID: GPU-" in out
     driver = sh(head, system.DRIVER_CMD).stdout.strip()
     assert driver == sim.GPU["driver"]
-    row = preflight._gpu("head", {"gpus": system.parse_gpus(out), "gpu_text": out, "driver": driver}, exl3)
+    row = preflight.gpu_check("head", {"gpus": system.parse_gpus(out), "gpu_text": out, "driver": driver}, exl3)
     assert row.status is Status.SIMULATED and "simulator" in row.observed
     bad = sh(head, "nvidia-smi --query-gpu=vram --format=csv")
     assert bad.exit_code == 2 and 'Field "vram" is not a valid field to query.' in bad.stderr

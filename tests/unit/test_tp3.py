@@ -51,8 +51,8 @@ def issues(path, **ov) -> list:
     return ei.value.issues
 
 
-def _flag(argv, name):
-    return launch._flag(argv, name)
+def flag_value(argv, name):
+    return launch.flag_value(argv, name)
 
 
 # ----------------------------------------------------------------------------- the profiles
@@ -157,9 +157,9 @@ def test_tp3_render_every_rank_agrees_and_workers_start_first():
     assert text.index("rank 2 on worker2") < text.index("rank 1 on worker") < text.index("rank 0 on head")
     for r in plan.ranks:
         a = r.serve_argv
-        assert _flag(a, "--tensor-parallel-size") == "3" and _flag(a, "--nnodes") == "3"
-        assert _flag(a, "--node-rank") == str(r.rank) and _flag(a, "--master-addr") == "192.168.1.11"
-        assert _flag(a, "--max-num-seqs") == "16" and _flag(a, "--max-cudagraph-capture-size") == "112"
+        assert flag_value(a, "--tensor-parallel-size") == "3" and flag_value(a, "--nnodes") == "3"
+        assert flag_value(a, "--node-rank") == str(r.rank) and flag_value(a, "--master-addr") == "192.168.1.11"
+        assert flag_value(a, "--max-num-seqs") == "16" and flag_value(a, "--max-cudagraph-capture-size") == "112"
         assert ("--headless" in a) == (r.rank > 0)
         e = r.env
         assert e["TP_SIZE"] == "3" and e["NNODES"] == "3" and e["NODE_RANK"] == str(r.rank)
@@ -188,7 +188,7 @@ def test_lab_tp3_render_binds_three_ranks_on_two_cores():
     assert [plan.rank(n).env["VLLM_CPU_OMP_THREADS_BIND"] for n in NODES] == ["0", "1", "1"]
     assert [plan.rank(n).env["VLLM_HOST_IP"] for n in NODES] == ["169.254.77.1", "169.254.77.2", "169.254.77.3"]
     assert check_consistency(plan) == [] and plan.expect_log == []
-    assert len(plan.ranks) == 3 and all(_flag(r.serve_argv, "--tensor-parallel-size") == "3" for r in plan.ranks)
+    assert len(plan.ranks) == 3 and all(flag_value(r.serve_argv, "--tensor-parallel-size") == "3" for r in plan.ranks)
 
 
 @pytest.mark.parametrize("tp,want", [(1, None), (2, None), (3, (64, 72)), (4, None), (6, (64, 96))])
@@ -282,12 +282,12 @@ def _ssh_node(spec):
 def test_preflight_fabric_ssh_covers_all_six_directions_and_parity_all_nodes():
     p = labtp3()
     nodes = [_ssh_node(n) for n in p.nodes]
-    checks = preflight._fabric_ssh(nodes, p)
+    checks = preflight.fabric_ssh_checks(nodes, p)
     assert sorted(c.name for c in checks) == sorted(f"ssh {a}→{b} over fabric" for a in NODES for b in NODES if a != b)
     assert all(c.status == Status.PASS for c in checks)
     facts = {n: {"os": SimpleNamespace(pretty_name="Ubuntu", kernel="6.8", machine="aarch64"),
                  "driver": "580" if n != "worker2" else "575"} for n in NODES}
-    parity = {c.name: c for c in preflight._parity(facts)}
+    parity = {c.name: c for c in preflight.parity_checks(facts)}
     assert parity["driver parity"].status == Status.FAIL and "worker2=575" in parity["driver parity"].observed
     assert parity["OS parity"].status == Status.PASS
 
