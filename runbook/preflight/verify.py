@@ -157,10 +157,10 @@ def _docker(name: str, f: dict[str, Any], profile) -> list[Check]:
 
 
 def _image_identity(facts: dict[str, dict[str, Any]], profile) -> list[Check]:
-    if profile.runtime != "docker":
-        return []
     images = {name: f["image"] for name, f in facts.items() if f.get("image")}
     missing = sorted(name for name, f in facts.items() if f["docker"] is not None and not f.get("image"))
+    if missing and profile.runtime != "docker":
+        return []          # the process runtime needs no image; one present is still compared below
     if missing:
         # missing is not a failure by itself: 04_launch pulls or ships it; preflight says which, or why not
         plan = plan_image(profile, {name: f.get("image") for name, f in facts.items()})
