@@ -642,6 +642,49 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                       started=True)
 
 
+MASTER_BLOCKED_POLLS = 3     # ~12 s of a listening head the workers cannot reach: not a slow start
+
+
+def master_port_of(plan) -> tuple[str, int] | None:
+    """The rendezvous address and port the head's argv carries (--master-addr / --master-port)."""
+    argv = list(plan.rank("head").serve_argv)
+    try:
+        return argv[argv.index("--master-addr") + 1], int(argv[argv.index("--master-port") + 1])
+    except (ValueError, IndexError):
+        return None
+
+
+@dataclass
+class MasterProbe:
+    """Firewalls drop the master port silently: vLLM then waits ~30 min for "clients joined". Once the head
+    listens on it, every worker opens one TCP connection to it; when none can for a few polls, say so now.
+    Stops probing after the first success (the rendezvous store sees only a few short connections)."""
+    pending: bool = True
+    blocked_polls: int = 0
+    blocked: list[str] = field(default_factory=list)
+    observed: str = ""
+
+    def poll(self, cluster, plan) -> None:
+        target = master_port_of(plan)
+        workers = [cluster[r.node] for r in plan.workers]
+        if target is None or not workers:
+            self.pending = False
+            return
+        addr, port = target
+        if port not in system.parse_listening(cluster.head.read(system.LISTEN_CMD, timeout=15).stdout):
+            return                                   # the head has not bound it yet
+        probe = quote("bash", "-c", f"exec 3<>/dev/tcp/{addr}/{port}")
+        results = cluster.each(lambda n: n.read(f"timeout 3 {probe} && echo open || echo closed", timeout=15))
+        self.blocked = sorted(n for n, r in results.items()
+                              if n != "head" and (isinstance(r, Exception) or "open" not in r.stdout))
+        if not self.blocked:
+            self.pending = False
+            return
+        self.blocked_polls += 1
+        self.observed = (f"{', '.join(self.blocked)} → {addr}:{port}: no TCP connection within 3 s, "
+                         f"{self.blocked_polls} poll(s) in a row, while the head listens on {port}")
+
+
 def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, cleanup, t0, started):
     ready = result.readiness
     deadline = t0 + profile.ready_timeout
@@ -651,6 +694,7 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
     dead_count = {r.node: 0 for r in plan.ranks}
     failure: tuple[str, str, str, str, str] | None = None    # (check, what, node, observed, fix)
     diagnostics: dict[str, str] = {}
+    master_probe = MasterProbe()
 
     while True:
         now = time.monotonic()
@@ -673,6 +717,16 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
                        f"{who} process/container gone {now - t0:.0f} s after launch",
                        "read both log tails below; fix the cause, then start again")
             break
+        if master_probe.pending:
+            master_probe.poll(cluster, plan)
+            if master_probe.blocked_polls >= MASTER_BLOCKED_POLLS:
+                failure = ("workers reach the master port", "a worker cannot open a TCP connection to the head's "
+                           "rendezvous port while the head listens on it", ",".join(master_probe.blocked),
+                           master_probe.observed,
+                           "a firewall on the head (or between the nodes) drops the master port: allow MASTER_PORT "
+                           "from the workers' fabric addresses (ufw allow from <worker ip> to any port <port>; "
+                           "nft list ruleset / iptables -S), then start again")
+                break
         try:
             probe_readiness(profile, url, api_key, ready, t0)
         except ActionError as exc:
