@@ -34,3 +34,32 @@ def test_firewall_dropping_the_master_port_is_named_within_a_minute(lab, vllm_ve
     assert [c.name for c in failed] == ["workers reach the master port"], result.checks.to_text()
     assert "firewall" in failed[0].fix and str(profile.master_port) in failed[0].observed
     assert took < 60 + 30, took       # launch + the probe's polls; far from vLLM's own 1801 s
+
+
+@pytest.fixture(scope="module")
+def running(lab, vllm_venv):
+    profile = load_profile(PROFILE)
+    with Cluster.from_profile(profile) as cluster:
+        result = server.start(cluster, profile, server.render_plan(cluster, profile))
+        assert result.ok, result.checks.to_text()
+        yield profile
+        server.stop(cluster, profile, mem_settle_s=0)
+
+
+def test_diagnose_names_a_port_answering_for_another_model(running, tmp_path):
+    """The profile expects one model id; the port serves another: `python -m runbook diagnose` says so."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "runbook", "diagnose", "--profile", PROFILE,
+                           "-p", "SERVED_MODEL_NAME=deepseek-v4-flash"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "wrong-model-on-port" in done.stdout and "tiny" in done.stdout, done.stdout[-3000:]
+
+
+def test_diagnose_of_a_healthy_lab_matches_nothing(running):
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "runbook", "diagnose", "--profile", PROFILE],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "0 known failure(s) matched" in done.stdout
