@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import posixpath
 import re
 import shlex
 import socket
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-from .errors import RemoteError
+from .errors import RemoteError, RunbookError
 from .secrets import Redactor, default_redactor
 
 T = TypeVar("T")
@@ -389,3 +390,24 @@ def node_ssh_argv(profile, node: "Node", target_ip: str) -> list[str]:
             argv += ["-o", f"UserKnownHostsFile={profile.resolve_path(profile.known_hosts)}"]
     user = node.spec.ssh.split("@", 1)[0] + "@" if "@" in node.spec.ssh else ("root@" if profile.is_lab else "")
     return argv + [f"{user}{target_ip}"]
+
+
+def expand_home(path: str, home: str, *, key: str = "path") -> str:
+    """The one expansion of a node path (every step uses it): ``~`` and ``~/x`` -> ``home``/x; absolute paths unchanged. ``~user/…`` and relative paths are
+    refused (naming ``key``): a remote node has no meaningful working directory.
+
+    >>> expand_home("~/.cache/huggingface", "/home/spark")
+    '/home/spark/.cache/huggingface'
+    """
+    path = str(path)
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return posixpath.join(home, path[2:])
+    if path.startswith("~"):
+        raise RunbookError(f"{key} uses another user's home", observed=path, expected="~/… or an absolute path",
+                           fix=f"write {key} as ~/… (the SSH user's home on each node) or as an absolute path")
+    if not posixpath.isabs(path):
+        raise RunbookError(f"{key} is a relative path", observed=path, expected="~/… or an absolute path",
+                           fix=f"write {key} as ~/… or as an absolute path")
+    return path

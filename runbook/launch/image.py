@@ -21,7 +21,7 @@ from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ActionError
 from ..facts import system
 from ..facts.system import ImageInfo
-from ..remote import Cluster, Node, node_ssh_argv, quote
+from ..remote import Cluster, Node, expand_home, node_ssh_argv, quote
 
 __all__ = ["SHIP_MARGIN_BYTES", "ImagePlan", "ensure_image", "image_infos", "plan_image"]
 
@@ -83,10 +83,8 @@ def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[st
     home = head.read("printf %s \"$HOME\"").stdout.strip() or "/root"
     thome = target.read("printf %s \"$HOME\"").stdout.strip() or "/root"
 
-    def expand(p: str, h: str) -> str:
-        return h + p[1:] if p.startswith("~") else p
-    stage = f"{expand(profile.cache_dir, home)}/image-ship"
-    tstage = f"{expand(profile.cache_dir, thome)}/image-ship-{target.name}"   # the lab nodes share a filesystem
+    stage = f"{expand_home(profile.cache_dir, home)}/image-ship"
+    tstage = f"{expand_home(profile.cache_dir, thome)}/image-ship-{target.name}"   # the lab nodes share a filesystem
     tar_name = profile.image.replace("/", "_").replace(":", "_").replace("@", "_") + ".tar"
     size_r = head.read(f"docker image inspect --format '{{{{.Size}}}}' {quote(profile.image)}")
     size = int(size_r.stdout.strip() or 0) if size_r.stdout.strip().isdigit() else 0

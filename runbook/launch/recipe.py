@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
-from ..remote import Cluster, Node, node_ssh_argv, quote, tail
+from ..remote import Cluster, Node, expand_home, node_ssh_argv, quote, tail
 
 __all__ = [
     "CheckoutFact",
@@ -53,7 +53,6 @@ __all__ = [
     "checkout_files",
     "checkout_probe_cmd",
     "ensure_checkout",
-    "expand_home",
     "find_markers",
     "lab_source_commit",
     "lab_source_repo",
@@ -95,15 +94,6 @@ _EFFORT_OLD = ('elif reasoning_effort in ("max", "xhigh"):\n                reas
 _EFFORT_NEW = ('elif reasoning_effort in ("max", "xhigh"):\n                reasoning_effort = "max"\n'
                '            elif reasoning_effort == "high":\n                reasoning_effort = "high"\n'
                '            else:\n                reasoning_effort = "low"')
-
-
-def expand_home(path: str, home: str) -> str:
-    """A node path with a leading ``~`` expanded with that node's $HOME (docker -v needs absolute paths)."""
-    if path == "~":
-        return home
-    if path.startswith("~/"):
-        return home.rstrip("/") + path[1:]
-    return path
 
 
 # ------------------------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..secrets import MASK
-from .recipe import expand_home, rank_recipe
+from ..remote import expand_home
+from .recipe import rank_recipe
 
 __all__ = [
     "FINGERPRINT_LABEL",

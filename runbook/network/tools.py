@@ -15,7 +15,8 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..checks import Check, check
-from ..weights.node_paths import expand_home, node_user
+from ..remote import expand_home
+from ..weights.node_paths import node_user
 
 NCCL_TESTS_REPO = "https://github.com/NVIDIA/nccl-tests.git"
 NCCL_TESTS_TAG = "v2.18.3"

@@ -13,7 +13,8 @@ import posixpath
 import weakref
 from dataclasses import dataclass
 
-from ..errors import RemoteError, RunbookError
+from ..errors import RemoteError
+from ..remote import expand_home
 
 USER_CMD = 'printf "%s\\n" "$HOME"; id -u; id -un'
 
@@ -66,27 +67,6 @@ def node_user(node) -> NodeUser:
     except TypeError:
         pass
     return user
-
-
-def expand_home(path: str, home: str, *, key: str = "path") -> str:
-    """``~`` and ``~/x`` -> ``home``/x; absolute paths unchanged. ``~user/…`` and relative paths are
-    refused (naming ``key``): a remote node has no meaningful working directory.
-
-    >>> expand_home("~/.cache/huggingface", "/home/spark")
-    '/home/spark/.cache/huggingface'
-    """
-    path = str(path)
-    if path == "~":
-        return home
-    if path.startswith("~/"):
-        return posixpath.join(home, path[2:])
-    if path.startswith("~"):
-        raise RunbookError(f"{key} uses another user's home", observed=path, expected="~/… or an absolute path",
-                           fix=f"write {key} as ~/… (the SSH user's home on each node) or as an absolute path")
-    if not posixpath.isabs(path):
-        raise RunbookError(f"{key} is a relative path", observed=path, expected="~/… or an absolute path",
-                           fix=f"write {key} as ~/… or as an absolute path")
-    return path
 
 
 def on_node(node, path: str, *, key: str = "path") -> str:
