@@ -481,7 +481,7 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
     home = facts.home
     name = p.container_on(spec.name)
     a = ["docker", "run", "-d", "--name", name]
-    if p.expect_gpu:
+    if p.expect_gpu and not p.lab:       # a rehearsal keeps EXPECT_GPU for its simulated rows; no GPU to pass
         a += ["--gpus", "all"]
     # --ipc=host in the lab too: each lab node has its own IPC namespace and /dev/shm (nodeinit.sh),
     # so vLLM's same-node probe sees two machines there as on Sparks.
@@ -490,7 +490,7 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
     if p.recipe == "exl3-v41":
         a += ["--stop-timeout", "60"]
     a += ["--oom-score-adj", "1000", "--cap-add", "SYS_PTRACE"]
-    if p.expect_rdma:
+    if p.expect_rdma and not p.lab:      # the lab has no RDMA device (and cannot raise memlock)
         a += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]
     a += ["--ulimit", "stack=67108864"]
     # volumes
