@@ -206,7 +206,9 @@ def rank_state(node: Node, profile, home: str | None = None) -> RankState:
     if docker_s:
         status_, _, label = docker_s.partition(" ")
         st.container_status = status_
-        if status_ in ("running", "restarting", "created"):
+        # "created" (a `docker run` that failed after creating it) and "exited" are leftovers, not ranks:
+        # the start command removes them (docker rm -f) before it runs the container again
+        if status_ in ("running", "restarting"):
             st.runtime, st.running, st.fingerprint = "docker", True, label.strip()
     if not st.running and pid is not None and any(p[0] == pid for p in procs):
         st.runtime, st.running, st.pid, st.fingerprint = "process", True, pid, fp_s
@@ -614,9 +616,11 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
         register_secret(api_key)
     t0 = time.monotonic()
     started: list[str] = []
+    attempted: list[str] = []     # started, or tried to: a failed `docker run` can leave a created container
     try:
         for rank in sorted(plan.ranks, key=lambda r: -r.rank):
             node = cluster[rank.node]
+            attempted.append(rank.node)
             rec = {"fingerprint": plan.fingerprint, "runtime": rank.runtime, "started_at": time.time(),
                    "run_id": run_id,
                    "mem_available_before": result.mem_before.get(rank.node), "container": rank.container,
@@ -628,11 +632,11 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
             if rank.rank == 0:
                 result.readiness.head_started = round(time.monotonic() - t0, 3)
     except Exception as exc:  # noqa: BLE001 - any start failure: clean up, then report
-        if cleanup and started:
-            stop(cluster, profile, nodes=started, grace=10, mem_settle_s=0)
+        if cleanup and attempted:
+            stop(cluster, profile, nodes=attempted, grace=10, mem_settle_s=0)
         return _fail(result, "server started", "a start command failed", node="cluster",
                      observed=str(exc)[:1500], expected="both ranks started",
-                     fix="see the error; the ranks already started were stopped", raise_=raise_)
+                     fix="see the error; every rank started or tried was stopped and removed", raise_=raise_)
     result.checks.add(check("ranks launched (worker first, then head)", True, node="cluster",
                             observed=f"{', '.join(reversed(started))} started; head {result.readiness.head_started:.1f} s "
                                      f"after the worker", expected="every rank started"))

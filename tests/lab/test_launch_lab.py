@@ -208,6 +208,24 @@ def test_docker_runtime_start_and_stop(cluster, tiny_model, stop_after):
     _assert_nothing_left(cluster, profile)
 
 
+def test_a_docker_run_failing_after_create_leaves_no_container_behind(cluster, tiny_model, stop_after):
+    """`docker run` creates the container before it starts it: a start that fails then (here a device the node
+    lacks, as `--device /dev/infiniband` on a machine without RDMA) leaves a container in state "created".
+    The failed start removes it with the ranks already started, so the next start is not refused as a
+    stale rank."""
+    profile = _profile(RUNTIME="docker")
+    assert not image.ensure_image(cluster, profile).failures()
+    plan = server.render_plan(cluster, profile)
+    argv = plan.head.docker_argv                 # the head starts last: the worker is already up by then
+    plan.head.docker_argv = argv[:3] + ["--device", "/dev/no-such-device"] + argv[3:]
+    result = server.start(cluster, profile, plan, raise_on_failure=False)
+    assert not result.ok
+    failed = result.checks.failures()
+    assert failed and failed[0].name == "server started" and "no-such-device" in failed[0].observed, \
+        result.checks.to_text()
+    _assert_nothing_left(cluster, profile)
+
+
 def test_image_is_shipped_head_to_worker_when_the_worker_lacks_it(cluster):
     tag = "spark-runbook/lab-runtime:ship-test"
     profile = _profile(RUNTIME="docker", IMAGE=tag)

@@ -426,6 +426,19 @@ def test_rank_state_matches_vllm_processes_and_our_process_group(pid, expected):
     assert (st.running, st.runtime, st.fingerprint) == ((True, "process", "fp-123") if pid else (False, "", ""))
 
 
+@pytest.mark.parametrize("status,running", [("running", True), ("restarting", True), ("created", False),
+                                            ("exited", False)])
+def test_rank_state_a_created_or_exited_container_is_a_leftover_not_a_rank(status, running):
+    """A failed `docker run` leaves our container "created": it is not a running rank (the next start would
+    refuse it as stale), but it is still reported so stop removes it."""
+    from runbook.launch import server
+    answer = f"\n@@\n\n@@\n\n@@\n{status} fp-9\n@@\n"
+    node = FakeNode("worker", 1, read_only=True, rules=[(r"^cat \S+/worker\.pid 2>/dev/null; ", answer)])
+    st = server.rank_state(node, load_profile(ENV / "lab.env", {"RUNTIME": "docker"}), home="/root")
+    assert st.container_status == status
+    assert (st.running, st.runtime) == ((True, "docker") if running else (False, ""))
+
+
 def test_start_progress_is_a_non_periodic_log_line():
     from runbook.launch import server
     W = server.RankWatch
