@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 from ..errors import LabError
 from ..evidence import REPO_ROOT
 from ..serve.server_info import ApiClient, ServerInfo
+from . import hub
 
 LAB_DIR = REPO_ROOT / ".lab"
 VLLM_PYTHON = LAB_DIR / "vllm-venv" / "bin" / "python"
@@ -85,7 +86,8 @@ def ensure_tiny_repo(repo_id: str, *, echo=print) -> str:
 
 def hub_alive(endpoint: str) -> bool:
     with ApiClient(ServerInfo(endpoint.rstrip("/"), ""), timeout=3) as api:
-        return api.get("/api/models/spark-runbook/tiny").status == 200
+        # a route that answers whatever is published: a rehearsal on a fresh machine publishes only the recipe's ids
+        return api.get(hub.HEALTH_PATH).status == 200
 
 
 def ensure_hub(endpoint: str, *, echo=print) -> None:

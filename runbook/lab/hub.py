@@ -43,6 +43,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from typing_extensions import Self
 
 CHUNK = 1 << 20
+HEALTH_PATH = "/lab/health"      # the lab's liveness probe (not a Hub route): answers with no repository published
 LFS_THRESHOLD = 1 << 20          # files this big or bigger are served as LFS files
 LFS_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.msgpack",
                 "*.h5", "*.onnx", "*.npy", "*.npz", "*.model", "*.tar", "*.gz", "*.zst")
@@ -377,6 +378,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         try:
             body = self._drain_body() if self.command == "POST" else b""
+            if self.path == HEALTH_PATH and self.command == "GET":     # the lab's own liveness probe, no auth
+                return self._send_json({"hub": "spark-runbook lab", "root": str(self.state.store.root)})
             if not self._authorized():
                 return
             url = urlsplit(self.path)

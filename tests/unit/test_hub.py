@@ -110,6 +110,19 @@ def test_token_required_when_configured(published, tmp_path):
         assert HfApi(endpoint=server.url, token="lab-secret").model_info(REPO).sha == published[3]
 
 
+def test_lab_health_answers_with_no_repository_published_and_without_a_token(tmp_path):
+    """control.ensure_hub's liveness probe: a rehearsal on a fresh machine publishes only the recipe's repo ids
+    (no spark-runbook/tiny), and the probe must not need the token."""
+    from runbook.lab import control
+    from runbook.lab.hub import HEALTH_PATH
+    with HubServer(tmp_path, token="lab-secret") as server:
+        conn = http.client.HTTPConnection(server.url.split("//")[1], timeout=5)
+        conn.request("GET", HEALTH_PATH)
+        assert conn.getresponse().status == 200
+        assert control.hub_alive(server.url)
+    assert not control.hub_alive(server.url)             # stopped: nothing answers
+
+
 def test_cli_serves(published):
     proc = subprocess.Popen([sys.executable, "-m", "runbook.lab.hub", "--root", str(published[0]),
                              "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, text=True,
