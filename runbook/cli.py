@@ -80,7 +80,12 @@ def cmd_lab(args) -> int:
 def _server_cluster(args):
     from .profile import load_profile
     from .remote import Cluster
-    profile = load_profile(args.profile, overrides=_overrides(args.param))
+    if getattr(args, "rehearse", False):      # the rehearsed server of a recipe profile, as `run --rehearse` ran it
+        from .lab.rehearsal import load_rehearsal
+        profile, _, _ = load_rehearsal(args.profile, _overrides(args.param), publish=True,
+                                       echo=lambda line: print(line, file=sys.stderr))
+    else:
+        profile = load_profile(args.profile, overrides=_overrides(args.param))
     return profile, Cluster.from_profile(profile)
 
 
@@ -99,11 +104,11 @@ def cmd_start(args) -> int:
         plan = server.render_plan(cluster, profile)
         result = server.start(cluster, profile, plan, raise_on_failure=False)
     print(result.checks.to_text())
-    if result.reused:
+    code = server.exit_code(result)
+    if code == ALREADY_RUNNING:
         print(f"not a failed start: the ranks already run with fingerprint {plan.fingerprint[:12]} (dockerd restores "
               f"them after a reboot); exit {ALREADY_RUNNING}", file=sys.stderr)
-        return ALREADY_RUNNING
-    return 0 if result.ok else 1
+    return code
 
 
 def cmd_diagnose(args) -> int:
@@ -231,17 +236,20 @@ def build_parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="start the profile's server (exit 3: its ranks already run)")
     start.add_argument("--profile", default=DEFAULT_PROFILE)
     start.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+    start.add_argument("--rehearse", action="store_true", help="the recipe profile as `run --rehearse` runs it on the lab")
     start.set_defaults(func=cmd_start)
 
     diag = sub.add_parser("diagnose", help="collect a support bundle from every node and match known failures")
     diag.add_argument("--profile", default=DEFAULT_PROFILE)
     diag.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+    diag.add_argument("--rehearse", action="store_true", help="the recipe profile as `run --rehearse` runs it on the lab")
     diag.add_argument("--run", help="write into this run folder under results/ (default: a new one)")
     diag.set_defaults(func=cmd_diagnose)
 
     watch = sub.add_parser("watch", help="alert when the server stops generating while requests wait (wedge)")
     watch.add_argument("--profile", default=DEFAULT_PROFILE)
     watch.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+    watch.add_argument("--rehearse", action="store_true", help="the recipe profile as `run --rehearse` runs it on the lab")
     watch.add_argument("--seconds", type=float, default=0, help="stop after this long (default: until Ctrl-C)")
     watch.add_argument("--stall", type=float, default=None,
                        help="seconds without a processed token that count (default: 20 on the lab, 180 on Sparks)")
@@ -254,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("node", nargs="?", choices=["head", "worker", "worker2"], help="one node (default: all)")
         sp.add_argument("--profile", default=DEFAULT_PROFILE)
         sp.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+        sp.add_argument("--rehearse", action="store_true", help="the recipe profile as `run --rehearse` runs it on the lab")
         if name == "logs":
             sp.add_argument("--tail", type=int, default=100, help="lines per node")
         sp.set_defaults(func=func)

@@ -29,6 +29,8 @@ TINY_MODULE = "runbook.lab.tinymodel"
 TINY_VARIANTS = {
     "spark-runbook/tiny-tp3": ("runbook.lab.tinymodel_tp3", LAB_DIR / "models" / "tiny-tp3"),   # TP=3 shapes
 }
+#: tensor-parallel size -> the tiny model a rehearsal publishes under the recipe's repo id (default: 2-node)
+TINY_BY_TP = {3: TINY_VARIANTS["spark-runbook/tiny-tp3"]}
 
 
 def tiny_variant(repo_id: str) -> tuple[str, Path]:
@@ -41,7 +43,8 @@ def ensure_lab(profile, *, echo=print):
     from . import netlab
     info = netlab.up(LAB_DIR, nodes=len(profile.nodes))
     if profile.hf_endpoint:
-        revision = ensure_tiny_repo(profile.hf_model_repo, echo=echo)
+        # a rehearsal pinned the stand-in shaped for its TP (rehearsal.publish_models); a lab profile pins main
+        revision = ensure_tiny_repo(profile.hf_model_repo, tp=profile.tp if profile.rehearsal else None, echo=echo)
         if revision != profile.hf_revision:
             raise LabError("the lab's tiny model is not the revision the profile pins",
                            observed=revision, expected=profile.hf_revision,
@@ -70,17 +73,22 @@ def ensure_tiny_model(*, echo=print, module: str = TINY_MODULE, out: Path = TINY
     return out
 
 
-def ensure_tiny_repo(repo_id: str, *, echo=print) -> str:
-    """Publish the tiny model to the lab Hub once; return its pinned revision."""
+def ensure_tiny_repo(repo_id: str, *, tp: int | None = None, echo=print) -> str:
+    """Publish the tiny model to the lab Hub once; return its pinned revision.
+
+    ``tp``: a rehearsal stands the tiny model in for a recipe's repo id, shaped for that tensor-parallel size
+    (TP=3 needs the TP=3-shaped model). dspark-v4 and tp3-dspark share one repo id, so each shape is its own
+    branch ``tp<N>`` and the profile pins that branch's commit."""
     from .hub import read_ref, publish_repo
     org, name = repo_id.split("/", 1)
-    existing = read_ref(HUB_ROOT / org / name, "main")
+    branch = f"tp{tp}" if tp else "main"
+    existing = read_ref(HUB_ROOT / org / name, branch)
     if existing:
         return existing
-    module, out = tiny_variant(repo_id)
+    module, out = TINY_BY_TP.get(tp, (TINY_MODULE, TINY_MODEL_DIR)) if tp else tiny_variant(repo_id)
     model = ensure_tiny_model(echo=echo, module=module, out=out)
-    revision = publish_repo(HUB_ROOT, repo_id, model)
-    echo(f"lab: published {repo_id}@{revision} to the lab Hub")
+    revision = publish_repo(HUB_ROOT, repo_id, model, branch=branch)
+    echo(f"lab: published {repo_id}@{revision} ({branch}) to the lab Hub")
     return revision
 
 

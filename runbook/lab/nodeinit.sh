@@ -45,10 +45,18 @@ mount --bind "$NL_NODE_DIR/docker" /var/lib/docker
 mount --bind "$NL_NODE_DIR/sbin" /usr/local/sbin
 mount --bind "$NL_NODE_DIR/etc/hostname" /etc/hostname
 mount --bind "$NL_NODE_DIR/etc/hosts" /etc/hosts
-# root's shell rc: the host's may be slow (pyenv init); nodes get a plain one
-if [ -f "$NL_NODE_DIR/etc/bashrc" ] && [ -f /root/.bashrc ]; then
-    mount --bind "$NL_NODE_DIR/etc/bashrc" /root/.bashrc
-fi
+# Node-private home: what a node writes under ~ (hub caches, `~/` weight paths, recipe checkouts) stays on
+# that node, as on two Sparks. Only the host's Python installs under ~ (NL_HOME_SHARE, e.g. .pyenv: the
+# lab venvs run on them) are bound back in, read-only.
+mkdir -p /run/host-home
+mount --bind /root /run/host-home
+mount --bind "$NL_NODE_DIR/home" /root
+for entry in $NL_HOME_SHARE; do
+    mkdir -p "/root/$entry"
+    mount --bind "/run/host-home/$entry" "/root/$entry"
+    mount -o remount,bind,ro "/root/$entry"
+done
+umount -l /run/host-home
 # node-to-node ssh over the fabric (lab key, pinned host keys) without touching the host's file
 if [ -f "$NL_NODE_DIR/etc/ssh_config" ] && [ -f /etc/ssh/ssh_config ]; then
     mount --bind "$NL_NODE_DIR/etc/ssh_config" /etc/ssh/ssh_config

@@ -128,7 +128,8 @@ MODEL_WHY = ("the checkpoint is the lab's tiny model (and a scaled synthetic Eng
 def publish_models(profile: Profile, *, echo=print) -> list[Substitution]:
     """Publish the tiny model under HF_MODEL_REPO (and the synthetic Engram source under HF_ENGRAM_REPO when
     ENGRAM=1) on the lab Hub; the revisions to pin instead of the recipe's."""
-    out = [Substitution("HF_REVISION", profile.hf_revision, control.ensure_tiny_repo(profile.hf_model_repo, echo=echo),
+    out = [Substitution("HF_REVISION", profile.hf_revision, control.ensure_tiny_repo(profile.hf_model_repo, tp=profile.tp,
+                                                                            echo=echo),
                         "model", MODEL_WHY)]
     if profile.engram and profile.hf_engram_repo:
         revision = hub.publish_engram_source(control.HUB_ROOT, profile.hf_engram_repo)

@@ -52,6 +52,8 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
                                      "findings": [f.id for f in findings]}
             for finding in findings:
                 print(finding.to_text())
+        elif outcome.started.ok and not outcome.started.reused and not step.dry_run:
+            step.add(server.second_start_check(step.cluster, profile, plan))
     if action == "status":
         outcome.status = server.status(step.cluster, profile)
     return outcome

@@ -38,7 +38,7 @@ from typing import Any
 
 from . import recipe, render
 from ..checks import Check, CheckList, Status, check, not_applicable
-from ..errors import ActionError
+from ..errors import ALREADY_RUNNING, ActionError
 from ..facts import system, vllm_log
 from .render import LaunchPlan, NodeFacts, RankLaunch
 from ..remote import Cluster, Node, quote, tail
@@ -531,6 +531,28 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: st
                 step.data["recipe_checkout"] = result.recipe_checkout
             step.data.update({"launch": result.data(), "base_url": url,
                               "served_model_name": plan.served_model_name})
+
+
+def exit_code(result: StartResult) -> int:
+    """`python -m runbook start`'s exit status for a start result: 0 started, 3 its ranks already ran with the
+    same configuration (the seeds' contract: dockerd restores them after a reboot), 1 could not start."""
+    if result.reused:
+        return ALREADY_RUNNING
+    return 0 if result.ok else 1
+
+
+def second_start_check(cluster: Cluster, profile, plan: LaunchPlan) -> Check:
+    """Start again while the ranks run, as a user or a boot script would: nothing may be relaunched and the
+    answer is exit 3, not a failure."""
+    t0 = time.monotonic()
+    again = start(cluster, profile, plan, raise_on_failure=False)
+    code = exit_code(again)
+    said = next((c.observed for c in again.checks if c.name == "server started"), "")
+    return check("a second start while the ranks run", code == ALREADY_RUNNING, node="cluster",
+                 observed=f"exit {code} in {time.monotonic() - t0:.1f} s: {said[:300]}",
+                 expected=f"exit {ALREADY_RUNNING}: the running ranks reused, nothing relaunched",
+                 fix="see the launch rows of the second start: a start must recognise its own running ranks "
+                     "(same fingerprint on every rank)")
 
 
 def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency, cleanup, on_launched, run_id):

@@ -67,6 +67,10 @@ def test_launch_recorded_readiness_and_rendered_commands(full_run):
     rendered = json.loads((run_dir.path / "raw/04_launch/rendered.json").read_text())
     text = json.dumps(rendered)
     assert "--headless" in text and "--nnodes" in text and "169.254.77.1" in text
+    # the first run started the ranks, then started again while they ran: exit 3, nothing relaunched
+    checks = CheckList.from_records(_sidecar(run_dir, "04_launch")["checks"])
+    again = [c for c in checks if c.name == "a second start while the ranks run"]
+    assert len(again) == 1 and again[0].status is Status.PASS and again[0].observed.startswith("exit 3 "), again
 
 
 def test_report_written_and_self_contained(full_run):

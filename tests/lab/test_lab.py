@@ -109,6 +109,25 @@ def test_private_nvme(lab, conns):
         out(conns, "head", f"rm -f /mnt/nvme/{name}")
 
 
+def test_private_home(lab, conns):
+    """~ is the node's own (a hub cache or a `~/` weight path lands on that node only, as on two Sparks); the
+    host's Python installs under ~ stay visible read-only so the lab venvs run."""
+    name = f".probe-{uuid.uuid4().hex[:8]}"
+    out(conns, "head", f"echo from-head > ~/{name}")
+    try:
+        assert out(conns, "head", f"cat ~/{name}").strip() == "from-head"
+        assert run(conns, "worker", f"test -e ~/{name}").exited == 1
+        assert not (Path.home() / name).exists()                              # not on the host either
+        assert (lab.lab_dir / "nodes" / "head" / "home" / name).exists()     # it is the head's dir
+        shared = netlab.home_shares(lab.lab_dir)
+        for entry in shared:
+            assert run(conns, "worker", f"test -d ~/{entry}").exited == 0, entry
+            assert run(conns, "worker", f"touch ~/{entry}/.rw-probe").exited != 0, entry   # read-only
+        assert out(conns, "worker", f"{netlab.REPO_ROOT}/.venv/bin/python -c 'print(6*7)'").strip() == "42"
+    finally:
+        out(conns, "head", f"rm -f ~/{name}")
+
+
 def test_fabric_mtu_and_jumbo_ping_both_directions(lab, conns):
     for a in lab.nodes:
         mtu, state = out(conns, a.name, f"cat /sys/class/net/{a.fabric_if}/mtu /sys/class/net/{a.fabric_if}/operstate").split()

@@ -58,3 +58,20 @@ def test_rehearsal_key_in_a_profile_file_without_the_lab_is_rejected(tmp_path):
     with pytest.raises(ProfileError) as err:
         load_profile(bad)
     assert "REHEARSAL" in str(err.value)
+
+
+def test_lab_home_shares_only_the_python_installs_under_the_home(tmp_path):
+    """The lab nodes' homes are private; the host home's entries the lab venvs' interpreters live in are the
+    only ones bound back (read-only). A venv whose interpreter lies outside the home adds nothing."""
+    from runbook.lab.netlab import home_shares
+    home = tmp_path / "root"
+    (home / ".pyenv" / "versions" / "3.11.7" / "bin").mkdir(parents=True)
+    lab = tmp_path / "repo" / ".lab"
+    (lab / "vllm-venv").mkdir(parents=True)
+    (lab / "vllm-venv" / "pyvenv.cfg").write_text(f"home = {home}/.pyenv/versions/3.11.7/bin\n"
+                                                  "include-system-site-packages = false\n")
+    (tmp_path / "repo" / ".venv").mkdir()
+    (tmp_path / "repo" / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    shares = home_shares(lab, home=home)
+    assert shares == [".pyenv"]                     # sys.base_prefix lies outside this made-up home
+    assert home_shares(tmp_path / "nothing" / ".lab", home=home) == []
