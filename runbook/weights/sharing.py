@@ -518,12 +518,12 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
         result.checks.append(parity(head_manifest, over_nfs, node=f"{worker.name} over NFS"))
         result.data["bytes_read"] = sum(f["size"] for f in over_nfs["files"])
         # read-only: a write from the worker must be refused by the server
-        probe = worker.read(f"p=$(mktemp) && echo probe > $p && timeout 60 nfs-cp $p "
+        write = worker.read(f"p=$(mktemp) && echo probe > $p && timeout 60 nfs-cp $p "
                             f"{_q(nfs_url(head_ip, '.runbook-write-probe'))}; rc=$?; rm -f $p; exit $rc",
                             timeout=90)
         leaked = head.read(f"test -e {_q(posixpath.join(export_dir, '.runbook-write-probe'))}").ok
-        result.checks.append(check("weights.nfs.read_only", not probe.ok and not leaked, node=worker.name,
-                                   observed=(probe.stderr or probe.stdout).strip()[-200:] or f"exit {probe.exit_code}",
+        result.checks.append(check("weights.nfs.read_only", not write.ok and not leaked, node=worker.name,
+                                   observed=(write.stderr or write.stdout).strip()[-200:] or f"exit {write.exit_code}",
                                    expected="a write from the worker refused (NFS4ERR_ROFS), nothing created",
                                    fix="export read-only (Access_Type = RO / exportfs ro)"))
         if leaked:
@@ -540,10 +540,29 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
         _ganesha_stop(head, state_dir)
     result.checks.append(not_applicable(
         "weights.nfs.mount", "the lab kernel has no NFS client (mount.nfs4: No such device): the worker's "
-        "kernel mount is rendered, not run; a lab launch needs the weights on the worker's disk (WEIGHT_SYNC=rsync "
-        "or download-both)", node=worker.name,
+        "kernel mount is rendered, not run (weights.nfs.lab_mount stands in for it)", node=worker.name,
         expected="mount nfs4.2 ro nconnect=8 rsize/wsize 1 MiB hard"))
+    if not any(c.failed for c in result.checks):
+        result.checks.append(sshfs_stand_in(head, worker, export_dir, mountpoint, probe=probe))
     return result
+
+
+def sshfs_stand_in(head, worker, export_dir: str, mountpoint: str, *, probe: str = "config.json") -> Check:
+    """What the worker's kernel NFS mount gives on Sparks, where it cannot run (the lab): the head's export,
+    read-only at the same mountpoint, here over the fabric with sshfs (FUSE). What reads it next (03's packer,
+    04's ranks) then sees the head's files, not an empty directory of its own. Idempotent: an sshfs mount of
+    the same source stays."""
+    source = f"{head.spec.fabric_ip}:{export_dir}"
+    mounted = f"{source} {mountpoint} fuse.sshfs "
+    res = worker.run(f"mkdir -p {_q(mountpoint)} && {{ grep -qF {_q(mounted)} /proc/mounts || "
+                     f"timeout 60 sshfs -o ro,reconnect,ServerAliveInterval=15 {_q(source)} {_q(mountpoint)}; }} && "
+                     f"test -e {_q(posixpath.join(mountpoint, probe))}", timeout=90, warn=True)
+    return check("weights.nfs.lab_mount", res.ok, node=worker.name,
+                 observed=(f"{source} mounted read-only at {mountpoint} with sshfs over the fabric; {probe} readable"
+                           if res.ok else f"exit {res.exit_code}: {(res.stderr or res.stdout).strip()[-300:]}"),
+                 expected="the head's export at the worker's mountpoint (stand-in for the kernel NFS mount, "
+                          "which the lab kernel lacks)",
+                 fix="make lab-deps (sshfs); check `ssh <head fabric IP>` works from the worker")
 
 
 # -------------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 gets the bytes by rsync and by its own download, parity holds, a flipped byte is named."""
 from __future__ import annotations
 
+import contextlib
+
 import time
 
 import pytest
@@ -81,19 +83,34 @@ def test_flipped_byte_on_worker_is_named(lab_profile):
             weights_step.run(lab_profile, cluster, compare_sha256sum=False)
 
 
+@contextlib.contextmanager
+def _sshfs_undone(worker, mountpoint: str):
+    """The nfs mode leaves the head's export mounted on the worker (sshfs, the kernel mount's stand-in): the
+    other tests own the worker's local copy at that path, so unmount it afterwards."""
+    try:
+        yield
+    finally:
+        worker.run(f"fusermount -u {mountpoint} 2>/dev/null; true", timeout=30)
+
+
 def test_nfs_mode_serves_the_export_for_real_with_a_userspace_server(lab_profile):
     """WEIGHT_SYNC=nfs in the lab: nfs-ganesha on the head, libnfs's client on the worker. Every file
     reads back byte-identical over NFS, the export is read-only and closed to non-worker addresses;
     only the kernel mount is N/A (this kernel has no NFS client)."""
     profile = lab_profile.with_overrides({"WEIGHT_SYNC": "nfs"})
-    with Cluster.from_profile(profile) as cluster:
+    with Cluster.from_profile(profile) as cluster, _sshfs_undone(cluster.worker, profile.weights_dir):
         checks, data = weights_step.run(profile, cluster, compare_sha256sum=False)
         assert not _failed(checks), _failed(checks)
         by = {c.name: c for c in checks if c.name.startswith("weights.nfs") or c.name == "weights.parity"}
-        for name in ("weights.nfs.server", "weights.nfs.read_only", "weights.nfs.restricted", "weights.parity"):
+        for name in ("weights.nfs.server", "weights.nfs.read_only", "weights.nfs.restricted", "weights.parity",
+                     "weights.nfs.lab_mount"):
             assert by[name].status.value == "PASS", (name, by[name].observed)
         assert by["weights.parity"].observed == "7 files identical"
         assert by["weights.nfs.mount"].status.value == "N/A"
+        # the stand-in for the worker's kernel mount: the head's export, read-only, at the worker's path
+        mounts = cluster.worker.read("cat /proc/mounts").stdout
+        assert f"{cluster.head.spec.fabric_ip}:{profile.weights_dir} {profile.weights_dir} fuse.sshfs ro," in mounts
+        assert cluster.worker.run(f"touch {profile.weights_dir}/.probe", warn=True).exit_code != 0
         assert "NFS4ERR_ROFS" in by["weights.nfs.read_only"].observed
         assert data["share"]["bytes_read"] == data["total_bytes"]
         # the server is gone afterwards and nothing was written into the export
@@ -105,7 +122,7 @@ def test_nfs_mode_names_a_file_that_differs_on_the_export(lab_profile):
     """A byte changed under the export after the head's manifest was taken: parity over NFS names it."""
     profile = lab_profile.with_overrides({"WEIGHT_SYNC": "nfs"})
     from runbook.weights.sharing import nfs_userspace_share
-    with Cluster.from_profile(profile) as cluster:
+    with Cluster.from_profile(profile) as cluster, _sshfs_undone(cluster.worker, profile.weights_dir):
         checks, _ = weights_step.run(profile, cluster, compare_sha256sum=False)
         assert not _failed(checks), _failed(checks)
         manifest = read_node_manifest(cluster.head, profile.weights_dir)
