@@ -457,3 +457,24 @@ def test_gids_from_the_network_sidecar_and_api_host():
     assert server.api_host(load_profile(ENV / "exl3-v41.env")) == "spark1"
     assert server.api_host(load_profile(ENV / "lab.env", {"HEAD_SSH": "root@10.1.2.3:2222", "SSH_CONFIG": ""})) \
         == "10.1.2.3"
+
+
+@pytest.mark.parametrize("answers,expected", [
+    (["alive"], set()),                                 # alive at once: one read, no wait
+    (["dead", "alive"], set()),                         # a container between created and running
+    (["dead", "dead"], {"worker"}),                     # never came up: named, with its log tail
+])
+def test_workers_not_running_before_the_head_starts(monkeypatch, answers, expected):
+    from runbook.launch import server
+    from support.doubles import FakeCluster
+    monkeypatch.setattr(server.time, "sleep", lambda s: None)
+    plan = _plan("lab")
+    replies = iter(answers)
+    watch = re.escape(server._rank_watch_cmd(plan.rank("worker")))
+    worker = FakeNode("worker", 1, read_only=True,
+                      rules=[(watch, lambda cmd: f"1000\n{next(replies)}\n2\nstarting\nenv: 'vllm': No such file")])
+    gone = server._workers_not_running(FakeCluster([FakeNode("head", 0, read_only=True), worker]), plan)
+    assert set(gone) == expected
+    assert len(worker.reads()) == len(answers)
+    if expected:
+        assert "No such file" in gone["worker"] and "not running 2 s after its start" in gone["worker"]
