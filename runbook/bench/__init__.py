@@ -1,6 +1,11 @@
-"""Streaming benchmark for OpenAI-compatible servers (vLLM): client, metrics, reference server, report.
+"""Step 07 — benchmarks, and the streaming benchmark for OpenAI-compatible servers (vLLM) it runs.
 
-Notebook API::
+    outcome = runbook.bench.run(step, repeats=None, soak_seconds=None)   # rows, result, previous, cross-check
+
+Check names → code: ``bench <case>`` rows in ``result.py`` (``BenchResult.checks``), the soak in ``runner.py``,
+``bench cross-check (vllm bench serve)`` in ``crosscheck.py``, ``serving watchdog`` in ``launch/watchdog.py``.
+
+Library API (also ``python -m runbook bench`` against any server)::
 
     from runbook.bench import BenchConfig, run_benchmark, results_table, plot_comparison
     res = run_benchmark(base_url, model, BenchConfig(concurrency=(1, 2, 4)), out_dir)
@@ -17,8 +22,11 @@ from .report import (
 )
 from .result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
 from .runner import arun_benchmark, run_benchmark
+from .step import BenchOutcome, run
 
 __all__ = [
+           "BenchOutcome",
+           "run",
            "SCHEMA_VERSION",
            "anchors_table",
            "class_table",

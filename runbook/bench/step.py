@@ -7,14 +7,18 @@ matching recipe and workload class and with the previous good run of the same pr
 """
 from __future__ import annotations
 
+import contextlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..evidence import previous_good_run
 from ..errors import BenchError
 from .conditions import PROFILE_KEYS, SEEDS
 from .prompts import CLASSES
 from .result import BenchConfig, BenchResult
+from .runner import run_benchmark
 
 RAW_DIR_NAME = "bench"
 CLASS_PROMPT_TOKENS = 1024
@@ -96,7 +100,7 @@ def cross_check(step, server, result: BenchResult, *, enabled: bool = True, pyth
     if profile.lab:        # the lab's hardware, also in a rehearsal of a recipe
         from ..lab import control
         lab_python = control.VLLM_PYTHON
-        lab_tokenizer = control.tiny_variant(profile.hf_model_repo)[1]
+        lab_tokenizer = control.stand_in_model_dir(profile)
     py = crosscheck.find_vllm_python(python, lab_python=lab_python)
     tok = tokenizer or (str(lab_tokenizer) if lab_tokenizer and lab_tokenizer.is_dir() else profile.hf_model_repo)
     out_dir = step.raw_dir / "vllm-bench"
@@ -106,3 +110,38 @@ def cross_check(step, server, result: BenchResult, *, enabled: bool = True, pyth
         data["log"] = str(Path(data["log"]).relative_to(step.run.path))
         step.data["vllm_cross_check"] = data
     return check
+
+
+@dataclass
+class BenchOutcome:
+    """What notebook 07 shows after the measurement."""
+    server: Any                  # serve.server_info.ServerInfo
+    config: BenchConfig
+    result: BenchResult
+    previous: BenchResult | None  # the previous good run's result (the report's drift compares with it too)
+    cross: Any                   # the `vllm bench serve` cross-check row
+    out_dir: Path
+
+
+def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None,
+        soak_seconds: float | None = None, vllm_cross_check: bool = True, vllm_python: str = "",
+        vllm_tokenizer: str = "", echo=print) -> BenchOutcome:
+    """Step 07: find the server (04's, or ``base_url``), measure every cell of the profile's conditions under
+    the serving watchdog, record the rows, cross-check one cell with vLLM's own client."""
+    from ..launch import watchdog
+    from ..serve.server_info import find_server
+    server = find_server(step, base_url=base_url, model=model)
+    config = config_from_profile(step.profile, repeats=repeats, soak_seconds=soak_seconds)
+    echo(server.describe())
+    echo(config.to_dict())
+    out_dir = step.raw_dir / RAW_DIR_NAME
+    # the wedge / API-gone alarm watches the server 04 started, not a foreign one
+    with watchdog.watching(step) if not base_url else contextlib.nullcontext():
+        result = run_benchmark(server.base_url, server.model, config=config, out_dir=out_dir,
+                               api_key=server.api_key or None)
+    step.add(result.checks())
+    step.data["bench"] = {"result": str(out_dir.relative_to(step.run.path) / "result.json")}
+    cross = cross_check(step, server, result, enabled=vllm_cross_check, python=vllm_python,
+                        tokenizer=vllm_tokenizer)
+    step.add(cross)
+    return BenchOutcome(server, config, result, previous_result(step.run.path), cross, out_dir)

@@ -38,6 +38,14 @@ def tiny_variant(repo_id: str) -> tuple[str, Path]:
     return TINY_VARIANTS.get(repo_id, (TINY_MODULE, TINY_MODEL_DIR))
 
 
+def stand_in_model_dir(profile) -> Path:
+    """The local tiny model the lab serves for this profile (its tokenizer, for example): the TP-shaped
+    stand-in of a rehearsal, else the profile's lab repo."""
+    if profile.rehearsal:
+        return TINY_BY_TP.get(profile.tp, (TINY_MODULE, TINY_MODEL_DIR))[1]
+    return tiny_variant(profile.hf_model_repo)[1]
+
+
 def ensure_lab(profile, *, echo=print):
     """Bring the lab up (idempotent) for this profile: nodes, tiny model, Hub endpoint."""
     from . import netlab

@@ -533,6 +533,23 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: st
                               "served_model_name": plan.served_model_name})
 
 
+def _workers_not_running(cluster: Cluster, plan: LaunchPlan, settle_s: float = 2.0) -> dict[str, str]:
+    """Workers whose rank is not running right after its start command returned, each with its log tail.
+    A worker found alive costs one read; one found dead is read again after ``settle_s`` (a container
+    between created and running)."""
+    gone: dict[str, str] = {}
+    for attempt in range(2):
+        names = [r.node for r in plan.workers if attempt == 0 or r.node in gone]
+        watches = {n: _watch(cluster[n], plan.rank(n)) for n in names}
+        gone = {n: (" | ".join(w.tail[-6:]) or "no log line") for n, w in watches.items() if not w.alive}
+        if not gone:
+            return {}
+        if attempt == 0:
+            time.sleep(settle_s)
+    return {n: f"not running {settle_s:.0f} s after its start; log tail: {tail_text}"
+            for n, tail_text in gone.items()}
+
+
 def exit_code(result: StartResult) -> int:
     """`python -m runbook start`'s exit status for a start result: 0 started, 3 its ranks already ran with the
     same configuration (the seeds' contract: dockerd restores them after a reboot), 1 could not start."""
@@ -642,6 +659,18 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
     try:
         for rank in sorted(plan.ranks, key=lambda r: -r.rank):
             node = cluster[rank.node]
+            if rank.rank == 0 and (gone := _workers_not_running(cluster, plan)):
+                # a worker that never came up (bad binary, quoting that split its environment, a crash on
+                # start): the head would wait for it until vLLM's rendezvous timeout; never start it then
+                if cleanup:
+                    stop(cluster, profile, nodes=attempted, grace=10, mem_settle_s=0)
+                return _fail(result, "workers running before the head starts",
+                             "a worker rank is not running a moment after its start: the head was not started",
+                             node=",".join(gone),
+                             observed="; ".join(f"{n}: {why}" for n, why in gone.items())[:1500],
+                             expected="every worker's process/container running before the head starts",
+                             fix="read the worker's log tail above (a missing binary, an unknown flag, an "
+                                 "environment split by quoting); fix it, then start again", raise_=raise_)
             attempted.append(rank.node)
             rec = {"fingerprint": plan.fingerprint, "runtime": rank.runtime, "started_at": time.time(),
                    "run_id": run_id,

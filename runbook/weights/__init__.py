@@ -1,6 +1,11 @@
-"""runbook.weights: pinned download, manifest/sha256 verification, sharing, parity.
+"""Step 02 — weights: pinned download, manifest/sha256 verification, sharing, parity (and the Engram source).
 
-Notebook API (02_weights; ``step.run(profile, cluster)`` does all of it in order)::
+    runbook.weights.run(step, compare_sha256sum=True)        # checks and data into the step
+
+Check names → code: every ``weights.*`` row is built in ``step.py`` (``run`` reads top to bottom as the
+step), the download's rows in ``download.py``, the sharing modes in ``sharing.py``.
+
+The parts, for a notebook cell or a test::
 
     layout = weights_layout(profile)                             # local_dir | hub_cache, from MODEL_DIR
     on_node(node, "~/.cache/huggingface")                        # ~ = that node's home (read once per node)
@@ -90,3 +95,12 @@ __all__ = [
     "verify_on_node",
     "weights_layout",
 ]
+
+
+def run(step, *, compare_sha256sum: bool = True) -> dict:
+    """Download, verify, share and compare on every node; record checks and data in ``step``; return the data."""
+    from .step import run as download_verify_share
+    checks, data = download_verify_share(step.profile, step.cluster, compare_sha256sum=compare_sha256sum)
+    step.add(checks)
+    step.data.update(data)
+    return data

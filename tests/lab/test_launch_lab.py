@@ -161,6 +161,25 @@ def test_dead_worker_ends_the_wait_within_30s_with_both_log_tails(cluster, tiny_
     _assert_nothing_left(cluster, profile)         # the failed start cleaned up after itself
 
 
+def test_a_worker_that_never_started_stops_the_launch_before_the_head(cluster, tiny_model, stop_after):
+    """The worker's command launches nothing (here a binary that does not exist, as when nested quoting split
+    its environment): the start says so within seconds with the worker's log, and the head is never started
+    (it would wait for the rendezvous until vLLM's timeout)."""
+    profile = _profile()
+    plan = server.render_plan(cluster, profile)
+    worker = plan.rank("worker")
+    worker.entry_argv, worker.serve_argv[0] = [], "/nonexistent/vllm"      # nothing to exec: dies at once
+    t0 = time.monotonic()
+    result = server.start(cluster, profile, plan, raise_on_failure=False)
+    took = time.monotonic() - t0
+    TIMINGS["worker_never_started_s"] = round(took, 1)
+    failed = result.checks.failures()
+    assert failed and failed[0].name == "workers running before the head starts", result.checks.to_text()
+    assert failed[0].node == "worker" and "/nonexistent/vllm" in failed[0].observed, failed[0].observed
+    assert result.readiness.head_started is None and took < 30, took
+    _assert_nothing_left(cluster, profile)
+
+
 def test_workers_master_port_disagreeing_is_refused_before_anything_runs(cluster, tiny_model):
     profile = _profile()
     plan = server.render_plan(cluster, profile, node_overrides={"worker": {"master_port": 29599}})

@@ -117,3 +117,31 @@ def test_fabric_link_down_is_caught_with_the_link_named_and_recovers(running):
     down = [r for r in alert.rows if r.name == "fabric link up" and r.node == "worker"]
     assert down and down[0].failed and IF in down[0].observed, alert.rows
     _wait_for_tokens(profile, timeout=120)      # link up: TCP retransmits and the collective continues
+
+
+def test_head_api_killed_mid_request_is_caught_and_the_orphans_are_named(running):
+    """Last in this module (it ends the server). The head's API server is killed (SIGKILL on its main process
+    only, as the OOM killer would) while a request streams: the watchdog fires "api-gone" within 30 s, and the
+    rows say which ranks are left running, with the command that stops them; stop then leaves nothing."""
+    profile, cluster = running
+    _long_stream(profile)
+    _wait_for_tokens(profile)
+    head = server.rank_state(cluster.head, profile)
+    assert head.running and head.pid, head.describe()
+    dog = Watchdog(profile, echo=print).start()
+    t0 = time.monotonic()
+    cluster.head.run(f"kill -KILL {head.pid}", timeout=10)
+    alert = _first_alert(dog, CAUGHT_WITHIN_S + 15)
+    caught = time.monotonic() - t0
+    dog.stop()
+    print(f"\n[watchdog] head API killed, caught after {caught:.1f} s: {alert and alert.observed} -- "
+          f"{alert and alert.explanation()}")
+    assert alert is not None and alert.kind == "api-gone", dog.alerts
+    assert caught <= CAUGHT_WITHIN_S, caught
+    ranks = {r.node: r for r in alert.rows if r.name == "rank running"}
+    assert sorted(ranks) == ["head", "worker"] and ranks["head"].failed, alert.rows
+    if not ranks["worker"].failed:          # the worker's rank outlived the head: named, with the stop command
+        orphans = [r for r in alert.rows if r.name == "no orphaned ranks"]
+        assert orphans and "worker" in orphans[0].node and "runbook stop" in orphans[0].fix, alert.rows
+    stopped = server.stop(cluster, profile, mem_settle_s=0)
+    assert stopped.ok, stopped.checks.to_text()

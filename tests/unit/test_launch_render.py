@@ -457,3 +457,48 @@ def test_gids_from_the_network_sidecar_and_api_host():
     assert server.api_host(load_profile(ENV / "exl3-v41.env")) == "spark1"
     assert server.api_host(load_profile(ENV / "lab.env", {"HEAD_SSH": "root@10.1.2.3:2222", "SSH_CONFIG": ""})) \
         == "10.1.2.3"
+
+
+@pytest.mark.parametrize("answers,expected", [
+    (["alive"], set()),                                 # alive at once: one read, no wait
+    (["dead", "alive"], set()),                         # a container between created and running
+    (["dead", "dead"], {"worker"}),                     # never came up: named, with its log tail
+])
+def test_workers_not_running_before_the_head_starts(monkeypatch, answers, expected):
+    from runbook.launch import server
+    from support.doubles import FakeCluster
+    monkeypatch.setattr(server.time, "sleep", lambda s: None)
+    plan = _plan("lab")
+    replies = iter(answers)
+    watch = re.escape(server._rank_watch_cmd(plan.rank("worker")))
+    worker = FakeNode("worker", 1, read_only=True,
+                      rules=[(watch, lambda cmd: f"1000\n{next(replies)}\n2\nstarting\nenv: 'vllm': No such file")])
+    gone = server._workers_not_running(FakeCluster([FakeNode("head", 0, read_only=True), worker]), plan)
+    assert set(gone) == expected
+    assert len(worker.reads()) == len(answers)
+    if expected:
+        assert "No such file" in gone["worker"] and "not running 2 s after its start" in gone["worker"]
+
+
+def test_server_rows_name_a_heads_orphaned_children_and_the_ranks_left_running():
+    """The head's API server died (its pid gone) but its EngineCore / TP worker processes did not, and the
+    worker's rank still runs: each rank's row, and one "no orphaned ranks" row naming both with the stop command."""
+    from runbook.launch import health, server
+    from support.doubles import FakeCluster
+    profile = load_profile(ENV / "lab.env", {"PORT": "1"})          # nothing answers /health there
+    head_ps = ("  11    10 Sl   VLLM::EngineCore\n"
+               "  12    10 Sl   /v/bin/python -c from multiprocessing.spawn import spawn_main; VLLM::Worker_TP0\n")
+    worker_ps = "  20    20 Sl   /v/bin/python /repo/runbook/lab/vllm_cli.py serve /m --headless\n"
+    def node(name, rank, pid, ps):
+        answer = f"{pid}\n@@\nfp-1\n@@\n\n@@\n\n@@\n{ps}"
+        return FakeNode(name, rank, read_only=True, rules=[
+            (r'^printf %s "\$HOME"$', "/root"),
+            (rf"^cat \S+/{name}\.pid 2>/dev/null; .*" + re.escape(server.PS_CMD) + "$", answer)])
+    cluster = FakeCluster([node("head", 0, 10, head_ps), node("worker", 1, 20, worker_ps)])
+    rows = {(r.name, r.node): r for r in health.server_rows(cluster, profile)}
+    assert rows[("server answers /health", "head")].failed
+    assert rows[("rank running", "head")].failed and not rows[("rank running", "worker")].failed
+    orphans = [r for (name, _), r in rows.items() if name == "no orphaned ranks"]
+    assert len(orphans) == 1 and orphans[0].failed
+    assert "head (2 vLLM process(es) without their server: 11, 12)" in orphans[0].observed
+    assert "worker" in orphans[0].observed and "runbook stop" in orphans[0].fix
