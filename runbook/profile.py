@@ -885,6 +885,11 @@ class Profile(BaseModel):
             return self.weights_dir
         return self.worker_weights_dir or self.weights_dir
 
+    def engram_source_shared_on(self, node_name: str) -> bool:
+        """The node reads the head's Engram source through a share (a worker with WEIGHT_SYNC=nfs), so its slim
+        /engram-src dir links to the shared files instead of holding a copy of them."""
+        return bool(self.engram) and node_name != "head" and self.weight_sync == "nfs"
+
     def container_on(self, node_name: str) -> str:
         return self.container_head if node_name == "head" else self.container_worker
 

@@ -8,6 +8,7 @@ full checkpoint's index by ``engram_table_dir``, looks for all 48 shards.
 Stdlib only: shipped to and run on each node like ``pack.py``.
 
     python3 slim.py --src ~/.cache/dsv41-flash-exl3/engram-src --dst ~/.cache/vllm-dsv41-flash-exl3/engram-src
+    python3 slim.py ... --symlink      # a worker whose source is the head's NFS export: no 190 GiB copy
 
 Prints one JSON summary line; exit 0 done (or already done), 2 bad source.
 """
@@ -40,11 +41,20 @@ def _atomic_json(path: str, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def _link(src: str, dst: str) -> str:
-    if os.path.exists(dst) and os.path.getsize(dst) == os.path.getsize(src):
+def _link(src: str, dst: str, symlink: bool = False) -> str:
+    if symlink:          # the source is a share (NFS): point at it, never copy ~95 GiB per shard
+        if os.path.islink(dst) and os.readlink(dst) == src:
+            return "present"
+        tmp = f"{dst}.partial"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(src, tmp)
+        os.replace(tmp, dst)
+        return "symlinked"
+    if os.path.exists(dst) and not os.path.islink(dst) and os.path.getsize(dst) == os.path.getsize(src):
         return "present"
     tmp = f"{dst}.partial"
-    if os.path.exists(tmp):
+    if os.path.lexists(tmp):
         os.unlink(tmp)
     try:
         os.link(src, tmp)
@@ -56,8 +66,10 @@ def _link(src: str, dst: str) -> str:
     return how
 
 
-def make(src: str, dst: str) -> dict:
-    src, dst = os.path.expanduser(src), os.path.expanduser(dst)
+def make(src: str, dst: str, symlink: bool = False) -> dict:
+    """``symlink``: the shards are absolute symlinks to ``src`` (a shared source; the launch mounts ``src`` at
+    the same path in the container so they resolve); otherwise hard links, or copies across filesystems."""
+    src, dst = os.path.abspath(os.path.expanduser(src)), os.path.expanduser(dst)
     index_path = os.path.join(src, INDEX)
     if not os.path.isfile(index_path) or not os.path.isfile(os.path.join(src, CONFIG)):
         return {"ok": False, "error": f"{src} lacks {INDEX} or {CONFIG} (02_weights downloads them)"}
@@ -70,8 +82,8 @@ def make(src: str, dst: str) -> dict:
     if missing:
         return {"ok": False, "error": f"Engram shards missing in {src}: {', '.join(missing)}"}
     os.makedirs(dst, exist_ok=True)
-    done = {s: _link(os.path.join(src, s), os.path.join(dst, s)) for s in shards}
-    done[CONFIG] = _link(os.path.join(src, CONFIG), os.path.join(dst, CONFIG))
+    done = {s: _link(os.path.join(src, s), os.path.join(dst, s), symlink) for s in shards}
+    done[CONFIG] = _link(os.path.join(src, CONFIG), os.path.join(dst, CONFIG), symlink)
     _atomic_json(os.path.join(dst, INDEX), slim)
     return {"ok": True, "dst": dst, "shards": shards, "tables": len(slim["weight_map"]), "files": done}
 
@@ -80,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", required=True)
     ap.add_argument("--dst", required=True)
+    ap.add_argument("--symlink", action="store_true",
+                    help="symlink the shards (SRC is a share, e.g. the head's export over NFS) instead of linking/copying")
     args = ap.parse_args(argv)
-    summary = make(args.src, args.dst)
+    summary = make(args.src, args.dst, symlink=args.symlink)
     print(json.dumps(summary))
     return 0 if summary["ok"] else 2
 

@@ -647,7 +647,8 @@ def make_slim_source(cluster, profile, facts: Mapping[str, Any] | None = None, *
         tdir = ship_tools(node, tools_dir)
         dst = f"{profile.cache_dir.rstrip('/')}/{SLIM_SUBDIR}"
         cmd = " ".join([str(nf.get("python", "python3")), shlex.quote(f"{tdir}/slim.py"),
-                        "--src", shell_path(_src_of(profile, nf)), "--dst", shell_path(dst)])
+                        "--src", shell_path(_src_of(profile, nf)), "--dst", shell_path(dst)]
+                       + (["--symlink"] if profile.engram_source_shared_on(node.name) else []))
         res = node.run(cmd, timeout=600, warn=True)
         if _is_dry(node, res):
             out.append(not_applicable("engram slim source", "dry run", node=node.name))

@@ -504,6 +504,9 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
     if p.recipe == "exl3-v41":
         if p.engram:
             vols.append(f"{cache}/engram-src:/engram-src:ro")
+            if p.engram_source_shared_on(spec.name):     # the slim dir's shards are symlinks into the share
+                shared = expand_home(p.engram_src_dir, home)
+                vols.append(f"{shared}:{shared}:ro")
             if facts.packed_engram and p.engram_packed_dir:
                 vols.append(f"{expand_home(p.engram_packed_dir, home)}:/engram-packed:ro")
         vols += [f"{cache}:/root/.cache/vllm", f"{cache}/triton:/root/.triton/cache",
