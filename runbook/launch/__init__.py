@@ -4,7 +4,8 @@ worker(s) then the head, and wait until the API streams a token (fail fast on a 
     outcome = runbook.launch.run(step, action="start")   # start | stop | restart | status
 
 Modules: ``render`` (pure: profile + node facts → per-rank container/env/argv and fingerprint),
-``image`` (the runtime image on every node), ``server`` (start, readiness, stop, status, logs).
+``image`` (the runtime image on every node), ``ranks`` (read-only: what runs on each node, liveness and log
+growth while a start is watched), ``server`` (start, readiness, stop, status, logs).
 Check names → code: "runtime image …" rows in ``image.py``, every other row in ``server.py``.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnosis, image, server
+from . import diagnosis, image, ranks, server
 from .render import LaunchPlan
 
 ACTIONS = ("start", "stop", "restart", "status")
@@ -65,7 +66,7 @@ def state_left(profile, cluster, sidecar: dict[str, Any] | None) -> str:
     fingerprint = ((sidecar or {}).get("data") or {}).get("fingerprint", "")
     if not fingerprint:
         return "04_launch recorded no fingerprint"
-    states = cluster.each(lambda node: server.rank_state(node, profile))
+    states = cluster.each(lambda node: ranks.rank_state(node, profile))
     for name, st in states.items():
         if isinstance(st, Exception):
             return f"{name}: cannot read its rank ({st})"

@@ -11,7 +11,8 @@ from ..facts import net
 from ..remote import Cluster
 from ..secrets import load_secrets
 from ..serve.server_info import ApiClient, ServerInfo
-from .server import base_url, rank_state
+from .ranks import rank_state
+from .server import base_url
 
 
 def stop_hint(profile) -> str:

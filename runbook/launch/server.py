@@ -28,7 +28,6 @@ has it verified. After readiness every rank's boot log is searched for the lines
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
 from collections.abc import Callable
@@ -36,16 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import recipe, render
+from . import ranks, recipe, render
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ALREADY_RUNNING, ActionError
 from ..facts import system, vllm_log
-from .render import LaunchPlan, NodeFacts, RankLaunch
+from .render import LaunchPlan, NodeFacts
 from ..remote import Cluster, Node, quote, tail
 from ..serve.server_info import ApiClient, ServerInfo
 
 __all__ = [
-    "RankState",
     "StartResult",
     "StopResult",
     "api_host",
@@ -54,7 +52,6 @@ __all__ = [
     "gids_from_network_sidecar",
     "logs",
     "probe_readiness",
-    "rank_state",
     "render_plan",
     "start",
     "status",
@@ -65,10 +62,6 @@ GIB = 1024 ** 3
 POLL_S = 4.0
 WORKER_DEAD_POLLS = 2          # consecutive "not alive" answers before the worker counts as dead
 TAIL = 40
-PS_CMD = "ps -eo pid=,pgid=,stat=,args= 2>/dev/null"
-# a vLLM server process: `vllm serve`, the lab wrapper `vllm_cli.py serve`, the module entry point,
-# or a child with a vLLM process title (VLLM::EngineCore, VLLM::Worker_TP0)
-_VLLM_PROC = re.compile(r"\bvllm(?:_cli\.py)?\s+serve\b|vllm\.entrypoints|VLLM::")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -136,85 +129,6 @@ def render_plan(cluster: Cluster, profile, *, secrets=None, node_overrides=None,
         secrets = load_secrets()
     return render.render(profile, gather_facts(cluster, profile, gid_indexes=gid_indexes),
                          api_key_set=bool(secrets.api_key), node_overrides=node_overrides)
-
-
-# ------------------------------------------------------------------------------------------------
-# rank state (process or container)
-# ------------------------------------------------------------------------------------------------
-
-@dataclass
-class RankState:
-    node: str
-    runtime: str = ""             # "process" | "docker" | "" (nothing found)
-    running: bool = False
-    pid: int | None = None
-    container_status: str = ""
-    fingerprint: str = ""
-    processes: list[str] = field(default_factory=list)   # vLLM processes seen on the node
-    record: dict[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        if not self.running and not self.processes and not self.container_status:
-            return "not running"
-        what = f"{self.runtime or '?'}" + (f" pid {self.pid}" if self.pid else "") + \
-            (f" container {self.container_status}" if self.container_status else "")
-        return f"{'running' if self.running else 'stopped'} ({what}, fingerprint {self.fingerprint[:12] or '?'})"
-
-
-def _state_dir(profile, home: str) -> str:
-    return f"{render.expand_home(profile.cache_dir, home)}/{render.STATE_SUBDIR}"
-
-
-def _parse_ps(text: str) -> list[tuple[int, int, str, str]]:
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 3)
-        if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
-            out.append((int(parts[0]), int(parts[1]), parts[2], parts[3]))
-    return out
-
-
-def _vllm_procs(ps: list[tuple[int, int, str, str]], pgid: int | None = None) -> list[tuple[int, int, str, str]]:
-    return [p for p in ps if not p[2].startswith("Z") and
-            ((pgid is not None and p[1] == pgid) or _VLLM_PROC.search(p[3]))
-            and not p[3].startswith(("ps ", "bash -c", "sh -c"))]
-
-
-def rank_state(node: Node, profile, home: str | None = None) -> RankState:
-    """What runs on this node: our pid file (process runtime), our container (docker runtime),
-    and any vLLM process at all."""
-    home = home or node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
-    sd = _state_dir(profile, home)
-    name = node.name
-    container = profile.container_on(name)
-    script = (f"cat {quote(sd + '/' + name + '.pid')} 2>/dev/null; echo '@@'; "
-              f"cat {quote(sd + '/' + name + '.fingerprint')} 2>/dev/null; echo '@@'; "
-              f"cat {quote(sd + '/' + name + '.json')} 2>/dev/null; echo '@@'; "
-              f"docker inspect -f '{{{{.State.Status}}}} {{{{index .Config.Labels \"{render.FINGERPRINT_LABEL}\"}}}}' "
-              f"{quote(container)} 2>/dev/null; echo '@@'; {PS_CMD}")
-    parts = (node.read(script).stdout.split("@@\n") + [""] * 5)[:5]
-    pid_s, fp_s, rec_s, docker_s, ps_s = (p.strip() for p in parts)
-    st = RankState(node=name)
-    try:
-        st.record = json.loads(rec_s) if rec_s else {}
-    except ValueError:
-        st.record = {}
-    ps = _parse_ps(ps_s)
-    pid = int(pid_s) if pid_s.isdigit() else None
-    procs = _vllm_procs(ps, pgid=pid)
-    st.processes = [f"{p[0]} {p[3][:160]}" for p in procs]
-    if docker_s:
-        status_, _, label = docker_s.partition(" ")
-        st.container_status = status_
-        # "created" (a `docker run` that failed after creating it) and "exited" are leftovers, not ranks:
-        # the start command removes them (docker rm -f) before it runs the container again
-        if status_ in ("running", "restarting"):
-            st.runtime, st.running, st.fingerprint = "docker", True, label.strip()
-    if not st.running and pid is not None and any(p[0] == pid for p in procs):
-        st.runtime, st.running, st.pid, st.fingerprint = "process", True, pid, fp_s
-    elif not st.running and pid is not None:
-        st.pid = pid
-    return st
 
 
 # ------------------------------------------------------------------------------------------------
@@ -358,70 +272,13 @@ def probe_readiness(profile, url: str, api_key: str, ready: Readiness, t0: float
             ready.first_token_text, ready.first_token_latency = text, round(lat, 3)
 
 
-# ------------------------------------------------------------------------------------------------
-# watching ranks while they start
-# ------------------------------------------------------------------------------------------------
-
-@dataclass
-class RankWatch:
-    alive: bool
-    lines: int
-    tail: list[str]
-    mem_available: int | None = None     # bytes, read in the same command (the startup memory profile)
-
-
-MEM_LINE = "awk '/^MemAvailable:/{print $2}' /proc/meminfo; "      # kB (mawk's %d overflows past 2 GiB)
-
-
-def _watch_cmd(rank: RankLaunch) -> str:
-    return MEM_LINE + _rank_watch_cmd(rank)
-
-
-def _rank_watch_cmd(rank: RankLaunch) -> str:
-    if rank.runtime == "docker":
-        c = quote(rank.container)
-        return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ] "
-                f"&& echo alive || echo dead; docker logs {c} 2>&1 | wc -l; "
-                f"docker logs --tail 200 {c} 2>&1")
-    log = quote(rank.log_path)
-    return (f"pid=$(cat {quote(rank.pid_path)} 2>/dev/null); "
-            f"if [ -n \"$pid\" ] && kill -0 \"$pid\" 2>/dev/null && "
-            f"! grep -q '^State:.*Z' /proc/$pid/status 2>/dev/null; then echo alive; else echo dead; fi; "
-            f"wc -l < {log} 2>/dev/null || echo 0; tail -n 200 {log} 2>/dev/null")
-
-
-def _watch(node: Node, rank: RankLaunch) -> RankWatch:
-    out = node.read(_watch_cmd(rank), timeout=30).stdout.splitlines()
-    mem = int(out[0]) * 1024 if out and out[0].strip().isdigit() else None
-    out = out[1:]
-    alive = bool(out) and out[0].strip() == "alive"
-    lines = int(out[1].strip()) if len(out) > 1 and out[1].strip().isdigit() else 0
-    return RankWatch(alive, lines, out[2:], mem)
-
-
-def log_progressed(prev: RankWatch | None, cur: RankWatch) -> bool:
-    """True when the log grew by at least one non-periodic line."""
-    if prev is None:
-        return cur.lines > 0
-    grown = cur.lines - prev.lines
-    if grown <= 0:
-        return False
-    new = cur.tail[-grown:] if grown <= len(cur.tail) else cur.tail
-    return grown > len(cur.tail) or any(not vllm_log.is_periodic(l) for l in new)
-
-
-def _log_text(node: Node, rank: RankLaunch, lines: int = 5000) -> str:
-    if rank.runtime == "docker":
-        return node.read(f"docker logs --tail {lines} {quote(rank.container)} 2>&1", timeout=60).stdout
-    return node.read(f"tail -n {lines} {quote(rank.log_path)} 2>/dev/null", timeout=60).stdout
-
 
 def _diagnostics(cluster: Cluster, plan: LaunchPlan) -> dict[str, str]:
     """Hang diagnostics per node: py-spy dumps when available, the process table, log tails."""
     def diag(node: Node) -> str:
         rank = plan.rank(node.name)
-        ps = node.read(PS_CMD).stdout
-        procs = _vllm_procs(_parse_ps(ps))
+        ps = node.read(ranks.PS_CMD).stdout
+        procs = ranks.vllm_procs(ranks.parse_ps(ps))
         parts = ["# vLLM processes", "\n".join(f"{p[0]} {p[2]} {p[3][:200]}" for p in procs) or "(none)"]
         if node.read("command -v py-spy").ok:
             for p in procs[:8]:
@@ -430,7 +287,7 @@ def _diagnostics(cluster: Cluster, plan: LaunchPlan) -> dict[str, str]:
         else:
             parts.append("# py-spy not installed on this node (pip install py-spy for stack dumps)")
         parts.append("# log tail")
-        parts.append(tail(_log_text(node, rank, 200), 80))
+        parts.append(tail(ranks.log_text(node, rank, 200), 80))
         return "\n".join(parts)
     out = cluster.each(diag)
     return {k: (v if isinstance(v, str) else f"diagnostics failed: {v}") for k, v in out.items()}
@@ -540,7 +397,7 @@ def _workers_not_running(cluster: Cluster, plan: LaunchPlan, settle_s: float = 2
     gone: dict[str, str] = {}
     for attempt in range(2):
         names = [r.node for r in plan.workers if attempt == 0 or r.node in gone]
-        watches = {n: _watch(cluster[n], plan.rank(n)) for n in names}
+        watches = {n: ranks.watch(cluster[n], plan.rank(n)) for n in names}
         gone = {n: (" | ".join(w.tail[-6:]) or "no log line") for n, w in watches.items() if not w.alive}
         if not gone:
             return {}
@@ -591,11 +448,11 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
         return result
 
     homes = {n.name: n.read("printf %s \"$HOME\"").stdout.strip() or "/root" for n in cluster}
-    states = cluster.each(lambda n: rank_state(n, profile, homes[n.name]))
+    states = cluster.each(lambda n: ranks.rank_state(n, profile, homes[n.name]))
     for st in states.values():
         if isinstance(st, Exception):
             raise st
-    head_st: RankState = states["head"]
+    head_st: ranks.RankState = states["head"]
     workers_st = [states[w.name] for w in cluster.workers]
     # -- already running?
     if head_st.running:
@@ -744,7 +601,7 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
     ready = result.readiness
     deadline = t0 + profile.ready_timeout
     hang_s = profile.hang_seconds
-    prev: dict[str, RankWatch | None] = {r.node: None for r in plan.ranks}
+    prev: dict[str, ranks.RankWatch | None] = {r.node: None for r in plan.ranks}
     last_progress = time.monotonic()
     dead_count = {r.node: 0 for r in plan.ranks}
     failure: tuple[str, str, str, str, str] | None = None    # (check, what, node, observed, fix)
@@ -753,14 +610,14 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
 
     while True:
         now = time.monotonic()
-        watches = cluster.each(lambda n: _watch(n, plan.rank(n.name)))
+        watches = cluster.each(lambda n: ranks.watch(n, plan.rank(n.name)))
         for name, w in watches.items():
             if isinstance(w, Exception):
                 dead_count[name] += 1
                 continue
             if w.mem_available is not None:
                 result.memory_profile.setdefault(name, []).append([round(now - t0, 1), w.mem_available])
-            if log_progressed(prev[name], w):
+            if ranks.log_progressed(prev[name], w):
                 last_progress = now
             prev[name] = w
             dead_count[name] = 0 if w.alive else dead_count[name] + 1
@@ -807,7 +664,7 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         result.failure_detected_at = time.monotonic()
         result.failure_detected_s = round(result.failure_detected_at - t0, 1)
     # -- evidence: logs of every rank, parsed
-    texts = cluster.each(lambda n: _log_text(n, plan.rank(n.name)))
+    texts = cluster.each(lambda n: ranks.log_text(n, plan.rank(n.name)))
     for name, text in texts.items():
         text = text if isinstance(text, str) else f"log unavailable: {text}"
         result.evidence.append(ev(f"{name}.log", text))
@@ -922,10 +779,10 @@ class StopResult:
 def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str, Any]]:
     t0 = time.monotonic()
     home = node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
-    st = rank_state(node, profile, home)
+    st = ranks.rank_state(node, profile, home)
     info: dict[str, Any] = {"before": st.describe(), "processes_before": st.processes}
     container = profile.container_on(node.name)
-    sd = _state_dir(profile, home)
+    sd = ranks.state_dir(profile, home)
     # containers: stop (SIGTERM, grace) then remove
     if st.container_status:
         node.run(f"docker stop -t {int(grace)} {quote(container)} >/dev/null 2>&1; "
@@ -950,7 +807,7 @@ def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str
             left = _our_left(node, pid)
     node.run(f"rm -f {quote(sd + '/' + node.name + '.pid')} {quote(sd + '/' + node.name + '.fingerprint')} "
              f"{quote(sd + '/' + node.name + '.json')}; true", timeout=30)
-    after = rank_state(node, profile, home)
+    after = ranks.rank_state(node, profile, home)
     gone = not after.processes and not after.container_status
     info["after"] = after.describe()
     info["stop_s"] = round(time.monotonic() - t0, 1)
@@ -982,7 +839,7 @@ def _mem_check(node: Node, before: int | None, settle_s: float) -> tuple[Check, 
 
 
 def _our_left(node: Node, pid: int | None) -> list[int]:
-    procs = _vllm_procs(_parse_ps(node.read(PS_CMD).stdout), pgid=int(pid) if pid else None)
+    procs = ranks.vllm_procs(ranks.parse_ps(node.read(ranks.PS_CMD).stdout), pgid=int(pid) if pid else None)
     return [p[0] for p in procs]
 
 
@@ -1021,7 +878,7 @@ def stop(cluster: Cluster, profile, nodes: list[str] | None = None, *, grace: fl
 
 def status(cluster: Cluster, profile) -> dict[str, Any]:
     """Both ranks' state, the head's /health and /v1/models."""
-    states = cluster.each(lambda n: rank_state(n, profile))
+    states = cluster.each(lambda n: ranks.rank_state(n, profile))
     out: dict[str, Any] = {"nodes": {}}
     for name, st in states.items():
         out["nodes"][name] = ({"error": str(st)} if isinstance(st, Exception) else
@@ -1043,7 +900,7 @@ def logs(cluster: Cluster, profile, node: str = "head", tail_lines: int = 100) -
     """The last lines of one rank's log (process log file or docker logs)."""
     n = cluster[node]
     home = n.read("printf %s \"$HOME\"").stdout.strip() or "/root"
-    sd = _state_dir(profile, home)
+    sd = ranks.state_dir(profile, home)
     container = profile.container_on(node)
     res = n.read(f"if docker inspect {quote(container)} >/dev/null 2>&1; then "
                  f"docker logs --tail {int(tail_lines)} {quote(container)} 2>&1; "

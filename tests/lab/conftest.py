@@ -44,12 +44,12 @@ def users_server_set_aside(lab_reused: bool):
     if not lab_reused:
         yield
         return
-    from runbook.launch import server
+    from runbook.launch import ranks, server
     from runbook.profile import load_profile
     from runbook.remote import Cluster
     profile = load_profile(USER_PROFILE)
     with Cluster.from_profile(profile) as cluster:
-        before = server.rank_state(cluster.head, profile)
+        before = ranks.rank_state(cluster.head, profile)
         if before.running:
             print(f"\n[lab] the runbook's server is up ({before.describe()}): set aside for the tests")
             server.stop(cluster, profile, mem_settle_s=0)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from runbook.launch import image, server
+from runbook.launch import image, ranks, server
 from runbook.errors import ActionError
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote
@@ -69,7 +69,7 @@ def tiny_model(cluster, tmp_path_factory):
 
 def _assert_nothing_left(cluster, profile):
     for node in cluster:
-        st = server.rank_state(node, profile)
+        st = ranks.rank_state(node, profile)
         assert not st.running and not st.processes and not st.container_status, (node.name, st)
 
 

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from runbook.checks import Status
-from runbook.launch import image, recipe, server
+from runbook.launch import image, ranks, recipe, server
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote
 
@@ -114,7 +114,7 @@ def test_a_head_checkout_with_local_changes_is_refused_before_anything_starts(cl
         assert not result.ok
         head = _rows(result, CHECKOUT_ROW)["head"]
         assert head.status == Status.FAIL and "never discards local changes" in head.fix
-        assert not any(server.rank_state(n, profile).processes for n in cluster)
+        assert not any(ranks.rank_state(n, profile).processes for n in cluster)
     finally:
         cluster.head.run(f"git -C {quote(profile.recipe_dir)} checkout -- start.sh")
 
@@ -138,5 +138,5 @@ def test_a_missing_patch_target_stops_every_rank_before_vllm(cluster, tiny_model
     assert "FATAL: patch target vllm.entrypoints.launchers.app.build_app_gone missing" in text, text
     assert all(c.status == Status.NOOP for c in _rows(result, CHECKOUT_ROW).values())   # the tree was at the pin
     for node in cluster:
-        st = server.rank_state(node, profile)
+        st = ranks.rank_state(node, profile)
         assert not st.running and not st.processes, (node.name, st)

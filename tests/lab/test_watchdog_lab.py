@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from runbook.launch import server
+from runbook.launch import ranks, server
 from runbook.launch.watchdog import Watchdog
 from runbook.profile import load_profile
 from runbook.remote import Cluster
@@ -71,7 +71,7 @@ def _first_alert(dog: Watchdog, timeout: float):
 
 
 def _worker_pgid(cluster, profile) -> int:
-    state = server.rank_state(cluster.worker, profile)
+    state = ranks.rank_state(cluster.worker, profile)
     assert state.running and state.pid, state.describe()
     return state.pid
 
@@ -126,7 +126,7 @@ def test_head_api_killed_mid_request_is_caught_and_the_orphans_are_named(running
     profile, cluster = running
     _long_stream(profile)
     _wait_for_tokens(profile)
-    head = server.rank_state(cluster.head, profile)
+    head = ranks.rank_state(cluster.head, profile)
     assert head.running and head.pid, head.describe()
     dog = Watchdog(profile, echo=print).start()
     t0 = time.monotonic()
@@ -138,9 +138,9 @@ def test_head_api_killed_mid_request_is_caught_and_the_orphans_are_named(running
           f"{alert and alert.explanation()}")
     assert alert is not None and alert.kind == "api-gone", dog.alerts
     assert caught <= CAUGHT_WITHIN_S, caught
-    ranks = {r.node: r for r in alert.rows if r.name == "rank running"}
-    assert sorted(ranks) == ["head", "worker"] and ranks["head"].failed, alert.rows
-    if not ranks["worker"].failed:          # the worker's rank outlived the head: named, with the stop command
+    rank_rows = {r.node: r for r in alert.rows if r.name == "rank running"}
+    assert sorted(rank_rows) == ["head", "worker"] and rank_rows["head"].failed, alert.rows
+    if not rank_rows["worker"].failed:          # the worker's rank outlived the head: named, with the stop command
         orphans = [r for r in alert.rows if r.name == "no orphaned ranks"]
         assert orphans and "worker" in orphans[0].node and "runbook stop" in orphans[0].fix, alert.rows
     stopped = server.stop(cluster, profile, mem_settle_s=0)

@@ -418,10 +418,10 @@ def test_rank_state_matches_vllm_processes_and_our_process_group(pid, expected):
     """rank_state reads the pid file, fingerprint, record, container and process table in one command:
     with our pid file its whole process group counts (the resource tracker too); without it only what looks
     like vLLM; zombies and non-servers never."""
-    from runbook.launch import server
+    from runbook.launch import ranks
     answer = f"{pid}\n@@\nfp-123\n@@\n\n@@\n\n@@\n{PS}"
-    node = FakeNode("head", 0, read_only=True, rules=[(r"^cat \S+/head\.pid 2>/dev/null; .*" + re.escape(server.PS_CMD) + "$", answer)])
-    st = server.rank_state(node, load_profile(ENV / "lab.env"), home="/root")
+    node = FakeNode("head", 0, read_only=True, rules=[(r"^cat \S+/head\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", answer)])
+    st = ranks.rank_state(node, load_profile(ENV / "lab.env"), home="/root")
     assert [int(p.split()[0]) for p in st.processes] == expected
     assert (st.running, st.runtime, st.fingerprint) == ((True, "process", "fp-123") if pid else (False, "", ""))
 
@@ -431,20 +431,20 @@ def test_rank_state_matches_vllm_processes_and_our_process_group(pid, expected):
 def test_rank_state_a_created_or_exited_container_is_a_leftover_not_a_rank(status, running):
     """A failed `docker run` leaves our container "created": it is not a running rank (the next start would
     refuse it as stale), but it is still reported so stop removes it."""
-    from runbook.launch import server
+    from runbook.launch import ranks
     answer = f"\n@@\n\n@@\n\n@@\n{status} fp-9\n@@\n"
     node = FakeNode("worker", 1, read_only=True, rules=[(r"^cat \S+/worker\.pid 2>/dev/null; ", answer)])
-    st = server.rank_state(node, load_profile(ENV / "lab.env", {"RUNTIME": "docker"}), home="/root")
+    st = ranks.rank_state(node, load_profile(ENV / "lab.env", {"RUNTIME": "docker"}), home="/root")
     assert st.container_status == status
     assert (st.running, st.runtime) == ((True, "docker") if running else (False, ""))
 
 
 def test_start_progress_is_a_non_periodic_log_line():
-    from runbook.launch import server
-    W = server.RankWatch
-    assert server.log_progressed(W(True, 10, ["a"] * 10), W(True, 11, ["a"] * 10 + ["Loading weights took 1 s"]))
-    assert not server.log_progressed(W(True, 10, ["x"]), W(True, 11, ["x", 'INFO: 1.2.3.4 - "GET /health HTTP/1.1" 200']))
-    assert not server.log_progressed(W(True, 10, []), W(True, 10, []))
+    from runbook.launch import ranks
+    W = ranks.RankWatch
+    assert ranks.log_progressed(W(True, 10, ["a"] * 10), W(True, 11, ["a"] * 10 + ["Loading weights took 1 s"]))
+    assert not ranks.log_progressed(W(True, 10, ["x"]), W(True, 11, ["x", 'INFO: 1.2.3.4 - "GET /health HTTP/1.1" 200']))
+    assert not ranks.log_progressed(W(True, 10, []), W(True, 10, []))
 
 
 def test_gids_from_the_network_sidecar_and_api_host():
@@ -465,12 +465,12 @@ def test_gids_from_the_network_sidecar_and_api_host():
     (["dead", "dead"], {"worker"}),                     # never came up: named, with its log tail
 ])
 def test_workers_not_running_before_the_head_starts(monkeypatch, answers, expected):
-    from runbook.launch import server
+    from runbook.launch import ranks, server
     from support.doubles import FakeCluster
     monkeypatch.setattr(server.time, "sleep", lambda s: None)
     plan = _plan("lab")
     replies = iter(answers)
-    watch = re.escape(server._rank_watch_cmd(plan.rank("worker")))
+    watch = re.escape(ranks.rank_watch_cmd(plan.rank("worker")))
     worker = FakeNode("worker", 1, read_only=True,
                       rules=[(watch, lambda cmd: f"1000\n{next(replies)}\n2\nstarting\nenv: 'vllm': No such file")])
     gone = server._workers_not_running(FakeCluster([FakeNode("head", 0, read_only=True), worker]), plan)
@@ -483,7 +483,7 @@ def test_workers_not_running_before_the_head_starts(monkeypatch, answers, expect
 def test_server_rows_name_a_heads_orphaned_children_and_the_ranks_left_running():
     """The head's API server died (its pid gone) but its EngineCore / TP worker processes did not, and the
     worker's rank still runs: each rank's row, and one "no orphaned ranks" row naming both with the stop command."""
-    from runbook.launch import health, server
+    from runbook.launch import health, ranks
     from support.doubles import FakeCluster
     profile = load_profile(ENV / "lab.env", {"PORT": "1"})          # nothing answers /health there
     head_ps = ("  11    10 Sl   VLLM::EngineCore\n"
@@ -493,7 +493,7 @@ def test_server_rows_name_a_heads_orphaned_children_and_the_ranks_left_running()
         answer = f"{pid}\n@@\nfp-1\n@@\n\n@@\n\n@@\n{ps}"
         return FakeNode(name, rank, read_only=True, rules=[
             (r'^printf %s "\$HOME"$', "/root"),
-            (rf"^cat \S+/{name}\.pid 2>/dev/null; .*" + re.escape(server.PS_CMD) + "$", answer)])
+            (rf"^cat \S+/{name}\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", answer)])
     cluster = FakeCluster([node("head", 0, 10, head_ps), node("worker", 1, 20, worker_ps)])
     rows = {(r.name, r.node): r for r in health.server_rows(cluster, profile)}
     assert rows[("server answers /health", "head")].failed
