@@ -8,7 +8,7 @@ only when later bytes arrive reports TTFT one inter-chunk interval late or loses
 
 Truth is the reference server's emission log (same CLOCK_MONOTONIC): TTFT truth = the write time of
 the first token-bearing write - the client's send stamp. Asserted per framing: median TTFT error over
-its requests <= max(1 %, 1 ms); every request's error < half an interval (a reader one write late is
+its requests <= max(1 %, 5 ms); every request's error < half an interval (a reader one write late is
 off by a whole interval; the slack is for scheduler stalls on the shared 2-core box); output tokens
 exact; every stream complete (no "stream ended without [DONE]"); connections reused or not as framed.
 """
@@ -103,7 +103,9 @@ def test_ttft_and_tokens_exact_in_every_framing(server, tmp_path, name):
                              f"max {max(map(abs, errs)) * 1e3:.2f} ms")
     print(f"\n{name}: {report}")
     med_err = statistics.median(abs(x) for x in all_errs)
-    tol = max(0.01 * statistics.median(all_truths), 0.001)
+    # a reader one write late is off by a whole interval (50 ms): 5 ms still fails it 10 times over, and holds
+    # when other jobs load the 2 cores (1.6 ms seen then; 0.2-0.5 ms idle)
+    tol = max(0.01 * statistics.median(all_truths), 0.005)
     assert med_err <= tol, (name, f"median |TTFT error| {med_err * 1e3:.2f} ms > {tol * 1e3:.2f} ms", report)
     assert max(abs(x) for x in all_errs) < INTERVAL / 2, (name, report)
     # connection reuse is what the framing says: keep-alive reuses, close never does
