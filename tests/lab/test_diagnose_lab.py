@@ -36,6 +36,43 @@ def test_firewall_dropping_the_master_port_is_named_within_a_minute(lab, vllm_ve
     assert took < 60 + 30, took       # launch + the probe's polls; far from vLLM's own 1801 s
 
 
+def test_rendezvous_on_the_management_address_is_named(lab, vllm_venv, tmp_path):
+    """HEAD_IP set to the head's management address (a profile typo seen on Sparks: the master address and the
+    head's VLLM_HOST_IP then sit on the management network). On Sparks the worker cannot reach it there; here an
+    iptables drop in the worker for that address and port stands in for the unrouted network. The start fails
+    within a minute on the worker's TCP probe, and diagnose names the address as the head's management
+    interface, not its fabric netdev."""
+    from runbook.launch import diagnosis
+    from runbook.secrets import redactor_from_env
+    mgmt = next(n.mgmt_ip for n in lab.nodes if n.name == "head")
+    profile = load_profile(PROFILE, {"HEAD_IP": mgmt})
+    rule = f"OUTPUT -p tcp -d {mgmt} --dport {profile.master_port} -j DROP"
+    with Cluster.from_profile(profile) as cluster:
+        server.stop(cluster, profile, mem_settle_s=0)
+        plan = server.render_plan(cluster, profile)
+        assert f"--master-addr {mgmt}" in " ".join(plan.rank("worker").serve_argv)
+        cluster.worker.run(f"iptables -I {rule}", timeout=20)
+        try:
+            t0 = time.monotonic()
+            result = server.start(cluster, profile, plan, raise_on_failure=False)
+            took = time.monotonic() - t0
+            archive, findings = diagnosis.diagnose_server(cluster, profile, tmp_path, redactor_from_env(), plan=plan)
+        finally:
+            cluster.worker.run(f"iptables -D {rule}", timeout=20, warn=True)
+            server.stop(cluster, profile, mem_settle_s=0)
+    failed = result.checks.failures()
+    print(f"\n[diagnose] rendezvous on {mgmt}: start ended after {took:.1f} s: "
+          + "; ".join(f"{c.name}: {c.observed}" for c in failed)
+          + "\n" + "\n".join(f.to_text() for f in findings))
+    assert failed and failed[0].name == "workers reach the master port", result.checks.to_text()
+    assert took < 60 + 30, took
+    found = {f.id: f for f in findings}
+    assert "rendezvous-mgmt-address" in found, sorted(found)
+    said = " ".join(found["rendezvous-mgmt-address"].evidence)
+    assert mgmt in said and "not the fabric" in said, said
+    assert archive.is_file()
+
+
 @pytest.fixture(scope="module")
 def running(lab, vllm_venv):
     profile = load_profile(PROFILE)
