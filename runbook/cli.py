@@ -77,10 +77,18 @@ def cmd_lab(args) -> int:
     return 0
 
 
+def _server_profile_args(parser) -> None:
+    """--profile, -p and --rehearse of the commands that reach a profile's server (see _server_cluster)."""
+    parser.add_argument("--profile", default=DEFAULT_PROFILE)
+    parser.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="the recipe profile as `run --rehearse` runs it on the lab")
+
+
 def _server_cluster(args):
     from .profile import load_profile
     from .remote import Cluster
-    if getattr(args, "rehearse", False):      # the rehearsed server of a recipe profile, as `run --rehearse` ran it
+    if args.rehearse:      # the rehearsed server of a recipe profile, as `run --rehearse` ran it
         from .lab.rehearsal import load_rehearsal
         profile, _, _ = load_rehearsal(args.profile, _overrides(args.param), publish=True,
                                        echo=lambda line: print(line, file=sys.stderr))
@@ -234,22 +242,16 @@ def build_parser() -> argparse.ArgumentParser:
     lab.set_defaults(func=cmd_lab)
 
     start = sub.add_parser("start", help="start the profile's server (exit 3: its ranks already run)")
-    start.add_argument("--profile", default=DEFAULT_PROFILE)
-    start.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
-    start.add_argument("--rehearse", action="store_true", help="the recipe profile as `run --rehearse` runs it on the lab")
+    _server_profile_args(start)
     start.set_defaults(func=cmd_start)
 
     diag = sub.add_parser("diagnose", help="collect a support bundle from every node and match known failures")
-    diag.add_argument("--profile", default=DEFAULT_PROFILE)
-    diag.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
-    diag.add_argument("--rehearse", action="store_true", help="the recipe profile as `run --rehearse` runs it on the lab")
+    _server_profile_args(diag)
     diag.add_argument("--run", help="write into this run folder under results/ (default: a new one)")
     diag.set_defaults(func=cmd_diagnose)
 
     watch = sub.add_parser("watch", help="alert when the server stops generating while requests wait (wedge)")
-    watch.add_argument("--profile", default=DEFAULT_PROFILE)
-    watch.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
-    watch.add_argument("--rehearse", action="store_true", help="the recipe profile as `run --rehearse` runs it on the lab")
+    _server_profile_args(watch)
     watch.add_argument("--seconds", type=float, default=0, help="stop after this long (default: until Ctrl-C)")
     watch.add_argument("--stall", type=float, default=None,
                        help="seconds without a processed token that count (default: 20 on the lab, 180 on Sparks)")
@@ -260,9 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
                              ("logs", cmd_logs, "the last lines of the vLLM logs")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("node", nargs="?", choices=["head", "worker", "worker2"], help="one node (default: all)")
-        sp.add_argument("--profile", default=DEFAULT_PROFILE)
-        sp.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
-        sp.add_argument("--rehearse", action="store_true", help="the recipe profile as `run --rehearse` runs it on the lab")
+        _server_profile_args(sp)
         if name == "logs":
             sp.add_argument("--tail", type=int, default=100, help="lines per node")
         sp.set_defaults(func=func)

@@ -158,7 +158,7 @@ class Redactor:
             return text
         for v in sorted(self._values, key=len, reverse=True):
             text = text.replace(v, MASK)
-        text = HF_TOKEN_RE.sub(MASK, text)
+        text = mask_tokens(text)
         text = _BEARER_RE.sub(lambda m: m.group(1) + MASK, text)
         text = _ASSIGN_RE.sub(lambda m: m.group(1) + MASK if m.group(2) != MASK else m.group(0), text)
         return text

@@ -33,6 +33,11 @@ TINY_VARIANTS = {
 TINY_BY_TP = {3: TINY_VARIANTS["spark-runbook/tiny-tp3"]}
 
 
+def tiny_for_tp(tp: int) -> tuple[str, Path]:
+    """(module that makes it, local model dir) of the stand-in shaped for this tensor-parallel size."""
+    return TINY_BY_TP.get(tp, (TINY_MODULE, TINY_MODEL_DIR))
+
+
 def tiny_variant(repo_id: str) -> tuple[str, Path]:
     """(module that makes it, local model dir) of a lab Hub repo; the default is the 2-node tiny model."""
     return TINY_VARIANTS.get(repo_id, (TINY_MODULE, TINY_MODEL_DIR))
@@ -42,7 +47,7 @@ def stand_in_model_dir(profile) -> Path:
     """The local tiny model the lab serves for this profile (its tokenizer, for example): the TP-shaped
     stand-in of a rehearsal, else the profile's lab repo."""
     if profile.rehearsal:
-        return TINY_BY_TP.get(profile.tp, (TINY_MODULE, TINY_MODEL_DIR))[1]
+        return tiny_for_tp(profile.tp)[1]
     return tiny_variant(profile.hf_model_repo)[1]
 
 
@@ -93,7 +98,7 @@ def ensure_tiny_repo(repo_id: str, *, tp: int | None = None, echo=print) -> str:
     existing = read_ref(HUB_ROOT / org / name, branch)
     if existing:
         return existing
-    module, out = TINY_BY_TP.get(tp, (TINY_MODULE, TINY_MODEL_DIR)) if tp else tiny_variant(repo_id)
+    module, out = tiny_for_tp(tp) if tp else tiny_variant(repo_id)
     model = ensure_tiny_model(echo=echo, module=module, out=out)
     revision = publish_repo(HUB_ROOT, repo_id, model, branch=branch)
     echo(f"lab: published {repo_id}@{revision} ({branch}) to the lab Hub")

@@ -31,7 +31,8 @@ def server_rows(cluster: Cluster, profile) -> list[Check]:
                       expected="HTTP 200", fix=f"the API is gone: read `python -m runbook logs --profile "
                                                 f"{profile.source}`; restart with 04_launch (action='restart')"))
     states = cluster.each(lambda node: rank_state(node, profile))
-    alive, dead, leftovers = [], [], []
+    alive, dead = [], []
+    leftovers: dict[str, str] = {}       # node -> its vLLM processes left without their server
     for name, st in states.items():
         if isinstance(st, Exception):
             rows.append(check("rank running", False, node=name, observed=f"cannot read: {str(st)[:200]}",
@@ -39,14 +40,14 @@ def server_rows(cluster: Cluster, profile) -> list[Check]:
             continue
         (alive if st.running else dead).append(name)
         if not st.running and st.processes:     # its main process died, children (EngineCore, TP workers) did not
-            leftovers.append(f"{name} ({len(st.processes)} vLLM process(es) without their server: "
-                             f"{', '.join(p.split()[0] for p in st.processes[:6])})")
+            leftovers[name] = (f"{len(st.processes)} vLLM process(es) without their server: "
+                               f"{', '.join(p.split()[0] for p in st.processes[:6])}")
         rows.append(check("rank running", st.running, node=name, observed=st.describe(),
                           expected="the rank 04_launch started",
                           fix=f"read its log: python -m runbook logs {name} --profile {profile.source}"))
     if leftovers or (alive and (dead or health.status != 200)):
-        held = alive + leftovers
-        rows.append(check("no orphaned ranks", False, node=",".join(alive + [n.split()[0] for n in leftovers]),
+        held = alive + [f"{name} ({what})" for name, what in leftovers.items()]
+        rows.append(check("no orphaned ranks", False, node=",".join([*alive, *leftovers]),
                           observed=f"still running on {', '.join(held)} while "
                                    + (f"{', '.join(dead)} is gone" if dead else "the API does not answer"),
                           expected="every rank serving, or none left running",

@@ -31,7 +31,7 @@ from pydantic_core import PydanticCustomError
 from .. import envfile
 from ..envfile import EnvEntry
 from ..errors import ProfileError, ProfileIssue
-from ..secrets import HF_TOKEN_RE, MASK, PROFILE_SECRETS_HINT as SECRETS_HINT, mask_tokens
+from ..secrets import HF_TOKEN_RE, PROFILE_SECRETS_HINT as SECRETS_HINT, mask_tokens
 
 __all__ = [
     "Profile", "NodeSpec", "ProfileWarning", "load_profile", "parse_env_file", "parse_env_text",
@@ -718,7 +718,7 @@ class Profile(BaseModel):
             elif isinstance(v, dict):
                 v = dict(v)
             elif isinstance(v, str):
-                v = HF_TOKEN_RE.sub(MASK, v)
+                v = mask_tokens(v)
             out[name.upper()] = v
         return out
 
