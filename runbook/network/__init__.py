@@ -2,14 +2,19 @@
 
     runbook.network.run(step, traffic=True, iperf_seconds=3)   # -> the bandwidth figure
 
-Check names → code: ``verify.py`` (one ``_<topic>_checks`` function per table section); the traffic tools
-(perftest, OpenMPI, nccl-tests: found, installed when allowed, or a FAIL with the commands): ``tools.py``.
+Check names → code (one ``<topic>_checks`` function per family; ``verify.py`` runs them in order):
+``net.facts``/``fabric_if``/``hca``/``rails``/``path.*``: ``rails.py``; ``net.link``/``speed``/``pcie``/``addr``/
+``route``/``rp_filter``/``mtu.*``: ``links.py``; ``net.gid*``, ``net.rdma.*``: ``rdma.py``; ``net.ping.*``,
+``net.tcp.*``: ``ip_traffic.py``; ``net.tools`` (perftest, OpenMPI, nccl-tests: found, installed when allowed, or
+a FAIL with the commands): ``tools.py``; ``net.nccl.*``, ``net.allreduce``: ``collectives.py``. The shared
+state and probe helpers: ``context.py``; the bandwidth rows and chart: ``bandwidth.py``.
 In a rehearsal the hardware-only tools are the simulators of ``runbook.lab.sim``, installed first.
 """
 from __future__ import annotations
 
 from ..lab import sim
-from .verify import bandwidth_rows, plot_bandwidth, verify_network
+from .bandwidth import bandwidth_rows, plot_bandwidth
+from .verify import verify_network
 
 
 def run(step, *, traffic: bool = True, iperf_seconds: int = 3, install_tools: bool | None = None):

@@ -7,6 +7,8 @@ source at the pinned tag :data:`NCCL_TESTS_TAG` under ``CACHE_DIR/nccl-tests`` (
 node's CUDA, OpenMPI and NCCL) -- and checks again; otherwise the row FAILs with the exact commands for that
 node. nccl-tests is looked for in ``CACHE_DIR/nccl-tests/build`` and then ``~/nccl-tests/build`` (where
 NVIDIA's NCCL playbook builds it); in a rehearsal the simulators' directory is the only place.
+
+Check rows: ``net.tools`` (one per node, before any traffic).
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..checks import Check, check
+from ..lab import sim
 from ..remote import expand_home
 from ..weights.node_paths import node_user
+from .context import Context
 
 NCCL_TESTS_REPO = "https://github.com/NVIDIA/nccl-tests.git"
 NCCL_TESTS_TAG = "v2.18.3"
@@ -25,6 +29,7 @@ CUDA_HOME = "/usr/local/cuda"
 PERFTEST = ("ib_write_bw", "ib_write_lat")
 APT_PERFTEST = "sudo -n apt-get install -y perftest"
 APT_OPENMPI = "sudo -n apt-get install -y openmpi-bin libopenmpi-dev"
+SIM_TOOLS = f"the rehearsal's simulators ({sim.SIM_DIR}, runbook.lab.sim) stand in for perftest and nccl-tests"
 
 
 @dataclass
@@ -143,3 +148,24 @@ def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, ins
 def locate_again(node, t: NodeTools) -> NodeTools:
     res = node.read(probe_cmd(t.candidates), timeout=20)
     return parse_probe(getattr(res, "stdout", ""), NodeTools(node=t.node, candidates=t.candidates, src_dir=t.src_dir))
+
+
+def tools_checks(ctx: Context, tests_dir: str, install: bool) -> None:
+    """perftest / mpirun / nccl-tests present on every node (installed when allowed), before any traffic."""
+    need_perftest = ctx.expect_rdma
+    need_nccl = ctx.expect_rdma and ctx.expect_gpu
+    if not (need_perftest or need_nccl):
+        return
+
+    def one(node):
+        t = locate(node, ctx.profile, rehearsal_dir=sim.NCCL_TESTS_DIR if ctx.rehearsal else "",
+                   tests_dir=tests_dir)
+        ctx.nccl_dirs[node.name] = t.nccl_dir or (t.candidates[0] if t.candidates else "")
+        return tools_check(node, t, need_perftest=need_perftest, need_nccl=need_nccl, install=install,
+                           rehearsal=ctx.rehearsal)
+
+    for name, value in ctx.cluster.each(one).items():
+        if isinstance(value, Exception):
+            value = check("net.tools", False, node=name, observed=f"probe failed: {str(value).splitlines()[0][:200]}",
+                          expected="perftest and nccl-tests located", fix="check the node is reachable")
+        ctx.add_hw(value, SIM_TOOLS)

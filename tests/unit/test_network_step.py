@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from runbook.network import bandwidth, collectives
 from runbook.network import verify as network
 from runbook.checks import Status
 from support.doubles import FakeCluster, FakeNode, res
@@ -126,9 +127,9 @@ def test_sweep_runs_on_both_nodes_with_lab_python():
 
 
 def test_sweep_python_derivation():
-    assert network.sweep_python_from(lab_profile(vllm_bin="/x/bin/vllm")) == "/x/bin/python"
-    assert network.sweep_python_from(lab_profile(vllm_bin="/x/bin/python3 -m vllm.entrypoints")) == "/x/bin/python3"
-    assert network.sweep_python_from(lab_profile(vllm_bin="")) is None
+    assert collectives.sweep_python_from(lab_profile(vllm_bin="/x/bin/vllm")) == "/x/bin/python"
+    assert collectives.sweep_python_from(lab_profile(vllm_bin="/x/bin/python3 -m vllm.entrypoints")) == "/x/bin/python3"
+    assert collectives.sweep_python_from(lab_profile(vllm_bin="")) is None
 
 
 # --------------------------------------------------------------------------- Spark (RDMA)
@@ -337,9 +338,9 @@ def test_plot_bandwidth():
     import matplotlib
     matplotlib.use("Agg")
     checks, _ = network.verify_network(spark_profile(), spark_cluster(), None)
-    rows = network.bandwidth_rows(checks)
+    rows = bandwidth.bandwidth_rows(checks)
     assert {r["kind"] for r in rows} == {"tcp", "rdma"} and len(rows) == 8
-    fig = network.plot_bandwidth(checks)
+    fig = bandwidth.plot_bandwidth(checks)
     assert fig.axes and len(fig.axes[0].patches) == 8
-    empty = network.plot_bandwidth([])
+    empty = bandwidth.plot_bandwidth([])
     assert empty is not None

@@ -27,6 +27,7 @@ from runbook.facts import rdma as fr
 from runbook.facts import system
 from runbook.lab import sim
 from runbook.lab.rehearsal import load_rehearsal
+from runbook.network import collectives
 from runbook.network import verify as network
 from runbook.remote import REHEARSAL_SIM_DIR, Cluster, rehearsal_path_prefix
 
@@ -225,16 +226,16 @@ def test_ib_write_lat(exl3, tmp_path):
 
 
 def _ranks(profile, **worker):
-    ranks = [network.NcclRank(node=n.name, host=str(n.fabric_ip), socket_if=n.socket_if, hcas=list(n.ib_devs),
-                              gid_index=3, tests_dir=sim.NCCL_TESTS_DIR) for n in profile.nodes]
+    ranks = [collectives.NcclRank(node=n.name, host=str(n.fabric_ip), socket_if=n.socket_if, hcas=list(n.ib_devs),
+                                  gid_index=3, tests_dir=sim.NCCL_TESTS_DIR) for n in profile.nodes]
     for k, v in worker.items():
         setattr(ranks[1], k, v)
     return ranks
 
 
 def _mpirun(cluster, profile, **worker):
-    cmd = network.nccl_tests_cmd(_ranks(profile, **worker), mpi_include=["169.254.77.0/24"],
-                                 as_root=os.geteuid() == 0)
+    cmd = collectives.nccl_tests_cmd(_ranks(profile, **worker), mpi_include=["169.254.77.0/24"],
+                                     as_root=os.geteuid() == 0)
     return cmd, sh(cluster.nodes[0], cmd, 120)
 
 
@@ -246,7 +247,7 @@ def test_all_reduce_perf_per_rank(exl3, tmp_path):
     out = fn.parse_nccl_tests(res.stdout)
     assert out.ranks == 2 and len(out.rows) == 5 and not out.wrong
     assert out.avg_busbw_gbs == sim.FIGURES["nccl_busbw_gbs"]["1"]       # one twin per node in recipe A
-    logs = network.rank_logs(res.stdout, cluster.nodes)
+    logs = collectives.rank_logs(res.stdout, cluster.nodes)
     assert fn.parse_nccl_log(logs["head"]).hca_names == ["rocep1s0f1"]
     assert fn.parse_nccl_log(logs["worker"]).hca_names == ["rocep1s0f0"]
     assert all(fn.parse_nccl_log(log).transport == "IB" for log in logs.values())
@@ -260,7 +261,7 @@ def test_all_reduce_perf_bad_invocations(exl3, tmp_path, case):
               "unknown_host": {"host": "169.254.77.9"}}[case]
     _, res = _mpirun(cluster, exl3, **change)
     text = res.stdout + res.stderr
-    logs = network.rank_logs(res.stdout, cluster.nodes)
+    logs = collectives.rank_logs(res.stdout, cluster.nodes)
     if case == "hca_typo":        # not fatal in NCCL: the worker falls back to sockets, and the step FAILs on it
         assert res.exit_code == 0
         worker = fn.parse_nccl_log(logs["worker"])
@@ -281,7 +282,7 @@ def test_all_reduce_perf_bad_invocations(exl3, tmp_path, case):
 @pytest.mark.skipif(os.geteuid() != 0, reason="OpenMPI's root refusal applies to root only")
 def test_mpirun_refuses_root_without_the_flag(exl3, tmp_path):
     cluster = sim_cluster(exl3, tmp_path)
-    cmd = network.nccl_tests_cmd(_ranks(exl3), mpi_include=["169.254.77.0/24"], as_root=False)
+    cmd = collectives.nccl_tests_cmd(_ranks(exl3), mpi_include=["169.254.77.0/24"], as_root=False)
     res = sh(cluster.nodes[0], cmd, 60)
     assert res.exit_code != 0 and "mpirun has detected an attempt to run as root" in res.stdout
 

@@ -1,0 +1,202 @@
+"""All-reduce across the nodes over the fabric: nccl-tests' ``all_reduce_perf`` under mpirun and the gloo
+all-reduce sweep.
+
+nccl-tests runs one rank per node, each with its own node's NCCL env; the sweep is
+``runbook/facts/allreduce_sweep.py``, one rank per node.
+
+Check rows: ``net.nccl.busbw``, ``net.nccl.transport``, ``net.nccl.hcas`` (N/A without GPU or RDMA; SIMULATED
+in a rehearsal, where mpirun and nccl-tests are the simulators of ``runbook.lab.sim``) and ``net.allreduce``
+(real in a rehearsal too; N/A without a python with torch).
+"""
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from dataclasses import dataclass
+
+from ..checks import check, not_applicable
+from ..facts import nccl as fn
+from . import tools
+from .context import Context, Rail, ReadFailure, iface_of, read, setting, split_list, text_of
+from .rdma import GidPlan
+
+SWEEP_PORT = 29531
+SWEEP_MAX_BYTES = 16 << 20
+SIM_NCCL = ("mpirun + all_reduce_perf simulators started every rank on its own node over ssh and checked its "
+            "NCCL_SOCKET_IFNAME, NCCL_IB_HCA and NCCL_IB_GID_INDEX there; busbw is the published figure for the "
+            "HCAs used (manifest.json)")
+
+
+@dataclass
+class NcclRank:
+    """One nccl-tests rank, rendered with ITS node's values (recipe A: head enp1s0f1np1/rocep1s0f1,
+    worker enp1s0f0np0/rocep1s0f0 -- the head's values on the worker name an interface it does not have)."""
+    node: str
+    host: str                  # mpirun -H: the node's fabric address
+    socket_if: str             # NCCL_SOCKET_IFNAME (BOOTSTRAP_IF when set, else the node's fabric netdev)
+    hcas: list[str]            # NCCL_IB_HCA: the node's <NODE>_CX7_IB
+    gid_index: int | None      # NCCL_IB_GID_INDEX resolved/pinned for this node
+    tests_dir: str             # this node's nccl-tests build directory
+
+
+def nccl_tests_cmd(ranks: list[NcclRank], *, mpi_include: list[str], test: str = "all_reduce_perf",
+                   timeout_s: int = 180, as_root: bool = False) -> str:
+    """mpirun MPMD, one app context (rank) per node, each with its own NCCL env and binary path; OpenMPI's TCP
+    traffic restricted to ``mpi_include`` (the ranks' socket subnets, CIDR: valid on every node)."""
+    apps = []
+    for r in ranks:
+        env = ["NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET", f"NCCL_SOCKET_IFNAME={r.socket_if}",
+               f"NCCL_IB_HCA={','.join(r.hcas)}", "NCCL_IB_DISABLE=0"]
+        if r.gid_index is not None:
+            env.append(f"NCCL_IB_GID_INDEX={r.gid_index}")
+        xs = " ".join(f"-x {shlex.quote(e)}" for e in env) + " -x LD_LIBRARY_PATH"
+        binary = shlex.quote(posixpath.join(r.tests_dir, test))
+        apps.append(f"-np 1 -H {r.host}:1 {xs} {binary} -b 8M -e 128M -f 2 -g 1")
+    include = shlex.quote(",".join(mpi_include))
+    root = " --allow-run-as-root" if as_root else ""
+    return (f"timeout {timeout_s} mpirun{root} --mca plm_rsh_agent 'ssh -o BatchMode=yes' --mca btl self,tcp "
+            f"--mca btl_tcp_if_include {include} --mca oob_tcp_if_include {include} " + " : ".join(apps) + " 2>&1")
+
+
+def nccl_ranks(ctx: Context, gid: GidPlan) -> tuple[list[NcclRank], list[str]]:
+    """Each node's rank and the subnets of the ranks' socket interfaces (for OpenMPI's if_include)."""
+    ranks, nets = [], []
+    for node in ctx.nodes:
+        sock = getattr(node.spec, "socket_if", "") or (split_list(node.spec.fabric_if) or [""])[0]
+        ranks.append(NcclRank(node=node.name, host=str(node.spec.fabric_ip), socket_if=sock,
+                              hcas=split_list(node.spec.ib_devs), gid_index=gid.per_node.get(node.name),
+                              tests_dir=ctx.nccl_dirs.get(node.name) or "nccl-tests/build"))
+        nets += [str(n) for n in iface_of(ctx.facts[node.name], sock).ipv4_networks]
+    return ranks, list(dict.fromkeys(nets)) or list(dict.fromkeys(r.socket_if for r in ranks))
+
+
+_RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", re.MULTILINE)
+
+
+def rank_logs(text: str, nodes) -> dict[str, str]:
+    """NCCL's log lines of each node's rank (``<host>:<pid>:<tid> [..] NCCL ...``), the host read from
+    nccl-tests' ``#  Rank k ... on <host>`` line; '' for a rank that printed none."""
+    hosts = {int(k): h for k, h in _RANK_LINE.findall(text or "")}
+    out = {}
+    for k, node in enumerate(nodes):
+        h = hosts.get(k)
+        out[node.name] = "\n".join(l for l in (text or "").splitlines() if h and l.startswith(f"{h}:"))
+    return out
+
+
+def nccl_checks(ctx: Context, gid: GidPlan) -> None:
+    """nccl-tests' all_reduce_perf across all nodes: bus bandwidth, NET/IB on every rank, each rank's HCAs."""
+    if not ctx.expect_gpu:
+        ctx.add(not_applicable("net.nccl", "not applicable on this profile (EXPECT_GPU=0)", node="cluster"))
+        return
+    if not ctx.expect_rdma:
+        ctx.add(not_applicable("net.nccl", "not applicable on this profile (EXPECT_RDMA=0: no NET/IB to test)", node="cluster"))
+        return
+    head = ctx.nodes[0]
+    ranks, include = nccl_ranks(ctx, gid)
+    cmd = nccl_tests_cmd(ranks, mpi_include=include, as_root=_is_root(head))
+    r = read(head, cmd, 240)
+    text = text_of(r)
+    ev = [ctx.save("nccl_all_reduce_perf.txt", text)]
+    res = fn.parse_nccl_tests(text)
+    per_rank = {name: fn.parse_nccl_log(log) for name, log in rank_logs(text, ctx.nodes).items()}
+    min_bus = float(setting(ctx.profile, "min_nccl_busbw_gbs", 21.875) or 21.875)
+    if res.avg_busbw_gbs is None:
+        ctx.add_hw(check("net.nccl.busbw", False, node="cluster", observed=f"nccl-tests: {res.error}", expected=f">= {min_bus} GB/s",
+                         fix="see net.tools for nccl-tests on every node; the log's NCCL WARN / Test NCCL failure lines name the rank",
+                         evidence=ev), SIM_NCCL)
+    else:
+        ctx.add_hw(check("net.nccl.busbw", res.avg_busbw_gbs >= min_bus and not res.wrong, node="cluster",
+                         observed=f"avg busbw {res.avg_busbw_gbs} GB/s (max {res.max_busbw_gbs}), #wrong {'>0' if res.wrong else '0'}",
+                         expected=f">= {min_bus} GB/s (MIN_NCCL_BUSBW_GBS), no wrong results",
+                         fix="use both twins in NCCL_IB_HCA, MTU 9000, the release NCCL build", evidence=ev,
+                         data={"avg_busbw_gbs": res.avg_busbw_gbs, "rows": [vars(x) for x in res.rows]}), SIM_NCCL)
+    seen = {n: (log.transport or "not seen") for n, log in per_rank.items()}
+    ctx.add_hw(check("net.nccl.transport", all(t == "IB" for t in seen.values()), node="cluster",
+                     observed="; ".join(f"{n}: {t} ({', '.join(per_rank[n].via) or 'no channels'})" for n, t in seen.items()),
+                     expected="NET/IB on every rank (not NET/Socket; GDRDMA is not supported on Spark)",
+                     fix="NCCL fell back to TCP: pass /dev/infiniband, IPC_LOCK and memlock=-1 to the container; NCCL_IB_DISABLE must be 0; "
+                         "NET/IB : No device found means NCCL_IB_HCA names no ACTIVE HCA of that node",
+                     evidence=ev), SIM_NCCL)
+    for rank in ranks:
+        log = per_rank[rank.node]
+        used = set(log.hca_names)
+        missing = [h for h in rank.hcas if h not in used]
+        ctx.add_hw(check("net.nccl.hcas", bool(used) and not missing, node=rank.node,
+                         observed=f"NET/IB using {', '.join(log.hcas) or 'none'} (NCCL_IB_HCA={','.join(rank.hcas)})",
+                         expected=f"all of {', '.join(rank.hcas)} (this node's {rank.node.upper()}_CX7_IB)",
+                         fix=f"set {rank.node.upper()}_CX7_IB to the ACTIVE HCAs of {rank.node} (ibdev2netdev; both twins of the "
+                             "cabled port for full bandwidth)", evidence=ev), SIM_NCCL)
+
+
+def _is_root(node) -> bool:
+    try:
+        return tools.node_user(node).is_root
+    except Exception:  # noqa: BLE001 - unknown user: render without the flag; mpirun then says why
+        return False
+
+
+def sweep_python_from(profile) -> str | None:
+    """The python next to VLLM_BIN (``…/bin/vllm`` -> ``…/bin/python``), or VLLM_BIN if it is python."""
+    vb = str(setting(profile, "vllm_bin", "") or "").strip()
+    if not vb:
+        return None
+    first = shlex.split(vb)[0]
+    if "/" in first and not first.startswith(("/", "~")) and hasattr(profile, "resolve_path"):
+        first = str(profile.resolve_path(first))   # repo-relative (the lab's nodes share the repo)
+    if re.search(r"python[\d.]*$", first):
+        return first
+    if first.endswith("/vllm"):
+        return first[: -len("vllm")] + "python"
+    return None
+
+
+def sweep_cmd(python: str, *, rank: int, world_size: int, master: str, iface: str,
+              port: int = SWEEP_PORT, max_bytes: int = SWEEP_MAX_BYTES, timeout_s: int = 120) -> str:
+    script = fn.SWEEP_SCRIPT.read_text()
+    args = (f"--rank {rank} --world-size {world_size} --master-addr {shlex.quote(master)} --master-port {port} "
+            f"--iface {shlex.quote(iface)} --max-bytes {min(int(max_bytes), 64 << 20)} --timeout 60")
+    return f"timeout {timeout_s} {python} - {args} <<'RUNBOOK_SWEEP_EOF'\n{script}\nRUNBOOK_SWEEP_EOF"
+
+
+def sweep_checks(ctx: Context, rails: list[Rail], python: str | None, max_bytes: int, min_busbw: float) -> None:
+    """A gloo all-reduce sweep (1 KiB .. max_bytes) over rail 0, one rank per node, its results verified."""
+    python = python or sweep_python_from(ctx.profile)
+    if not python:
+        ctx.add(not_applicable("net.allreduce", "not applicable on this profile (no python with torch: VLLM_BIN unset; pass sweep_python)",
+                               node="cluster"))
+        return
+    rail = rails[0]
+    ranks = {n.name: k for k, n in enumerate(ctx.nodes)}
+    if all(n.name in rail.ends for n in ctx.nodes):
+        master = rail.ends[ctx.nodes[0].name].ip
+        ifaces = {n.name: rail.ends[n.name].iface for n in ctx.nodes}
+    else:       # no rail joins every node (per-subnet rails): the all-reduce runs where vLLM's Gloo does
+        master = str(getattr(ctx.profile, "master_addr", "") or ctx.nodes[0].spec.fabric_ip)
+        ifaces = {n.name: getattr(n.spec, "socket_if", "") or split_list(n.spec.fabric_if)[0] for n in ctx.nodes}
+
+    def run(node):
+        cmd = sweep_cmd(python, rank=ranks[node.name], world_size=len(ctx.nodes), master=master,
+                        iface=ifaces[node.name], max_bytes=max_bytes)
+        return read(node, cmd, 150)
+
+    outs = ctx.cluster.each(run)
+    for node in ctx.nodes:
+        r = outs[node.name]
+        r = r if not isinstance(r, Exception) else ReadFailure(255, "", str(r))
+        ev = [ctx.save(f"allreduce_sweep_{node.name}.json", text_of(r))]
+        sw = fn.parse_allreduce_sweep(r.stdout)
+        if sw.error or not sw.points:
+            ctx.add(check("net.allreduce", False, node=node.name, observed=f"sweep failed: {sw.error or 'no results'}",
+                          expected="gloo all-reduce 1 KiB..16 MiB completes", evidence=ev,
+                          fix=f"check {python} has torch, port {SWEEP_PORT} is free, and GLOO_SOCKET_IFNAME={ifaces[node.name]} reaches {master}"))
+            continue
+        peak = sw.peak_busbw_gbs or 0.0
+        last = sw.points[-1]
+        ok = bool(sw.correct) and peak >= min_busbw
+        ctx.add(check("net.allreduce", ok, node=node.name,
+                      observed=f"gloo busbw {last.busbw_gbs * 8:.2f} Gb/s at {last.bytes >> 10} KiB, peak {peak * 8:.2f} Gb/s, correct={sw.correct}",
+                      expected="results correct" + (f", peak busbw >= {min_busbw} GB/s" if min_busbw else ""),
+                      fix="wrong all-reduce results or low bandwidth over the fabric: check the IF, MTU and firewall",
+                      evidence=ev, data={"kind": "allreduce", "points": [vars(p) for p in sw.points], "backend": sw.backend}))

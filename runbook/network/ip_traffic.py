@@ -1,0 +1,74 @@
+"""IP traffic over every rail: a don't-fragment ping at the fabric MTU and iperf3's TCP bandwidth, both
+directions. Servers are one-shot (``iperf3 -s -1``) under ``timeout``; these stay real in a rehearsal.
+
+Check rows: ``net.ping.<rail>.<a>-><b>``, ``net.tcp.<rail>.<a>-><b>``.
+"""
+from __future__ import annotations
+
+from ..checks import check
+from ..facts import net as fnet
+from .context import Context, Rail, concurrently, pairs_on, read, setting, text_of
+
+IPERF_BASE_PORT = 5301
+
+
+def ping_checks(ctx: Context, rails: list[Rail]) -> None:
+    """A full-MTU don't-fragment ping over every rail, both directions."""
+    mtu = int(setting(ctx.profile, "fabric_mtu", 9000) or 9000)
+    max_rtt = float(setting(ctx.profile, "max_rtt_ms", 1.0) or 1.0)
+    size = mtu - 28
+    for rail in rails:
+        for a, b in pairs_on(ctx, rail):
+            src, dst = rail.ends[a.name], rail.ends[b.name]
+            name = f"ping_{rail.name}_{a.name}_to_{b.name}.txt"
+            r = read(a, fnet.ping_cmd(dst.ip, size=size, count=5, iface=src.iface), ctx.timeout)
+            ev = [ctx.save(name, text_of(r))]
+            p = fnet.parse_ping(text_of(r))
+            label = f"net.ping.{rail.name}.{a.name}->{b.name}"
+            if not p.ok:
+                hint = (f"local MTU is {p.local_mtu}: set {mtu} on {src.iface}" if p.local_mtu else
+                        f"check link, addresses and MTU {mtu} on both ends (the peer drops oversize frames silently)")
+                ctx.add(check(label, False, node=a.name,
+                              observed=f"{src.iface} -> {dst.ip}: {p.received}/{p.transmitted} received"
+                                       + (f", {p.error}" if p.error else ""),
+                              expected=f"{size}-byte DF ping (MTU {mtu}) answered", fix=hint, evidence=ev,
+                              data={"loss_pct": p.loss_pct}))
+                continue
+            slow = p.rtt_avg_ms is not None and p.rtt_avg_ms > max_rtt
+            ctx.add(check(label, not slow, node=a.name, warn_only=True,
+                          observed=f"{src.iface} -> {dst.ip}: {size} B DF, 0% loss, rtt avg {p.rtt_avg_ms} ms (max {p.rtt_max_ms})",
+                          expected=f"0% loss, rtt avg <= {max_rtt} ms (MAX_RTT_MS)",
+                          fix="unexplained high RTT: treat as a blocker (degraded link state seen after NM churn; cold boot both nodes)",
+                          evidence=ev, data={"rtt_avg_ms": p.rtt_avg_ms, "rtt_max_ms": p.rtt_max_ms}))
+
+
+def iperf_checks(ctx: Context, rails: list[Rail], seconds: int) -> None:
+    """iperf3 over every rail, both directions, the client bound to the rail's address."""
+    min_gbps = float(setting(ctx.profile, "min_tcp_gbps", 0) or 0)
+    port = IPERF_BASE_PORT
+    for rail in rails:
+        for a, b in pairs_on(ctx, rail):   # a sends (client), b receives (server)
+            src, dst = rail.ends[a.name], rail.ends[b.name]
+            port += 1
+            tmo = seconds + 30
+            srv_cmd = fnet.iperf3_server_cmd(dst.ip, port, timeout_s=seconds + 25)
+            cli_cmd = fnet.iperf3_client_cmd(dst.ip, port, bind_ip=src.ip, seconds=seconds)
+            srv, cli = concurrently([lambda b=b, c=srv_cmd, t=tmo: read(b, c, t),
+                                       lambda a=a, c=cli_cmd, t=tmo: read(a, c, t)])
+            base = f"iperf3_{rail.name}_{a.name}_to_{b.name}"
+            ev = [ctx.save(f"{base}_client.json", cli.stdout or cli.stderr or ""),
+                  ctx.save(f"{base}_server.json", srv.stdout or srv.stderr or "")]
+            res = fnet.parse_iperf3(cli.stdout)
+            gbps = res.receiver_gbps
+            label = f"net.tcp.{rail.name}.{a.name}->{b.name}"
+            data = {"kind": "tcp", "rail": rail.name, "direction": f"{a.name}->{b.name}", "gbps": gbps,
+                    "threshold_gbps": min_gbps, "sender_gbps": res.sender_gbps}
+            if gbps is None:
+                ctx.add(check(label, False, node=a.name, observed=f"iperf3 failed: {res.error}" + (f" ({(cli.stderr or '').strip()[:200]})" if cli.stderr else ""),
+                              expected=f">= {min_gbps} Gb/s", evidence=ev, data=data,
+                              fix=f"install iperf3 on both nodes; check nothing else listens on port {port} and the fabric IPs answer ping"))
+                continue
+            ctx.add(check(label, gbps >= min_gbps, node=a.name,
+                          observed=f"{src.iface} {src.ip} -> {dst.ip}: {gbps:.2f} Gb/s received", expected=f">= {min_gbps} Gb/s (MIN_TCP_GBPS)",
+                          fix="TCP below threshold: check MTU, socket buffers, CPU load, and a degraded link (cold boot)",
+                          evidence=ev, data=data))

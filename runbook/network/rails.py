@@ -1,0 +1,176 @@
+"""Which fabric each node has and how the nodes pair up into rails: the base facts, the early validation, the
+rails, and each rail interface's ethtool / PCIe / rp_filter facts.
+
+Base facts: ip addr/route, ibdev2netdev, the GID dump. Early validation: every configured fabric interface /
+HCA exists; nothing else runs if not.
+
+Check rows: ``net.facts``, ``net.fabric_if``, ``net.hca``, ``net.rails``, ``net.path.<a>-<b>``.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+from ..checks import check, not_applicable
+from ..facts import net as fnet
+from ..facts import rdma as fr
+from .context import Context, NodeFacts, Rail, RailEnd, iface_of, pairs, read, split_list, text_of
+
+
+def collect_base(ctx: Context) -> None:
+    """ip addr/route on every node; with RDMA also ibdev2netdev and the GID tables."""
+    def probe(node):
+        out = NodeFacts()
+        r = read(node, fnet.IP_ADDR_CMD, ctx.timeout)
+        ctx.save(f"{node.name}/ip_addr.json", text_of(r))
+        out.ifaces = fnet.parse_ip_addr(r.stdout)
+        if not r.ok or not out.ifaces:
+            out.error = f"`{fnet.IP_ADDR_CMD}` failed (rc {r.exit_code}): {(r.stderr or r.stdout).strip()[:200]}"
+        r = read(node, fnet.IP_ROUTE_CMD, ctx.timeout)
+        ctx.save(f"{node.name}/ip_route.json", text_of(r))
+        out.routes = fnet.parse_ip_route(r.stdout)
+        if ctx.expect_rdma or split_list(node.spec.ib_devs):
+            r = read(node, fr.IBDEV2NETDEV_CMD, ctx.timeout)
+            ctx.save(f"{node.name}/ibdev2netdev.txt", text_of(r))
+            out.hca_ports = fr.parse_ibdev2netdev(r.stdout)
+        if ctx.expect_rdma:
+            r = read(node, fr.gid_dump_cmd(ctx.sysfs), ctx.timeout)
+            ctx.save(f"{node.name}/gids.tsv", r.stdout or "")
+            out.gids = fr.parse_gid_dump(r.stdout, root=ctx.sysfs)
+        return out
+
+    for name, value in ctx.cluster.each(probe).items():
+        ctx.facts[name] = value if isinstance(value, NodeFacts) else NodeFacts(error=str(value))
+
+
+def early_validation(ctx: Context) -> bool:
+    """Every configured fabric IF (and HCA, when RDMA is expected) exists. Named, before traffic."""
+    ok = True
+    for node in ctx.nodes:
+        f = ctx.facts[node.name]
+        if f.error:
+            ctx.add(check("net.facts", False, node=node.name, observed=f.error,
+                          expected="ip -j addr answers", fix="check the node is reachable and has iproute2"))
+            ok = False
+            continue
+        wanted = split_list(node.spec.fabric_if)
+        missing = [i for i in wanted if i not in f.ifaces]
+        existing = ", ".join(sorted(f.ifaces)) or "none"
+        if not wanted:
+            ctx.add(check("net.fabric_if", False, node=node.name, observed="no fabric interface in profile",
+                          expected="<NODE>_CX7_IF set", fix=f"set {node.name.upper()}_CX7_IF to one of: {existing}"))
+            ok = False
+        elif missing:
+            ctx.add(check("net.fabric_if", False, node=node.name,
+                          observed=f"{', '.join(missing)} does not exist on {node.name}; interfaces: {existing}",
+                          expected=f"{', '.join(wanted)} present",
+                          fix=f"set {node.name.upper()}_CX7_IF to the CX-7 netdev on this node "
+                              f"(see `ibdev2netdev`; Spark names: enp1s0f0np0, enp1s0f1np1, enP2p1s0f0np0, enP2p1s0f1np1)"))
+            ok = False
+        else:
+            ctx.add(check("net.fabric_if", True, node=node.name, observed=", ".join(wanted) + " present",
+                          expected=", ".join(wanted) + " present"))
+        if ctx.expect_rdma:
+            hcas = split_list(node.spec.ib_devs)
+            known = {p.hca for p in f.hca_ports} | {g.hca for g in f.gids.values()}
+            gone = [h for h in hcas if h not in known]
+            if not hcas:
+                ctx.add(check("net.hca", False, node=node.name, observed="no HCA in profile",
+                              expected="<NODE>_CX7_IB lists the RoCE HCAs",
+                              fix=f"set {node.name.upper()}_CX7_IB from `ibdev2netdev` (both twins, e.g. rocep1s0f0,roceP2p1s0f0)"))
+                ok = False
+            elif gone:
+                ctx.add(check("net.hca", False, node=node.name,
+                              observed=f"{', '.join(gone)} not found; HCAs: {', '.join(sorted(known)) or 'none'}",
+                              expected=f"{', '.join(hcas)} present",
+                              fix=f"fix {node.name.upper()}_CX7_IB (see `ibdev2netdev`); install rdma-core if none are listed"))
+                ok = False
+    return ok
+
+
+def build_rails(ctx: Context) -> list[Rail] | None:
+    """Rail k joins every node's k-th fabric interface (``<NODE>_CX7_IF``, then the netdevs of the further
+    HCAs); three or more nodes with unequal counts pair per subnet instead; None (after a FAIL row) when the
+    nodes cannot be paired."""
+    per_node: dict[str, list[RailEnd]] = {}
+    for node in ctx.nodes:
+        f = ctx.facts[node.name]
+        ifs = split_list(node.spec.fabric_if)
+        netdev_hca = {p.netdev: p.hca for p in f.hca_ports}
+        for hca in split_list(node.spec.ib_devs) if ctx.expect_rdma else []:
+            dev = f.hca_netdev.get(hca)
+            if dev and dev not in ifs:
+                ifs.append(dev)
+        ends = []
+        for k, iface in enumerate(ifs):
+            addrs = f.ifaces[iface].ipv4_addresses if iface in f.ifaces else []
+            ip = str(node.spec.fabric_ip) if k == 0 else (addrs[0] if addrs else "")
+            ends.append(RailEnd(node=node.name, iface=iface, ip=ip, hca=netdev_hca.get(iface, "")))
+        per_node[node.name] = ends
+    counts = {n: len(e) for n, e in per_node.items()}
+    if len(set(counts.values())) > 1 and len(per_node) > 2:
+        return _subnet_rails(ctx, per_node)
+    if len(set(counts.values())) > 1:
+        ctx.add(check("net.rails", False, node="cluster",
+                      observed="; ".join(f"{n}: {', '.join(e.iface for e in per_node[n])}" for n in counts),
+                      expected="the same number of rails on every node",
+                      fix="list the same twins in every node's <NODE>_CX7_IB (same physical port on both nodes)"))
+        return None
+    rails = []
+    for k in range(next(iter(counts.values()), 0)):
+        rails.append(Rail(index=k, ends={n: per_node[n][k] for n in per_node}))
+    return rails
+
+
+def _subnet_rails(ctx: Context, per_node: dict[str, list[RailEnd]]) -> list[Rail] | None:
+    """Three or more nodes whose rail counts differ (seed B TP3: the head has one CX port per worker, each
+    link its own /24): a rail is one IPv4 subnet and joins the nodes with an interface in it. Traffic then
+    runs per pair on the rails both ends share; a pair without one (worker<->worker2 in a head-centred
+    star) is reported N/A (its traffic crosses BOOTSTRAP_IF / the head)."""
+    by_net: dict[str, dict[str, RailEnd]] = {}
+    for name, ends in per_node.items():
+        for end in ends:
+            for net in iface_of(ctx.facts[name], end.iface).ipv4_networks:
+                ip = next((a for a in iface_of(ctx.facts[name], end.iface).ipv4_addresses
+                           if ipaddress.ip_address(a) in net), end.ip)
+                by_net.setdefault(str(net), {}).setdefault(name, RailEnd(name, end.iface, ip, end.hca))
+    shared = sorted(((ipaddress.ip_network(net), ends) for net, ends in by_net.items() if len(ends) >= 2),
+                    key=lambda kv: (kv[0].network_address, kv[0].prefixlen))
+    rails = [Rail(index=k, ends=ends) for k, (_, ends) in enumerate(shared)]
+    lonely = [n for n in per_node if not any(n in r.ends for r in rails)]
+    desc = "; ".join(f"rail{r.index}: " + ", ".join(f"{e.node} {e.iface} {e.ip}" for e in r.ends.values())
+                     for r in rails)
+    ctx.add(check("net.rails", not lonely and bool(rails), node="cluster",
+                  observed=(f"per-subnet rails: {desc}" if not lonely else
+                            f"{', '.join(lonely)} share no fabric subnet with any other node; rails: {desc or 'none'}"),
+                  expected="every node on at least one rail (a subnet shared with another node)",
+                  fix="give both ends of each cable addresses in one /24 (seed B TP3: 10.0.22.0/24 head<->worker, "
+                      "10.0.23.0/24 head<->worker2) and list the facing HCAs in <NODE>_CX7_IB"))
+    if lonely or not rails:
+        return None
+    for a, b in pairs(ctx):
+        if not any(a.name in r.ends and b.name in r.ends for r in rails):
+            ctx.add(not_applicable(f"net.path.{a.name}-{b.name}",
+                                   "no direct fabric rail between these nodes (head-centred links, seed B TP3); "
+                                   "their socket traffic uses BOOTSTRAP_IF", node="cluster"))
+    return rails
+
+
+def collect_rail_facts(ctx: Context, rails: list[Rail]) -> None:
+    """ethtool, PCIe link and rp_filter of every interface that is on a rail."""
+    def probe(node):
+        f = ctx.facts[node.name]
+        ifs = [r.ends[node.name].iface for r in rails if node.name in r.ends]
+        for iface in ifs:
+            r = read(node, fnet.ethtool_cmd(iface), ctx.timeout)
+            ctx.save(f"{node.name}/ethtool_{iface}.txt", text_of(r))
+            f.ethtool[iface] = fnet.parse_ethtool(r.stdout)
+        r = read(node, fnet.pcie_cmd(ifs), ctx.timeout)
+        ctx.save(f"{node.name}/pcie.tsv", r.stdout or "")
+        f.pcie = fnet.parse_pcie(r.stdout)
+        r = read(node, fnet.rp_filter_cmd(ifs), ctx.timeout)
+        ctx.save(f"{node.name}/rp_filter.txt", text_of(r))
+        f.rp = fnet.parse_rp_filter(r.stdout)
+
+    for name, value in ctx.cluster.each(probe).items():
+        if isinstance(value, Exception):
+            ctx.facts[name].error = str(value)
