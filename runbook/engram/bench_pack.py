@@ -33,6 +33,7 @@ from pathlib import Path
 
 from . import layout as L
 from . import synth
+from .tools import TOOL_FILES
 
 HERE = Path(__file__).resolve().parent
 
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     result: dict = {"table_gib": a.table_gib, "workdir": str(work)}
     try:
         tools.mkdir(parents=True, exist_ok=True)
-        for name in ("layout.py", "pack.py", "check.py", "probe.py"):
+        for name in TOOL_FILES:             # the shipped set, as on a node
             shutil.copy(HERE / name, tools / name)
         t0 = time.monotonic()
         vocab = synth.vocab_for_table_bytes(int(a.table_gib * (1 << 30)))

@@ -17,6 +17,9 @@ import pytest
 from runbook import runner
 from runbook.checks import CheckList, Status
 from runbook.engram import layout as L
+from runbook.engram import facts as engram_facts
+from runbook.engram import lab_source, read_probe
+from runbook.engram import precheck as engram_precheck
 from runbook.engram import step as engram
 from runbook.profile import load_profile
 from runbook.remote import Cluster
@@ -64,7 +67,7 @@ def _intervals(log, marker: str) -> dict[str, tuple[float, float]]:
 
 def test_lab_fixture_then_both_ranks_packed_in_parallel(env):
     profile, cluster, state = env
-    fixture = engram.prepare_lab_source(cluster, profile, tools_dir=TOOLS)
+    fixture = lab_source.prepare_lab_source(cluster, profile, tools_dir=TOOLS)
     assert not fixture.failures(), fixture.to_text()
     gen = _by(fixture, "lab fixture: synthetic Engram source", "head")
     shared = _by(fixture, "lab fixture: source shared to worker", "worker")
@@ -72,8 +75,8 @@ def test_lab_fixture_then_both_ranks_packed_in_parallel(env):
     assert shared.status is Status.PASS and "rsync over ssh" in shared.observed
     assert profile.worker_ip in shared.observed                 # over the fabric address
 
-    facts = engram.gather_facts(cluster, profile)
-    pre = engram.precheck(profile, facts)
+    facts = engram_facts.gather_facts(cluster, profile)
+    pre = engram_precheck.precheck(profile, facts)
     assert not pre.failures(), pre.to_text()
     assert _by(pre, "engram source parity", "worker").status is Status.PASS
     state["facts"] = facts
@@ -83,8 +86,8 @@ def test_lab_fixture_then_both_ranks_packed_in_parallel(env):
     checks = engram.run_pack(cluster, profile, facts, tools_dir=TOOLS, results=results, stream=True)
     print(f"[engram] first pack {time.monotonic() - t0:.1f} s")
     assert not checks.failures(), checks.to_text()
-    config = engram.config_of(facts)
-    expected = engram.expected_files(profile, config)
+    config = engram_facts.config_of(facts)
+    expected = engram_precheck.expected_files(profile, config)
     for node in cluster:
         for rr in expected[node.name]:
             row = _by(checks, f"engram pack L{rr.layer}", node.name)
@@ -94,14 +97,14 @@ def test_lab_fixture_then_both_ranks_packed_in_parallel(env):
         assert summary["ok"] and summary["peak_rss_bytes"] < 1 << 30 and summary["mb_s"] > 0
     # each node holds only its own rank, with the exact size, in its private /mnt/nvme
     for node in cluster:
-        listed = engram.parse_stat_lines(node.read(f"cd {PACKED} && stat -c '%s %n' *").stdout)
+        listed = engram_facts.parse_stat_lines(node.read(f"cd {PACKED} && stat -c '%s %n' *").stdout)
         assert listed == {rr.file_name: rr.packed_bytes for rr in expected[node.name]}, (node.name, listed)
     # the two packers ran at the same time (one per node)
     spans = _intervals(cluster.log, "pack.py")
     (a0, a1), (b0, b1) = spans["head"], spans["worker"]
     assert a0 < b1 and b0 < a1, spans
 
-    probe = engram.run_probe(cluster, profile, facts, tools_dir=TOOLS, seconds=0.5, results=results)
+    probe = read_probe.run_probe(cluster, profile, facts, tools_dir=TOOLS, seconds=0.5, results=results)
     assert {c.name for c in probe} == {"engram read probe QD1", "engram read probe QD64"}
     assert all(c.status is Status.PASS and c.data["iops"] > 0 for c in probe), probe.to_text()
     summary = engram.summarize(results)
@@ -112,10 +115,10 @@ def test_lab_fixture_then_both_ranks_packed_in_parallel(env):
 def test_rerun_is_noop_in_seconds(env):
     profile, cluster, _ = env
     t0 = time.monotonic()
-    fixture = engram.prepare_lab_source(cluster, profile, tools_dir=TOOLS)
+    fixture = lab_source.prepare_lab_source(cluster, profile, tools_dir=TOOLS)
     assert [c.status for c in fixture] == [Status.NOOP, Status.NOOP], fixture.to_text()
-    facts = engram.gather_facts(cluster, profile)
-    pre = engram.precheck(profile, facts)
+    facts = engram_facts.gather_facts(cluster, profile)
+    pre = engram_precheck.precheck(profile, facts)
     assert "complete already" in _by(pre, "engram packed dir free space", "worker").observed
     checks = engram.run_pack(cluster, profile, facts, tools_dir=TOOLS)
     elapsed = time.monotonic() - t0
@@ -130,7 +133,7 @@ def test_rerun_is_noop_in_seconds(env):
 def test_corrupted_byte_on_worker_is_caught_naming_the_file(env):
     profile, cluster, state = env
     worker, facts = cluster.worker, state["facts"]
-    rr = engram.expected_files(profile, engram.config_of(facts))["worker"][1]      # layer 14, rank 1
+    rr = engram_precheck.expected_files(profile, engram_facts.config_of(facts))["worker"][1]      # layer 14, rank 1
     path = f"{PACKED}/{rr.file_name}"
     offset = L.HEADER_BYTES + 100          # row 0, weight byte 100 (the checker always compares row 0)
     flip = (f"python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDWR); b=os.pread(fd,1,{offset}); "
@@ -153,7 +156,7 @@ def test_corrupted_byte_on_worker_is_caught_naming_the_file(env):
 def test_killed_packer_is_completed_by_a_rerun(env):
     profile, cluster, state = env
     worker, facts = cluster.worker, state["facts"]
-    rr = engram.expected_files(profile, engram.config_of(facts))["worker"][0]      # layer 1, rank 1
+    rr = engram_precheck.expected_files(profile, engram_facts.config_of(facts))["worker"][0]      # layer 1, rank 1
     final = f"{PACKED}/{rr.file_name}"
     worker.run(f"rm -f {final}", timeout=30)
     # small chunks and a sync every MiB so the kill lands mid-file; the node polls the packer's
@@ -166,7 +169,7 @@ def test_killed_packer_is_completed_by_a_rerun(env):
               f"kill -KILL $pid; wait $pid; echo rc=$?")
     res = worker.run(f"bash -c {shlex.quote(script)}", timeout=120)
     assert "rc=137" in res.stdout, res.stdout + worker.read(f"cat {TOOLS}/worker/kill-test.log").stdout
-    left = engram.parse_stat_lines(worker.read(f"cd {PACKED} && stat -c '%s %n' *").stdout)
+    left = engram_facts.parse_stat_lines(worker.read(f"cd {PACKED} && stat -c '%s %n' *").stdout)
     assert rr.file_name not in left and f"{rr.file_name}.partial" in left, left
     record = json.loads(worker.read(f"cat {final}.partial.json").stdout)
     assert 0 < record["rows_done"] < rr.rows, record
@@ -178,7 +181,7 @@ def test_killed_packer_is_completed_by_a_rerun(env):
     assert row.status is Status.PASS and row.data["status"] == "resumed"
     assert row.data["resumed_from_row"] >= record["rows_done"] > 0
     assert _by(checks, "engram packed L1 verify", "worker").status is Status.PASS
-    left = engram.parse_stat_lines(worker.read(f"cd {PACKED} && stat -c '%s %n' *").stdout)
+    left = engram_facts.parse_stat_lines(worker.read(f"cd {PACKED} && stat -c '%s %n' *").stdout)
     assert left.get(rr.file_name) == rr.packed_bytes and not any(k.endswith(".partial") for k in left)
 
 
@@ -189,8 +192,8 @@ def test_too_small_disk_is_refused(env):
     worker.run(f"mount -t tmpfs -o size=4m engram-labtest {PACKED}", timeout=30)
     try:
         assert cluster.head.read(f"mountpoint -q {PACKED}").exit_code != 0          # node-private
-        facts = engram.gather_facts(cluster, profile)
-        pre = engram.precheck(profile, facts)
+        facts = engram_facts.gather_facts(cluster, profile)
+        pre = engram_precheck.precheck(profile, facts)
         space = _by(pre, "engram packed dir free space", "worker")
         assert space.status is Status.FAIL and "ENGRAM_PACKED_DIR" in space.fix, pre.to_text()
         assert f"free {space.data['need_bytes'] - space.data['free_bytes']} bytes" in space.fix
@@ -208,7 +211,7 @@ def test_too_small_disk_is_refused(env):
         assert worker.read(f"ls -A {PACKED}").stdout.strip() == ""
     finally:
         worker.run(f"umount {PACKED}", timeout=30)
-    facts = engram.gather_facts(cluster, profile)            # the real files are back
+    facts = engram_facts.gather_facts(cluster, profile)            # the real files are back
     assert len(facts["worker"]["packed_existing"]) == 2
 
 

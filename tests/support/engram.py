@@ -1,6 +1,6 @@
-"""The Engram tools (runbook/engram/{layout,pack,check,probe}.py) as the tests run them, an independent
-computation of the bytes a packed file must hold, and a node whose ``python3 <dir>/<tool>.py`` runs that
-tool in-process (shared by the pack, resume and step tests)."""
+"""The Engram tools (runbook/engram/{pack,check,probe}.py and the modules shipped with them) as the
+tests run them, an independent computation of the bytes a packed file must hold, and a node whose
+``python3 <dir>/<tool>.py`` runs that tool in-process (shared by the pack, resume and step tests)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 
 from runbook.engram import layout as L
+from runbook.engram.tools import TOOL_FILES
 from runbook.remote import CommandResult
 from support.doubles import LocalNode
 
-__all__ = ["ENGRAM_DIR", "TOOLS", "PY", "run_tool", "source_table", "config", "expected_file", "tool_node"]
+__all__ = ["ENGRAM_DIR", "PY", "run_tool", "source_table", "config", "expected_file", "tool_node"]
 
 ENGRAM_DIR = Path(L.__file__).resolve().parent
-TOOLS = ("layout.py", "pack.py", "check.py", "probe.py")
 PY = shutil.which("python3") or sys.executable        # the system python, no venv packages
 _STDIO = threading.Lock()      # redirect_stdout is process-wide: one in-process tool at a time
 
@@ -85,7 +85,8 @@ def tool_node(name: str, rank: int, **kw) -> LocalNode:
     bash. The standalone scripts themselves run as subprocesses in test_engram_pack.py."""
     def in_process(command: str) -> CommandResult:
         argv = shlex.split(command)
-        assert (Path(argv[1]).parent / "layout.py").exists(), f"{argv[1]} is not shipped with layout.py beside it"
+        missing = [f for f in TOOL_FILES if not (Path(argv[1]).parent / f).exists()]
+        assert not missing, f"{argv[1]} is shipped without {missing} beside it"
         module = importlib.import_module(f"runbook.engram.{Path(argv[1]).stem}")
         out, err = io.StringIO(), io.StringIO()
         started = time.monotonic()

@@ -19,7 +19,8 @@ from runbook.bench.refserver import RefConfig, serve_in_thread
 from runbook.bench.result import BenchConfig, BenchResult
 from runbook.bench.runner import run_benchmark
 from runbook.bench.step import config_from_profile
-from runbook.engram.step import probe_checks, record
+from runbook.engram.read_probe import probe_checks
+from runbook.engram.step import record
 from runbook.evidence import RunDir
 from runbook.profile import Profile, load_profile
 

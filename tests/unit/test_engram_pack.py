@@ -1,5 +1,5 @@
 """Packer/checker/probe on a small synthetic V4.1-style source, run the way the nodes run them:
-the standalone scripts copied alone into a directory and started with ``python3 -I``."""
+the shipped scripts (``tools.TOOL_FILES``) copied alone into a directory and started with ``python3 -I``."""
 from __future__ import annotations
 
 import json
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from runbook.engram import layout as L
-from runbook.engram import pack
+from runbook.engram import pack_writer
 from runbook.engram import synth
-from support.engram import ENGRAM_DIR, TOOLS, config, expected_file, run_tool, source_table
+from runbook.engram.tools import TOOL_FILES
+from support.engram import ENGRAM_DIR, config, expected_file, run_tool, source_table
 
 VOCAB = 2000                                           # ~50k rows/layer, ~13 MB per layer table
 
@@ -22,7 +23,7 @@ VOCAB = 2000                                           # ~50k rows/layer, ~13 MB
 @pytest.fixture(scope="module")
 def tools(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("tools")
-    for name in TOOLS:
+    for name in TOOL_FILES:         # exactly the shipped set: a module a tool imports but not shipped fails here
         shutil.copy(ENGRAM_DIR / name, d / name)
     return d
 
@@ -69,7 +70,7 @@ def test_direct_and_buffered_writes_give_the_same_bytes(tools, src, tmp_path):
     the short last chunk and --no-direct go buffered. Both must produce the exact file."""
     probe = tmp_path / "odirect-probe"
     probe.write_bytes(b"")
-    direct_ok = pack.open_direct(str(probe))
+    direct_ok = pack_writer.open_direct(str(probe))
     if direct_ok is not None:
         os.close(direct_ok)
     outs = {}
@@ -93,7 +94,7 @@ def test_direct_write_refused_mid_file_falls_back_to_buffered(tools, src, tmp_pa
     finishes buffered and the file is exact; the O_DIRECT descriptor is closed once, by pack()."""
     import errno as _errno
     opened, closed = [], []
-    real_open_direct, real_write_all, real_close = pack.open_direct, pack.write_all, os.close
+    real_open_direct, real_write_all, real_close = pack_writer.open_direct, pack_writer.write_all, os.close
 
     def open_direct(path):
         fd = real_open_direct(path)
@@ -112,9 +113,9 @@ def test_direct_write_refused_mid_file_falls_back_to_buffered(tools, src, tmp_pa
             closed.append(fd)
         real_close(fd)
 
-    monkeypatch.setattr(pack, "open_direct", open_direct)
-    monkeypatch.setattr(pack, "write_all", write_all)
-    monkeypatch.setattr(pack.os, "close", close)
+    monkeypatch.setattr(pack_writer, "open_direct", open_direct)
+    monkeypatch.setattr(pack_writer, "write_all", write_all)
+    monkeypatch.setattr(pack_writer.os, "close", close)
     out = tmp_path / "fallback"
     _, summary, log = run_tool(tools, "pack.py", "--src", src, "--out", out, "--tp", 2, "--rank", 0,
                                "--layers", 1, "--chunk-rows", 1024)

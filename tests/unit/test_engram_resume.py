@@ -19,7 +19,10 @@ import pytest
 
 from runbook.checks import Status
 from runbook.engram import layout as L
-from runbook.engram import pack, step, synth
+from runbook.engram import pack_partial, pack_writer, step, synth
+from runbook.engram.facts import gather_facts
+from runbook.engram.precheck import precheck
+from runbook.engram.tools import TOOL_FILES
 from support.doubles import FakeCluster, LocalNode
 from support.engram import PY, expected_file, run_tool, tool_node
 
@@ -30,7 +33,7 @@ RB = 264
 @pytest.fixture(scope="module")
 def tools(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("tools")
-    for name in step.TOOL_FILES:
+    for name in TOOL_FILES:
         shutil.copy(ENGRAM_DIR / name, d / name)
     return d
 
@@ -95,7 +98,7 @@ def direct_works(directory: Path) -> bool:
     probe = directory / ".odirect-probe"
     probe.write_bytes(b"")
     try:
-        fd = pack.open_direct(str(probe))
+        fd = pack_writer.open_direct(str(probe))
         if fd is not None:
             os.close(fd)
         return fd is not None
@@ -138,16 +141,16 @@ def test_disk_full_mid_write_then_grown_resumes_and_counts_only_the_rest(tools, 
     cluster = FakeCluster([tool_node("head", 0)])
     prof = SimpleNamespace(tp=2, nodes=[cluster.nodes[0].spec], engram_src_dir=str(src),
                            engram_packed_dir=str(mnt), engram_gib=0)
-    facts = step.gather_facts(cluster, prof)
-    space = next(c for c in step.precheck(prof, facts, layers=[1]) if c.name == "engram packed dir free space")
+    facts = gather_facts(cluster, prof)
+    space = next(c for c in precheck(prof, facts, layers=[1]) if c.name == "engram packed dir free space")
     assert space.status is Status.FAIL and space.data["need_bytes"] == remaining, space
     assert space.data["partial_kept_bytes"] == kept and str(mnt) in space.observed and "free" in space.fix
 
     # 3. grown to hold the rest, still less than the whole file: the whole-file count would refuse
     tmpfs.resize(used_bytes(mnt) + remaining + (64 << 10))
     assert remaining < free_bytes(mnt) < rr.packed_bytes
-    facts = step.gather_facts(cluster, prof)
-    space = next(c for c in step.precheck(prof, facts, layers=[1]) if c.name == "engram packed dir free space")
+    facts = gather_facts(cluster, prof)
+    space = next(c for c in precheck(prof, facts, layers=[1]) if c.name == "engram packed dir free space")
     assert space.status is Status.PASS and space.data["need_bytes"] == remaining, space
     journal_missing = sum(4096 for x in (".partial.json", ".partial.json.next") if not Path(f"{final}{x}").exists())
     t0 = time.monotonic()
@@ -260,10 +263,10 @@ def test_resume_through_the_step_command_line(tools, src, tmpfs):
     assert "python3" in pack_result["command"] and "--skip-space-check" in pack_result["command"]
 
     tmpfs.resize(8 << 20)
-    facts = step.gather_facts(cluster, prof)
+    facts = gather_facts(cluster, prof)
     kept = L.HEADER_BYTES + rows * RB
     assert facts["head"]["packed_records"][rr.file_name]["rows_done"] == rows
-    space = next(c for c in step.precheck(prof, facts, layers=[1]) if c.name == "engram packed dir free space")
+    space = next(c for c in precheck(prof, facts, layers=[1]) if c.name == "engram packed dir free space")
     assert space.status is Status.PASS and space.data["partial_kept_bytes"] == kept
     assert space.data["need_bytes"] == rr.packed_bytes - kept and "kept in .partial" in space.observed
 
@@ -283,7 +286,7 @@ def _stopped_partial(tools: Path, src: Path, out: Path, chunks: int) -> Path:
     code, _, _ = run_tool(tools, "pack.py", "--src", src, "--out", out, "--tp", 2, "--rank", 1, "--layers", 14,
                           "--chunk-rows", 512, "--sync-mib", 0, "--stop-after-chunks", chunks, expect=None,
                           subprocess_=True)
-    assert code == pack.EXIT_TEST_STOP
+    assert code == pack_partial.EXIT_TEST_STOP
     final = out / L.packed_name(14, 1, 2)
     assert record_of(final)["rows_done"] == chunks * 512
     return final
@@ -330,12 +333,12 @@ def test_second_packer_on_a_locked_partial_is_refused_and_changes_nothing(tools,
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         _, summary, _ = run_tool(tools, "pack.py", "--src", src, "--out", out, "--tp", 2, "--rank", 1,
-                                 "--layers", 14, expect=pack.EXIT_BUSY)
+                                 "--layers", 14, expect=pack_partial.EXIT_BUSY)
     finally:
         os.close(fd)
     assert "another engram pack is writing" in summary["error"] and str(partial) in summary["error"]
     assert (partial.read_bytes(), Path(f"{partial}.json").read_bytes()) == before
-    (c,) = step.pack_checks("head", summary, pack.EXIT_BUSY)
+    (c,) = step.pack_checks("head", summary, pack_partial.EXIT_BUSY)
     assert c.status is Status.FAIL and "fuser" in c.fix
     _, summary, _ = run_tool(tools, "pack.py", "--src", src, "--out", out, "--tp", 2, "--rank", 1, "--layers", 14)
     assert summary["files"][0]["resumed_from_row"] == 1024

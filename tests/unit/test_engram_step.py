@@ -1,12 +1,14 @@
 """The cluster-facing step functions, against a fake cluster whose nodes run commands locally."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
 from runbook.checks import Status
-from runbook.engram import step, synth
+from runbook.engram import facts, precheck, read_probe, step, synth, tools
+from runbook.engram import layout as L
 from support.doubles import FakeCluster
 from support.engram import tool_node
 
@@ -33,40 +35,40 @@ def test_plan_pack_commands_per_node(tmp_path, src):
     assert "--layers 1,14" in head[1] and head[1].startswith("python3 ")
     assert worker[1].startswith("sudo -n python3 ") and "'/mnt/nfs/engram src'" in worker[1]
     assert "check.py" in worker[2] and "--rank 1" in worker[2]
-    probes = step.plan_probe(prof)
+    probes = read_probe.plan_probe(prof)
     assert set(probes) == {"head", "worker"} and "engram-l1-r1of2.bin" in probes["worker"]
 
 
 def test_expected_files_and_space_checks(tmp_path, src):
     prof = profile(tmp_path, src)
     cfg = synth.engram_text_config(300)
-    exp = step.expected_files(prof, {"text_config": cfg})
+    exp = precheck.expected_files(prof, {"text_config": cfg})
     assert [r.file_name for r in exp["worker"]] == ["engram-l1-r1of2.bin", "engram-l14-r1of2.bin"]
     need = sum(r.packed_bytes for r in exp["head"])
-    checks = step.space_checks(prof, {"head": {"packed_free_bytes": need}, "worker": {"packed_free_bytes": need - 1}},
-                               {"text_config": cfg})
+    checks = precheck.space_checks(prof, {"head": {"packed_free_bytes": need},
+                                          "worker": {"packed_free_bytes": need - 1}}, {"text_config": cfg})
     assert [c.status for c in checks] == [Status.PASS, Status.FAIL]
-    assert step.space_checks(prof, {}, {"text_config": cfg})[0].status is Status.NA
+    assert precheck.space_checks(prof, {}, {"text_config": cfg})[0].status is Status.NA
 
 
 def test_run_pack_on_fake_cluster_then_noop(tmp_path, src):
     prof = profile(tmp_path, src)
     cluster = FakeCluster([tool_node("head", 0), tool_node("worker", 1)])
-    tools = str(tmp_path / "tools")
-    checks = step.run_pack(cluster, prof, tools_dir=tools)
+    tdir = str(tmp_path / "tools")
+    checks = step.run_pack(cluster, prof, tools_dir=tdir)
     assert not checks.failures(), checks.to_text()
     names = [c.name for c in checks]
     assert names.count("engram pack L1") == 2 and names.count("engram packed L14 verify") == 2
     puts = [c for c in cluster.nodes[0].runs() if c.startswith("put ")]
-    assert {p.rsplit("/", 1)[1] for p in puts} == set(step.TOOL_FILES)
-    expected = step.expected_files(prof, step.L.load_config(str(src)))
+    assert {p.rsplit("/", 1)[1] for p in puts} == set(tools.TOOL_FILES)
+    expected = precheck.expected_files(prof, L.load_config(str(src)))
     assert sorted(expected) == ["head", "worker"] and all(expected.values()), expected
     for name, ranges in expected.items():
         for rr in ranges:
             assert (tmp_path / "packed" / rr.file_name).stat().st_size == rr.packed_bytes
-    again = step.run_pack(cluster, prof, tools_dir=tools)
+    again = step.run_pack(cluster, prof, tools_dir=tdir)
     assert [c.status for c in again if c.name.startswith("engram pack L")] == [Status.NOOP] * 4
-    probe = step.run_probe(cluster, prof, tools_dir=tools, seconds=0.2)
+    probe = read_probe.run_probe(cluster, prof, tools_dir=tdir, seconds=0.2)
     assert len(probe) == 4 and all(c.data.get("iops", 0) > 0 for c in probe)
 
 
@@ -83,42 +85,42 @@ def test_run_pack_failure_becomes_a_failed_check_with_fix(tmp_path):
 
 def test_parsers():
     out = "[engram-pack] 50%\nnoise {not json\n" + '{"tool": "engram-pack", "ok": false, "exit_code": 3, "error": "need 5 bytes"}\n'
-    summary = step.parse_tool_json(out, "engram-pack")
-    assert summary["exit_code"] == 3 and step.parse_tool_json(out, "engram-check") == {}
+    summary = tools.parse_tool_json(out, "engram-pack")
+    assert summary["exit_code"] == 3 and tools.parse_tool_json(out, "engram-check") == {}
     (c,) = step.pack_checks("worker", summary)
     assert c.status is Status.FAIL and "need 5 bytes" in c.observed and "free space" in c.fix
     (c,) = step.pack_checks("head", {}, exit_code=137)
     assert c.status is Status.FAIL
     (c,) = step.check_checks("head", {"tool": "engram-check", "ok": False, "error": "boom"}, 2)
     assert c.status is Status.FAIL and "boom" in c.observed
-    assert step.probe_checks("head", {})[0].status is Status.WARN
+    assert read_probe.probe_checks("head", {})[0].status is Status.WARN
 
 
 def test_space_check_counts_only_rows_a_partial_record_keeps(tmp_path, src):
     prof = profile(tmp_path, src, nodes=1)
     config = {"text_config": synth.engram_text_config(300)}
-    rr, rr14 = step.expected_files(prof, config)["head"]
+    rr, rr14 = precheck.expected_files(prof, config)["head"]
     shards = {"model-00047-of-00048.safetensors": 1000, "model-00048-of-00048.safetensors": 2000}
     record = {"layer": rr.layer, "lo": rr.lo, "hi": rr.hi, "total_rows": rr.total_rows, "row_bytes": 264,
               "rows_done": 1000, "weight": {"shard": "model-00047-of-00048.safetensors", "size": 1000},
               "scale": {"shard": "model-00047-of-00048.safetensors", "size": 1000}}
-    text = (f"{rr.file_name}.partial.json {step.json.dumps(record)}    \n"
+    text = (f"{rr.file_name}.partial.json {json.dumps(record)}    \n"
             f"{rr14.file_name}.partial.json {{torn\n")             # an unreadable record: nothing kept
-    records = step.parse_records(text)
+    records = facts.parse_records(text)
     assert list(records) == [rr.file_name] and records[rr.file_name]["rows_done"] == 1000
     existing = {f"{rr.file_name}.partial": 4096 + 1000 * 264 + 77, f"{rr14.file_name}.partial": 50000}
     kept = 4096 + 512 * 264                 # 1000 recorded rows restart at row 512 (page alignment)
-    assert step.partial_kept_bytes([rr, rr14], existing, records, shards) == kept
-    assert step.partial_kept_bytes([rr], existing, records, {**shards, "model-00047-of-00048.safetensors": 999}) == 0
-    assert step.partial_kept_bytes([rr], {f"{rr.file_name}.partial": 4096 + 999 * 264}, records, shards) == 0
-    assert step.partial_kept_bytes([rr], {**existing, rr.file_name: rr.packed_bytes}, records, shards) == 0
+    assert precheck.partial_kept_bytes([rr, rr14], existing, records, shards) == kept
+    assert precheck.partial_kept_bytes([rr], existing, records, {**shards, "model-00047-of-00048.safetensors": 999}) == 0
+    assert precheck.partial_kept_bytes([rr], {f"{rr.file_name}.partial": 4096 + 999 * 264}, records, shards) == 0
+    assert precheck.partial_kept_bytes([rr], {**existing, rr.file_name: rr.packed_bytes}, records, shards) == 0
     total = rr.packed_bytes + rr14.packed_bytes
-    facts = {"head": {"packed_free_bytes": total - kept, "packed_existing": existing, "packed_records": records,
+    node_facts = {"head": {"packed_free_bytes": total - kept, "packed_existing": existing, "packed_records": records,
                       "src_files": shards, "packed_fs": "/mnt/nvme"}}
-    (c,) = step.space_checks(prof, facts, config)
+    (c,) = precheck.space_checks(prof, node_facts, config)
     assert c.status is Status.PASS and c.data["need_bytes"] == total - kept and c.data["partial_kept_bytes"] == kept
     assert "kept in .partial" in c.observed and "/mnt/nvme" in c.observed
-    facts["head"]["packed_free_bytes"] -= 1
-    (c,) = step.space_checks(prof, facts, config)
+    node_facts["head"]["packed_free_bytes"] -= 1
+    (c,) = precheck.space_checks(prof, node_facts, config)
     assert c.status is Status.FAIL and c.fix.startswith("free 1 bytes on ")
     assert step.exit_fix(143) == step.STOPPED_FIX and step.exit_fix(3) == step.EXIT_FIX[3]

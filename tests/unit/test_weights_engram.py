@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("huggingface_hub")
 
 from runbook.checks import Status
-from runbook.engram import step as engram_step
+from runbook.engram import facts as engram_facts
+from runbook.engram import precheck as engram_precheck
 from runbook.errors import RunbookError
 from runbook.lab.hub import ENGRAM_OTHER_SHARD, HubServer, publish_engram_source, publish_repo
 from runbook.profile import load_profile
@@ -96,8 +97,8 @@ def test_step_02_brings_the_engram_source_to_every_packing_node_and_a_rerun_fetc
 
     # 03_engram reads the source 02 left, on each node, with its own probes: accepted
     cluster = FakeCluster([head, worker])
-    facts = engram_step.gather_facts(cluster, p, {n: {"python": "python3"} for n in ("head", "worker")})
-    rows = engram_step.source_checks(p, facts)
+    facts = engram_facts.gather_facts(cluster, p, {n: {"python": "python3"} for n in ("head", "worker")})
+    rows = engram_precheck.source_checks(p, facts)
     assert [r.name for r in rows if r.name == "engram source"] == ["engram source", "engram source"]
     assert not [r for r in rows if r.failed], [(r.name, r.node, r.observed) for r in rows if r.failed]
 

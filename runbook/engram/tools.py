@@ -1,0 +1,107 @@
+"""How the standalone tools run on a node: the files shipped and where (each node's own tools dir),
+the python, source and packed dir each node uses, node paths quoted for its shell, and a tool's JSON
+line read back.
+
+The node-side work is done by stdlib-only scripts in this directory, copied side by side into a
+per-node tools dir with ``node.put`` (``ship_tools``) and run with the node's ``python3`` via
+``node.run`` (docs/DESIGN.md, remote layer). A script imports only its siblings, so whatever a shipped
+script imports must be in its file set: ``pack.py`` needs ``pack_partial.py``, ``pack_writer.py`` and
+``layout.py`` beside it. Each prints one JSON line last (``parse_tool_json``).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TOOL_FILES = ("layout.py", "pack.py", "pack_partial.py", "pack_writer.py", "check.py", "probe.py", "slim.py")
+LAB_TOOL_FILES = ("layout.py", "synth.py")
+DEFAULT_TOOLS_DIR = "/tmp/spark-runbook-engram"
+
+
+def tool_paths(files: Iterable[str] = TOOL_FILES) -> list[Path]:
+    return [HERE / name for name in files]
+
+
+def shell_path(path: str) -> str:
+    """Quote a node path for a remote shell, keeping a leading ``~/`` expandable
+    (``shlex.quote('~/x')`` would hand the shell a literal ``~``)."""
+    path = str(path)
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def node_tools_dir(tools_dir: str, name: str) -> str:
+    """One tools dir per node: two nodes may share /tmp (the lab does), and a file being replaced
+    by one node's ``put`` must never be the script the other node is running."""
+    return f"{tools_dir.rstrip('/')}/{name}"
+
+
+# -- per node: its name, its facts' overrides, its source and packed dir ----------------------
+
+def node_name(spec) -> str:
+    return getattr(spec, "name", "") or ("head" if spec.rank == 0 else f"worker{spec.rank if spec.rank > 1 else ''}")
+
+
+def node_facts(facts: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
+    return (facts or {}).get(name, {}) or {}
+
+
+def src_of(profile, nf: Mapping[str, Any]) -> str:
+    return str(nf.get("engram_src_dir") or profile.engram_src_dir)
+
+
+def packed_of(profile, nf: Mapping[str, Any]) -> str:
+    return str(nf.get("engram_packed_dir") or profile.engram_packed_dir)
+
+
+# -- running a tool ----------------------------------------------------------------------------
+
+def ship_tools(node, tools_dir: str = DEFAULT_TOOLS_DIR, files: Iterable[str] = TOOL_FILES) -> str:
+    """Copy the standalone scripts into this node's own tools dir; returns that dir."""
+    tdir = node_tools_dir(tools_dir, node.name)
+    node.run(f"mkdir -p {shlex.quote(tdir)}", timeout=30)
+    for path in tool_paths(files):
+        node.put(path, f"{tdir}/{path.name}")
+    return tdir
+
+
+def is_dry(node, res=None) -> bool:
+    """The command was only recorded, not run (dry run)."""
+    return bool(getattr(res, "dry_run", False) or getattr(node, "dry_run", False))
+
+
+def parse_tool_json(stdout: str, tool: str) -> dict[str, Any]:
+    """The last JSON line a tool printed (``{"tool": tool, ...}``), or ``{}``."""
+    for line in reversed((stdout or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if obj.get("tool") == tool:
+                return obj
+    return {}
+
+
+def last_json(stdout: str) -> dict[str, Any]:
+    for line in reversed((stdout or "").splitlines()):
+        if line.strip().startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return {}
+
+
+def tail_line(text: str) -> str:
+    """The last line of a tool's stderr (or stdout), for a row's observed text."""
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else ""
