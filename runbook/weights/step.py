@@ -229,7 +229,7 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
         return [], {"enabled": False}
     if profile.is_lab:
         return [not_applicable("weights.engram.source", "RECIPE=lab: 03_engram generates a synthetic V4.1-style "
-                               "source (engram.step.prepare_lab_source) instead of downloading HF_ENGRAM_REPO",
+                               "source (engram.lab_source.prepare_lab_source) instead of downloading HF_ENGRAM_REPO",
                                node="cluster", expected="config, index and the Engram shards in ENGRAM_SRC_DIR")], \
             {"enabled": True, "source": "lab fixture (03_engram)"}
     repo, revision = profile.hf_engram_repo, require_pinned(profile.hf_engram_revision, "HF_ENGRAM_REVISION")
