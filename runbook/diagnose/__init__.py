@@ -5,7 +5,8 @@ support bundle collected from every node (see docs/diagnose.md).
 """
 from .archive import page_paths, read_bundle, write_bundle
 from .bundle import LOCAL, Bundle, Command, Context, NodeInfo, collect_commands
-from .catalogue import BY_ID, ENTRIES, Entry, Hit
+from .catalogue import BY_ID, ENTRIES
+from .catalogue.entry import Entry, Hit
 from .match import Finding, catalogue_markdown, match
 
 __all__ = ["LOCAL", "BY_ID", "Bundle", "Command", "Context", "ENTRIES", "Entry", "Finding", "Hit", "NodeInfo",

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import bundle as B
-from .catalogue import ENTRIES, SEVERITY_ORDER, Entry
+from .catalogue import ENTRIES
+from .catalogue.entry import SEVERITY_ORDER, Entry
 
 
 @dataclass

@@ -1,11 +1,11 @@
 #!/bin/sh
-# PID 1 of one lab node. Started by runbook.lab.netlab as
+# PID 1 of one lab node. Started by runbook.lab.netlab (nodes.start_node) as
 #   ip netns exec nl-<name> unshare --uts --ipc --mount --pid --fork --kill-child --mount-proc nodeinit.sh
 # so it already has its own network, UTS, IPC, mount and PID namespaces. It makes the node look like a
 # Spark (hostname, /dev/shm, /mnt/nvme, /var/lib/docker, /usr/local/sbin, /etc/hosts are node-private), then
 # becomes the node's sshd. Every SSH session is a child of that sshd and so runs "as this node".
 #
-# Configuration comes from the environment (set by netlab.py):
+# Configuration comes from the environment (set by runbook/lab/netlab/nodes.py):
 #   NL_HOSTNAME       e.g. spark-head
 #   NL_NODE_DIR       <lab_dir>/nodes/<name>  (holds nvme/ docker/ sbin/ etc/ sshd_config)
 #   NL_CGROUP_MOUNTS  lines "fstype mountpoint options" copied from the host's /proc/mounts

@@ -17,7 +17,7 @@ from runbook.lab import netlab
 
 
 def lab_dir() -> Path:
-    return Path(os.environ.get("RUNBOOK_LAB_DIR") or netlab.DEFAULT_LAB_DIR)
+    return Path(os.environ.get("RUNBOOK_LAB_DIR") or netlab.default_lab_dir())
 
 
 @pytest.fixture(scope="session")

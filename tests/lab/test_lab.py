@@ -19,6 +19,8 @@ from fabric import Config, Connection, ThreadingGroup
 
 from runbook.errors import LabError
 from runbook.lab import netlab
+from runbook.lab.netlab.nodes import home_shares
+from runbook.lab.netlab.spec import IMAGE, REPO_ROOT, STATE_FILE
 
 pytestmark = pytest.mark.lab
 
@@ -119,11 +121,11 @@ def test_private_home(lab, conns):
         assert run(conns, "worker", f"test -e ~/{name}").exited == 1
         assert not (Path.home() / name).exists()                              # not on the host either
         assert (lab.lab_dir / "nodes" / "head" / "home" / name).exists()     # it is the head's dir
-        shared = netlab.home_shares(lab.lab_dir)
+        shared = home_shares(lab.lab_dir)
         for entry in shared:
             assert run(conns, "worker", f"test -d ~/{entry}").exited == 0, entry
             assert run(conns, "worker", f"touch ~/{entry}/.rw-probe").exited != 0, entry   # read-only
-        assert out(conns, "worker", f"{netlab.REPO_ROOT}/.venv/bin/python -c 'print(6*7)'").strip() == "42"
+        assert out(conns, "worker", f"{REPO_ROOT}/.venv/bin/python -c 'print(6*7)'").strip() == "42"
     finally:
         out(conns, "head", f"rm -f ~/{name}")
 
@@ -238,12 +240,12 @@ def test_docker_on_every_node_same_image(lab, conns):
     ids = {}
     for n in lab.nodes:
         version, image_id = out(conns, n.name, "docker version --format '{{.Server.Version}}'; "
-                                               f"docker image inspect --format '{{{{.Id}}}}' {netlab.IMAGE}").split()
+                                               f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}").split()
         assert version
         ids[n.name] = image_id
     assert len(set(ids.values())) == 1, ids
     assert ids == lab.image_ids
-    assert out(conns, "head", f"docker run --rm --network none {netlab.IMAGE} echo container-ok").strip() == "container-ok"
+    assert out(conns, "head", f"docker run --rm --network none {IMAGE} echo container-ok").strip() == "container-ok"
 
 
 def test_status_reports_healthy(lab):
@@ -265,7 +267,7 @@ def _nothing_left() -> list[str]:
 
 
 def test_up_down_idempotence_and_stale_recovery(lab):   # keep last: it restarts the lab
-    state_file = lab.lab_dir / netlab.STATE_FILE
+    state_file = lab.lab_dir / STATE_FILE
     # 1. a second up on a healthy lab returns quickly without touching it
     again = netlab.up(lab.lab_dir)
     assert again.reused and again.timings["total"] < 10

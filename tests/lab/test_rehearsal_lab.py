@@ -51,7 +51,7 @@ BENCH_IN_TESTS = {"BENCH_REPEATS": "1", "SOAK_SECONDS": "10"}
 
 def _lab_dir() -> Path:
     from runbook.lab import netlab
-    return Path(os.environ.get("RUNBOOK_LAB_DIR") or netlab.DEFAULT_LAB_DIR)
+    return Path(os.environ.get("RUNBOOK_LAB_DIR") or netlab.default_lab_dir())
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

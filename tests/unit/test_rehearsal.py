@@ -63,7 +63,7 @@ def test_rehearsal_key_in_a_profile_file_without_the_lab_is_rejected(tmp_path):
 def test_lab_home_shares_only_the_python_installs_under_the_home(tmp_path):
     """The lab nodes' homes are private; the host home's entries the lab venvs' interpreters live in are the
     only ones bound back (read-only). A venv whose interpreter lies outside the home adds nothing."""
-    from runbook.lab.netlab import home_shares
+    from runbook.lab.netlab.nodes import home_shares
     home = tmp_path / "root"
     (home / ".pyenv" / "versions" / "3.11.7" / "bin").mkdir(parents=True)
     lab = tmp_path / "repo" / ".lab"

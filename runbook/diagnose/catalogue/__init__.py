@@ -1,0 +1,50 @@
+"""The catalogue of known multi-node failures: each entry is a pure signature over a
+:class:`~runbook.diagnose.bundle.Bundle` (rank logs, node facts, timings) with its cause, its fix and
+the command that proves it on the node.
+
+Each entry sits beside its signature in the module of its failure family: ``network`` (rendezvous,
+firewall, fabric), ``nccl`` (NCCL and RDMA settings), ``ranks`` (how the ranks were started), ``runtime``
+(image pull, the server), ``host`` (memory, I/O, kernel, mDNS); ``entry`` holds :class:`Entry`,
+:class:`Hit` and the readers the families share. An entry's constant is its id in capitals
+(``oom-killed`` -> ``host.OOM_KILLED``). This module fixes the catalogue's order: ``match`` reports in it
+within a severity and docs/diagnose.md lists it. Sources: ``shared/reference/anchors-2026-12.md``
+(failure modes 1-17) and ``bringup-anchors.md`` §5.
+"""
+from __future__ import annotations
+
+from . import host, nccl, network, ranks, runtime
+from .entry import Entry
+
+ENTRIES: tuple[Entry, ...] = (
+    network.RENDEZVOUS_MGMT_ADDRESS,
+    network.FIREWALL_MASTER_PORT,
+    network.FABRIC_UNREACHABLE,
+    network.FABRIC_MTU_BLACKHOLE,
+    nccl.GID_INDEX_PER_NIC,
+    nccl.NCCL_IB_NO_DEVICE,
+    nccl.SOCKET_IFNAME_INVALID,
+    ranks.ENV_OVERWRITTEN_BY_HEAD,
+    nccl.ROCE_ACTIVE_MTU_LOW,
+    ranks.WORKER_NOT_RUNNING,
+    ranks.ENV_SPLIT_BY_QUOTING,
+    runtime.READY_THEN_DEAD,
+    runtime.WRONG_MODEL_ON_PORT,
+    host.RANK_IN_D_STATE,
+    nccl.NCCL_WATCHDOG_TIMEOUT,
+    nccl.INERT_NCCL_SETTINGS,
+    runtime.DOCKER_PULL_EOF,
+    runtime.DOCKER_PULL_MANIFEST_UNKNOWN,
+    runtime.DOCKER_PULL_DNS,
+    host.OOM_KILLED,
+    host.MEM_AVAILABLE_LOW,
+    runtime.SERVING_WEDGE,
+    host.MDNS_HOSTNAME_STORM,
+    host.KERNEL_KNOWN_BAD,
+    ranks.HOME_DIR_DIFFERS,
+    network.RENDEZVOUS_TIMEOUT,
+)
+
+BY_ID = {e.id: e for e in ENTRIES}
+assert len(BY_ID) == len(ENTRIES), "duplicate catalogue ids"
+_DEFINED = {v.id for m in (host, nccl, network, ranks, runtime) for v in vars(m).values() if isinstance(v, Entry)}
+assert _DEFINED == set(BY_ID), f"an entry is defined in a family but not listed in ENTRIES: {_DEFINED ^ set(BY_ID)}"

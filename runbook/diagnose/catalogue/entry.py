@@ -1,0 +1,94 @@
+"""What a catalogue entry is (:class:`Entry`, :class:`Hit`, the severities) and the readers of a
+:class:`~runbook.diagnose.bundle.Bundle` that signatures of several families share.
+
+A signature returns :class:`Hit` s (node + the evidence lines it matched); an empty list means the
+entry does not apply. Signatures never raise on missing texts: a bundle collected before a rank
+started, or without RDMA, simply has less to match.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ...facts import sockets
+from .. import bundle as B
+
+FATAL, DEGRADED, WARNING = "fatal", "degraded", "warning"
+
+SEVERITY_ORDER = {FATAL: 0, DEGRADED: 1, WARNING: 2}
+
+
+@dataclass
+class Hit:
+    node: str
+    evidence: list[str]
+    vars: dict[str, str] = field(default_factory=dict)     # fills the proof command's {placeholders}
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    title: str
+    severity: str
+    symptom: str          # what the user sees
+    detect: str           # how the signature recognises it (for the docs)
+    cause: str
+    fix: str
+    proof: str            # command that proves it on the node; {placeholders} from context and hit
+    signature: Callable[[B.Bundle], list[Hit]]
+    source: str = ""
+
+
+CLIENTS_JOINED = re.compile(r"DistStoreError: Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined")
+
+_CLIENT_TIMEOUT = re.compile(r"client socket has (?:timed out after \d+ms while trying to connect to|"
+                             r"failed to connect to any network address of) \((\S+?), (\d+)\)")
+
+STARTUP_DONE = re.compile(r"Application startup complete")
+
+
+def lines_matching(text: str, rx: re.Pattern, limit: int = 3) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        if rx.search(line):
+            out.append(line.strip()[:300])
+            if len(out) >= limit:
+                break
+    return out
+
+
+def rendezvous_failures(b: B.Bundle) -> list[str]:
+    """Evidence that the rendezvous did not complete, from every node."""
+    ev = []
+    for node, text in b.logs():
+        ev += [f"{node}: {l}" for l in lines_matching(text, CLIENTS_JOINED, 1)]
+        ev += [f"{node}: {l}" for l in lines_matching(text, _CLIENT_TIMEOUT, 1)]
+    port = b.context.master_port
+    for node in b.nodes:
+        for s in sockets.connecting_to(sockets.parse_ss(b.text(node, B.SS)), port) if port else []:
+            ev.append(f"{node}: socket {s.describe()} (SYN-SENT: no answer from the master port)")
+        for t in sockets.parse_tcp_connect(b.text(node, B.TCP_MASTER)):
+            if t.result in ("timeout", "unreachable"):
+                ev.append(f"{node}: tcp connect {t.host}:{t.port} -> {t.result} after {t.ms} ms")
+    return ev
+
+
+def plan_env(plan: str) -> dict[str, dict[str, str]]:
+    """node -> KEY=VALUE assignments of its ``env ...`` line in a rendered launch plan."""
+    out: dict[str, dict[str, str]] = {}
+    node = None
+    for line in plan.splitlines():
+        m = re.match(r"^## rank \d+ on (\S+)", line)
+        if m:
+            node = m.group(1)
+            continue
+        if node and line.startswith("env "):
+            try:
+                words = shlex.split(line.rstrip("\\ "))
+            except ValueError:
+                continue
+            out[node] = dict(w.split("=", 1) for w in words[1:] if re.match(r"^[A-Z_][A-Z0-9_]*=", w))
+            node = None
+    return out

@@ -1,0 +1,167 @@
+"""Failures of how the ranks were started: node-specific settings pushed from the head, a worker that
+died or never started, an environment split by shell quoting, a path from the head's home."""
+from __future__ import annotations
+
+import json
+import re
+
+from ...facts import procs
+from .. import bundle as B
+from .entry import CLIENTS_JOINED, FATAL, STARTUP_DONE, Entry, Hit, lines_matching, plan_env
+
+
+_NODE_SPECIFIC = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "VLLM_HOST_IP",
+                  "NCCL_IB_GID_INDEX", "UCX_NET_DEVICES", "NCCL_IB_SUBNET_AWARE_ROUTING")
+
+_OVERWRITE = re.compile(r"Overwriting environment variable (\w+) from '([^']*)' to '([^']*)'")
+
+
+def _sig_env_overwritten(b: B.Bundle) -> list[Hit]:
+    hits = []
+    for node, text in b.logs():
+        ev = []
+        for m in _OVERWRITE.finditer(text):
+            if m.group(1) in _NODE_SPECIFIC:
+                ev.append(f"{node}: {m.group(1)} overwritten from '{m.group(2)}' to '{m.group(3)}'")
+        if ev:
+            hits.append(Hit(node, sorted(set(ev))))
+    return hits
+
+
+ENV_OVERWRITTEN_BY_HEAD = Entry(
+    "env-overwritten-by-head", "Node-specific settings pushed from the head", FATAL,
+    symptom="the worker uses the head's HCA names or addresses; NCCL falls back or fails",
+    detect="`Overwriting environment variable NCCL_IB_HCA from '<a>' to '<b>'` (or another node-specific "
+           "variable) in a rank log",
+    cause="HCA names / interfaces were resolved on the head and copied to the worker (names can be `mlx5_*` "
+          "on one node and `rocep*` on the other)",
+    fix="resolve NCCL_IB_HCA, *_SOCKET_IFNAME and VLLM_HOST_IP per node and pass them in each rank's own "
+        "environment; do not forward the head's",
+    proof="grep 'Overwriting environment variable' <worker rank log>; ibdev2netdev   # on each node",
+    signature=_sig_env_overwritten, source="anchors-2026-12 #5")
+
+
+def _is_rank_process(p: procs.Proc) -> bool:
+    return bool(re.search(r"vllm|VLLM::|EngineCore", p.cmd)) and "grep" not in p.cmd
+
+
+def _sig_worker_dead(b: B.Bundle) -> list[Hit]:
+    head = b.head
+    head_log = b.text(head, B.RANK_LOG)
+    head_waiting = bool(head_log) and not STARTUP_DONE.search(head_log)
+    head_failed = bool(CLIENTS_JOINED.search(head_log))
+    if not (head_waiting or head_failed):
+        return []
+    hits = []
+    for node in b.workers:
+        log = b.text(node, B.RANK_LOG)
+        ev = []
+        no_log = not log.strip() or re.search(r"^tail: cannot open .*No such file", log, re.MULTILINE)
+        ps_known = b.has(node, B.PROCESSES)
+        alive = any(_is_rank_process(p) for p in procs.parse_ps(b.text(node, B.PROCESSES)))
+        if no_log:
+            ev.append(f"{node}: no rank log (the rank never started, or wrote nothing)")
+        if ps_known and not alive:
+            ev.append(f"{node}: no vLLM process running")
+        if not ev or (ps_known and alive):
+            continue
+        tail = [l.strip()[:300] for l in log.strip().splitlines()[-4:]] if not no_log else []
+        errs = lines_matching(log, re.compile(r"Python\.h: No such file|Traceback|Error|error:"), 3)
+        ev += [f"{node} log: {l}" for l in errs or tail]
+        if head_waiting:
+            ev.append(f"{head}: log shows no 'Application startup complete' (the head waits for the worker)")
+        hits.append(Hit(node, ev + [f"{head}: {l}" for l in lines_matching(head_log, CLIENTS_JOINED, 1)]))
+    return hits
+
+
+WORKER_NOT_RUNNING = Entry(
+    "worker-not-running", "Worker died or never started while the head waits", FATAL,
+    symptom="the head waits (up to vLLM's rendezvous timeout) for a worker that is not there",
+    detect="the head's log has no `Application startup complete` (or a clients-joined timeout) and a worker "
+           "has no rank log or no vLLM process; the worker's last error lines are shown",
+    cause="the worker's start failed (e.g. a venv copied without `Python.h`, a missing path) or it was never "
+          "launched",
+    fix="fix the worker's error shown here, start the worker first and check it is alive and logging before "
+        "starting the head (the launcher does this); stop the head meanwhile",
+    proof="pgrep -af vllm; tail -n 50 <worker rank log>   # on the worker",
+    signature=_sig_worker_dead, source="anchors-2026-12 #7; issue 16 item 1")
+
+
+_SHELL_SPLIT = re.compile(r"env: [‘'][^’']+[’']: No such file or directory|"
+                          r"bash: (?:-c: )?line \d+: .*(?:command not found|unexpected EOF while looking for matching|"
+                          r"syntax error)|sh: \d+: \S+: not found|unexpected EOF while looking for matching")
+
+
+def _sig_env_split(b: B.Bundle) -> list[Hit]:
+    hits = []
+    plan = plan_env(b.text(B.LOCAL, B.LOCAL_LAUNCH_PLAN))
+    for node in b.nodes:
+        ev = [f"{node}: {l}" for l in lines_matching(b.text(node, B.RANK_LOG), _SHELL_SPLIT, 2)]
+        env_text = b.text(node, B.ENV)
+        if node in plan and env_text and "no readable process" not in env_text:
+            env = b.env(node)
+            key_vars = [k for k in ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if k in plan[node]]
+            missing = [k for k in key_vars if k not in env]
+            wrong = [k for k in key_vars if k in env and env[k] != plan[node][k]]
+            if missing or wrong:
+                ev.append(f"{node}: the running rank's environment lacks {', '.join(missing) or '-'}"
+                          f"{'; differs on ' + ', '.join(f'{k}={env[k]} (plan {plan[node][k]})' for k in wrong) if wrong else ''}"
+                          f" from the rendered launch plan")
+        if ev:
+            hits.append(Hit(node, ev))
+    for line in b.text(B.LOCAL, B.LOCAL_COMMANDS).splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        out = "\n".join(str(rec.get(k, "")) for k in ("stderr", "stdout", "stderr_tail", "stdout_tail"))
+        found = lines_matching(out, _SHELL_SPLIT, 2)
+        if found:
+            node = str(rec.get("node", "?"))
+            hits.append(Hit(node, [f"{node} start command: {l}" for l in found]))
+    return hits
+
+
+ENV_SPLIT_BY_QUOTING = Entry(
+    "env-split-by-quoting", "Environment split by nested shell quoting", FATAL,
+    symptom="the worker never launched, or launched without its NCCL/VLLM variables",
+    detect="shell errors from the start command (`env: 'x': No such file or directory`, `command not found`, "
+           "`unexpected EOF while looking for matching`), or the running rank's environment lacks "
+           "VLLM_HOST_IP / *_SOCKET_IFNAME the rendered launch plan sets",
+    cause="the start command went through ssh plus another `bash -c` layer and lost a quoting level, so "
+          "assignments became separate words",
+    fix="pass the environment as one quoted word per assignment (or write it to a file on the node and "
+        "source it); compare the rank's /proc/<pid>/environ with the launch plan",
+    proof="tr '\\0' '\\n' < /proc/<rank pid>/environ | grep -E 'VLLM_HOST_IP|SOCKET_IFNAME|NCCL_IB'",
+    signature=_sig_env_split, source="anchors-2026-12 #7")
+
+
+_HOME_PATH = re.compile(r"(?:No such file or directory|FileNotFoundError|does not exist)[^\n]*?'?(/(?:home/[^/\s'\"]+|root))(/[^\s'\"]*)")
+
+
+def _sig_home_differs(b: B.Bundle) -> list[Hit]:
+    hits = []
+    for node in b.nodes:
+        home = b.text(node, B.HOME).strip().splitlines()
+        if not home:
+            continue
+        home = home[-1].rstrip("/")
+        ev = []
+        for m in _HOME_PATH.finditer(b.text(node, B.RANK_LOG)):
+            if m.group(1) != home:
+                ev.append(f"{node}: {m.group(1)}{m.group(2)} is missing; this node's home is {home}")
+        if ev:
+            hits.append(Hit(node, sorted(set(ev))[:3]))
+    return hits
+
+
+HOME_DIR_DIFFERS = Entry(
+    "home-dir-differs", "A path from the head's home does not exist on the worker", FATAL,
+    symptom="the worker fails with `No such file or directory: '/home/<head user>/...'`",
+    detect="a missing path under a home directory that is not the worker's `$HOME`",
+    cause="cache or model paths were resolved on the head and sent to the worker, whose user/home differ",
+    fix="use `~/...` paths in the profile (expanded per node) or the same user on every node",
+    proof="echo $HOME   # on the worker",
+    signature=_sig_home_differs, source="anchors-2026-12 #13")

@@ -1,0 +1,238 @@
+"""The embedded lab: two (or three) "Sparks" on this one machine.
+
+Each node is a network namespace ``nl-<name>`` whose PID 1 is ``nodeinit.sh`` (own UTS, mount and
+PID namespaces; see that file), which becomes the node's sshd. Topology::
+
+    root netns (the "laptop" running the runbook)
+      nlbr0 10.77.0.1/24 --+-- nl-m-head    <-> eth0 10.77.0.11/24  [nl-head,    hostname spark-head]
+                           +-- nl-m-worker  <-> eth0 10.77.0.12/24  [nl-worker,  hostname spark-worker]
+                           +-- nl-m-worker2 <-> eth0 10.77.0.13/24  [nl-worker2, hostname spark-worker2]  (3 nodes)
+      guard routes: unreachable 10.77.0.0/16 and 169.254.77.0/24 (lab prefixes never follow the default route)
+
+    2 nodes: nl-head:enp1s0f0np0 169.254.77.1/24 mtu 9000 <-veth-> nl-worker:enp1s0f0np0 169.254.77.2/24
+    3 nodes: every node's enp1s0f0np0 (169.254.77.1/.2/.3, mtu 9000) is a veth into bridge nlfab0
+             (root netns, mtu 9000, no IP address)
+
+Nodes have no default route. After sshd answers, ``dockerd`` is started in each node over SSH (as a
+runbook would on a real node) and a tiny busybox image ``spark-runbook/lab-runtime:1`` is imported on
+the head and shipped to the workers with ``docker save | docker load``.
+
+Public API: :func:`up`, :func:`down`, :func:`status`, :func:`info`, :class:`LabInfo`, :class:`LabNode`.
+Everything here needs root; every subprocess has a timeout; every failure is a :class:`LabError`.
+
+This module holds the public entries and the order ``up`` follows; each part lives in its own module:
+``spec`` (names, addresses, LabInfo, the state file), ``host`` (local commands, ssh, process and netns
+lookups), ``packages`` (apt), ``files`` (keys, ssh and sshd configs, node dirs), ``network`` (netns, veth,
+bridges, routes), ``nodes`` (PID 1 of each node), ``dockerd`` (docker and the runtime image),
+``health`` (status) and ``teardown`` (down).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+from runbook.errors import LabError
+
+from .dockerd import dockerd_script, ensure_image, parse_kv
+from .files import lab_paths, write_files
+from .health import any_node_alive, lab_status
+from .host import node_pid1, ssh
+from .network import create_network, wait_carrier
+from .nodes import cgroup_mounts, start_node, wait_port
+from .packages import ensure_packages
+from .spec import (DEFAULT_LAB_DIR, IMAGE, MARKER, NODEINIT, LabInfo, LabNode, Log, node_specs, read_state,
+                   write_state)
+from .teardown import lab_present, teardown
+
+__all__ = ["LabInfo", "LabNode", "default_lab_dir", "down", "info", "status", "up"]
+
+
+def _default_log(msg: str) -> None:
+    print(f"[lab] {msg}", file=sys.stderr, flush=True)
+
+
+def _require_root(action: str) -> None:
+    if os.geteuid() != 0:
+        raise LabError(f"lab {action} needs root (it creates network namespaces, veth links, routes "
+                       "and mounts)", observed=f"running as uid {os.geteuid()}", expected="uid 0 (root)",
+                       fix=f"run it as root, e.g. `sudo {sys.executable} -m runbook lab {action}`")
+
+
+@contextlib.contextmanager
+def _locked(lab_dir: Path, timeout: float = 180) -> Iterator[None]:
+    """One ``up`` or ``down`` at a time per lab dir (flock on ``<lab_dir>/.lock``)."""
+    lab_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lab_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    raise LabError("another lab up/down is still running", observed=f"{lab_dir}/.lock held "
+                                   f"for more than {timeout:.0f} s", fix="wait for it to finish, or end "
+                                   "the process holding the lock") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
+class _Timer:
+    """Seconds per phase of ``up`` (``LabInfo.timings``)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = round(time.monotonic() - t, 3)
+
+    def total(self) -> dict[str, float]:
+        self.timings["total"] = round(time.monotonic() - self.t0, 3)
+        return dict(self.timings)
+
+
+# --------------------------------------------------------------------------------------------------
+# public API
+
+def default_lab_dir() -> Path:
+    """<repo>/.lab (gitignored)."""
+    return DEFAULT_LAB_DIR
+
+
+def info(lab_dir: Path | None = None) -> LabInfo | None:
+    """The LabInfo recorded by the last successful ``up`` (no checks, no changes), or None."""
+    state = read_state(Path(lab_dir or DEFAULT_LAB_DIR).resolve())
+    return LabInfo.from_dict(state["info"]) if state and "info" in state else None
+
+
+def status(lab_dir: Path | None = None) -> dict:
+    """JSON-able health of the lab: per node netns, sshd PID 1, ssh answer, fabric link, dockerd.
+
+    Works without root too, but then the netns-level fields (fabric link, PID 1 lookup) stay empty.
+    """
+    return lab_status(Path(lab_dir or DEFAULT_LAB_DIR).resolve())
+
+
+def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -> LabInfo:
+    """Bring the lab up (idempotent) and return how to reach it.
+
+    A healthy running lab with the same node count is returned as is (``reused=True``). Anything else
+    that looks like a lab (namespaces, links, routes, dead nodes, cgroups) is torn down first.
+    """
+    log = log or _default_log
+    timer = _Timer()
+    _require_root("up")
+    lab_dir = Path(lab_dir or DEFAULT_LAB_DIR).resolve()
+    specs = node_specs(nodes)
+    with _locked(lab_dir):
+        with timer.phase("packages"):
+            ensure_packages(log)
+        with contextlib.suppress(OSError, ValueError):
+            other = json.loads(MARKER.read_text()).get("lab_dir")
+            if other and other != str(lab_dir) and lab_present() and any_node_alive(Path(other)):
+                raise LabError("another lab is running on this machine (the nl-* names are machine-wide)",
+                               observed=f"lab from {other}", expected=f"no lab, or the lab of {lab_dir}",
+                               fix=f"bring it down first: `python -m runbook lab down --lab-dir {other}`")
+        state = read_state(lab_dir)
+        if state and state.get("node_count") == nodes and "info" in state:
+            with timer.phase("check"):
+                st = lab_status(lab_dir)
+            if st["healthy"]:
+                lab = LabInfo.from_dict(state["info"])
+                lab.reused = True
+                lab.image_ids = {k: v["image_id"] for k, v in st["nodes"].items()}
+                lab.timings = timer.total()
+                return lab
+            bad = {k: [f for f in ("netns_exists", "sshd_alive", "ssh_ok", "dockerd_alive") if not v.get(f)]
+                   for k, v in st["nodes"].items() if not v["healthy"]}
+            log(f"existing lab is not healthy ({bad or 'bridge/routes'}); rebuilding")
+        if lab_present() or state:
+            with timer.phase("clean"):
+                notes = teardown(lab_dir, None)
+            if notes:
+                log("cleaned stale lab state: " + "; ".join(notes))
+
+        created: list[str] = []
+        with timer.phase("files"):
+            write_files(lab_dir, specs)
+            for mp in ("/mnt/nvme", "/var/lib/docker"):   # bind targets must exist on the shared root fs
+                if not Path(mp).exists():
+                    Path(mp).mkdir(parents=True)
+                    created.append(mp)
+            if not NODEINIT.exists():
+                raise LabError("nodeinit.sh is missing", observed=str(NODEINIT), fix="reinstall the package")
+        state = {"node_count": nodes, "lab_dir": str(lab_dir), "created_mountpoints": created,
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pids": {}}
+        write_state(lab_dir, state)
+        MARKER.write_text(json.dumps({"lab_dir": str(lab_dir)}) + "\n")
+
+        with timer.phase("network"):
+            create_network(specs)
+        with timer.phase("nodes"):
+            cg = cgroup_mounts()
+            for n in specs:
+                state["pids"][n.name] = {"unshare": start_node(lab_dir, n, cg)}
+        with timer.phase("carrier"):
+            wait_carrier(specs)
+        with timer.phase("sshd"):
+            deadline = time.monotonic() + 10
+            for n in specs:
+                wait_port(n, lab_dir, deadline)
+                state["pids"][n.name]["pid1"] = node_pid1(n.netns)
+            write_state(lab_dir, state)
+            cfg = lab_paths(lab_dir)[0]
+            with ThreadPoolExecutor(max_workers=len(specs)) as ex:
+                names = list(ex.map(lambda n: ssh(cfg, n.alias, "hostname", timeout=20,
+                                                  what="first ssh login").stdout.strip(), specs))
+            for n, got in zip(specs, names):
+                if got != n.alias:
+                    raise LabError("lab node answers with the wrong hostname", node=n.alias,
+                                   observed=got, expected=n.alias, fix="run `down` then `up`")
+        with timer.phase("dockerd"):
+            with ThreadPoolExecutor(max_workers=len(specs)) as ex:
+                outs = list(ex.map(lambda n: ssh(cfg, n.alias, dockerd_script(n), timeout=60,
+                                                 what="starting dockerd in the node").stdout, specs))
+            ids = {n.name: parse_kv(o).get("image", "") for n, o in zip(specs, outs)}
+        with timer.phase("image"):
+            ids = ensure_image(lab_dir, specs, ids, log)
+        ssh_config, key, known_hosts = lab_paths(lab_dir)
+        lab = LabInfo(lab_dir=lab_dir, ssh_config=ssh_config, key=key, known_hosts=known_hosts, nodes=specs,
+                      image_ids=ids)
+        if not lab.image_id_identical:
+            raise LabError(f"{IMAGE} differs between nodes after docker save/load", observed=str(ids),
+                           expected="one image ID on every node", fix="run `down`, delete "
+                           f"{lab_dir}/nodes/*/docker, then `up`")
+        lab.timings = timer.total()
+        state["info"] = lab.to_dict()
+        write_state(lab_dir, state)
+        return lab
+
+
+def down(lab_dir: Path | None = None, *, log: Log | None = None) -> None:
+    """Remove everything ``up`` made (processes, netns, links, bridge, routes, mounts, cgroups).
+
+    Files in the lab dir stay (keys, node dirs with their docker images and /mnt/nvme contents).
+    """
+    _require_root("down")
+    lab_dir = Path(lab_dir or DEFAULT_LAB_DIR).resolve()
+    with _locked(lab_dir):
+        notes = teardown(lab_dir, log)
+    if log and notes:
+        log("; ".join(notes))

@@ -1,0 +1,101 @@
+"""The lab's health: per node netns, sshd PID 1, an ssh answer, fabric link, dockerd and image, plus the
+bridge and the guard routes (``python -m runbook lab status``)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from runbook.errors import LabError
+
+from .dockerd import parse_kv
+from .files import lab_paths
+from .host import link_exists, netns_exists, node_pid1, pid_alive, proc_comm, run_local, ssh, tail_text
+from .network import link_states
+from .spec import BRIDGE, FABRIC_IF, FABRIC_MTU, GUARD_ROUTES, IMAGE, STATE_FILE, LabNode, node_specs, read_state
+
+
+def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
+    """One node's health: netns, sshd PID 1, fabric link, an ssh answer with its hostname, dockerd, image."""
+    d: dict = {"alias": n.alias, "netns": n.netns, "netns_exists": netns_exists(n.netns),
+               "mgmt_ip": n.mgmt_ip, "fabric_ip": n.fabric_ip}
+    pid1 = node_pid1(n.netns) if d["netns_exists"] and os.geteuid() == 0 else None
+    if pid1 is None and state_node and proc_comm(state_node.get("pid1", 0) or 0) == "sshd":
+        pid1 = state_node["pid1"]
+    d["sshd_pid"] = pid1
+    d["sshd_alive"] = bool(pid1) and pid_alive(pid1) and proc_comm(pid1) == "sshd"
+    link = link_states(n.netns).get(FABRIC_IF, {}) if d["netns_exists"] and os.geteuid() == 0 else {}
+    d["fabric_if"] = n.fabric_if
+    d["fabric_state"] = link.get("operstate")
+    d["fabric_mtu"] = link.get("mtu")
+    d["ssh_ok"] = False
+    d["hostname"] = None
+    d["dockerd_alive"] = False
+    d["docker_version"] = None
+    d["image_id"] = None
+    if d["sshd_alive"] and cfg is not None and cfg.exists():
+        cmd = ("hostname; if v=$(docker version --format '{{.Server.Version}}' 2>/dev/null); then "
+               "echo docker=1; echo version=$v; "
+               f"echo image=$(docker image inspect --format '{{{{.Id}}}}' {IMAGE} 2>/dev/null); "
+               "else echo docker=0; fi")
+        try:
+            res = ssh(cfg, n.alias, cmd, timeout=20, check=False)
+        except LabError as exc:
+            d["ssh_error"] = exc.observed
+        else:
+            if res.returncode == 0:
+                lines = res.stdout.splitlines()
+                kv = parse_kv("\n".join(lines[1:]))
+                d["ssh_ok"] = True
+                d["hostname"] = lines[0].strip() if lines else ""
+                d["dockerd_alive"] = kv.get("docker") == "1"
+                d["docker_version"] = kv.get("version") or None
+                d["image_id"] = kv.get("image") or None
+            else:
+                d["ssh_error"] = tail_text(res.stderr, 300)
+    d["healthy"] = bool(d["netns_exists"] and d["sshd_alive"] and d["ssh_ok"] and d["hostname"] == n.alias
+                        and d["fabric_state"] == "UP" and d["fabric_mtu"] == FABRIC_MTU
+                        and d["dockerd_alive"] and d["image_id"])
+    return d
+
+
+def lab_status(lab_dir: Path) -> dict:
+    """The lab's health (what ``status`` returns): every node probed, the bridge, the guard routes."""
+    state = read_state(lab_dir)
+    count = (state or {}).get("node_count") or (3 if netns_exists("nl-worker2") else 2)
+    specs = node_specs(count)
+    cfg = lab_paths(lab_dir)[0]
+    with ThreadPoolExecutor(max_workers=len(specs)) as ex:
+        probes = list(ex.map(lambda n: _probe_node(cfg, n, (state or {}).get("pids", {}).get(n.name)), specs))
+    routes = run_local(["ip", "-j", "route", "show", "type", "unreachable"], timeout=10, check=False)
+    guards: list[str] = []
+    with contextlib.suppress(ValueError):
+        guards = [r["dst"] for r in json.loads(routes.stdout or "[]")]
+    ids = {p["image_id"] for p in probes}
+    out = {
+        "lab_dir": str(lab_dir),
+        "state_file": (lab_dir / STATE_FILE).exists(),
+        "node_count": count,
+        "bridge_up": link_exists(BRIDGE) and Path(f"/sys/class/net/{BRIDGE}/operstate").read_text().strip() == "up",
+        "guard_routes": {g: g in guards for g in GUARD_ROUTES},
+        "nodes": {p_n.name: p for p_n, p in zip(specs, probes)},
+        "image": IMAGE,
+        "image_id_identical": len(ids) == 1 and None not in ids,
+        "running": any(p["netns_exists"] for p in probes),
+        "as_root": os.geteuid() == 0,   # without root: no fabric link / PID 1 lookup, and no ssh key
+    }
+    out["healthy"] = (out["state_file"] and out["bridge_up"] and all(out["guard_routes"].values())
+                      and all(p["healthy"] for p in probes) and out["image_id_identical"])
+    return out
+
+
+def any_node_alive(lab_dir: Path) -> bool:
+    """Whether the lab of ``lab_dir`` still has a live node. A lab whose node processes are gone
+    (a crashed run, or a machine handed on after its processes were ended) is stale: its leftover
+    namespaces and links are cleaned by the next ``up``, whichever folder it came from."""
+    try:
+        return any(n.get("sshd_alive") for n in lab_status(lab_dir)["nodes"].values())
+    except Exception:  # noqa: BLE001 - unreadable state: be safe and treat it as alive
+        return True
