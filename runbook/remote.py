@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import posixpath
 import re
 import shlex
@@ -411,3 +412,97 @@ def expand_home(path: str, home: str, *, key: str = "path") -> str:
         raise RunbookError(f"{key} is a relative path", observed=path, expected="~/… or an absolute path",
                            fix=f"write {key} as ~/… or as an absolute path")
     return path
+
+
+# ------------------------------------------------------------------------------------------------
+# SSH local forward: reach an address only a node can reach (its loopback, its fabric IP)
+# ------------------------------------------------------------------------------------------------
+
+def forward_ssh_argv(ssh: SshSettings, target: str, local_port: int, remote_host: str, remote_port: int) -> list[str]:
+    """OpenSSH argv of a local forward ``127.0.0.1:local_port -> remote_host:remote_port`` as seen from
+    ``target``, with the same config, key and host-key policy as the fabric connections."""
+    argv = ["ssh", "-N", "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes", "-o", "ControlPath=none",
+            "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
+            "-o", f"ConnectTimeout={max(1, int(ssh.connect_timeout))}",
+            "-o", f"StrictHostKeyChecking={'accept-new' if ssh.accept_new_host_keys else 'yes'}"]
+    if ssh.ssh_config:
+        argv += ["-F", str(ssh.ssh_config)]
+    if ssh.key_file:
+        argv += ["-i", str(ssh.key_file), "-o", "IdentitiesOnly=yes"]
+    if ssh.known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={ssh.known_hosts}"]
+    return argv + ["-L", f"127.0.0.1:{int(local_port)}:{remote_host}:{int(remote_port)}", target]
+
+
+# sh keeps ssh's pid, ends when ssh ends (so poll() tells the forward is gone), and kills ssh when the
+# runbook process goes away for any reason: its stdin pipe then reads EOF.
+# (A background list's stdin is /dev/null in a shell without job control: the pipe is kept on fd 3.)
+_FORWARD_WRAPPER = ('ssh_log=$1; shift; exec 3<&0; "$@" </dev/null 2>"$ssh_log" & pid=$!; '
+                    '(read _ <&3; kill $pid 2>/dev/null) & wait $pid')
+
+
+class LocalForward:
+    """An SSH local forward to ``remote_host:remote_port`` as seen from node ``target`` (an ssh alias or
+    user@host). OpenSSH runs it in its own process, so forwarded bytes never compete with the caller's
+    Python threads (the bench's timed reader). ``open()`` returns once the local port accepts."""
+
+    def __init__(self, target: str, ssh: SshSettings, remote_host: str, remote_port: int, *, node: str = "head"):
+        self.target, self.ssh, self.node = target, ssh, node
+        self.remote_host, self.remote_port = remote_host, int(remote_port)
+        self.local_port = 0
+        self._proc = None
+        self._log_path: Path | None = None
+
+    @property
+    def url_host(self) -> str:
+        return f"127.0.0.1:{self.local_port}"
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def open(self, *, attempts: int = 3) -> "LocalForward":
+        import subprocess
+        import tempfile
+
+        last = ""
+        for _ in range(attempts):      # a free port can be taken between the probe and ssh's bind
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.local_port = s.getsockname()[1]
+            fd, log = tempfile.mkstemp(prefix="spark-runbook-forward-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(log)
+            argv = forward_ssh_argv(self.ssh, self.target, self.local_port, self.remote_host, self.remote_port)
+            self._proc = subprocess.Popen(["sh", "-c", _FORWARD_WRAPPER, "sh", log, *argv],
+                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True)
+            deadline = time.monotonic() + self.ssh.connect_timeout + 10
+            while time.monotonic() < deadline and self.alive():
+                try:
+                    with socket.create_connection(("127.0.0.1", self.local_port), timeout=0.5):
+                        return self
+                except OSError:
+                    time.sleep(0.1)
+            last = tail(self._log_path.read_text(errors="replace")) if self._log_path.exists() else ""
+            self.close()
+            if last and "forwarding" not in last.lower():
+                break                  # ssh itself failed (auth, host key, unreachable): no point retrying
+        raise RemoteError(f"could not open an SSH forward to {self.remote_host}:{self.remote_port} on "
+                          f"{self.target}", node=self.node, observed=last or "the forward never listened",
+                          fix=f"check `ssh {self.target}` works from this machine with the profile's SSH_* keys; "
+                              f"or set API_HOST=0.0.0.0 (with VLLM_API_KEY) to reach the API directly")
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.stdin.close()             # the wrapper kills ssh on EOF
+                proc.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - best effort: the process group goes too
+                try:
+                    os.killpg(proc.pid, 9)
+                except OSError:
+                    pass
+        if self._log_path is not None:
+            self._log_path.unlink(missing_ok=True)
+            self._log_path = None

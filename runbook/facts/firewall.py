@@ -42,6 +42,19 @@ class Firewall:
                        + (f" or the interface {iface}" if iface else ""))
         return out
 
+    def default_deny_input(self) -> str:
+        """The rule that drops incoming traffic nothing else allows ('' when none): an nft input hook with
+        ``policy drop``, iptables' ``:INPUT DROP``, or an active ufw that denies incoming by default."""
+        for line in self.nft.splitlines():
+            if re.search(r"\bhook\s+input\b.*\bpolicy\s+drop\b", line):
+                return f"nft: {line.strip()}"
+        for line in self.iptables.splitlines():
+            if re.match(r"^:INPUT\s+DROP\b", line.strip()):
+                return "iptables: INPUT policy DROP"
+        if self.ufw_active and self.ufw_default_deny_in:
+            return "ufw: active, default deny (incoming)"
+        return ""
+
     def _ufw_allows(self, port: int, iface: str) -> bool:
         for line in self.ufw.splitlines():
             if "ALLOW" not in line:

@@ -112,6 +112,12 @@ def substitutions(profile: Profile) -> list[Substitution]:
             if profile.value(key):
                 subs[key] = Substitution(key, profile.value(key), lab.value(f"{node}_IP"), "fabric", why)
         out = list(subs.values())
+    if profile.api_host not in ("127.0.0.1", "0.0.0.0"):
+        # an address of the head itself: its fabric address becomes the lab head's, any other (management) one
+        # does not exist in the lab, where every address of the node is reached the same way
+        on_fabric = profile.api_host in (profile.head_ip, profile.head_bootstrap_ip)
+        out.append(Substitution("API_HOST", profile.api_host, lab.head_ip if on_fabric else "0.0.0.0", "nodes",
+                                "the API binds an address of the head, which is the lab's head node"))
     for key, value in SET_BY_REHEARSAL.items():
         out.append(Substitution(key, env_text(profile.value(key)), value, "rehearsal", "set by `run --rehearse`"))
     return out

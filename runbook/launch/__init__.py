@@ -5,15 +5,18 @@ worker(s) then the head, and wait until the API streams a token (fail fast on a 
 
 Modules: ``render`` (pure: profile + node facts → per-rank container/env/argv and fingerprint),
 ``image`` (the runtime image on every node), ``ranks`` (read-only: what runs on each node, liveness and log
-growth while a start is watched), ``server`` (start, readiness, stop, status, logs).
-Check names → code: "runtime image …" rows in ``image.py``, every other row in ``server.py``.
+growth while a start is watched), ``server`` (start, readiness, stop, status, logs), ``exposure`` (the key a bind
+beyond loopback needs; what listens on each node). Where the API is and the SSH forward that reaches a
+loopback bind: ``serve/endpoint.py``.
+Check names → code: "runtime image …" rows in ``image.py``; "api exposure", "ports exposed" in ``exposure.py``;
+every other row in ``server.py``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnosis, image, ranks, server
+from . import diagnosis, exposure, image, ranks, server
 from .render import LaunchPlan
 
 ACTIONS = ("start", "stop", "restart", "status")
@@ -33,6 +36,8 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
     if action not in ACTIONS:
         raise ValueError(f"action {action!r}: expected one of {', '.join(ACTIONS)}")
     profile = step.profile
+    if action in ("start", "restart"):
+        step.add([exposure.ensure_api_key(profile, dry_run=step.dry_run)])   # before the plan renders the key
     gids = server.gids_from_network_sidecar(step.run.read_sidecar("01_network"))
     plan = server.render_plan(step.cluster, profile, gid_indexes=gids)
     step.data["rendered"] = plan.to_record()
@@ -53,8 +58,10 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
                                      "findings": [f.id for f in findings]}
             for finding in findings:
                 print(finding.to_text())
-        elif outcome.started.ok and not outcome.started.reused and not step.dry_run:
-            step.add(server.second_start_check(step.cluster, profile, plan))
+        elif outcome.started.ok and not step.dry_run:
+            if not outcome.started.reused:
+                step.add(server.second_start_check(step.cluster, profile, plan))
+            step.add(exposure.exposure_checks(step.cluster, profile))
     if action == "status":
         outcome.status = server.status(step.cluster, profile)
     return outcome

@@ -13,21 +13,26 @@ import time
 from pathlib import Path
 
 from ..checks import Check, Status
+from ..errors import RunbookError
 from ..diagnose import LOCAL, Finding
 from ..diagnose import bundle as B
 from ..diagnose.collect import diagnose
 from ..secrets import Redactor, load_secrets
 from ..serve.server_info import ApiClient, ServerInfo
 from .render import LaunchPlan
-from .server import base_url
+from ..serve.endpoint import base_url
 
 METRICS_INTERVAL_S = 10.0   # the wedge check needs >= 10 s between the two samples
 
 
 def api_texts(profile, *, interval_s: float = METRICS_INTERVAL_S) -> tuple[dict[str, str], dict[str, float]]:
     """/health, /v1/models and two /metrics samples ``interval_s`` apart (the wedge check compares them)."""
-    server = ServerInfo(base_url(profile), profile.served_model_name, api_key=load_secrets().api_key)
     texts: dict[str, str] = {}
+    try:
+        server = ServerInfo(base_url(profile), profile.served_model_name, api_key=load_secrets().api_key)
+    except RunbookError as exc:         # the SSH forward to a loopback-bound API could not open
+        texts[B.LOCAL_HEALTH] = exc.what
+        return texts, {}
     with ApiClient(server, timeout=10) as api:
         health = api.get("/health")
         texts[B.LOCAL_HEALTH] = str(health.status) if health.status is not None else health.error

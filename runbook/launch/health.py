@@ -7,12 +7,13 @@ serving watchdog.
 from __future__ import annotations
 
 from ..checks import Check, check
+from ..errors import RunbookError
 from ..facts import net
 from ..remote import Cluster
 from ..secrets import load_secrets
 from ..serve.server_info import ApiClient, ServerInfo
 from .ranks import rank_state
-from .server import base_url
+from ..serve.endpoint import base_url
 
 
 def stop_hint(profile) -> str:
@@ -23,11 +24,15 @@ def server_rows(cluster: Cluster, profile) -> list[Check]:
     """/health of the API, and each rank's state; ranks left running without a serving head are named with
     the command that stops them."""
     rows = []
-    server = ServerInfo(base_url(profile), profile.served_model_name, api_key=load_secrets().api_key)
-    with ApiClient(server, timeout=5) as api:
-        health = api.get("/health")
-    rows.append(check("server answers /health", health.status == 200, node="head",
-                      observed=f"HTTP {health.status}" if health.status is not None else health.error[:200],
+    try:
+        server = ServerInfo(base_url(profile), profile.served_model_name, api_key=load_secrets().api_key)
+        with ApiClient(server, timeout=5) as api:
+            health = api.get("/health")
+        status, error = health.status, health.error
+    except RunbookError as exc:         # the SSH forward to a loopback-bound API could not open
+        status, error = None, exc.what
+    rows.append(check("server answers /health", status == 200, node="head",
+                      observed=f"HTTP {status}" if status is not None else error[:200],
                       expected="HTTP 200", fix=f"the API is gone: read `python -m runbook logs --profile "
                                                 f"{profile.source}`; restart with 04_launch (action='restart')"))
     states = cluster.each(lambda node: rank_state(node, profile))

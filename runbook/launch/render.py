@@ -204,14 +204,15 @@ class RankLaunch:
                     f"docker rm -f {shlex.quote(self.container)} >/dev/null 2>&1; "
                     + " ".join(shlex.quote(a) for a in argv))
         env = " ".join(shlex.quote(f"{k}={v}") for k, v in self.env.items())
-        secrets = " ".join(f"{k}=\"${k}\"" for k in self.secret_env)
         serve = " ".join(shlex.quote(a) for a in [*self.entry_argv, *self.serve_argv])
         d, log = shlex.quote(self.state_dir), shlex.quote(self.log_path)
         # `;` not `&&` before the background job: `a && b &` would background the whole list and
         # $! would be a subshell, not vLLM. setsid: own session/process group (stop signals the group).
         return (f"mkdir -p {d} && cd {d} || exit 1; [ -f {log} ] && mv -f {log} {log}.1; "
                 f"echo {shlex.quote(self.fingerprint)} > {shlex.quote(self.fp_path)}; "
-                f"env {env} {secrets} setsid nohup {serve} > {log} 2>&1 < /dev/null & "
+                # secret_env is already exported by the remote layer (read from stdin): vLLM inherits it and
+                # it never appears in an argv, not even env's for the instant before it execs
+                f"env {env} setsid nohup {serve} > {log} 2>&1 < /dev/null & "
                 f"echo $! > {shlex.quote(self.pid_path)}; cat {shlex.quote(self.pid_path)}")
 
     def to_record(self) -> dict[str, Any]:
@@ -310,7 +311,7 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
         # seed B compose command (B.2), Vision-Exp era
         if p.hf_revision:
             f += ["--revision", p.hf_revision]
-        f += ["--served-model-name", p.served_model_name, "--host", "0.0.0.0", "--port", str(p.port),
+        f += ["--served-model-name", p.served_model_name, "--host", p.api_host, "--port", str(p.port),
               "--trust-remote-code"]
         if p.quantization:
             f += ["--quantization", p.quantization]
@@ -364,7 +365,7 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
         return f
 
     # seed A start.sh inner script (A.3); the lab uses the same shape
-    f += ["--served-model-name", p.served_model_name, "--host", "0.0.0.0", "--port", str(p.port), *tp_flags,
+    f += ["--served-model-name", p.served_model_name, "--host", p.api_host, "--port", str(p.port), *tp_flags,
           "--distributed-executor-backend", "mp", "--tokenizer-mode", p.tokenizer_mode]
     if p.tool_call_parser:
         f += ["--tool-call-parser", p.tool_call_parser]

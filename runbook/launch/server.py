@@ -30,12 +30,14 @@ from __future__ import annotations
 import json
 import socket
 import time
+from urllib.parse import urlsplit
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import ranks, recipe, render
+from ..serve.endpoint import api_address, base_url, tunnelled
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ALREADY_RUNNING, ActionError
 from ..facts import system, vllm_log
@@ -46,8 +48,6 @@ from ..serve.server_info import ApiClient, ServerInfo
 __all__ = [
     "StartResult",
     "StopResult",
-    "api_host",
-    "base_url",
     "gather_facts",
     "gids_from_network_sidecar",
     "logs",
@@ -135,30 +135,6 @@ def render_plan(cluster: Cluster, profile, *, secrets=None, node_overrides=None,
 # HTTP readiness (from the runbook host to the head's API)
 # ------------------------------------------------------------------------------------------------
 
-def api_host(profile) -> str:
-    """Host the runbook reaches the head's API on: HEAD_SSH's HostName (from SSH_CONFIG) or host."""
-    target = profile.head_ssh.split("@", 1)[-1]
-    host = target.split(":", 1)[0]
-    if profile.ssh_config:
-        path = profile.resolve_path(profile.ssh_config)
-        if path.is_file():
-            current: list[str] = []
-            for line in path.read_text().splitlines():
-                words = line.strip().split()
-                if not words or words[0].startswith("#"):
-                    continue
-                key = words[0].lower()
-                if key == "host":
-                    current = words[1:]
-                elif key == "hostname" and host in current and len(words) > 1:
-                    return words[1]
-    return host
-
-
-def base_url(profile) -> str:
-    return f"http://{api_host(profile)}:{profile.port}"
-
-
 def _port_open(host: str, port: int, timeout: float = 1.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -240,12 +216,12 @@ class Readiness:
 def probe_readiness(profile, url: str, api_key: str, ready: Readiness, t0: float) -> None:
     """Advance the readiness phases as far as they go now (one attempt each); each phase is stamped
     with the seconds since ``t0`` (monotonic) at which it succeeded."""
-    host, port = api_host(profile), profile.port
-
     def since() -> float:
         return round(time.monotonic() - t0, 3)
     if ready.port_open is None:
-        if not _port_open(host, port):
+        # through the SSH forward the local port always accepts: "open" is then any HTTP answer
+        if not (api_get(url, "/health", api_key, timeout=2)[0] if tunnelled(profile) else
+                _port_open(*urlsplit(url).netloc.rsplit(":", 1))):
             return
         ready.port_open = since()
     if ready.health is None:
@@ -371,7 +347,7 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: st
         from ..secrets import load_secrets
         api_key = load_secrets().api_key
     url = base_url(profile)
-    result = StartResult(plan=plan, base_url=url)
+    result = StartResult(plan=plan, base_url=api_address(profile))
     ev = (lambda name, text: step.raw(name, text)) if step is not None else (lambda name, text: "")
     result.evidence.append(ev("rendered.txt", plan.to_text()))
     result.evidence.append(ev("rendered.json", json.dumps(plan.to_record(), indent=2)))
@@ -386,7 +362,7 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: st
                 step.data["recipe"] = result.recipe
             if result.recipe_checkout:
                 step.data["recipe_checkout"] = result.recipe_checkout
-            step.data.update({"launch": result.data(), "base_url": url,
+            step.data.update({"launch": result.data(), "base_url": api_address(profile),
                               "served_model_name": plan.served_model_name})
 
 
@@ -532,7 +508,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
             rec = {"fingerprint": plan.fingerprint, "runtime": rank.runtime, "started_at": time.time(),
                    "run_id": run_id,
                    "mem_available_before": result.mem_before.get(rank.node), "container": rank.container,
-                   "log": rank.log_path, "base_url": url if rank.rank == 0 else ""}
+                   "log": rank.log_path, "base_url": result.base_url if rank.rank == 0 else ""}
             node.run(f"mkdir -p {quote(rank.state_dir)} && printf '%s\\n' {quote(json.dumps(rec))} "
                      f"> {quote(rank.record_path)}", timeout=30)
             node.run(rank.start_command(), env=env if rank.secret_env else None, timeout=120)
@@ -890,7 +866,7 @@ def status(cluster: Cluster, profile) -> dict[str, Any]:
     key = load_secrets().api_key
     code, _ = api_get(url, "/health", key, timeout=3)
     mcode, mtext = api_get(url, "/v1/models", key, timeout=3) if code == 200 else (0, "")
-    out["base_url"] = url
+    out["base_url"] = api_address(profile)
     out["health"] = code
     out["models"] = _models_ok(mtext, profile)[1] if mcode == 200 else ""
     return out

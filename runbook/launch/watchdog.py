@@ -16,12 +16,13 @@ import time
 from dataclasses import dataclass, field
 
 from ..checks import Check, Status, check
+from ..errors import RunbookError
 from ..facts.prom import MetricsSnapshot
 from ..remote import Cluster
 from ..secrets import load_secrets
 from ..serve.server_info import ApiClient, ServerInfo
 from . import health
-from .server import base_url
+from ..serve.endpoint import base_url
 
 GENERATED = "vllm:generation_tokens_total"
 PROMPTED = "vllm:prompt_tokens_total"
@@ -73,7 +74,12 @@ class Watchdog:
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
-        server = ServerInfo(base_url(self.profile), self.profile.served_model_name, api_key=load_secrets().api_key)
+        try:
+            server = ServerInfo(base_url(self.profile), self.profile.served_model_name,
+                                api_key=load_secrets().api_key)
+        except RunbookError as exc:     # the SSH forward to a loopback-bound API could not open
+            self._fire("api-gone", exc.what)
+            return
         last_count: float | None = None
         moved_at = time.monotonic()
         firing = ""

@@ -300,6 +300,22 @@ def _ipv4(v: Any) -> str:
 IPv4 = Annotated[str, BeforeValidator(_ipv4)]
 
 
+def _bind_address(v: Any) -> str:
+    s = _s(v)
+    try:
+        ip = ipaddress.IPv4Address(s)
+    except ValueError:
+        raise _err(f"expected an IPv4 address to bind, got {s!r}",
+                   "write 127.0.0.1 (this head only; the runbook tunnels over SSH), the head's fabric IP, "
+                   "or 0.0.0.0 to serve other machines (then set VLLM_API_KEY)") from None
+    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise _err(f"{s} cannot be bound", "write 127.0.0.1, the head's fabric IP or 0.0.0.0")
+    return str(ip)
+
+
+BindAddress = Annotated[str, BeforeValidator(_bind_address)]
+
+
 def _gid(v: Any) -> str | int:
     if isinstance(v, int) and not isinstance(v, bool):
         n = v
@@ -520,6 +536,9 @@ class Profile(BaseModel):
     vllm_bin: Command = Field("vllm", description="command that starts vLLM (process runtime)")
     shm_size: ShmSize = Field("32g", description="docker --shm-size")
     port: Int(1, 65535) = Field(8000, description="API port")
+    api_host: BindAddress = Field("127.0.0.1", description="address the API binds on the head (--host): "
+                                  "127.0.0.1 or the fabric IP = reached through an SSH forward; anything "
+                                  "else serves other machines and needs VLLM_API_KEY (step 04 generates one)")
     master_port: Int(1, 65535) = Field(29501, description="torch.distributed rendezvous port")
     tp: Int(1, 64) = Field(2, description="--tensor-parallel-size (= NNODES: one GPU per Spark)")
     nnodes: Int(1, 64) = Field(2, description="--nnodes")

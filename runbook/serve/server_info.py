@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from ..errors import RunbookError
+from . import endpoint
 from ..secrets import MASK, load_secrets, register_secret
 
 __all__ = ["LAUNCH_STEP", "ApiClient", "Exchange", "ServerInfo", "archive", "clip", "connect", "find_server"]
@@ -96,6 +97,8 @@ def find_server(step=None, *, base_url: str = "", model: str = "", max_model_len
     if sidecar is not None and sidecar.is_file():
         data = (json.loads(sidecar.read_text()) or {}).get("data") or {}
         url = _first(data, _URL_KEYS)
+        if url and profile is not None:
+            url = endpoint.base_url(profile)    # the sidecar names the head's API; this process's route to it
         if url:
             return ServerInfo(_norm_url(str(url)), model or str(_first(data, _MODEL_KEYS) or default_model),
                               int(max_model_len or _first(data, _LEN_KEYS) or default_len),

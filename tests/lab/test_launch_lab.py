@@ -17,6 +17,7 @@ import time
 import pytest
 
 from runbook.launch import image, ranks, server
+from runbook.serve import endpoint
 from runbook.errors import ActionError
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote
@@ -95,7 +96,9 @@ def test_process_runtime_start_reuse_refuse_status_logs_stop(cluster, tiny_model
     _record("process", result)
     r = result.readiness
     assert r.port_open is not None and r.port_open <= r.health <= r.models <= r.first_token
-    assert result.base_url == "http://10.77.0.11:8000"
+    # API_HOST=127.0.0.1 (the default): the head serves loopback, this machine reaches it over an SSH forward
+    assert result.base_url == "http://127.0.0.1:8000 on spark-head (through an SSH forward)"
+    assert "--host 127.0.0.1" in " ".join(plan.head.serve_argv)
     head_log = result.startup["head"]
     assert head_log["kv_tokens"] and head_log["startup_complete"]
     assert result.startup["worker"]["headless_master"] == "169.254.77.1:29501"
@@ -252,7 +255,7 @@ def test_docker_runtime_api_key_never_in_a_process_table_or_node_log(cluster, ti
     import httpx
     from runbook.secrets import Secrets
     planted = "sk-planted-" + "9f3c" * 6
-    profile = _profile(RUNTIME="docker")
+    profile = _profile(RUNTIME="docker", API_HOST="0.0.0.0")      # reached directly: the key guards it
     assert not image.ensure_image(cluster, profile).failures()
     plan = server.render_plan(cluster, profile, secrets=Secrets(api_key=planted))
     sampler = ("rm -f /tmp/ps-samples; for i in $(seq 1 1500); do ps -eo args >> /tmp/ps-samples 2>/dev/null; "
@@ -265,7 +268,8 @@ def test_docker_runtime_api_key_never_in_a_process_table_or_node_log(cluster, ti
         for node in cluster:
             node.run("touch /tmp/ps-stop", timeout=30)
     assert result.ok, result.checks.to_text()
-    url = result.base_url
+    url = endpoint.base_url(profile)
+    assert url == "http://10.77.0.11:8000"
     assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
     assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {planted}"}, timeout=10).status_code == 200
     time.sleep(0.5)

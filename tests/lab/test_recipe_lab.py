@@ -16,6 +16,7 @@ import pytest
 
 from runbook.checks import Status
 from runbook.launch import image, ranks, recipe, server
+from runbook.serve import endpoint
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote
 
@@ -97,7 +98,7 @@ def test_every_rank_starts_through_the_pinned_recipe_chain(cluster, tiny_model, 
     assert len(rec["markers"]["head"]) == 3 and len(rec["markers"]["worker"]) == 2
     assert any("patched vllm.entrypoints.launchers.app.build_app" in line for line in rec["markers"]["head"])
 
-    with urllib.request.urlopen(result.base_url + "/v1/models", timeout=30) as resp:
+    with urllib.request.urlopen(endpoint.base_url(profile) + "/v1/models", timeout=30) as resp:
         assert resp.headers.get("x-spark-runbook-recipe") == "lab-recipe-v1"     # the patch changed vLLM
 
     again = server.start(cluster, profile, server.render_plan(cluster, profile))   # reused: verified only

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from runbook.launch import ranks, server
+from runbook.serve import endpoint
 from runbook.launch.watchdog import Watchdog
 from runbook.profile import load_profile
 from runbook.remote import Cluster
@@ -39,7 +40,7 @@ def _long_stream(profile, seconds: float = 120.0) -> threading.Thread:
         body = {"model": profile.served_model_name, "prompt": "Once upon a time", "max_tokens": 3500,
                 "stream": True, "ignore_eos": True}
         try:
-            with httpx.stream("POST", f"{server.base_url(profile)}/v1/completions", json=body, timeout=seconds) as r:
+            with httpx.stream("POST", f"{endpoint.base_url(profile)}/v1/completions", json=body, timeout=seconds) as r:
                 for _ in r.iter_bytes():
                     pass
         except httpx.HTTPError:
@@ -51,7 +52,7 @@ def _long_stream(profile, seconds: float = 120.0) -> threading.Thread:
 
 def _generated(profile) -> float:
     from runbook.facts.prom import MetricsSnapshot
-    text = httpx.get(f"{server.base_url(profile)}/metrics", timeout=5).text
+    text = httpx.get(f"{endpoint.base_url(profile)}/metrics", timeout=5).text
     return MetricsSnapshot.from_text(0, text).total("vllm:generation_tokens_total") or 0.0
 
 

@@ -122,7 +122,8 @@ SEED_A_RANK_ENV = {
 
 @pytest.mark.parametrize("node,rank", [("head", 0), ("worker", 1)])
 def test_seed_a_serve_flags(node, rank):
-    r = _plan("exl3-v41").rank(node)
+    # the seeds bind 0.0.0.0; the runbook's default is 127.0.0.1 (test_api_binds_loopback_by_default)
+    r = _plan("exl3-v41", {"API_HOST": "0.0.0.0"}).rank(node)
     argv = r.serve_argv
     assert argv[:3] == ["vllm", "serve", "/model"]
     f = flags(argv[3:])
@@ -213,7 +214,7 @@ SEED_B_RANK_ENV = {
 
 @pytest.mark.parametrize("node,rank", [("head", 0), ("worker", 1)])
 def test_seed_b_serve_argv(node, rank):
-    r = _plan("dspark-v4").rank(node)
+    r = _plan("dspark-v4", {"API_HOST": "0.0.0.0"}).rank(node)
     argv = r.serve_argv
     assert argv[:3] == ["/usr/local/bin/vllm", "serve", "deepseek-ai/DeepSeek-V4-Flash-Vision-Exp"]   # compose exec
     f = flags(argv[3:])
@@ -298,12 +299,22 @@ def test_docker_start_command_labels_the_fingerprint():
 
 # ----------------------------------------------------------------------------- secrets, fingerprint, consistency
 
+@pytest.mark.parametrize("name", ["lab", "exl3-v41", "dspark-v4", "tp3-dspark"])
+def test_api_binds_loopback_by_default_and_where_api_host_says(name):
+    for node in ("head", "worker"):
+        assert flags(_plan(name).rank(node).serve_argv)["--host"] == "127.0.0.1"
+    wide = _plan(name, {"API_HOST": "0.0.0.0"})
+    assert flags(wide.head.serve_argv)["--host"] == "0.0.0.0"
+    assert wide.fingerprint != _plan(name).fingerprint      # a server bound elsewhere is not reused
+
+
 def test_api_key_is_a_masked_environment_reference_never_a_value():
     plan = _plan("lab", api_key_set=True)
     head = plan.head
     assert head.secret_env == ["VLLM_API_KEY"] and "VLLM_API_KEY" not in head.env
     assert "VLLM_API_KEY=***" in shlex.join(head.display_argv())
-    assert 'VLLM_API_KEY="$VLLM_API_KEY"' in head.start_command()
+    # the remote layer exports it from stdin; the start line never names it, so no argv can carry it
+    assert "VLLM_API_KEY" not in head.start_command()
     assert "--api-key" not in head.serve_argv
     assert plan.rank("worker").secret_env == []
     dplan = _plan("exl3-v41", api_key_set=True)
@@ -449,13 +460,14 @@ def test_start_progress_is_a_non_periodic_log_line():
 
 def test_gids_from_the_network_sidecar_and_api_host():
     from runbook.launch import server
+    from runbook.serve import endpoint
     side = {"checks": [{"name": "net.gid", "node": "head", "data": {"resolved": 3}},
                        {"name": "net.gid", "node": "worker", "data": {}},
                        {"name": "net.mtu", "node": "head", "data": {"resolved": 9}}]}
     assert server.gids_from_network_sidecar(side) == {"head": 3}
     assert server.gids_from_network_sidecar(None) == {}
-    assert server.api_host(load_profile(ENV / "exl3-v41.env")) == "spark1"
-    assert server.api_host(load_profile(ENV / "lab.env", {"HEAD_SSH": "root@10.1.2.3:2222", "SSH_CONFIG": ""})) \
+    assert endpoint.api_host(load_profile(ENV / "exl3-v41.env")) == "spark1"
+    assert endpoint.api_host(load_profile(ENV / "lab.env", {"HEAD_SSH": "root@10.1.2.3:2222", "SSH_CONFIG": ""})) \
         == "10.1.2.3"
 
 
@@ -485,7 +497,7 @@ def test_server_rows_name_a_heads_orphaned_children_and_the_ranks_left_running()
     worker's rank still runs: each rank's row, and one "no orphaned ranks" row naming both with the stop command."""
     from runbook.launch import health, ranks
     from support.doubles import FakeCluster
-    profile = load_profile(ENV / "lab.env", {"PORT": "1"})          # nothing answers /health there
+    profile = load_profile(ENV / "lab.env", {"PORT": "1", "API_HOST": "0.0.0.0"})   # nothing answers there
     head_ps = ("  11    10 Sl   VLLM::EngineCore\n"
                "  12    10 Sl   /v/bin/python -c from multiprocessing.spawn import spawn_main; VLLM::Worker_TP0\n")
     worker_ps = "  20    20 Sl   /v/bin/python /repo/runbook/lab/vllm_cli.py serve /m --headless\n"

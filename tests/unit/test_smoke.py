@@ -245,12 +245,16 @@ def test_parse_metrics_sums_and_positions():
 def test_find_server_from_launch_sidecar(tmp_path, monkeypatch):
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "none.env"))
-    step = make_step(tmp_path)
-    step.run.write_sidecar("04_launch", [], {"base_url": "http://10.77.0.11:8000/v1/", "served_model_name": "tiny",
-                                             "max_model_len": 4096}, "passed")
+    # the sidecar names the head's API; the route to it comes from the profile (API_HOST=0.0.0.0: direct)
+    step = make_step(tmp_path, overrides={"API_HOST": "0.0.0.0", "HEAD_SSH": "root@10.77.0.11", "SSH_CONFIG": ""})
+    step.run.write_sidecar("04_launch", [], {"base_url": "http://10.77.0.11:8000 (bound to 0.0.0.0)",
+                                             "served_model_name": "tiny", "max_model_len": 4096}, "passed")
     s = find_server(step)
     assert (s.base_url, s.model, s.max_model_len, s.source) == ("http://10.77.0.11:8000", "tiny", 4096,
                                                                 "steps/04_launch.json")
+    # without a profile (a run folder read on its own) the sidecar's address is used as written
+    plain = find_server(run_dir=step.run.path)
+    assert plain.base_url.startswith("http://10.77.0.11:8000")
 
 
 def test_find_server_parameters_win_and_key_is_masked(tmp_path, monkeypatch):
