@@ -42,22 +42,34 @@ def ensure_api_key(profile, *, dry_run: bool = False) -> Check:
                  expected="a key for a bind beyond loopback")
 
 
+WILDCARDS = ("0.0.0.0", "*", "::", "")
+SSH_PORT = 22
+
+
 def _beyond_loopback(sock: Socket) -> bool:
     try:
         return not ipaddress.ip_address(sock.local_ip.split("%", 1)[0]).is_loopback
     except ValueError:
-        return True                     # '*' or '0.0.0.0'-style wildcards
+        return True                     # '*' and other wildcard spellings
+
+
+def _listing(socks: list[Socket]) -> str:
+    """'22 sshd, 29501 VLLM::Worker_TP' or, for many ephemeral ports, '15 ports 34565-44133 (VLLM::Worker_TP, …)'."""
+    ports = sorted({(s.local_port, s.process.split("(", 1)[0]) for s in socks})
+    if len(ports) <= 4:
+        return ", ".join(f"{port} {proc}".strip() for port, proc in ports)
+    procs = ", ".join(sorted({proc for _, proc in ports if proc}))
+    return f"{len(ports)} ports {ports[0][0]}-{ports[-1][0]}" + (f" ({procs})" if procs else "")
 
 
 def node_exposure(node: Node, profile, *, peers: list[str], key_set: bool) -> Check:
-    """Row ``ports exposed`` for one node (read-only)."""
+    """Row ``ports exposed`` for one node (read-only). A listener on the node's fabric address reaches only the
+    fabric's peers; one on every address (or another address) reaches whatever network the node is on."""
     listening = [s for s in parse_ss(node.read(LISTEN_CMD, timeout=20).stdout) if s.state == "LISTEN"]
     if not listening:
-        return check("ports exposed", False, warn_only=True, node=node.name, observed="`ss -ltn` listed no listening socket",
-                     expected="the node's listeners", fix="install iproute2 (ss) on the node")
-    open_ = sorted({(s.local_ip, s.local_port, s.process.split("(", 1)[0]) for s in listening if _beyond_loopback(s)},
-                   key=lambda t: t[1])
-    listed = ", ".join(f"{ip}:{port}" + (f" {proc}" if proc else "") for ip, port, proc in open_) or "nothing"
+        return check("ports exposed", False, warn_only=True, node=node.name,
+                     observed="`ss -ltn` listed no listening socket", expected="the node's listeners",
+                     fix="install iproute2 (ss) on the node")
     api_open = [s for s in listening if s.local_port == profile.port and _beyond_loopback(s)]
     if node.name == "head" and api_open and not key_required(profile):
         return check("ports exposed", False, node=node.name, observed=f"the API port {profile.port} listens on "
@@ -68,20 +80,36 @@ def node_exposure(node: Node, profile, *, peers: list[str], key_set: bool) -> Ch
         return check("ports exposed", False, node=node.name, observed=f"the API listens on {api_open[0].local_ip}:"
                      f"{profile.port} without an API key", expected="a key for a bind beyond loopback",
                      fix="stop the server, set VLLM_API_KEY (or let step 04 generate it), start again")
+    own = {node.spec.fabric_ip, getattr(node.spec, "bootstrap_ip", "")} - {""}
+    wide = [s for s in listening if _beyond_loopback(s) and s.local_ip not in own]
+    fabric = [s for s in listening if s.local_ip in own]
+    parts = []
+    by_address: dict[str, list[Socket]] = {}
+    for s in wide:
+        by_address.setdefault("every address" if s.local_ip in WILDCARDS else s.local_ip, []).append(s)
+    parts += [f"on {where}: {_listing(socks)}" for where, socks in sorted(by_address.items())]
+    if fabric:
+        parts.append(f"on the fabric address only: {_listing(fabric)}")
+    observed = "; ".join(parts) or "nothing beyond loopback"
     fw = parse_firewall(node.read(FIREWALL_CMD, timeout=20).stdout)
     deny = fw.default_deny_input()
-    observed = f"listening beyond loopback: {listed}"
     if deny:
         return check("ports exposed", True, node=node.name, observed=f"{observed}; firewall: {deny}",
-                     expected="listeners kept to the peers by a default-deny firewall")
-    state = ("firewall state unreadable (" + ", ".join(fw.unreadable) + ")" if fw.unreadable
-             else "no default-deny firewall: any host on this node's networks reaches them")
+                     expected="beyond the fabric only SSH, unless a default-deny firewall keeps the rest to the peers")
+    beyond_ssh = [s for s in wide if s.local_port != SSH_PORT]
+    if not beyond_ssh:
+        return check("ports exposed", True, node=node.name, observed=f"{observed}; no firewall needed: only SSH is "
+                     "reachable beyond the fabric", expected="beyond the fabric only SSH")
+    state = (", ".join(fw.unreadable) + ": not installed or not readable" if fw.unreadable
+             else "no default-deny firewall")
     allow = " ".join(f"ip saddr {p} accept;" for p in peers)
-    return check("ports exposed", False, warn_only=True, node=node.name, observed=f"{observed}; {state}",
-                 expected="listeners kept to the peers by a default-deny firewall",
-                 fix=("keep the rendezvous and NCCL ports to the peers, e.g. nft add table inet spark; nft add chain "
-                      "inet spark input '{ type filter hook input priority 0; policy drop; ct state established,"
-                      f"related accept; iif lo accept; tcp dport 22 accept; {allow} }}'"
+    ports = ", ".join(str(p) for p in sorted({s.local_port for s in beyond_ssh})[:6])
+    return check("ports exposed", False, warn_only=True, node=node.name,
+                 observed=f"{observed}; {state}: any host on this node's networks reaches port(s) {ports}",
+                 expected="beyond the fabric only SSH, unless a default-deny firewall keeps the rest to the peers",
+                 fix=("keep them to the peers, e.g. nft add table inet spark; nft add chain inet spark input "
+                      "'{ type filter hook input priority 0; policy drop; ct state established,related accept; "
+                      f"iif lo accept; tcp dport 22 accept; {allow} }}'"
                       + (f" (and tcp dport {profile.port} accept for the API's clients)" if key_required(profile)
                          else "")))
 

@@ -123,9 +123,21 @@ def _node(ss: str, firewall: str, name="head", rank=0):
 def test_listeners_beyond_loopback_without_a_default_deny_firewall_warn_with_the_rule():
     row = exposure.node_exposure(_node(SS_OPEN, NO_FIREWALL), _lab(), peers=["169.254.77.2"], key_set=False)
     assert row.status is Status.WARN and row.node == "head"
-    assert "0.0.0.0:22 sshd" in row.observed and "*:29501 python" in row.observed
+    assert "on every address: 22 sshd, 29501 python" in row.observed
     assert "8000" not in row.observed and "6010" not in row.observed          # loopback only: not exposed
-    assert "no default-deny firewall" in row.observed and "ip saddr 169.254.77.2 accept" in row.fix
+    assert "no default-deny firewall: any host on this node's networks reaches port(s) 29501" in row.observed
+    assert "ip saddr 169.254.77.2 accept" in row.fix
+
+
+def test_listeners_on_the_fabric_address_only_need_no_firewall():
+    """vLLM's TP/NCCL ports bound to the fabric address reach only the peers; SSH is the one wide listener."""
+    ephemeral = "".join(f'LISTEN 0 128 10.0.0.1:{34000 + i} 0.0.0.0:* users:(("VLLM::Worker_TP",pid=9,fd={i}))\n'
+                        for i in range(12))
+    ss = SS_OPEN.replace("*:29501", "10.0.0.1:29501") + ephemeral
+    row = exposure.node_exposure(_node(ss, NO_FIREWALL), _lab(), peers=["10.0.0.2"], key_set=False)
+    assert row.status is Status.PASS, row.observed
+    assert "on every address: 22 sshd" in row.observed and "only SSH is reachable beyond the fabric" in row.observed
+    assert "on the fabric address only: 13 ports 29501-34011 (VLLM::Worker_TP, python)" in row.observed
 
 
 def test_a_default_deny_firewall_passes():
