@@ -103,13 +103,14 @@ def cmd_start(args) -> int:
     it could not start."""
     from .errors import ALREADY_RUNNING
     from .launch import image, server
+    from .launch.plan import render_plan
     profile, cluster = _server_cluster(args)
     with cluster:
         image_checks = image.ensure_image(cluster, profile)
         if image_checks.failures():
             print(image_checks.to_text())
             return 1
-        plan = server.render_plan(cluster, profile)
+        plan = render_plan(cluster, profile)
         result = server.start(cluster, profile, plan, raise_on_failure=False)
     print(result.checks.to_text())
     code = server.exit_code(result)
@@ -123,14 +124,15 @@ def cmd_diagnose(args) -> int:
     """Collect from every node, write results/<run>/diagnose/diagnose-<stamp>.tar.gz with its pages, print
     the catalogue entries that match. Exit 0 when none matched, 1 when some did."""
     from .evidence import RESULTS_ROOT, RunDir
-    from .launch import diagnosis, server
+    from .launch import diagnosis
+    from .launch.plan import render_plan
     from .secrets import redactor_from_env
     profile, cluster = _server_cluster(args)
     redactor = redactor_from_env()
     run = RunDir(RESULTS_ROOT / args.run, redactor) if args.run else RunDir.create(profile.profile_name,
                                                                                    RESULTS_ROOT, redactor)
     with cluster:
-        plan = server.render_plan(cluster, profile)
+        plan = render_plan(cluster, profile)
         archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
     for finding in findings:
         print(finding.to_text() + "\n")
@@ -160,29 +162,29 @@ def cmd_watch(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    from .launch import server
+    from .launch import stop
     profile, cluster = _server_cluster(args)
     with cluster:
-        result = server.stop(cluster, profile, nodes=[args.node] if args.node else None)
+        result = stop.stop(cluster, profile, nodes=[args.node] if args.node else None)
     print(result.checks.to_text())
     return 0 if result.ok else 4
 
 
 def cmd_status(args) -> int:
-    from .launch import server
+    from .launch import status
     profile, cluster = _server_cluster(args)
     with cluster:
-        print(json.dumps(server.status(cluster, profile), indent=2, default=str))
+        print(json.dumps(status.status(cluster, profile), indent=2, default=str))
     return 0
 
 
 def cmd_logs(args) -> int:
-    from .launch import server
+    from .launch import status
     profile, cluster = _server_cluster(args)
     with cluster:
         for node in ([args.node] if args.node else [n.name for n in cluster.nodes]):
             print(f"==> {node} <==")
-            print(server.logs(cluster, profile, node, tail_lines=args.tail))
+            print(status.logs(cluster, profile, node, tail_lines=args.tail))
     return 0
 
 

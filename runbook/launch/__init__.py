@@ -3,20 +3,26 @@ worker(s) then the head, and wait until the API streams a token (fail fast on a 
 
     outcome = runbook.launch.run(step, action="start")   # start | stop | restart | status
 
-Modules: ``render`` (pure: profile + node facts → per-rank container/env/argv and fingerprint),
+Modules: ``render`` (pure: profile + node facts → per-rank container/env/argv and fingerprint), ``plan``
+(the node facts render needs, read-only, and the rendered plan), ``recipe`` (pure: each rank's start chain
+and its boot-log markers), ``checkout`` (the recipe checkout at the pinned commit on every node),
 ``image`` (the runtime image on every node), ``ranks`` (read-only: what runs on each node, liveness and log
-growth while a start is watched), ``server`` (start, readiness, stop, status, logs), ``exposure`` (the key a bind
-beyond loopback needs; what listens on each node). Where the API is and the SSH forward that reaches a
-loopback bind: ``serve/endpoint.py``.
-Check names → code: "runtime image …" rows in ``image.py``; "api exposure", "ports exposed" in ``exposure.py``;
-every other row in ``server.py``.
+growth while a start is watched), ``server`` (start and its watch until the first token), ``readiness``
+(the API's readiness phases, the master-port probe, hang diagnostics), ``stop`` (stop, teardown proven),
+``status`` (read-only: status, logs), ``exposure`` (the key a bind beyond loopback needs; what listens on
+each node). Where the API is and the SSH forward that reaches a loopback bind: ``serve/endpoint.py``.
+Check names → code: "runtime image …" rows in ``image.py``; "api exposure", "ports exposed" in
+``exposure.py``; "recipe checkout at the pinned commit" in ``checkout.py``; "no vLLM process or container
+left", "MemAvailable back to its pre-launch value", "server stopped" in ``stop.py``; every other row
+(start, readiness, KV cache, recipe markers) in ``server.py``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnosis, exposure, image, ranks, server
+from . import diagnosis, exposure, image, ranks, server, status, stop
+from .plan import gids_from_network_sidecar, render_plan
 from .render import LaunchPlan
 
 ACTIONS = ("start", "stop", "restart", "status")
@@ -27,7 +33,7 @@ class LaunchOutcome:
     """What the notebook shows after the step's actions."""
     plan: LaunchPlan
     started: server.StartResult | None = None
-    stopped: server.StopResult | None = None
+    stopped: stop.StopResult | None = None
     status: dict[str, Any] = field(default_factory=dict)
 
 
@@ -38,15 +44,15 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
     profile = step.profile
     if action in ("start", "restart"):
         step.add([exposure.ensure_api_key(profile, dry_run=step.dry_run)])   # before the plan renders the key
-    gids = server.gids_from_network_sidecar(step.run.read_sidecar("01_network"))
-    plan = server.render_plan(step.cluster, profile, gid_indexes=gids)
+    gids = gids_from_network_sidecar(step.run.read_sidecar("01_network"))
+    plan = render_plan(step.cluster, profile, gid_indexes=gids)
     step.data["rendered"] = plan.to_record()
     step.data["fingerprint"] = plan.fingerprint
     outcome = LaunchOutcome(plan=plan)
     if action in ("start", "restart"):
         image.ensure_image(step.cluster, profile, step=step)
     if action in ("stop", "restart"):
-        outcome.stopped = server.stop(step.cluster, profile, step=step)
+        outcome.stopped = stop.stop(step.cluster, profile, step=step)
     if action in ("start", "restart") and not step.checks.failures():
         outcome.started = server.start(step.cluster, profile, plan, step=step, raise_on_failure=False)
         if not outcome.started.ok and not step.dry_run:
@@ -63,7 +69,7 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
                 step.add(server.second_start_check(step.cluster, profile, plan))
             step.add(exposure.exposure_checks(step.cluster, profile))
     if action == "status":
-        outcome.status = server.status(step.cluster, profile)
+        outcome.status = status.status(step.cluster, profile)
     return outcome
 
 

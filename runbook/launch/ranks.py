@@ -5,7 +5,8 @@ liveness, log growth and MemAvailable.
     st = rank_state(node, profile)      # RankState: running? which runtime, pid, fingerprint, processes
     w = watch(node, rank)               # RankWatch: alive, log lines, tail, MemAvailable
 
-Used by the start/stop/status actions of ``server.py``, the failure rows of ``health.py`` and resume.
+Used by start (``server.py``), ``stop.py`` and ``status.py``, the failure rows of ``health.py`` and
+resume.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import render
-from ..facts import vllm_log
+from ..facts import system, vllm_log
 from .render import RankLaunch
 from ..remote import Node, quote
 
@@ -135,6 +136,11 @@ def watch(node: Node, rank: RankLaunch) -> RankWatch:
     alive = bool(out) and out[0].strip() == "alive"
     lines = int(out[1].strip()) if len(out) > 1 and out[1].strip().isdigit() else 0
     return RankWatch(alive, lines, out[2:], mem)
+
+
+def mem_available(node: Node) -> int:
+    """MemAvailable in bytes (0 when unreadable): recorded before the launch, compared after the stop."""
+    return system.parse_meminfo(node.read(system.MEMINFO_CMD).stdout).get("MemAvailable", 0)
 
 
 def log_progressed(prev: RankWatch | None, cur: RankWatch) -> bool:

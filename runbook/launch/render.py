@@ -145,7 +145,7 @@ _DSPARK_REASONING_CONFIG = {"reasoning_parser": "deepseek_v4", "reasoning_start_
 
 @dataclass(frozen=True)
 class NodeFacts:
-    """What render needs to know about one node (read by ``actions.server.gather_facts``)."""
+    """What render needs to know about one node (read by ``plan.gather_facts``)."""
     home: str = "/root"                 # expands ~ in node-side paths (docker -v needs absolute paths)
     gid_index: int | None = None        # resolved RoCE v2 GID index when the profile says auto
     packed_engram: bool = False         # engram-l1-r{rank}of{TP}.bin exists in ENGRAM_PACKED_DIR

@@ -1,10 +1,8 @@
-"""Start, watch, stop and inspect the two-node vLLM server (step 04).
+"""Start the two-node vLLM server and watch it until the API streams a token (step 04).
 
-    facts = gather_facts(cluster, profile)                    # home, GID index, packed Engram, lab mounts
-    plan = render.render(profile, facts, api_key_set=...)     # pure; shown before anything runs
+    plan = render_plan(cluster, profile)                      # plan.py; shown before anything runs
     result = start(cluster, profile, plan, step=step)         # worker first, then head; readiness timed
-    stop(cluster, profile)                                    # both ranks, teardown proven
-    status(cluster, profile); logs(cluster, profile, "worker", tail=100)
+    code = exit_code(result)                                  # 0 started, 3 reused, 1 failed
 
 Start semantics (seed B's exit-3 rule, made explicit):
 
@@ -20,258 +18,41 @@ detector (``HANG_SECONDS``; periodic lines such as ``shm_broadcast`` excluded) c
 stopped (a half-started cluster holds memory and blocks the next start).
 
 The recipe (``recipe.py``): before the ranks start, the pinned checkout is brought to every node (clone
-on the head, rsync to the workers over the fabric) and verified at the pinned commit; a reused server only
-has it verified. After readiness every rank's boot log is searched for the lines its start chain declares
+on the head, rsync to the workers over the fabric; ``checkout.py``) and verified at the pinned commit; a
+reused server only has it verified. After readiness every rank's boot log is searched for the lines its start chain declares
 (e.g. seed B's TP=3 pad on EVERY rank); ``step.data["recipe"]`` records
 ``{"repo", "commit", "markers": {node: [found lines]}}``.
 """
 from __future__ import annotations
 
 import json
-import socket
 import time
-from urllib.parse import urlsplit
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from . import ranks, recipe, render
-from ..serve.endpoint import api_address, base_url, tunnelled
+from . import checkout, ranks, recipe, render
+from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, hang_diagnostics, probe_readiness
+from .stop import stop
+from ..serve.endpoint import api_address, base_url
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ALREADY_RUNNING, ActionError
 from ..facts import system, vllm_log
-from .render import LaunchPlan, NodeFacts
-from ..remote import Cluster, Node, quote, tail
-from ..serve.server_info import ApiClient, ServerInfo
+from .render import LaunchPlan
+from ..remote import Cluster, quote, tail
 
 __all__ = [
     "StartResult",
-    "StopResult",
-    "gather_facts",
-    "gids_from_network_sidecar",
-    "logs",
-    "probe_readiness",
-    "render_plan",
+    "exit_code",
+    "marker_checks",
+    "second_start_check",
     "start",
-    "status",
-    "stop",
 ]
 
-GIB = 1024 ** 3
 POLL_S = 4.0
 WORKER_DEAD_POLLS = 2          # consecutive "not alive" answers before the worker counts as dead
 TAIL = 40
 
-
-# ------------------------------------------------------------------------------------------------
-# facts and render
-# ------------------------------------------------------------------------------------------------
-
-def _lab_runtime_mounts(profile) -> tuple[str, ...]:
-    """Lab docker runtime: the busybox image has no Python; bind the host interpreter, its venv and the
-    repo read-only (lab-feasibility §7). Read from the local venv's pyvenv.cfg (the lab nodes share
-    this filesystem)."""
-    bin_parts = render.vllm_bin_parts(profile)
-    mounts = ["/usr", "/lib", "/lib64", "/etc/ssl", str(profile.root)]
-    py = Path(bin_parts[0])
-    cfg = py.parent.parent / "pyvenv.cfg"
-    if cfg.is_file():
-        for line in cfg.read_text().splitlines():
-            if line.startswith("home"):
-                home = Path(line.split("=", 1)[1].strip())
-                mounts.append(str(home.parent))          # <prefix>/bin -> <prefix>
-    real = py.parent.parent.resolve()
-    if not str(real).startswith(str(profile.root)):
-        mounts.append(str(real))
-    return tuple(dict.fromkeys(mounts))
-
-
-def gids_from_network_sidecar(sidecar: dict[str, Any] | None) -> dict[str, int]:
-    """Per-node GID index the network step (01) resolved from sysfs (its ``net.gid`` checks)."""
-    out: dict[str, int] = {}
-    for rec in (sidecar or {}).get("checks", []):
-        if rec.get("name") == "net.gid" and isinstance((rec.get("data") or {}).get("resolved"), int):
-            out[rec.get("node", "")] = rec["data"]["resolved"]
-    return out
-
-
-def gather_facts(cluster: Cluster, profile, *, gid_indexes: dict[str, int] | None = None) -> dict[str, NodeFacts]:
-    """Per node: $HOME, whether this rank's packed Engram shard exists, and (lab docker) the host
-    directories to bind-mount. ``gid_indexes`` are the GID indexes the network step resolved
-    (:func:`gids_from_network_sidecar`); they are used where the profile says ``auto`` (seed B's
-    ``auto`` leaves NCCL_IB_GID_INDEX unset instead, so NCCL picks per HCA). Read-only."""
-    gid_indexes = dict(gid_indexes or {})
-
-    def read(node: Node) -> NodeFacts:
-        home = node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
-        gid = gid_indexes.get(node.name) if profile.recipe != "dspark-v4" else None
-        packed = False
-        if profile.engram and profile.engram_packed_dir:
-            d = render.expand_home(profile.engram_packed_dir, home)
-            f = f"{d}/engram-l1-r{node.spec.rank}of{profile.tp}.bin"
-            packed = node.read(f"test -s {quote(f)}").ok
-        mounts = _lab_runtime_mounts(profile) if (profile.lab and profile.runtime == "docker") else ()
-        return NodeFacts(home=home, gid_index=gid, packed_engram=packed, runtime_mounts=mounts)
-
-    out = cluster.each(read)
-    for value in out.values():
-        if isinstance(value, Exception):
-            raise value
-    return out  # type: ignore[return-value]
-
-
-def render_plan(cluster: Cluster, profile, *, secrets=None, node_overrides=None,
-                gid_indexes: dict[str, int] | None = None) -> LaunchPlan:
-    """Gather the node facts and render (nothing runs)."""
-    if secrets is None:
-        from ..secrets import load_secrets
-        secrets = load_secrets()
-    return render.render(profile, gather_facts(cluster, profile, gid_indexes=gid_indexes),
-                         api_key_set=bool(secrets.api_key), node_overrides=node_overrides)
-
-
-# ------------------------------------------------------------------------------------------------
-# HTTP readiness (from the runbook host to the head's API)
-# ------------------------------------------------------------------------------------------------
-
-def _port_open(host: str, port: int, timeout: float = 1.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def api_get(base: str, path: str, api_key: str, timeout: float = 5.0) -> tuple[int, str]:
-    """(HTTP status or 0, body text or the transport error) of one GET, through the runbook's API client."""
-    with ApiClient(ServerInfo(base, "", api_key=api_key), timeout=timeout) as api:
-        ex = api.get(path, timeout=timeout)
-    if ex.status is None:
-        return 0, ex.error
-    return ex.status, ex.body if isinstance(ex.body, str) else json.dumps(ex.body)
-
-
-def _first_token(base: str, model: str, api_key: str, timeout: float = 60.0,
-                 extra: dict[str, Any] | None = None) -> tuple[bool, str, float]:
-    """Stream a tiny chat; return (ok, first non-empty delta or error, seconds to it)."""
-    payload = {"messages": [{"role": "user", "content": "Reply with OK."}], "max_tokens": 8, "temperature": 0,
-               **(extra or {})}
-    with ApiClient(ServerInfo(base, model, api_key=api_key), timeout=timeout) as api:
-        ex = api.stream_chat(payload, timeout=timeout)
-    if ex.status is None:
-        return False, ex.error, ex.latency_s
-    if ex.status != 200:
-        return False, f"HTTP {ex.status}: {ex.error_message()[:300]}", ex.latency_s
-    for ev in ex.events:
-        for ch in ev.get("choices") or []:
-            d = ch.get("delta") or {}
-            text = d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ""
-            if text:
-                return True, text, ex.ttft_s if ex.ttft_s is not None else ex.latency_s
-    return False, ex.error or "stream ended without a token", ex.latency_s
-
-
-def _chat_extra(profile) -> dict[str, Any]:
-    if profile.recipe == "exl3-v41":
-        return {"chat_template_kwargs": {"enable_thinking": False}}
-    return {}
-
-
-def _models_ok(text: str, profile) -> tuple[bool, str]:
-    try:
-        data = json.loads(text).get("data") or []
-    except (ValueError, AttributeError):
-        return False, f"not JSON: {text[:120]}"
-    for m in data:
-        if m.get("id") == profile.served_model_name:
-            mml = m.get("max_model_len")
-            return mml == profile.max_model_len, f"id {m.get('id')}, max_model_len {mml}"
-    return False, "ids " + ", ".join(str(m.get("id")) for m in data)
-
-
-PHASES = ("port_open", "health", "models", "first_token")
-
-
-@dataclass
-class Readiness:
-    """Seconds from launch (worker start) to each readiness phase; None = not reached."""
-    port_open: float | None = None
-    health: float | None = None
-    models: float | None = None
-    first_token: float | None = None
-    head_started: float | None = None     # head start command, seconds after the worker's
-    models_detail: str = ""
-    first_token_text: str = ""
-    first_token_latency: float | None = None   # the chat request's own time to first token
-
-    @property
-    def done(self) -> bool:
-        return self.first_token is not None
-
-    def rows(self) -> list[dict[str, Any]]:
-        return [{"phase": ph, "seconds_from_launch": getattr(self, ph)} for ph in PHASES]
-
-
-def probe_readiness(profile, url: str, api_key: str, ready: Readiness, t0: float) -> None:
-    """Advance the readiness phases as far as they go now (one attempt each); each phase is stamped
-    with the seconds since ``t0`` (monotonic) at which it succeeded."""
-    def since() -> float:
-        return round(time.monotonic() - t0, 3)
-    if ready.port_open is None:
-        # through the SSH forward the local port always accepts: "open" is then any HTTP answer
-        if not (api_get(url, "/health", api_key, timeout=2)[0] if tunnelled(profile) else
-                _port_open(*urlsplit(url).netloc.rsplit(":", 1))):
-            return
-        ready.port_open = since()
-    if ready.health is None:
-        code, _ = api_get(url, "/health", api_key)
-        if code != 200:
-            return
-        ready.health = since()
-    if ready.models is None:
-        code, text = api_get(url, "/v1/models", api_key)
-        if code != 200:
-            return
-        ok, detail = _models_ok(text, profile)
-        ready.models_detail = detail
-        if not ok:
-            raise ActionError("the server does not serve the expected model", node="head", observed=detail,
-                              expected=f"id {profile.served_model_name}, max_model_len {profile.max_model_len}",
-                              fix="another server holds the port, or the profile changed: "
-                                  "python -m runbook status; stop it and start again")
-        ready.models = since()
-    if ready.first_token is None:
-        ok, text, lat = _first_token(url, profile.served_model_name, api_key, extra=_chat_extra(profile))
-        if ok:
-            ready.first_token = since()
-            ready.first_token_text, ready.first_token_latency = text, round(lat, 3)
-
-
-
-def _diagnostics(cluster: Cluster, plan: LaunchPlan) -> dict[str, str]:
-    """Hang diagnostics per node: py-spy dumps when available, the process table, log tails."""
-    def diag(node: Node) -> str:
-        rank = plan.rank(node.name)
-        ps = node.read(ranks.PS_CMD).stdout
-        procs = ranks.vllm_procs(ranks.parse_ps(ps))
-        parts = ["# vLLM processes", "\n".join(f"{p[0]} {p[2]} {p[3][:200]}" for p in procs) or "(none)"]
-        if node.read("command -v py-spy").ok:
-            for p in procs[:8]:
-                parts.append(f"# py-spy dump --pid {p[0]}")
-                parts.append(node.read(f"py-spy dump --pid {p[0]} 2>&1", timeout=60).stdout)
-        else:
-            parts.append("# py-spy not installed on this node (pip install py-spy for stack dumps)")
-        parts.append("# log tail")
-        parts.append(tail(ranks.log_text(node, rank, 200), 80))
-        return "\n".join(parts)
-    out = cluster.each(diag)
-    return {k: (v if isinstance(v, str) else f"diagnostics failed: {v}") for k, v in out.items()}
-
-
-# ------------------------------------------------------------------------------------------------
-# start
-# ------------------------------------------------------------------------------------------------
 
 @dataclass
 class StartResult:
@@ -314,11 +95,6 @@ class StartResult:
     def capacity_frame(self):
         import pandas as pd
         return pd.DataFrame(self.capacity)
-
-
-def _mem_available(node: Node) -> int:
-    return system.parse_meminfo(node.read(system.MEMINFO_CMD).stdout).get("MemAvailable", 0)
-
 
 def _fail(result: StartResult, name: str, what: str, *, node: str = "", observed: str = "", expected: str = "",
           fix: str = "", raise_: bool = True, evidence: list[str] | None = None) -> StartResult:
@@ -480,7 +256,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                      fix="see the recipe checkout rows", raise_=raise_)
 
     # -- launch: workers first, then the head
-    mem = cluster.each(_mem_available)
+    mem = cluster.each(ranks.mem_available)
     result.mem_before = {k: v for k, v in mem.items() if isinstance(v, int)}
     env = {"VLLM_API_KEY": api_key} if api_key else None
     if api_key:
@@ -528,49 +304,6 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
         on_launched()
     return _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, cleanup=cleanup, t0=t0,
                       started=True)
-
-
-MASTER_BLOCKED_POLLS = 3     # ~12 s of a listening head the workers cannot reach: not a slow start
-
-
-def master_port_of(plan) -> tuple[str, int] | None:
-    """The rendezvous address and port the head's argv carries (--master-addr / --master-port)."""
-    argv = list(plan.rank("head").serve_argv)
-    try:
-        return argv[argv.index("--master-addr") + 1], int(argv[argv.index("--master-port") + 1])
-    except (ValueError, IndexError):
-        return None
-
-
-@dataclass
-class MasterProbe:
-    """Firewalls drop the master port silently: vLLM then waits ~30 min for "clients joined". Once the head
-    listens on it, every worker opens one TCP connection to it; when none can for a few polls, say so now.
-    Stops probing after the first success (the rendezvous store sees only a few short connections)."""
-    pending: bool = True
-    blocked_polls: int = 0
-    blocked: list[str] = field(default_factory=list)
-    observed: str = ""
-
-    def poll(self, cluster, plan) -> None:
-        target = master_port_of(plan)
-        workers = [cluster[r.node] for r in plan.workers]
-        if target is None or not workers:
-            self.pending = False
-            return
-        addr, port = target
-        if port not in system.parse_listening(cluster.head.read(system.LISTEN_CMD, timeout=15).stdout):
-            return                                   # the head has not bound it yet
-        probe = quote("bash", "-c", f"exec 3<>/dev/tcp/{addr}/{port}")
-        results = cluster.each(lambda n: n.read(f"timeout 3 {probe} && echo open || echo closed", timeout=15))
-        self.blocked = sorted(n for n, r in results.items()
-                              if n != "head" and (isinstance(r, Exception) or "open" not in r.stdout))
-        if not self.blocked:
-            self.pending = False
-            return
-        self.blocked_polls += 1
-        self.observed = (f"{', '.join(self.blocked)} → {addr}:{port}: no TCP connection within 3 s, "
-                         f"{self.blocked_polls} poll(s) in a row, while the head listens on {port}")
 
 
 def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, cleanup, t0, started):
@@ -623,7 +356,7 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         if ready.done:
             break
         if hang_s and time.monotonic() - last_progress > hang_s:
-            diagnostics = _diagnostics(cluster, plan)
+            diagnostics = hang_diagnostics(cluster, plan)
             failure = ("log progress (hang detector)", f"no new log line on any rank for {hang_s} s", "cluster",
                        f"silent since {last_progress - t0:.0f} s after launch (periodic lines excluded)",
                        ("read the diagnostics (py-spy dumps / ps / log tails); usual causes: a rendezvous "
@@ -732,153 +465,7 @@ def _recipe_checkout(cluster: Cluster, profile, result: StartResult, *, ship: bo
     """The pinned checkout on every node (``ship``: fetch on the head and copy to the workers first)."""
     if recipe.recipe_pin(profile) is None:
         return True
-    checks, data = recipe.ensure_checkout(cluster, profile, ship=ship)
+    checks, data = checkout.ensure_checkout(cluster, profile, ship=ship)
     result.checks.add(checks)
     result.recipe_checkout = data
     return not checks.failures()
-
-
-# ------------------------------------------------------------------------------------------------
-# stop / status / logs
-# ------------------------------------------------------------------------------------------------
-
-@dataclass
-class StopResult:
-    checks: CheckList = field(default_factory=CheckList)
-    per_node: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.checks.failures()
-
-
-def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str, Any]]:
-    t0 = time.monotonic()
-    home = node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
-    st = ranks.rank_state(node, profile, home)
-    info: dict[str, Any] = {"before": st.describe(), "processes_before": st.processes}
-    container = profile.container_on(node.name)
-    sd = ranks.state_dir(profile, home)
-    # containers: stop (SIGTERM, grace) then remove
-    if st.container_status:
-        node.run(f"docker stop -t {int(grace)} {quote(container)} >/dev/null 2>&1; "
-                 f"docker rm -f {quote(container)} >/dev/null 2>&1; true", timeout=grace + 60)
-    # process runtime: SIGTERM the main pid (the headless rank does not exit on its own), then the group
-    pid = st.pid or (st.record.get("pid") if st.record else None)
-    if pid:
-        node.run(f"kill -TERM {int(pid)} 2>/dev/null; true", timeout=30)
-    deadline = time.monotonic() + grace
-    left = _our_left(node, pid)
-    while left and time.monotonic() < deadline:
-        time.sleep(1.0)
-        left = _our_left(node, pid)
-    for sig, wait in (("TERM", 5.0), ("KILL", 5.0)):
-        if not left:
-            break
-        node.run(f"kill -{sig} {' '.join(str(p) for p in left)} 2>/dev/null; "
-                 + (f"kill -{sig} -- -{int(pid)} 2>/dev/null; " if pid else "") + "true", timeout=30)
-        end = time.monotonic() + wait
-        while left and time.monotonic() < end:
-            time.sleep(0.5)
-            left = _our_left(node, pid)
-    node.run(f"rm -f {quote(sd + '/' + node.name + '.pid')} {quote(sd + '/' + node.name + '.fingerprint')} "
-             f"{quote(sd + '/' + node.name + '.json')}; true", timeout=30)
-    after = ranks.rank_state(node, profile, home)
-    gone = not after.processes and not after.container_status
-    info["after"] = after.describe()
-    info["stop_s"] = round(time.monotonic() - t0, 1)
-    checks = [check("no vLLM process or container left", gone, node=node.name,
-                    observed=(f"gone after {info['stop_s']} s (was: {info['before']})" if gone else
-                              f"left: {'; '.join(after.processes[:4])} {after.container_status}"),
-                    expected="nothing", fix=f"kill the listed pids / docker rm -f {container} on {node.name}")]
-    info["mem_available_before"] = (st.record or {}).get("mem_available_before")
-    return checks, info
-
-
-def _mem_check(node: Node, before: int | None, settle_s: float) -> tuple[Check, int | None]:
-    """MemAvailable back near the value recorded before launch (after every rank is gone: the lab's
-    nodes share one kernel, so MemAvailable is host-wide there)."""
-    if not before:
-        return not_applicable("MemAvailable back to its pre-launch value",
-                              "no start record on this node (not started by the runbook)", node=node.name), None
-    end = time.monotonic() + settle_s
-    tol = max(GIB, int(before * 0.05))
-    now_avail = _mem_available(node)
-    while now_avail < before - tol and time.monotonic() < end:
-        time.sleep(2.0)
-        now_avail = _mem_available(node)
-    return check("MemAvailable back to its pre-launch value", now_avail >= before - tol, node=node.name,
-                 observed=f"{now_avail / GIB:.2f} GiB (before launch {before / GIB:.2f} GiB)",
-                 expected=f">= {(before - tol) / GIB:.2f} GiB (before - max(1 GiB, 5 %))",
-                 fix="something still holds memory: ps aux --sort=-rss | head; docker ps -a",
-                 warn_only=True, data={"before": before, "after": now_avail}), now_avail
-
-
-def _our_left(node: Node, pid: int | None) -> list[int]:
-    procs = ranks.vllm_procs(ranks.parse_ps(node.read(ranks.PS_CMD).stdout), pgid=int(pid) if pid else None)
-    return [p[0] for p in procs]
-
-
-def stop(cluster: Cluster, profile, nodes: list[str] | None = None, *, grace: float = 30.0,
-         mem_settle_s: float = 20.0, step=None) -> StopResult:
-    """Stop the head, then the worker(s) (the headless rank does not exit with the head: it is
-    stopped explicitly), and prove teardown on each node."""
-    result = StopResult()
-    order = [n for n in cluster.nodes if nodes is None or n.name in nodes]
-    if cluster.head.dry_run:
-        result.checks.add(not_applicable("server stopped", "dry run: nothing stopped", node="cluster"))
-        return result
-    for node in order:        # head first (rank order), one at a time like the seeds
-        try:
-            checks, info = _stop_node(node, profile, grace)
-        except Exception as exc:  # noqa: BLE001 - report per node, keep stopping the others
-            checks, info = [check("no vLLM process or container left", False, node=node.name,
-                                  observed=f"stop failed: {exc}"[:500], expected="nothing",
-                                  fix="check the node is reachable; stop it by hand")], {}
-        result.checks.add(checks)
-        result.per_node[node.name] = info
-    for node in order:
-        info = result.per_node.get(node.name, {})
-        try:
-            c, after = _mem_check(node, info.get("mem_available_before"), mem_settle_s)
-        except Exception as exc:  # noqa: BLE001
-            c, after = check("MemAvailable back to its pre-launch value", False, node=node.name, warn_only=True,
-                             observed=f"cannot read: {exc}"[:300]), None
-        info["mem_available_after"] = after
-        result.checks.add(c)
-    if step is not None:
-        step.add(result.checks)
-        step.data.setdefault("stop", {}).update(result.per_node)
-    return result
-
-
-def status(cluster: Cluster, profile) -> dict[str, Any]:
-    """Both ranks' state, the head's /health and /v1/models."""
-    states = cluster.each(lambda n: ranks.rank_state(n, profile))
-    out: dict[str, Any] = {"nodes": {}}
-    for name, st in states.items():
-        out["nodes"][name] = ({"error": str(st)} if isinstance(st, Exception) else
-                              {"state": st.describe(), "running": st.running, "runtime": st.runtime,
-                               "pid": st.pid, "container": st.container_status, "fingerprint": st.fingerprint,
-                               "vllm_processes": st.processes})
-    url = base_url(profile)
-    from ..secrets import load_secrets
-    key = load_secrets().api_key
-    code, _ = api_get(url, "/health", key, timeout=3)
-    mcode, mtext = api_get(url, "/v1/models", key, timeout=3) if code == 200 else (0, "")
-    out["base_url"] = api_address(profile)
-    out["health"] = code
-    out["models"] = _models_ok(mtext, profile)[1] if mcode == 200 else ""
-    return out
-
-
-def logs(cluster: Cluster, profile, node: str = "head", tail_lines: int = 100) -> str:
-    """The last lines of one rank's log (process log file or docker logs)."""
-    n = cluster[node]
-    home = n.read("printf %s \"$HOME\"").stdout.strip() or "/root"
-    sd = ranks.state_dir(profile, home)
-    container = profile.container_on(node)
-    res = n.read(f"if docker inspect {quote(container)} >/dev/null 2>&1; then "
-                 f"docker logs --tail {int(tail_lines)} {quote(container)} 2>&1; "
-                 f"else tail -n {int(tail_lines)} {quote(sd + '/' + node + '.log')} 2>&1; fi", timeout=60)
-    return res.stdout

@@ -44,7 +44,8 @@ def users_server_set_aside(lab_reused: bool):
     if not lab_reused:
         yield
         return
-    from runbook.launch import ranks, server
+    from runbook.launch import ranks, server, stop
+    from runbook.launch.plan import render_plan
     from runbook.profile import load_profile
     from runbook.remote import Cluster
     profile = load_profile(USER_PROFILE)
@@ -52,14 +53,14 @@ def users_server_set_aside(lab_reused: bool):
         before = ranks.rank_state(cluster.head, profile)
         if before.running:
             print(f"\n[lab] the runbook's server is up ({before.describe()}): set aside for the tests")
-            server.stop(cluster, profile, mem_settle_s=0)
+            stop.stop(cluster, profile, mem_settle_s=0)
     try:
         yield
     finally:
         if before.running:
             with Cluster.from_profile(profile) as cluster:
-                server.stop(cluster, profile, mem_settle_s=0)      # whatever a test left on these ports
-                plan = server.render_plan(cluster, profile)
+                stop.stop(cluster, profile, mem_settle_s=0)      # whatever a test left on these ports
+                plan = render_plan(cluster, profile)
                 restored = server.start(cluster, profile, plan, raise_on_failure=False)
             print(f"[lab] the runbook's server started again: ok={restored.ok} fingerprint {plan.fingerprint[:12]}")
             assert restored.ok and plan.fingerprint == before.fingerprint, (

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from runbook.launch import server
+from runbook.launch import server, stop
+from runbook.launch.plan import render_plan
 from runbook.profile import load_profile
 from runbook.remote import Cluster
 
@@ -19,15 +20,15 @@ def test_firewall_dropping_the_master_port_is_named_within_a_minute(lab, vllm_ve
     profile = load_profile(PROFILE)
     rule = f"INPUT -p tcp --dport {profile.master_port} -s {profile.worker_ip} -j DROP"
     with Cluster.from_profile(profile) as cluster:
-        server.stop(cluster, profile, mem_settle_s=0)
+        stop.stop(cluster, profile, mem_settle_s=0)
         cluster.head.run(f"iptables -I {rule}", timeout=20)
         try:
             t0 = time.monotonic()
-            result = server.start(cluster, profile, server.render_plan(cluster, profile), raise_on_failure=False)
+            result = server.start(cluster, profile, render_plan(cluster, profile), raise_on_failure=False)
             took = time.monotonic() - t0
         finally:
             cluster.head.run(f"iptables -D {rule}", timeout=20, warn=True)
-            server.stop(cluster, profile, mem_settle_s=0)
+            stop.stop(cluster, profile, mem_settle_s=0)
     failed = result.checks.failures()
     print(f"\n[diagnose] master port firewalled: start ended after {took:.1f} s: "
           + "; ".join(f"{c.name}: {c.observed}" for c in failed))
@@ -48,8 +49,8 @@ def test_rendezvous_on_the_management_address_is_named(lab, vllm_venv, tmp_path)
     profile = load_profile(PROFILE, {"HEAD_IP": mgmt})
     rule = f"OUTPUT -p tcp -d {mgmt} --dport {profile.master_port} -j DROP"
     with Cluster.from_profile(profile) as cluster:
-        server.stop(cluster, profile, mem_settle_s=0)
-        plan = server.render_plan(cluster, profile)
+        stop.stop(cluster, profile, mem_settle_s=0)
+        plan = render_plan(cluster, profile)
         assert f"--master-addr {mgmt}" in " ".join(plan.rank("worker").serve_argv)
         cluster.worker.run(f"iptables -I {rule}", timeout=20)
         try:
@@ -59,7 +60,7 @@ def test_rendezvous_on_the_management_address_is_named(lab, vllm_venv, tmp_path)
             archive, findings = diagnosis.diagnose_server(cluster, profile, tmp_path, redactor_from_env(), plan=plan)
         finally:
             cluster.worker.run(f"iptables -D {rule}", timeout=20, warn=True)
-            server.stop(cluster, profile, mem_settle_s=0)
+            stop.stop(cluster, profile, mem_settle_s=0)
     failed = result.checks.failures()
     print(f"\n[diagnose] rendezvous on {mgmt}: start ended after {took:.1f} s: "
           + "; ".join(f"{c.name}: {c.observed}" for c in failed)
@@ -77,10 +78,10 @@ def test_rendezvous_on_the_management_address_is_named(lab, vllm_venv, tmp_path)
 def running(lab, vllm_venv):
     profile = load_profile(PROFILE)
     with Cluster.from_profile(profile) as cluster:
-        result = server.start(cluster, profile, server.render_plan(cluster, profile))
+        result = server.start(cluster, profile, render_plan(cluster, profile))
         assert result.ok, result.checks.to_text()
         yield profile
-        server.stop(cluster, profile, mem_settle_s=0)
+        stop.stop(cluster, profile, mem_settle_s=0)
 
 
 def test_diagnose_names_a_port_answering_for_another_model(running, tmp_path):

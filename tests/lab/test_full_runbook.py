@@ -26,9 +26,9 @@ def two_runs(lab, tmp_path_factory, vllm_venv):
         second = runner.run(PROFILE, results_root=results, lab_up=ensure_lab)
         yield profile, first, second
     finally:
-        from runbook.launch import server
+        from runbook.launch import stop
         with Cluster.from_profile(profile) as cluster:
-            server.stop(cluster, profile)
+            stop.stop(cluster, profile)
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +98,11 @@ def test_resume_finds_intact_state_while_the_server_runs(two_runs):
 
 def test_stop_leaves_nothing_behind(full_run):
     profile, _, _ = full_run
-    from runbook.launch import server
+    from runbook.launch import status, stop
     with Cluster.from_profile(profile) as cluster:
-        result = server.stop(cluster, profile)
+        result = stop.stop(cluster, profile)
         assert result.ok, result.checks.to_text()
-        state = server.status(cluster, profile)
+        state = status.status(cluster, profile)
     assert state["nodes"], state
     assert {name: (n.get("running"), n.get("vllm_processes")) for name, n in state["nodes"].items()} == \
         {name: (False, []) for name in state["nodes"]}, state

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from runbook.launch import image, ranks, server
+from runbook.launch import image, ranks, server, status, stop
+from runbook.launch.plan import render_plan
 from runbook.serve import endpoint
 from runbook.errors import ActionError
 from runbook.profile import REPO_ROOT, load_profile
@@ -43,10 +44,10 @@ def _profile(**extra):
 def cluster(lab, tmp_path_factory):
     profile = _profile()
     c = Cluster.from_profile(profile, run_dir=tmp_path_factory.mktemp("launch-run"))
-    server.stop(c, profile, mem_settle_s=0)        # leftovers of an interrupted earlier run
+    stop.stop(c, profile, mem_settle_s=0)        # leftovers of an interrupted earlier run
     yield c
     try:
-        server.stop(c, profile, mem_settle_s=0)
+        stop.stop(c, profile, mem_settle_s=0)
     finally:
         c.close()
         if TIMINGS:
@@ -85,12 +86,12 @@ def _record(name, result):
 def stop_after(cluster):
     """Whatever a test leaves running is stopped (the next test starts from a clean lab)."""
     yield
-    server.stop(cluster, _profile(), mem_settle_s=0)
+    stop.stop(cluster, _profile(), mem_settle_s=0)
 
 
 def test_process_runtime_start_reuse_refuse_status_logs_stop(cluster, tiny_model, stop_after):
     profile = _profile()
-    plan = server.render_plan(cluster, profile)
+    plan = render_plan(cluster, profile)
     assert plan.runtime == "process" and plan.head.serve_argv[0].endswith(".lab/vllm-venv/bin/python")
     result = server.start(cluster, profile, plan)
     _record("process", result)
@@ -108,7 +109,7 @@ def test_process_runtime_start_reuse_refuse_status_logs_stop(cluster, tiny_model
 
     # the same configuration again: reused (the seeds' "exit 3"), not restarted
     t0 = time.monotonic()
-    again = server.start(cluster, profile, server.render_plan(cluster, profile))
+    again = server.start(cluster, profile, render_plan(cluster, profile))
     assert again.reused
     assert [c.status.value for c in again.checks if c.name == "server started"] == ["NO-OP"]
     assert time.monotonic() - t0 < 60
@@ -116,12 +117,12 @@ def test_process_runtime_start_reuse_refuse_status_logs_stop(cluster, tiny_model
     # a different configuration: refused with the stop command
     other = _profile(MAX_NUM_SEQS="4")
     with pytest.raises(ActionError) as exc:
-        server.start(cluster, other, server.render_plan(cluster, other))
+        server.start(cluster, other, render_plan(cluster, other))
     assert "different vLLM server" in exc.value.what and "runbook stop" in exc.value.fix
 
-    st = server.status(cluster, profile)
+    st = status.status(cluster, profile)
     assert st["health"] == 200 and st["nodes"]["head"]["running"] and st["nodes"]["worker"]["running"]
-    assert "Launching vLLM" in server.logs(cluster, profile, "worker", tail_lines=500)
+    assert "Launching vLLM" in status.logs(cluster, profile, "worker", tail_lines=500)
 
     # stop through the CLI: both ranks (the headless worker does not exit by itself)
     args = [sys.executable, "-m", "runbook", "stop", "--profile", "env/lab.env"]
@@ -139,7 +140,7 @@ def test_process_runtime_start_reuse_refuse_status_logs_stop(cluster, tiny_model
 
 def test_dead_worker_ends_the_wait_within_30s_with_both_log_tails(cluster, tiny_model, stop_after):
     profile = _profile()
-    plan = server.render_plan(cluster, profile)
+    plan = render_plan(cluster, profile)
     killed: dict[str, float] = {}
 
     def kill_worker_soon():
@@ -169,7 +170,7 @@ def test_a_worker_that_never_started_stops_the_launch_before_the_head(cluster, t
     its environment): the start says so within seconds with the worker's log, and the head is never started
     (it would wait for the rendezvous until vLLM's timeout)."""
     profile = _profile()
-    plan = server.render_plan(cluster, profile)
+    plan = render_plan(cluster, profile)
     worker = plan.rank("worker")
     worker.entry_argv, worker.serve_argv[0] = [], "/nonexistent/vllm"      # nothing to exec: dies at once
     t0 = time.monotonic()
@@ -185,7 +186,7 @@ def test_a_worker_that_never_started_stops_the_launch_before_the_head(cluster, t
 
 def test_workers_master_port_disagreeing_is_refused_before_anything_runs(cluster, tiny_model):
     profile = _profile()
-    plan = server.render_plan(cluster, profile, node_overrides={"worker": {"master_port": 29599}})
+    plan = render_plan(cluster, profile, node_overrides={"worker": {"master_port": 29599}})
     t0 = time.monotonic()
     with pytest.raises(ActionError) as exc:
         server.start(cluster, profile, plan)
@@ -201,7 +202,7 @@ def test_master_port_in_use_on_the_head_is_refused_before_anything_runs(cluster,
     profile = _profile()
     port = profile.master_port
     with hold_port(cluster.head, port):
-        plan = server.render_plan(cluster, profile)
+        plan = render_plan(cluster, profile)
         t0 = time.monotonic()
         with pytest.raises(ActionError) as exc:
             server.start(cluster, profile, plan)
@@ -217,15 +218,15 @@ def test_docker_runtime_start_and_stop(cluster, tiny_model, stop_after):
     profile = _profile(RUNTIME="docker")
     checks = image.ensure_image(cluster, profile)
     assert not checks.failures(), checks.to_text()
-    plan = server.render_plan(cluster, profile)
+    plan = render_plan(cluster, profile)
     assert plan.head.docker_argv[:3] == ["docker", "run", "-d"]
     result = server.start(cluster, profile, plan)
     _record("docker", result)
     assert result.ok, result.checks.to_text()
     assert result.startup["head"]["kv_tokens"] and result.readiness.first_token is not None
-    st = server.status(cluster, profile)
+    st = status.status(cluster, profile)
     assert st["nodes"]["head"]["runtime"] == "docker" and st["nodes"]["worker"]["container"] == "running"
-    stopped = server.stop(cluster, profile)
+    stopped = stop.stop(cluster, profile)
     assert stopped.ok, stopped.checks.to_text()
     _assert_nothing_left(cluster, profile)
 
@@ -237,7 +238,7 @@ def test_a_docker_run_failing_after_create_leaves_no_container_behind(cluster, t
     stale rank."""
     profile = _profile(RUNTIME="docker")
     assert not image.ensure_image(cluster, profile).failures()
-    plan = server.render_plan(cluster, profile)
+    plan = render_plan(cluster, profile)
     argv = plan.head.docker_argv                 # the head starts last: the worker is already up by then
     plan.head.docker_argv = argv[:3] + ["--device", "/dev/no-such-device"] + argv[3:]
     result = server.start(cluster, profile, plan, raise_on_failure=False)
@@ -257,7 +258,7 @@ def test_docker_runtime_api_key_never_in_a_process_table_or_node_log(cluster, ti
     planted = "sk-planted-" + "9f3c" * 6
     profile = _profile(RUNTIME="docker", API_HOST="0.0.0.0")      # reached directly: the key guards it
     assert not image.ensure_image(cluster, profile).failures()
-    plan = server.render_plan(cluster, profile, secrets=Secrets(api_key=planted))
+    plan = render_plan(cluster, profile, secrets=Secrets(api_key=planted))
     sampler = ("rm -f /tmp/ps-samples; for i in $(seq 1 1500); do ps -eo args >> /tmp/ps-samples 2>/dev/null; "
                "[ -e /tmp/ps-stop ] && break; sleep 0.2; done")
     for node in cluster:

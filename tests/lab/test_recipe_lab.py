@@ -15,7 +15,8 @@ import urllib.request
 import pytest
 
 from runbook.checks import Status
-from runbook.launch import image, ranks, recipe, server
+from runbook.launch import checkout, image, ranks, server, stop
+from runbook.launch.plan import render_plan
 from runbook.serve import endpoint
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote
@@ -41,10 +42,10 @@ def _profile(**extra):
 def cluster(lab, tmp_path_factory):
     profile = _profile()
     c = Cluster.from_profile(profile, run_dir=tmp_path_factory.mktemp("recipe-run"))
-    server.stop(c, profile, mem_settle_s=0)
+    stop.stop(c, profile, mem_settle_s=0)
     yield c
     try:
-        server.stop(c, profile, mem_settle_s=0)
+        stop.stop(c, profile, mem_settle_s=0)
     finally:
         c.close()
 
@@ -66,7 +67,7 @@ def tiny_model(cluster, tmp_path_factory):
 @pytest.fixture
 def stop_after(cluster):
     yield
-    server.stop(cluster, _profile(), mem_settle_s=0)
+    stop.stop(cluster, _profile(), mem_settle_s=0)
 
 
 def _rows(result, name):
@@ -80,7 +81,7 @@ def test_every_rank_starts_through_the_pinned_recipe_chain(cluster, tiny_model, 
         assert not image.ensure_image(cluster, profile).failures()
     worker = cluster["worker"]
     worker.run(f"rm -rf {quote(profile.recipe_dir)}")          # the worker gets it over the fabric again
-    plan = server.render_plan(cluster, profile)
+    plan = render_plan(cluster, profile)
     result = server.start(cluster, profile, plan)
     assert result.ok, result.checks.to_text()
 
@@ -101,17 +102,17 @@ def test_every_rank_starts_through_the_pinned_recipe_chain(cluster, tiny_model, 
     with urllib.request.urlopen(endpoint.base_url(profile) + "/v1/models", timeout=30) as resp:
         assert resp.headers.get("x-spark-runbook-recipe") == "lab-recipe-v1"     # the patch changed vLLM
 
-    again = server.start(cluster, profile, server.render_plan(cluster, profile))   # reused: verified only
+    again = server.start(cluster, profile, render_plan(cluster, profile))   # reused: verified only
     assert again.reused and all(c.status == Status.NOOP for c in _rows(again, CHECKOUT_ROW).values())
 
 
 def test_a_head_checkout_with_local_changes_is_refused_before_anything_starts(cluster, tiny_model, stop_after):
     profile = _profile()
-    assert not recipe.ensure_checkout(cluster, profile)[0].failures()
+    assert not checkout.ensure_checkout(cluster, profile)[0].failures()
     path = f"{profile.recipe_dir}/start.sh"
     cluster.head.run(f"printf '# local edit\\n' >> {quote(path)}")
     try:
-        result = server.start(cluster, profile, server.render_plan(cluster, profile), raise_on_failure=False)
+        result = server.start(cluster, profile, render_plan(cluster, profile), raise_on_failure=False)
         assert not result.ok
         head = _rows(result, CHECKOUT_ROW)["head"]
         assert head.status == Status.FAIL and "never discards local changes" in head.fix
@@ -127,12 +128,12 @@ def test_a_missing_patch_target_stops_every_rank_before_vllm(cluster, tiny_model
     d = "/mnt/nvme/recipe/hand-placed-broken"
     for node in cluster:
         node.run(f"rm -rf {quote(d)} && mkdir -p {quote(d)} && "
-                 f"cp -r {quote(str(recipe.LAB_SOURCE))}/. {quote(d)} && "
+                 f"cp -r {quote(str(checkout.LAB_SOURCE))}/. {quote(d)} && "
                  f"printf '%s\\n' {base.recipe_commit} > {quote(d)}/.recipe-commit && sed -i "
                  f"'s/^TARGET_FUNC = \"build_app\"/TARGET_FUNC = \"build_app_gone\"/' {quote(d)}/overlay/spark_lab_patch.py")
     profile = _profile(RECIPE_DIR=d)
     t0 = time.monotonic()
-    result = server.start(cluster, profile, server.render_plan(cluster, profile), raise_on_failure=False)
+    result = server.start(cluster, profile, render_plan(cluster, profile), raise_on_failure=False)
     assert not result.ok and time.monotonic() - t0 < 300
     failed = [c for c in result.checks if c.status == Status.FAIL]
     text = " ".join(c.observed for c in failed)

@@ -9,7 +9,8 @@ import time
 import httpx
 import pytest
 
-from runbook.launch import ranks, server
+from runbook.launch import ranks, server, stop
+from runbook.launch.plan import render_plan
 from runbook.serve import endpoint
 from runbook.launch.watchdog import Watchdog
 from runbook.profile import load_profile
@@ -25,12 +26,12 @@ CAUGHT_WITHIN_S = 30
 def running(lab, vllm_venv):
     profile = load_profile(PROFILE)
     with Cluster.from_profile(profile) as cluster:
-        result = server.start(cluster, profile, server.render_plan(cluster, profile))
+        result = server.start(cluster, profile, render_plan(cluster, profile))
         assert result.ok, result.checks.to_text()
         try:
             yield profile, cluster
         finally:
-            server.stop(cluster, profile, mem_settle_s=0)
+            stop.stop(cluster, profile, mem_settle_s=0)
 
 
 def _long_stream(profile, seconds: float = 120.0) -> threading.Thread:
@@ -144,5 +145,5 @@ def test_head_api_killed_mid_request_is_caught_and_the_orphans_are_named(running
     if not rank_rows["worker"].failed:          # the worker's rank outlived the head: named, with the stop command
         orphans = [r for r in alert.rows if r.name == "no orphaned ranks"]
         assert orphans and "worker" in orphans[0].node and "runbook stop" in orphans[0].fix, alert.rows
-    stopped = server.stop(cluster, profile, mem_settle_s=0)
+    stopped = stop.stop(cluster, profile, mem_settle_s=0)
     assert stopped.ok, stopped.checks.to_text()

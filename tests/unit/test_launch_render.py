@@ -459,13 +459,13 @@ def test_start_progress_is_a_non_periodic_log_line():
 
 
 def test_gids_from_the_network_sidecar_and_api_host():
-    from runbook.launch import server
+    from runbook.launch.plan import gids_from_network_sidecar
     from runbook.serve import endpoint
     side = {"checks": [{"name": "net.gid", "node": "head", "data": {"resolved": 3}},
                        {"name": "net.gid", "node": "worker", "data": {}},
                        {"name": "net.mtu", "node": "head", "data": {"resolved": 9}}]}
-    assert server.gids_from_network_sidecar(side) == {"head": 3}
-    assert server.gids_from_network_sidecar(None) == {}
+    assert gids_from_network_sidecar(side) == {"head": 3}
+    assert gids_from_network_sidecar(None) == {}
     assert endpoint.api_host(load_profile(ENV / "exl3-v41.env")) == "spark1"
     assert endpoint.api_host(load_profile(ENV / "lab.env", {"HEAD_SSH": "root@10.1.2.3:2222", "SSH_CONFIG": ""})) \
         == "10.1.2.3"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from runbook.launch.server import MASTER_BLOCKED_POLLS, MasterProbe, master_port_of
+from runbook.launch.readiness import MASTER_BLOCKED_POLLS, MasterProbe, master_port_of
 from support.doubles import FakeCluster, local_pair
 
 

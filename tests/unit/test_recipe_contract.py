@@ -1,4 +1,4 @@
-"""The recipe container contract (runbook/launch/recipe.py), run for real where it can run here.
+"""The recipe container contract (runbook/launch/recipe.py, checkout.py), run for real where it can run here.
 
 * The lab recipe's start.sh as a local subprocess, on a clone of the lab recipe repository at the pinned
   commit, with a fake `vllm` executable (a Python script that refuses argv it does not know) and a fake
@@ -25,7 +25,9 @@ import pytest
 from runbook.checks import Status
 from runbook.errors import ProfileError
 from runbook.launch import recipe, server
-from runbook.launch.recipe import Marker, Mount, RankRecipe, RecipePin, Step
+from runbook.launch.checkout import (LAB_SOURCE, CheckoutFact, checkout_probe_cmd, ensure_checkout, lab_source_commit,
+                                     lab_source_repo, parse_checkout)
+from runbook.launch.recipe import Marker, RankRecipe, RecipePin, Step
 from runbook.launch.render import NodeFacts, render
 from runbook.profile import REPO_ROOT, load_profile
 from support.doubles import FakeCluster, LocalNode
@@ -91,7 +93,7 @@ def lab_pin(tmp_path_factory) -> tuple[Path, str]:
     """The lab recipe repository built like the launch builds it, and the pinned commit."""
     tmp = tmp_path_factory.mktemp("labrepo")
     prof = load_profile(ENV / "lab.env", {"RECIPE_REPO": str(tmp / "lab-recipe.git")}, environ=NO_ENV)
-    return recipe.lab_source_repo(prof), prof.recipe_commit
+    return lab_source_repo(prof), prof.recipe_commit
 
 
 @pytest.fixture()
@@ -139,19 +141,19 @@ ARGV = ["vllm", "serve", "/mnt/nvme/models/tiny", "--served-model-name", "tiny",
 
 def test_the_pinned_lab_commit_is_what_the_lab_recipe_files_make(lab_pin):
     _, commit = lab_pin
-    assert recipe.lab_source_commit() == commit           # the files make the pinned commit
+    assert lab_source_commit() == commit           # the files make the pinned commit
     for name in ("lab.env", "lab-tp3.env"):
         assert load_profile(ENV / name, environ=NO_ENV).recipe_commit == commit, \
-            f"env/{name}: set RECIPE_COMMIT={recipe.lab_source_commit()} (the lab recipe files changed)"
+            f"env/{name}: set RECIPE_COMMIT={lab_source_commit()} (the lab recipe files changed)"
 
 
 def test_lab_source_repo_refuses_files_that_do_not_make_the_pin(tmp_path):
     src = tmp_path / "src"
-    shutil.copytree(recipe.LAB_SOURCE, src, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(LAB_SOURCE, src, ignore=shutil.ignore_patterns("__pycache__"))
     (src / "start.sh").write_text((src / "start.sh").read_text() + "# edited\n")
     prof = load_profile(ENV / "lab.env", {"RECIPE_REPO": str(tmp_path / "r.git")}, environ=NO_ENV)
     with pytest.raises(RuntimeError, match="set RECIPE_COMMIT="):
-        recipe.lab_source_repo(prof, src=src)
+        lab_source_repo(prof, src=src)
     assert not (tmp_path / "r.git").exists()
 
 
@@ -314,10 +316,10 @@ def test_checkout_files_name_what_the_chains_mount():
 
 # ----------------------------------------------------------------------------- the checkout probe, real trees
 
-def _probe(path: Path, files: list[str]) -> recipe.CheckoutFact:
-    out = subprocess.run(["bash", "-c", recipe.checkout_probe_cmd(str(path), files)], capture_output=True,
+def _probe(path: Path, files: list[str]) -> CheckoutFact:
+    out = subprocess.run(["bash", "-c", checkout_probe_cmd(str(path), files)], capture_output=True,
                          text=True, timeout=60).stdout
-    return recipe.parse_checkout(out)
+    return parse_checkout(out)
 
 
 def test_probe_reads_commit_cleanliness_and_missing_files(tmp_path, checkout, lab_pin):
@@ -356,24 +358,24 @@ def test_ensure_checkout_clones_at_the_pin_then_noops_and_refuses_local_changes(
     repo, commit = lab_pin
     prof = load_profile(ENV / "lab.env", {"RECIPE_REPO": str(repo), "RECIPE_DIR": "~/recipes/lab"}, environ=NO_ENV)
     node = local_head(tmp_path)
-    checks, data = recipe.ensure_checkout(FakeCluster([node]), prof)
+    checks, data = ensure_checkout(FakeCluster([node]), prof)
     [c] = checks
     assert c.status == Status.PASS and "cloned" in c.observed and (tmp_path / "recipes/lab/start.sh").is_file()
     assert data["nodes"]["head"]["commit"] == commit and data["nodes"]["head"]["path"] == f"{tmp_path}/recipes/lab"
     assert any(cmd.startswith("mkdir -p") and "git clone" in cmd for cmd in node.commands)
-    [c] = recipe.ensure_checkout(FakeCluster([node]), prof)[0]
+    [c] = ensure_checkout(FakeCluster([node]), prof)[0]
     assert c.status == Status.NOOP                                         # already at the pin: nothing done
     (tmp_path / "recipes/lab/start.sh").write_text("changed\n")
-    [c] = recipe.ensure_checkout(FakeCluster([node]), prof)[0]
+    [c] = ensure_checkout(FakeCluster([node]), prof)[0]
     assert c.status == Status.FAIL and "never discards local changes" in c.fix
     assert (tmp_path / "recipes/lab/start.sh").read_text() == "changed\n"   # untouched
 
 
 def test_ensure_checkout_names_the_failing_clone_and_how_to_place_it_by_hand(tmp_path, lab_pin):
     _, commit = lab_pin
-    prof = load_profile(ENV / "exl3-v41.env", {"RECIPE_REPO": f"https://127.0.0.1:9/none.git",
+    prof = load_profile(ENV / "exl3-v41.env", {"RECIPE_REPO": "https://127.0.0.1:9/none.git",
                                                "RECIPE_DIR": str(tmp_path / "r")}, environ=NO_ENV)
-    [c] = recipe.ensure_checkout(FakeCluster([local_head(tmp_path)]), prof)[0]
+    [c] = ensure_checkout(FakeCluster([local_head(tmp_path)]), prof)[0]
     assert c.status == Status.FAIL and "git clone --quiet https://127.0.0.1:9/none.git" in c.observed
     assert "place it by hand" in c.fix and "checkout 503b4825f435dde0ecdacab4b333afc6acaac8c2" in c.fix
     assert not (tmp_path / "r").exists()
@@ -384,7 +386,7 @@ def test_ensure_checkout_refuses_a_directory_that_is_no_checkout(tmp_path):
     (tmp_path / "r" / "mine.txt").write_text("x")
     prof = load_profile(ENV / "lab.env", {"RECIPE_REPO": str(tmp_path / "repo.git"), "RECIPE_DIR": str(tmp_path / "r")},
                         environ=NO_ENV)
-    [c] = recipe.ensure_checkout(FakeCluster([local_head(tmp_path)]), prof)[0]
+    [c] = ensure_checkout(FakeCluster([local_head(tmp_path)]), prof)[0]
     assert c.status == Status.FAIL and "no recipe checkout" in c.observed
     assert (tmp_path / "r" / "mine.txt").read_text() == "x"
 

@@ -1,0 +1,84 @@
+"""The launch plan from the nodes: what render needs to know about each node (read-only) and every rank's
+rendered command.
+
+    gids = gids_from_network_sidecar(run.read_sidecar("01_network"))   # the GID indexes step 01 resolved
+    facts = gather_facts(cluster, profile, gid_indexes=gids)          # home, GID index, packed Engram, lab mounts
+    plan = render_plan(cluster, profile, gid_indexes=gids)            # facts + render.render; nothing runs
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import render
+from .render import LaunchPlan, NodeFacts
+from ..remote import Cluster, Node, quote
+
+__all__ = [
+    "gather_facts",
+    "gids_from_network_sidecar",
+    "render_plan",
+]
+
+
+def _lab_runtime_mounts(profile) -> tuple[str, ...]:
+    """Lab docker runtime: the busybox image has no Python; bind the host interpreter, its venv and the
+    repo read-only (lab-feasibility §7). Read from the local venv's pyvenv.cfg (the lab nodes share
+    this filesystem)."""
+    bin_parts = render.vllm_bin_parts(profile)
+    mounts = ["/usr", "/lib", "/lib64", "/etc/ssl", str(profile.root)]
+    py = Path(bin_parts[0])
+    cfg = py.parent.parent / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text().splitlines():
+            if line.startswith("home"):
+                home = Path(line.split("=", 1)[1].strip())
+                mounts.append(str(home.parent))          # <prefix>/bin -> <prefix>
+    real = py.parent.parent.resolve()
+    if not str(real).startswith(str(profile.root)):
+        mounts.append(str(real))
+    return tuple(dict.fromkeys(mounts))
+
+
+def gids_from_network_sidecar(sidecar: dict[str, Any] | None) -> dict[str, int]:
+    """Per-node GID index the network step (01) resolved from sysfs (its ``net.gid`` checks)."""
+    out: dict[str, int] = {}
+    for rec in (sidecar or {}).get("checks", []):
+        if rec.get("name") == "net.gid" and isinstance((rec.get("data") or {}).get("resolved"), int):
+            out[rec.get("node", "")] = rec["data"]["resolved"]
+    return out
+
+
+def gather_facts(cluster: Cluster, profile, *, gid_indexes: dict[str, int] | None = None) -> dict[str, NodeFacts]:
+    """Per node: $HOME, whether this rank's packed Engram shard exists, and (lab docker) the host
+    directories to bind-mount. ``gid_indexes`` are the GID indexes the network step resolved
+    (:func:`gids_from_network_sidecar`); they are used where the profile says ``auto`` (seed B's
+    ``auto`` leaves NCCL_IB_GID_INDEX unset instead, so NCCL picks per HCA). Read-only."""
+    gid_indexes = dict(gid_indexes or {})
+
+    def read(node: Node) -> NodeFacts:
+        home = node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
+        gid = gid_indexes.get(node.name) if profile.recipe != "dspark-v4" else None
+        packed = False
+        if profile.engram and profile.engram_packed_dir:
+            d = render.expand_home(profile.engram_packed_dir, home)
+            f = f"{d}/engram-l1-r{node.spec.rank}of{profile.tp}.bin"
+            packed = node.read(f"test -s {quote(f)}").ok
+        mounts = _lab_runtime_mounts(profile) if (profile.lab and profile.runtime == "docker") else ()
+        return NodeFacts(home=home, gid_index=gid, packed_engram=packed, runtime_mounts=mounts)
+
+    out = cluster.each(read)
+    for value in out.values():
+        if isinstance(value, Exception):
+            raise value
+    return out  # type: ignore[return-value]
+
+
+def render_plan(cluster: Cluster, profile, *, secrets=None, node_overrides=None,
+                gid_indexes: dict[str, int] | None = None) -> LaunchPlan:
+    """Gather the node facts and render (nothing runs)."""
+    if secrets is None:
+        from ..secrets import load_secrets
+        secrets = load_secrets()
+    return render.render(profile, gather_facts(cluster, profile, gid_indexes=gid_indexes),
+                         api_key_set=bool(secrets.api_key), node_overrides=node_overrides)

@@ -1,0 +1,131 @@
+"""Stop the ranks and prove the teardown: head first, then the worker(s); on each node no vLLM process or
+container left, and MemAvailable back near its value before the launch.
+
+    result = stop(cluster, profile)                     # StopResult: checks, per-node before/after
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ranks
+from ..checks import Check, CheckList, check, not_applicable
+from ..remote import Cluster, Node, quote
+
+__all__ = [
+    "StopResult",
+    "stop",
+]
+
+GIB = 1024 ** 3
+
+
+@dataclass
+class StopResult:
+    checks: CheckList = field(default_factory=CheckList)
+    per_node: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.checks.failures()
+
+
+def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str, Any]]:
+    t0 = time.monotonic()
+    home = node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
+    st = ranks.rank_state(node, profile, home)
+    info: dict[str, Any] = {"before": st.describe(), "processes_before": st.processes}
+    container = profile.container_on(node.name)
+    sd = ranks.state_dir(profile, home)
+    # containers: stop (SIGTERM, grace) then remove
+    if st.container_status:
+        node.run(f"docker stop -t {int(grace)} {quote(container)} >/dev/null 2>&1; "
+                 f"docker rm -f {quote(container)} >/dev/null 2>&1; true", timeout=grace + 60)
+    # process runtime: SIGTERM the main pid (the headless rank does not exit on its own), then the group
+    pid = st.pid or (st.record.get("pid") if st.record else None)
+    if pid:
+        node.run(f"kill -TERM {int(pid)} 2>/dev/null; true", timeout=30)
+    deadline = time.monotonic() + grace
+    left = _our_left(node, pid)
+    while left and time.monotonic() < deadline:
+        time.sleep(1.0)
+        left = _our_left(node, pid)
+    for sig, wait in (("TERM", 5.0), ("KILL", 5.0)):
+        if not left:
+            break
+        node.run(f"kill -{sig} {' '.join(str(p) for p in left)} 2>/dev/null; "
+                 + (f"kill -{sig} -- -{int(pid)} 2>/dev/null; " if pid else "") + "true", timeout=30)
+        end = time.monotonic() + wait
+        while left and time.monotonic() < end:
+            time.sleep(0.5)
+            left = _our_left(node, pid)
+    node.run(f"rm -f {quote(sd + '/' + node.name + '.pid')} {quote(sd + '/' + node.name + '.fingerprint')} "
+             f"{quote(sd + '/' + node.name + '.json')}; true", timeout=30)
+    after = ranks.rank_state(node, profile, home)
+    gone = not after.processes and not after.container_status
+    info["after"] = after.describe()
+    info["stop_s"] = round(time.monotonic() - t0, 1)
+    checks = [check("no vLLM process or container left", gone, node=node.name,
+                    observed=(f"gone after {info['stop_s']} s (was: {info['before']})" if gone else
+                              f"left: {'; '.join(after.processes[:4])} {after.container_status}"),
+                    expected="nothing", fix=f"kill the listed pids / docker rm -f {container} on {node.name}")]
+    info["mem_available_before"] = (st.record or {}).get("mem_available_before")
+    return checks, info
+
+
+def _mem_check(node: Node, before: int | None, settle_s: float) -> tuple[Check, int | None]:
+    """MemAvailable back near the value recorded before launch (after every rank is gone: the lab's
+    nodes share one kernel, so MemAvailable is host-wide there)."""
+    if not before:
+        return not_applicable("MemAvailable back to its pre-launch value",
+                              "no start record on this node (not started by the runbook)", node=node.name), None
+    end = time.monotonic() + settle_s
+    tol = max(GIB, int(before * 0.05))
+    now_avail = ranks.mem_available(node)
+    while now_avail < before - tol and time.monotonic() < end:
+        time.sleep(2.0)
+        now_avail = ranks.mem_available(node)
+    return check("MemAvailable back to its pre-launch value", now_avail >= before - tol, node=node.name,
+                 observed=f"{now_avail / GIB:.2f} GiB (before launch {before / GIB:.2f} GiB)",
+                 expected=f">= {(before - tol) / GIB:.2f} GiB (before - max(1 GiB, 5 %))",
+                 fix="something still holds memory: ps aux --sort=-rss | head; docker ps -a",
+                 warn_only=True, data={"before": before, "after": now_avail}), now_avail
+
+
+def _our_left(node: Node, pid: int | None) -> list[int]:
+    procs = ranks.vllm_procs(ranks.parse_ps(node.read(ranks.PS_CMD).stdout), pgid=int(pid) if pid else None)
+    return [p[0] for p in procs]
+
+
+def stop(cluster: Cluster, profile, nodes: list[str] | None = None, *, grace: float = 30.0,
+         mem_settle_s: float = 20.0, step=None) -> StopResult:
+    """Stop the head, then the worker(s) (the headless rank does not exit with the head: it is
+    stopped explicitly), and prove teardown on each node."""
+    result = StopResult()
+    order = [n for n in cluster.nodes if nodes is None or n.name in nodes]
+    if cluster.head.dry_run:
+        result.checks.add(not_applicable("server stopped", "dry run: nothing stopped", node="cluster"))
+        return result
+    for node in order:        # head first (rank order), one at a time like the seeds
+        try:
+            checks, info = _stop_node(node, profile, grace)
+        except Exception as exc:  # noqa: BLE001 - report per node, keep stopping the others
+            checks, info = [check("no vLLM process or container left", False, node=node.name,
+                                  observed=f"stop failed: {exc}"[:500], expected="nothing",
+                                  fix="check the node is reachable; stop it by hand")], {}
+        result.checks.add(checks)
+        result.per_node[node.name] = info
+    for node in order:
+        info = result.per_node.get(node.name, {})
+        try:
+            c, after = _mem_check(node, info.get("mem_available_before"), mem_settle_s)
+        except Exception as exc:  # noqa: BLE001
+            c, after = check("MemAvailable back to its pre-launch value", False, node=node.name, warn_only=True,
+                             observed=f"cannot read: {exc}"[:300]), None
+        info["mem_available_after"] = after
+        result.checks.add(c)
+    if step is not None:
+        step.add(result.checks)
+        step.data.setdefault("stop", {}).update(result.per_node)
+    return result
