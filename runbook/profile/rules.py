@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .flags import RECIPE_MANAGED_FLAGS, flags_issue, managed_flags_in
 
 if TYPE_CHECKING:
-    from . import Profile
+    from .model import Profile
 
 @dataclass
 class Conflict:

