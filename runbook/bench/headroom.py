@@ -22,7 +22,8 @@ from pathlib import Path
 
 from . import metrics as M
 from .crosscheck import run_vllm_bench, vllm_bench_argv
-from .refserver import RefConfig, spawn, truth_records
+from .refserver import RefConfig, spawn
+from .reftiming import truth_records
 from .result import BenchConfig, load_records
 from .runner import run_benchmark
 

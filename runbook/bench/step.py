@@ -8,7 +8,6 @@ matching recipe and workload class and with the previous good run of the same pr
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

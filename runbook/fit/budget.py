@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..checks import Check, Status
-from .figures import (DERIVED, DOCKER_ROOT, GIB, LAB_CPU_KV, MEASURED, NOMINAL, PROFILE, PUBLISHED, RECIPES, Figure,
+from .figures import (DERIVED, DOCKER_ROOT, GIB, LAB_CPU_KV, NOMINAL, PROFILE, PUBLISHED, RECIPES, Figure,
                       RecipeFigures, gib)
 
 FITS, DOES_NOT_FIT, UNKNOWN = "FITS", "DOES NOT FIT", "UNKNOWN"

@@ -16,7 +16,7 @@ from ..errors import RunbookError
 from ..facts import system
 from .budget import FsFacts, NodeFacts, hf_cache_repo_dir
 from .figures import (DOCKER_ROOT, GB10_DISK, GB10_INODES, GB10_MEM_AVAILABLE, GB10_MEM_TOTAL, MEASURED,
-                      NOMINAL, Figure)
+                      Figure)
 
 READ_TIMEOUT = 30          # df/du/cat on a node; du over a 157 GiB HF cache (335 files) is well under it
 BOOT_ID_CMD = "cat /proc/sys/kernel/random/boot_id"
@@ -302,7 +302,7 @@ def find_preflight(profile, facts_arg: str, results_root: Path) -> Path:
     if not runs:
         raise RunbookError(f"--facts latest: no run of profile {profile.name} with a preflight sidecar under "
                            f"{results_root}",
-                           fix=f"run preflight first (python -m runbook run --profile <profile> --only 00_preflight) "
+                           fix="run preflight first (python -m runbook run --profile <profile> --only 00_preflight) "
                                "or plan without --facts (nominal GB10 figures)")
     return max(runs)[2]
 

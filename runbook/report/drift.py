@@ -18,12 +18,10 @@ Only steps that ran in both runs are compared; the others are listed in ``not_co
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..secrets import Redactor
 
 __all__ = ["DriftItem", "DriftResult", "compare", "ENV_FACTS", "DEFAULT_REL_TOL"]
 

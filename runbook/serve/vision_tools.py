@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 
 from ..launch.watchdog import watching
-from .quality import garble_check, judged
+from .garble import garble_check
+from .quality import judged
 from .server_info import ApiClient, connect
 from .toolcalls import run_battery
 from .vision import run_vision

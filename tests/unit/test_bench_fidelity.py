@@ -19,7 +19,8 @@ import urllib.request
 import pytest
 
 from runbook.bench import metrics as M
-from runbook.bench.refserver import RefConfig, spawn, truth_records
+from runbook.bench.refserver import RefConfig, spawn
+from runbook.bench.reftiming import truth_records
 from runbook.bench.result import BenchConfig, load_records
 from runbook.bench.runner import run_benchmark
 

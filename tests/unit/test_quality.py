@@ -1,7 +1,7 @@
-"""Quality gate (runbook.serve.quality) against the reference server's answer modes, run in-process:
-answering correctly (the gate must pass), plausible garbage (it must fail, naming the cases), broken
-text (the garble detector must fail, naming the answers), and the lab (never PASS). Plus the judges, the
-set's validation and the garble rules on recorded and written texts."""
+"""Quality gate (runbook.serve.quality, its set in quality_set, its garble detector in garble) against the
+reference server's answer modes, run in-process: answering correctly (the gate must pass), plausible garbage
+(it must fail, naming the cases), broken text (the garble detector must fail, naming the answers), and the lab
+(never PASS). Plus the judges, the set's validation and the garble rules on recorded and written texts."""
 from __future__ import annotations
 
 import json
@@ -17,13 +17,13 @@ from runbook.bench.refserver import ANSWER_MODES, RefConfig, serve_in_thread
 from runbook.checks import Status
 from runbook.errors import RunbookError
 from runbook.profile import load_profile
-from runbook.serve import quality
+from runbook.serve import garble, quality, quality_set
 from runbook.serve.server_info import ApiClient, Exchange, ServerInfo, archive
 from runbook.serve.smoke import chat_checks
 from runbook.serve.toolcalls import tool_defs, tool_map
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "runbook" / "serve" / quality.SET_FILE
+SHIPPED = ROOT / "runbook" / "serve" / quality_set.SET_FILE
 #: the lab's tiny model, recorded in results/20261202-023443-lab/raw/05_smoke/chat.probe.json
 RECORDED_TINY = '")' * 32
 
@@ -48,7 +48,7 @@ def gate(tmp_path: Path, recipe: str, **ref) -> tuple[object, dict]:
 
 
 def case_rows(rows: dict) -> dict:
-    names = quality.load_quality_set().row_names()
+    names = quality_set.load_quality_set().row_names()
     assert len(names) == 14
     return {n: rows[n] for n in names}
 
@@ -67,8 +67,8 @@ def ex_of(content: str | None, finish: str = "stop", tool_calls: list | None = N
 # ------------------------------------------------------------------------------------------------
 
 def test_shipped_set_loads_with_both_recipes_and_the_lab():
-    qs = quality.load_quality_set()
-    assert {c.kind for c in qs.cases} == set(quality.KINDS)
+    qs = quality_set.load_quality_set()
+    assert {c.kind for c in qs.cases} == set(quality_set.KINDS)
     assert set(qs.recipes) == {"exl3-v41", "dspark-v4", "lab"}
     assert qs.recipes["lab"].min_score is None
     for r in ("exl3-v41", "dspark-v4"):
@@ -79,7 +79,7 @@ def test_shipped_set_loads_with_both_recipes_and_the_lab():
 
 
 def test_every_reference_passes_its_own_judge_and_a_near_miss_fails():
-    qs = quality.load_quality_set()
+    qs = quality_set.load_quality_set()
     schemas = tool_map(tool_defs())
     checked = 0
     for case in qs.cases:
@@ -124,7 +124,7 @@ def test_bad_set_is_refused_naming_file_and_key(tmp_path, mutate, key):
     path = tmp_path / "set.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(RunbookError) as err:
-        quality.load_quality_set(path)
+        quality_set.load_quality_set(path)
     assert str(path) in str(err.value) and key in str(err.value), str(err.value)
     assert err.value.fix
 
@@ -147,7 +147,7 @@ def test_number_judge(content, finish, ok):
 
 
 def test_json_judge_is_exact_format():
-    schema = next(c.schema for c in quality.load_quality_set().cases if c.kind == "json")
+    schema = next(c.schema for c in quality_set.load_quality_set().cases if c.kind == "json")
     assert quality.judge_json(ex_of('  {"currency": "USD", "total": 26, "items": 5}\n'), schema) == []
     fenced = quality.judge_json(ex_of('```json\n{"items": 5, "total": 26, "currency": "USD"}\n```'), schema)
     assert fenced and "not exactly JSON" in fenced[0]
@@ -213,18 +213,18 @@ GARBLED = {
 @pytest.mark.parametrize("text", HEALTHY, ids=range(len(HEALTHY)))
 def test_healthy_text_is_not_flagged(text):
     assert text.strip()
-    assert quality.detect_garble(text) == []
+    assert garble.detect_garble(text) == []
 
 
 def test_every_rule_has_a_garbled_example_it_flags():
-    assert set(GARBLED) == set(quality.GARBLE_RULES)
+    assert set(GARBLED) == set(garble.GARBLE_RULES)
     for rule, text in GARBLED.items():
-        found = {f.rule for f in quality.detect_garble(text)}
+        found = {f.rule for f in garble.detect_garble(text)}
         assert rule in found, (rule, found)
 
 
 def test_recorded_tiny_model_output_is_garble_with_excerpt():
-    (f,) = quality.detect_garble(RECORDED_TINY)
+    (f,) = garble.detect_garble(RECORDED_TINY)
     assert f.rule == "repeat.chars" and f.value == 32 and f.excerpt.startswith('")")')
     assert "repeat.chars 32" in f.describe()
 
@@ -236,10 +236,10 @@ def test_archived_answers_read_back_every_part_and_skip_the_clip_marker(tmp_path
     call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     archive(step, "long", [ex_of(prose), ex_of(None, "tool_calls", [call]),
                            Exchange("POST", "/v1/chat/completions", {}, 400, {"error": {"message": "x"}}, 0.01)])
-    answers = quality.archived_answers(step)
+    answers = garble.archived_answers(step)
     assert [a.source for a in answers] == ["long#0", "long#1.tool_calls[0]"]
     assert "chars clipped" in answers[0].text
-    row = quality.garble_check(step, judged=True)
+    row = garble.garble_check(step, judged=True)
     assert row.status is Status.PASS, row.observed
     assert row.data["answers"] == 2
 
