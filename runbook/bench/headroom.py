@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import sys
-import urllib.request
 from pathlib import Path
 
 from . import metrics as M
@@ -26,10 +25,21 @@ from .refserver import RefConfig, spawn
 from .reftiming import truth_records
 from .result import BenchConfig, load_records
 from .runner import run_benchmark
+from ..errors import BenchError
+from ..serve.server_info import ApiClient, ServerInfo
 
 
 def rel(x: float, t: float) -> float:
     return abs(x - t) / t
+
+
+def ref_control(url: str, path: str, payload: dict | None = None):
+    """GET (or POST ``payload`` to) one of the reference server's /ref/* routes through the runbook's API client."""
+    with ApiClient(ServerInfo(url, "ref-model"), timeout=60) as api:
+        ex = api.get(path, auth=False) if payload is None else api.post(path, payload, auth=False)
+    if ex.status != 200:
+        raise BenchError(f"reference server {path}: {ex.summary()}", fix="read the reference server's output")
+    return ex.body
 
 
 def measure(streams: int, rate: float, k: int, decode_tokens: int, repeats: int, client_cpu: int,
@@ -42,7 +52,7 @@ def measure(streams: int, rate: float, k: int, decode_tokens: int, repeats: int,
         cfg = BenchConfig(prompt_tokens=64, decode_tokens=decode_tokens, concurrency=(streams,),
                           prefill_tokens=(), repeats=repeats, warmup_requests=streams)
         res = run_benchmark(url, "ref-model", cfg, out)
-        log = json.loads(urllib.request.urlopen(url + "/ref/log", timeout=60).read())
+        log = ref_control(url, "/ref/log")
     case = res.cases[0]
     recs = [r for r in load_records(out) if r.case == case.name]
     t0 = res.environment["t0_perf_counter"]
@@ -90,10 +100,10 @@ def compare_vllm_bench(vllm_python: str, streams: int, rate: float, k: int, deco
             vllm_python, base_url=url, model="ref-model", tokenizer=tokenizer, input_len=64,
             output_len=decode_tokens, num_prompts=streams, concurrency=streams, seed=4242, result_dir=out)
         rc, vb = run_vllm_bench(argv, out, timeout=600)
-        log = json.loads(urllib.request.urlopen(url + "/ref/log", timeout=60).read())
+        log = ref_control(url, "/ref/log")
         truth = [t for t in truth_records(log) if t.max_tokens == decode_tokens]
         tr = M.aggregate_figures(truth)
-        urllib.request.urlopen(urllib.request.Request(url + "/ref/clear", data=b"{}", method="POST"), timeout=10).read()
+        ref_control(url, "/ref/clear", {})
         ours = measure_on(url, streams, decode_tokens, client_cpu, out / "harness")
     return {"cell": {"streams": streams, "rate": rate, "tokens_per_chunk": k, "decode_tokens": decode_tokens,
                      "prompt_tokens": 64, "ttft_s": ttft},
