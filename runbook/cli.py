@@ -102,9 +102,11 @@ def cmd_start(args) -> int:
     came up, 3 when its ranks were already running with the same configuration (the seeds' contract), 1 when
     it could not start."""
     from .errors import ALREADY_RUNNING
-    from .launch import image, server
+    from .launch import exposure, image, server
     from .launch.plan import render_plan
     profile, cluster = _server_cluster(args)
+    key_row = exposure.ensure_api_key(profile)      # a bind beyond loopback gets a key before the plan renders
+    print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
     with cluster:
         image_checks = image.ensure_image(cluster, profile)
         if image_checks.failures():

@@ -128,9 +128,15 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     """Step 07: find the server (04's, or ``base_url``), measure every cell of the profile's conditions under
     the serving watchdog, record the rows, cross-check one cell with vLLM's own client."""
     from ..launch import watchdog
+    from ..serve import endpoint
     from ..serve.server_info import find_server
     server = find_server(step, base_url=base_url, model=model)
     config = config_from_profile(step.profile, repeats=repeats, soak_seconds=soak_seconds)
+    # a loopback-bound API is measured through the SSH forward, which costs a few % (docs/bench.md): say so
+    route = ("direct (base_url)" if base_url else
+             f"SSH forward to {step.profile.api_host}:{step.profile.port} on {step.profile.head_ssh}"
+             if endpoint.tunnelled(step.profile) else "direct")
+    echo(f"route: {route}")
     echo(server.describe())
     echo(config.to_dict())
     out_dir = step.raw_dir / RAW_DIR_NAME
@@ -139,7 +145,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
         result = run_benchmark(server.base_url, server.model, config=config, out_dir=out_dir,
                                api_key=server.api_key or None)
     step.add(result.checks())
-    step.data["bench"] = {"result": str(out_dir.relative_to(step.run.path) / "result.json")}
+    step.data["bench"] = {"result": str(out_dir.relative_to(step.run.path) / "result.json"), "route": route}
     cross = cross_check(step, server, result, enabled=vllm_cross_check, python=vllm_python,
                         tokenizer=vllm_tokenizer)
     step.add(cross)
