@@ -30,13 +30,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import aiohttp
-
 from .http import HTTPError, RawHTTP
 from ..facts.prom import MetricsSnapshot
+from ..serve.server_info import ApiClient, Exchange, ServerInfo
 
 clock = time.perf_counter
-READ_BUFSIZE = 4 << 20       # vLLM #39963: aiohttp's 64 KiB default collapses long-context throughput
 
 
 def request_timeout_s(prompt_tokens: int) -> float:
@@ -97,16 +95,6 @@ class RequestRecord:
 def normalize_base_url(url: str) -> str:
     url = url.rstrip("/")
     return url.removesuffix("/v1")
-
-
-def make_session(limit: int = 0, api_key: str | None = None) -> aiohttp.ClientSession:
-    """One keep-alive session; connection pool sized to the streams (0 = unlimited)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    conn = aiohttp.TCPConnector(limit=limit, limit_per_host=0, force_close=False,
-                                enable_cleanup_closed=True, ttl_dns_cache=300)
-    return aiohttp.ClientSession(connector=conn, headers=headers, read_bufsize=READ_BUFSIZE,
-                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=15),
-                                 auto_decompress=False)
 
 
 def build_payload(endpoint: str, model: str, prompt: str | list[dict[str, Any]], max_tokens: int,
@@ -326,14 +314,19 @@ async def stream_request(http: RawHTTP, endpoint: str, payload: dict[str, Any] |
 
 
 class ServerAPI:
-    """The non-generation endpoints: /tokenize, /metrics, /reset_prefix_cache, /v1/models, /version."""
+    """The non-generation endpoints: /tokenize, /metrics, /reset_prefix_cache, /v1/models, /version, through the
+    runbook's one API client (``serve.server_info.ApiClient``), each call on a worker thread so the event loop
+    that times the streams never blocks on it. Only the generation streams use the bench's own reader."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str):
-        self.session, self.base, self.model = session, normalize_base_url(base_url), model
+    def __init__(self, base_url: str, model: str, api_key: str | None = None):
+        self.base, self.model = normalize_base_url(base_url), model
+        self.client = ApiClient(ServerInfo(self.base, model, api_key=api_key or ""), timeout=300)
 
-    async def _get(self, path: str, timeout: float = 30) -> tuple[int, str]:
-        async with self.session.get(self.base + path, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-            return r.status, await r.text(errors="replace")
+    def close(self) -> None:
+        self.client.close()
+
+    async def _call(self, method: str, path: str, payload: Any = None, timeout: float = 30) -> Exchange:
+        return await asyncio.to_thread(self.client.request, method, path, payload, timeout=timeout)
 
     async def tokenize(self, prompt: str | None = None, messages: list[dict[str, Any]] | None = None,
                        timeout: float = 300, chat_template_kwargs: dict[str, Any] | None = None,
@@ -347,36 +340,27 @@ class ServerAPI:
                 body["tools"] = tools
         else:
             body["prompt"] = prompt
-        async with self.session.post(self.base + "/tokenize", json=body,
-                                     timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-            if r.status != 200:
-                raise RuntimeError(f"/tokenize HTTP {r.status}: {(await r.text())[:200]}")
-            return int((await r.json(content_type=None))["count"])
+        ex = await self._call("POST", "/tokenize", body, timeout)
+        if ex.status != 200:
+            raise RuntimeError(f"/tokenize {ex.summary()}: {str(ex.body or ex.error)[:200]}")
+        return int(ex.json["count"])
 
     async def metrics(self) -> MetricsSnapshot:
         t = clock()
-        try:
-            st, txt = await self._get("/metrics")
-            if st != 200:
-                return MetricsSnapshot(t=t, ok=False, error=f"HTTP {st}")
-            return MetricsSnapshot.from_text(t, txt)
-        except Exception as e:  # noqa: BLE001 - a missing /metrics is recorded, not fatal
-            return MetricsSnapshot(t=t, ok=False, error=f"{type(e).__name__}: {e}")
+        ex = await self._call("GET", "/metrics")
+        if ex.status is None:               # a missing /metrics is recorded, not fatal
+            return MetricsSnapshot(t=t, ok=False, error=ex.error)
+        if ex.status != 200:
+            return MetricsSnapshot(t=t, ok=False, error=f"HTTP {ex.status}")
+        return MetricsSnapshot.from_text(t, ex.body if isinstance(ex.body, str) else json.dumps(ex.body))
 
     async def reset_prefix_cache(self) -> bool:
-        try:
-            async with self.session.post(self.base + "/reset_prefix_cache",
-                                         timeout=aiohttp.ClientTimeout(total=60)) as r:
-                return r.status == 200
-        except Exception:  # noqa: BLE001
-            return False
+        return (await self._call("POST", "/reset_prefix_cache", timeout=60)).status == 200
 
     async def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for path, key in (("/version", "version"), ("/v1/models", "models")):
-            try:
-                st, txt = await self._get(path, 15)
-                out[key] = json.loads(txt) if st == 200 else f"HTTP {st}"
-            except Exception as e:  # noqa: BLE001
-                out[key] = f"{type(e).__name__}"
+            ex = await self._call("GET", path, timeout=15)
+            out[key] = (ex.body if ex.status == 200 else f"HTTP {ex.status}" if ex.status is not None
+                        else ex.error.split(":", 1)[0])
         return out

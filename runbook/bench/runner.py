@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from .. import __version__
 from ..errors import BenchError
 from . import metrics as M
@@ -36,7 +38,6 @@ from .client import (
     ServerAPI,
     build_payload,
     clock,
-    make_session,
     make_stream_client,
     normalize_base_url,
     request_timeout_s,
@@ -83,7 +84,6 @@ class _Run:
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     t0: float = field(default_factory=clock)
     reset_ok: bool | None = None
-    session: Any = None
     http: Any = None
     api: ServerAPI | None = None
     builders: dict[_Spec, PromptBuilder] = field(default_factory=dict)
@@ -370,13 +370,12 @@ class _Run:
 
 
 def _environment(info: dict[str, Any], api_key_env: str) -> dict[str, Any]:
-    import aiohttp
     try:
         aff = sorted(os.sched_getaffinity(0))
     except AttributeError:
         aff = []
     return {"client": {"host": socket.gethostname(), "python": platform.python_version(),
-                       "platform": platform.platform(), "aiohttp": aiohttp.__version__,
+                       "platform": platform.platform(), "httpx": httpx.__version__,
                        "runbook": __version__, "cpus": os.cpu_count(), "affinity": aff,
                        "clock": "time.perf_counter (CLOCK_MONOTONIC)"},
             "server": info, "api_key_env": api_key_env or None}
@@ -410,10 +409,9 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
     import gc
     gc.collect()
     gc.freeze()                                  # fewer GC pauses inside timed windows (as vLLM's bench)
-    async with make_session(0, api_key) as session:
-        run.session = session
+    run.api = ServerAPI(run.base_url, model, api_key)
+    try:
         run.http = make_stream_client(run.base_url, api_key)
-        run.api = ServerAPI(session, run.base_url, model)
         info = await run.api.info()
         env_guard = await _guard(run.api, info, model, cfg)
         try:
@@ -441,6 +439,8 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
                                             workload=wl, thinking=th))
         soak = await run.soak() if cfg.soak_seconds > 0 else None
         await run.http.close()
+    finally:
+        run.api.close()
     gc.unfreeze()
     env = _environment(info, cfg.api_key_env)
     env["reset_prefix_cache"] = run.reset_ok

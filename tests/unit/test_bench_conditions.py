@@ -148,19 +148,19 @@ def test_chat_template_kwargs_need_chat():
 def test_builder_counts_with_the_requests_template_kwargs():
     """/tokenize must see the same chat_template_kwargs as the request (thinking off adds a token)."""
     with serve_in_thread(RefConfig(ttft_s=0.005, interval_s=0.002)) as srv:
-        import aiohttp
-
         from runbook.bench.client import ServerAPI
 
         async def go():
-            async with aiohttp.ClientSession() as s:
-                api = ServerAPI(s, srv.base_url, "ref-model")
+            api = ServerAPI(srv.base_url, "ref-model")
+            try:
                 kw = {"thinking": False}
                 with_kw = PromptBuilder(api.tokenize, "chat", workload="prose", chat_template_kwargs=kw)
                 without = PromptBuilder(api.tokenize, "chat", workload="prose")
                 b1, b2 = await with_kw.build(100, "x1"), await without.build(100, "x2")
                 return (await api.tokenize(messages=b1.prompt, chat_template_kwargs=kw),
                         await api.tokenize(messages=b2.prompt, chat_template_kwargs=kw))
+            finally:
+                api.close()
         n_with, n_without = asyncio.run(go())
     assert n_with == 100 and n_without == 101
 
