@@ -50,9 +50,13 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
     step.data["fingerprint"] = plan.fingerprint
     outcome = LaunchOutcome(plan=plan)
     if action in ("start", "restart"):
-        image.ensure_image(step.cluster, profile, step=step)
+        image_checks = image.ensure_image(step.cluster, profile)
+        step.add(image_checks)
+        step.data["image"] = image_checks.data
     if action in ("stop", "restart"):
-        outcome.stopped = stop.stop(step.cluster, profile, step=step)
+        outcome.stopped = stop.stop(step.cluster, profile)
+        step.add(outcome.stopped.checks)
+        step.data.setdefault("stop", {}).update(outcome.stopped.per_node)
     if action in ("start", "restart") and not step.checks.failures():
         outcome.started = server.start(step.cluster, profile, plan, step=step, raise_on_failure=False)
         if not outcome.started.ok and not step.dry_run:

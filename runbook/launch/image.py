@@ -115,13 +115,13 @@ def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[st
     return {"bytes": size, "seconds": round(time.monotonic() - t0, 2), "via": f"rsync to {target.spec.fabric_ip}"}
 
 
-def ensure_image(cluster: Cluster, profile, *, step=None) -> CheckList:
+def ensure_image(cluster: Cluster, profile) -> "ImageChecks":
     """Make the runtime image present and identical on every node (docker runtime only)."""
     checks = CheckList()
     if profile.runtime != "docker":
         checks.add(not_applicable("runtime image identical", f"RUNTIME={profile.runtime}: no image is used",
                                   node="cluster"))
-        return _finish(checks, step, {})
+        return _finish(checks, {})
     infos = image_infos(cluster, profile.image)
     plan = plan_image(profile, infos)
     data: dict[str, Any] = {"plan": plan.action, "reason": plan.reason,
@@ -130,16 +130,16 @@ def ensure_image(cluster: Cluster, profile, *, step=None) -> CheckList:
         checks.add(Check("runtime image identical", node="cluster", status=Status.NOOP,
                          observed=f"{plan.reason} ({infos['head'].image_id[:19]})",
                          expected="same layer digests on every node"))
-        return _finish(checks, step, data)
+        return _finish(checks, data)
     if plan.action == "fail":
         checks.add(check("runtime image identical", False, node="head", observed=plan.reason,
                          expected=f"{profile.image} on the head",
                          fix=f"docker pull {profile.image} on the head (or build/import it), then rerun"))
-        return _finish(checks, step, data)
+        return _finish(checks, data)
     if cluster.head.dry_run:
         checks.add(not_applicable("runtime image identical", f"dry run: would {plan.action} ({plan.reason})",
                                   node="cluster"))
-        return _finish(checks, step, data)
+        return _finish(checks, data)
     shipped: dict[str, Any] = {}
     for name in plan.targets:
         node = cluster[name]
@@ -152,14 +152,14 @@ def ensure_image(cluster: Cluster, profile, *, step=None) -> CheckList:
                                      expected=f"docker pull {profile.image} succeeds",
                                      fix="see the docker error (`unexpected EOF`: rerun, `manifest unknown`: fix "
                                          "IMAGE, `no such host`: DNS); or docker load a saved image on the head"))
-                    return _finish(checks, step, {**data, "shipped": shipped})
+                    return _finish(checks, {**data, "shipped": shipped})
                 continue
         try:
             shipped[name] = _ship(cluster, profile, node, checks)
         except Exception as exc:  # noqa: BLE001 - reported as a failed check
             checks.add(check("image shipped", False, node=name, observed=str(exc)[:800],
                              expected="docker load done", fix="rerun: the copy resumes (rsync --partial)"))
-            return _finish(checks, step, {**data, "shipped": shipped})
+            return _finish(checks, {**data, "shipped": shipped})
     after = image_infos(cluster, profile.image)
     head = after.get("head")
     same = head is not None and all(i is not None and list(i.layers) == list(head.layers) for i in after.values())
@@ -169,11 +169,15 @@ def ensure_image(cluster: Cluster, profile, *, step=None) -> CheckList:
                      expected="same layer digests on every node",
                      fix="compare `docker image inspect` RootFS.Layers on both nodes; rerun to ship again"))
     data.update({"shipped": shipped, "after": {n: (i.image_id if i else None) for n, i in after.items()}})
-    return _finish(checks, step, data)
+    return _finish(checks, data)
 
 
-def _finish(checks: CheckList, step, data: dict[str, Any]) -> CheckList:
-    if step is not None:
-        step.add(checks)
-        step.data["image"] = data
-    return checks
+class ImageChecks(CheckList):
+    """The image rows, and what was found and done per node (``data``: ids, what was shipped) for the sidecar."""
+    data: dict[str, Any]
+
+
+def _finish(checks: CheckList, data: dict[str, Any]) -> ImageChecks:
+    out = ImageChecks(checks)
+    out.data = data
+    return out

@@ -99,9 +99,10 @@ def _our_left(node: Node, pid: int | None) -> list[int]:
 
 
 def stop(cluster: Cluster, profile, nodes: list[str] | None = None, *, grace: float = 30.0,
-         mem_settle_s: float = 20.0, step=None) -> StopResult:
+         mem_settle_s: float = 20.0) -> StopResult:
     """Stop the head, then the worker(s) (the headless rank does not exit with the head: it is
-    stopped explicitly), and prove teardown on each node."""
+    stopped explicitly), and prove teardown on each node. Returns the rows and per-node facts; the step's
+    entry records them."""
     result = StopResult()
     order = [n for n in cluster.nodes if nodes is None or n.name in nodes]
     if cluster.head.dry_run:
@@ -125,7 +126,4 @@ def stop(cluster: Cluster, profile, nodes: list[str] | None = None, *, grace: fl
                              observed=f"cannot read: {exc}"[:300]), None
         info["mem_available_after"] = after
         result.checks.add(c)
-    if step is not None:
-        step.add(result.checks)
-        step.data.setdefault("stop", {}).update(result.per_node)
     return result
