@@ -193,6 +193,7 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
         status, exit_code = "failed", 2
         error = f"{type(exc).__name__}: {exc}"
     finally:
+        run_dir.redactor.add_current()      # a key the step generated (API_HOST beyond loopback) is masked too
         if scratch_nb.exists():
             scrub_tree(scratch, run_dir.redactor)
             dest = run_dir.path / "notebooks" / scratch_nb.name

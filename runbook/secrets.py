@@ -182,6 +182,12 @@ class Redactor:
         if value and len(value.strip()) >= MIN_SECRET_LEN:
             self._values.add(value.strip())
 
+    def add_current(self, environ: Mapping[str, str] | None = None,
+                    secrets_file: str | os.PathLike | None = None) -> None:
+        """Also mask the secrets in effect now (a key step 04 generated after this redactor was built)."""
+        for value in redactor_from_env(environ, secrets_file).values:
+            self.add(value)
+
     @property
     def values(self) -> frozenset[str]:
         return frozenset(self._values)

@@ -44,6 +44,7 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
     profile = step.profile
     if action in ("start", "restart"):
         step.add([exposure.ensure_api_key(profile, dry_run=step.dry_run)])   # before the plan renders the key
+        step.run.redactor.add_current()      # a key generated just now is masked in this step's evidence too
     gids = gids_from_network_sidecar(step.run.read_sidecar("01_network"))
     plan = render_plan(step.cluster, profile, gid_indexes=gids)
     step.data["rendered"] = plan.to_record()

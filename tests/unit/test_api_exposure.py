@@ -87,6 +87,18 @@ def test_generated_key_keeps_the_files_other_lines_and_refuses_a_readable_file(t
     assert other.read_text() == "HF_TOKEN=x\n"
 
 
+def test_a_key_generated_after_a_redactor_was_built_is_masked_once_it_refreshes(tmp_path, monkeypatch):
+    from runbook.secrets import redactor_from_env
+    path = tmp_path / "secrets.env"
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(path))
+    redactor = redactor_from_env()                      # built at the run's start: no key yet
+    key, _ = generate_api_key()
+    assert key in redactor.redact(f"Bearer-less echo {key}")
+    redactor.add_current()
+    assert key not in redactor.redact(f"echo {key}") and "***" in redactor.redact(f"echo {key}")
+
+
 def test_a_wide_bind_without_a_key_gets_one_before_the_launch(tmp_path, monkeypatch):
     path = tmp_path / "secrets.env"
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
