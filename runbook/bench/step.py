@@ -133,9 +133,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     server = find_server(step, base_url=base_url, model=model)
     config = config_from_profile(step.profile, repeats=repeats, soak_seconds=soak_seconds)
     # a loopback-bound API is measured through the SSH forward, which costs a few % (docs/bench.md): say so
-    route = ("direct (base_url)" if base_url else
-             f"SSH forward to {step.profile.api_host}:{step.profile.port} on {step.profile.head_ssh}"
-             if endpoint.tunnelled(step.profile) else "direct")
+    route = "direct (base_url)" if base_url else endpoint.api_address(step.profile)
     echo(f"route: {route}")
     echo(server.describe())
     echo(config.to_dict())
