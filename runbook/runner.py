@@ -103,7 +103,9 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         run_dir.write_json("profile.json", profile.redacted())
         run_dir.write_json("provenance.json", provenance(profile))
         if rehearsal is not None:
-            run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal})
+            kinds = [str(sub.get("kind") or "unclassified") for sub in rehearsal]
+            run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal,
+                                                  "counts": {k: kinds.count(k) for k in sorted(set(kinds))}})
     run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
                             profile_source=str(profile.source))
     echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
