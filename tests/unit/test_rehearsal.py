@@ -94,3 +94,14 @@ def test_every_substitution_has_a_class_and_the_classes_add_up(path):
 
 def test_every_group_has_a_class():
     assert set(GROUPS) | {"model", "rehearsal"} == set(GROUP_CLASS)
+
+
+def test_a_live_node_that_fails_ssh_is_named_and_a_dead_one_is_not():
+    from runbook.lab.netlab.health import unreachable_live_nodes
+    status = {"nodes": {
+        "head": {"sshd_alive": True, "ssh_ok": True},
+        "worker": {"sshd_alive": True, "ssh_ok": False, "ssh_error": "Host key verification failed."},
+        "worker2": {"sshd_alive": False, "ssh_ok": False, "ssh_error": "Connection refused"},
+    }}
+    assert unreachable_live_nodes(status) == {"worker": "Host key verification failed."}
+    assert unreachable_live_nodes({"nodes": {"head": {"sshd_alive": True, "ssh_ok": True}}}) == {}
