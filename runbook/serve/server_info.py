@@ -81,15 +81,16 @@ def find_server(step=None, *, base_url: str = "", model: str = "", max_model_len
                 run_dir: str | Path | None = None, profile=None, api_key: str | None = None) -> ServerInfo:
     """Locate the server for this step (see the module docstring). ``step`` gives the run dir and
     profile; ``run_dir``/``profile`` can be passed instead (tests, CLI)."""
-    profile = profile if profile is not None else getattr(step, "profile", None)
+    if profile is None and step is not None:
+        profile = step.profile
     if run_dir is None and step is not None:
         run_dir = step.run.path
     if api_key is None:
         api_key = load_secrets().api_key
     if api_key:
         register_secret(api_key)
-    default_model = getattr(profile, "served_model_name", "") or ""
-    default_len = int(getattr(profile, "max_model_len", 0) or 0)
+    default_model = profile.served_model_name if profile is not None else ""
+    default_len = profile.max_model_len if profile is not None else 0
     if base_url:
         return ServerInfo(_norm_url(base_url), model or default_model, int(max_model_len or default_len),
                           "parameters", api_key)
