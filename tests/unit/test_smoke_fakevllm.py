@@ -36,3 +36,9 @@ def test_fake_answers_unknown_paths_like_vllm_with_404_and_records_them():
     fake = FakeVllm()
     got = fake.client().get("/v1/no-such-endpoint")
     assert got.status == 404 and fake.requests == [("/v1/no-such-endpoint", None)]
+
+
+def test_fake_refuses_a_chat_field_it_does_not_model():
+    fake = FakeVllm()
+    ex = fake.client().chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "top_k": 5})
+    assert ex.status == 400 and "top_k" in ex.error_message()
