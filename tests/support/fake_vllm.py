@@ -16,7 +16,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +363,41 @@ class FakeVllm:
         if self.stream_done:
             text += "data: [DONE]\n\n"
         return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+
+@contextmanager
+def serve_http(fake: FakeVllm, host: str = "127.0.0.1") -> Iterator[str]:
+    """``fake`` as a real HTTP server on a free port (for a notebook kernel, another process); yields its
+    base URL. Every request goes through :meth:`FakeVllm.handle`, so it refuses what the fake does."""
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            size = int(self.headers.get("content-length") or 0)
+            req = httpx.Request(self.command, f"http://{host}{self.path}", headers=dict(self.headers.items()),
+                                content=self.rfile.read(size) if size else b"")
+            resp = fake.handle(req)
+            body = resp.content
+            self.send_response(resp.status_code)
+            for key, value in resp.headers.items():
+                if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(key, value)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: Any) -> None:   # quiet: the fake records every request itself
+            pass
+
+    server = ThreadingHTTPServer((host, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 # ------------------------------------------------------------------------------------------------
