@@ -26,6 +26,8 @@ from runbook.bench.refserver import RefConfig, spawn
 from runbook.bench.result import BenchConfig, load_records
 from runbook.bench.runner import run_benchmark
 
+pytestmark = pytest.mark.slow          # timing against a spawned reference server: make test, not make check
+
 TTFT, INTERVAL = 0.08, 0.05
 PROMPT, DECODE, PREFILL_P = 40, 10, 300
 

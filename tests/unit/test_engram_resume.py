@@ -194,6 +194,7 @@ def _wait_for_recorded_rows(proc: subprocess.Popen, final: Path, at_least: int) 
     raise AssertionError("no progress recorded within 60 s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_killed_or_stopped_packer_process_resumes_identical(tools, big_src, tmp_path, sig):
     rr = rank_range(big_src, 1, 0, 1)
