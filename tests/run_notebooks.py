@@ -12,11 +12,12 @@ runner overrides it, papermill's ``parameterize_notebook``):
 - ``08_report``: a captured run folder in the real formats (``support.runs.build_full_run``, every step 00-07).
 - ``00``-``04`` are not run here: each reads facts from the nodes over SSH even in a dry run, so they need
   the lab (``make test`` runs all nine with papermill in tests/lab/test_full_runbook.py).
-Everything is written to a temporary folder; nothing lands in results/.
+Everything is written to a temporary folder (removed after a pass); nothing lands in results/.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,7 +71,12 @@ def main(argv: list[str]) -> int:
         cmd = [sys.executable, "-m", "pytest", "--nbmake", "--nbmake-timeout=300", "-p", "no:cacheprovider",
                "-q", "--rootdir", str(books), *argv, str(books)]
         print(f"notebooks against fakes in {tmp}: {' '.join(cmd)}", flush=True)
-        return subprocess.run(cmd, env=env, cwd=books, timeout=900).returncode
+        rc = subprocess.run(cmd, env=env, cwd=books, timeout=900).returncode
+    if rc == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:                                   # kept: the executed notebooks and the run folders say what failed
+        print(f"kept for inspection: {tmp}", flush=True)
+    return rc
 
 
 if __name__ == "__main__":
