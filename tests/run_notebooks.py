@@ -17,6 +17,7 @@ Everything is written to a temporary folder (removed after a pass); nothing land
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,7 +40,14 @@ PROFILE = "env/lab.env"
 
 
 def write(src: str, out: Path, **params) -> None:
-    nb = parameterize_notebook(load_notebook_node(str(ROOT / "notebooks" / f"{src}.ipynb")), params)
+    """``notebooks/<src>.ipynb`` with ``params`` injected after its parameters cell, into ``out``. A name the
+    parameters cell does not define is refused (papermill would inject it silently and change nothing)."""
+    nb = load_notebook_node(str(ROOT / "notebooks" / f"{src}.ipynb"))
+    declared = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    unknown = [name for name in params if not re.search(rf"^{name}\s*=", declared, re.M)]
+    if unknown:
+        raise SystemExit(f"{src}: no parameter {unknown} in its parameters cell")
+    nb = parameterize_notebook(nb, params)
     nbformat.write(nb, out / f"{src}.ipynb")
 
 
