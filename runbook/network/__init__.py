@@ -23,7 +23,7 @@ def run(step, *, traffic: bool = True, iperf_seconds: int = 3, install_tools: bo
     perftest / OpenMPI / nccl-tests on the nodes instead of failing with the commands."""
     if install_tools is None:
         install_tools = bool(getattr(step.profile, "install_net_tools", False))
-    if getattr(step.profile, "rehearsal", False):
+    if step.profile.rehearsal:
         step.add(sim.install(step.cluster, step.profile))
     checks, raw = verify_network(step.profile, step.cluster, traffic=traffic, iperf_seconds=iperf_seconds,
                                  install_tools=install_tools)

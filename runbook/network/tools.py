@@ -94,9 +94,7 @@ def locate(node, profile, *, rehearsal_dir: str = "", tests_dir: str = "") -> No
         t.candidates = [rehearsal_dir]
     else:
         home = node_user(node).home
-        cache = str(getattr(profile, "cache_dir", "") or "")
-        base = expand_home(cache, home, key="CACHE_DIR") if cache else home
-        t.src_dir = posixpath.join(base, "nccl-tests")
+        t.src_dir = posixpath.join(expand_home(profile.cache_dir, home, key="CACHE_DIR"), "nccl-tests")
         t.candidates = ([expand_home(tests_dir, home, key="nccl_tests_dir")] if tests_dir else
                         list(dict.fromkeys([posixpath.join(t.src_dir, "build"),
                                             posixpath.join(home, "nccl-tests", "build")])))

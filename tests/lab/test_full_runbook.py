@@ -114,7 +114,7 @@ def test_stop_leaves_nothing_behind(full_run):
 def test_second_run_reuses_the_running_server(two_runs):
     _, (first_dir, first), (second_dir, second) = two_runs
     assert [o.status for o in first] and all(o.status == "passed" for o in first), first
-    assert all(o.status == "passed" for o in second), [(o.name, o.status, o.error[:300]) for o in second]
+    assert second and all(o.status == "passed" for o in second), [(o.name, o.status, o.error[:300]) for o in second]
     pre = CheckList.from_records(_sidecar(second_dir, "00_preflight")["checks"])
     noop = {c.name for c in pre if c.status is Status.NOOP}
     assert {"no stale vLLM ranks", "API port 8000 free", "master port 29501 free"} <= noop, noop

@@ -33,6 +33,7 @@ def test_argv_is_exact_lengths_and_never_carries_the_key(tmp_path):
     assert not any("key" in a.lower() for a in argv)
 
 
+@pytest.mark.slow
 def test_a_client_that_fails_is_a_warn_not_a_pass(tmp_path):
     with spawn(RefConfig(ttft_s=0.01, interval_s=0.004)) as url:
         result = _result(url, tmp_path)
@@ -43,6 +44,7 @@ def test_a_client_that_fails_is_a_warn_not_a_pass(tmp_path):
     assert "No module named" in (tmp_path / "vb" / "vllm-bench.log").read_text()
 
 
+@pytest.mark.slow
 def test_no_vllm_or_no_single_stream_case_is_na(tmp_path):
     with spawn(RefConfig(ttft_s=0.01, interval_s=0.004)) as url:
         result = _result(url, tmp_path)

@@ -193,13 +193,17 @@ def test_lab_tp3_render_binds_three_ranks_on_two_cores():
 
 @pytest.mark.parametrize("tp,want", [(1, None), (2, None), (3, (64, 72)), (4, None), (6, (64, 96))])
 def test_tp_pad_arithmetic(tp, want):
-    p = SimpleNamespace(recipe="dspark-v4", tp=tp)
-    got = launch.tp_pad(p)
+    got = launch.head_pad("dspark-v4", tp)            # any TP; a profile holds only TP = nodes (2 or 3)
     assert (got and (got["heads"], got["padded"])) == (want or None)
     if want:
         assert got["line"] == f"DSv4 TP pad: heads {want[0]} -> {want[1]} for TP={tp}"
-    assert launch.tp_pad(SimpleNamespace(recipe="exl3-v41", tp=3)) is None
-    assert launch.tp_pad(SimpleNamespace(recipe="lab", tp=3)) is None
+    assert launch.head_pad("exl3-v41", tp) is None and launch.head_pad("lab", tp) is None
+
+
+def test_tp_pad_of_the_profiles():
+    assert launch.tp_pad(tp3()) == launch.head_pad("dspark-v4", 3)
+    assert launch.tp_pad(load_profile(ENV / "dspark-v4.env", environ=NO_ENV)) is None     # TP=2
+    assert launch.tp_pad(labtp3()) is None                                              # recipe lab at TP=3
 
 
 CASES = [("tp3-dspark", "default"), ("lab-tp3", "default")]
@@ -318,8 +322,9 @@ def _net_node(name, rank, fabric_ip, fabric_if, ifaces):
 
 
 def _net_profile():
-    return SimpleNamespace(expect_rdma=False, expect_gpu=False, expect_link_gbps=0, fabric_mtu=9000, max_rtt_ms=1.0,
-                           min_tcp_gbps=0.1, command_timeout=20, vllm_bin="", master_addr="192.168.1.11")
+    """The TP3 lane's profile without RDMA/GPU expectations (the canned nodes have neither); master address
+    HEAD_BOOTSTRAP_IP 192.168.1.11."""
+    return tp3(EXPECT_RDMA=0, EXPECT_GPU=0, EXPECT_LINK_GBPS=0, MIN_TCP_GBPS=0.1, COMMAND_TIMEOUT=20)
 
 
 def _verify(cluster):

@@ -292,6 +292,7 @@ def test_verify_on_node_and_parity_names_the_differing_file(downloaded, tmp_path
     assert "missing on worker" in W.parity(head_manifest, other).observed
 
 
+@pytest.mark.slow
 def test_download_on_node_uses_token_file_and_verifies(repo, downloaded, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_nodesecret456")
     worker = LocalNode("worker", 1, fabric_ip="10.77.0.2")

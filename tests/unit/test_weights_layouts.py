@@ -163,6 +163,7 @@ def test_cache_check_compares_with_what_is_shared():
     assert bad.failed and "models--deepseek-ai--DeepSeek-V4-Flash-Vision-Exp" in bad.observed
 
 
+@pytest.mark.slow
 def test_shipped_dspark_profile_runs_its_own_step_02_on_nodes_with_different_homes(repo, hub, tmp_path):
     """env/dspark-v4.env as shipped (WEIGHTS_DIR, CACHE_DIR, WEIGHT_SYNC), only the repo, revision and
     endpoint substituted: each node downloads into ITS ~/.cache/huggingface/hub, the bare repo id
