@@ -321,29 +321,78 @@ def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *
     }
 
 
-SUDOERS_PROGRAMS = "/usr/bin/mkdir, /usr/bin/tee /etc/exports.d/spark-runbook-*.exports, /usr/sbin/exportfs, " \
-                   "/usr/bin/mount, /usr/bin/umount, /usr/bin/rm -f /etc/exports.d/spark-runbook-*.exports"
+# The one definition of what the kernel NFS mode runs as root: (program, argument pattern in sudoers
+# syntax; "" = any arguments). The sudoers drop-in the fix prescribes is built from it, the probe asks
+# sudo about each rendered command against it (`sudo -n -l <command>`), and a unit test proves that every
+# command render_nfs prefixes with `sudo -n` matches one of these rules.
+SUDO_RULES: tuple[tuple[str, str], ...] = (
+    ("/usr/bin/mkdir", ""),
+    ("/usr/bin/tee", f"{EXPORTS_DIR}/spark-runbook-*.exports"),
+    ("/usr/sbin/exportfs", ""),
+    ("/usr/bin/mount", ""),
+    ("/usr/bin/umount", ""),
+    ("/usr/bin/rm", f"-f {EXPORTS_DIR}/spark-runbook-*.exports"),
+)
+SUDOERS_PROGRAMS = ", ".join(f"{prog} {args}".strip() for prog, args in SUDO_RULES)
+SUDOERS_FILE = "/etc/sudoers.d/spark-runbook"
+
+
+def sudoers_fix(user: str, node: str) -> str:
+    """The exact commands that install the drop-in allowing :data:`SUDO_RULES` for ``user``."""
+    return (f"on {node}: echo '{user} ALL=(root) NOPASSWD: {SUDOERS_PROGRAMS}' | sudo tee {SUDOERS_FILE} "
+            f"&& sudo chmod 0440 {SUDOERS_FILE} && sudo visudo -cf {SUDOERS_FILE}; or set HEAD_SSH/WORKER_SSH "
+            "to root@…")
+
+
+def sudo_argvs(commands: Iterable[str]) -> list[list[str]]:
+    """The argv of every ``sudo -n <program> …`` inside ``commands`` (up to the next shell operator or
+    redirection), in order, without repeats."""
+    out: list[list[str]] = []
+    for command in commands:
+        lex = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        tokens = list(lex)
+        for i in range(len(tokens) - 1):
+            if tokens[i] == "sudo" and tokens[i + 1] == "-n":
+                argv = []
+                for tok in tokens[i + 2:]:
+                    if set(tok) <= set("();<>|&"):
+                        break
+                    argv.append(tok)
+                if argv and argv[-1].isdigit():       # `2>/dev/null`: the fd number before the operator
+                    argv.pop()
+                if argv and argv not in out:
+                    out.append(argv)
+    return out
+
+
+def sudo_probe_cmd(argv: list[str]) -> str:
+    """Read-only: may the SSH user run exactly this command as root without a password? (``sudo -l``
+    with a command exits 0 and prints its full path when the sudoers rules allow it.)"""
+    return "sudo -n -l " + " ".join(_q(a) for a in argv)
 
 
 def sudo_check(node, commands: list[str]) -> Check | None:
-    """Before anything changes: when ``commands`` use ``sudo -n``, prove it works without a password
-    (``sudo -n true``, read-only). Returns a FAIL naming the first such command and the sudoers
-    drop-in that allows exactly those programs, or None when sudo is not needed or works."""
-    needing = [c for c in commands if "sudo -n " in c]
-    if not needing:
+    """Before anything changes: when ``commands`` use ``sudo -n``, prove sudo allows each of them without
+    a password (:func:`sudo_probe_cmd` per command: what the drop-in of :func:`sudoers_fix` allows, not
+    ``sudo -n true``, which it does not). Returns a FAIL naming the first refused command and the drop-in,
+    or None when sudo is not needed or allows all of them."""
+    argvs = sudo_argvs(commands)
+    if not argvs:
         return None
-    res = node.read("sudo -n true", timeout=20)
-    if res.ok:
-        return None
-    user = node_user(node).name
-    said = ((res.stderr or "") + (res.stdout or "")).strip().splitlines()
-    return check("weights.nfs.sudo", False, node=node.name,
-                 observed=f"`sudo -n true` as {user}: exit {res.exit_code} {said[-1] if said else ''}".strip()
-                          + f"; the NFS mode would run `{needing[0]}` first",
-                 expected=f"{user} may run the NFS commands with sudo without a password (or SSH as root)",
-                 fix=(f"on {node.name}: echo '{user} ALL=(root) NOPASSWD: {SUDOERS_PROGRAMS}' | "
-                      f"sudo tee /etc/sudoers.d/spark-runbook && sudo chmod 0440 /etc/sudoers.d/spark-runbook "
-                      f"&& sudo visudo -cf /etc/sudoers.d/spark-runbook; or set HEAD_SSH/WORKER_SSH to root@…"))
+    for argv in argvs:
+        res = node.read(sudo_probe_cmd(argv), timeout=20)
+        if res.ok:
+            continue
+        user = node_user(node).name
+        said = ((res.stderr or "") + (res.stdout or "")).strip().splitlines()
+        return check("weights.nfs.sudo", False, node=node.name,
+                     observed=(f"`{sudo_probe_cmd(argv)}` as {user}: exit {res.exit_code} "
+                               f"{said[-1] if said else ''}").strip(),
+                     expected=f"{user} may run the {len(argvs)} NFS commands with sudo without a password "
+                              "(or SSH as root)",
+                     fix=sudoers_fix(user, node.name))
+    return None
 
 
 def nfs_share(head, worker, export_dir: str, mountpoint: str, *, execute: bool,
@@ -594,5 +643,9 @@ __all__ = [
     "rsync_to_worker",
     "ship_tools",
     "sudo_check",
+    "sudo_argvs",
+    "sudo_probe_cmd",
+    "sudoers_fix",
+    "SUDO_RULES",
     "verify_on_node",
 ]
