@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from runbook.errors import ActionError
-from runbook.launch.image import (TARGET_PLATFORM_CMD, ShipFacts, ensure_image, parse_ship_facts, save_command,
-                                  ship_facts_cmd)
+from runbook.launch.image import ShipFacts, ensure_image, parse_ship_facts, save_command
 from runbook.profile import load_profile
 from tests.support.doubles import FakeCluster, FakeNode, res
 
