@@ -136,14 +136,15 @@ def test_sweep_python_derivation():
 
 
 TOOLS_FOUND = ("tool ib_write_bw /usr/bin/ib_write_bw\ntool ib_write_lat /usr/bin/ib_write_lat\n"
-               "tool mpirun /usr/bin/mpirun\nnccl /home/spark/nccl-tests/build\n")
+               "tool mpirun /usr/bin/mpirun\ntool iperf3 /usr/bin/iperf3\ntool ethtool /usr/sbin/ethtool\n"
+               "nccl /home/spark/nccl-tests/build\nncclhome /usr\n")
 
 
 def spark_rules(side, *, gids, bw_fixture="ib_write_bw_rail0.txt", tools=TOOLS_FOUND):
     addr = fx(f"ip_addr_spark_{side}.json")
     return [
         (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', res(0, "/home/spark\n1000\nspark\n")),
-        (r"^for t in ib_write_bw ib_write_lat mpirun; ", res(0, tools)),
+        (r"^for t in ib_write_bw ib_write_lat mpirun iperf3 ethtool; ", res(0, tools)),
         (r"^ip -j addr show$", res(0, addr)),
         (r"^ip -j route show$", res(0, fx("ip_route_spark_head.json"))),
         (r"^ibdev2netdev$", res(0, fx("ibdev2netdev_spark.txt"))),
@@ -257,16 +258,20 @@ def test_nccl_ranks_get_their_own_interface_hca_and_gid():
 def test_missing_tools_fail_with_the_exact_commands():
     cluster = spark_cluster()
     cluster.nodes[1].rules.insert(0, (r"^for t in ib_write_bw", res(0, "missing ib_write_bw\nmissing ib_write_lat\n"
-                                                                       "tool mpirun /usr/bin/mpirun\n")))
+                                                                       "tool mpirun /usr/bin/mpirun\nmissing iperf3\n"
+                                                                       "tool ethtool /usr/sbin/ethtool\n")))
     checks, _ = network.verify_network(spark_profile(), cluster, None)
     c = by(checks, "net.tools", "worker")
     assert c.status is Status.FAIL
-    assert "ib_write_bw, ib_write_lat, all_reduce_perf" in c.observed and "/home/spark/nccl-tests/build" in c.observed
-    assert "sudo -n apt-get install -y perftest" in c.fix
+    assert "iperf3, ib_write_bw, ib_write_lat, all_reduce_perf, nccl.h" in c.observed
+    assert "/home/spark/nccl-tests/build" in c.observed
+    # one apt-get for every missing package (the tool table's order), then nccl-tests against NCCL_HOME
+    assert "sudo -n apt-get install -y perftest iperf3 libnccl-dev && set -e;" in c.fix
+    assert "NCCL_HOME=/usr;" in c.fix
+    assert "INSTALL_NET_TOOLS=1" in c.fix
     src = "/home/spark/.cache/vllm-dsv41-flash-exl3/nccl-tests"        # built under the profile's CACHE_DIR
     assert f"git clone --quiet https://github.com/NVIDIA/nccl-tests.git {src}" in c.fix
     assert "checkout --quiet --detach v2.18.3" in c.fix and f"make -C {src} -j4 MPI=1" in c.fix
-    assert "install_tools=True" in c.fix
     assert by(checks, "net.tools", "head").status is Status.PASS
     assert not any(cmd.startswith("sudo") for n in cluster.nodes for cmd in n.commands)   # nothing installed
 
@@ -279,7 +284,8 @@ def test_missing_tools_are_installed_when_allowed():
     def probe(cmd):
         if state["installed"]:
             return res(0, TOOLS_FOUND)
-        return res(0, "missing ib_write_bw\nmissing ib_write_lat\ntool mpirun /usr/bin/mpirun\n")
+        return res(0, "missing ib_write_bw\nmissing ib_write_lat\ntool mpirun /usr/bin/mpirun\n"
+                      "tool iperf3 /usr/bin/iperf3\ntool ethtool /usr/sbin/ethtool\nncclhome /home/spark/nccl/build\n")
     worker.rules.insert(0, (r"^for t in ib_write_bw", probe))
 
     def build(cmd):                             # nccl_build_cmd: clone, make, print the commit
@@ -291,6 +297,7 @@ def test_missing_tools_are_installed_when_allowed():
     checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
     ran = worker.runs()
     assert ran and ran[0] == "sudo -n apt-get install -y perftest" and "v2.18.3" in ran[1], ran
+    assert "NCCL_HOME=/home/spark/nccl/build;" in ran[1]          # the headers the probe found
     assert all(c.timeout >= 600 and c.warn for c in worker.calls if c.kind == "run")
     c = by(checks, "net.tools", "worker")
     assert c.status is Status.PASS and "commit 0123456789ab" in c.observed and "perftest" in c.observed
@@ -350,3 +357,29 @@ def test_plot_bandwidth():
     assert fig.axes and len(fig.axes[0].patches) == 8
     empty = bandwidth.plot_bandwidth([])
     assert empty is not None
+
+
+def test_install_net_tools_is_a_real_profile_key(monkeypatch, tmp_path):
+    """Issue 22 defect 5: the fix names INSTALL_NET_TOOLS, a key a4d36a1's loader rejected; now every shipped
+    profile sets it (0) and step 01 takes the profile's value."""
+    from pathlib import Path
+
+    import runbook.network as step01
+    from runbook.profile import load_profile
+    env = Path(__file__).resolve().parents[2] / "env"
+    shipped = sorted(env.glob("*.env"))
+    assert shipped and all(load_profile(p).install_net_tools is False for p in shipped)
+    assert all("\nINSTALL_NET_TOOLS=0\n" in p.read_text() for p in shipped)
+    profile = load_profile(env / "dspark-v4.env", {"INSTALL_NET_TOOLS": "1"})
+    assert profile.install_net_tools is True
+    seen = {}
+
+    def fake_verify(prof, cluster, **kw):
+        seen.update(kw)
+        raise RuntimeError("stop after the call")
+    monkeypatch.setattr(step01, "verify_network", fake_verify)
+    from types import SimpleNamespace
+    step = SimpleNamespace(profile=profile, cluster=None)      # a step double: only what run() reads first
+    with pytest.raises(RuntimeError, match="stop after the call"):
+        step01.run(step)
+    assert seen["install_tools"] is True

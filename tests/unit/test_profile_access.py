@@ -10,9 +10,8 @@ import runbook
 
 PKG = Path(runbook.__file__).resolve().parent
 
-#: a key the network step reads before it exists in the model: INSTALL_NET_TOOLS is being made a profile
-#: key on another branch; drop it from here when that lands
-PENDING_KEYS = {"install_net_tools"}
+#: keys read before they exist in the model (none now)
+PENDING_KEYS: set[str] = set()
 
 
 def _names_a_profile(node: ast.AST) -> bool:
