@@ -120,3 +120,31 @@ def test_report_shows_the_panel_membw_and_reconciliation(tmp_path):
     assert "Protocol reconciliation" in page and "first chunk vs first token" in page
     assert page.count("data:image/png;base64,") >= 2
     json.dumps(model.bench["roofline"])        # the panel stays plain JSON
+
+
+def _step(profile, run_path):
+    from types import SimpleNamespace
+    return SimpleNamespace(profile=profile, run=SimpleNamespace(path=run_path))
+
+
+def test_step_panel_inputs_lab_and_recipe(tmp_path):
+    from runbook.bench.step import roofline_panel
+    from support.runs import recipe_profile
+    lab = recipe_profile("env/lab.env")
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps/01_network.json").write_text(json.dumps({"checks": [
+        {"name": "net.allreduce", "node": "worker", "data": {"points": [{"bytes": 1024, "time_us": 250.0}]}}]}))
+    res = result("lab", [case("decode-code-thinkoff-c1-p1024-d24", "code", "off", 40.0)])
+    membw = {"before": {"head": {"gbs": 12.0, "label": "CPU memory bandwidth (lab)"},
+                        "worker": {"gbs": 11.0, "label": "CPU memory bandwidth (lab)"}}}
+    out = roofline_panel(_step(lab, tmp_path), res, membw)
+    assert out["bandwidth"] == 11.0e9 and out["allreduce_s"] == pytest.approx(250e-6)
+    assert out["comparable"] is False and out["step"]["parts"]["lm_head"] == 2048 * 256 * 4
+    assert len(out["rows"]) == 1 and out["rows"][0]["published"] == ""
+    # a recipe with no probe and no 01_network: the published GB10 figures, said so
+    spark = recipe_profile("env/dspark-v4.env")
+    res = result("dspark-v4", [case("decode-prose-thinkoff-c1-p1024-d128", "prose", "off", 37.3, 1.6, 500, 300)])
+    out = roofline_panel(_step(spark, tmp_path / "none"), res, {"before": {}})
+    assert out["bandwidth"] == 230e9 and out["bandwidth_note"].startswith("[published]")
+    assert out["allreduce_s"] == 77e-6 and out["rows"][0]["measured_over_ceiling"] > 0
+    assert "error" in roofline_panel(_step(recipe_profile("env/exl3-v41.env"), tmp_path), res, {})
