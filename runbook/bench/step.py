@@ -113,18 +113,31 @@ def cross_check(step, server, result: BenchResult, *, enabled: bool = True, pyth
     return check
 
 
-def roofline_of(step):
-    """The model's roofline for this run: the lab's tiny model from its safetensors headers (config-only
-    when it is not on this machine); a recipe from its config values and stated dtypes
-    (``runbook.fit.roofline.ARCH``); None when the recipe states no architecture."""
+def roofline_of(step, echo=print):
+    """The model's roofline for this run, from the checkpoint itself: the lab's tiny model from its
+    safetensors headers on this machine; a recipe's checkpoint from its headers read on the head
+    (``roofline.HEADER_DUMP_SCRIPT``, where step 02 put it). Falls back to the recipe's config values
+    and stated dtypes (``roofline.ARCH``; said in the source) when the headers cannot be read; None
+    when the recipe states no architecture either."""
+    from ..errors import RunbookError
     from ..fit import roofline as R
     profile = step.profile
-    model_dir = None
     if profile.lab:
         from ..lab import control
         d = control.stand_in_model_dir(profile)
-        model_dir = d if (d / "config.json").is_file() else None
-    return R.roofline_for(profile, model_dir=model_dir)
+        return R.roofline_for(profile, model_dir=d if (d / "config.json").is_file() else None)
+    try:
+        from ..weights.layout import weights_layout
+        from ..weights.node_paths import on_node
+        head = step.cluster.head
+        tree = weights_layout(profile).tree(on_node(head, profile.weights_dir_on(head.name)))
+        res = head.read(R.header_dump_cmd(tree), timeout=150)
+        sb, config = R.step_bytes_from_dump(res.stdout)
+        return R.Roofline(sb, config, int(profile.tp), int(profile.bench_prompt_tokens),
+                          str(profile.kv_cache_dtype or ""), int(profile.spec_k))
+    except (RunbookError, OSError, ValueError, KeyError) as exc:
+        echo(f"roofline: the checkpoint's headers on the head were not read ({exc}); the recipe's config values")
+        return R.roofline_for(profile)
 
 
 def roofline_panel(step, result: BenchResult, membw_data: dict[str, Any]) -> dict[str, Any]:

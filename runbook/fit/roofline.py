@@ -134,6 +134,61 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**config, **inner} if isinstance(inner, dict) else config
 
 
+# A node's checkpoint, read where it lies: this stdlib script prints its config.json and every
+# tensor's name, dtype, shape and byte size from the shards' headers (never a tensor), one JSON line.
+HEADER_DUMP_SCRIPT = r"""
+import glob, json, os, struct, sys
+d = sys.argv[1]
+out = {"tool": "st_headers", "dir": d}
+try:
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        files = sorted(set(json.load(open(idx))["weight_map"].values()))
+    else:
+        files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(d, "*.safetensors")))
+    if not files:
+        raise SystemExit("no safetensors files in " + d)
+    tensors = []
+    for f in files:
+        with open(os.path.join(d, f), "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            if n > (256 << 20):
+                raise SystemExit(f + ": implausible header length")
+            h = json.loads(fh.read(n))
+        for name, t in h.items():
+            if name != "__metadata__":
+                tensors.append([name, t.get("dtype", ""), t.get("shape", []), t["data_offsets"][1] - t["data_offsets"][0]])
+    out.update(config=cfg, files=len(files), tensors=tensors)
+except (OSError, ValueError, KeyError, SystemExit) as exc:
+    out["error"] = type(exc).__name__ + ": " + str(exc)
+print(json.dumps(out, separators=(",", ":")))
+"""
+
+
+def header_dump_cmd(model_dir: str, python: str = "python3", timeout_s: int = 120) -> str:
+    """The command that runs HEADER_DUMP_SCRIPT on a node for ``model_dir`` (already expanded)."""
+    import shlex
+    return (f"timeout {timeout_s} {python} - {shlex.quote(model_dir)} "
+            f"<<'RUNBOOK_ST_EOF'\n{HEADER_DUMP_SCRIPT}\nRUNBOOK_ST_EOF")
+
+
+def step_bytes_from_dump(stdout: str) -> tuple[StepBytes, dict[str, Any]]:
+    """(bytes per token, config) from HEADER_DUMP_SCRIPT's JSON line; RunbookError when it failed."""
+    line = next((ln for ln in reversed((stdout or "").splitlines()) if ln.startswith('{"tool":"st_headers"')), "")
+    if not line:
+        raise RunbookError("no header listing from the node", observed=(stdout or "")[-200:],
+                           fix="check python3 on the head and that step 02 downloaded the checkpoint")
+    d = json.loads(line)
+    if d.get("error"):
+        raise RunbookError(f"reading the checkpoint's headers in {d.get('dir')} failed", observed=d["error"],
+                           fix="finish step 02_weights (the checkpoint must be on the head)")
+    tensors = [Tensor(n, str(dt), tuple(int(x) for x in shape), int(nb)) for n, dt, shape, nb in d["tensors"]]
+    return (step_bytes_from_tensors(tensors, d["config"], source=f"safetensors headers of {d['dir']} on the head "
+                                                                 f"({d['files']} file(s), {len(tensors)} tensors)"),
+            d["config"])
+
+
 # ------------------------------------------------------------------------------------------------
 # which part of the model a tensor is
 # ------------------------------------------------------------------------------------------------

@@ -302,3 +302,21 @@ def test_plan_says_what_to_pass_when_the_recipe_states_no_architecture():
     proc = subprocess.run([sys.executable, "-m", "runbook", "plan", "--profile", "env/exl3-v41.env"], cwd=REPO,
                           capture_output=True, text=True, timeout=120, check=False)
     assert "RECIPE=exl3-v41 states no architecture" in proc.stdout and "--model-dir" in proc.stdout
+
+
+def test_header_dump_on_a_node_gives_the_same_bytes_as_reading_locally(tmp_path):
+    moe_checkpoint(tmp_path / "m it's")                   # a path a shell must quote
+    cmd = R.header_dump_cmd(str(tmp_path / "m it's"), python=sys.executable)
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, check=False).stdout
+    remote, config = R.step_bytes_from_dump(out)
+    local = R.step_bytes_from_checkpoint(tmp_path / "m it's")
+    assert remote.parts == local.parts and remote.expert_bytes == local.expert_bytes
+    assert remote.draft_bytes == local.draft_bytes and config["n_routed_experts"] == 4
+    assert "on the head (2 file(s)" in remote.source
+    bad = subprocess.run(["bash", "-c", R.header_dump_cmd(str(tmp_path / "nowhere"), python=sys.executable)],
+                         capture_output=True, text=True, timeout=60, check=False).stdout
+    with pytest.raises(RunbookError, match="headers in .*nowhere failed") as exc:
+        R.step_bytes_from_dump(bad)
+    assert "02_weights" in exc.value.fix
+    with pytest.raises(RunbookError, match="no header listing"):
+        R.step_bytes_from_dump("bash: python3: command not found")

@@ -124,7 +124,11 @@ def test_report_shows_the_panel_membw_and_reconciliation(tmp_path):
 
 def _step(profile, run_path):
     from types import SimpleNamespace
-    return SimpleNamespace(profile=profile, run=SimpleNamespace(path=run_path))
+    # a head that answers nothing: the checkpoint's headers cannot be read there, so the recipe's config
+    head = SimpleNamespace(name="head", read=lambda cmd, timeout=0, **kw: SimpleNamespace(stdout="", stderr="",
+                                                                                          exit_code=1, ok=False))
+    return SimpleNamespace(profile=profile, run=SimpleNamespace(path=run_path),
+                           cluster=SimpleNamespace(head=head, nodes=[head]))
 
 
 def test_step_panel_inputs_lab_and_recipe(tmp_path):
@@ -145,6 +149,7 @@ def test_step_panel_inputs_lab_and_recipe(tmp_path):
     spark = recipe_profile("env/dspark-v4.env")
     res = result("dspark-v4", [case("decode-prose-thinkoff-c1-p1024-d128", "prose", "off", 37.3, 1.6, 500, 300)])
     out = roofline_panel(_step(spark, tmp_path / "none"), res, {"before": {}})
+    assert out["step"]["source"].startswith("config-only: DeepSeek-V4-Flash"), out.get("error")
     assert out["bandwidth"] == 230e9 and out["bandwidth_note"].startswith("[published]")
     assert out["allreduce_s"] == 77e-6 and out["rows"][0]["measured_over_ceiling"] > 0
     assert "error" in roofline_panel(_step(recipe_profile("env/exl3-v41.env"), tmp_path), res, {})
