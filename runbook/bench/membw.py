@@ -16,7 +16,7 @@ from typing import Any
 from ..checks import Check, Status, check
 from ..facts import membw_probe
 
-__all__ = ["FLOOR", "ROW", "VALID_ROW", "probe_cmd", "parse_probe", "probe_ranks", "validity"]
+__all__ = ["FLOOR", "ROW", "VALID_ROW", "on_gpu", "probe_cmd", "parse_probe", "probe_ranks", "validity"]
 
 FLOOR = 0.8                         # a rank below FLOOR x the fastest rank: the bench is invalid
 ROW = "memory bandwidth"            # one row per node and phase: "memory bandwidth before bench"
@@ -24,9 +24,14 @@ VALID_ROW = "bench valid (memory bandwidth per rank)"
 TIMEOUT_S = 120
 
 
+def on_gpu(profile) -> bool:
+    """The GPU path: EXPECT_GPU=1 on real nodes (a rehearsal on the lab keeps EXPECT_GPU but has no GPU)."""
+    return bool(profile.expect_gpu) and not getattr(profile, "lab", False)
+
+
 def probe_cmd(profile, node_name: str, python: str | None = None) -> str:
     """The shell command that runs the probe on one node (script through stdin, one JSON line out)."""
-    gpu = bool(profile.expect_gpu)
+    gpu = on_gpu(profile)
     args = f"--json --device {'gpu' if gpu else 'cpu'}"
     script = Path(membw_probe.__file__).read_text()
     body = f"<<'RUNBOOK_MEMBW_EOF'\n{script}\nRUNBOOK_MEMBW_EOF"

@@ -152,19 +152,20 @@ def roofline_panel(step, result: BenchResult, membw_data: dict[str, Any]) -> dic
         return {"error": f"{type(exc).__name__}: {exc}"}
     if roof is None:
         return {"error": f"RECIPE={step.profile.recipe}: no architecture for the config-only roofline"}
+    on_lab = bool(step.profile.lab) or step.profile.is_lab     # lab hardware, also in a rehearsal
     bw, bw_note = P.slowest_bandwidth(membw_data)
-    if bw is None and not step.profile.is_lab:
+    if bw is None and not on_lab:
         bw, bw_note = R.GB10_DECODE_BW.value, f"[published] {R.GB10_DECODE_BW.note} ({bw_note})"
     net = step.run.path / "steps" / "01_network.json"
     ar, ar_note = P.allreduce_latency(json.loads(net.read_text()) if net.is_file() else None)
     if ar is None:
-        ar, ar_note = ((0.0, f"{ar_note}: no all-reduce cost counted") if step.profile.is_lab
+        ar, ar_note = ((0.0, f"{ar_note}: no all-reduce cost counted") if on_lab
                        else (R.ALLREDUCE_SLOW.value, f"[published] {R.ALLREDUCE_SLOW.note} ({ar_note})"))
     out: dict[str, Any] = {**roof.to_dict(), "bandwidth": bw, "bandwidth_note": bw_note, "allreduce_s": ar,
-                           "allreduce_note": ar_note, "comparable": not step.profile.is_lab}
+                           "allreduce_note": ar_note, "comparable": not on_lab}
     if bw:
         out["rows"] = P.panel_rows(result, roof, bandwidth=bw, allreduce_s=ar, recipe=step.profile.recipe,
-                                   comparable=not step.profile.is_lab)
+                                   comparable=not on_lab)
     return out
 
 
@@ -219,7 +220,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     after, rows = membw.probe_ranks(step, "after", probe_python)
     step.add(rows)
     membw_data = {"before": before, "after": after}
-    valid, row = membw.validity(membw_data, gpu=bool(step.profile.expect_gpu))
+    valid, row = membw.validity(membw_data, gpu=membw.on_gpu(step.profile))
     membw_data["valid"] = valid
     step.add(row)
     step.data["membw"] = membw_data
@@ -236,7 +237,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
 def _probe_python(profile) -> str | None:
     """The python the probe runs with outside a container: next to VLLM_BIN on a GPU profile (it has
     torch), ``python3`` on the lab (the CPU path needs nothing)."""
-    if not profile.expect_gpu:
+    if not membw.on_gpu(profile):
         return None
     from ..network.collectives import sweep_python_from
     return sweep_python_from(profile)

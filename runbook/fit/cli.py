@@ -73,7 +73,7 @@ def decode_roofline(profile, model_dir: str | None) -> tuple[str, dict]:
     if r is None:
         return (f"decode roofline: RECIPE={profile.recipe} states no architecture for the config-only path; "
                 f"pass --model-dir with the downloaded checkpoint (config.json + safetensors)"), {}
-    if profile.is_lab:
+    if profile.is_lab or profile.lab:         # lab hardware (a rehearsal too): this host's CPU memory
         from ..facts.membw_probe import cpu_probe
         bw = cpu_probe(64 << 20, 5)
         ceilings = {"lab CPU": r.ceiling(bw["gbs"] * 1e9, 0.0)}
