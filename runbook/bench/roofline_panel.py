@@ -119,21 +119,24 @@ def plot_roofline(rows: list[dict[str, Any]], *, title: str = "", path=None):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     shown = [r for r in rows if r.get("measured_over_ceiling") is not None]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * max(3, len(shown)) + 1.2))
+    fig, ax = plt.subplots(figsize=(9, 0.5 * max(3, len(shown)) + 1.2))
     ys = list(range(len(shown)))
+    right = max([1.25] + [r["measured_over_ceiling"] * 1.05 for r in shown]
+                + [p * 1.05 for r in shown for p in r.get("published_over_ceiling") or []])
     for y, r in zip(ys, shown):
         v = r["measured_over_ceiling"]
         colour = "tab:green" if v >= 0.7 else ("tab:orange" if v >= 0.4 else "tab:red")
-        ax.barh(y, v, color=colour)
-        ax.text(v, y, f" {r['decode_tok_s']:.1f} of {r['ceiling_tok_s']:.1f} tok/s ({v:.0%}), "
-                      f"{r['ms_per_step']:.1f} ms/step x {r['tokens_per_step']:.2f} tok", va="center", fontsize=7)
+        ax.barh(y, v, color=colour, height=0.6)
         for p in r.get("published_over_ceiling") or []:
-            ax.plot(p, y, marker="D", color="black", markersize=5)
+            ax.plot(p, y, marker="D", color="black", markersize=4, alpha=0.6)
+        ax.text(right * 1.01, y, f"{r['decode_tok_s']:.1f} of {r['ceiling_tok_s']:.1f} tok/s ({v:.0%}); "
+                                 f"{r['ms_per_step']:.1f} ms/step x {r['tokens_per_step']:.2f} tok",
+                va="center", fontsize=7)
     ax.axvline(1.0, color="black", linestyle="dashed", linewidth=1)
     ax.set_yticks(ys, [f"{r['class']} / thinking {r['thinking']}" for r in shown], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, max([1.25] + [r["measured_over_ceiling"] * 1.6 for r in shown]))
-    ax.set_xlabel("measured / ceiling (dashed: the bandwidth limit; diamonds: published figures)")
+    ax.set_xlim(0, right)
+    ax.set_xlabel("measured / ceiling (dashed: the bandwidth limit; diamonds: published figures, same class)")
     ax.set_title(title or "Decode against its roofline, per workload class", fontsize=9)
     if path is not None:
         fig.savefig(path, dpi=90, bbox_inches="tight")

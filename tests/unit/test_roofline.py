@@ -320,3 +320,14 @@ def test_header_dump_on_a_node_gives_the_same_bytes_as_reading_locally(tmp_path)
     assert "02_weights" in exc.value.fix
     with pytest.raises(RunbookError, match="no header listing"):
         R.step_bytes_from_dump("bash: python3: command not found")
+
+
+def test_the_verify_step_model_meets_the_published_dspark_steps_per_second():
+    # seeds-repos.md (repo B dual-HCA notes): code 76.0 tok/s at 73.3 % acceptance, prose 37.3 at 25.7 %,
+    # 14-15 steps/s, V4-Flash at k = 6. The config-only verify step at the decode-shaped 230 GB/s and 77 us:
+    r = R.Roofline(R.recipe_step_bytes("dspark-v4"), R.V4_FLASH_CONFIG, 2, 256, "nvfp4_ds_mla", 6)
+    step_s = r.verify_bytes() / 230e9 + 86 * 77e-6
+    assert 13.5 < 1 / step_s < 15.0
+    for rate, acceptance in ((76.0, 0.733), (37.3, 0.257)):
+        ceiling = r.ceiling(230e9, 77e-6, acceptance_length=1 + 6 * acceptance).tok_s
+        assert 0.95 < rate / ceiling < 1.10, (rate, ceiling)
