@@ -61,9 +61,13 @@ def probe_ranks(step, phase: str, python: str | None = None) -> tuple[dict[str, 
     results: dict[str, dict[str, Any]] = {}
     rows = []
     for node in step.cluster.nodes:
-        res = node.read(probe_cmd(step.profile, node.name, python), timeout=TIMEOUT_S + 30)
-        ev = step.raw(f"membw_{phase}_{node.name}.json", (res.stdout or "") + (res.stderr or ""))
-        got = parse_probe(res.stdout) if not getattr(res, "dry_run", False) else {"error": "dry run"}
+        try:
+            res = node.read(probe_cmd(step.profile, node.name, python), timeout=TIMEOUT_S + 30)
+            text = (res.stdout or "") + (res.stderr or "")
+            got = parse_probe(res.stdout) if not getattr(res, "dry_run", False) else {"error": "dry run"}
+        except Exception as exc:  # noqa: BLE001 - an unreachable node is a row, never the end of the bench
+            text, got = f"{type(exc).__name__}: {exc}", {"tool": "membw_probe", "error": f"{type(exc).__name__}: {exc}"}
+        ev = step.raw(f"membw_{phase}_{node.name}.json", text)
         results[node.name] = got
         name = f"{ROW} {phase} bench"
         if got.get("error"):

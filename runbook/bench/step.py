@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..evidence import previous_good_run
+from ..checks import not_applicable
 from ..errors import BenchError
 from . import membw
 from .conditions import PROFILE_KEYS, SEEDS
@@ -207,7 +208,8 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     out_dir = step.raw_dir / RAW_DIR_NAME
     # every rank's memory bandwidth before and after: a rank in a slow state makes the bench invalid
     probe_python = _probe_python(step.profile)
-    before, rows = membw.probe_ranks(step, "before", probe_python)
+    probing = not base_url        # another server's nodes are not the profile's: nothing to probe
+    before, rows = membw.probe_ranks(step, "before", probe_python) if probing else ({}, [])
     step.add(rows)
     for node, r in before.items():
         if not r.get("error"):
@@ -217,10 +219,13 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
         result = run_benchmark(server.base_url, server.model, config=config, out_dir=out_dir,
                                api_key=server.api_key or None)
     step.add(result.checks())
-    after, rows = membw.probe_ranks(step, "after", probe_python)
+    after, rows = membw.probe_ranks(step, "after", probe_python) if probing else ({}, [])
     step.add(rows)
     membw_data = {"before": before, "after": after}
     valid, row = membw.validity(membw_data, gpu=membw.on_gpu(step.profile))
+    if not probing:
+        row = not_applicable(membw.VALID_ROW, "base_url given: the server's nodes are not the profile's, not probed",
+                             node="cluster")
     membw_data["valid"] = valid
     step.add(row)
     step.data["membw"] = membw_data
