@@ -51,18 +51,23 @@ def test_scenario_matches_exactly_its_entries(scenario):
         assert "{master_port}" not in f.proof and "{port}" not in f.fix, "placeholders the context knows are filled"
 
 
-def test_every_entry_has_a_positive_fixture():
+def test_every_entry_has_a_positive_fixture_or_corpus_case():
+    """A bundle scenario where one can be captured or follows a published format; otherwise at least one
+    case of the accuracy corpus (real report text) that the entry must rank first on."""
+    from runbook.diagnose.accuracy import load_corpus
     covered = {e for ids in EXPECTED.values() for e in ids}
+    covered |= {c.expect for c in load_corpus() if c.expect}
     assert ENTRIES
     missing = [e.id for e in ENTRIES if e.id not in covered]
-    assert not missing, f"entries without a positive fixture: {missing}"
+    assert not missing, f"entries without a positive fixture or corpus case: {missing}"
 
 
 def test_catalogue_entries_are_complete():
-    assert len(ENTRIES) >= 20
+    assert len(ENTRIES) >= 45
     for e in ENTRIES:
         assert e.severity in ("fatal", "degraded", "warning")
-        for field in ("title", "symptom", "detect", "cause", "fix", "proof", "source"):
+        assert e.signature is not None or e.lines or e.words, f"{e.id}: nothing recognises it"
+        for field in ("title", "symptom", "detect", "cause", "fix", "proof", "source", "lab"):
             assert getattr(e, field).strip(), f"{e.id}: empty {field}"
 
 
@@ -125,7 +130,12 @@ def test_catalogue_table_in_docs_is_current():
     for scenario, ids in EXPECTED.items():
         for i in ids:
             tests.setdefault(i, []).append(scenario)
-    table = catalogue_markdown(ENTRIES, tests=tests)
+    from runbook.diagnose.accuracy import load_corpus
+    corpus: dict[str, int] = {}
+    for c in load_corpus():
+        if c.expect:
+            corpus[c.expect] = corpus.get(c.expect, 0) + 1
+    table = catalogue_markdown(ENTRIES, tests=tests, corpus=corpus)
     doc = (ROOT / "docs" / "diagnose.md").read_text()
     assert table in doc, "docs/diagnose.md is out of date: paste runbook.diagnose.catalogue_markdown(...) output"
 
