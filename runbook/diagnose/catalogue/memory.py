@@ -77,8 +77,8 @@ def _is_rank(p: procs.Proc) -> bool:
 def _sig_pinned(b: B.Bundle) -> list[Hit]:
     hits = []
     for node in b.nodes:
-        if not b.has(node, B.PROCESSES) or not b.has(node, B.MEMINFO):
-            continue
+        if not b.has(node, B.PROCESSES) or not b.has(node, B.MEMINFO) or "GB10" not in b.text(node, B.GPU):
+            continue                     # only unified memory pins this way (a lab host's memory is other jobs')
         if any(_is_rank(p) for p in procs.parse_ps(b.text(node, B.PROCESSES))):
             continue
         mem = system.parse_meminfo(b.text(node, B.MEMINFO))
@@ -94,7 +94,8 @@ MEMORY_PINNED_AFTER_FAILED_START = Entry(
     "memory-pinned-after-failed-start", "Memory stays pinned after a failed start", FATAL,
     symptom="after a failed or killed start, tens of GiB stay used with no vLLM process alive; the next start fails "
             "differently, and only a reboot frees it",
-    detect="no vLLM process on the node while MemTotal - MemAvailable exceeds 40 % of MemTotal; offline: "
+    detect="on a GB10 node (`nvidia-smi -L`), no vLLM process while MemTotal - MemAvailable exceeds 40 % of "
+           "MemTotal; offline: "
            "`Engine core initialization failed. Failed core proc(s): {}`",
     cause="a start that died inside the driver leaves unified memory (UVM) allocated past the process's exit, so "
           "every relaunch gets a smaller pool",
