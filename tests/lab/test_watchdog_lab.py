@@ -95,8 +95,14 @@ def test_frozen_worker_rank_is_caught_and_recovers(running):
     print(f"\n[watchdog] frozen worker caught after {caught:.1f} s: {alert and alert.observed}")
     assert alert is not None and alert.kind == "wedge", dog.alerts
     assert caught <= CAUGHT_WITHIN_S, caught
-    # the fabric is fine and both ranks "run": the explanation must say so, not blame the link
+    # the fabric is fine and both ranks "run": the explanation must not blame the link, and it names the
+    # frozen rank (its processes in state T) rather than "every rank running"
     assert alert.rows and not any(r.failed for r in alert.rows if r.name.startswith("fabric")), alert.rows
+    frozen = [r for r in alert.rows if r.name == "rank not frozen"]
+    assert frozen and frozen[0].node == "worker" and frozen[0].failed, alert.rows
+    assert "rank not frozen@worker" in alert.explanation()
+    # its "N s" counts from the stall's start (the last scrape that saw tokens, just before the SIGSTOP)
+    assert dog.stall_s <= alert.after_s <= caught + 2 * dog.interval_s + 1, (alert.after_s, caught)
     _wait_for_tokens(profile, timeout=60)       # SIGCONT: generation moves again
 
 
