@@ -46,7 +46,7 @@ def _values(bundle: B.Bundle, node: str) -> dict[str, str]:
     info = ctx.node(node) or ctx.head
     peer = next((n for n in ctx.nodes if info and n.name != info.name), None)
     vals = {"master_addr": ctx.master_addr, "master_port": str(ctx.master_port or ""), "port": str(ctx.port or ""),
-            "model": ctx.served_model_name, "fabric_mtu": str(ctx.fabric_mtu or "")}
+            "model": ctx.served_model_name, "fabric_mtu": str(ctx.fabric_mtu or ""), "api_url": ctx.api_url}
     if info:
         vals["fabric_if"] = info.fabric_if
     if peer:

@@ -126,7 +126,7 @@ WRONG_MODEL_ON_PORT = Entry(
     detect="`/v1/models` on the API port does not list SERVED_MODEL_NAME",
     cause="another server (an older run, another user) holds the port",
     fix="stop the other server (`ss -ltnp 'sport = :{port}'` names it) or change PORT",
-    proof="curl -s http://{master_addr}:{port}/v1/models",
+    proof="curl -s {api_url}/v1/models   # on the head (the address the API binds)",
     signature=_sig_wrong_model, source="anchors-2026-12 #10",
     lines=(r"The model `[^`]+` does not exist",),
     words=(r"does not exist|\b404\b|wrong model|different model|old (server|model)|another model",
@@ -160,7 +160,7 @@ SERVING_WEDGE = Entry(
     cause="a rank stopped inside a collective (frozen process, fabric down, NCCL hang) while the API "
           "process stays up",
     fix="check the fabric and each rank (other findings); restart both ranks together",
-    proof="curl -s http://{master_addr}:{port}/metrics | grep -E 'num_requests_(running|waiting)|generation_tokens_total'",
+    proof="curl -s {api_url}/metrics | grep -E 'num_requests_(running|waiting)|generation_tokens_total'   # on the head",
     signature=_sig_wedge, source="anchors-2026-12 #9; vLLM #40969",
     words=(r"/health (\w+ ){0,2}(ok|200|green)|health ?check (\w+ )?(passes|ok|green)|health (is |stays )?(ok|200|fine)",
            r"no tokens|no output|hangs?\b|stuck|never (returns|finish\w*)|requests? (hang|pile|queue)|num_requests_running|generation_tokens",),

@@ -391,3 +391,18 @@ def test_ufw_default_deny_without_an_allow_rule():
     assert _ids({"head": {B.FIREWALL: ufw}}) == ["firewall-master-port"]
     allowed = ufw + "Anywhere on enp1s0f0np0    ALLOW IN    Anywhere\n"
     assert _ids({"head": {B.FIREWALL: allowed}}) == []
+
+
+@pytest.mark.parametrize("api_host,url", [("127.0.0.1", "http://127.0.0.1:8000"), ("0.0.0.0", "http://127.0.0.1:8000"),
+                                          ("10.0.0.5", "http://10.0.0.5:8000"), ("", "http://127.0.0.1:8000")])
+def test_the_api_proof_uses_the_address_the_api_binds(api_host, url):
+    """issue 25: the proof curl went to the master (fabric) address, where a loopback-bound API does not answer."""
+    ctx = Context.from_dict({**json.loads((DATA / "wrong_model/context.json").read_text()), "api_host": api_host})
+    found = [f for f in match(Bundle(read_bundle(DATA / "wrong_model").texts, ctx)) if f.id == "wrong-model-on-port"]
+    assert found and found[0].proof.startswith(f"curl -s {url}/v1/models")
+    assert "{" not in found[0].proof
+
+
+def test_context_from_the_lab_profile_carries_the_api_bind_address():
+    ctx = Context.from_profile(load_profile(ROOT / "env" / "lab.env"))
+    assert ctx.api_host and ctx.api_url.endswith(f":{ctx.port}")
