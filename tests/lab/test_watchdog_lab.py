@@ -127,6 +127,32 @@ def test_fabric_link_down_is_caught_with_the_link_named_and_recovers(running):
     _wait_for_tokens(profile, timeout=120)      # link up: TCP retransmits and the collective continues
 
 
+def test_a_timed_out_stream_ends_quietly(running):
+    """A bench request that times out mid-stream records the timeout and prints no CancelledError traceback
+    (issue 25: exception() was called on the cancelled future inside connection_lost)."""
+    import asyncio
+
+    from runbook.bench.client import RequestRecord, make_stream_client, stream_request
+    from runbook.secrets import load_secrets
+    profile, _ = running
+    errors: list[dict] = []
+
+    async def go() -> RequestRecord:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+        http = make_stream_client(endpoint.base_url(profile), load_secrets().api_key or None)
+        rec = RequestRecord(id="timeout-probe")
+        body = {"model": profile.served_model_name, "prompt": "Once upon a time", "max_tokens": 3500,
+                "stream": True, "ignore_eos": True}
+        rec = await stream_request(http, "completions", body, rec, timeout_s=2.0)
+        await asyncio.sleep(0.5)                    # connection_lost of the aborted connection runs here
+        await http.close()
+        return rec
+
+    rec = asyncio.run(go())
+    assert rec.error.startswith("timeout after 2 s"), rec.error
+    assert errors == [], [repr(e) for e in errors]
+
+
 def test_head_api_killed_mid_request_is_caught_and_the_orphans_are_named(running):
     """Last in this module (it ends the server). The head's API server is killed (SIGKILL on its main process
     only, as the OOM killer would) while a request streams: the watchdog fires "api-gone" within 30 s, and the
