@@ -238,13 +238,13 @@ SEMLOCK_BACKEND_MISMATCH = Entry(
 RAY_MISSING = Entry(
     "ray-missing", "The image has no Ray", FATAL,
     symptom="`ray: command not found`, or the head container exits with code 127 at once",
-    detect="`ray: command not found` or `No module named 'ray'` in a rank log",
+    detect="`ray: command not found` in a rank log (vLLM's own `No module named 'ray'` warning is normal on mp)",
     cause="the image (NGC 26.05, vllm/vllm-openai, ...) ships without Ray while the recipe starts a Ray cluster",
     fix="use the mp backend (`--distributed-executor-backend mp`, no Ray), or an image layer with `ray[default]`",
     proof="docker run --rm --entrypoint sh <image> -c 'command -v ray; python3 -c \"import ray\"'",
     signature=None,
     source="NVIDIA/dgx-spark-playbooks#109, #75; getainode/ainode#84 (bringup-anchors §5.10)",
-    lines=(r"\bray: (command )?not found", r"No module named '?ray'?\b"),
+    lines=(r"\bray: (command )?not found",),
     words=(r"\bray\b", r"not found|missing|not installed|exit(ed|s)? (with )?(code )?127|\b127\b"),
     lab="none: the lab runs the mp backend only")
 

@@ -10,13 +10,35 @@ from .. import bundle as B
 from .entry import FATAL, Entry, Hit, lines_matching
 
 
+_SHM_WAIT = re.compile(r"No available shared memory broadcast block found in \d+ seconds?")
+_COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|ncclAllReduce|ncclAllGather")
+_READY = re.compile(r"Application startup complete")
+
+
+def _sig_nccl_build(b: B.Bundle) -> list[Hit]:
+    """vLLM's shared-memory wait while serving (after READY) or beside a collective timeout: a rank stuck in a
+    collective. The same wait during start-up is usually a long compile, not this."""
+    hits = []
+    for node, text in b.logs():
+        lines = text.splitlines()
+        ready = next((i for i, l in enumerate(lines) if _READY.search(l)), None)
+        waits = [i for i, l in enumerate(lines) if _SHM_WAIT.search(l)]
+        serving = [i for i in waits if ready is not None and i > ready]
+        stuck = lines_matching(text, _COLLECTIVE_TIMEOUT, 1)
+        if serving or (waits and stuck):
+            ev = [lines[i].strip()[:300] for i in (serving or waits)[:2]] + stuck
+            hits.append(Hit(node, [f"{node}: {l}" for l in ev]))
+    return hits
+
+
 NCCL_BUILD_MISMATCH = Entry(
     "nccl-build-mismatch", "TP hangs after minutes of load: the pip NCCL is another build than the system's", FATAL,
     symptom="under sustained load TP=2 wedges after ~20-26 minutes: one rank in `ncclAllReduce`/`AllGather`, the "
             "other spinning at ~96 % GPU and ~20 W; then `No available shared memory broadcast block` or the 600 s "
             "watchdog",
-    detect="vLLM's `No available shared memory broadcast block found in 60 seconds` in a rank log (the hang that "
-           "follows a rank stuck in a collective)",
+    detect="vLLM's `No available shared memory broadcast block found in 60 seconds` after `Application startup "
+           "complete`, or beside a collective timeout (`ncclAllReduce`/`AllGather`, the 600 s watchdog) in a rank "
+           "log; the same wait during start-up alone is a long compile, not this",
     cause="the pip wheel `nvidia-nccl-cu13` and DGX OS's `libnccl2` report the same version (2.28.9) but are "
           "different binaries; the wheel's build hangs a collective on GB10 after minutes of load",
     fix="use the system NCCL: symlink `/usr/lib/aarch64-linux-gnu/libnccl.so.2` over the wheel's "
@@ -24,10 +46,9 @@ NCCL_BUILD_MISMATCH = Entry(
         ">= 30 min; backend swaps and --enforce-eager only move the MTBF",
     proof="python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))'; "
           "readelf -n <that>/lib/libnccl.so.2 /usr/lib/aarch64-linux-gnu/libnccl.so.2 | grep 'Build ID'",
-    signature=None,
+    signature=_sig_nccl_build,
     source="vllm-project/vllm#42354, #41725 (2026-07-23); Blackwellboy/model-serving-minefield#89; "
            "bringup-anchors §5.9",
-    lines=(r"No available shared memory broadcast block found in \d+ seconds?",),
     words=(r"\b\d{2}([-–]\d{2})? ?(min|mins|minutes) (in|into|of|under)|(after|into) (about |~)?\d{2}([-–]\d{2})? ?(min|mins|minutes)|\bmtbf\b|sustained (\w+ )?(load|concurrent)|under (\S+ )?(concurrent )?load|\bsoak",
            r"hang\w*|hung|wedge\w*|stall\w*|freez\w*|stuck|spinning|spin-wait",
            r"nccl|all_?reduce|allgather|all-gather|libnccl|collective",
