@@ -15,6 +15,7 @@ signature), ``medium`` (three or more cues), ``low`` (two cues). Ties keep the c
 from __future__ import annotations
 
 import re
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -141,9 +142,11 @@ def diagnose_bundle(bundle: B.Bundle, entries: tuple[Entry, ...] = ENTRIES) -> l
 
 
 def is_bundle(path: Path) -> bool:
-    """A support bundle: a ``diagnose-*.tar.gz`` archive or a directory laid out like one."""
+    """A support bundle: a ``diagnose-*.tar.gz`` archive or a directory laid out like one (``context.json``,
+    or ``<node>/<name>`` texts one level down)."""
     if path.is_dir():
-        return (path / "context.json").is_file() or any(p.is_dir() for p in path.iterdir())
+        return (path / "context.json").is_file() or any(
+            c.is_dir() and any(f.is_file() for f in c.iterdir()) for c in path.iterdir())
     return path.name.endswith((".tar.gz", ".tgz"))
 
 
@@ -161,7 +164,13 @@ def diagnose_inputs(paths: Iterable[str | Path] = (), text: str = "") -> list[Ra
     texts = [text] if text.strip() else []
     for p in paths:
         if is_bundle(p):
-            results.append(diagnose_bundle(read_bundle(p)))
+            try:
+                results.append(diagnose_bundle(read_bundle(p)))
+            except tarfile.TarError as exc:
+                raise ValueError(f"{p} is not a diagnose archive ({exc}) (fix: pass the diagnose-*.tar.gz that "
+                                 f"`python -m runbook diagnose` wrote, its folder, or a plain log)") from None
+        elif p.is_dir():                       # a folder of plain logs: every file in it
+            texts += [f.read_text(encoding="utf-8", errors="replace") for f in sorted(p.rglob("*")) if f.is_file()]
         else:
             texts.append(p.read_text(encoding="utf-8", errors="replace"))
     if texts:

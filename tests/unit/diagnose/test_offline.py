@@ -165,3 +165,15 @@ def test_cli_offline_log_text_and_accuracy(tmp_path, capsys):
 
 def test_every_entry_is_in_the_catalogue_order():
     assert len({e.id for e in ENTRIES}) == len(ENTRIES) >= 45
+
+
+def test_a_folder_of_plain_logs_and_a_broken_archive(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "head.log").write_text("INFO fine\n")
+    (logs / "worker.log").write_text("sh: 1: ray: not found\n")
+    assert [r.id for r in diagnose_inputs([logs])][:1] == ["ray-missing"]
+    bad = tmp_path / "diagnose-x.tar.gz"
+    bad.write_bytes(b"not a tar")
+    with pytest.raises(ValueError, match="is not a diagnose archive"):
+        diagnose_inputs([bad])
