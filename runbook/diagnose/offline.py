@@ -40,7 +40,7 @@ class Ranked:
     score: int
     confidence: str                      # high | medium | low
     lines: list[str] = field(default_factory=list)     # the log lines (or findings' evidence) that matched
-    cues: list[str] = field(default_factory=list)      # the symptom cues that held
+    cues: list[str] = field(default_factory=list)      # the reporter's words that matched a symptom cue
     fix: str = ""                                       # the fix with the bundle's values filled (else the entry's)
 
     @property
@@ -60,7 +60,7 @@ class Ranked:
             out.append("   matched lines:")
             out += [f"     {l[:300]}" for l in self.lines[:5]]
         if self.cues:
-            out.append(f"   symptom cues: {len(self.cues)} of {len(e.words)}")
+            out.append(f"   symptom cues ({len(self.cues)} of {len(e.words)}): " + ", ".join(f'"{c}"' for c in self.cues))
         out += [f"   cause: {e.cause}", f"   fix:   {self.fix or e.fix}", f"   source: {e.source}"]
         return "\n".join(out)
 
@@ -119,11 +119,12 @@ def diagnose_text(text: str, entries: tuple[Entry, ...] = ENTRIES) -> list[Ranke
             found[entry.id] = Ranked(entry, _line_score(entry), "high", lines)
     prose = _prose(text)
     for entry in entries:
-        cues = entry.cues(prose)
+        hits = entry.cues(prose)
+        cues = list(hits.values())
         if entry.id in found:
             found[entry.id].cues = cues
             found[entry.id].score += len(cues)
-        elif len(cues) >= MIN_CUES and entry.words[0] in cues:
+        elif len(cues) >= MIN_CUES and 0 in hits:
             found[entry.id] = Ranked(entry, len(cues), "medium" if len(cues) >= 3 else "low", cues=cues)
     return _rank(found, entries)
 

@@ -49,9 +49,15 @@ class Entry:
         """The lines of ``text`` that one of :attr:`lines` matches (at most ``limit``)."""
         return [l for l in lines_matching(text, _compiled(self.lines), limit)] if self.lines else []
 
-    def cues(self, prose: str) -> list[str]:
-        """The :attr:`words` cues that hold in ``prose`` (lower-cased, whitespace folded)."""
-        return [w for w, rx in zip(self.words, _compiled_each(self.words)) if rx.search(prose)]
+    def cues(self, prose: str) -> dict[int, str]:
+        """The :attr:`words` cues that hold in ``prose`` (lower-cased, whitespace folded): cue index -> the
+        words that matched it (index 0 is the anchor)."""
+        out = {}
+        for i, rx in enumerate(_compiled_each(self.words)):
+            m = rx.search(prose)
+            if m:
+                out[i] = m.group(0).strip()
+        return out
 
 
 _CACHE: dict[tuple[str, ...], re.Pattern] = {}
