@@ -112,7 +112,7 @@ def diagnose_text(text: str, entries: tuple[Entry, ...] = ENTRIES) -> list[Ranke
         r = found.setdefault(f.id, Ranked(entry, _line_score(entry), "high"))
         r.lines += [e.split(": ", 1)[-1] for e in f.evidence if e not in r.lines]
     for entry in entries:
-        if entry.id in found:
+        if entry.id in found or entry.signature is None:     # no signature: match() read its lines already
             continue
         lines = entry.line_hits(text, 5)
         if lines:

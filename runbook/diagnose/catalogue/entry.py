@@ -47,7 +47,12 @@ class Entry:
 
     def line_hits(self, text: str, limit: int = 3) -> list[str]:
         """The lines of ``text`` that one of :attr:`lines` matches (at most ``limit``)."""
-        return [l for l in lines_matching(text, _compiled(self.lines), limit)] if self.lines else []
+        if not self.lines:
+            return []
+        rx = _compiled(self.lines)
+        if not rx.search(text):             # one pass over the whole text rejects most logs (MULTILINE: ^ is a line start)
+            return []
+        return lines_matching(text, rx, limit)
 
     def cues(self, prose: str) -> dict[int, str]:
         """The :attr:`words` cues that hold in ``prose`` (lower-cased, whitespace folded): cue index -> the
@@ -66,7 +71,7 @@ _CACHE_EACH: dict[tuple[str, ...], list[re.Pattern]] = {}
 
 def _compiled(patterns: tuple[str, ...]) -> re.Pattern:
     if patterns not in _CACHE:
-        _CACHE[patterns] = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
+        _CACHE[patterns] = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE | re.MULTILINE)
     return _CACHE[patterns]
 
 
@@ -84,7 +89,8 @@ def line_signature(entry: "Entry", b: B.Bundle) -> list[Hit]:
     """The signature of an entry recognised by its own log lines: one hit per node whose logs hold one."""
     hits = []
     for node in [*b.nodes, B.LOCAL]:
-        ev = [f"{node}: {l}" for name in LINE_TEXTS for l in entry.line_hits(b.text(node, name), 2)]
+        texts = list(dict.fromkeys(b.text(node, name) for name in LINE_TEXTS))     # each distinct text once
+        ev = [f"{node}: {l}" for text in texts for l in entry.line_hits(text, 2)]
         if ev:
             hits.append(Hit(node, ev[:4]))
     return hits
