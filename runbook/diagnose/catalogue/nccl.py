@@ -87,7 +87,7 @@ NCCL_IB_NO_DEVICE = Entry(
     signature=_sig_ib_no_device, source="anchors-2026-12 #4",
     lab="none: no RoCE device in the lab (fixture follows NCCL's log format)",
     lines=(r"NET/IB : No device found",),
-    words=(r"net/socket|using network socket|sockets? (instead|transport)|over tcp|falls? back|fallen back|no device found|ib_disable|/dev/infiniband",
+    words=(r"net/socket|using network socket|sockets? (instead|transport)|over tcp|f[ae]ll(s|en)? back|no device found|ib_disable|/dev/infiniband",
            r"nccl|all_?reduce|busbw|nccl-tests",
            r"slow|half|\d+ ?gb/s|low (bandwidth|busbw)|instead of (rdma|roce|ib)",))
 
