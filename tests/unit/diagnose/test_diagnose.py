@@ -406,3 +406,14 @@ def test_the_api_proof_uses_the_address_the_api_binds(api_host, url):
 def test_context_from_the_lab_profile_carries_the_api_bind_address():
     ctx = Context.from_profile(load_profile(ROOT / "env" / "lab.env"))
     assert ctx.api_host and ctx.api_url.endswith(f":{ctx.port}")
+
+
+def test_every_lab_test_an_entry_names_exists():
+    """An entry's lab injection that names a lab test points at a real test function."""
+    named = [(e.id, e.lab.split()[0]) for e in ENTRIES if e.lab.startswith("tests/lab/")]
+    assert named
+    for eid, ref in named:
+        path, _, func = ref.partition("::")
+        assert f"def {func}(" in (ROOT / path).read_text(), f"{eid}: {ref} does not exist"
+    captured = {e.lab.split()[1] for e in ENTRIES if e.lab.startswith("capture_netns ")}
+    assert captured and captured <= set(EXPECTED), captured - set(EXPECTED)
