@@ -54,9 +54,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from .profile import load_profile
+    from .profile import executing_keys_changed, load_profile
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     print(json.dumps(profile.redacted(), indent=2, default=str))
+    changed = executing_keys_changed(profile)
+    if changed:     # the profile is code: what runs or is fetched differs from the shipped recipe
+        print(f"\nreview: {len(changed)} key(s) that execute or fetch differ from env/{profile.recipe}.env:",
+              file=sys.stderr)
+        for key, value, shipped in changed:
+            print(f"  {key}={value}   (shipped: {shipped or '(empty)'})", file=sys.stderr)
     print(f"\n{args.profile}: valid", file=sys.stderr)
     return 0
 

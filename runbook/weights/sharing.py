@@ -25,7 +25,7 @@ from ..checks import Check, Status, check, not_applicable
 from ..errors import RemoteError, RunbookError
 from ..facts import system
 from . import node_download, verify_manifest
-from .download import fetched_check, hf_token_from_env, require_pinned, verify_checks
+from .download import fetched_check, hf_token, require_pinned, verify_checks
 from .node_paths import node_user, on_node
 from .verify import manifest_to_expected, parity
 from .verify_manifest import MANIFEST_NAME
@@ -214,7 +214,7 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
     dest = on_node(node, dest)
     tree = node_download.tree_dir(layout, dest, repo, revision)
     tools = ship_tools(node)
-    token = token or hf_token_from_env()
+    token = hf_token() if token is None else (token or None)     # "": none (a foreign HF_ENDPOINT)
     token_file = ""
     if token:
         token_file = posixpath.join(REMOTE_TOOLS, f".tok-{uuid.uuid4().hex[:8]}")
