@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .errors import RunbookError
+from .errors import ExitStatus, RunbookError, UsageError
 
 DEFAULT_PROFILE = "env/lab.env"
 
@@ -16,7 +16,7 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise RunbookError(f"override {pair!r} is not KEY=VALUE", fix="write -p MAX_MODEL_LEN=4096")
+            raise UsageError(f"override {pair!r} is not KEY=VALUE", fix="write -p MAX_MODEL_LEN=4096")
         key, value = pair.split("=", 1)
         out[key.strip()] = value
     return out
@@ -49,8 +49,8 @@ def cmd_run(args) -> int:
         print(f"first failure: {failed[0].name}\n{failed[0].error}\n"
               f"resume after fixing: python -m runbook run --profile {args.profile} --resume {run_dir.run_id}",
               file=sys.stderr)
-        return 1
-    return 0
+        return failed[0].exit or ExitStatus.FAILED      # the failing step's class (checks, action, remote, ...)
+    return ExitStatus.OK
 
 
 def cmd_validate(args) -> int:
@@ -64,7 +64,7 @@ def cmd_validate(args) -> int:
         for key, value, shipped in changed:
             print(f"  {key}={value}   (shipped: {shipped or '(empty)'})", file=sys.stderr)
     print(f"\n{args.profile}: valid", file=sys.stderr)
-    return 0
+    return ExitStatus.OK
 
 
 def cmd_lab(args) -> int:
@@ -80,7 +80,7 @@ def cmd_lab(args) -> int:
         print("lab down")
     else:
         print(json.dumps(netlab.status(lab_dir), indent=2, default=str))
-    return 0
+    return ExitStatus.OK
 
 
 def _server_profile_args(parser) -> None:
@@ -117,7 +117,7 @@ def cmd_start(args) -> int:
         image_checks = image.ensure_image(cluster, profile)
         if image_checks.failures():
             print(image_checks.to_text())
-            return 1
+            return ExitStatus.FAILED
         plan = render_plan(cluster, profile)
         result = server.start(cluster, profile, plan, raise_on_failure=False)
     print(result.checks.to_text())
@@ -145,7 +145,7 @@ def cmd_diagnose(args) -> int:
     for finding in findings:
         print(finding.to_text() + "\n")
     print(f"{len(findings)} known failure(s) matched; bundle: {archive}")
-    return 1 if findings else 0
+    return ExitStatus.FAILED if findings else ExitStatus.OK
 
 
 def cmd_watch(args) -> int:
@@ -166,7 +166,7 @@ def cmd_watch(args) -> int:
         dog.stop()
     row = dog.check()
     print(f"{row.status.value}: {row.observed}")
-    return 1 if dog.alerts else 0
+    return ExitStatus.FAILED if dog.alerts else ExitStatus.OK
 
 
 def cmd_stop(args) -> int:
@@ -175,25 +175,33 @@ def cmd_stop(args) -> int:
     with cluster:
         result = stop.stop(cluster, profile, nodes=[args.node] if args.node else None)
     print(result.checks.to_text())
-    return 0 if result.ok else 4
+    return ExitStatus.OK if result.ok else ExitStatus.ACTION_FAILED
 
 
 def cmd_status(args) -> int:
+    """Both ranks and the API. Exit 0 when the server is up (every rank running, /health 200), 10 when not."""
     from .launch import status
     profile, cluster = _server_cluster(args)
     with cluster:
-        print(json.dumps(status.status(cluster, profile), indent=2, default=str))
-    return 0
+        state = status.status(cluster, profile)
+    print(json.dumps(state, indent=2, default=str))
+    return ExitStatus.OK if status.is_up(state) else ExitStatus.SERVER_DOWN
 
 
 def cmd_logs(args) -> int:
-    from .launch import status
+    """The log tails. Exit 0 when every rank shown is running, 10 when one is not (its log is still shown)."""
+    from .launch import ranks, status
     profile, cluster = _server_cluster(args)
+    down = []
     with cluster:
         for node in ([args.node] if args.node else [n.name for n in cluster.nodes]):
             print(f"==> {node} <==")
             print(status.logs(cluster, profile, node, tail_lines=args.tail))
-    return 0
+            if not ranks.rank_state(cluster[node], profile).running:
+                down.append(node)
+    if down:
+        print(f"not running: {', '.join(down)}", file=sys.stderr)
+    return ExitStatus.SERVER_DOWN if down else ExitStatus.OK
 
 
 def cmd_report(args) -> int:
@@ -212,7 +220,7 @@ def cmd_report(args) -> int:
         print(f"MISMATCH {f.key}: recomputed {f.value} != recorded {f.recorded} ({f.source})", file=sys.stderr)
     for note in model.notes:
         print(f"note: {note}", file=sys.stderr)
-    return 1 if bad else 0
+    return ExitStatus.FAILED if bad else ExitStatus.OK
 
 
 def cmd_bench(argv: list[str]) -> int:
@@ -300,10 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "bench":
             return cmd_bench(argv[1:])
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        return int(args.func(args))
     except RunbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return int(exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return ExitStatus.INTERRUPTED

@@ -7,6 +7,7 @@ failing step.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -17,7 +18,7 @@ from typing import Callable
 from . import launch, weights
 from .checks import check
 from .launch import health
-from .errors import RunbookError
+from .errors import ExitStatus, RunbookError, UsageError, exit_status_of
 from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
 from .profile import load_profile
 from .remote import Cluster
@@ -33,6 +34,7 @@ class StepOutcome:
     status: str          # passed | failed | skipped
     seconds: float
     error: str = ""
+    exit: int = 0        # the failing step's class (ExitStatus: checks, action, remote, bench, lab failed)
 
 
 def select_steps(steps: list[str], *, start: str = "", stop: str = "", only: list[str] | None = None) -> list[str]:
@@ -40,7 +42,7 @@ def select_steps(steps: list[str], *, start: str = "", stop: str = "", only: lis
         for i, name in enumerate(steps):
             if name == token or name.split("_", 1)[0] == token or name.split("_", 1)[-1] == token:
                 return i
-        raise RunbookError(f"unknown step {token!r}", expected=", ".join(steps),
+        raise UsageError(f"unknown step {token!r}", expected=", ".join(steps),
                            fix="name a step by its number (01), name (network) or file stem (01_network)")
     if only:
         return [steps[find(t)] for t in only]
@@ -187,10 +189,10 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
                             cwd=str(REPO_ROOT), execution_timeout=step_timeout, log_output=True,
                             progress_bar=False, report_mode=False)
     except PapermillExecutionError as exc:
-        status, exit_code = "failed", 1
+        status, exit_code = "failed", int(exit_status_of(exc.ename))
         error = f"{exc.ename}: {exc.evalue}".strip()
     except Exception as exc:  # kernel death, timeouts, missing kernel: still archive what ran
-        status, exit_code = "failed", 2
+        status, exit_code = "failed", int(ExitStatus.FAILED)
         error = f"{type(exc).__name__}: {exc}"
     finally:
         run_dir.redactor.add_current()      # a key the step generated (API_HOST beyond loopback) is masked too
@@ -208,7 +210,7 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
     run_dir.record_step(name, status=status, end=time.time(), seconds=round(seconds, 2),
                         exit=exit_code, error=run_dir.redactor.redact(error))
     echo(f"--- {name}: {status} in {seconds:.1f} s" + (f"\n{run_dir.redactor.redact(error)}" if error else ""))
-    return StepOutcome(name, status, seconds, error)
+    return StepOutcome(name, status, seconds, error, exit_code)
 
 
 SERVER_STEPS_FROM = "04"    # from the launch on, a failure is explained by the server's and fabric's state
@@ -241,13 +243,24 @@ def write_failure_sidecar(run_dir: RunDir, name: str, error: str, *, profile_pat
 
 
 def _resolve_run(resume: str, results_root: Path | None) -> Path:
-    candidate = Path(resume)
-    if candidate.is_dir():
-        return candidate
-    candidate = (results_root or RESULTS_ROOT) / resume
-    if candidate.is_dir():
-        return candidate
-    raise RunbookError(f"no run {resume!r} to resume", fix="give a run id listed under results/")
+    """The run folder to resume: a folder directly under the results root that the runbook made (its manifest
+    names it). Anything else is refused before it is read, written or scrubbed."""
+    root = (results_root or RESULTS_ROOT).resolve()
+    given = Path(resume)
+    candidate = (given if given.is_absolute() or given.parent != Path(".") else root / given).resolve()
+    if candidate.parent != root:
+        raise UsageError(f"--resume {resume!r} is not a run folder under {root}",
+                         fix="give a run id listed under results/ (the runbook resumes only the folders it made)")
+    try:
+        manifest = json.loads((candidate / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if not candidate.is_dir() or not isinstance(manifest, dict) or manifest.get("run_id") != candidate.name \
+            or "version" not in manifest or candidate.is_symlink():
+        raise UsageError(f"no run {resume!r} to resume under {root}",
+                         observed="no folder" if not candidate.is_dir() else "no manifest.json the runbook wrote",
+                         fix="give a run id listed under results/")
+    return candidate
 
 
 def _repo_relative(path: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,96 @@ def test_redactor_keeps_ordinary_words():
     red = Redactor([KEY])
     text = "max_tokens: 128, prompt_tokens=5, Basic checks passed, tokens=3 https://github.com/a/b"
     assert red(text) == text
+
+
+# ----------------------------------------------------------------------------- exit codes
+
+def _readme_exit_table() -> dict[int, str]:
+    text = (REPO / "README.md").read_text()
+    start = text.index("Exit codes of `python -m runbook`")
+    rows = {}
+    for line in text[start:].splitlines()[1:]:
+        m = re.match(r"\|\s*(\d+)\s*\|\s*`(\w+)`\s*\|", line)
+        if m:
+            rows[int(m.group(1))] = m.group(2)
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def test_readme_exit_code_table_matches_the_enum():
+    from runbook.errors import ExitStatus
+    table = _readme_exit_table()
+    assert len(table) >= 10
+    assert table == {int(s): s.name for s in ExitStatus}
+
+
+def test_error_classes_exit_with_their_status():
+    from runbook.errors import (ActionError, BenchError, BusyError, CheckFailed, ExitStatus, LabError,
+                                ProfileError, RemoteError, UsageError, exit_status_of)
+    assert {c.__name__: exit_status_of(c.__name__) for c in (ActionError, BenchError, BusyError, CheckFailed,
+                                                             LabError, ProfileError, RemoteError, UsageError)} == {
+        "ActionError": ExitStatus.ACTION_FAILED, "BenchError": ExitStatus.BENCH_FAILED, "BusyError": ExitStatus.BUSY,
+        "CheckFailed": ExitStatus.CHECKS_FAILED, "LabError": ExitStatus.LAB_FAILED,
+        "ProfileError": ExitStatus.INVALID, "RemoteError": ExitStatus.REMOTE_FAILED, "UsageError": ExitStatus.INVALID}
+    assert exit_status_of("SecretsError") == ExitStatus.INVALID          # a subclass, found by name
+    assert exit_status_of("ZeroDivisionError") == ExitStatus.FAILED
+
+
+def test_a_bad_override_exits_2():
+    from runbook.cli import main
+    assert main(["validate", "--profile", str(EXL3), "-p", "PORT"]) == 2
+    assert main(["validate", "--profile", str(EXL3), "-p", "PORT=x"]) == 2
+
+
+@pytest.mark.parametrize("ename,code", [("CheckFailed", 5), ("ActionError", 4), ("RemoteError", 8),
+                                        ("BenchError", 6), ("LabError", 7), ("KeyError", 1)])
+def test_a_failed_step_records_its_class(tmp_path, monkeypatch, ename, code):
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+    from runbook import runner
+    from runbook.evidence import RunDir
+
+    def fails(src, dst, **kw):
+        Path(dst).write_text("{}")
+        raise PapermillExecutionError(0, 1, "x", ename, "it failed", [])
+    monkeypatch.setattr(pm, "execute_notebook", fails)
+    monkeypatch.setattr(runner, "write_failure_sidecar", lambda *a, **k: None)
+    run = RunDir.create("lab", tmp_path)
+    nb = tmp_path / "nb"
+    nb.mkdir()
+    (nb / "05_smoke.ipynb").write_text("{}")
+    out = runner.execute_step("05_smoke", run, profile_path="env/lab.env", dry_run=True, overrides=None,
+                              kernel="runbook", step_timeout=10, notebooks_dir=nb, echo=lambda s: None)
+    assert (out.status, out.exit) == ("failed", code)
+    assert run.manifest()["steps"]["05_smoke"]["exit"] == code
+
+
+def test_run_exits_with_the_failing_steps_class(monkeypatch, capsys):
+    from runbook import cli, runner
+
+    class Done:
+        run_id, path = "r1", Path("/tmp/r1")
+    monkeypatch.setattr(runner, "run", lambda *a, **k: (Done, [runner.StepOutcome("00_preflight", "passed", 1),
+                                                               runner.StepOutcome("01_network", "failed", 1, "x", 5)]))
+    assert cli.main(["run", "--profile", str(REPO / "env" / "lab.env"), "--no-lab"]) == 5
+
+
+# ----------------------------------------------------------------------------- --resume
+
+def test_resume_accepts_only_run_folders_the_runbook_made(tmp_path):
+    from runbook.errors import UsageError
+    from runbook.evidence import RunDir
+    from runbook.runner import _resolve_run
+    results = tmp_path / "results"
+    made = RunDir.create("lab", results)
+    assert _resolve_run(made.run_id, results) == made.path.resolve()
+    assert _resolve_run(str(made.path), results) == made.path.resolve()
+    elsewhere = RunDir.create("lab", tmp_path / "elsewhere")              # a real run, not under results/
+    forged = results / "forged"
+    forged.mkdir()
+    (forged / "manifest.json").write_text('{"steps": {}}')               # not written by the runbook
+    for bad in (str(elsewhere.path), "forged", "../elsewhere/" + elsewhere.run_id, "missing", str(tmp_path)):
+        with pytest.raises(UsageError) as ei:
+            _resolve_run(bad, results)
+        assert ei.value.exit_code == 2
