@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from .errors import ExitStatus, RunbookError, UsageError
@@ -142,6 +143,8 @@ def cmd_diagnose(args) -> int:
     with cluster:
         plan = render_plan(cluster, profile)
         archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
+    if not args.run:      # its own folder: finished (an existing run's status is that run's)
+        run.update_manifest(status="passed", finished=time.time(), mode="diagnose")
     for finding in findings:
         print(finding.to_text() + "\n")
     print(f"{len(findings)} known failure(s) matched; bundle: {archive}")

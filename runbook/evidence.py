@@ -84,6 +84,12 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_redacted(path: Path, text: str, redactor: Redactor | None = None) -> Path:
+    """The one writer of evidence text outside :class:`RunDir` (network raw files, bench outputs): every secret
+    masked (``redactor``, else the process-wide one), then :func:`atomic_write`."""
+    return atomic_write(Path(path), (redactor or default_redactor()).redact(text))
+
+
 class RunDir:
     """One run's evidence folder."""
 

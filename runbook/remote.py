@@ -50,6 +50,21 @@ def quote(*parts: Any) -> str:
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 
+def private_dir_command(*dirs: str) -> str:
+    """Shell that makes each directory (a parent before its child) private to the remote user before a tool is
+    shipped into it: created with umask 077, refused when it is a symlink or owned by another user (another local
+    user could otherwise swap a script that then runs as the runbook's user), then chmod 700."""
+    checks = []
+    for d in dirs:
+        q = quote(d)
+        checks.append(f"if [ -L {q} ]; then echo \"spark-runbook: {d} is a symlink; refusing to use it\" >&2; exit 1; "
+                      f"fi; mkdir -p -- {q} && [ -d {q} ] || exit 1; "
+                      f"if [ \"$(stat -c %u -- {q})\" != \"$(id -u)\" ]; then echo \"spark-runbook: {d} belongs to uid "
+                      f"$(stat -c %u -- {q}), not to $(id -un); remove it or use another path\" >&2; exit 1; fi; "
+                      f"chmod 700 -- {q} || exit 1")
+    return "umask 077; " + "; ".join(checks)
+
+
 def tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join((text or "").rstrip().splitlines()[-lines:])
 

@@ -8,6 +8,7 @@ failing step.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -184,6 +185,9 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
     scratch = Path(tempfile.mkdtemp(prefix=f"runbook-{name}-"))
     scratch_nb = scratch / f"{name}.ipynb"
     status, error, exit_code = "passed", "", 0
+    # papermill streams each cell's output through its logger (log_output): masked before any handler sees it
+    streamed = RedactingFilter(run_dir.redactor)
+    logging.getLogger("papermill").addFilter(streamed)
     try:
         pm.execute_notebook(str(source), str(scratch_nb), parameters=parameters, kernel_name=kernel,
                             cwd=str(REPO_ROOT), execution_timeout=step_timeout, log_output=True,
@@ -195,6 +199,7 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
         status, exit_code = "failed", int(ExitStatus.FAILED)
         error = f"{type(exc).__name__}: {exc}"
     finally:
+        logging.getLogger("papermill").removeFilter(streamed)
         run_dir.redactor.add_current()      # a key the step generated (API_HOST beyond loopback) is masked too
         if scratch_nb.exists():
             scrub_tree(scratch, run_dir.redactor)
@@ -211,6 +216,26 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
                         exit=exit_code, error=run_dir.redactor.redact(error))
     echo(f"--- {name}: {status} in {seconds:.1f} s" + (f"\n{run_dir.redactor.redact(error)}" if error else ""))
     return StepOutcome(name, status, seconds, error, exit_code)
+
+
+class RedactingFilter(logging.Filter):
+    """Masks every record of a logger with the run's redactor (the streamed cell output of a step). A key the step
+    generates into the secrets file is picked up within a second (``Redactor.add_current``)."""
+
+    def __init__(self, redactor, refresh_s: float = 1.0):
+        super().__init__()
+        self.redactor, self.refresh_s, self._next = redactor, refresh_s, 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.refresh_s
+            try:
+                self.redactor.add_current()
+            except Exception:  # noqa: BLE001 - a refused secrets file: its values were never loaded, nothing to mask
+                pass
+        record.msg, record.args = self.redactor.redact(record.getMessage()), None
+        return True
 
 
 SERVER_STEPS_FROM = "04"    # from the launch on, a failure is explained by the server's and fabric's state

@@ -24,13 +24,14 @@ from typing import Any
 from ..checks import Check, Status, check, not_applicable
 from ..errors import RemoteError, RunbookError
 from ..facts import system
+from ..remote import private_dir_command
 from . import node_download, verify_manifest
 from .download import fetched_check, hf_token, require_pinned, verify_checks
 from .node_paths import node_user, on_node
 from .verify import manifest_to_expected, parity
 from .verify_manifest import MANIFEST_NAME
 
-REMOTE_TOOLS = "/tmp/spark-runbook-weights"
+REMOTE_TOOLS = "/tmp/spark-runbook-weights"     # made private (0700, ours) before anything is put there
 NFS_EXPORT_OPTS = "ro,sync,no_subtree_check,root_squash"
 NFS_MOUNT_OPTS = "vers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
 EXPORTS_DIR = "/etc/exports.d"
@@ -55,8 +56,9 @@ def _q(value: Any) -> str:
 # shipping the verifier / downloader and reading manifests on a node
 
 def ship_tools(node, remote_dir: str = REMOTE_TOOLS) -> dict[str, str]:
-    """Copy ``verify_manifest.py`` and ``node_download.py`` to the node. Returns remote paths."""
-    node.run(f"mkdir -p {_q(remote_dir)}", timeout=30)
+    """Copy ``verify_manifest.py`` and ``node_download.py`` to the node's private (0700, owner-checked) tools dir.
+    Returns remote paths."""
+    node.run(private_dir_command(remote_dir), timeout=30)
     out = {}
     for mod in (verify_manifest, node_download):
         name = Path(mod.__file__).name

@@ -225,3 +225,39 @@ def test_resume_accepts_only_run_folders_the_runbook_made(tmp_path):
         with pytest.raises(UsageError) as ei:
             _resolve_run(bad, results)
         assert ei.value.exit_code == 2
+
+
+# ----------------------------------------------------------------------------- private tool directories
+
+def _sh(cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=20)
+
+
+def test_private_tool_dir_is_made_0700_and_ours(tmp_path):
+    from runbook.remote import private_dir_command
+    top, sub = tmp_path / "spark-runbook-engram", tmp_path / "spark-runbook-engram" / "head"
+    (tmp_path / "spark-runbook-engram").mkdir(mode=0o777)
+    os.chmod(top, 0o777)                                   # pre-existing and world-writable: tightened
+    r = _sh(private_dir_command(str(top), str(sub)))
+    assert r.returncode == 0, r.stderr
+    assert [oct(os.stat(p).st_mode & 0o777) for p in (top, sub)] == ["0o700", "0o700"]
+
+
+def test_private_tool_dir_refuses_a_symlink(tmp_path):
+    from runbook.remote import private_dir_command
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "spark-runbook-weights"
+    link.symlink_to(tmp_path / "elsewhere")
+    r = _sh(private_dir_command(str(link)))
+    assert r.returncode == 1 and "is a symlink" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_private_tool_dir_refuses_another_users_dir(tmp_path):
+    from runbook.remote import private_dir_command
+    planted = tmp_path / "spark-runbook-weights"
+    planted.mkdir()
+    os.chown(planted, 65534, 65534)
+    r = _sh(private_dir_command(str(planted), str(planted / "head")))
+    assert r.returncode == 1 and "belongs to uid 65534" in r.stderr
+    assert not (planted / "head").exists()
