@@ -23,6 +23,10 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def _lab_dir(args) -> Path:
     from .lab import netlab
     return Path(args.lab_dir) if getattr(args, "lab_dir", None) else netlab.default_lab_dir()
@@ -111,10 +115,11 @@ def cmd_start(args) -> int:
     from .errors import ALREADY_RUNNING
     from .launch import exposure, image, server
     from .launch.plan import render_plan
+    from .remote import ClusterLock
     profile, cluster = _server_cluster(args)
-    key_row = exposure.ensure_api_key(profile)      # a bind beyond loopback gets a key before the plan renders
-    print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
-    with cluster:
+    with cluster, ClusterLock(cluster.head, command="start", echo=_say):
+        key_row = exposure.ensure_api_key(profile)      # a bind beyond loopback gets a key before the plan renders
+        print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
         image_checks = image.ensure_image(cluster, profile)
         if image_checks.failures():
             print(image_checks.to_text())
@@ -135,16 +140,22 @@ def cmd_diagnose(args) -> int:
     from .evidence import RESULTS_ROOT, RunDir
     from .launch import diagnosis
     from .launch.plan import render_plan
+    from .remote import ClusterLock
     from .secrets import redactor_from_env
+    from .runner import run_folder
     profile, cluster = _server_cluster(args)
     redactor = redactor_from_env()
-    run = RunDir(RESULTS_ROOT / args.run, redactor) if args.run else RunDir.create(profile.profile_name,
-                                                                                   RESULTS_ROOT, redactor)
-    with cluster:
-        plan = render_plan(cluster, profile)
-        archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
-    if not args.run:      # its own folder: finished (an existing run's status is that run's)
-        run.update_manifest(status="passed", finished=time.time(), mode="diagnose")
+    with cluster, ClusterLock(cluster.head, command="diagnose", echo=_say):
+        run = RunDir(run_folder(args.run, RESULTS_ROOT), redactor) if args.run else \
+            RunDir.create(profile.profile_name, RESULTS_ROOT, redactor)
+        status = "failed"
+        try:
+            plan = render_plan(cluster, profile)
+            archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
+            status = "passed"
+        finally:
+            if not args.run:      # its own folder: finished (an existing run's status is that run's)
+                run.update_manifest(status=status, finished=time.time(), mode="diagnose")
     for finding in findings:
         print(finding.to_text() + "\n")
     print(f"{len(findings)} known failure(s) matched; bundle: {archive}")
@@ -174,8 +185,9 @@ def cmd_watch(args) -> int:
 
 def cmd_stop(args) -> int:
     from .launch import stop
+    from .remote import ClusterLock
     profile, cluster = _server_cluster(args)
-    with cluster:
+    with cluster, ClusterLock(cluster.head, command="stop", echo=_say):
         result = stop.stop(cluster, profile, nodes=[args.node] if args.node else None)
     print(result.checks.to_text())
     return ExitStatus.OK if result.ok else ExitStatus.ACTION_FAILED

@@ -22,7 +22,7 @@ from .launch import health
 from .errors import ExitStatus, RunbookError, UsageError, exit_status_of
 from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
 from .profile import load_profile
-from .remote import Cluster
+from .remote import Cluster, ClusterLock
 from .secrets import redactor_from_env
 
 KERNEL_NAME = "runbook"
@@ -88,53 +88,63 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
         lab_up(profile)
 
-    # 3. the run folder (new, or an earlier one to resume)
-    if resume:
-        run_dir = RunDir(_resolve_run(resume, results_root), redactor)
-        done = {name for name, entry in run_dir.manifest().get("steps", {}).items()
-                if entry.get("status") == "passed"}
-        gone = first_state_gone(profile, run_dir, sorted(done), dry_run=dry_run)
-        if gone:
-            name, why = gone
-            echo(f"resuming {run_dir.run_id}: {name} passed, but its state is gone ({why}): re-running from {name}")
-            steps = sorted(set(steps) | {s for s in done if s >= name})
-            done = {s for s in done if s < name}
-        steps = [s for s in steps if s not in done]
-        echo(f"resuming {run_dir.run_id}: skipping {sorted(done) or 'nothing'}")
-    else:
-        run_dir = RunDir.create(profile.profile_name, results_root or RESULTS_ROOT, redactor)
-        run_dir.write_json("profile.json", profile.redacted())
-        run_dir.write_json("provenance.json", provenance(profile))
-        if rehearsal is not None:
-            run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal})
-    run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
-                            profile_source=str(profile.source))
-    echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
-         "--step-timeout to change)")
-
-    # 4. the steps, in order, stopping at the first failure
-    outcomes: list[StepOutcome] = []
-    for name in steps:
-        outcome = execute_step(name, run_dir, profile_path=str(profile.source), dry_run=dry_run,
-                               overrides=overrides, kernel=kernel, step_timeout=step_timeout,
-                               notebooks_dir=notebooks_dir, echo=echo)
-        outcomes.append(outcome)
-        if outcome.status != "passed":
-            break
-    status = "passed" if outcomes and all(o.status == "passed" for o in outcomes) else "failed"
-    if not outcomes:
-        status = "passed" if resume else "empty"
-    run_dir.update_manifest(status=status, finished=time.time())
-    # the report page is rewritten once the run's final status is known (the 08 step wrote it
-    # while the run was still "running"); a report problem never changes the run's outcome
+    # 3. one run per cluster: the head's lock, held to the end (a dry run changes nothing and takes none)
+    lock = None if dry_run else ClusterLock.for_profile(profile, command="run" + (f" --resume {resume}" if resume
+                                                                                   else ""), echo=echo)
+    run_dir = None
     try:
-        from .report import write_report
-        path, _ = write_report(run_dir.path, results_root=run_dir.path.parent)
-        echo(f"report: {path}")
-    except Exception as exc:  # noqa: BLE001
-        echo(f"report: not written ({type(exc).__name__}: {exc})")
-    run_dir.scrub()
-    return run_dir, outcomes
+        # 4. the run folder (new, or an earlier one to resume)
+        if resume:
+            run_dir = RunDir(run_folder(resume, results_root), redactor).hold("run --resume")
+            done = {name for name, entry in run_dir.manifest().get("steps", {}).items()
+                    if entry.get("status") == "passed"}
+            gone = first_state_gone(profile, run_dir, sorted(done), dry_run=dry_run)
+            if gone:
+                name, why = gone
+                echo(f"resuming {run_dir.run_id}: {name} passed, but its state is gone ({why}): re-running from {name}")
+                steps = sorted(set(steps) | {s for s in done if s >= name})
+                done = {s for s in done if s < name}
+            steps = [s for s in steps if s not in done]
+            echo(f"resuming {run_dir.run_id}: skipping {sorted(done) or 'nothing'}")
+        else:
+            run_dir = RunDir.create(profile.profile_name, results_root or RESULTS_ROOT, redactor).hold("run")
+            run_dir.write_json("profile.json", profile.redacted())
+            run_dir.write_json("provenance.json", provenance(profile))
+            if rehearsal is not None:
+                run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal})
+        run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
+                                profile_source=str(profile.source))
+        echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
+             "--step-timeout to change)")
+
+        # 5. the steps, in order, stopping at the first failure
+        outcomes: list[StepOutcome] = []
+        for name in steps:
+            outcome = execute_step(name, run_dir, profile_path=str(profile.source), dry_run=dry_run,
+                                   overrides=overrides, kernel=kernel, step_timeout=step_timeout,
+                                   notebooks_dir=notebooks_dir, echo=echo)
+            outcomes.append(outcome)
+            if outcome.status != "passed":
+                break
+        status = "passed" if outcomes and all(o.status == "passed" for o in outcomes) else "failed"
+        if not outcomes:
+            status = "passed" if resume else "empty"
+        run_dir.update_manifest(status=status, finished=time.time())
+        # the report page is rewritten once the run's final status is known (the 08 step wrote it
+        # while the run was still "running"); a report problem never changes the run's outcome
+        try:
+            from .report import write_report
+            path, _ = write_report(run_dir.path, results_root=run_dir.path.parent)
+            echo(f"report: {path}")
+        except Exception as exc:  # noqa: BLE001
+            echo(f"report: not written ({type(exc).__name__}: {exc})")
+        run_dir.scrub()
+        return run_dir, outcomes
+    finally:
+        if run_dir is not None:
+            run_dir.release()
+        if lock is not None:
+            lock.release()
 
 
 def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bool = False
@@ -267,14 +277,14 @@ def write_failure_sidecar(run_dir: RunDir, name: str, error: str, *, profile_pat
                           "failed")
 
 
-def _resolve_run(resume: str, results_root: Path | None) -> Path:
+def run_folder(resume: str, results_root: Path | None) -> Path:
     """The run folder to resume: a folder directly under the results root that the runbook made (its manifest
     names it). Anything else is refused before it is read, written or scrubbed."""
     root = (results_root or RESULTS_ROOT).resolve()
     given = Path(resume)
     candidate = (given if given.is_absolute() or given.parent != Path(".") else root / given).resolve()
     if candidate.parent != root:
-        raise UsageError(f"--resume {resume!r} is not a run folder under {root}",
+        raise UsageError(f"{resume!r} is not a run folder under {root}",
                          fix="give a run id listed under results/ (the runbook resumes only the folders it made)")
     try:
         manifest = json.loads((candidate / "manifest.json").read_text())

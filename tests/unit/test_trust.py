@@ -212,18 +212,18 @@ def test_run_exits_with_the_failing_steps_class(monkeypatch, capsys):
 def test_resume_accepts_only_run_folders_the_runbook_made(tmp_path):
     from runbook.errors import UsageError
     from runbook.evidence import RunDir
-    from runbook.runner import _resolve_run
+    from runbook.runner import run_folder
     results = tmp_path / "results"
     made = RunDir.create("lab", results)
-    assert _resolve_run(made.run_id, results) == made.path.resolve()
-    assert _resolve_run(str(made.path), results) == made.path.resolve()
+    assert run_folder(made.run_id, results) == made.path.resolve()
+    assert run_folder(str(made.path), results) == made.path.resolve()
     elsewhere = RunDir.create("lab", tmp_path / "elsewhere")              # a real run, not under results/
     forged = results / "forged"
     forged.mkdir()
     (forged / "manifest.json").write_text('{"steps": {}}')               # not written by the runbook
     for bad in (str(elsewhere.path), "forged", "../elsewhere/" + elsewhere.run_id, "missing", str(tmp_path)):
         with pytest.raises(UsageError) as ei:
-            _resolve_run(bad, results)
+            run_folder(bad, results)
         assert ei.value.exit_code == 2
 
 
