@@ -15,7 +15,7 @@ import pytest
 from runbook.errors import BusyError, ExitStatus
 from runbook.evidence import RunDir
 from runbook.remote import LOCK_NAME, ClusterLock, append_line
-from tests.support.doubles import FakeCluster, LocalNode
+from support.doubles import FakeCluster, LocalNode
 
 
 @pytest.fixture

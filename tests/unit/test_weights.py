@@ -400,3 +400,24 @@ def test_rsync_never_copies_credential_files(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (dst / "hub" / "models--o--m" / "config.json").is_file()
     assert CREDENTIAL_FILES and not [n for n in CREDENTIAL_FILES if (dst / n).exists()]
+
+
+def test_a_gated_repo_downloads_with_the_token_only_in_the_secrets_file(repo, downloaded, tmp_path, monkeypatch):
+    """HF_TOKEN in secrets.env and not in the environment: metadata and bytes both send it (a gated repo: the hub
+    answers 401 without it); the node's command lines never show it."""
+    token = "hf_gatedSecretsFileOnly789"
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text(f"HF_TOKEN={token}\n")
+    secrets.chmod(0o600)
+    monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(secrets))
+    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2")
+    with HubServer(repo.root, token=token) as server:
+        with pytest.raises(RunbookError):
+            W.fetch_metadata(REPO, repo.sha, endpoint=server.url, token="")       # anonymous: refused
+        snap = W.fetch_metadata(REPO, repo.sha, endpoint=server.url, token=W.hf_token())
+        res = W.download_on_node(worker, REPO, repo.sha, str(tmp_path / "wd"), endpoint=server.url,
+                                 expected=snap.expected(), python=sys.executable)
+    assert res.ok, [c.to_record() for c in res.checks]
+    assert worker.commands and all(token not in c for c in worker.commands)
