@@ -528,7 +528,9 @@ def _validate_cli(path: Path, *, prefix: tuple[str, ...] = ()) -> subprocess.Com
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
 
 
-CLI_CASES = ["extra_tp", "revision_branch", "kv_dtype_unknown", "crlf_exl3", "directory", "api_key_flag"]
+CLI_CASES = ["extra_tp", "revision_branch", "kv_dtype_unknown", "crlf_exl3", "directory", "api_key_flag",
+             "weights_dir_home_dotdot", "hf_endpoint_userinfo", "bidi_rlo_in_extra_args", "api_host_not_the_head",
+             "extra_tool_parser_plugin", "image_moving_tag", "cache_equals_weights"]
 
 
 @pytest.mark.parametrize("name", CLI_CASES)

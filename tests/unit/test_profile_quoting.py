@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from runbook.diagnose.bundle import collect_commands
+from runbook.engram.read_probe import plan_probe
+from runbook.engram.step import plan_pack
 from runbook.errors import RunbookError
+from runbook.launch.checkout import checkout_probe_cmd
 from runbook.launch import render as launch_render
 from runbook.launch.render import NodeFacts
 from runbook.profile import Profile, load_profile
@@ -138,6 +142,12 @@ def _scripts(profile) -> list[tuple[str, str]]:
         out.append((f"{r.node} start_command", r.start_command()))
         if r.entry_script:
             out.append((f"{r.node} entrypoint", r.entry_script))
+    # the Engram pack and read probe (per node), what diagnose collects (per node), the checkout probe
+    out += [(f"{n} engram pack", c) for n, cmds in plan_pack(profile).items() for c in cmds]
+    out += [(f"{n} engram probe", c) for n, c in plan_probe(profile).items()]
+    out += [(f"{n} diagnose {c.name}", c.cmd) for n, cmds in collect_commands(profile).items() for c in cmds]
+    if profile.recipe_dir:
+        out.append(("checkout probe", checkout_probe_cmd(profile.recipe_dir, ["start.sh"])))
     weights = profile.weights_dir.replace("~", "/home/spark", 1) or "/w"
     for what, build in (
             ("node download", lambda: sharing.render_node_download(
