@@ -310,8 +310,9 @@ def _pid_alive(pid: int, start: str) -> bool:
 
 class ClusterLock:
     """One run per cluster: ``run``, ``start``, ``stop`` and ``diagnose`` hold a lock on the head (``~/LOCK_NAME``,
-    with pid, host, user, command and start time; never taken in a dry run, which changes nothing). A second caller gets :class:`BusyError` (exit 9) naming the
-    holder; a lock whose holder is a dead process of this machine is said to be stale and taken over.
+    with pid, host, user, command and start time; never taken in a dry run, which changes nothing). A second
+    caller gets :class:`BusyError` (exit 9) naming the holder; a lock whose holder is a dead process of this
+    machine is said to be stale and taken over.
 
         with ClusterLock(cluster.head, command="start"):
             ...
@@ -382,8 +383,8 @@ class ClusterLock:
         raise BusyError(f"the cluster is in use: another run holds the lock on {self.node.name}",
                         node=self.node.name, observed=f"~/{LOCK_NAME} held by {who}",
                         expected="one run, start, stop or diagnose at a time on these nodes",
-                        fix=f"wait for it to end; if that process is gone (another machine, a reboot), remove the lock: "
-                            f"ssh {self.node.spec.ssh} rm -rf ~/{LOCK_NAME}")
+                        fix=f"wait for it to end; if that process is gone (another machine, a reboot), remove the "
+                            f"lock: ssh {self.node.spec.ssh} rm -rf ~/{LOCK_NAME}")
 
     def release(self) -> None:
         if not self.token:

@@ -356,7 +356,8 @@ _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 Image = Str(rf"(?:[A-Za-z0-9.-]+(?::\d+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::[\w][\w.-]{{0,127}})?"
             r"(?:@sha256:[0-9a-f]{64})?", "a docker image reference (lower-case repository, :tag, @sha256:digest)",
             "ghcr.io/owner/image:tag@sha256:<64 hex>")
-ModelDir = Str(rf"(?:/|~/){_PATH_CHARS}*|{_REPO}", "an absolute path in the runtime, a ~/ path or a Hugging Face repo id",
+ModelDir = Str(rf"(?:/|~/){_PATH_CHARS}*|{_REPO}",
+               "an absolute path in the runtime, a ~/ path or a Hugging Face repo id",
                "/model or deepseek-ai/DeepSeek-V4-Flash")
 # the recipe whose start chain the containers run: a git URL (https/ssh) or, for the lab, a local path
 _RECIPE_REPO = Str(r"(?:https://|ssh://)[A-Za-z0-9._@:-]+(?:/[A-Za-z0-9._~%/+-]*)?|git@[A-Za-z0-9.-]+:"
