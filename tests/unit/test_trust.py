@@ -261,3 +261,41 @@ def test_private_tool_dir_refuses_another_users_dir(tmp_path):
     r = _sh(private_dir_command(str(planted), str(planted / "head")))
     assert r.returncode == 1 and "belongs to uid 65534" in r.stderr
     assert not (planted / "head").exists()
+
+
+# ----------------------------------------------------------------------------- status / logs say whether the server is up
+
+@pytest.mark.parametrize("state,code", [
+    ({"nodes": {"head": {"running": True}, "worker": {"running": True}}, "health": 200}, 0),
+    ({"nodes": {"head": {"running": True}, "worker": {"running": False}}, "health": 200}, 10),
+    ({"nodes": {"head": {"running": True}, "worker": {"running": True}}, "health": 0}, 10),
+    ({"nodes": {"head": {"error": "ssh: connection refused"}, "worker": {"running": True}}, "health": 0}, 10),
+    ({"nodes": {}, "health": 200}, 10),
+])
+def test_status_exit_code_says_whether_the_server_is_up(monkeypatch, capsys, state, code):
+    from runbook import cli
+    from runbook.launch import status
+    from support.doubles import FakeCluster, FakeNode
+    profile = load_profile(REPO / "env" / "lab.env", environ={})
+    monkeypatch.setattr(cli, "_server_cluster", lambda args: (profile, FakeCluster([FakeNode("head", 0),
+                                                                                    FakeNode("worker", 1)])))
+    monkeypatch.setattr(status, "status", lambda cluster, profile: state)
+    assert cli.main(["status", "--profile", "env/lab.env"]) == code
+    assert json.loads(capsys.readouterr().out) == state
+
+
+@pytest.mark.parametrize("running,code", [({"head": True, "worker": True}, 0), ({"head": True, "worker": False}, 10)])
+def test_logs_exit_code_says_whether_every_rank_runs(monkeypatch, capsys, running, code):
+    from types import SimpleNamespace
+    from runbook import cli
+    from runbook.launch import ranks, status
+    from support.doubles import FakeCluster, FakeNode
+    profile = load_profile(REPO / "env" / "lab.env", environ={})
+    monkeypatch.setattr(cli, "_server_cluster", lambda args: (profile, FakeCluster([FakeNode("head", 0),
+                                                                                    FakeNode("worker", 1)])))
+    monkeypatch.setattr(status, "logs", lambda cluster, profile, node, tail_lines: f"log of {node}")
+    monkeypatch.setattr(ranks, "rank_state", lambda node, profile: SimpleNamespace(running=running[node.name]))
+    assert cli.main(["logs", "--profile", "env/lab.env"]) == code
+    captured = capsys.readouterr()
+    assert "log of head" in captured.out and "log of worker" in captured.out
+    assert ("not running: worker" in captured.err) == (code == 10)
