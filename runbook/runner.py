@@ -19,7 +19,7 @@ from typing import Callable
 from . import launch, weights
 from .checks import check
 from .launch import health
-from .errors import ExitStatus, RunbookError, UsageError, exit_status_of
+from .errors import ExitStatus, RemoteError, RunbookError, UsageError, exit_status_of
 from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
 from .profile import load_profile
 from .remote import Cluster, ClusterLock
@@ -89,8 +89,13 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         lab_up(profile)
 
     # 3. one run per cluster: the head's lock, held to the end (a dry run changes nothing and takes none)
-    lock = None if dry_run else ClusterLock.for_profile(profile, command="run" + (f" --resume {resume}" if resume
-                                                                                   else ""), echo=echo)
+    lock = None
+    if not dry_run:
+        try:
+            lock = ClusterLock.for_profile(profile, command="run" + (f" --resume {resume}" if resume else ""),
+                                           echo=echo)
+        except RemoteError as err:        # the head does not answer: nothing can run there; 00 records why
+            echo(f"cluster lock: not taken, the head does not answer ({err.what}); the steps will say why")
     run_dir = None
     try:
         # 4. the run folder (new, or an earlier one to resume)

@@ -166,3 +166,32 @@ def test_a_torn_last_line_is_ended_before_the_next(tmp_path):
     append_line(path, json.dumps({"next": 2}))
     lines = path.read_text().splitlines()
     assert lines == ['{"whole": 1}', '{"torn": ', '{"next": 2}']
+
+
+def test_a_busy_cluster_stops_run_before_a_run_folder_or_a_step(tmp_path, monkeypatch):
+    from runbook import runner
+    from runbook.remote import ClusterLock as Lock
+    steps: list[str] = []
+
+    def busy(profile, *, command, echo):
+        assert command == "run"
+        raise BusyError("the cluster is in use: another run holds the lock on head")
+    monkeypatch.setattr(runner, "check_kernel", lambda kernel: None)
+    monkeypatch.setattr(Lock, "for_profile", staticmethod(busy))
+    monkeypatch.setattr(runner, "execute_step", lambda name, *a, **k: steps.append(name))
+    results = tmp_path / "results"
+    with pytest.raises(BusyError) as ei:
+        runner.run("env/lab.env", results_root=results, echo=lambda line: None)
+    assert ei.value.exit_code == 9 and steps == [] and not results.exists()
+
+
+def test_a_dry_run_takes_no_lock(tmp_path, monkeypatch):
+    from runbook import runner
+    from runbook.remote import ClusterLock as Lock
+    monkeypatch.setattr(runner, "check_kernel", lambda kernel: None)
+    monkeypatch.setattr(Lock, "for_profile", staticmethod(lambda *a, **k: pytest.fail("a dry run took the lock")))
+    monkeypatch.setattr(runner, "execute_step",
+                        lambda name, *a, **k: runner.StepOutcome(name, "passed", 0.0))
+    run_dir, outcomes = runner.run("env/lab.env", only=["00"], dry_run=True, results_root=tmp_path / "results",
+                                   echo=lambda line: None)
+    assert [o.name for o in outcomes] == ["00_preflight"] and run_dir.manifest()["status"] == "passed"
