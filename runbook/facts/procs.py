@@ -10,11 +10,13 @@ import re
 import shlex
 from dataclasses import dataclass
 
-#: the runbook's own processes (vLLM ranks of this user or of root, i.e. the containers) with their arguments,
-#: plus every process in uninterruptible sleep by name only (``comm``): other users' command lines stay out
+#: the processes of this user and of root (the containers' ranks, the system's own) that are vLLM's or in
+#: uninterruptible sleep, with their arguments; other users' processes only when in uninterruptible sleep, and by
+#: name only (``comm``): their command lines stay out of a bundle
 PS_CMD = ("ps -o pid,ppid,stat,wchan:32,etimes,rss,args -u \"$(id -u),0\" 2>/dev/null | "
-          "awk 'NR==1 || /vllm|VLLM|EngineCore|ray::|spark-runbook/' | grep -v ' awk ' | head -n 300; "
-          "ps -eo pid,ppid,stat,wchan:32,etimes,rss,comm 2>/dev/null | awk 'NR > 1 && $3 ~ /^D/' | head -n 100")
+          "awk 'NR==1 || $3 ~ /^D/ || /vllm|VLLM|EngineCore|ray::|spark-runbook/' | grep -v ' awk ' | head -n 300; "
+          "ps -N -u \"$(id -u),0\" -o pid,ppid,stat,wchan:32,etimes,rss,comm --no-headers 2>/dev/null | "
+          "awk '$3 ~ /^D/' | head -n 100")
 D_THREADS_CMD = ("ps -eLo pid,tid,stat,wchan:32,etimes,comm 2>/dev/null | awk 'NR==1 || $3 ~ /^D/' | "
                  "head -n 300")
 
