@@ -79,7 +79,7 @@ def gpu_probe(nbytes, iters):
     flat = w.view(-1)
     dst = torch.empty_like(flat)
     results["copy"] = _summary(timed(lambda: dst.copy_(flat)), 2 * read_bytes)
-    del dst, w, x
+    dst = w = x = None      # free the buffers before empty_cache (a del would hide them from the lambdas above for linters)
     torch.cuda.empty_cache()
     return {"device": "gpu", "name": torch.cuda.get_device_name(dev), "label": GPU_LABEL, "method": "gemv",
             "gbs": results["gemv"]["median_gbs"], "bytes": read_bytes, "l2_bytes": l2, "iters": iters,

@@ -32,7 +32,6 @@ after attention and after the MLP); tok/s = tokens per step / step time.
 from __future__ import annotations
 
 import json
-import math
 import re
 import struct
 from dataclasses import dataclass, field
