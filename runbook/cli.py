@@ -145,7 +145,7 @@ def cmd_diagnose(args) -> int:
 def cmd_watch(args) -> int:
     """The serving watchdog in the foreground over the profile's server (Ctrl-C ends it). Exit 1 if it fired."""
     import time
-    from .launch.watchdog import Watchdog
+    from .api.watchdog import Watchdog
     from .profile import load_profile
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     dog = Watchdog(profile, stall_s=args.stall).start()

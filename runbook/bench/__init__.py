@@ -11,7 +11,7 @@ Library API (also ``python -m runbook bench`` against any server)::
     res = run_benchmark(base_url, model, BenchConfig(concurrency=(1, 2, 4)), out_dir)
     results_table(res, recipe="exl3-v41", previous=prev_dir); plot_comparison(res, recipe="exl3-v41")
 """
-from .report import (
+from ..benchmark.report import (
            anchors_table,
            class_table,
            load_published,
@@ -20,8 +20,8 @@ from .report import (
            results_table,
            write_report,
 )
-from .result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
-from .runner import arun_benchmark, run_benchmark
+from ..benchmark.result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
+from ..benchmark.runner import arun_benchmark, run_benchmark
 from .step import BenchOutcome, run
 
 __all__ = [

@@ -14,10 +14,10 @@ from typing import Any
 
 from ..evidence import previous_good_run
 from ..errors import BenchError
-from .conditions import PROFILE_KEYS, SEEDS
-from .prompts import CLASSES
-from .result import BenchConfig, BenchResult
-from .runner import run_benchmark
+from ..benchmark.conditions import PROFILE_KEYS, SEEDS
+from ..api.prompts import CLASSES
+from ..benchmark.result import BenchConfig, BenchResult
+from ..benchmark.runner import run_benchmark
 
 RAW_DIR_NAME = "bench"
 CLASS_PROMPT_TOKENS = 1024
@@ -87,11 +87,11 @@ def previous_result(run_path: Path, step: str = "07_bench") -> BenchResult | Non
 def cross_check(step, server, result: BenchResult, *, enabled: bool = True, python: str = "",
                 tokenizer: str = ""):
     """The notebook's optional cell: the single-stream decode cell measured again by ``vllm bench
-    serve`` with a fresh seed (``runbook.bench.crosscheck``). Lab profiles find the lab's vLLM venv
+    serve`` with a fresh seed (``runbook.benchmark.crosscheck``). Lab profiles find the lab's vLLM venv
     and the tiny model's tokenizer; elsewhere pass ``python`` (a python with vLLM) and ``tokenizer``
     (default: the profile's HF_MODEL_REPO, fetched by vLLM)."""
     from ..checks import not_applicable
-    from . import crosscheck
+    from ..benchmark import crosscheck
     if not enabled:
         return not_applicable(crosscheck.CHECK_NAME, "vllm_cross_check=False", node="local")
     profile = step.profile
@@ -127,9 +127,8 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
         vllm_tokenizer: str = "", echo=print) -> BenchOutcome:
     """Step 07: find the server (04's, or ``base_url``), measure every cell of the profile's conditions under
     the serving watchdog, record the rows, cross-check one cell with vLLM's own client."""
-    from ..launch import watchdog
-    from ..serve import endpoint
-    from ..serve.server_info import find_server
+    from ..api import watchdog, endpoint
+    from ..api.server_info import find_server
     server = find_server(step, base_url=base_url, model=model)
     config = config_from_profile(step.profile, repeats=repeats, soak_seconds=soak_seconds)
     # a loopback-bound API is measured through the SSH forward, which costs a few % (docs/bench.md): say so

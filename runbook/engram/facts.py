@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from . import layout as L
-from .pack_partial import RECORD_BYTES
+from ..engram_tools import layout as L
+from ..engram_tools.pack_partial import RECORD_BYTES
 from .tools import node_facts, packed_of, shell_path, src_of
 
 

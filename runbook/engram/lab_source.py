@@ -69,7 +69,7 @@ def prepare_lab_source(cluster, profile, *, vocab: int | None = None, seed: int 
     here an ``rsync`` over ssh from the head to each worker's fabric address into the worker's
     node-private ENGRAM_SRC_DIR (the recipe uses an NFS export over the fabric). A marker file
     makes a re-run a NO-OP. Refuses to overwrite a dir that holds anything but its own fixture."""
-    from . import synth
+    from ..engram_tools import synth
     if not profile.is_lab:
         raise ValueError(f"prepare_lab_source is a lab fixture; RECIPE={profile.recipe} must bring the real "
                          "Engram source (02_weights)")

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
-from . import layout as L
+from ..engram_tools import layout as L
 from .facts import config_of, engram_shards
-from .pack_partial import ALIGN_ROWS, recorded_rows
+from ..engram_tools.pack_partial import ALIGN_ROWS, recorded_rows
 from .tools import node_facts, node_name, packed_of
 
 GIB, MIB = 1 << 30, 1 << 20

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..serve.server_info import ApiClient, ServerInfo
+from ..api.server_info import ApiClient, ServerInfo
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_CLI = Path(__file__).resolve().with_name("vllm_cli.py")

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnosis, exposure, image, ranks, server, status, stop
+from . import diagnosis, exposure, image, server, status, stop
+from ..facts import ranks
 from .plan import gids_from_network_sidecar, render_plan
 from .render import LaunchPlan
 

@@ -31,10 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import checkout, ranks, recipe, render
+from . import checkout, recipe, render
+from ..facts import ranks
 from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, hang_diagnostics, probe_readiness
 from .stop import stop
-from ..serve.endpoint import api_address, base_url
+from ..api.endpoint import api_address, base_url
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ALREADY_RUNNING, ActionError
 from ..facts import system, vllm_log

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ..checks import Check, check
 from ..lab import sim
 from ..remote import expand_home
-from ..weights.node_paths import node_user
+from ..facts.node_paths import node_user
 from .context import Context
 
 NCCL_TESTS_REPO = "https://github.com/NVIDIA/nccl-tests.git"

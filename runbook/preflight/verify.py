@@ -12,7 +12,7 @@ from .. import fit
 from ..facts import system
 from ..launch.image import plan_image
 from ..lab import sim
-from ..launch.ranks import RankState, rank_state
+from ..facts.ranks import RankState, rank_state
 from ..remote import Cluster, Node, node_ssh_argv, quote
 
 GIB = 1024 ** 3

@@ -10,7 +10,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from ..bench.report import plot_comparison
+from ..benchmark.report import plot_comparison
 from .model import Figure, ReportModel
 from .recompute_bench import bench_result
 
@@ -75,7 +75,7 @@ def plot_memory(profile: dict[str, list[list[float]]]) -> str:
 
 
 def plot_bench(model: ReportModel) -> str:
-    """The bench's comparison plot (runbook.bench.report) of the recomputed result ("" without a bench)."""
+    """The bench's comparison plot (runbook.benchmark.report) of the recomputed result ("" without a bench)."""
     if not model.bench.get("result"):
         return ""
     fig = plot_comparison(bench_result(model.bench["result"]), recipe=model.bench.get("recipe") or None)

@@ -33,7 +33,7 @@ from .download import (
 )
 from .layout import WeightsLayout, weights_layout
 from .node_download import LAYOUT, LAYOUTS
-from .node_paths import NodeUser, expand_home, node_user, on_node
+from ..facts.node_paths import NodeUser, expand_home, node_user, on_node
 from .sharing import (
                        ShareResult,
                        cache_dir_is_local,

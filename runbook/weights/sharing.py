@@ -26,7 +26,7 @@ from ..errors import RemoteError, RunbookError
 from ..facts import system
 from . import node_download, verify_manifest
 from .download import fetched_check, hf_token_from_env, require_pinned, verify_checks
-from .node_paths import node_user, on_node
+from ..facts.node_paths import node_user, on_node
 from .verify import manifest_to_expected, parity
 from .verify_manifest import MANIFEST_NAME
 

@@ -23,7 +23,7 @@ from ..evidence import REPO_ROOT
 from ..facts import system
 from .download import RepoSnapshot, fetch_metadata, hf_token_from_env, require_pinned
 from .layout import weights_layout
-from .node_paths import on_node
+from ..facts.node_paths import on_node
 from .sharing import (ShareResult, cache_dir_is_local, download_on_node, nfs_share, nfs_userspace_share,
                       read_node_manifest, rsync_to_worker, verify_on_node)
 from .verify import manifest_to_expected, parity

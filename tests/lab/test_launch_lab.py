@@ -16,9 +16,10 @@ import time
 
 import pytest
 
-from runbook.launch import image, ranks, server, status, stop
+from runbook.launch import image, server, status, stop
+from runbook.facts import ranks
 from runbook.launch.plan import render_plan
-from runbook.serve import endpoint
+from runbook.api import endpoint
 from runbook.errors import ActionError
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote

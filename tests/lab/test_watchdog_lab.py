@@ -9,10 +9,11 @@ import time
 import httpx
 import pytest
 
-from runbook.launch import ranks, server, stop
+from runbook.facts import ranks
+from runbook.launch import server, stop
 from runbook.launch.plan import render_plan
-from runbook.serve import endpoint
-from runbook.launch.watchdog import Watchdog
+from runbook.api import endpoint
+from runbook.api.watchdog import Watchdog
 from runbook.profile import load_profile
 from runbook.remote import Cluster
 

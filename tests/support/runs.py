@@ -15,9 +15,9 @@ import json
 import shutil
 from pathlib import Path
 
-from runbook.bench.refserver import RefConfig, serve_in_thread
-from runbook.bench.result import BenchConfig, BenchResult
-from runbook.bench.runner import run_benchmark
+from runbook.benchmark.refserver import RefConfig, serve_in_thread
+from runbook.benchmark.result import BenchConfig, BenchResult
+from runbook.benchmark.runner import run_benchmark
 from runbook.bench.step import config_from_profile
 from runbook.engram.read_probe import probe_checks
 from runbook.engram.step import record

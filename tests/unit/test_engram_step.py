@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from runbook.checks import Status
-from runbook.engram import facts, precheck, read_probe, step, synth, tools
-from runbook.engram import layout as L
+from runbook.engram import facts, precheck, read_probe, step, tools
+from runbook.engram_tools import synth
+from runbook.engram_tools import layout as L
 from support.doubles import FakeCluster
 from support.engram import tool_node
 

@@ -14,10 +14,10 @@ from support.fake_vllm import (
     make_step,
 )
 
-from runbook.serve import smoke
+from runbook.smoke import cases as smoke
 from runbook.checks import Status
 from runbook.errors import RunbookError
-from runbook.serve.server_info import (
+from runbook.api.server_info import (
     ApiClient,
     Exchange,
     ServerInfo,
@@ -28,7 +28,7 @@ from runbook.serve.server_info import (
     find_server,
     usage_problems,
 )
-from runbook.serve.smoke import (
+from runbook.smoke.cases import (
     build_prompt,
     check_answer,
     check_chat_response,

@@ -14,10 +14,10 @@ from support.fake_vllm import (
     tool_call,
 )
 
-from runbook.serve import toolcalls as tc
+from runbook.answers import toolcalls as tc
 from runbook.checks import Status
-from runbook.serve.server_info import Exchange
-from runbook.serve.toolcalls import (
+from runbook.api.server_info import Exchange
+from runbook.answers.toolcalls import (
     call_problems,
     rule_forced,
     rule_multi_turn_final,

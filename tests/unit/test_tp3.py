@@ -243,7 +243,7 @@ def test_pad_line_parsed_and_checked():
 
 def test_weights_step_shares_to_every_worker(monkeypatch):
     from runbook.checks import check
-    from runbook.weights import node_paths
+    from runbook.facts import node_paths
     from runbook.weights import step as wstep
     from runbook.weights.sharing import ShareResult
 

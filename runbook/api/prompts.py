@@ -42,7 +42,7 @@ PARAGRAPH = "\n\n"
 
 @cache
 def corpus() -> dict[str, Any]:
-    """The shipped text corpus (``runbook/bench/corpus.json``): written for this project, no downloads."""
+    """The shipped text corpus (``runbook/api/corpus.json``): written for this project, no downloads."""
     return json.loads(resources.files(__package__).joinpath("corpus.json").read_text())
 
 

@@ -38,11 +38,11 @@ from typing import Any
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import RunbookError
 from ..facts.prom import parse_prometheus
-from ..launch.watchdog import watching
-from .guards import check_refused, guard, precheck, reachable
-from .quality import run_gate
-from .recipes import LAB_REASON, RECIPES, RecipeSpec, answer_matches, recipe_spec
-from .server_info import (
+from ..api.watchdog import watching
+from ..api.guards import check_refused, guard, precheck, reachable
+from ..answers.quality import run_gate
+from ..answers.recipes import LAB_REASON, RECIPES, RecipeSpec, answer_matches, recipe_spec
+from ..api.server_info import (
     ApiClient,
     Exchange,
     archive,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import Check, check, not_applicable
-from .server_info import content_of, message_of, reasoning_of
+from ..api.server_info import content_of, message_of, reasoning_of
 
 __all__ = ["GARBLE_RULES", "Answer", "Finding", "archived_answers", "detect_garble", "garble_check"]
 

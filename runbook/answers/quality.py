@@ -1,6 +1,6 @@
 """Quality gate (after smoke, step 05): is the output *right*, not just fast?
 
-    step.add(runbook.serve.quality.run_gate(step, client))
+    step.add(runbook.answers.quality.run_gate(step, client))
 
 A small shipped evaluation set (``quality_set.json``, loaded by ``quality_set``) sent at temperature 0 with
 thinking off (the recipe's ``chat_template_kwargs``): arithmetic and multi-step word problems with exact
@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..bench.prompts import WORDS, build_exact_prompt
+from ..api.prompts import WORDS, build_exact_prompt
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import RunbookError
 from .garble import garble_check
-from .guards import precheck, reachable
+from ..api.guards import precheck, reachable
 from .quality_set import Case, QualitySet, Thresholds, shipped_set
 from .recipes import answer_matches, recipe_spec
-from .server_info import ApiClient, Exchange, archive, content_of, finish_of, message_of, usage_problems
+from ..api.server_info import ApiClient, Exchange, archive, content_of, finish_of, message_of, usage_problems
 from .toolcalls import rule_nested, rule_single, tool_defs, tool_map, validate_args
 
 __all__ = [

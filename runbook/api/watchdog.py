@@ -20,9 +20,9 @@ from ..errors import RunbookError
 from ..facts.prom import MetricsSnapshot
 from ..remote import Cluster
 from ..secrets import load_secrets
-from ..serve.server_info import ApiClient, ServerInfo
+from .server_info import ApiClient, ServerInfo
 from . import health
-from ..serve.endpoint import base_url
+from .endpoint import base_url
 
 GENERATED = "vllm:generation_tokens_total"
 PROMPTED = "vllm:prompt_tokens_total"

@@ -50,7 +50,7 @@ import signal
 import sys
 import time
 
-try:                                   # imported as runbook.engram.pack (tests, laptop)
+try:                                   # imported as runbook.engram_tools.pack (tests, laptop)
     from . import layout as L
     from .pack_partial import (ALIGN_ROWS, EXIT_IO, EXIT_REFUSED, EXIT_SPACE, TOOL, Journal, PackError,
                                file_is_complete, lock_partial, log, resumable_rows, source_identity)

@@ -32,7 +32,7 @@ from typing import Any
 
 from .http import HTTPError, RawHTTP
 from ..facts.prom import MetricsSnapshot
-from ..serve.server_info import ApiClient, Exchange, ServerInfo
+from ..api.server_info import ApiClient, Exchange, ServerInfo
 
 clock = time.perf_counter
 

@@ -113,7 +113,7 @@ class WriteScheduler:
 
 def truth_records(log: list[EmitLog] | list[dict[str, Any]]):
     """Server-side truth as ``RequestRecord``s (same clock as the client): t_sent = arrival of the
-    request line, token times = write times. Feed them to :mod:`runbook.bench.metrics` to get the
+    request line, token times = write times. Feed them to :mod:`runbook.benchmark.metrics` to get the
     figures the server actually produced; ``nonce`` links them to the client's records."""
     from .client import RequestRecord
     out = []

@@ -44,7 +44,7 @@ from .client import (
     stream_request,
 )
 from ..facts.prom import MetricsSnapshot, delta
-from .prompts import CLASSES, PromptBuilder, get_workload, request_extra
+from ..api.prompts import CLASSES, PromptBuilder, get_workload, request_extra
 from .result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
 
 

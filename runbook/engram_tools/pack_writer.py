@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-try:                                   # imported as runbook.engram.pack_writer (tests, laptop)
+try:                                   # imported as runbook.engram_tools.pack_writer (tests, laptop)
     from . import layout as L
     from .pack_partial import (ALIGN_ROWS, EXIT_IO, EXIT_TEST_STOP, Journal, PackError, fsync_dir, lock_partial,
                                log, write_all)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checks import Check, CheckList, Status
-from .server_info import (
+from ..api.server_info import (
     ApiClient,
     Exchange,
     archive,
@@ -44,7 +44,7 @@ from .server_info import (
     reasoning_of,
     usage_problems,
 )
-from .guards import guard, precheck, reachable
+from ..api.guards import guard, precheck, reachable
 from .recipes import RecipeSpec, recipe_spec
 
 __all__ = [

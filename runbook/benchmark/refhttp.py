@@ -2,7 +2,7 @@
 generation request turned into timed SSE writes in the configured framing.
 
 Configured by a ``refserver.RefConfig`` (the module docstring there lists the truth it guarantees); run it with
-``refserver.serve_in_thread``, ``refserver.spawn`` or ``python -m runbook.bench.refserver``. The write
+``refserver.serve_in_thread``, ``refserver.spawn`` or ``python -m runbook.benchmark.refserver``. The write
 schedule and its log are ``reftiming``, the token count and prefix cache ``reftokens``, the answers ``refanswers``.
 """
 from __future__ import annotations

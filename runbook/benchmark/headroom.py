@@ -1,6 +1,6 @@
 """Headroom benchmark: does the client's own overhead stay below 1 % at high stream counts?
 
-    python -m runbook.bench.headroom [--streams 64] [--rate 20000] [--tokens-per-chunk 1]
+    python -m runbook.benchmark.headroom [--streams 64] [--rate 20000] [--tokens-per-chunk 1]
         [--decode-tokens 1024] [--repeats 3] [--client-cpu 0] [--server-cpu 1] [--out DIR]
 
 The reference server (own process, pinned to ``--server-cpu``) streams ``--streams`` concurrent
@@ -26,7 +26,7 @@ from .reftiming import truth_records
 from .result import BenchConfig, load_records
 from .runner import run_benchmark
 from ..errors import BenchError
-from ..serve.server_info import ApiClient, ServerInfo
+from ..api.server_info import ApiClient, ServerInfo
 
 
 def rel(x: float, t: float) -> float:
@@ -128,7 +128,7 @@ def measure_on(url: str, streams: int, decode_tokens: int, client_cpu: int, out:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runbook.bench.headroom", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m runbook.benchmark.headroom", description=__doc__.split("\n")[0])
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--rate", type=float, default=20000.0)
     ap.add_argument("--tokens-per-chunk", type=int, nargs="+", default=[1, 4])

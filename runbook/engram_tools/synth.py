@@ -9,7 +9,7 @@ Content is deterministic and every row is distinct: a fixed pseudo-random 1 MiB 
 per block, with the first 8 bytes of every row stamped with ``tag(tensor) + row`` (u64 LE). Only
 stdlib; writes in 16 MiB blocks (bounded memory).
 
-    python -m runbook.engram.synth --dst /tmp/engram-src [--vocab 16000 | --table-gib 2.2] [--layers 1]
+    python -m runbook.engram_tools.synth --dst /tmp/engram-src [--vocab 16000 | --table-gib 2.2] [--layers 1]
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ Truth it guarantees (all times on ``time.perf_counter`` = CLOCK_MONOTONIC, share
   stamp of a write is taken just before it, whatever it carries;
 * ``extra_running`` / ``extra_waiting`` add other clients' requests to ``/metrics`` (busy-server guard);
 * answers (``answer_mode``, chat only): ``filler`` (default) emits ``tok tok ...``; the other modes read an
-  answer key (``answer_key``; default: the quality gate's set ``runbook/serve/quality_set.json``, whose
+  answer key (``answer_key``; default: the quality gate's set ``runbook/answers/quality_set.json``, whose
   ``cases[].prompt`` / ``cases[].reference`` it uses) and match the last user message by its ending:
   ``correct`` answers with the reference (content, a regex group taken from the conversation, or
   tool calls), ``garbage`` with a plausible wrong answer derived from it (a near-miss number, JSON or
@@ -44,7 +44,7 @@ Truth it guarantees (all times on ``time.perf_counter`` = CLOCK_MONOTONIC, share
 * every emission is logged (``RefServer.log`` / ``GET /ref/log``): arrival, first and last write
   times and every chunk's write time, so a client's figures can be compared with server truth.
 
-Run: ``python -m runbook.bench.refserver --port 8123 --ttft 0.2 --interval 0.015 --tokens-per-chunk 4``.
+Run: ``python -m runbook.benchmark.refserver --port 8123 --ttft 0.2 --interval 0.015 --tokens-per-chunk 4``.
 In-process: ``with serve_in_thread(RefConfig(...)) as srv: srv.base_url``.
 
 This module holds the knobs (``RefConfig``, one CLI flag per field) and the ways to run the server (in a
@@ -102,7 +102,7 @@ class RefConfig:
     extra_waiting: int = 0              # other clients' requests waiting
     # --- what the answers say (quality gate tests; see the module docstring)
     answer_mode: str = "filler"         # filler | correct | garbage | garble
-    answer_key: str = ""                # JSON answer key; empty = runbook/serve/quality_set.json
+    answer_key: str = ""                # JSON answer key; empty = runbook/answers/quality_set.json
 
     def __post_init__(self) -> None:
         if self.answer_mode not in ANSWER_MODES:
@@ -155,7 +155,7 @@ def spawn(config: RefConfig | None = None, host: str = "127.0.0.1", port: int = 
     import subprocess
     import sys
     cfg = config or RefConfig()
-    argv = [python or sys.executable, "-m", "runbook.bench.refserver", "--host", host, "--port", str(port),
+    argv = [python or sys.executable, "-m", "runbook.benchmark.refserver", "--host", host, "--port", str(port),
             "--cpu", str(cpu)]
     for f in dataclasses.fields(RefConfig):
         argv += ["--" + f.name.replace("_", "-"), str(getattr(cfg, f.name))]
@@ -181,7 +181,7 @@ def spawn(config: RefConfig | None = None, host: str = "127.0.0.1", port: int = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runbook.bench.refserver", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m runbook.benchmark.refserver", description=__doc__.split("\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8123)
     for f in dataclasses.fields(RefConfig):

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import render
-from ..facts import system, vllm_log
-from .render import RankLaunch
+from ..launch import render
+from . import system, vllm_log
+from ..launch.render import RankLaunch
 from ..remote import Node, quote
 
 PS_CMD = "ps -eo pid=,pgid=,stat=,args= 2>/dev/null"

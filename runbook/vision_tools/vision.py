@@ -31,7 +31,7 @@ import io
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
-from .server_info import (
+from ..api.server_info import (
     ApiClient,
     Exchange,
     archive,
@@ -39,8 +39,8 @@ from .server_info import (
     finish_of,
     usage_problems,
 )
-from .guards import check_refused, guard, precheck, reachable
-from .recipes import LAB_REASON, recipe_spec
+from ..api.guards import check_refused, guard, precheck, reachable
+from ..answers.recipes import LAB_REASON, recipe_spec
 
 __all__ = [
     "AT_LIMIT_MAX",

@@ -1,7 +1,7 @@
 """What the reference server answers in ``answer_mode`` correct, garbage and garble: the reference from an
 answer key, a plausible wrong answer derived from it, or broken text.
 
-The answer key defaults to the quality gate's set (``runbook/serve/quality_set.json``: ``cases[].prompt`` and
+The answer key defaults to the quality gate's set (``runbook/answers/quality_set.json``: ``cases[].prompt`` and
 ``cases[].reference``); a case matches when the last user message ends with its prompt. Every answer is
 deterministic (seeded by the conversation) and made of whitespace units, the tokens ``/tokenize`` counts.
 docs/quality.md describes the modes.
@@ -21,7 +21,7 @@ from typing import Any
 __all__ = ["DEFAULT_ANSWER_KEY", "Answer", "answer_for", "load_answer_key"]
 
 _UNIT = re.compile(r"\S+\s*")
-DEFAULT_ANSWER_KEY = "runbook/serve/quality_set.json"
+DEFAULT_ANSWER_KEY = "runbook/answers/quality_set.json"
 #: plausible replacements for a string value in a near-miss answer
 _ALTERNATES = ("Lyon", "Berlin", "Madrid", "Oslo", "sports", "news", "relevance", "asc", "EUR")
 
@@ -50,7 +50,7 @@ def _load_answer_key(path: str, _version: tuple[int, int] | None) -> tuple[tuple
     where = path or DEFAULT_ANSWER_KEY
     try:
         text = (Path(path).read_text() if path else
-                resources.files("runbook.serve").joinpath("quality_set.json").read_text())
+                resources.files("runbook.answers").joinpath("quality_set.json").read_text())
         doc = json.loads(text)
     except (OSError, ValueError) as exc:
         raise ValueError(f"RefConfig.answer_key={where}: cannot read it as JSON ({exc})") from None

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 
-from ..launch.watchdog import watching
-from .garble import garble_check
-from .quality import judged
-from .server_info import ApiClient, connect
-from .toolcalls import run_battery
+from ..answers.garble import garble_check
+from ..answers.quality import judged
+from ..answers.toolcalls import run_battery
+from ..api.server_info import ApiClient, connect
+from ..api.watchdog import watching
 from .vision import run_vision
 
 

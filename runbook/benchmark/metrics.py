@@ -4,7 +4,7 @@ clock) and server ``usage`` token counts -- never from counting chunks.
 Notation for one request: ``n`` = ``usage.completion_tokens`` (final), ``f`` = cumulative
 ``completion_tokens`` carried by the first token-bearing event (continuous usage; 1 when the server
 does not send continuous usage), ``t_sent``, ``t_first_chunk``, ``t_first_token``, ``t_last_token``,
-``t_end`` as defined in :mod:`runbook.bench.client`.
+``t_end`` as defined in :mod:`runbook.benchmark.client`.
 """
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from ..errors import RunbookError
 from ..facts import net
 from ..remote import Cluster
 from ..secrets import load_secrets
-from ..serve.server_info import ApiClient, ServerInfo
-from .ranks import rank_state
-from ..serve.endpoint import base_url
+from .server_info import ApiClient, ServerInfo
+from ..facts.ranks import rank_state
+from .endpoint import base_url
 
 
 def stop_hint(profile) -> str:

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-try:                                   # imported as runbook.engram.pack_partial (tests, laptop)
+try:                                   # imported as runbook.engram_tools.pack_partial (tests, laptop)
     from . import layout as L
 except ImportError:                    # run as a script next to layout.py (nodes); also under
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # python3 -I / PYTHONSAFEPATH

@@ -152,7 +152,7 @@ def load_quality_set(path: str | Path | None = None) -> QualitySet:
     """The shipped set (or ``path``), validated: every entry's kind, reference and schema, every
     recipe's threshold; errors name the file, the key and the fix."""
     if path is None:
-        source, text = f"runbook/serve/{SET_FILE}", resources.files(__package__).joinpath(SET_FILE).read_text()
+        source, text = f"runbook/answers/{SET_FILE}", resources.files(__package__).joinpath(SET_FILE).read_text()
     else:
         source = str(path)
         try:
