@@ -61,16 +61,6 @@ def gather_facts(cluster, profile, facts: Mapping[str, Any] | None = None) -> di
             for name, value in cluster.each(probe).items()}
 
 
-def engram_shards(nf: Mapping[str, Any]) -> list[str]:
-    """Shard files that hold Engram tensors, per the node's index (or every *.safetensors)."""
-    index = nf.get("index") or {}
-    wm = index.get("weight_map") or {}
-    shards = sorted({v for k, v in wm.items() if ".engram.embed." in k})
-    if shards:
-        return shards
-    return sorted(n for n in nf.get("src_files", {}) if n.endswith(".safetensors"))
-
-
 def parse_stat_lines(text: str) -> dict[str, int]:
     """``stat -c '%s %n'`` lines -> {base name: size}."""
     out: dict[str, int] = {}

@@ -288,6 +288,16 @@ class TensorLoc:
     nbytes: int
 
 
+def engram_shards(index: Mapping[str, Any] | None, files: Iterable[str] = ()) -> list[str]:
+    """Shard files that hold Engram tensors, per the checkpoint's index (keys with ``.engram.embed.``),
+    or every ``*.safetensors`` of ``files`` when the index names none."""
+    wm = (index or {}).get("weight_map") or {}
+    shards = sorted({v for k, v in wm.items() if ".engram.embed." in k})
+    if shards:
+        return shards
+    return sorted(n for n in files if n.endswith(".safetensors"))
+
+
 def read_safetensors_header(path: str) -> tuple[dict[str, Any], int]:
     """(header dict, absolute data start) -- reads only the length prefix and the JSON."""
     with open(path, "rb") as f:

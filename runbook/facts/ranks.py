@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ..launch import render
 from . import system, vllm_log
-from ..launch.render import RankLaunch
-from ..remote import Node, quote
+from ..remote import Node, expand_home, quote
+
+STATE_SUBDIR = "launch"                 # <CACHE_DIR>/launch/<node>.{pid,fp,log,json} (process runtime)
+FINGERPRINT_LABEL = "spark-runbook.fingerprint"
 
 PS_CMD = "ps -eo pid=,pgid=,stat=,args= 2>/dev/null"
 # a vLLM server process: `vllm serve`, the lab wrapper `vllm_cli.py serve`, the module entry point,
@@ -46,7 +47,7 @@ class RankState:
 
 
 def state_dir(profile, home: str) -> str:
-    return f"{render.expand_home(profile.cache_dir, home)}/{render.STATE_SUBDIR}"
+    return f"{expand_home(profile.cache_dir, home)}/{STATE_SUBDIR}"
 
 
 def parse_ps(text: str) -> list[tuple[int, int, str, str]]:
@@ -74,7 +75,7 @@ def rank_state(node: Node, profile, home: str | None = None) -> RankState:
     script = (f"cat {quote(sd + '/' + name + '.pid')} 2>/dev/null; echo '@@'; "
               f"cat {quote(sd + '/' + name + '.fingerprint')} 2>/dev/null; echo '@@'; "
               f"cat {quote(sd + '/' + name + '.json')} 2>/dev/null; echo '@@'; "
-              f"docker inspect -f '{{{{.State.Status}}}} {{{{index .Config.Labels \"{render.FINGERPRINT_LABEL}\"}}}}' "
+              f"docker inspect -f '{{{{.State.Status}}}} {{{{index .Config.Labels \"{FINGERPRINT_LABEL}\"}}}}' "
               f"{quote(container)} 2>/dev/null; echo '@@'; {PS_CMD}")
     parts = (node.read(script).stdout.split("@@\n") + [""] * 5)[:5]
     pid_s, fp_s, rec_s, docker_s, ps_s = (p.strip() for p in parts)
@@ -101,6 +102,14 @@ def rank_state(node: Node, profile, home: str | None = None) -> RankState:
     return st
 
 
+class LaunchedRank(Protocol):
+    """What a watch reads of a rank's launch (``runbook.launch.render.RankLaunch`` is one)."""
+    runtime: str
+    container: str
+    log_path: str
+    pid_path: str
+
+
 @dataclass
 class RankWatch:
     alive: bool
@@ -112,11 +121,11 @@ class RankWatch:
 MEM_LINE = "awk '/^MemAvailable:/{print $2}' /proc/meminfo; "      # kB (mawk's %d overflows past 2 GiB)
 
 
-def watch_cmd(rank: RankLaunch) -> str:
+def watch_cmd(rank: LaunchedRank) -> str:
     return MEM_LINE + rank_watch_cmd(rank)
 
 
-def rank_watch_cmd(rank: RankLaunch) -> str:
+def rank_watch_cmd(rank: LaunchedRank) -> str:
     if rank.runtime == "docker":
         c = quote(rank.container)
         return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ] "
@@ -129,7 +138,7 @@ def rank_watch_cmd(rank: RankLaunch) -> str:
             f"wc -l < {log} 2>/dev/null || echo 0; tail -n 200 {log} 2>/dev/null")
 
 
-def watch(node: Node, rank: RankLaunch) -> RankWatch:
+def watch(node: Node, rank: LaunchedRank) -> RankWatch:
     out = node.read(watch_cmd(rank), timeout=30).stdout.splitlines()
     mem = int(out[0]) * 1024 if out and out[0].strip().isdigit() else None
     out = out[1:]
@@ -154,7 +163,7 @@ def log_progressed(prev: RankWatch | None, cur: RankWatch) -> bool:
     return grown > len(cur.tail) or any(not vllm_log.is_periodic(l) for l in new)
 
 
-def log_text(node: Node, rank: RankLaunch, lines: int = 5000) -> str:
+def log_text(node: Node, rank: LaunchedRank, lines: int = 5000) -> str:
     if rank.runtime == "docker":
         return node.read(f"docker logs --tail {lines} {quote(rank.container)} 2>&1", timeout=60).stdout
     return node.read(f"tail -n {lines} {quote(rank.log_path)} 2>/dev/null", timeout=60).stdout

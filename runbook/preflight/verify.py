@@ -10,7 +10,7 @@ from typing import Any
 from ..checks import Check, CheckList, Status, check, not_applicable, simulated
 from .. import fit
 from ..facts import system
-from ..launch.image import plan_image
+from ..facts.system import plan_image
 from ..lab import sim
 from ..facts.ranks import RankState, rank_state
 from ..remote import Cluster, Node, node_ssh_argv, quote

@@ -27,7 +27,7 @@ from ..facts.node_paths import on_node
 from .sharing import (ShareResult, cache_dir_is_local, download_on_node, nfs_share, nfs_userspace_share,
                       read_node_manifest, rsync_to_worker, verify_on_node)
 from .verify import manifest_to_expected, parity
-from ..engram import facts as engram_facts
+from ..engram_tools.layout import engram_shards
 
 GIB = 1024 ** 3
 ENGRAM_INDEX = "model.safetensors.index.json"
@@ -184,12 +184,6 @@ def cache_local(profile, node, shared: list[str]) -> Check:
 
 # ---------------------------------------------------------------------------------------------
 # the Engram source (V4.1, recipe A): HF_ENGRAM_REPO's config, index and the shards with the tables
-
-def engram_shards(index: dict[str, Any]) -> list[str]:
-    """Shards of an original V4.1 checkpoint that hold Engram tables, from its index: the same rule
-    03_engram reads the source with (``engram.facts.engram_shards``: keys with ``.engram.embed.``)."""
-    return engram_facts.engram_shards({"index": index})
-
 
 def engram_files(index: dict[str, Any]) -> list[str]:
     """What recipe A downloads of HF_ENGRAM_REPO (seed A ``download.sh``: shards 47+48, the index,

@@ -400,7 +400,7 @@ def test_golden_entrypoint_scripts(name, ov, keyed, node):
 # ----------------------------------------------------------------------------- pure helpers of the actions
 
 def test_image_plan():
-    from runbook.launch.image import plan_image
+    from runbook.facts.system import plan_image
     from runbook.facts.system import ImageInfo
     lab = load_profile(ENV / "lab.env", {"RUNTIME": "docker"})
     a, b = ImageInfo("sha256:" + "a" * 64, ["sha256:l1"]), ImageInfo("sha256:" + "b" * 64, ["sha256:l1"])
