@@ -22,7 +22,7 @@ from ..benchmark.report import (
 )
 from ..benchmark.result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
 from ..benchmark.runner import arun_benchmark, run_benchmark
-from .step import BenchOutcome, run
+from .config import BenchOutcome, run
 
 __all__ = [
            "BenchOutcome",

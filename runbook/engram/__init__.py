@@ -20,7 +20,7 @@ def run(step, *, check_samples: int = 256, probe_seconds: float = 3.0, echo=prin
     from .precheck import precheck
     from .read_probe import run_probe
     from .slim_source import make_slim_source
-    from .step import applicable, blocked_nodes, disabled_checks, plan_pack, record, run_pack
+    from .packing import applicable, blocked_nodes, disabled_checks, plan_pack, record, run_pack
     profile, cluster = step.profile, step.cluster
     enabled, reason = applicable(profile)
     echo(reason)

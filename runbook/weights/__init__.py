@@ -99,7 +99,7 @@ __all__ = [
 
 def run(step, *, compare_sha256sum: bool = True) -> dict:
     """Download, verify, share and compare on every node; record checks and data in ``step``; return the data."""
-    from .step import run as download_verify_share
+    from .transfer import run as download_verify_share
     checks, data = download_verify_share(step.profile, step.cluster, compare_sha256sum=compare_sha256sum)
     step.add(checks)
     step.data.update(data)

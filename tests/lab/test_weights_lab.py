@@ -10,7 +10,7 @@ import pytest
 
 from runbook.profile import load_profile
 from runbook.remote import Cluster
-from runbook.weights import step as weights_step
+from runbook.weights import transfer as weights_step
 from runbook.weights.sharing import read_node_manifest, verify_on_node
 from runbook.weights.download import verify_checks
 from runbook.weights.verify import manifest_to_expected, parity

@@ -20,7 +20,7 @@ from runbook.api.prompts import (
 from runbook.benchmark.refserver import RefConfig, serve_in_thread
 from runbook.benchmark.result import BenchConfig
 from runbook.benchmark.runner import run_benchmark
-from runbook.bench.step import config_from_profile
+from runbook.bench.config import config_from_profile
 from runbook.errors import BenchError
 from runbook.profile import REPO_ROOT, load_profile
 

@@ -244,7 +244,7 @@ def test_pad_line_parsed_and_checked():
 def test_weights_step_shares_to_every_worker(monkeypatch):
     from runbook.checks import check
     from runbook.facts import node_paths
-    from runbook.weights import step as wstep
+    from runbook.weights import transfer as wstep
     from runbook.weights.sharing import ShareResult
 
     calls = []
@@ -369,7 +369,7 @@ def test_network_two_nodes_with_unequal_rails_still_fail_clearly():
 # ----------------------------------------------------------------------------- engram: a rank per node
 
 def test_engram_plan_packs_one_rank_per_node_of_three():
-    from runbook.engram import step as es
+    from runbook.engram import packing as es
     plans = es.plan_pack(labtp3())
     assert set(plans) == set(NODES)
     for rank, node in enumerate(NODES):

@@ -18,7 +18,7 @@ from runbook.errors import RunbookError
 from runbook.lab.hub import ENGRAM_OTHER_SHARD, HubServer, publish_engram_source, publish_repo
 from runbook.profile import load_profile
 from runbook.weights import MANIFEST_NAME
-from runbook.weights import step as wstep
+from runbook.weights import transfer as wstep
 from support.doubles import FakeCluster, local_pair
 
 MODEL = "lab-org/exl3-tiny"

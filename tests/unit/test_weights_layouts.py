@@ -19,7 +19,7 @@ from runbook.errors import RunbookError
 from runbook.lab.hub import HubServer, publish_repo
 from runbook.profile import load_profile
 from runbook.weights import node_download
-from runbook.weights import step as wstep
+from runbook.weights import transfer as wstep
 from runbook.weights.layout import weights_layout
 from support.doubles import FakeCluster, local_pair
 
