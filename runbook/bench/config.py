@@ -1,4 +1,5 @@
-"""Step 07 — benchmarks against the launched server, with the profile's sizes.
+"""Step 07's conditions: the benchmark configuration from the profile, the previous good run's result, and the
+`vllm bench serve` cross-check.
 
 Recipe profiles measure under the seeds' published conditions (``conditions.SEEDS``: chat, prose,
 temperature 0, thinking off, the published lengths, the 32k/256k prefill cases); the lab keeps
@@ -7,17 +8,13 @@ matching recipe and workload class and with the previous good run of the same pr
 """
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..evidence import previous_good_run
 from ..errors import BenchError
 from ..benchmark.conditions import PROFILE_KEYS, SEEDS
 from ..api.prompts import CLASSES
 from ..benchmark.result import BenchConfig, BenchResult
-from ..benchmark.runner import run_benchmark
 
 RAW_DIR_NAME = "bench"
 CLASS_PROMPT_TOKENS = 1024
@@ -84,17 +81,17 @@ def previous_result(run_path: Path, step: str = "07_bench") -> BenchResult | Non
     return BenchResult.load(result) if result is not None and result.is_file() else None
 
 
-def cross_check(step, server, result: BenchResult, *, enabled: bool = True, python: str = "",
+def cross_check(profile, server, result: BenchResult, out_dir: Path, *, enabled: bool = True, python: str = "",
                 tokenizer: str = ""):
     """The notebook's optional cell: the single-stream decode cell measured again by ``vllm bench
-    serve`` with a fresh seed (``runbook.benchmark.crosscheck``). Lab profiles find the lab's vLLM venv
-    and the tiny model's tokenizer; elsewhere pass ``python`` (a python with vLLM) and ``tokenizer``
-    (default: the profile's HF_MODEL_REPO, fetched by vLLM)."""
+    serve`` with a fresh seed (``runbook.benchmark.crosscheck``), its log under ``out_dir``. Lab profiles
+    find the lab's vLLM venv and the tiny model's tokenizer; elsewhere pass ``python`` (a python with vLLM)
+    and ``tokenizer`` (default: the profile's HF_MODEL_REPO, fetched by vLLM). Returns the row and the
+    figures to record (empty when nothing ran)."""
     from ..checks import not_applicable
     from ..benchmark import crosscheck
     if not enabled:
-        return not_applicable(crosscheck.CHECK_NAME, "vllm_cross_check=False", node="local")
-    profile = step.profile
+        return not_applicable(crosscheck.CHECK_NAME, "vllm_cross_check=False", node="local"), {}
     lab_python = lab_tokenizer = None
     if profile.lab:        # the lab's hardware, also in a rehearsal of a recipe
         from ..lab import control
@@ -102,48 +99,5 @@ def cross_check(step, server, result: BenchResult, *, enabled: bool = True, pyth
         lab_tokenizer = control.stand_in_model_dir(profile)
     py = crosscheck.find_vllm_python(python, lab_python=lab_python)
     tok = tokenizer or (str(lab_tokenizer) if lab_tokenizer and lab_tokenizer.is_dir() else profile.hf_model_repo)
-    out_dir = step.raw_dir / "vllm-bench"
-    check, data = crosscheck.cross_check(result, base_url=server.base_url, model=server.model, python=py,
-                                         tokenizer=tok, out_dir=out_dir, api_key=server.api_key or None)
-    if data:
-        data["log"] = str(Path(data["log"]).relative_to(step.run.path))
-        step.data["vllm_cross_check"] = data
-    return check
-
-
-@dataclass
-class BenchOutcome:
-    """What notebook 07 shows after the measurement."""
-    server: Any                  # serve.server_info.ServerInfo
-    config: BenchConfig
-    result: BenchResult
-    previous: BenchResult | None  # the previous good run's result (the report's drift compares with it too)
-    cross: Any                   # the `vllm bench serve` cross-check row
-    out_dir: Path
-
-
-def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None,
-        soak_seconds: float | None = None, vllm_cross_check: bool = True, vllm_python: str = "",
-        vllm_tokenizer: str = "", echo=print) -> BenchOutcome:
-    """Step 07: find the server (04's, or ``base_url``), measure every cell of the profile's conditions under
-    the serving watchdog, record the rows, cross-check one cell with vLLM's own client."""
-    from ..api import watchdog, endpoint
-    from ..api.server_info import find_server
-    server = find_server(step, base_url=base_url, model=model)
-    config = config_from_profile(step.profile, repeats=repeats, soak_seconds=soak_seconds)
-    # a loopback-bound API is measured through the SSH forward, which costs a few % (docs/bench.md): say so
-    route = "direct (base_url)" if base_url else endpoint.api_address(step.profile)
-    echo(f"route: {route}")
-    echo(server.describe())
-    echo(config.to_dict())
-    out_dir = step.raw_dir / RAW_DIR_NAME
-    # the wedge / API-gone alarm watches the server 04 started, not a foreign one
-    with watchdog.watching(step) if not base_url else contextlib.nullcontext():
-        result = run_benchmark(server.base_url, server.model, config=config, out_dir=out_dir,
-                               api_key=server.api_key or None)
-    step.add(result.checks())
-    step.data["bench"] = {"result": str(out_dir.relative_to(step.run.path) / "result.json"), "route": route}
-    cross = cross_check(step, server, result, enabled=vllm_cross_check, python=vllm_python,
-                        tokenizer=vllm_tokenizer)
-    step.add(cross)
-    return BenchOutcome(server, config, result, previous_result(step.run.path), cross, out_dir)
+    return crosscheck.cross_check(result, base_url=server.base_url, model=server.model, python=py,
+                                  tokenizer=tok, out_dir=out_dir, api_key=server.api_key or None)

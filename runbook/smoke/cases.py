@@ -27,7 +27,6 @@ Cases (names are the check names):
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
@@ -38,15 +37,12 @@ from typing import Any
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import RunbookError
 from ..facts.prom import parse_prometheus
-from ..api.watchdog import watching
 from ..api.guards import check_refused, guard, precheck, reachable
-from ..answers.quality import run_gate
 from ..answers.recipes import LAB_REASON, RECIPES, RecipeSpec, answer_matches, recipe_spec
 from ..api.server_info import (
     ApiClient,
     Exchange,
     archive,
-    connect,
     content_of,
     finish_of,
     first_choice,
@@ -615,14 +611,3 @@ def run_smoke(step, client: ApiClient | None, *, concurrency: int = 0, context_l
     out.add(guard("spec_decode.acceptance", lambda: spec_decode_check(step, client)))
     out.add(guard("auth.api_key", lambda: api_key_check(step, client)))
     return out
-
-
-def run(step, *, base_url: str = "", model: str = "", concurrency: int = 0,
-        context_lengths: list[int] | None = None, long_context: bool = True) -> ApiClient | None:
-    """Step 05's entry: find the server (04's sidecar, or ``base_url``) and run every smoke case."""
-    client = connect(step, base_url=base_url, model=model)
-    with watching(step) if not base_url else contextlib.nullcontext():
-        step.add(run_smoke(step, client, concurrency=concurrency, context_lengths=context_lengths,
-                           long_context=long_context))
-        step.add(run_gate(step, client))       # is the output right, not only fast (docs/quality.md)
-    return client
