@@ -1,4 +1,4 @@
-"""Step ``03_engram`` on the cluster: whether the profile packs at all, then pack and verify each node's
+"""Packing for step ``03_engram`` on the cluster: whether the profile packs at all, then pack and verify each node's
 rank (``pack.py`` then ``check.py``, every node in parallel) into rows, and the numbers recorded.
 
 What ``engram.run`` calls, in order (every function returns Checks; nothing raises on a node's
@@ -11,7 +11,7 @@ failure, the other node's answer is always kept)::
     run_pack(cluster, profile, facts, results=results, skip=blocked_nodes(checks), stream=True)
     slim_source.make_slim_source(cluster, profile, facts)     # recipe A's /engram-src (N/A elsewhere)
     read_probe.run_probe(cluster, profile, facts, results=results, skip=blocked_nodes(checks))
-    record(step, results)                            # step.data["engram"] + raw/03_engram/*.json
+    record(step, results)          # in __init__: step.data["engram"] + raw/03_engram/*.json
 
 Shipping and running the node-side tools: ``tools.py``. Tested for real on the netns lab
 (tests/lab/test_engram_lab.py: ssh, node.put, parallel ranks, resume after SIGKILL, corruption, tmpfs
@@ -271,15 +271,3 @@ def summarize(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                                 for x in pr.get("results", [])}}
         out[name] = node
     return out
-
-
-def record(step, results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Put the numbers into ``step.data["engram"]`` and every tool's raw JSON under raw/<step>/."""
-    summary = summarize(results)
-    step.data["engram"] = summary
-    raw = {}
-    for name, r in sorted(results.items()):
-        for tool, value in sorted(r.items()):
-            raw[f"{tool}-{name}"] = step.raw(f"{tool}-{name}.json", json.dumps(value, indent=1, sort_keys=True))
-    step.data["engram_raw"] = raw
-    return summary

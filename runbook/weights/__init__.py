@@ -2,7 +2,7 @@
 
     runbook.weights.run(step, compare_sha256sum=True)        # checks and data into the step
 
-Check names → code: every ``weights.*`` row is built in ``step.py`` (``run`` reads top to bottom as the
+Check names → code: every ``weights.*`` row is built in ``transfer.py`` (``download_verify_share`` reads top to bottom as the
 step), the download's rows in ``download.py``, the sharing modes in ``sharing.py``.
 
 The parts, for a notebook cell or a test::
@@ -99,8 +99,8 @@ __all__ = [
 
 def run(step, *, compare_sha256sum: bool = True) -> dict:
     """Download, verify, share and compare on every node; record checks and data in ``step``; return the data."""
-    from .transfer import run as download_verify_share
-    checks, data = download_verify_share(step.profile, step.cluster, compare_sha256sum=compare_sha256sum)
+    from .transfer import download_verify_share
+    checks, data = download_verify_share(step.cluster, step.profile, compare_sha256sum=compare_sha256sum)
     step.add(checks)
     step.data.update(data)
     return data

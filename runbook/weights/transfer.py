@@ -53,7 +53,7 @@ def _workers_key(profile) -> str:
     return "WORKER_WEIGHTS_DIR" if profile.worker_weights_dir else "WEIGHTS_DIR"
 
 
-def run(profile, cluster, *, compare_sha256sum: bool = True, margin_gib: float = 1.0) -> tuple[CheckList, dict[str, Any]]:
+def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, margin_gib: float = 1.0) -> tuple[CheckList, dict[str, Any]]:
     checks = CheckList()
     layout = weights_layout(profile)          # refuses a MODEL_DIR / HF_MODEL_REPO mismatch first
     head = cluster.head

@@ -20,7 +20,7 @@ from runbook.benchmark.result import BenchConfig, BenchResult
 from runbook.benchmark.runner import run_benchmark
 from runbook.bench.config import config_from_profile
 from runbook.engram.read_probe import probe_checks
-from runbook.engram.packing import record
+from runbook.engram import record
 from runbook.evidence import RunDir
 from runbook.profile import Profile, load_profile
 
