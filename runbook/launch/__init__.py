@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import diagnosis, exposure, image, server, status, stop
+from ..api.endpoint import api_address
 from ..facts import ranks
 from .plan import gids_from_network_sidecar, render_plan
 from .render import LaunchPlan
@@ -60,7 +61,14 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
         step.add(outcome.stopped.checks)
         step.data.setdefault("stop", {}).update(outcome.stopped.per_node)
     if action in ("start", "restart") and not step.checks.failures():
-        outcome.started = server.start(step.cluster, profile, plan, step=step, raise_on_failure=False)
+        try:
+            outcome.started = server.start(step.cluster, profile, plan, raw_prefix=f"raw/{step.name}",
+                                           run_id=step.run.run_id, raise_on_failure=False)
+        except Exception as err:
+            if getattr(err, "result", None) is not None:
+                record_start(step, profile, err.result)
+            raise
+        record_start(step, profile, outcome.started)
         if not outcome.started.ok and not step.dry_run:
             # say why, not only that: collect from every node and match the known failures
             archive, findings = diagnosis.diagnose_server(step.cluster, profile, step.run.path, step.run.redactor,
@@ -77,6 +85,18 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
     if action == "status":
         outcome.status = status.status(step.cluster, profile)
     return outcome
+
+
+def record_start(step, profile, result: server.StartResult) -> None:
+    """A start's rows, raw texts and figures into the step."""
+    step.archive(result.raw)
+    step.add(result.checks)
+    if result.recipe:
+        step.data["recipe"] = result.recipe
+    if result.recipe_checkout:
+        step.data["recipe_checkout"] = result.recipe_checkout
+    step.data.update({"launch": result.data(), "base_url": api_address(profile),
+                      "served_model_name": result.plan.served_model_name})
 
 
 def state_left(profile, cluster, sidecar: dict[str, Any] | None) -> str:
