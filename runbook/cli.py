@@ -98,24 +98,23 @@ def _server_cluster(args):
 
 
 def cmd_start(args) -> int:
-    """Start the server of a profile outside a run (image, worker(s) then head, readiness). Exit 0 when it
-    came up, 3 when its ranks were already running with the same configuration (the seeds' contract), 1 when
-    it could not start."""
+    """Start the server of a profile outside a run, as step 04 does (``launch.launch_plan`` then
+    ``launch.bring_up``: image, worker(s) then head, readiness). Exit 0 when it came up, 3 when its ranks were
+    already running with the same configuration (the seeds' contract), 1 when it could not start."""
     from .errors import ALREADY_RUNNING
-    from .launch import exposure, image, server
-    from .launch.plan import render_plan
+    from .launch import bring_up, exposure, server
+    from .launch.plan import launch_plan
     profile, cluster = _server_cluster(args)
     key_row = exposure.ensure_api_key(profile)      # a bind beyond loopback gets a key before the plan renders
     print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
     with cluster:
-        image_checks = image.ensure_image(cluster, profile)
-        if image_checks.failures():
-            print(image_checks.to_text())
-            return 1
-        plan = render_plan(cluster, profile)
-        result = server.start(cluster, profile, plan, raise_on_failure=False)
-    print(result.checks.to_text())
-    code = server.exit_code(result)
+        plan = launch_plan(cluster, profile)         # no run: the GID indexes are resolved from the nodes
+        outcome = bring_up(cluster, profile, plan, go=not key_row.failed)
+    if outcome.started is None:
+        print(outcome.checks.to_text())
+        return 1
+    print(outcome.started.checks.to_text())
+    code = server.exit_code(outcome.started)
     if code == ALREADY_RUNNING:
         print(f"not a failed start: the ranks already run with fingerprint {plan.fingerprint[:12]} (dockerd restores "
               f"them after a reboot); exit {ALREADY_RUNNING}", file=sys.stderr)
@@ -127,14 +126,14 @@ def cmd_diagnose(args) -> int:
     the catalogue entries that match. Exit 0 when none matched, 1 when some did."""
     from .evidence import RESULTS_ROOT, RunDir
     from .launch import diagnosis
-    from .launch.plan import render_plan
+    from .launch.plan import launch_plan
     from .secrets import redactor_from_env
     profile, cluster = _server_cluster(args)
     redactor = redactor_from_env()
     run = RunDir(RESULTS_ROOT / args.run, redactor) if args.run else RunDir.create(profile.profile_name,
                                                                                    RESULTS_ROOT, redactor)
     with cluster:
-        plan = render_plan(cluster, profile)
+        plan = launch_plan(cluster, profile)
         archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
     for finding in findings:
         print(finding.to_text() + "\n")

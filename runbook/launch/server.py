@@ -1,6 +1,6 @@
 """Start the two-node vLLM server and watch it until the API streams a token (step 04).
 
-    plan = render_plan(cluster, profile)                      # plan.py; shown before anything runs
+    plan = launch_plan(cluster, profile)                      # plan.py; shown before anything runs
     result = start(cluster, profile, plan)                    # worker first, then head; raw texts in result.raw
     code = exit_code(result)                                  # 0 started, 3 reused, 1 failed
 
