@@ -1,4 +1,4 @@
-"""Step 06's entry: the vision cases, then the tool-call battery, against the launched server; then the
+"""Step 06 — vision and tool calls: the vision cases, then the tool-call battery, against the launched server; then the
 garble detector over every answer the step received (docs/quality.md)."""
 from __future__ import annotations
 

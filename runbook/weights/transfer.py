@@ -1,4 +1,4 @@
-"""Step 02 — weights: pinned download on the head, verification, sharing to every worker, parity;
+"""Step 02's transfer on the cluster: pinned download on the head, verification, sharing to every worker, parity;
 then (ENGRAM=1) the Engram source the same way.
 
 Reads top to bottom as the step: the layout (from MODEL_DIR, ``layout.weights_layout``) → Hub
