@@ -2,7 +2,7 @@
 
     server = runbook.server_info.find_server(step, base_url=base_url, model=model)
     client = runbook.server_info.ApiClient(server)
-    step.add(runbook.smoke.run_smoke(step, client, concurrency=0, context_lengths=[], long_context=True))
+    step.add(runbook.smoke.cases.run_smoke(step, client, concurrency=0, context_lengths=[], long_context=True))
 
 One row per case in the step's CheckList; every request/response pair is archived under
 ``raw/05_smoke/<case>.json`` (API key never stored, secrets masked) and named in the row's evidence.
@@ -27,7 +27,6 @@ Cases (names are the check names):
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 import uuid
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
-from ..errors import RunbookError
+from ..api.prompts import WORDS, BuiltPrompt, build_exact_prompt
 from ..facts.prom import parse_prometheus
 from ..api.guards import check_refused, guard, precheck, reachable
 from ..answers.recipes import LAB_REASON, RECIPES, RecipeSpec, answer_matches, recipe_spec
@@ -55,7 +54,7 @@ __all__ = [
     "BuiltPrompt",
     "RecipeSpec",
     "api_key_check",
-    "build_prompt",
+    "exact_prompt",
     "chat_checks",
     "check_answer",
     "check_chat_response",
@@ -199,98 +198,19 @@ def check_stream(name: str, streamed: Exchange, reference: Exchange, *, strict_t
 # exact-length prompts
 # ------------------------------------------------------------------------------------------------
 
-_WORDS = ["river", "stone", "cloud", "apple", "garden", "window", "silver", "market", "yellow", "engine", "forest", "table", "morning", "letter", "summer", "paper", "bridge", "candle", "winter", "orange", "castle", "pocket", "harbor", "meadow", "rocket", "violin", "basket", "planet", "shadow", "island", "copper", "marble", "coffee", "thunder", "lantern", "feather", "ribbon", "canyon", "pencil", "dragon", "mirror", "velvet", "saddle", "compass", "glacier", "timber", "falcon", "quarry", "meadow", "tunnel"]
-_PADS = (" 0", " a", ".", " x", "!", " 1")
-
-
-@dataclass
-class BuiltPrompt:
-    messages: list[dict[str, Any]]
-    tokens: int                 # as counted by the server's /tokenize
-    target: int
-    needle: str = ""
-    calls: int = 0              # /tokenize calls used
-
-    @property
-    def exact(self) -> bool:
-        return self.tokens == self.target
-
-
-def build_prompt(client: ApiClient, target: int, *, needle: str = "", depth: float = 0.5,
+def exact_prompt(client: ApiClient, target: int, *, needle: str = "", depth: float = 0.5,
                  question: str = "Reply with OK.", chat_template_kwargs: dict | None = None,
-                 seed: int = 0, max_calls: int = 40) -> BuiltPrompt:
-    """A single user message whose chat-templated length is exactly ``target`` tokens, as counted by
-    the server (POST /tokenize, same chat_template_kwargs as the request). A unique header keeps the
-    prefix cold; filler words are appended (token counts are additive across space-separated words),
-    then single-token pads close the last gap. Raises RunbookError if the target is below the fixed
-    part or cannot be hit within ``max_calls``."""
-    rng = random.Random(seed)
-    nonce = uuid.UUID(int=rng.getrandbits(128)).hex[:12]
-    header = f"[smoke {nonce}] Read the text, then answer the question at the end.\n"
-    tail = f"\n\nQuestion: {question}"
-    calls = 0
-    words: list[str] = []
-
-    def grow(n: int) -> None:
-        while len(words) < n:
-            words.append(rng.choice(_WORDS))
-
-    def render(w: int, pad: str = "") -> list[dict[str, Any]]:
-        grow(w)
-        body = words[:w]
-        if needle:
-            k = int(w * depth)
-            body = body[:k] + [needle] + body[k:]
-        return [{"role": "user", "content": header + " ".join(body) + pad + tail}]
-
-    def count(msgs: list[dict[str, Any]]) -> int:
-        nonlocal calls
-        calls += 1
-        if calls > max_calls:
-            raise RunbookError(f"could not build a {target}-token prompt within {max_calls} /tokenize calls")
-        return client.count_chat_tokens(msgs, chat_template_kwargs=chat_template_kwargs,
-                                        timeout=120 + target / 20_000)
-
-    n0 = count(render(0))
-    if target < n0:
-        raise RunbookError(f"target {target} tokens is below the fixed part of the prompt ({n0} tokens)")
-    if target == n0:
-        return BuiltPrompt(render(0), n0, target, needle, calls)
-    sample = min(200, max(8, target - n0))
-    per = max(0.5, (count(render(sample)) - n0) / sample)
-    lo, n_lo = 0, n0                      # largest word count known to fit (n <= target)
-    hi = None                             # smallest word count known to overshoot
-    w = max(1, int((target - n0) / per))
-    while True:
-        if hi is not None and hi - lo <= 1:
-            break
-        if hi is not None and not (lo < w < hi):
-            w = (lo + hi) // 2
-        n = count(render(w))
-        if n == target:
-            return BuiltPrompt(render(w), n, target, needle, calls)
-        if n < target:
-            lo, n_lo = w, n
-            gap = target - n
-            if gap <= 3:
-                break
-            w = w + max(1, int(gap / per))
-        else:
-            hi = w
-            w = w - max(1, math.ceil((n - target) / per))
-            if w <= lo:
-                w = (lo + hi) // 2 if hi - lo > 1 else lo
-    # close the gap (< one word) with pads that add one token each
-    pad, n = "", n_lo
-    while n < target:
-        for p in _PADS:
-            m = count(render(lo, pad + p))
-            if m <= target and m > n:
-                pad, n = pad + p, m
-                break
-        else:
-            break
-    return BuiltPrompt(render(lo, pad), n, target, needle, calls)
+                 seed: int = 0) -> BuiltPrompt:
+    """Chat messages of exactly ``target`` tokens as the server counts them (``/tokenize`` with the request's
+    chat_template_kwargs), built by the one exact-length builder (:func:`runbook.api.prompts.build_exact_prompt`);
+    a header unique to ``seed`` keeps the prefix cold."""
+    nonce = f"[smoke {uuid.UUID(int=random.Random(seed).getrandbits(128)).hex[:12]}]"
+    return build_exact_prompt(
+        lambda msgs: client.count_chat_tokens(msgs, chat_template_kwargs=chat_template_kwargs,
+                                              timeout=120 + target / 20_000),
+        target, nonce, endpoint="chat", workload="filler", seed=seed,
+        instruction="Read the text, then answer the question at the end.\n", tail=f"\n\nQuestion: {question}",
+        needle=needle, depth=depth)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -445,12 +365,12 @@ def context_limit_checks(step, client: ApiClient) -> list[Check]:
     mml = c.max_model_len
     kw = dict(c.spec.thinking_off)
     out: list[Check] = []
-    near = build_prompt(client, mml - 1, chat_template_kwargs=kw, seed=11)
+    near = exact_prompt(client, mml - 1, chat_template_kwargs=kw, seed=11)
     req = f"chat, prompt {near.tokens} tokens (/tokenize), max_tokens=1"
-    ex = client.chat({"messages": near.messages, "max_tokens": 1, "temperature": 0, "chat_template_kwargs": kw},
+    ex = client.chat({"messages": near.prompt, "max_tokens": 1, "temperature": 0, "chat_template_kwargs": kw},
                      timeout=300 + mml / 300)
     ev = c.archive("context.near_max", ex, built={"target": near.target, "tokens": near.tokens,
-                                                  "tokenize_calls": near.calls})
+                                                  "tokenize_calls": near.tokenize_calls})
     problems = []
     if not near.exact:
         problems.append(f"built {near.tokens} tokens, not {near.target}")
@@ -464,8 +384,8 @@ def context_limit_checks(step, client: ApiClient) -> list[Check]:
                      fix="the server cannot take a prompt at its configured context: KV cache too small for "
                          "MAX_MODEL_LEN, or a different --max-model-len", evidence=ev,
                      data={"request": req, "latency_s": round(ex.latency_s, 3), "prompt_tokens": near.tokens}))
-    past = build_prompt(client, mml + 1, chat_template_kwargs=kw, seed=12)
-    ex2 = client.chat({"messages": past.messages, "max_tokens": 1, "temperature": 0, "chat_template_kwargs": kw},
+    past = exact_prompt(client, mml + 1, chat_template_kwargs=kw, seed=12)
+    ex2 = client.chat({"messages": past.prompt, "max_tokens": 1, "temperature": 0, "chat_template_kwargs": kw},
                       timeout=120)
     ev2 = c.archive("context.past_max", ex2, built={"target": past.target, "tokens": past.tokens})
     row = check_refused("context.past_max", ex2, evidence=ev2,
@@ -491,12 +411,12 @@ def needle_checks(step, client: ApiClient, lengths: list[int] | None = None) -> 
 
         def case(L=L, i=i, name=name) -> Check:
             rng = random.Random(1000 + i)
-            code = f"{rng.choice(_WORDS)}-{rng.randint(1000, 9999)}"
+            code = f"{rng.choice(WORDS)}-{rng.randint(1000, 9999)}"
             needle = f"The secret passphrase is {code}."
-            built = build_prompt(client, L, needle=needle, depth=(0.25, 0.5, 0.75)[i % 3],
+            built = exact_prompt(client, L, needle=needle, depth=(0.25, 0.5, 0.75)[i % 3],
                                  question="What is the secret passphrase? Reply with the passphrase only.",
                                  chat_template_kwargs=kw, seed=100 + i)
-            ex = client.stream_chat({"messages": built.messages, "max_tokens": mt, "temperature": 0,
+            ex = client.stream_chat({"messages": built.prompt, "max_tokens": mt, "temperature": 0,
                                      "chat_template_kwargs": kw}, timeout=300 + L / 300)
             ev = c.archive(name, ex, built={"target": L, "tokens": built.tokens, "needle": needle})
             usage = ex.json.get("usage") or {}
