@@ -6,7 +6,7 @@ import contextlib
 
 from ..answers.garble import garble_check
 from ..answers.quality import judged
-from ..answers.toolcalls import run_battery
+from .battery import run_battery
 from ..api.server_info import ApiClient, connect
 from ..api.watchdog import watching
 from .vision import run_vision

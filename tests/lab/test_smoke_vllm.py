@@ -31,7 +31,7 @@ import pytest
 import runbook.api.server_info
 import runbook.smoke.cases
 import runbook.step
-import runbook.answers.toolcalls
+import runbook.vision_tools.battery
 import runbook.vision_tools.vision
 from runbook.checks import Status
 from runbook.lab import vllm_lab
@@ -129,7 +129,7 @@ def test_smoke_and_tools_against_real_vllm(tmp_path, tmp_path_factory, monkeypat
         client2 = runbook.api.server_info.connect(vt_step, base_url=base)
         t2 = time.monotonic()
         vt_rows = runbook.vision_tools.vision.run_vision(vt_step, client2)
-        vt_rows.add(runbook.answers.toolcalls.run_battery(vt_step, client2))
+        vt_rows.add(runbook.vision_tools.battery.run_battery(vt_step, client2))
         vt_s = time.monotonic() - t2
     finally:
         stop_s = srv.stop()
@@ -147,7 +147,7 @@ def test_smoke_and_tools_against_real_vllm(tmp_path, tmp_path_factory, monkeypat
     _assert_applicable_pass(vt_rows, {})
     vt = {c.name: c for c in vt_rows}
     assert vt["vision.disabled"].status is Status.PASS
-    assert all(vt[n].status is Status.PASS for n in runbook.answers.toolcalls.CASES)
+    assert all(vt[n].status is Status.PASS for n in runbook.vision_tools.battery.CASES)
     # the evidence never holds the key
     for path in smoke_step.run.path.rglob("*"):
         if path.is_file():
