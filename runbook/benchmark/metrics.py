@@ -121,15 +121,6 @@ def max_gap_s(r: RequestRecord) -> float | None:
     return max(b[0] - a[0] for a, b in itertools.pairwise(pts))
 
 
-def request_figures(r: RequestRecord) -> dict[str, Any]:
-    return {
-        "ttft_s": ttft_s(r), "ttfr_s": ttfr_s(r), "decode_tok_s": decode_tok_s(r),
-        "prefill_tok_s": prefill_tok_s(r), "tokens_per_chunk": tokens_per_chunk(r),
-        "max_gap_s": max_gap_s(r), "e2e_s": (r.t_end - r.t_sent) if r.t_end else None,
-        "exact_token_timing": bool(r.continuous_usage),
-    }
-
-
 # ---------------------------------------------------------------- concurrent streams
 
 def _curve(r: RequestRecord) -> list[tuple[float, float]]:

@@ -459,7 +459,3 @@ def _pub_kind(f: dict[str, Any]) -> str:
                                           and f["decode_tokens"] <= 8):
         return "prefill"
     return "decode"
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -65,10 +65,6 @@ def tensor_block(name: str, row_bytes: int, row0: int, rows: int, base: bytes) -
     return bytes(out)
 
 
-def expected_row(name: str, row_bytes: int, row: int, seed: int = 0) -> bytes:
-    return tensor_block(name, row_bytes, row, 1, base_block(seed))
-
-
 def write_safetensors(path: str, tensors: list[dict[str, Any]], base: bytes) -> dict[str, Any]:
     """tensors: [{"name", "dtype", "shape"}] in file order. Data is generated block-wise."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}

@@ -270,20 +270,6 @@ class VllmServer:
             f"vLLM not ready after {timeout:.0f} s; log tail:\n" + self.log_tail()
         )
 
-    def wait_log(self, needle: str, timeout: float = 300.0) -> float:
-        """Wait until needle appears in the log (for headless ranks, which have no HTTP)."""
-        deadline = self.started + timeout
-        while time.monotonic() < deadline:
-            if needle in self.log_tail(10_000):
-                return time.monotonic() - self.started
-            if not self.alive():
-                raise RuntimeError(
-                    f"process exited with {self.proc.returncode}; log tail:\n"
-                    + self.log_tail()
-                )
-            time.sleep(0.5)
-        raise TimeoutError(f"{needle!r} not in log after {timeout:.0f} s")
-
     def stop(self, grace: float = 30.0) -> float:
         """SIGTERM the main pid, wait up to grace s, then SIGTERM/SIGKILL whatever is left of the tree.
 
