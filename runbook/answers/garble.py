@@ -17,11 +17,11 @@ from typing import Any
 from ..checks import Check, check, not_applicable
 from ..api.server_info import content_of, message_of, reasoning_of
 
-__all__ = ["GARBLE_RULES", "Answer", "Finding", "archived_answers", "detect_garble", "garble_check"]
+__all__ = ["GARBLE_RULES", "ArchivedAnswer", "GarbleSign", "archived_answers", "detect_garble", "garble_check"]
 
 
 @dataclass(frozen=True)
-class Finding:
+class GarbleSign:
     rule: str
     value: float
     threshold: str
@@ -85,8 +85,8 @@ def _words(text: str) -> list[tuple[int, int, str]]:
     return [(m.start(), m.end(), m.group().strip(_PUNCT).casefold()) for m in re.finditer(r"\S+", text)]
 
 
-def _repeats(text: str, toks: list[tuple[int, int, str]]) -> list[Finding]:
-    out: list[Finding] = []
+def _repeats(text: str, toks: list[tuple[int, int, str]]) -> list[GarbleSign]:
+    out: list[GarbleSign] = []
     words = [t[2] for t in toks]
     best: dict[int, tuple[int, int]] = {}        # n -> (run length, start index)
     for n in range(1, _NGRAM_MAX + 1):
@@ -104,11 +104,11 @@ def _repeats(text: str, toks: list[tuple[int, int, str]]) -> list[Finding]:
             i += max(1, (k - 1) * n) if k > 1 else 1
     run, at = best.get(1, (1, 0))
     if run >= _TOKEN_RUN:
-        out.append(Finding("repeat.token", run, f">= {_TOKEN_RUN}", _excerpt(text, toks[at][0], toks[at + run - 1][1])))
+        out.append(GarbleSign("repeat.token", run, f">= {_TOKEN_RUN}", _excerpt(text, toks[at][0], toks[at + run - 1][1])))
     grams = [(k, n, i) for n, (k, i) in best.items() if n > 1 and k >= _NGRAM_RUN]
     if grams:
         k, n, i = max(grams, key=lambda g: g[0] * g[1])
-        out.append(Finding("repeat.ngram", k, f">= {_NGRAM_RUN} ({n}-word unit)",
+        out.append(GarbleSign("repeat.ngram", k, f">= {_NGRAM_RUN} ({n}-word unit)",
                            _excerpt(text, toks[i][0], toks[i + k * n - 1][1])))
     loops = []
     for m in _CHAR_LOOP.finditer(text[:_SCAN]):
@@ -118,28 +118,28 @@ def _repeats(text: str, toks: list[tuple[int, int, str]]) -> list[Finding]:
         loops.append((len(m.group()) // len(unit), m))
     if loops:
         k, m = max(loops, key=lambda x: len(x[1].group()))
-        out.append(Finding("repeat.chars", k, f">= {_CHAR_RUN} repeats over >= {_CHAR_SPAN} chars",
+        out.append(GarbleSign("repeat.chars", k, f">= {_CHAR_RUN} repeats over >= {_CHAR_SPAN} chars",
                            _excerpt(text, m.start(), m.end())))
     content = [w for w in words if w]
     tri = [tuple(content[i:i + 3]) for i in range(len(content) - 2)]
     if len(tri) >= _DISTINCT_N:
         ratio = len(set(tri)) / len(tri)
         if ratio < _DISTINCT_MIN:
-            out.append(Finding("repeat.distinct", round(ratio, 3), f">= {_DISTINCT_MIN} of {len(tri)} 3-grams",
+            out.append(GarbleSign("repeat.distinct", round(ratio, 3), f">= {_DISTINCT_MIN} of {len(tri)} 3-grams",
                                text[:80]))
     return out
 
 
-def _charset(text: str, toks: list[tuple[int, int, str]]) -> list[Finding]:
-    out: list[Finding] = []
+def _charset(text: str, toks: list[tuple[int, int, str]]) -> list[GarbleSign]:
+    out: list[GarbleSign] = []
     bad = text.count("\ufffd")
     if bad:
         i = text.index("\ufffd")
-        out.append(Finding("charset.replacement", bad, "0 allowed", _excerpt(text, i, i + 40)))
+        out.append(GarbleSign("charset.replacement", bad, "0 allowed", _excerpt(text, i, i + 40)))
     ctrl = [i for i, ch in enumerate(text) if ch not in "\t\n\r"
             and unicodedata.category(ch) in ("Cc", "Cs", "Co", "Cn")]
     if ctrl:
-        out.append(Finding("charset.control", len(ctrl), "0 allowed", _excerpt(text, ctrl[0], ctrl[0] + 40)))
+        out.append(GarbleSign("charset.control", len(ctrl), "0 allowed", _excerpt(text, ctrl[0], ctrl[0] + 40)))
     counts: dict[str, int] = {}
     for ch in text:
         if ch.isalpha():
@@ -152,40 +152,40 @@ def _charset(text: str, toks: list[tuple[int, int, str]]) -> list[Finding]:
         if len(letters) > 1:
             mixed.append((a, b))
     if len(scripts) >= 3:
-        out.append(Finding("charset.scripts", len(scripts), f"< 3 scripts ({', '.join(scripts)})", text[:80]))
+        out.append(GarbleSign("charset.scripts", len(scripts), f"< 3 scripts ({', '.join(scripts)})", text[:80]))
     elif len(mixed) >= 2:
-        out.append(Finding("charset.scripts", len(mixed), "< 2 words mixing alphabets",
+        out.append(GarbleSign("charset.scripts", len(mixed), "< 2 words mixing alphabets",
                            _excerpt(text, mixed[0][0], mixed[1][1])))
     special = _SPECIAL.findall(text)
     if special:
         m = _SPECIAL.search(text)
-        out.append(Finding("charset.special_tokens", len(special), "0 allowed", _excerpt(text, m.start(), m.end() + 30)))
+        out.append(GarbleSign("charset.special_tokens", len(special), "0 allowed", _excerpt(text, m.start(), m.end() + 30)))
     return out
 
 
-def _shape(text: str, toks: list[tuple[int, int, str]]) -> list[Finding]:
-    out: list[Finding] = []
+def _shape(text: str, toks: list[tuple[int, int, str]]) -> list[GarbleSign]:
+    out: list[GarbleSign] = []
     words = [w for _, _, w in toks if w]
     if len(words) >= _SHAPE_N:
         share = sum(1 for w in words if _WORDLIKE.match(w)) / len(words)
         if share < _SHAPE_MIN:
-            out.append(Finding("shape.words", round(share, 3), f">= {_SHAPE_MIN} of {len(words)} words", text[:80]))
+            out.append(GarbleSign("shape.words", round(share, 3), f">= {_SHAPE_MIN} of {len(words)} words", text[:80]))
     latin = [ch for ch in text.casefold() if "a" <= ch <= "z"]
     if len(latin) >= _VOWEL_N:
         ratio = sum(1 for ch in latin if ch in "aeiou") / len(latin)
         if not _VOWELS[0] <= ratio <= _VOWELS[1]:
-            out.append(Finding("shape.vowels", round(ratio, 3), f"{_VOWELS[0]}-{_VOWELS[1]} of {len(latin)} letters",
+            out.append(GarbleSign("shape.vowels", round(ratio, 3), f"{_VOWELS[0]}-{_VOWELS[1]} of {len(latin)} letters",
                                text[:80]))
     alpha = [w for w in words if _LETTERS.match(w) and not ({_script(c) for c in w} & _NO_SPACE_SCRIPTS)]
     if len(alpha) >= _WORDLEN_N:
         mean = sum(map(len, alpha)) / len(alpha)
         if not _WORDLEN[0] <= mean <= _WORDLEN[1]:
-            out.append(Finding("shape.word_length", round(mean, 2), f"{_WORDLEN[0]}-{_WORDLEN[1]} over {len(alpha)} words",
+            out.append(GarbleSign("shape.word_length", round(mean, 2), f"{_WORDLEN[0]}-{_WORDLEN[1]} over {len(alpha)} words",
                                text[:80]))
     return out
 
 
-def detect_garble(text: str) -> list[Finding]:
+def detect_garble(text: str) -> list[GarbleSign]:
     """Every garble rule that fires on ``text`` (empty = looks like language). Short answers (a number,
     a passphrase) are only judged by the rules that need no length (loops, charset)."""
     text = text or ""
@@ -194,12 +194,12 @@ def detect_garble(text: str) -> list[Finding]:
 
 
 @dataclass
-class Answer:
+class ArchivedAnswer:
     """One model output found in the step's archives: its case, which part of the response, the text."""
     source: str                  # <case>#<exchange>[.<part>]
     evidence: str                # the archive it came from (run-relative)
     text: str
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[GarbleSign] = field(default_factory=list)
 
 
 _CLIPPED = re.compile(r"…\[\d+ chars clipped\]…")
@@ -216,11 +216,11 @@ def _parts(body: dict[str, Any]) -> list[tuple[str, str]]:
     return [(p, t) for p, t in parts if t]
 
 
-def archived_answers(step) -> list[Answer]:
+def archived_answers(step) -> list[ArchivedAnswer]:
     """Every answer the step received so far, read back from its archives (``raw/<step>/*.json``, what
     ``archive()`` wrote): content, reasoning and tool-call arguments of each HTTP 200 choice. A long
     text the archive clipped is judged in its kept head and tail (the clip marker is not text)."""
-    out: list[Answer] = []
+    out: list[ArchivedAnswer] = []
     raw_dir = Path(step.raw_dir)
     for path in sorted(raw_dir.glob("*.json")) if raw_dir.is_dir() else []:
         try:
@@ -239,7 +239,7 @@ def archived_answers(step) -> list[Answer]:
                 continue
             for part, text in _parts(body):
                 source = f"{case}#{i}" + (f".{part}" if part else "")
-                out.append(Answer(source, rel, text))
+                out.append(ArchivedAnswer(source, rel, text))
     return out
 
 

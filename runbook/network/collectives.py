@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..checks import check, not_applicable
 from ..facts import nccl as fn
 from . import tools
-from .context import Context, Rail, ReadFailure, iface_of, read, setting, split_list, text_of
+from .context import Verification, Rail, ReadFailure, iface_of, read, setting, split_list, text_of
 from .rdma import GidPlan
 
 SWEEP_PORT = 29531
@@ -59,7 +59,7 @@ def nccl_tests_cmd(ranks: list[NcclRank], *, mpi_include: list[str], test: str =
             f"--mca btl_tcp_if_include {include} --mca oob_tcp_if_include {include} " + " : ".join(apps) + " 2>&1")
 
 
-def nccl_ranks(ctx: Context, gid: GidPlan) -> tuple[list[NcclRank], list[str]]:
+def nccl_ranks(ctx: Verification, gid: GidPlan) -> tuple[list[NcclRank], list[str]]:
     """Each node's rank and the subnets of the ranks' socket interfaces (for OpenMPI's if_include)."""
     ranks, nets = [], []
     for node in ctx.nodes:
@@ -85,7 +85,7 @@ def rank_logs(text: str, nodes) -> dict[str, str]:
     return out
 
 
-def nccl_checks(ctx: Context, gid: GidPlan) -> None:
+def nccl_checks(ctx: Verification, gid: GidPlan) -> None:
     """nccl-tests' all_reduce_perf across all nodes: bus bandwidth, NET/IB on every rank, each rank's HCAs."""
     if not ctx.expect_gpu:
         ctx.add(not_applicable("net.nccl", "not applicable on this profile (EXPECT_GPU=0)", node="cluster"))
@@ -160,7 +160,7 @@ def sweep_cmd(python: str, *, rank: int, world_size: int, master: str, iface: st
     return f"timeout {timeout_s} {python} - {args} <<'RUNBOOK_SWEEP_EOF'\n{script}\nRUNBOOK_SWEEP_EOF"
 
 
-def sweep_checks(ctx: Context, rails: list[Rail], python: str | None, max_bytes: int, min_busbw: float) -> None:
+def sweep_checks(ctx: Verification, rails: list[Rail], python: str | None, max_bytes: int, min_busbw: float) -> None:
     """A gloo all-reduce sweep (1 KiB .. max_bytes) over rail 0, one rank per node, its results verified."""
     python = python or sweep_python_from(ctx.profile)
     if not python:

@@ -20,7 +20,7 @@ from ..checks import Check, check
 from ..lab import sim
 from ..remote import expand_home
 from ..facts.node_paths import node_user
-from .context import Context
+from .context import Verification
 
 NCCL_TESTS_REPO = "https://github.com/NVIDIA/nccl-tests.git"
 NCCL_TESTS_TAG = "v2.18.3"
@@ -150,7 +150,7 @@ def locate_again(node, t: NodeTools) -> NodeTools:
     return parse_probe(getattr(res, "stdout", ""), NodeTools(node=t.node, candidates=t.candidates, src_dir=t.src_dir))
 
 
-def tools_checks(ctx: Context, tests_dir: str, install: bool) -> None:
+def tools_checks(ctx: Verification, tests_dir: str, install: bool) -> None:
     """perftest / mpirun / nccl-tests present on every node (installed when allowed), before any traffic."""
     need_perftest = ctx.expect_rdma
     need_nccl = ctx.expect_rdma and ctx.expect_gpu

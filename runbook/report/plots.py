@@ -11,7 +11,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 
 from ..benchmark.report import plot_comparison
-from .model import Figure, ReportModel
+from .model import ReportFigure, ReportModel
 from .recompute_bench import bench_result
 
 __all__ = ["png_uri", "plot_network", "plot_readiness", "plot_bench"]
@@ -25,7 +25,7 @@ def png_uri(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def plot_network(figs: list[Figure]) -> str:
+def plot_network(figs: list[ReportFigure]) -> str:
     """TCP and RDMA bandwidth per rail and direction, each bar against its threshold ("" when none)."""
     rows = [f for f in figs if f.group in ("tcp", "rdma") and f.value is not None]
     if not rows:

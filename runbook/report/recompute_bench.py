@@ -15,7 +15,7 @@ from typing import Any
 from ..benchmark import metrics
 from ..benchmark.report import anchors_table, class_table, results_table
 from ..benchmark.result import BenchResult, load_records
-from .model import Figure, ReportModel
+from .model import ReportFigure, ReportModel
 from .runfiles import data_paths, find_sidecar, load_json, number, relative
 
 __all__ = ["RECOMPUTED_METRICS", "BENCH_REL_TOL", "BENCH_TIME_ABS_TOL", "LOWER_IS_BETTER", "find_bench_result",
@@ -110,7 +110,7 @@ def bench(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]]) ->
                 value, recorded, spread = number(rec.get("median")), None, rec
                 src = res_src + (" (server /metrics counters)" if recomputed else "")
             lower = metric in LOWER_IS_BETTER
-            model.figures.append(Figure(
+            model.figures.append(ReportFigure(
                 key=f"{name}/{case.get('name')}/{metric}", step=name, label=metric, value=value,
                 unit=bench_unit(metric), source=src, recorded=recorded,
                 higher_is_better=(not lower) if (metric.endswith("tok_s") or lower) else None, node="head",

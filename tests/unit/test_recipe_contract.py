@@ -27,7 +27,7 @@ from runbook.errors import ProfileError
 from runbook.launch import recipe, server
 from runbook.launch.checkout import (LAB_SOURCE, CheckoutFact, checkout_probe_cmd, ensure_checkout, lab_source_commit,
                                      lab_source_repo, parse_checkout)
-from runbook.launch.recipe import Marker, RankRecipe, RecipePin, Step
+from runbook.launch.recipe import ChainStep, Marker, RankRecipe, RecipePin
 from runbook.launch.render import NodeFacts, render
 from runbook.profile import REPO_ROOT, load_profile
 from support.doubles import FakeCluster, LocalNode
@@ -222,8 +222,8 @@ def _synthetic(tmp_path: Path, *, fail_step: bool = False) -> RankRecipe:
     tgt.mkdir()
     (tgt / "patch_a.py").write_text("print('[patch_a] applied')\n")
     (tgt / "patch_b.py").write_text("import sys; sys.exit(7)\n" if fail_step else "print('[patch_b] ok')\n")
-    steps = [Step("patch a", (str(tgt / "patch_a.py"),), f"python3 {tgt / 'patch_a.py'}"),
-             Step("patch b", (str(tgt / "patch_b.py"), str(tgt)), f"python3 {tgt / 'patch_b.py'}")]
+    steps = [ChainStep("patch a", (str(tgt / "patch_a.py"),), f"python3 {tgt / 'patch_a.py'}"),
+             ChainStep("patch b", (str(tgt / "patch_b.py"), str(tgt)), f"python3 {tgt / 'patch_b.py'}")]
     rr = RankRecipe(name="t", pin=RecipePin("https://x/y", "a" * 40, "~/y"), shell="bash", entry="/start.sh",
                     generated=True, prefix="t-head", steps=steps,
                     markers=[Marker(recipe.CHAIN_DONE.format(n=2), "chain")])
