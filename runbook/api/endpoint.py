@@ -14,7 +14,7 @@ from __future__ import annotations
 import atexit
 import threading
 
-from ..remote import LocalForward, ssh_settings
+from ..remote import LocalForward, ssh_host_config, ssh_settings
 
 __all__ = ["api_address", "api_host", "base_url", "close_forwards", "key_required", "tunnelled"]
 
@@ -27,22 +27,8 @@ _lock = threading.Lock()
 
 def api_host(profile) -> str:
     """The host this machine reaches the head on: HEAD_SSH's HostName (from SSH_CONFIG) or its host part."""
-    target = profile.head_ssh.split("@", 1)[-1]
-    host = target.split(":", 1)[0]
-    if profile.ssh_config:
-        path = profile.resolve_path(profile.ssh_config)
-        if path.is_file():
-            current: list[str] = []
-            for line in path.read_text().splitlines():
-                words = line.strip().split()
-                if not words or words[0].startswith("#"):
-                    continue
-                key = words[0].lower()
-                if key == "host":
-                    current = words[1:]
-                elif key == "hostname" and host in current and len(words) > 1:
-                    return words[1]
-    return host
+    config = profile.resolve_path(profile.ssh_config) if profile.ssh_config else None
+    return ssh_host_config(profile.head_ssh, config)["hostname"]
 
 
 def tunnelled(profile) -> bool:
