@@ -33,6 +33,7 @@ from typing import Any
 from .http import HTTPError, RawHTTP
 from ..facts.prom import MetricsSnapshot
 from ..api.server_info import ApiClient, Exchange, ServerInfo
+from ..errors import BenchError
 
 clock = time.perf_counter
 
@@ -342,7 +343,8 @@ class ServerAPI:
             body["prompt"] = prompt
         ex = await self._call("POST", "/tokenize", body, timeout)
         if ex.status != 200:
-            raise RuntimeError(f"/tokenize {ex.summary()}: {str(ex.body or ex.error)[:200]}")
+            raise BenchError(f"/tokenize {ex.summary()}: {str(ex.body or ex.error)[:200]}",
+                             fix="the server must serve POST /tokenize (vLLM does) to build exact-length prompts")
         return int(ex.json["count"])
 
     async def metrics(self) -> MetricsSnapshot:

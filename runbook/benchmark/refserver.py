@@ -61,6 +61,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..errors import BenchError
 from .refanswers import load_answer_key
 from .refhttp import RefServer
 
@@ -136,7 +137,7 @@ def serve_in_thread(config: RefConfig | None = None, host: str = "127.0.0.1", po
     th = threading.Thread(target=run, name="refserver", daemon=True)
     th.start()
     if not ready.wait(10):
-        raise RuntimeError("refserver did not start")
+        raise BenchError("refserver did not start within 10 s")
     try:
         yield srv
     finally:
@@ -169,7 +170,7 @@ def spawn(config: RefConfig | None = None, host: str = "127.0.0.1", port: int = 
                 break
         if "listening on" not in line:
             err = proc.stderr.read() if proc.stderr and proc.poll() is not None else ""
-            raise RuntimeError(f"refserver did not start: {line!r} {err[-500:]}")
+            raise BenchError("refserver did not start", observed=f"{line!r} {err[-500:]}")
         yield line.strip().rsplit(" ", 1)[-1]
     finally:
         proc.terminate()

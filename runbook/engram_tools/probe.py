@@ -46,6 +46,7 @@ def percentile(sorted_values: list[int], q: float) -> float:
 def open_file(path: str, mode: str) -> tuple[int, str, str]:
     note = ""
     if mode in ("auto", "direct") and hasattr(os, "O_DIRECT"):
+        fd = None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
             buf = mmap.mmap(-1, 2 * ALIGN)
@@ -56,10 +57,11 @@ def open_file(path: str, mode: str) -> tuple[int, str, str]:
             if mode == "direct":
                 raise
             note = f"O_DIRECT refused ({exc.strerror}); buffered reads through the page cache"
-            try:
-                os.close(fd)
-            except (OSError, UnboundLocalError):
-                pass
+            if fd is not None:            # the open itself may be what failed
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..api.server_info import ApiClient, ServerInfo
+from ..errors import LabError
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_CLI = Path(__file__).resolve().with_name("vllm_cli.py")
@@ -257,7 +258,7 @@ class VllmServer:
         deadline = self.started + timeout
         while time.monotonic() < deadline:
             if not self.alive():
-                raise RuntimeError(
+                raise LabError(
                     f"vLLM exited with {self.proc.returncode} before ready; log tail:\n"
                     + self.log_tail()
                 )
@@ -299,7 +300,7 @@ class VllmServer:
             self.proc.wait(timeout=5)
         left = self._live_tracked()
         if left:
-            raise RuntimeError(f"vLLM processes survived stop: {left}")
+            raise LabError(f"vLLM processes survived stop: {left}", fix=f"kill {' '.join(map(str, left))}")
         return time.monotonic() - t0
 
     def _live_tracked(self) -> list[int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from runbook.checks import Status
-from runbook.errors import ProfileError
+from runbook.errors import LabError, ProfileError
 from runbook.launch import recipe, server
 from runbook.launch.checkout import (LAB_SOURCE, CheckoutFact, checkout_probe_cmd, ensure_checkout, lab_source_commit,
                                      lab_source_repo, parse_checkout)
@@ -152,7 +152,7 @@ def test_lab_source_repo_refuses_files_that_do_not_make_the_pin(tmp_path):
     shutil.copytree(LAB_SOURCE, src, ignore=shutil.ignore_patterns("__pycache__"))
     (src / "start.sh").write_text((src / "start.sh").read_text() + "# edited\n")
     prof = load_profile(ENV / "lab.env", {"RECIPE_REPO": str(tmp_path / "r.git")}, environ=NO_ENV)
-    with pytest.raises(RuntimeError, match="set RECIPE_COMMIT="):
+    with pytest.raises(LabError, match="set RECIPE_COMMIT="):
         lab_source_repo(prof, src=src)
     assert not (tmp_path / "r.git").exists()
 
