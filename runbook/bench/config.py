@@ -73,11 +73,11 @@ def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: fl
         **values, **common)
 
 
-def previous_result(run_path: Path, step: str = "07_bench") -> BenchResult | None:
+def previous_result(run_path: Path, step_name: str = "07_bench") -> BenchResult | None:
     """The bench result of the previous good run (``evidence.previous_good_run``, the run the report's
     drift compares with), if it has one."""
     previous = previous_good_run(run_path)
-    result = previous / "raw" / step / RAW_DIR_NAME / "result.json" if previous else None
+    result = previous / "raw" / step_name / RAW_DIR_NAME / "result.json" if previous else None
     return BenchResult.load(result) if result is not None and result.is_file() else None
 
 

@@ -2,15 +2,16 @@
 worker(s) then the head, and wait until the API streams a token (fail fast on a dead rank or a hang).
 
     outcome = runbook.launch.run(step, action="start")   # start | stop | restart | status
+    plan = launch_plan(cluster, profile); outcome = bring_up(cluster, profile, plan)   # `python -m runbook start`
 
 Modules: ``render`` (pure: profile + node facts → per-rank container/env/argv and fingerprint), ``plan``
 (the node facts render needs, read-only, and the rendered plan), ``recipe`` (pure: each rank's start chain
 and its boot-log markers), ``checkout`` (the recipe checkout at the pinned commit on every node),
-``image`` (the runtime image on every node), ``ranks`` (read-only: what runs on each node, liveness and log
-growth while a start is watched), ``server`` (start and its watch until the first token), ``readiness``
+``image`` (the runtime image on every node), ``facts/ranks.py`` (read-only: what runs on each node, liveness
+and log growth while a start is watched), ``server`` (start and its watch until the first token), ``readiness``
 (the API's readiness phases, the master-port probe, hang diagnostics), ``stop`` (stop, teardown proven),
 ``status`` (read-only: status, logs), ``exposure`` (the key a bind beyond loopback needs; what listens on
-each node). Where the API is and the SSH forward that reaches a loopback bind: ``serve/endpoint.py``.
+each node). Where the API is and the SSH forward that reaches a loopback bind: ``api/endpoint.py``.
 Check names → code: "runtime image …" rows in ``image.py``; "api exposure", "ports exposed" in
 ``exposure.py``; "recipe checkout at the pinned commit" in ``checkout.py``; "no vLLM process or container
 left", "MemAvailable back to its pre-launch value", "server stopped" in ``stop.py``; every other row
