@@ -59,7 +59,7 @@ def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go
             out.started = server.start(cluster, profile, plan, raw_prefix=raw_prefix, run_id=run_id,
                                        raise_on_failure=False)
             out.checks.add(out.started.checks)
-    except Exception as err:
+    except BaseException as err:
         if out.started is None:
             out.started = getattr(err, "result", None)
         err.outcome = out
@@ -83,7 +83,7 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
         try:
             outcome = bring_up(step.cluster, profile, plan, stop_first=action == "restart",
                                go=not step.checks.failures(), raw_prefix=f"raw/{step.name}", run_id=step.run.run_id)
-        except Exception as err:
+        except BaseException as err:
             record(step, profile, err.outcome)
             raise
         record(step, profile, outcome)

@@ -139,7 +139,7 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, raw_prefix: str = "", 
     try:
         return _start(cluster, profile, plan, result, url, api_key, ev, raise_on_failure, consistency,
                       cleanup_on_failure, on_launched, run_id)
-    except Exception as err:
+    except BaseException as err:        # also an interrupt: the caller records what ran
         if getattr(err, "result", None) is None:
             err.result = result      # the partial StartResult (timings, logs) for the caller to record
         raise
