@@ -21,7 +21,6 @@ multi-hour ``PACK_TIMEOUT_S`` on real 47 GiB files.
 """
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
