@@ -110,25 +110,24 @@ def _server_cluster(args):
 
 
 def cmd_start(args) -> int:
-    """Start the server of a profile outside a run (image, worker(s) then head, readiness). Exit 0 when it
-    came up, 3 when its ranks were already running with the same configuration (the seeds' contract), 1 when
-    it could not start."""
+    """Start the server of a profile outside a run, as step 04 does (``launch.launch_plan`` then
+    ``launch.bring_up``: image, worker(s) then head, readiness). Exit 0 when it came up, 3 when its ranks were
+    already running with the same configuration (the seeds' contract), 1 when it could not start."""
     from .errors import ALREADY_RUNNING
-    from .launch import exposure, image, server
-    from .launch.plan import render_plan
+    from .launch import bring_up, exposure, server
+    from .launch.plan import launch_plan
     from .remote import ClusterLock
     profile, cluster = _server_cluster(args)
+    key_row = exposure.ensure_api_key(profile)      # a bind beyond loopback gets a key before the plan renders
+    print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
     with cluster, ClusterLock(cluster.head, command="start", echo=_say):
-        key_row = exposure.ensure_api_key(profile)      # a bind beyond loopback gets a key before the plan renders
-        print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
-        image_checks = image.ensure_image(cluster, profile)
-        if image_checks.failures():
-            print(image_checks.to_text())
-            return ExitStatus.FAILED
-        plan = render_plan(cluster, profile)
-        result = server.start(cluster, profile, plan, raise_on_failure=False)
-    print(result.checks.to_text())
-    code = server.exit_code(result)
+        plan = launch_plan(cluster, profile)         # no run: the GID indexes are resolved from the nodes
+        outcome = bring_up(cluster, profile, plan, go=not key_row.failed)
+    if outcome.started is None:
+        print(outcome.checks.to_text())
+        return ExitStatus.FAILED
+    print(outcome.started.checks.to_text())
+    code = server.exit_code(outcome.started)
     if code == ALREADY_RUNNING:
         print(f"not a failed start: the ranks already run with fingerprint {plan.fingerprint[:12]} (dockerd restores "
               f"them after a reboot); exit {ALREADY_RUNNING}", file=sys.stderr)
@@ -163,7 +162,7 @@ def cmd_diagnose(args) -> int:
         return 0
     from .evidence import RESULTS_ROOT, RunDir
     from .launch import diagnosis
-    from .launch.plan import render_plan
+    from .launch.plan import launch_plan
     from .remote import ClusterLock
     from .secrets import redactor_from_env
     from .runner import run_folder
@@ -174,7 +173,7 @@ def cmd_diagnose(args) -> int:
             RunDir.create(profile.profile_name, RESULTS_ROOT, redactor)
         status = "failed"
         try:
-            plan = render_plan(cluster, profile)
+            plan = launch_plan(cluster, profile)
             archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
             status = "passed"
         finally:
@@ -189,7 +188,7 @@ def cmd_diagnose(args) -> int:
 def cmd_watch(args) -> int:
     """The serving watchdog in the foreground over the profile's server (Ctrl-C ends it). Exit 1 if it fired."""
     import time
-    from .launch.watchdog import Watchdog
+    from .api.watchdog import Watchdog
     from .profile import load_profile
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     dog = Watchdog(profile, stall_s=args.stall).start()

@@ -153,9 +153,6 @@ class RunDir:
     def write_json(self, rel: str, obj: Any) -> Path:
         return self.write_text(rel, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
-    def read_json(self, rel: str) -> Any:
-        return json.loads((self.path / rel).read_text())
-
     def raw_path(self, step: str, name: str) -> Path:
         return self.path / "raw" / step / name
 

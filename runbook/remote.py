@@ -480,6 +480,18 @@ def ssh_settings(profile) -> SshSettings:
     )
 
 
+def ssh_host_config(target: str, ssh_config: str | Path | None) -> dict[str, Any]:
+    """What an ssh target (``[user@]alias[:port]``) resolves to in the ssh config, read by paramiko's
+    ``SSHConfig`` (the parser fabric connects with: Host patterns and wildcards, Match): ``hostname`` (the
+    alias itself when no block names one), and ``user``, ``port``, ``identityfile`` where the config sets them.
+    No config file: the target's own host part."""
+    host = target.split("@", 1)[-1].split(":", 1)[0]
+    if not ssh_config or not Path(ssh_config).is_file():
+        return {"hostname": host}
+    from paramiko import SSHConfig
+    return dict(SSHConfig.from_path(str(ssh_config)).lookup(host))
+
+
 def map_connect_error(exc: Exception, node: str, target: str, known_hosts) -> RemoteError:
     """Turn paramiko/socket exceptions into a RemoteError with a fix."""
     from paramiko.ssh_exception import (AuthenticationException, BadHostKeyException,

@@ -18,7 +18,7 @@ from typing import Callable
 
 from . import launch, weights
 from .checks import check
-from .launch import health
+from .api import health
 from .errors import ExitStatus, RemoteError, RunbookError, UsageError, exit_status_of
 from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
 from .profile import load_profile

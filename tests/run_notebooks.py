@@ -7,7 +7,7 @@ runner overrides it, papermill's ``parameterize_notebook``):
 - ``05_smoke`` and ``06_vision_tools``: the lab profile against the fake vLLM (``support.fake_vllm``, served
   over HTTP) through their ``base_url`` parameter: every request goes through the openai SDK and the fake
   refuses what it does not model; ``step.finish()`` raises on any FAIL row, so the notebook fails.
-- ``07_bench``: the lab profile against the reference server (``runbook.bench.refserver``, the fake whose
+- ``07_bench``: the lab profile against the reference server (``runbook.benchmark.refserver``, the fake whose
   timing truth is known), one repeat, no soak, no ``vllm bench serve`` cross-check (no vLLM here).
 - ``08_report``: a captured run folder in the real formats (``support.runs.build_full_run``, every step 00-07).
 - ``00``-``04`` are not run here: each reads facts from the nodes over SSH even in a dry run, so they need
@@ -32,7 +32,7 @@ from papermill.iorw import load_notebook_node  # noqa: E402
 from papermill.parameterize import parameterize_notebook  # noqa: E402
 
 import runbook.step  # noqa: E402
-from runbook.bench.refserver import RefConfig, serve_in_thread  # noqa: E402
+from runbook.benchmark.refserver import RefConfig, serve_in_thread  # noqa: E402
 from support.fake_vllm import FakeVllm, serve_http  # noqa: E402
 from support.runs import build_full_run, recipe_profile, seed_bench_output  # noqa: E402
 

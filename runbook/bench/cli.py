@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from ..errors import BenchError, RunbookError
-from .result import BenchConfig
+from ..benchmark.result import BenchConfig
 
 
 def _ints(s: str) -> tuple[int, ...]:
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                       soak_stall_s=a.soak_stall, soak_min_ratio=a.soak_min_ratio, api_key_env=a.api_key_env,
                       recipe=a.recipe, label=a.label, allow_busy=a.allow_busy,
                       allow_other_model=a.allow_other_model)
-    from .report import render_text, write_report
-    from .runner import run_benchmark
+    from ..benchmark.report import render_text, write_report
+    from ..benchmark.runner import run_benchmark
     out = Path(a.out) if a.out else None
     try:
         res = run_benchmark(a.base_url, a.model, cfg, out)

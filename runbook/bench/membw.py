@@ -56,18 +56,23 @@ def parse_probe(stdout: str) -> dict[str, Any]:
     return {"tool": "membw_probe", "error": "no JSON line from the probe"}
 
 
-def probe_ranks(step, phase: str, python: str | None = None) -> tuple[dict[str, dict[str, Any]], list[Check]]:
-    """Probe every node, one after another: ({node: result}, one row per node). ``phase``: before | after."""
+def probe_ranks(cluster, profile, phase: str, python: str | None = None, *, raw_prefix: str = ""
+                ) -> tuple[dict[str, dict[str, Any]], list[Check], dict[str, str]]:
+    """Probe every node, one after another: ({node: result}, one row per node, {raw file name: text} for the
+    caller to archive under ``raw_prefix``, the run-relative folder the rows' evidence names). ``phase``:
+    before | after."""
     results: dict[str, dict[str, Any]] = {}
-    rows = []
-    for node in step.cluster.nodes:
+    rows, raws = [], {}
+    for node in cluster.nodes:
         try:
-            res = node.read(probe_cmd(step.profile, node.name, python), timeout=TIMEOUT_S + 30)
+            res = node.read(probe_cmd(profile, node.name, python), timeout=TIMEOUT_S + 30)
             text = (res.stdout or "") + (res.stderr or "")
             got = parse_probe(res.stdout) if not getattr(res, "dry_run", False) else {"error": "dry run"}
         except Exception as exc:  # noqa: BLE001 - an unreachable node is a row, never the end of the bench
             text, got = f"{type(exc).__name__}: {exc}", {"tool": "membw_probe", "error": f"{type(exc).__name__}: {exc}"}
-        ev = step.raw(f"membw_{phase}_{node.name}.json", text)
+        raw_name = f"membw_{phase}_{node.name}.json"
+        raws[raw_name] = text
+        ev = f"{raw_prefix}/{raw_name}" if raw_prefix else raw_name
         results[node.name] = got
         name = f"{ROW} {phase} bench"
         if got.get("error"):
@@ -80,7 +85,7 @@ def probe_ranks(step, phase: str, python: str | None = None) -> tuple[dict[str, 
                           observed=f"{got['gbs']:.1f} GB/s ({got.get('label', '')}; {got.get('name', '')})",
                           expected="measured", evidence=[ev],
                           data={"gbs": got["gbs"], "device": got.get("device"), "method": got.get("method")}))
-    return results, rows
+    return results, rows, raws
 
 
 def validity(probes: dict[str, dict[str, dict[str, Any]]], *, gpu: bool) -> tuple[bool | None, Check]:

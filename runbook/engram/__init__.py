@@ -4,12 +4,18 @@
 
 Check names → code: ``engram source``, ``engram python3``, ``engram source size|parity``, ``engram layout``,
 ``engram packed dir free space`` in ``precheck.py``; ``engram pack …`` and ``engram packed … verify`` in
-``step.py`` (with the N/A rows of ENGRAM=0); ``engram slim source`` in ``slim_source.py``; ``engram read
+``packing.py`` (with the N/A rows of ENGRAM=0); ``engram slim source`` in ``slim_source.py``; ``engram read
 probe …`` in ``read_probe.py``; ``lab fixture: …`` in ``lab_source.py``. The read-only node facts are in
-``facts.py``, shipping the tools in ``tools.py``, the byte layout in ``layout.py``; the node-side tools are
-``pack.py`` (with ``pack_partial.py``, ``pack_writer.py``), ``check.py``, ``probe.py`` and ``slim.py``.
+``facts.py``, shipping the tools in ``tools.py``; the byte layout (``layout.py``) and the node-side tools ``pack.py`` (with
+``pack_partial.py``, ``pack_writer.py``), ``check.py``, ``probe.py`` and ``slim.py`` are in ``runbook/engram_tools/``.
 """
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .packing import summarize
 
 
 def run(step, *, check_samples: int = 256, probe_seconds: float = 3.0, echo=print) -> dict[str, dict]:
@@ -20,7 +26,7 @@ def run(step, *, check_samples: int = 256, probe_seconds: float = 3.0, echo=prin
     from .precheck import precheck
     from .read_probe import run_probe
     from .slim_source import make_slim_source
-    from .step import applicable, blocked_nodes, disabled_checks, plan_pack, record, run_pack
+    from .packing import applicable, blocked_nodes, disabled_checks, plan_pack, run_pack
     profile, cluster = step.profile, step.cluster
     enabled, reason = applicable(profile)
     echo(reason)
@@ -42,3 +48,15 @@ def run(step, *, check_samples: int = 256, probe_seconds: float = 3.0, echo=prin
     step.add(run_probe(cluster, profile, facts, results=results, seconds=probe_seconds,
                        skip=blocked_nodes(step.checks)))
     return record(step, results)
+
+
+def record(step, results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Put the numbers into ``step.data["engram"]`` and every tool's raw JSON under raw/<step>/."""
+    summary = summarize(results)
+    step.data["engram"] = summary
+    raw = {}
+    for name, r in sorted(results.items()):
+        for tool, value in sorted(r.items()):
+            raw[f"{tool}-{name}"] = step.raw(f"{tool}-{name}.json", json.dumps(value, indent=1, sort_keys=True))
+    step.data["engram_raw"] = raw
+    return summary

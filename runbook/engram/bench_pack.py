@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import layout as L
-from . import synth
+from ..engram_tools import layout as L
+from ..engram_tools import synth
 from .tools import TOOL_FILES
 
 HERE = Path(__file__).resolve().parent

@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from . import layout as L
-from .pack_partial import RECORD_BYTES
+from ..engram_tools import layout as L
+from ..engram_tools.pack_partial import RECORD_BYTES
 from .tools import node_facts, packed_of, shell_path, src_of
 
 
@@ -59,16 +59,6 @@ def gather_facts(cluster, profile, facts: Mapping[str, Any] | None = None) -> di
     return {name: (value if not isinstance(value, Exception) else
                    {"error": str(value).splitlines()[0], "rank": ranks.get(name, 99)})
             for name, value in cluster.each(probe).items()}
-
-
-def engram_shards(nf: Mapping[str, Any]) -> list[str]:
-    """Shard files that hold Engram tensors, per the node's index (or every *.safetensors)."""
-    index = nf.get("index") or {}
-    wm = index.get("weight_map") or {}
-    shards = sorted({v for k, v in wm.items() if ".engram.embed." in k})
-    if shards:
-        return shards
-    return sorted(n for n in nf.get("src_files", {}) if n.endswith(".safetensors"))
 
 
 def parse_stat_lines(text: str) -> dict[str, int]:

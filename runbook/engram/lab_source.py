@@ -15,7 +15,7 @@ from .facts import parse_stat_lines
 from .tools import DEFAULT_TOOLS_DIR, LAB_TOOL_FILES, is_dry, last_json, shell_path, ship_tools, tail_line
 
 LAB_FIXTURE_MARKER = ".lab-fixture.json"
-LAB_FIXTURE_KIND = "runbook lab fixture: synthetic DeepSeek-V4.1-style Engram source (runbook.engram.synth)"
+LAB_FIXTURE_KIND = "runbook lab fixture: synthetic DeepSeek-V4.1-style Engram source (runbook.engram_tools.synth)"
 MIB = 1 << 20
 
 
@@ -69,7 +69,7 @@ def prepare_lab_source(cluster, profile, *, vocab: int | None = None, seed: int 
     here an ``rsync`` over ssh from the head to each worker's fabric address into the worker's
     node-private ENGRAM_SRC_DIR (the recipe uses an NFS export over the fabric). A marker file
     makes a re-run a NO-OP. Refuses to overwrite a dir that holds anything but its own fixture."""
-    from . import synth
+    from ..engram_tools import synth
     if not profile.is_lab:
         raise ValueError(f"prepare_lab_source is a lab fixture; RECIPE={profile.recipe} must bring the real "
                          "Engram source (02_weights)")

@@ -7,9 +7,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
-from . import layout as L
-from .facts import config_of, engram_shards
-from .pack_partial import ALIGN_ROWS, recorded_rows
+from ..engram_tools import layout as L
+from ..engram_tools.layout import engram_shards
+from .facts import config_of
+from ..engram_tools.pack_partial import ALIGN_ROWS, recorded_rows
 from .tools import node_facts, node_name, packed_of
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -39,7 +40,7 @@ def source_checks(profile, facts: Mapping[str, Any]) -> list[Check]:
         missing = [f for f in ("config.json", L.INDEX_NAME) if f not in files]
         if nf.get("config_error") or nf.get("index_error"):
             missing.append(nf.get("config_error") or nf.get("index_error"))
-        shards = engram_shards(nf)
+        shards = engram_shards(nf.get("index"), nf.get("src_files", {}))
         missing += [s for s in shards if s not in files]
         if not shards:
             missing.append("no shard with layers.*.engram.embed.* in the index")

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
-from . import layout as L
+from ..engram_tools import layout as L
 from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_name, node_tools_dir, packed_of, parse_tool_json,
                     shell_path)
 

@@ -16,9 +16,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import engram_tools
 from ..remote import private_dir_command
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(engram_tools.__file__).resolve().parent      # the scripts shipped to the nodes
 TOOL_FILES = ("layout.py", "pack.py", "pack_partial.py", "pack_writer.py", "check.py", "probe.py", "slim.py")
 LAB_TOOL_FILES = ("layout.py", "synth.py")
 DEFAULT_TOOLS_DIR = "/tmp/spark-runbook-engram"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 OS_CMD = "cat /etc/os-release; echo '--'; uname -r; echo '--'; uname -m; echo '--'; hostname"
 
@@ -170,6 +170,41 @@ def parse_image(text: str) -> ImageInfo | None:
     if not m:
         return None
     return ImageInfo(m.group(1), json.loads(m.group(2)))
+
+
+@dataclass
+class ImagePlan:
+    action: str                      # none | ship | pull | fail
+    reason: str
+    targets: list[str] = field(default_factory=list)     # nodes to ship/pull to
+    source: str = "head"
+
+
+def plan_image(profile, infos: dict[str, ImageInfo | None]) -> ImagePlan:
+    """Decide what to do from each node's image facts (pure)."""
+    head = infos.get("head")
+    others = {n: i for n, i in infos.items() if n != "head"}
+    pinned = "@sha256:" in profile.image
+    if head is None:
+        if profile.is_lab or profile.rehearsal:
+            return ImagePlan("fail", f"{profile.image} is missing on the head (the lab never pulls: its nodes "
+                                     "have no route out; `python -m runbook lab up` imports the lab image)")
+        if pinned:
+            return ImagePlan("pull", f"{profile.image} is missing on the head; digest-pinned: pull it",
+                             targets=sorted(infos))
+        # a moving tag (seed A publishes one) is pulled once, on the head, and shipped from there, so every
+        # rank runs the same bytes; the digest it resolved to is recorded and the run stays a candidate
+        return ImagePlan("pull-head", f"{profile.image} is missing on the head and is a moving tag: pull it on "
+                                      "the head only, record the digest it resolves to, ship it to the workers",
+                         targets=sorted(infos))
+    differ = [n for n, i in others.items() if i is None or list(i.layers) != list(head.layers)]
+    if not differ:
+        return ImagePlan("none", "same layer digests on every node")
+    why = ", ".join(f"{n}: {'missing' if others[n] is None else 'different layers'}" for n in differ)
+    if pinned and not profile.lab:
+        return ImagePlan("pull", f"{why}; digest-pinned: pull on those nodes (falls back to shipping)",
+                         targets=differ)
+    return ImagePlan("ship", f"{why}; ship the head's image over the fabric", targets=differ)
 
 
 CONTAINERS_CMD = "docker ps -a --format '{{.Names}}\t{{.Status}}\t{{.Image}}' 2>/dev/null"

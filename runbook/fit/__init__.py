@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..checks import Check
-from .budget import DOES_NOT_FIT, FITS, UNKNOWN, FsFacts, NodeFacts, Plan, Row, plan
+from .budget import DOES_NOT_FIT, FITS, UNKNOWN, FsFacts, NodeCapacity, Plan, Row, plan
 from .facts import gather_node, node_facts_from_gather, nominal_facts, probe_paths
 from .figures import Figure
 from .render import plan_text
 
-__all__ = ["DOES_NOT_FIT", "FITS", "UNKNOWN", "Figure", "FsFacts", "NodeFacts", "Plan", "Row", "fit_checks", "fit_plan",
+__all__ = ["DOES_NOT_FIT", "FITS", "UNKNOWN", "Figure", "FsFacts", "NodeCapacity", "Plan", "Row", "fit_checks", "fit_plan",
            "gather_node", "nominal_facts", "plan", "plan_text", "probe_paths"]
 
 

@@ -60,7 +60,7 @@ class FsFacts:
 
 
 @dataclass
-class NodeFacts:
+class NodeCapacity:
     name: str
     mem_total: Figure
     mem_available: Figure
@@ -82,7 +82,7 @@ class NodeFacts:
                 "default_fs": self.default_fs.to_dict() if self.default_fs else None}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "NodeFacts":
+    def from_dict(cls, d: dict[str, Any]) -> "NodeCapacity":
         return cls(str(d["name"]), Figure.from_dict(d["mem_total"]), Figure.from_dict(d["mem_available"]),
                    {p: FsFacts.from_dict(v) for p, v in (d.get("paths") or {}).items()},
                    {p: Figure.from_dict(v) for p, v in (d.get("used") or {}).items()},
@@ -274,7 +274,7 @@ def _memory_knob(profile, kv: KvPool, short: float, ranks: int, total: Figure, w
                                      "KV_CACHE_MEMORY_BYTES")
 
 
-def memory_rows(profile, facts: NodeFacts, ranks: list[str], weights: Figure, figs: RecipeFigures) -> list[Row]:
+def memory_rows(profile, facts: NodeCapacity, ranks: list[str], weights: Figure, figs: RecipeFigures) -> list[Row]:
     """Rows for one host running ``ranks`` (one rank on a Spark; every rank on the lab host)."""
     node = "+".join(ranks)
     n = len(ranks)
@@ -461,7 +461,7 @@ def _disk_fix(items: list[DiskItem], short: float, mount: str, weight_sync: str)
     return (moves[0][0] if moves else "disk"), text
 
 
-def disk_rows(profile, items: list[DiskItem], facts: dict[str, NodeFacts], hosts: dict[str, str]) -> list[Row]:
+def disk_rows(profile, items: list[DiskItem], facts: dict[str, NodeCapacity], hosts: dict[str, str]) -> list[Row]:
     groups: dict[tuple[str, str], tuple[FsFacts, list[DiskItem]]] = {}
     rows: list[Row] = []
     for item in items:
@@ -525,7 +525,7 @@ class Plan:
     profile: str
     origin: str                          # where the node facts come from
     rows: list[Row]
-    facts: dict[str, NodeFacts]
+    facts: dict[str, NodeCapacity]
     weights: Weights
     items: list[DiskItem]
 
@@ -560,12 +560,12 @@ class Plan:
                 "facts": {name: f.to_dict() for name, f in self.facts.items()}}
 
 
-def hosts_of(profile, facts: dict[str, NodeFacts]) -> dict[str, str]:
+def hosts_of(profile, facts: dict[str, NodeCapacity]) -> dict[str, str]:
     """node -> host. The lab's nodes share one kernel (and its memory and disks); Sparks are one each."""
     return {name: (f.host or ("lab" if profile.lab else name)) for name, f in facts.items()}
 
 
-def plan(profile, facts: dict[str, NodeFacts], *, checkpoint: Figure | None = None, origin: str = "") -> Plan:
+def plan(profile, facts: dict[str, NodeCapacity], *, checkpoint: Figure | None = None, origin: str = "") -> Plan:
     """The fit plan of ``profile`` on nodes described by ``facts``. A node without facts gets one N/A
     row and makes the verdict UNKNOWN (never FITS)."""
     nodes = [n for n in profile.nodes if n.name in facts]

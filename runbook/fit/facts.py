@@ -14,7 +14,7 @@ from typing import Any, Mapping, Protocol
 
 from ..errors import RunbookError
 from ..facts import system
-from .budget import FsFacts, NodeFacts, hf_cache_repo_dir
+from .budget import FsFacts, NodeCapacity, hf_cache_repo_dir
 from .figures import (DOCKER_ROOT, GB10_DISK, GB10_INODES, GB10_MEM_AVAILABLE, GB10_MEM_TOTAL, MEASURED,
                       Figure)
 
@@ -181,11 +181,11 @@ def _fs_from_entry(entry: Mapping[str, Any], source: str, note: str) -> FsFacts 
 
 
 def node_facts_from_gather(profile, gathered: Mapping[str, Mapping[str, Any]], *,
-                           where: str = "preflight on {node}") -> dict[str, NodeFacts]:
+                           where: str = "preflight on {node}") -> dict[str, NodeCapacity]:
     """Preflight's facts (``runbook.preflight.gather`` per node, with ``gather_node``'s dict under
-    ``"fit"``) -> NodeFacts. Without ``"fit"`` the preflight's own ``"disk"`` labels are used (no
+    ``"fit"``) -> NodeCapacity. Without ``"fit"`` the preflight's own ``"disk"`` labels are used (no
     inodes, no device: paths group by mount point). MemTotal falls back to the nominal GB10 figure."""
-    out: dict[str, NodeFacts] = {}
+    out: dict[str, NodeCapacity] = {}
     for n in profile.nodes:
         f = gathered.get(n.name)
         if not isinstance(f, Mapping):
@@ -215,18 +215,18 @@ def node_facts_from_gather(profile, gathered: Mapping[str, Mapping[str, Any]], *
         image_present = None
         if f.get("docker") is not None:
             image_present = f.get("image") is not None
-        out[n.name] = NodeFacts(n.name, total, avail, paths, used, image_present, str(fit.get("boot_id", "")))
+        out[n.name] = NodeCapacity(n.name, total, avail, paths, used, image_present, str(fit.get("boot_id", "")))
     return out
 
 
-def nominal_facts(profile) -> dict[str, NodeFacts]:
+def nominal_facts(profile) -> dict[str, NodeCapacity]:
     """Every node a GB10 nobody has measured: nominal MemTotal, published MemAvailable before launch,
     one empty 4 TB root filesystem holding every path."""
     root = FsFacts("/", GB10_DISK, GB10_DISK, GB10_INODES, GB10_INODES, device="nominal-nvme")
-    return {n.name: NodeFacts(n.name, GB10_MEM_TOTAL, GB10_MEM_AVAILABLE, default_fs=root) for n in profile.nodes}
+    return {n.name: NodeCapacity(n.name, GB10_MEM_TOTAL, GB10_MEM_AVAILABLE, default_fs=root) for n in profile.nodes}
 
 
-def local_facts(profile, host: LocalHost | None = None) -> dict[str, NodeFacts]:
+def local_facts(profile, host: LocalHost | None = None) -> dict[str, NodeCapacity]:
     """The lab's nodes measured on this machine (they share its kernel, memory and filesystems)."""
     host = host or LocalHost()
     mem = system.parse_meminfo(host.read(system.MEMINFO_CMD).stdout)
@@ -242,7 +242,7 @@ def local_facts(profile, host: LocalHost | None = None) -> dict[str, NodeFacts]:
     return facts
 
 
-def node_facts_from_sidecar(profile, sidecar: Mapping[str, Any], where: str) -> dict[str, NodeFacts]:
+def node_facts_from_sidecar(profile, sidecar: Mapping[str, Any], where: str) -> dict[str, NodeCapacity]:
     """Node facts cached in a preflight sidecar (``steps/00_preflight.json``).
 
     A sidecar written with the fit planner holds them whole under ``data.fit.facts``. An older one
@@ -251,7 +251,7 @@ def node_facts_from_sidecar(profile, sidecar: Mapping[str, Any], where: str) -> 
     data = sidecar.get("data") or {}
     fit = data.get("fit") or {}
     if fit.get("facts"):
-        return {name: NodeFacts.from_dict(d) for name, d in fit["facts"].items()}
+        return {name: NodeCapacity.from_dict(d) for name, d in fit["facts"].items()}
     nodes = data.get("nodes") or {}
     if not nodes:
         raise RunbookError(f"{where}: no node facts (data.nodes is empty: preflight did not reach the nodes)",

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 from ..errors import LabError
 from ..evidence import REPO_ROOT
-from ..serve.server_info import ApiClient, ServerInfo
+from ..api.server_info import ApiClient, ServerInfo
 from . import hub
 
 LAB_DIR = REPO_ROOT / ".lab"

@@ -154,13 +154,13 @@ def publish_engram_source(root: str | os.PathLike, repo_id: str, *, vocab: int =
                           branch: str = "main") -> str:
     """Publish a scaled-down original DeepSeek-V4.1 checkpoint as ``repo_id``: the Engram tables in
     shards ``model-00047/00048-of-00048.safetensors`` with the real tensor names and dtypes, a
-    ``config.json`` with the ``engram_*`` keys and an index (``runbook.engram.synth``), plus what a
+    ``config.json`` with the ``engram_*`` keys and an index (``runbook.engram_tools.synth``), plus what a
     full checkpoint has and recipe A does NOT download (a non-Engram shard in the index, a tokenizer),
     so a rehearsal's 02_weights proves it fetches only config, index and shards 47/48. Deterministic
     for (vocab, seed): the same revision sha every time on a fresh root. Returns the sha."""
     import tempfile
 
-    from ..engram import synth
+    from ..engram_tools import synth
     with tempfile.TemporaryDirectory(prefix="lab-engram-src-") as tmp:
         synth.make_source(tmp, vocab_size=vocab, seed=seed)
         with open(os.path.join(tmp, ENGRAM_OTHER_SHARD), "wb") as fh:     # stands in for a shard 02 must not fetch

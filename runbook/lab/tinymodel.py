@@ -42,6 +42,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from ..errors import LabError
+
 ARCHS = ("llama", "qwen2", "llava")
 
 VOCAB_SIZE = 2048
@@ -160,7 +162,7 @@ def _corpus_files() -> list[Path]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in stdlib.glob("*.py") if p.is_file())
     if not files:
-        raise RuntimeError(f"no stdlib *.py files under {stdlib}")
+        raise LabError(f"no stdlib *.py files under {stdlib}", fix="build the tiny model with a full CPython install")
     return files
 
 

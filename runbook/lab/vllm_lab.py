@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..serve.server_info import ApiClient, ServerInfo
+from ..api.server_info import ApiClient, ServerInfo
+from ..errors import LabError
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_CLI = Path(__file__).resolve().with_name("vllm_cli.py")
@@ -257,7 +258,7 @@ class VllmServer:
         deadline = self.started + timeout
         while time.monotonic() < deadline:
             if not self.alive():
-                raise RuntimeError(
+                raise LabError(
                     f"vLLM exited with {self.proc.returncode} before ready; log tail:\n"
                     + self.log_tail()
                 )
@@ -269,20 +270,6 @@ class VllmServer:
         raise TimeoutError(
             f"vLLM not ready after {timeout:.0f} s; log tail:\n" + self.log_tail()
         )
-
-    def wait_log(self, needle: str, timeout: float = 300.0) -> float:
-        """Wait until needle appears in the log (for headless ranks, which have no HTTP)."""
-        deadline = self.started + timeout
-        while time.monotonic() < deadline:
-            if needle in self.log_tail(10_000):
-                return time.monotonic() - self.started
-            if not self.alive():
-                raise RuntimeError(
-                    f"process exited with {self.proc.returncode}; log tail:\n"
-                    + self.log_tail()
-                )
-            time.sleep(0.5)
-        raise TimeoutError(f"{needle!r} not in log after {timeout:.0f} s")
 
     def stop(self, grace: float = 30.0) -> float:
         """SIGTERM the main pid, wait up to grace s, then SIGTERM/SIGKILL whatever is left of the tree.
@@ -313,7 +300,7 @@ class VllmServer:
             self.proc.wait(timeout=5)
         left = self._live_tracked()
         if left:
-            raise RuntimeError(f"vLLM processes survived stop: {left}")
+            raise LabError(f"vLLM processes survived stop: {left}", fix=f"kill {' '.join(map(str, left))}")
         return time.monotonic() - t0
 
     def _live_tracked(self) -> list[int]:

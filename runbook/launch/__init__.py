@@ -2,15 +2,16 @@
 worker(s) then the head, and wait until the API streams a token (fail fast on a dead rank or a hang).
 
     outcome = runbook.launch.run(step, action="start")   # start | stop | restart | status
+    plan = launch_plan(cluster, profile); outcome = bring_up(cluster, profile, plan)   # `python -m runbook start`
 
 Modules: ``render`` (pure: profile + node facts → per-rank container/env/argv and fingerprint), ``plan``
 (the node facts render needs, read-only, and the rendered plan), ``recipe`` (pure: each rank's start chain
 and its boot-log markers), ``checkout`` (the recipe checkout at the pinned commit on every node),
-``image`` (the runtime image on every node), ``ranks`` (read-only: what runs on each node, liveness and log
-growth while a start is watched), ``server`` (start and its watch until the first token), ``readiness``
+``image`` (the runtime image on every node), ``facts/ranks.py`` (read-only: what runs on each node, liveness
+and log growth while a start is watched), ``server`` (start and its watch until the first token), ``readiness``
 (the API's readiness phases, the master-port probe, hang diagnostics), ``stop`` (stop, teardown proven),
 ``status`` (read-only: status, logs), ``exposure`` (the key a bind beyond loopback needs; what listens on
-each node). Where the API is and the SSH forward that reaches a loopback bind: ``serve/endpoint.py``.
+each node). Where the API is and the SSH forward that reaches a loopback bind: ``api/endpoint.py``.
 Check names → code: "runtime image …" rows in ``image.py``; "api exposure", "ports exposed" in
 ``exposure.py``; "recipe checkout at the pinned commit" in ``checkout.py``; "no vLLM process or container
 left", "MemAvailable back to its pre-launch value", "server stopped" in ``stop.py``; every other row
@@ -21,8 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnosis, exposure, image, ranks, server, status, stop
-from .plan import gids_from_network_sidecar, render_plan
+from ..checks import CheckList
+from . import diagnosis, exposure, image, server, status, stop
+from ..api.endpoint import api_address
+from ..facts import ranks
+from .plan import launch_plan
 from .render import LaunchPlan
 
 ACTIONS = ("start", "stop", "restart", "status")
@@ -30,11 +34,37 @@ ACTIONS = ("start", "stop", "restart", "status")
 
 @dataclass
 class LaunchOutcome:
-    """What the notebook shows after the step's actions."""
+    """What the notebook shows after the step's actions (and what ``python -m runbook start`` prints)."""
     plan: LaunchPlan
     started: server.StartResult | None = None
     stopped: stop.StopResult | None = None
     status: dict[str, Any] = field(default_factory=dict)
+    image: image.ImageChecks | None = None
+    checks: CheckList = field(default_factory=CheckList)        # every row of bring_up, in order
+
+
+def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go: bool = True,
+             raw_prefix: str = "", run_id: str = "") -> LaunchOutcome:
+    """Step 04's start and restart, and ``python -m runbook start``: the image on every node, the stop of a
+    restart, then (when no row failed and ``go``) the start until the first token. On an exception the
+    partial outcome rides on it as ``.outcome``."""
+    out = LaunchOutcome(plan=plan)
+    try:
+        out.image = image.ensure_image(cluster, profile)
+        out.checks.add(out.image)
+        if stop_first:
+            out.stopped = stop.stop(cluster, profile)
+            out.checks.add(out.stopped.checks)
+        if go and not out.checks.failures():
+            out.started = server.start(cluster, profile, plan, raw_prefix=raw_prefix, run_id=run_id,
+                                       raise_on_failure=False)
+            out.checks.add(out.started.checks)
+    except BaseException as err:
+        if out.started is None:
+            out.started = getattr(err, "result", None)
+        err.outcome = out
+        raise
+    return out
 
 
 def run(step, *, action: str = "start") -> LaunchOutcome:
@@ -45,22 +75,19 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
     if action in ("start", "restart"):
         step.add([exposure.ensure_api_key(profile, dry_run=step.dry_run)])   # before the plan renders the key
         step.run.redactor.add_current()      # a key generated just now is masked in this step's evidence too
-    gids = gids_from_network_sidecar(step.run.read_sidecar("01_network"))
-    plan = render_plan(step.cluster, profile, gid_indexes=gids)
+    plan = launch_plan(step.cluster, profile, step.run.read_sidecar("01_network"))
     step.data["rendered"] = plan.to_record()
     step.data["fingerprint"] = plan.fingerprint
     outcome = LaunchOutcome(plan=plan)
     if action in ("start", "restart"):
-        image_checks = image.ensure_image(step.cluster, profile)
-        step.add(image_checks)
-        step.data["image"] = image_checks.data
-    if action in ("stop", "restart"):
-        outcome.stopped = stop.stop(step.cluster, profile)
-        step.add(outcome.stopped.checks)
-        step.data.setdefault("stop", {}).update(outcome.stopped.per_node)
-    if action in ("start", "restart") and not step.checks.failures():
-        outcome.started = server.start(step.cluster, profile, plan, step=step, raise_on_failure=False)
-        if not outcome.started.ok and not step.dry_run:
+        try:
+            outcome = bring_up(step.cluster, profile, plan, stop_first=action == "restart",
+                               go=not step.checks.failures(), raw_prefix=f"raw/{step.name}", run_id=step.run.run_id)
+        except BaseException as err:
+            record(step, profile, err.outcome)
+            raise
+        record(step, profile, outcome)
+        if outcome.started is not None and not outcome.started.ok and not step.dry_run:
             # say why, not only that: collect from every node and match the known failures
             archive, findings = diagnosis.diagnose_server(step.cluster, profile, step.run.path, step.run.redactor,
                                                           plan=plan)
@@ -69,13 +96,41 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
                                      "findings": [f.id for f in findings]}
             for finding in findings:
                 print(finding.to_text())
-        elif outcome.started.ok and not step.dry_run:
+        elif outcome.started is not None and outcome.started.ok and not step.dry_run:
             if not outcome.started.reused:
                 step.add(server.second_start_check(step.cluster, profile, plan))
             step.add(exposure.exposure_checks(step.cluster, profile))
+    if action == "stop":
+        outcome.stopped = stop.stop(step.cluster, profile)
+        step.add(outcome.stopped.checks)
+        step.data.setdefault("stop", {}).update(outcome.stopped.per_node)
     if action == "status":
         outcome.status = status.status(step.cluster, profile)
     return outcome
+
+
+def record(step, profile, outcome: LaunchOutcome) -> None:
+    """bring_up's rows, raw texts and figures into the step, in the order they happened."""
+    if outcome.image is not None:
+        step.add(outcome.image)
+        step.data["image"] = outcome.image.data
+    if outcome.stopped is not None:
+        step.add(outcome.stopped.checks)
+        step.data.setdefault("stop", {}).update(outcome.stopped.per_node)
+    if outcome.started is not None:
+        record_start(step, profile, outcome.started)
+
+
+def record_start(step, profile, result: server.StartResult) -> None:
+    """A start's rows, raw texts and figures into the step."""
+    step.archive(result.raw)
+    step.add(result.checks)
+    if result.recipe:
+        step.data["recipe"] = result.recipe
+    if result.recipe_checkout:
+        step.data["recipe_checkout"] = result.recipe_checkout
+    step.data.update({"launch": result.data(), "base_url": api_address(profile),
+                      "served_model_name": result.plan.served_model_name})
 
 
 def state_left(profile, cluster, sidecar: dict[str, Any] | None) -> str:

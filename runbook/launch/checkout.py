@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import CheckList, Status, check, not_applicable
+from ..errors import LabError
 from .recipe import RecipePin, checkout_files, recipe_pin
 from ..remote import Cluster, Node, expand_home, node_ssh_argv, quote, tail
 
@@ -119,7 +120,7 @@ def _fetch_on_head(head: Node, profile, pin: RecipePin, path: str, fact: Checkou
     if profile.lab:        # the lab's recipe (a rehearsal substitutes it for the recipe's repository)
         try:
             repo = str(lab_source_repo(profile))
-        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        except (LabError, OSError, subprocess.SubprocessError) as exc:
             return False, f"lab recipe repository: {exc}", "fix RECIPE_COMMIT / the lab recipe files as named"
     d, c = shlex.quote(path), shlex.quote(pin.commit)
     if fact.state == "missing":
@@ -266,7 +267,7 @@ def _git(*args: str, cwd: Path | None = None, timeout: float = 60) -> str:
     env = {**os.environ, **_GIT_ENV}
     res = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed: {res.stderr.strip()[-400:]}")
+        raise LabError(f"git {' '.join(args)} failed", observed=res.stderr.strip()[-400:])
     return res.stdout.strip()
 
 
@@ -307,15 +308,14 @@ def lab_source_repo(profile, src: Path = LAB_SOURCE) -> Path:
         try:
             if _git("--git-dir", str(dest), "cat-file", "-t", profile.recipe_commit) == "commit":
                 return dest
-        except RuntimeError:
+        except LabError:
             pass
     with tempfile.TemporaryDirectory(prefix="lab-recipe-") as tmp:
         work = Path(tmp) / "work"
         commit = _build_lab_repo(src, work)
         if commit != profile.recipe_commit:
-            raise RuntimeError(f"the lab recipe files ({src}) make commit {commit}, but RECIPE_COMMIT="
-                               f"{profile.recipe_commit}: set RECIPE_COMMIT={commit} in "
-                               f"{profile.source or 'the profile'}")
+            raise LabError(f"the lab recipe files ({src}) make commit {commit}, but RECIPE_COMMIT="
+                           f"{profile.recipe_commit}", fix=f"set RECIPE_COMMIT={commit} in {profile.source or 'the profile'}")
         staged = Path(tmp) / "bare.git"
         _git("clone", "--quiet", "--bare", str(work), str(staged))
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -18,9 +18,9 @@ from ..diagnose import LOCAL, Finding
 from ..diagnose import bundle as B
 from ..diagnose.collect import diagnose
 from ..secrets import Redactor, load_secrets
-from ..serve.server_info import ApiClient, ServerInfo
+from ..api.server_info import ApiClient, ServerInfo
 from .render import LaunchPlan
-from ..serve.endpoint import base_url
+from ..api.endpoint import base_url
 
 METRICS_INTERVAL_S = 10.0   # the wedge check needs >= 10 s between the two samples
 

@@ -15,7 +15,7 @@ from ..facts.firewall import FIREWALL_CMD, parse_firewall
 from ..facts.sockets import Socket, parse_ss
 from ..remote import Cluster, Node
 from ..secrets import generate_api_key, load_secrets
-from ..serve.endpoint import api_address, key_required
+from ..api.endpoint import api_address, key_required
 
 LISTEN_CMD = "ss -H -ltnp 2>/dev/null || ss -H -ltn"
 

@@ -1,6 +1,6 @@
 """The runtime image on every node: present and identical (layer digests) before launch.
 
-    plan = plan_image(profile, infos)          # pure: "none" | "ship" | "pull" | "fail"
+    plan = plan_image(profile, infos)          # pure (facts/system.py): "none" | "ship" | "pull" | "fail"
     result = ensure_image(cluster, profile)    # plan -> apply -> verify; returns checks
 
 Identity is the digest of ``RootFS.Layers`` (seed A: overlay2 and containerd disagree on ``.Id``, and
@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ActionError
 from ..facts import system
-from ..facts.system import ImageInfo
+from ..facts.system import ImageInfo, plan_image
 from ..remote import Cluster, Node, expand_home, node_ssh_argv, quote
 
-__all__ = ["SHIP_MARGIN_BYTES", "ImagePlan", "ShipFacts", "ensure_image", "image_infos", "plan_image",
-           "save_command", "ship_facts_cmd", "parse_ship_facts"]
+__all__ = ["SHIP_MARGIN_BYTES", "ShipFacts", "ensure_image", "image_infos", "parse_ship_facts", "save_command",
+           "ship_facts_cmd"]
 
 GIB = 1024 ** 3
 SHIP_MARGIN_BYTES = 5 * GIB      # seed A: worker needs tar size x 2 + 5 GiB
@@ -43,41 +43,6 @@ BLOBS_MISSING_FIX = ("the tar held a multi-arch index whose other platforms' blo
                      "(`docker load`: 'blobs/sha256/<id>: no such file'): upgrade Docker to 28+ on the head "
                      "(`docker save --platform`), or pull the image on the worker by digest, or "
                      "`docker pull --platform linux/arm64 IMAGE` on the head and rerun")
-
-
-@dataclass
-class ImagePlan:
-    action: str                      # none | ship | pull | fail
-    reason: str
-    targets: list[str] = field(default_factory=list)     # nodes to ship/pull to
-    source: str = "head"
-
-
-def plan_image(profile, infos: dict[str, ImageInfo | None]) -> ImagePlan:
-    """Decide what to do from each node's image facts (pure)."""
-    head = infos.get("head")
-    others = {n: i for n, i in infos.items() if n != "head"}
-    pinned = "@sha256:" in profile.image
-    if head is None:
-        if profile.is_lab or profile.rehearsal:
-            return ImagePlan("fail", f"{profile.image} is missing on the head (the lab never pulls: its nodes "
-                                     "have no route out; `python -m runbook lab up` imports the lab image)")
-        if pinned:
-            return ImagePlan("pull", f"{profile.image} is missing on the head; digest-pinned: pull it",
-                             targets=sorted(infos))
-        # a moving tag (seed A publishes one) is pulled once, on the head, and shipped from there, so every
-        # rank runs the same bytes; the digest it resolved to is recorded and the run stays a candidate
-        return ImagePlan("pull-head", f"{profile.image} is missing on the head and is a moving tag: pull it on "
-                                      "the head only, record the digest it resolves to, ship it to the workers",
-                         targets=sorted(infos))
-    differ = [n for n, i in others.items() if i is None or list(i.layers) != list(head.layers)]
-    if not differ:
-        return ImagePlan("none", "same layer digests on every node")
-    why = ", ".join(f"{n}: {'missing' if others[n] is None else 'different layers'}" for n in differ)
-    if pinned and not profile.lab:
-        return ImagePlan("pull", f"{why}; digest-pinned: pull on those nodes (falls back to shipping)",
-                         targets=differ)
-    return ImagePlan("ship", f"{why}; ship the head's image over the fabric", targets=differ)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The launch plan from the nodes: what render needs to know about each node (read-only) and every rank's
 rendered command.
 
-    gids = gids_from_network_sidecar(run.read_sidecar("01_network"))   # the GID indexes step 01 resolved
+    plan = launch_plan(cluster, profile, run.read_sidecar("01_network"))    # what step 04 and `start` render
+    gids = gid_indexes(cluster, profile, sidecar)     # those step 01 resolved, else resolved now (read-only)
     facts = gather_facts(cluster, profile, gid_indexes=gids)          # home, GID index, packed Engram, lab mounts
     plan = render_plan(cluster, profile, gid_indexes=gids)            # facts + render.render; nothing runs
 """
@@ -12,11 +13,14 @@ from typing import Any
 
 from . import render
 from .render import LaunchPlan, NodeFacts
+from ..facts import net as fnet, rdma as frdma
 from ..remote import Cluster, Node, quote
 
 __all__ = [
     "gather_facts",
+    "gid_indexes",
     "gids_from_network_sidecar",
+    "launch_plan",
     "render_plan",
 ]
 
@@ -47,6 +51,27 @@ def gids_from_network_sidecar(sidecar: dict[str, Any] | None) -> dict[str, int]:
         if rec.get("name") == "net.gid" and isinstance((rec.get("data") or {}).get("resolved"), int):
             out[rec.get("node", "")] = rec["data"]["resolved"]
     return out
+
+
+def gid_indexes(cluster: Cluster, profile, network_sidecar: dict[str, Any] | None = None) -> dict[str, int]:
+    """The GID index of each node, for the ranks whose ``<NODE>_GID`` is ``auto``: the ones 01_network
+    resolved when the run has its sidecar, else resolved now from each node's RoCE GID table with the same
+    resolver (read-only). EXPECT_RDMA=0: none (01_network resolves none either)."""
+    if network_sidecar is not None:
+        return gids_from_network_sidecar(network_sidecar)
+    if not profile.expect_rdma:
+        return {}
+    from ..lab import sim
+    sysfs = sim.SYSFS_ROOT if profile.rehearsal else frdma.SYSFS     # a rehearsal's simulated GID tables
+
+    def read(node: Node) -> int | None:
+        ifaces = fnet.parse_ip_addr(node.read(fnet.IP_ADDR_CMD, timeout=30).stdout)
+        ports = frdma.parse_ibdev2netdev(node.read(frdma.IBDEV2NETDEV_CMD, timeout=30).stdout)
+        gids = frdma.parse_gid_dump(node.read(frdma.gid_dump_cmd(sysfs), timeout=30).stdout, root=sysfs)
+        return frdma.resolve_node_gid(node.name, gids, list(node.spec.ib_devs),
+                                      {n: i.ipv4_addresses for n, i in ifaces.items()},
+                                      {p.hca: p.netdev for p in ports}, match_ip=str(node.spec.fabric_ip)).index
+    return {name: index for name, index in cluster.each(read).items() if isinstance(index, int)}
 
 
 def gather_facts(cluster: Cluster, profile, *, gid_indexes: dict[str, int] | None = None) -> dict[str, NodeFacts]:
@@ -82,3 +107,9 @@ def render_plan(cluster: Cluster, profile, *, secrets=None, node_overrides=None,
         secrets = load_secrets()
     return render.render(profile, gather_facts(cluster, profile, gid_indexes=gid_indexes),
                          api_key_set=bool(secrets.api_key), node_overrides=node_overrides)
+
+
+def launch_plan(cluster: Cluster, profile, network_sidecar: dict[str, Any] | None = None) -> LaunchPlan:
+    """The plan step 04 and ``python -m runbook start`` both start: rendered with :func:`gid_indexes`, so
+    with ``<NODE>_GID=auto`` both compute one fingerprint."""
+    return render_plan(cluster, profile, gid_indexes=gid_indexes(cluster, profile, network_sidecar))

@@ -14,13 +14,12 @@ from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ranks
-from ..serve.endpoint import tunnelled
+from ..facts import ranks, system
+from ..api.endpoint import tunnelled
 from ..errors import ActionError
-from ..facts import system
 from .render import LaunchPlan
 from ..remote import Cluster, Node, quote, tail
-from ..serve.server_info import ApiClient, ServerInfo
+from ..api.server_info import ApiClient, ServerInfo
 
 __all__ = [
     "MASTER_BLOCKED_POLLS",

@@ -40,7 +40,7 @@ __all__ = [
     "Mount",
     "RankRecipe",
     "RecipePin",
-    "Step",
+    "ChainStep",
     "chain_failures",
     "checkout_files",
     "find_markers",
@@ -100,7 +100,7 @@ class Mount:
 
 
 @dataclass(frozen=True)
-class Step:
+class ChainStep:
     name: str
     requires: tuple[str, ...]     # container paths that must exist before `run` ("$SITE/..." expands)
     run: str                      # shell; a non-zero exit aborts the chain
@@ -122,7 +122,7 @@ class RankRecipe:
     generated: bool               # the runbook writes the entrypoint (seeds) vs the checkout ships it (lab)
     prefix: str                   # log prefix of the chain's lines
     mounts: list[Mount] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
+    steps: list[ChainStep] = field(default_factory=list)
     markers: list[Marker] = field(default_factory=list)
     preamble: list[str] = field(default_factory=list)
     script: str = ""              # the generated entrypoint ("" for the lab)
@@ -158,25 +158,25 @@ def _seed_a(profile, pin: RecipePin, *, is_head: bool) -> RankRecipe:
     mounts += [Mount(f"overlay/{n}", f"/opt/dsv41/{n}") for n in SEED_A_PATCHES[9:]]
     site = '"$SITE"'
     steps = [
-        Step("vLLM install", (), "SITE=\"$(python3 -c 'import vllm, pathlib; "
+        ChainStep("vLLM install", (), "SITE=\"$(python3 -c 'import vllm, pathlib; "
              "print(pathlib.Path(vllm.__file__).resolve().parent)')\" && [ -d \"$SITE\" ] && export "
              f"GLM53_DETOKENIZER_PY={site}/v1/engine/detokenizer.py GLM53_SCHEDULER_PY={site}/v1/core/sched/"
              f"scheduler.py GLM53_SPINWAIT_TARGET={site}/distributed/device_communicators/shm_broadcast.py "
              f"GLM53_XGRAMMAR_BACKEND_PY={site}/v1/structured_output/backend_xgrammar.py "
              f"GLM53_XGRAMMAR_MANAGER_PY={site}/v1/structured_output/__init__.py",
              "SITE from `import vllm`; GLM53_* patch targets exported"),
-        Step("runtime EXL3 overlay", ("/opt/dsv41/exl3.py", "$SITE/model_executor/layers/quantization"),
+        ChainStep("runtime EXL3 overlay", ("/opt/dsv41/exl3.py", "$SITE/model_executor/layers/quantization"),
              f"cp /opt/dsv41/exl3.py {site}/model_executor/layers/quantization/exl3.py && "
              f"say {shlex.quote(SEED_A_OVERLAY_LINE)}",
              "cp only `if [ -f /opt/dsv41/exl3.py ]` (skipped when absent)"),
-        Step("model and Engram mounts",
+        ChainStep("model and Engram mounts",
              (f"{profile.model_dir}/config.json", *(("/engram-src",) if profile.engram else ())), "true",
              "FATAL when MODEL_DIR/config.json or ENGRAM_MOUNT is missing (the same)"),
-        Step("recipe data files", tuple(t for _, t in SEED_A_DATA) +
+        ChainStep("recipe data files", tuple(t for _, t in SEED_A_DATA) +
              ((profile.chat_template,) if profile.chat_template else ()), "true",
              "mounted, not checked (exl3_k_map.json, engram_file_backend.py, engram_layout.py, chat template)"),
     ]
-    steps += [Step(n[:-3], (f"/opt/dsv41/{n}",), f"python3 /opt/dsv41/{n}",
+    steps += [ChainStep(n[:-3], (f"/opt/dsv41/{n}",), f"python3 /opt/dsv41/{n}",
                    "`if [ -f ]` then `python3 p || say WARN` (missing skipped, failure ignored)")
               for n in SEED_A_PATCHES]
     n = len(steps)
@@ -209,29 +209,29 @@ def _seed_b(profile, pin: RecipePin, *, keyed: bool) -> RankRecipe:
               "updated = s.replace(old, new); assert new in updated, 'reasoning-effort mapping not found'\n"
               "p.write_text(updated)\nPY")
 
-    def py(name: str, file: str, seed: str = "`|| exit 1`") -> Step:
-        return Step(name, (file,), f"python3 {file}", seed)
+    def py(name: str, file: str, seed: str = "`|| exit 1`") -> ChainStep:
+        return ChainStep(name, (file,), f"python3 {file}", seed)
 
-    def sh(name: str, file: str, seed: str = "FATAL when missing, `|| exit 1`") -> Step:
-        return Step(name, (file,), f"bash {file}", seed)
+    def sh(name: str, file: str, seed: str = "FATAL when missing, `|| exit 1`") -> ChainStep:
+        return ChainStep(name, (file,), f"bash {file}", seed)
 
     steps = [
-        Step("encoding copy", (encoding, tok),
+        ChainStep("encoding copy", (encoding, tok),
              f"cp {shlex.quote(encoding)} {shlex.quote(tok + '/deepseek_v4_encoding.py')}",
              "WARN and skip (with the two steps below) when the snapshot has no encoding_dsv4.py"),
-        Step("reasoning-effort mapping", (f"{tok}/deepseek_v4.py",), effort, "inline python, `|| exit 1`"),
+        ChainStep("reasoning-effort mapping", (f"{tok}/deepseek_v4.py",), effort, "inline python, `|| exit 1`"),
         py("issue21 encoder hotfix", opt(py_files[0])),
         py("issue55 tool-call truncation", opt(py_files[1])),
         sh("issue22 nvfp4_ds_mla fast path", pat("hotfix-nvfp4-ds-mla-issue22.sh")),
         sh("issue79 GB10 spin-wait", pat("hotfix-gb10-spin-wait.sh")),
-        Step("issue117 SHM ring", (pat("hotfix-vllm-issue117-shm-ring-buffer.py"),),
+        ChainStep("issue117 SHM ring", (pat("hotfix-vllm-issue117-shm-ring-buffer.py"),),
              f"python3 {pat('hotfix-vllm-issue117-shm-ring-buffer.py')} && "
              f"python3 {pat('hotfix-vllm-issue117-shm-ring-buffer.py')} --status", "apply, then --status"),
         *[sh(f"v0.27 backport {n[len('hotfix-dsv4-'):-3]}", pat(n)) for n in SEED_B_BACKPORTS],
     ]
     if keyed:
         f = pat("hotfix-vllm-redact-api-key-log.sh")
-        steps.append(Step("API-key log redaction", (f,), f"bash {f} && bash {f} --status",
+        steps.append(ChainStep("API-key log redaction", (f,), f"bash {f} && bash {f} --status",
                           "only when a key is set; apply, then --status"))
     steps += [py("Vision-Exp hotfix", opt(py_files[2])),
               py("issue109 empty encoder output", opt(py_files[3])),
@@ -243,7 +243,7 @@ def _seed_b(profile, pin: RecipePin, *, keyed: bool) -> RankRecipe:
               py("suppress stops in reasoning", opt(py_files[9]))]
     markers = []
     if profile.tp == 3:
-        steps.append(Step("TP=3 head pad", ("/opt/dsv4-tp3/apply_tp3_patch.py",),
+        steps.append(ChainStep("TP=3 head pad", ("/opt/dsv4-tp3/apply_tp3_patch.py",),
                           "python3 /opt/dsv4-tp3/apply_tp3_patch.py", "only at TP_SIZE=3; FATAL when missing"))
         markers.append(Marker("DSv4 TP pad: heads 64 -> 72 for TP=3", "patches/tp3/apply_tp3_patch.py (every rank)"))
     n = len(steps)
@@ -265,9 +265,9 @@ def _seed_b(profile, pin: RecipePin, *, keyed: bool) -> RankRecipe:
 
 
 def _lab(profile, pin: RecipePin, *, is_head: bool) -> RankRecipe:
-    steps = [Step("patch target", ("overlay/spark_lab_patch.py", "overlay/sitecustomize.py"),
+    steps = [ChainStep("patch target", ("overlay/spark_lab_patch.py", "overlay/sitecustomize.py"),
                   "spark_lab_patch.check_target()", "vllm.entrypoints.launchers.app.build_app must exist"),
-             Step("overlay", (), "PYTHONPATH=overlay:...", "sitecustomize arms the build_app patch")]
+             ChainStep("overlay", (), "PYTHONPATH=overlay:...", "sitecustomize arms the build_app patch")]
     markers = [Marker(CHAIN_DONE.format(n=len(steps)), "start.sh, after its last step"),
                Marker("overlay active: lab-recipe-v1", "overlay/sitecustomize.py (every Python process)")]
     if is_head:

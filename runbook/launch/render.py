@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..secrets import MASK
+from ..facts.ranks import FINGERPRINT_LABEL, STATE_SUBDIR
 from ..remote import expand_home
 from .recipe import rank_recipe
 
@@ -62,8 +63,6 @@ __all__ = [
     "tp_pad",
 ]
 
-STATE_SUBDIR = "launch"                 # <CACHE_DIR>/launch/<node>.{pid,fp,log,json} (process runtime)
-FINGERPRINT_LABEL = "spark-runbook.fingerprint"
 SECRET_ENV = ("VLLM_API_KEY",)
 # vLLM allows every web origin by default (--allowed-origins ['*']): a page in the browser of whoever holds an
 # SSH forward to the loopback API could call it and read the answers. None of the runbook's clients is a

@@ -1,7 +1,7 @@
 """Start the two-node vLLM server and watch it until the API streams a token (step 04).
 
-    plan = render_plan(cluster, profile)                      # plan.py; shown before anything runs
-    result = start(cluster, profile, plan, step=step)         # worker first, then head; readiness timed
+    plan = launch_plan(cluster, profile)                      # plan.py; shown before anything runs
+    result = start(cluster, profile, plan)                    # worker first, then head; raw texts in result.raw
     code = exit_code(result)                                  # 0 started, 3 reused, 1 failed
 
 Start semantics (seed B's exit-3 rule, made explicit):
@@ -31,10 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import checkout, ranks, recipe, render
+from . import checkout, recipe, render
+from ..facts import ranks
 from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, hang_diagnostics, probe_readiness
 from .stop import stop
-from ..serve.endpoint import api_address, base_url
+from ..api.endpoint import api_address, base_url
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ALREADY_RUNNING, ActionError, ExitStatus
 from ..facts import system, vllm_log
@@ -71,6 +72,7 @@ class StartResult:
     failure_detected_s: float | None = None     # ... in seconds from launch
     recipe: dict[str, Any] = field(default_factory=dict)            # {"repo", "commit", "markers": {node: [lines]}}
     recipe_checkout: dict[str, Any] = field(default_factory=dict)   # per node: path, commit, action
+    raw: dict[str, str] = field(default_factory=dict)               # raw texts for the caller to archive
 
     @property
     def ok(self) -> bool:
@@ -112,34 +114,35 @@ def _stop_cmd(profile) -> str:
     return f"python -m runbook stop --profile {profile.source or '<profile>'}"
 
 
-def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: str | None = None,
-          raise_on_failure: bool = True, consistency: bool = True, cleanup_on_failure: bool = True,
-          on_launched: Callable[[], None] | None = None) -> StartResult:
+def start(cluster: Cluster, profile, plan: LaunchPlan, *, raw_prefix: str = "", run_id: str = "",
+          api_key: str | None = None, raise_on_failure: bool = True, consistency: bool = True,
+          cleanup_on_failure: bool = True, on_launched: Callable[[], None] | None = None) -> StartResult:
     """Start the worker rank(s), then the head; wait until the API streams a token.
 
-    ``step`` (optional): where to archive evidence (raw logs) and add checks. ``on_launched`` is a
-    test hook called once both start commands returned (fault injection)."""
+    The raw texts (the rendered plan, rank logs, hang reports) come back in ``result.raw`` (name -> text)
+    for the caller to archive; ``raw_prefix`` is the run-relative folder it archives them in (the rows'
+    evidence paths), ``run_id`` the run recorded in the ranks' start record. On an exception the partial
+    result rides on it as ``.result``. ``on_launched`` is a test hook called once both start commands
+    returned (fault injection)."""
     if api_key is None:
         from ..secrets import load_secrets
         api_key = load_secrets().api_key
     url = base_url(profile)
     result = StartResult(plan=plan, base_url=api_address(profile))
-    ev = (lambda name, text: step.raw(name, text)) if step is not None else (lambda name, text: "")
+
+    def ev(name: str, text: str) -> str:
+        result.raw[name] = text
+        return f"{raw_prefix}/{name}" if raw_prefix else ""
+
     result.evidence.append(ev("rendered.txt", plan.to_text()))
     result.evidence.append(ev("rendered.json", json.dumps(plan.to_record(), indent=2)))
-    run_id = step.run.run_id if step is not None else ""
     try:
         return _start(cluster, profile, plan, result, url, api_key, ev, raise_on_failure, consistency,
                       cleanup_on_failure, on_launched, run_id)
-    finally:
-        if step is not None:
-            step.add(result.checks)
-            if result.recipe:
-                step.data["recipe"] = result.recipe
-            if result.recipe_checkout:
-                step.data["recipe_checkout"] = result.recipe_checkout
-            step.data.update({"launch": result.data(), "base_url": api_address(profile),
-                              "served_model_name": plan.served_model_name})
+    except BaseException as err:        # also an interrupt: the caller records what ran
+        if getattr(err, "result", None) is None:
+            err.result = result      # the partial StartResult (timings, logs) for the caller to record
+        raise
 
 
 def _workers_not_running(cluster: Cluster, plan: LaunchPlan, settle_s: float = 2.0) -> dict[str, str]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import ranks
+from ..facts import ranks
 from .readiness import api_get, models_ok
-from ..serve.endpoint import api_address, base_url
+from ..api.endpoint import api_address, base_url
 from ..remote import Cluster, quote
 
 __all__ = [

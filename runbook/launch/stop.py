@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ranks
+from ..facts import ranks
 from ..checks import Check, CheckList, check, not_applicable
 from ..remote import Cluster, Node, quote
 

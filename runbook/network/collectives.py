@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from ..checks import check, not_applicable
 from ..facts import nccl as fn
 from . import tools
-from .context import Context, Rail, ReadFailure, iface_of, read, split_list, text_of
+from ..facts.node_paths import vllm_python
+from .context import Verification, Rail, ReadFailure, iface_of, read, split_list, text_of
 from .rdma import GidPlan
 
 SWEEP_PORT = 29531
@@ -60,7 +61,7 @@ def nccl_tests_cmd(ranks: list[NcclRank], *, mpi_include: list[str], test: str =
             f"--mca btl_tcp_if_include {include} --mca oob_tcp_if_include {include} " + " : ".join(apps) + " 2>&1")
 
 
-def nccl_ranks(ctx: Context, gid: GidPlan) -> tuple[list[NcclRank], list[str]]:
+def nccl_ranks(ctx: Verification, gid: GidPlan) -> tuple[list[NcclRank], list[str]]:
     """Each node's rank and the subnets of the ranks' socket interfaces (for OpenMPI's if_include)."""
     ranks, nets = [], []
     for node in ctx.nodes:
@@ -86,7 +87,7 @@ def rank_logs(text: str, nodes) -> dict[str, str]:
     return out
 
 
-def nccl_checks(ctx: Context, gid: GidPlan) -> None:
+def nccl_checks(ctx: Verification, gid: GidPlan) -> None:
     """nccl-tests' all_reduce_perf across all nodes: bus bandwidth, NET/IB on every rank, each rank's HCAs."""
     if not ctx.expect_gpu:
         ctx.add(not_applicable("net.nccl", "not applicable on this profile (EXPECT_GPU=0)", node="cluster"))
@@ -138,21 +139,6 @@ def _is_root(node) -> bool:
         return False
 
 
-def sweep_python_from(profile) -> str | None:
-    """The python next to VLLM_BIN (``…/bin/vllm`` -> ``…/bin/python``), or VLLM_BIN if it is python."""
-    vb = profile.vllm_bin.strip()
-    if not vb:
-        return None
-    first = shlex.split(vb)[0]
-    if "/" in first and not first.startswith(("/", "~")):
-        first = str(profile.resolve_path(first))   # repo-relative (the lab's nodes share the repo)
-    if re.search(r"python[\d.]*$", first):
-        return first
-    if first.endswith("/vllm"):
-        return first[: -len("vllm")] + "python"
-    return None
-
-
 def sweep_cmd(python: str, *, rank: int, world_size: int, master: str, iface: str,
               port: int = SWEEP_PORT, max_bytes: int = SWEEP_MAX_BYTES, timeout_s: int = 120) -> str:
     script = fn.SWEEP_SCRIPT.read_text()
@@ -177,9 +163,9 @@ def sweep_record(res) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-def sweep_checks(ctx: Context, rails: list[Rail], python: str | None, max_bytes: int, min_busbw: float) -> None:
+def sweep_checks(ctx: Verification, rails: list[Rail], python: str | None, max_bytes: int, min_busbw: float) -> None:
     """A gloo all-reduce sweep (1 KiB .. max_bytes) over rail 0, one rank per node, its results verified."""
-    python = python or sweep_python_from(ctx.profile)
+    python = python or vllm_python(ctx.profile)
     if not python:
         ctx.add(not_applicable("net.allreduce", "not applicable on this profile (no python with torch: VLLM_BIN names no python path; pass sweep_python)",
                                node="cluster"))

@@ -73,7 +73,7 @@ class Rail:
 
 
 @dataclass
-class NodeFacts:
+class NetFacts:
     ifaces: dict[str, fnet.Interface] = field(default_factory=dict)
     routes: list[fnet.Route] = field(default_factory=list)
     hca_ports: list[fr.HcaPort] = field(default_factory=list)
@@ -92,7 +92,7 @@ class NodeFacts:
         return {n: i.ipv4_addresses for n, i in self.ifaces.items()}
 
 
-class Context:
+class Verification:
     """One verification: the profile's knobs, each node's facts, the raw evidence and the checks so far."""
 
     def __init__(self, profile, cluster, raw_dir):
@@ -102,7 +102,7 @@ class Context:
         self.raw: dict[str, str] = {}
         self.raw_dir = Path(raw_dir) if raw_dir else None
         self.checks = CheckList()
-        self.facts: dict[str, NodeFacts] = {}
+        self.facts: dict[str, NetFacts] = {}
         self.expect_rdma = profile.expect_rdma
         self.expect_gpu = profile.expect_gpu
         self.timeout = float(profile.command_timeout)
@@ -131,15 +131,15 @@ class Context:
         return self.add(c)
 
 
-def iface_of(f: NodeFacts, name: str) -> fnet.Interface:
+def iface_of(f: NetFacts, name: str) -> fnet.Interface:
     return f.ifaces.get(name) or fnet.Interface(name=name, state="ABSENT")
 
 
-def pairs(ctx: Context):
+def pairs(ctx: Verification):
     return list(itertools.combinations(ctx.nodes, 2))
 
 
-def both_ways(ctx: Context):
+def both_ways(ctx: Verification):
     for a, b in pairs(ctx):
         yield a, b
         yield b, a
@@ -151,7 +151,7 @@ def concurrently(calls: list[Callable[[], Any]]) -> list[Any]:
         return [f.result() for f in futures]
 
 
-def pairs_on(ctx: Context, rail: Rail, both_directions: bool = True):
+def pairs_on(ctx: Verification, rail: Rail, both_directions: bool = True):
     """The node pairs (a, b) that are both ends of ``rail``."""
     chosen = both_ways(ctx) if both_directions else pairs(ctx)
     return [(a, b) for a, b in chosen if a.name in rail.ends and b.name in rail.ends]

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from ..checks import check
 from ..facts import net as fnet
-from .context import Context, Rail, concurrently, pairs_on, read, text_of
+from .context import Verification, Rail, concurrently, pairs_on, read, text_of
 
 IPERF_BASE_PORT = 5301
 
 
-def ping_checks(ctx: Context, rails: list[Rail]) -> None:
+def ping_checks(ctx: Verification, rails: list[Rail]) -> None:
     """A full-MTU don't-fragment ping over every rail, both directions."""
     mtu = ctx.profile.fabric_mtu
     max_rtt = ctx.profile.max_rtt_ms
@@ -42,7 +42,7 @@ def ping_checks(ctx: Context, rails: list[Rail]) -> None:
                           evidence=ev, data={"rtt_avg_ms": p.rtt_avg_ms, "rtt_max_ms": p.rtt_max_ms}))
 
 
-def iperf_checks(ctx: Context, rails: list[Rail], seconds: int) -> None:
+def iperf_checks(ctx: Verification, rails: list[Rail], seconds: int) -> None:
     """iperf3 over every rail, both directions, the client bound to the rail's address."""
     min_gbps = ctx.profile.min_tcp_gbps
     port = IPERF_BASE_PORT

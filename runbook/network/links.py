@@ -12,10 +12,10 @@ import itertools
 
 from ..checks import check, not_applicable
 from ..facts import net as fnet
-from .context import EVIDENCE_PREFIX, Context, Rail, iface_of, split_list
+from .context import EVIDENCE_PREFIX, Verification, Rail, iface_of, split_list
 
 
-def static_checks(ctx: Context, rails: list[Rail]) -> None:
+def static_checks(ctx: Verification, rails: list[Rail]) -> None:
     """Every rail interface of every node, then every rail across its ends and the addresses cluster-wide."""
     expect_gbps = ctx.profile.expect_link_gbps
     mtu_want = ctx.profile.fabric_mtu

@@ -13,13 +13,13 @@ import ipaddress
 from ..checks import check, not_applicable
 from ..facts import net as fnet
 from ..facts import rdma as fr
-from .context import Context, NodeFacts, Rail, RailEnd, iface_of, pairs, read, split_list, text_of
+from .context import Verification, NetFacts, Rail, RailEnd, iface_of, pairs, read, split_list, text_of
 
 
-def collect_base(ctx: Context) -> None:
+def collect_base(ctx: Verification) -> None:
     """ip addr/route on every node; with RDMA also ibdev2netdev and the GID tables."""
     def probe(node):
-        out = NodeFacts()
+        out = NetFacts()
         r = read(node, fnet.IP_ADDR_CMD, ctx.timeout)
         ctx.save(f"{node.name}/ip_addr.json", text_of(r))
         out.ifaces = fnet.parse_ip_addr(r.stdout)
@@ -39,10 +39,10 @@ def collect_base(ctx: Context) -> None:
         return out
 
     for name, value in ctx.cluster.each(probe).items():
-        ctx.facts[name] = value if isinstance(value, NodeFacts) else NodeFacts(error=str(value))
+        ctx.facts[name] = value if isinstance(value, NetFacts) else NetFacts(error=str(value))
 
 
-def early_validation(ctx: Context) -> bool:
+def early_validation(ctx: Verification) -> bool:
     """Every configured fabric IF (and HCA, when RDMA is expected) exists. Named, before traffic."""
     ok = True
     for node in ctx.nodes:
@@ -87,7 +87,7 @@ def early_validation(ctx: Context) -> bool:
     return ok
 
 
-def build_rails(ctx: Context) -> list[Rail] | None:
+def build_rails(ctx: Verification) -> list[Rail] | None:
     """Rail k joins every node's k-th fabric interface (``<NODE>_CX7_IF``, then the netdevs of the further
     HCAs); three or more nodes with unequal counts pair per subnet instead; None (after a FAIL row) when the
     nodes cannot be paired."""
@@ -121,7 +121,7 @@ def build_rails(ctx: Context) -> list[Rail] | None:
     return rails
 
 
-def _positional_rails_share_subnets(ctx: Context, per_node: dict[str, list[RailEnd]]) -> bool:
+def _positional_rails_share_subnets(ctx: Verification, per_node: dict[str, list[RailEnd]]) -> bool:
     """Every node's k-th interface is in one IPv4 subnet with every other node's k-th (a switch, the lab's
     bridge); False for point-to-point cables where each link is its own /24 (the TP=3 triangle)."""
     width = min(len(e) for e in per_node.values())
@@ -132,7 +132,7 @@ def _positional_rails_share_subnets(ctx: Context, per_node: dict[str, list[RailE
     return True
 
 
-def _subnet_rails(ctx: Context, per_node: dict[str, list[RailEnd]]) -> list[Rail] | None:
+def _subnet_rails(ctx: Verification, per_node: dict[str, list[RailEnd]]) -> list[Rail] | None:
     """Three or more nodes cabled point to point (seed B TP3: two CX ports per Spark, each link its own /24,
     or a head-centred star): a rail is one IPv4 subnet and joins the nodes with an interface in it. Traffic
     then runs per pair on the rails both ends share. A pair without one (worker<->worker2 when a worker has
@@ -177,7 +177,7 @@ def _subnet_rails(ctx: Context, per_node: dict[str, list[RailEnd]]) -> list[Rail
     return rails
 
 
-def collect_rail_facts(ctx: Context, rails: list[Rail]) -> None:
+def collect_rail_facts(ctx: Verification, rails: list[Rail]) -> None:
     """ethtool, PCIe link and rp_filter of every interface that is on a rail."""
     def probe(node):
         f = ctx.facts[node.name]

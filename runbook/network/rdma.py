@@ -12,7 +12,7 @@ from typing import Any
 from ..checks import Check, Status, check, not_applicable
 from ..facts import rdma as fr
 from ..lab import sim
-from .context import (EVIDENCE_PREFIX, Context, Rail, both_ways, concurrently, pairs, read, split_list,
+from .context import (EVIDENCE_PREFIX, Verification, Rail, both_ways, concurrently, pairs, read, split_list,
                       text_of)
 
 PERFTEST_BASE_PORT = 18515
@@ -38,7 +38,7 @@ class GidPlan:
     per_node: dict[str, int | None] = field(default_factory=dict)   # what each rank should use
 
 
-def gid_checks(ctx: Context) -> GidPlan:
+def gid_checks(ctx: Verification) -> GidPlan:
     """Each node's RoCE v2 IPv4 GID (resolved, or the pinned ``<NODE>_GID`` checked), then one plan for all."""
     plan = GidPlan()
     if not ctx.expect_rdma:
@@ -82,7 +82,7 @@ def gid_checks(ctx: Context) -> GidPlan:
     return plan
 
 
-def rdma_checks(ctx: Context, rails: list[Rail], gid: GidPlan) -> None:
+def rdma_checks(ctx: Verification, rails: list[Rail], gid: GidPlan) -> None:
     """ib_write_bw per rail and direction (all rails of a pair at once, then their total), ib_write_lat per rail."""
     if not ctx.expect_rdma:
         ctx.add(not_applicable("net.rdma.bw", "not applicable on this profile (EXPECT_RDMA=0)", node="cluster"))

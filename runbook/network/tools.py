@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from ..checks import Check, check
 from ..lab import sim
 from ..remote import expand_home
-from ..weights.node_paths import node_user
-from .context import Context
+from ..facts.node_paths import node_user
+from .context import Verification
 
 NCCL_TESTS_REPO = "https://github.com/NVIDIA/nccl-tests.git"
 NCCL_TESTS_TAG = "v2.18.3"
@@ -182,7 +182,7 @@ def locate_again(node, t: NodeTools, tools: tuple[str, ...]) -> NodeTools:
                                                              nccl_homes=t.nccl_homes))
 
 
-def tools_checks(ctx: Context, tests_dir: str, install: bool) -> None:
+def tools_checks(ctx: Verification, tests_dir: str, install: bool) -> None:
     """iperf3, ethtool, perftest / mpirun / nccl-tests present on every node (installed when allowed), before
     any traffic."""
     need_perftest = ctx.expect_rdma

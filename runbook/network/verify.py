@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..checks import CheckList
 from .collectives import SWEEP_MAX_BYTES, nccl_checks, sweep_checks
-from .context import Context
+from .context import Verification
 from .ip_traffic import iperf_checks, ping_checks
 from .links import static_checks
 from .rails import build_rails, collect_base, collect_rail_facts, early_validation
@@ -49,7 +49,7 @@ def verify_network(profile, cluster, raw_dir: str | Path | None = None, *, traff
     then ``~/nccl-tests/build``). ``install_tools`` lets the step install missing perftest/OpenMPI/nccl-tests
     (``tools.py``); otherwise a missing tool FAILs ``net.tools`` with the commands.
     """
-    ctx = Context(profile, cluster, raw_dir)
+    ctx = Verification(profile, cluster, raw_dir)
     collect_base(ctx)
     if not early_validation(ctx):
         return ctx.checks, ctx.raw

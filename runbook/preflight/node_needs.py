@@ -1,7 +1,7 @@
 """What the later steps need on each node, checked before anything runs: the node's ``python3`` for the
 tools the runbook ships there, and (WEIGHT_SYNC=nfs) the kernel NFS packages and the exact sudo rules.
 
-Step 02 ships its own standard-library tools (``weights/node_download.py``, ``weights/verify_manifest.py``)
+Step 02 ships its own standard-library tools (``weights_tools/node_download.py``, ``weights_tools/verify_manifest.py``)
 and runs them with the node's ``python3``: no package of the node's Python is used (stock DGX OS has no
 ``huggingface_hub`` and refuses ``pip install`` outside a venv, PEP 668), only its version matters. The NFS
 rows ask sudo about each command step 02 will run as root (``sudo -n -l <command>``, read-only) with the
@@ -15,9 +15,9 @@ import re
 
 from ..checks import Check, check, not_applicable
 from ..errors import RunbookError
-from ..weights.layout import weights_layout
-from ..weights.node_paths import node_user, on_node
-from ..weights.sharing import render_nfs, sudo_check
+from ..weights_tools.layout import weights_layout
+from ..facts.node_paths import node_user, on_node
+from ..weights_tools.nfs import render_nfs, sudo_check
 
 #: the shipped node tools use only the standard library of Python 3.8 or later
 MIN_PYTHON = (3, 8)

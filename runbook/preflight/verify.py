@@ -11,9 +11,9 @@ from typing import Any
 from ..checks import Check, CheckList, Status, check, not_applicable, simulated
 from .. import fit
 from ..facts import residue, system
-from ..launch.image import plan_image
+from ..facts.system import plan_image
 from ..lab import sim
-from ..launch.ranks import RankState, rank_state
+from ..facts.ranks import RankState, rank_state
 from ..remote import Cluster, Node, node_ssh_argv, quote
 from .node_needs import node_needs
 

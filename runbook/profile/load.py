@@ -337,6 +337,7 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
     model._source = src
     model._key_lines = dict(first_line)
     model._overrides = {e.key: e.value for e in ov_entries}
+    model._reload = load_profile
     return model
 
 

@@ -165,6 +165,7 @@ class Profile(BaseModel):
     _source: Path | None = PrivateAttr(default=None)
     _key_lines: dict[str, int] = PrivateAttr(default_factory=dict)
     _overrides: dict[str, str] = PrivateAttr(default_factory=dict)
+    _reload: Any = PrivateAttr(default=None)      # load_profile, handed over by it (load.py imports this module)
 
     # ---------------------------------------------------------------- locations
     @property
@@ -293,10 +294,9 @@ class Profile(BaseModel):
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> "Profile":
         """Reload the same file with more overrides (validated like the originals)."""
-        if self._source is None:
+        if self._source is None or self._reload is None:
             raise ValueError("profile has no source file")
-        from . import load_profile     # at call time, from the package: load.py imports this module
-        return load_profile(self._source, {**self._overrides, **{k: str(v) for k, v in overrides.items()}})
+        return self._reload(self._source, {**self._overrides, **{k: str(v) for k, v in overrides.items()}})
 
 
 #: every key, in field order (the form, the docs and the env files' tests follow it)

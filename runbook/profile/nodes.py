@@ -4,10 +4,6 @@ profile's per-node keys: what the remote layer connects to and which addresses a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from . import Profile      # via the package: model.py imports this module
 
 
 @dataclass(frozen=True)
@@ -38,8 +34,8 @@ class NodeSpec:
         return self.bootstrap_if or self.fabric_if
 
 
-def node_specs(p: Profile) -> list[NodeSpec]:
-    """Nodes ordered by rank: head, worker[, worker2]."""
+def node_specs(p) -> list[NodeSpec]:
+    """The nodes of the profile ``p`` ordered by rank: head, worker[, worker2]."""
     bif = p.bootstrap_if
     out = [
         NodeSpec("head", 0, p.head_ssh, p.head_ip, p.head_cx7_if, list(p.head_cx7_ib), p.head_gid,

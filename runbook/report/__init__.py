@@ -6,7 +6,7 @@ files, and the drift from the previous good run of the same profile.
 Modules, in the order the data flows:
 
 * ``runfiles``  -- reading a run folder (JSON, sidecars, the evidence paths the steps recorded);
-* ``model``     -- ``Figure``/``StepInfo``/``ReportModel`` dataclasses, agreement rule, headline figures;
+* ``model``     -- ``ReportFigure``/``StepInfo``/``ReportModel`` dataclasses, agreement rule, headline figures;
 * ``recompute`` -- figures of 00–04 from their raw files (one function per step section);
 * ``recompute_bench`` -- the 07 figures from ``requests.jsonl``/``chunks.jsonl`` beside ``result.json``;
 * ``verdict``   -- validated / candidate with what is missing, from the run folder alone;
@@ -24,11 +24,11 @@ from .checks import report_checks
 from .collector import DEFAULT_REL_TOL, collect, resolve_run
 from .html_page import render_html
 from .index import index_entries, write_index
-from .model import Figure, ReportModel, headline
+from .model import ReportFigure, ReportModel, headline
 from .write import write_report
 
 __all__ = ["run", "collect", "render_html", "write_report", "write_index", "index_entries", "report_checks",
-           "resolve_run", "headline", "Figure", "ReportModel", "DEFAULT_REL_TOL"]
+           "resolve_run", "headline", "ReportFigure", "ReportModel", "DEFAULT_REL_TOL"]
 
 
 def run(step, *, results_root: str | Path = "", drift_tolerance: float = DEFAULT_REL_TOL

@@ -9,7 +9,7 @@ import json
 from typing import Any, Callable
 
 from .html_parts import fmt, img, status_cell, table
-from .model import Figure, ReportModel
+from .model import ReportFigure, ReportModel
 from .plots import plot_bench, plot_memory, plot_network, plot_readiness, plot_roofline
 
 __all__ = ["FIGURE_HEAD", "figure_rows", "not_ran", "network", "weights", "engram", "launch", "bench", "roofline"]
@@ -25,7 +25,7 @@ def not_ran(model: ReportModel, suffix: str, e: Escape) -> str:
     return ""
 
 
-def figure_rows(figs: list[Figure], e: Escape) -> list[list[str]]:
+def figure_rows(figs: list[ReportFigure], e: Escape) -> list[list[str]]:
     """One row per figure: label, node, recomputed, threshold, recorded, agrees, source (FIGURE_HEAD)."""
     out = []
     for f in figs:

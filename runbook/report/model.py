@@ -1,6 +1,6 @@
 """The report model: what one run folder says, as plain data (no file access, no HTML).
 
-``Figure`` is one recomputed number beside the value its step recorded; ``StepInfo``/``CheckRow`` the
+``ReportFigure`` is one recomputed number beside the value its step recorded; ``StepInfo``/``CheckRow`` the
 steps and their check records; ``Verdict`` validated or candidate (:mod:`.verdict`); ``ReportModel`` the
 whole run (figures, node facts, section data, notes, drift, verdict). ``headline`` picks the few figures
 the results index shows per run.
@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ..checks import Status
 from .runfiles import number
 
-__all__ = ["Figure", "CheckRow", "StepInfo", "Verdict", "ReportModel", "STEP_TITLES", "VALIDATED", "CANDIDATE",
+__all__ = ["ReportFigure", "CheckRow", "StepInfo", "Verdict", "ReportModel", "STEP_TITLES", "VALIDATED", "CANDIDATE",
            "close", "rounding_rel_tol", "headline", "headline_keys", "step_title"]
 
 STEP_TITLES = {
@@ -29,7 +29,7 @@ def step_title(name: str) -> str:
 
 
 @dataclass
-class Figure:
+class ReportFigure:
     """One number of the report, recomputed from a file of the run folder."""
     key: str                         # stable across runs (drift matches on it): "<step>/<what>"
     step: str
@@ -121,7 +121,7 @@ class ReportModel:
     profile: dict[str, Any]
     provenance: dict[str, Any]
     steps: list[StepInfo]
-    figures: list[Figure] = field(default_factory=list)
+    figures: list[ReportFigure] = field(default_factory=list)
     environment: dict[str, dict[str, Any]] = field(default_factory=dict)   # node|"cluster" -> facts
     launch: dict[str, Any] = field(default_factory=dict)
     weights: dict[str, Any] = field(default_factory=dict)
@@ -148,13 +148,13 @@ class ReportModel:
     def checks(self) -> list[CheckRow]:
         return [c for s in self.steps for c in s.checks]
 
-    def figures_of(self, step_suffix: str) -> list[Figure]:
+    def figures_of(self, step_suffix: str) -> list[ReportFigure]:
         return [f for f in self.figures if f.step == step_suffix or f.step.endswith("_" + step_suffix)]
 
-    def figure(self, key: str) -> Figure | None:
+    def figure(self, key: str) -> ReportFigure | None:
         return next((f for f in self.figures if f.key == key), None)
 
-    def inconsistent(self) -> list[Figure]:
+    def inconsistent(self) -> list[ReportFigure]:
         return [f for f in self.figures if f.consistent is False]
 
     def counts(self) -> dict[str, int]:
@@ -210,7 +210,7 @@ def headline_keys() -> tuple[str, ...]:
 
 def headline(model: ReportModel) -> dict[str, float | None]:
     """The figures the results index shows per run (None when the run has none of that kind)."""
-    def pick(pred: Callable[[Figure], bool], agg: Callable[[list[float]], float] = min) -> float | None:
+    def pick(pred: Callable[[ReportFigure], bool], agg: Callable[[list[float]], float] = min) -> float | None:
         vals = [f.value for f in model.figures if f.value is not None and pred(f)]
         return round(agg(vals), 4) if vals else None
     return {

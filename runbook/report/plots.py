@@ -10,9 +10,9 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from ..bench.report import plot_comparison
-from ..bench import roofline_panel
-from .model import Figure, ReportModel
+from ..benchmark.report import plot_comparison
+from ..benchmark import roofline_panel
+from .model import ReportFigure, ReportModel
 from .recompute_bench import bench_result
 
 __all__ = ["png_uri", "plot_network", "plot_readiness", "plot_bench", "plot_roofline"]
@@ -26,7 +26,7 @@ def png_uri(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def plot_network(figs: list[Figure]) -> str:
+def plot_network(figs: list[ReportFigure]) -> str:
     """TCP and RDMA bandwidth per rail and direction, each bar against its threshold ("" when none)."""
     rows = [f for f in figs if f.group in ("tcp", "rdma") and f.value is not None]
     if not rows:
@@ -76,7 +76,7 @@ def plot_memory(profile: dict[str, list[list[float]]]) -> str:
 
 
 def plot_bench(model: ReportModel) -> str:
-    """The bench's comparison plot (runbook.bench.report) of the recomputed result ("" without a bench)."""
+    """The bench's comparison plot (runbook.benchmark.report) of the recomputed result ("" without a bench)."""
     if not model.bench.get("result"):
         return ""
     fig = plot_comparison(bench_result(model.bench["result"]), recipe=model.bench.get("recipe") or None)

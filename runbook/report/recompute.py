@@ -1,6 +1,6 @@
 """Figures of steps 00–04, recomputed from the run folder (one function per step section).
 
-Each function takes (model, run folder, sidecars), appends ``Figure``s (recomputed value beside the value
+Each function takes (model, run folder, sidecars), appends ``ReportFigure``s (recomputed value beside the value
 the step recorded) and node facts to the model, and fills its section's data. A step without a sidecar
 adds nothing. Raw files are found through the sidecar: a check's ``evidence`` (01), ``data.engram_raw``
 (03); the launch plan and rank logs through ``RunDir.raw_path`` of the sidecar's step (04 archives them
@@ -22,7 +22,7 @@ from typing import Any
 from ..evidence import RunDir
 from ..facts import nccl, net, rdma
 from ..secrets import MASK, default_redactor
-from .model import Figure, ReportModel, rounding_rel_tol
+from .model import ReportFigure, ReportModel, rounding_rel_tol
 from .runfiles import evidence_file, find_sidecar, first_evidence, load_json, number, read_text, relative
 from .masking import secret_key
 
@@ -59,7 +59,7 @@ def preflight(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
     if len(good) >= 2:
         vals = [float(v[0]) for v in good.values()]
         rec = next((r for r in recs if r.get("name") == "clock offset between nodes"), {})
-        model.figures.append(Figure(key=f"{name}/clock_offset_ms", step=name, label="clock offset between nodes",
+        model.figures.append(ReportFigure(key=f"{name}/clock_offset_ms", step=name, label="clock offset between nodes",
                                     value=(max(vals) - min(vals)) * 1000, unit="ms", source=src,
                                     recorded=number((rec.get("data") or {}).get("spread_ms")),
                                     threshold=number(model.profile.get("MAX_CLOCK_OFFSET_MS")),
@@ -68,7 +68,7 @@ def preflight(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
         d = r.get("data") or {}
         if r.get("name") == "memory available" and r.get("node") in nodes:
             mem = number(nodes[r["node"]].get("mem_available"))
-            model.figures.append(Figure(key=f"{name}/mem_available_gib/{r['node']}", step=name,
+            model.figures.append(ReportFigure(key=f"{name}/mem_available_gib/{r['node']}", step=name,
                                         label="MemAvailable", node=r["node"],
                                         value=None if mem is None else mem / 2 ** 30, unit="GiB", source=src,
                                         recorded=None if number(d.get("mem_available_bytes")) is None
@@ -80,7 +80,7 @@ def network(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
     name, sc = find_sidecar(sidecars, "network")
     if sc is None:
         return
-    totals: dict[str, list[Figure]] = {}
+    totals: dict[str, list[ReportFigure]] = {}
 
     def source(p: Path | None) -> str:
         return relative(run, p) if p else _MISSING
@@ -92,13 +92,13 @@ def network(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
         if kind == "tcp":
             p = evidence_file(run, rec, _IPERF)
             val = net.parse_iperf3(read_text(p) or "").receiver_gbps if p is not None else None
-            model.figures.append(Figure(key=f"{name}/{cname}", step=name, label=f"TCP {d.get('rail', '')} {d.get('direction', '')}",
+            model.figures.append(ReportFigure(key=f"{name}/{cname}", step=name, label=f"TCP {d.get('rail', '')} {d.get('direction', '')}",
                                         value=val, unit="Gb/s", source=source(p), recorded=number(d.get("gbps")),
                                         threshold=number(d.get("threshold_gbps")), node=node, group="tcp"))
         elif kind == "rdma":
             p = evidence_file(run, rec, _IBBW)
             val = rdma.parse_ib_write_bw(read_text(p) or "").avg_gbps if p is not None else None
-            fig = Figure(key=f"{name}/{cname}", step=name, label=f"RDMA {d.get('rail', '')} {d.get('direction', '')}",
+            fig = ReportFigure(key=f"{name}/{cname}", step=name, label=f"RDMA {d.get('rail', '')} {d.get('direction', '')}",
                          value=val, unit="Gb/s", source=source(p), recorded=number(d.get("gbps")),
                          threshold=number(d.get("threshold_gbps")), node=node, group="rdma")
             model.figures.append(fig)
@@ -108,27 +108,27 @@ def network(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
         elif kind == "rdma_total":
             parts = totals.get(str(d.get("direction", "")), [])
             val = sum(f.value for f in parts) if parts and all(f.value is not None for f in parts) else None
-            model.figures.append(Figure(key=f"{name}/{cname}", step=name, label=f"RDMA total {d.get('direction', '')}",
+            model.figures.append(ReportFigure(key=f"{name}/{cname}", step=name, label=f"RDMA total {d.get('direction', '')}",
                                         value=val, unit="Gb/s", source=", ".join(f.source for f in parts) or "(no rail figures)",
                                         recorded=number(d.get("gbps")), threshold=number(d.get("threshold_gbps")),
                                         node="cluster", group="rdma"))
         elif kind == "rdma_lat":
             p = evidence_file(run, rec, _IBLAT)
             val = rdma.parse_ib_write_lat(read_text(p) or "").t_typical_us if p is not None else None
-            model.figures.append(Figure(key=f"{name}/{cname}", step=name, label=f"RDMA latency {cname.split('.', 3)[-1]}",
+            model.figures.append(ReportFigure(key=f"{name}/{cname}", step=name, label=f"RDMA latency {cname.split('.', 3)[-1]}",
                                         value=val, unit="us", source=source(p), recorded=number(d.get("t_typical_us")),
                                         higher_is_better=False, node=node, group="latency"))
         elif kind == "allreduce":
             p = first_evidence(run, rec)
             sw = nccl.parse_allreduce_sweep(read_text(p) or "") if p is not None else None
             rec_peak = max((number(x.get("busbw_gbs")) or 0.0 for x in d.get("points", []) or []), default=None)
-            model.figures.append(Figure(key=f"{name}/{cname}/{node}", step=name, label="gloo all-reduce peak busbw",
+            model.figures.append(ReportFigure(key=f"{name}/{cname}/{node}", step=name, label="gloo all-reduce peak busbw",
                                         value=sw.peak_busbw_gbs if sw else None, unit="GB/s", source=source(p),
                                         recorded=rec_peak, node=node, group="allreduce"))
         elif cname.startswith("net.ping.") and "rtt_avg_ms" in d:
             p = evidence_file(run, rec, _PING)
             val = net.parse_ping(read_text(p) or "").rtt_avg_ms if p is not None else None
-            model.figures.append(Figure(key=f"{name}/{cname}", step=name, label=f"ping {cname.split('.', 2)[-1]}",
+            model.figures.append(ReportFigure(key=f"{name}/{cname}", step=name, label=f"ping {cname.split('.', 2)[-1]}",
                                         value=val, unit="ms", source=source(p), recorded=number(d.get("rtt_avg_ms")),
                                         threshold=number(model.profile.get("MAX_RTT_MS")), higher_is_better=False,
                                         node=node, group="ping"))
@@ -141,7 +141,7 @@ def network(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
                 model.environment.setdefault("cluster", {})["nccl_version"] = log.version
             if log.transport:
                 model.environment.setdefault("cluster", {})["nccl_transport"] = log.transport
-            model.figures.append(Figure(key=f"{name}/{cname}", step=name, label="nccl-tests all_reduce avg busbw",
+            model.figures.append(ReportFigure(key=f"{name}/{cname}", step=name, label="nccl-tests all_reduce avg busbw",
                                         value=res.avg_busbw_gbs, unit="GB/s", source=source(p),
                                         recorded=number(d.get("avg_busbw_gbs")),
                                         threshold=number(model.profile.get("MIN_NCCL_BUSBW_GBS")), node="cluster",
@@ -170,11 +170,11 @@ def weights(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
         # a re-run that reused the manifest hashed nothing: no rate to show
         if rec.get("name") == "weights.verified" and number(d.get("seconds")) and number(d.get("bytes_hashed")):
             b = float(d["bytes_hashed"])
-            model.figures.append(Figure(key=f"{name}/verify_gbps/{node}", step=name, label="sha256 verification rate",
+            model.figures.append(ReportFigure(key=f"{name}/verify_gbps/{node}", step=name, label="sha256 verification rate",
                                         value=b / float(d["seconds"]) / 1e9, unit="GB/s", source=src,
                                         recorded=number(d.get("gbps")), node=node, group="verify",
                                         rel_tol=rounding_rel_tol(d.get("seconds"))))
-            model.figures.append(Figure(key=f"{name}/verified_bytes/{node}", step=name, label="bytes verified",
+            model.figures.append(ReportFigure(key=f"{name}/verified_bytes/{node}", step=name, label="bytes verified",
                                         value=b, unit="B", source=src,
                                         # all files re-hashed: must be the repo's size (a partial re-hash is not)
                                         recorded=(number(data.get("total_bytes"))
@@ -182,7 +182,7 @@ def weights(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
                                         node=node, group="verify", higher_is_better=None))
         elif rec.get("name") in ("weights.rsync", "weights.share") and number(d.get("seconds")):
             b = number(d.get("bytes")) or 0.0
-            model.figures.append(Figure(key=f"{name}/share_gbps/{node}", step=name, label=f"{rec.get('name')} rate",
+            model.figures.append(ReportFigure(key=f"{name}/share_gbps/{node}", step=name, label=f"{rec.get('name')} rate",
                                         value=b / float(d["seconds"]) / 1e9, unit="GB/s", source=src, node=node,
                                         group="share"))
         elif rec.get("name") == "weights.parity":
@@ -192,7 +192,7 @@ def weights(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
     for k, label in (("verifier", "hash rate (runbook verifier)"), ("sha256sum", "hash rate (sha256sum)")):
         secs = number(hr.get(f"{k}_seconds"))
         if secs and number(hr.get("bytes")):
-            model.figures.append(Figure(key=f"{name}/hash_rate/{k}", step=name, label=label,
+            model.figures.append(ReportFigure(key=f"{name}/hash_rate/{k}", step=name, label=label,
                                         value=float(hr["bytes"]) / secs / 1e9, unit="GB/s", source=src,
                                         recorded=number(hr.get(f"{k}_gbps")), node="head", group="hash",
                                         rel_tol=rounding_rel_tol(secs)))
@@ -217,13 +217,13 @@ def engram(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
             secs = number(obj.get("seconds"))
             written = number(obj.get("bytes_written"))
             val = (written / max(secs, 1e-9) / 1e6) if (secs is not None and written is not None) else None
-            model.figures.append(Figure(key=f"{name}/pack_mb_s/{node}", step=name, label="pack write rate",
+            model.figures.append(ReportFigure(key=f"{name}/pack_mb_s/{node}", step=name, label="pack write rate",
                                         value=val, unit="MB/s", source=src,
                                         recorded=number((rec.get("pack") or {}).get("mb_s")), node=node, group="pack",
                                         rel_tol=rounding_rel_tol(secs)))
             rss = number(obj.get("peak_rss_bytes"))
             if rss is not None:
-                model.figures.append(Figure(key=f"{name}/pack_rss_mib/{node}", step=name, label="pack peak RSS",
+                model.figures.append(ReportFigure(key=f"{name}/pack_rss_mib/{node}", step=name, label="pack peak RSS",
                                             value=rss / 2 ** 20, unit="MiB", source=src,
                                             recorded=number((rec.get("pack") or {}).get("peak_rss_mib")),
                                             higher_is_better=False, node=node, group="pack"))
@@ -231,7 +231,7 @@ def engram(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
             rows = sum(int(f.get("rows_checked") or 0) for f in obj.get("files", []) or [])
             ok = sum(1 for f in obj.get("files", []) or [] if f.get("ok"))
             recorded = sum(int(v.get("rows_checked") or 0) for v in ((rec.get("verify") or {}).get("files") or {}).values())
-            model.figures.append(Figure(key=f"{name}/verify_rows/{node}", step=name,
+            model.figures.append(ReportFigure(key=f"{name}/verify_rows/{node}", step=name,
                                         label=f"rows verified byte-identical ({ok}/{len(obj.get('files', []) or [])} files ok)",
                                         value=float(rows), unit="rows", source=src,
                                         recorded=float(recorded) if rec.get("verify") else None, node=node,
@@ -241,14 +241,14 @@ def engram(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
                 qd = r.get("qd")
                 ops, secs = number(r.get("ops")), number(r.get("seconds"))
                 val = ops / max(secs, 1e-9) if (ops is not None and secs is not None) else number(r.get("iops"))
-                model.figures.append(Figure(key=f"{name}/probe_qd{qd}_iops/{node}", step=name,
+                model.figures.append(ReportFigure(key=f"{name}/probe_qd{qd}_iops/{node}", step=name,
                                             label=f"random read QD{qd} ({obj.get('mode', '')})", value=val,
                                             unit="IOPS", source=src,
                                             recorded=number(((rec.get("probe") or {}).get(f"qd{qd}") or {}).get("iops")),
                                             node=node, group="probe", rel_tol=rounding_rel_tol(secs)))
                 p99 = number((r.get("lat_us") or {}).get("p99"))
                 if p99 is not None:
-                    model.figures.append(Figure(key=f"{name}/probe_qd{qd}_p99_us/{node}", step=name,
+                    model.figures.append(ReportFigure(key=f"{name}/probe_qd{qd}_p99_us/{node}", step=name,
                                                 label=f"random read QD{qd} p99 latency", value=p99, unit="us",
                                                 source=src,
                                                 recorded=number(((rec.get("probe") or {}).get(f"qd{qd}") or {}).get("p99_us")),
@@ -290,7 +290,7 @@ def launch(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
     for phase, secs in ready.items():
         rec = recs.get(f"ready: {phase.replace('_', ' ')}", {})
         readiness.append({"phase": phase, "seconds": number(secs)})
-        model.figures.append(Figure(key=f"{name}/ready/{phase}", step=name, label=f"ready: {phase.replace('_', ' ')}",
+        model.figures.append(ReportFigure(key=f"{name}/ready/{phase}", step=name, label=f"ready: {phase.replace('_', ' ')}",
                                     value=number(secs), unit="s from launch", source=f"steps/{name}.json",
                                     recorded=number((rec.get("data") or {}).get("seconds")) if rec else None,
                                     threshold=number(model.profile.get("READY_TIMEOUT")), higher_is_better=False,
@@ -317,7 +317,7 @@ def launch(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
     for node, samples in (launch_data.get("memory_profile") or {}).items():
         if samples:
             t_low, low = min(samples, key=lambda s: s[1])
-            model.figures.append(Figure(key=f"{name}/memory/{node}/min_available", step=name,
+            model.figures.append(ReportFigure(key=f"{name}/memory/{node}/min_available", step=name,
                                         label=f"lowest MemAvailable during start ({t_low:.0f} s from launch)",
                                         value=low / 2**30, unit="GiB", source=f"steps/{name}.json memory_profile",
                                         higher_is_better=True, node=node, group="memory"))

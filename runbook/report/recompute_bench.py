@@ -1,10 +1,10 @@
 """Benchmark figures (step 07), recomputed from the request records beside ``result.json``.
 
 The result file is the one the 07 sidecar names (``data…result``); ``requests.jsonl``/``chunks.jsonl``
-beside it are re-read with :func:`runbook.bench.result.load_records` and reduced with the formulas of
-:mod:`runbook.bench.metrics` (the same grouping as the bench runner: per-stream metrics over every OK
+beside it are re-read with :func:`runbook.benchmark.result.load_records` and reduced with the formulas of
+:mod:`runbook.benchmark.metrics` (the same grouping as the bench runner: per-stream metrics over every OK
 request of a case, per-trial metrics over the case's trials), then compared with ``result.json`` and set
-beside the recipe's published figures (:func:`runbook.bench.report.results_table`).
+beside the recipe's published figures (:func:`runbook.benchmark.report.results_table`).
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..bench import metrics
-from ..bench.report import anchors_table, class_table, results_table
-from ..bench.result import BenchResult, load_records
-from ..bench.roofline_panel import panel_rows
+from ..benchmark import metrics
+from ..benchmark.report import anchors_table, class_table, results_table
+from ..benchmark.result import BenchResult, load_records
+from ..benchmark.roofline_panel import panel_rows
 from ..fit.roofline import Roofline
-from .model import Figure, ReportModel
+from .model import ReportFigure, ReportModel
 from .runfiles import data_paths, find_sidecar, load_json, number, relative
 
 __all__ = ["RECOMPUTED_METRICS", "BENCH_REL_TOL", "BENCH_TIME_ABS_TOL", "LOWER_IS_BETTER", "find_bench_result",
@@ -62,7 +62,7 @@ def data_of(sidecars: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def recompute_bench_figures(out_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:
     """case name -> metric -> Spread dict, recomputed from ``requests.jsonl`` (+ ``chunks.jsonl``) with
-    the formulas of :mod:`runbook.bench.metrics` (the same grouping as the bench runner: per-stream
+    the formulas of :mod:`runbook.benchmark.metrics` (the same grouping as the bench runner: per-stream
     metrics over every OK request of the case, per-trial metrics over the case's trials)."""
     by_case: dict[str, list] = {}
     for r in load_records(out_dir):
@@ -118,7 +118,7 @@ def bench(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]]) ->
                 value, recorded, spread = number(rec.get("median")), None, rec
                 src = res_src + (" (server /metrics counters)" if recomputed else "")
             lower = metric in LOWER_IS_BETTER
-            model.figures.append(Figure(
+            model.figures.append(ReportFigure(
                 key=f"{name}/{case.get('name')}/{metric}", step=name, label=metric, value=value,
                 unit=bench_unit(metric), source=src, recorded=recorded,
                 higher_is_better=(not lower) if (metric.endswith("tok_s") or lower) else None, node="head",

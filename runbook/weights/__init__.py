@@ -2,7 +2,7 @@
 
     runbook.weights.run(step, compare_sha256sum=True)        # checks and data into the step
 
-Check names → code: every ``weights.*`` row is built in ``step.py`` (``run`` reads top to bottom as the
+Check names → code: every ``weights.*`` row is built in ``transfer.py`` (``download_verify_share`` reads top to bottom as the
 step), the download's rows in ``download.py``, the sharing modes in ``sharing.py``.
 
 The parts, for a notebook cell or a test::
@@ -31,9 +31,9 @@ from .download import (
                        require_pinned,
                        verify_checks,
 )
-from .layout import WeightsLayout, weights_layout
-from .node_download import LAYOUT, LAYOUTS
-from .node_paths import NodeUser, expand_home, node_user, on_node
+from ..weights_tools.layout import WeightsLayout, weights_layout
+from ..weights_tools.node_download import LAYOUT, LAYOUTS
+from ..facts.node_paths import NodeUser, expand_home, node_user, on_node
 from .sharing import (
                        ShareResult,
                        cache_dir_is_local,
@@ -55,7 +55,7 @@ from .verify import (
                        read_manifest,
                        verify_dir,
 )
-from .verify_manifest import MANIFEST_NAME
+from ..weights_tools.verify_manifest import MANIFEST_NAME
 
 __all__ = [
     "DownloadResult",
@@ -100,8 +100,8 @@ __all__ = [
 
 def run(step, *, compare_sha256sum: bool = True) -> dict:
     """Download, verify, share and compare on every node; record checks and data in ``step``; return the data."""
-    from .step import run as download_verify_share
-    checks, data = download_verify_share(step.profile, step.cluster, compare_sha256sum=compare_sha256sum)
+    from .transfer import download_verify_share
+    checks, data = download_verify_share(step.cluster, step.profile, compare_sha256sum=compare_sha256sum)
     step.add(checks)
     step.data.update(data)
     return data

@@ -4,7 +4,7 @@ Layouts (``node_download.LAYOUTS``): ``local_dir`` — the files land as a plain
 destination (what ``vllm serve /model`` loads, where ``.runbook-manifest.json`` sits); the
 partials of cut files sit in ``<dest>/.cache/runbook/partial/``. ``hub_cache`` — the destination is an HF hub cache
 (``models--org--name/{blobs,snapshots/<rev>,refs/main}``); the tree that is verified and holds the
-manifest is ``snapshots/<rev>``. ``runbook.weights.layout`` picks one from the profile.
+manifest is ``snapshots/<rev>``. ``runbook.weights_tools.layout`` picks one from the profile.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from ..checks import Check, check
 from ..errors import ActionError, RunbookError
 from ..profile.rules import hf_endpoint_is_foreign
 from ..secrets import load_secrets
-from . import node_download, verify_manifest
+from ..weights_tools import node_download, verify_manifest
 
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
 GIB = 1 << 30

@@ -9,7 +9,6 @@ Every node path may be written ``~/…``: it is expanded with that node's own ho
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import posixpath
@@ -23,19 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import Check, Status, check, not_applicable
-from ..errors import RemoteError, RunbookError
+from ..errors import RemoteError
 from ..facts import system
 from ..remote import private_dir_command
-from . import node_download, verify_manifest
+from ..weights_tools import node_download, verify_manifest
+from ..weights_tools.nfs import SUDO_RULES, render_nfs, single_ipv4, sudo_argvs, sudo_check, sudo_probe_cmd, sudoers_fix
 from .download import fetched_check, hf_token, require_pinned, verify_checks
-from .node_paths import node_user, on_node
+from ..facts.node_paths import node_user, on_node
 from .verify import manifest_to_expected, parity
-from .verify_manifest import MANIFEST_NAME
+from ..weights_tools.verify_manifest import MANIFEST_NAME
 
 TOOLS_SUBDIR = ".cache/spark-runbook/tools"      # under the SSH user's home: private (0700), never /tmp
-NFS_EXPORT_OPTS = "ro,sync,no_subtree_check,root_squash"
-NFS_MOUNT_OPTS = "vers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
-EXPORTS_DIR = "/etc/exports.d"
 
 
 @dataclass
@@ -270,145 +267,7 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
 
 
 # -------------------------------------------------------------------------------------------
-# NFS
-
-def _single_ipv4(value: str, what: str) -> str:
-    try:
-        ip = ipaddress.IPv4Address(value)
-    except ValueError:
-        raise RunbookError(f"{what} must be one IPv4 fabric address", observed=repr(value),
-                           expected="e.g. 10.0.22.2 (never '*', a hostname or a wide subnet)",
-                           fix="set HEAD_IP/WORKER_IP in the profile") from None
-    return str(ip)
-
-
-def _export_path(path: str) -> str:
-    """An absolute path as /etc/exports writes it: double-quoted (spaces are allowed)."""
-    if not posixpath.isabs(path) or any(c in path for c in '"\\\n'):
-        raise RunbookError("the NFS export needs an absolute path without quotes, backslashes or newlines",
-                           observed=repr(path), expected="e.g. /home/spark/.cache/dsv41-flash-exl3/model",
-                           fix="expand ~ on the node first (node_paths.on_node) or rename the directory")
-    return f'"{path}"'
-
-
-def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *,
-               name: str = "weights", head_sudo: bool = False, worker_sudo: bool = False,
-               probe: str = "config.json", volume: str = "spark-weights") -> dict[str, list[str]]:
-    """The exact commands of the kernel NFS mode for one directory: export ``export_dir`` (absolute,
-    on the head) read-only to the worker's fabric address only (root_squash) in its own
-    ``/etc/exports.d/spark-runbook-<name>.exports``, and mount it on the worker at ``mountpoint``
-    (absolute) NFSv4.2 with nconnect=8, 1 MiB rsize/wsize, hard. No ``fsid=0``: the server builds the
-    NFSv4 pseudo root from every export, so the model and the Engram source can be exported side by
-    side and the client mounts ``<head_ip>:<export_dir>``. ``*_sudo``: prefix what needs root with
-    ``sudo -n`` (the SSH user is not root there); every such command is a single whitelistable program.
-    ``probe``: a file (relative to the export) the worker must see through the mount."""
-    head_ip = _single_ipv4(head_ip, "HEAD_IP")
-    worker_ip = _single_ipv4(worker_ip, "WORKER_IP")
-    quoted = _export_path(export_dir)
-    if not posixpath.isabs(mountpoint):
-        raise RunbookError("the NFS mount point must be absolute", observed=repr(mountpoint),
-                           fix="expand ~ on the worker first (node_paths.on_node)")
-    sh, sw = ("sudo -n " if head_sudo else ""), ("sudo -n " if worker_sudo else "")
-    exports_file = f"{EXPORTS_DIR}/spark-runbook-{name}.exports"
-    line = f"{quoted} {worker_ip}({NFS_EXPORT_OPTS})"
-    mnt = _q(mountpoint)
-    return {
-        "head": [
-            f"{sh}mkdir -p {EXPORTS_DIR}",
-            f"printf '%s\\n' {_q(line)} | {sh}tee {exports_file} >/dev/null",
-            f"{sh}exportfs -ra",
-            f"{sh}exportfs -v | grep -F {_q(export_dir)}",
-            f"rpcinfo -t {head_ip} nfs 4",
-        ],
-        "worker": [
-            f"mkdir -p {mnt} 2>/dev/null || {sw}mkdir -p {mnt}",
-            f"mountpoint -q {mnt} || {sw}mount -t nfs4 -o {NFS_MOUNT_OPTS} {_q(head_ip + ':' + export_dir)} {mnt}",
-            f"test -f {_q(posixpath.join(mountpoint, probe))}",
-        ],
-        "worker_docker_volume": [
-            f"docker volume rm -f {volume}",
-            (f"docker volume create --driver local --opt type=nfs "
-             f"--opt o=addr={head_ip},{NFS_MOUNT_OPTS.replace('vers=', 'nfsvers=')} "
-             f"--opt {_q('device=:' + export_dir)} {volume}"),
-        ],
-        "undo_head": [f"{sh}rm -f {exports_file}", f"{sh}exportfs -ra"],
-        "undo_worker": [f"{sw}umount {mnt}"],
-    }
-
-
-# The one definition of what the kernel NFS mode runs as root: (program, argument pattern in sudoers
-# syntax; "" = any arguments). The sudoers drop-in the fix prescribes is built from it, the probe asks
-# sudo about each rendered command against it (`sudo -n -l <command>`), and a unit test proves that every
-# command render_nfs prefixes with `sudo -n` matches one of these rules.
-SUDO_RULES: tuple[tuple[str, str], ...] = (
-    ("/usr/bin/mkdir", ""),
-    ("/usr/bin/tee", f"{EXPORTS_DIR}/spark-runbook-*.exports"),
-    ("/usr/sbin/exportfs", ""),
-    ("/usr/bin/mount", ""),
-    ("/usr/bin/umount", ""),
-    ("/usr/bin/rm", f"-f {EXPORTS_DIR}/spark-runbook-*.exports"),
-)
-SUDOERS_PROGRAMS = ", ".join(f"{prog} {args}".strip() for prog, args in SUDO_RULES)
-SUDOERS_FILE = "/etc/sudoers.d/spark-runbook"
-
-
-def sudoers_fix(user: str, node: str) -> str:
-    """The exact commands that install the drop-in allowing :data:`SUDO_RULES` for ``user``."""
-    return (f"on {node}: echo '{user} ALL=(root) NOPASSWD: {SUDOERS_PROGRAMS}' | sudo tee {SUDOERS_FILE} "
-            f"&& sudo chmod 0440 {SUDOERS_FILE} && sudo visudo -cf {SUDOERS_FILE}; or set HEAD_SSH/WORKER_SSH "
-            "to root@…")
-
-
-def sudo_argvs(commands: Iterable[str]) -> list[list[str]]:
-    """The argv of every ``sudo -n <program> …`` inside ``commands`` (up to the next shell operator or
-    redirection), in order, without repeats."""
-    out: list[list[str]] = []
-    for command in commands:
-        lex = shlex.shlex(command, posix=True, punctuation_chars=True)
-        lex.whitespace_split = True
-        tokens = list(lex)
-        for i in range(len(tokens) - 1):
-            if tokens[i] == "sudo" and tokens[i + 1] == "-n":
-                argv = []
-                for tok in tokens[i + 2:]:
-                    if set(tok) <= set("();<>|&"):
-                        break
-                    argv.append(tok)
-                if argv and argv[-1].isdigit():       # `2>/dev/null`: the fd number before the operator
-                    argv.pop()
-                if argv and argv not in out:
-                    out.append(argv)
-    return out
-
-
-def sudo_probe_cmd(argv: list[str]) -> str:
-    """Read-only: may the SSH user run exactly this command as root without a password? (``sudo -l``
-    with a command exits 0 and prints its full path when the sudoers rules allow it.)"""
-    return "sudo -n -l " + " ".join(_q(a) for a in argv)
-
-
-def sudo_check(node, commands: list[str]) -> Check | None:
-    """Before anything changes: when ``commands`` use ``sudo -n``, prove sudo allows each of them without
-    a password (:func:`sudo_probe_cmd` per command: what the drop-in of :func:`sudoers_fix` allows, not
-    ``sudo -n true``, which it does not). Returns a FAIL naming the first refused command and the drop-in,
-    or None when sudo is not needed or allows all of them."""
-    argvs = sudo_argvs(commands)
-    if not argvs:
-        return None
-    for argv in argvs:
-        res = node.read(sudo_probe_cmd(argv), timeout=20)
-        if res.ok:
-            continue
-        user = node_user(node).name
-        said = ((res.stderr or "") + (res.stdout or "")).strip().splitlines()
-        return check("weights.nfs.sudo", False, node=node.name,
-                     observed=(f"`{sudo_probe_cmd(argv)}` as {user}: exit {res.exit_code} "
-                               f"{said[-1] if said else ''}").strip(),
-                     expected=f"{user} may run the {len(argvs)} NFS commands with sudo without a password "
-                              "(or SSH as root)",
-                     fix=sudoers_fix(user, node.name))
-    return None
-
+# NFS (the rendered commands and sudo rules: ``weights_tools/nfs.py``)
 
 def nfs_share(head, worker, export_dir: str, mountpoint: str, *, execute: bool,
               head_manifest: dict[str, Any] | None = None, python: str = "python3",
@@ -461,8 +320,8 @@ def render_ganesha(export_dir: str, head_ip: str, worker_ips: list[str], *,
                    pseudo: str = NFS_LAB_PSEUDO) -> str:
     """ganesha.conf exporting ``export_dir`` NFSv4-only on ``head_ip``:2049, read-only to
     ``worker_ips`` and nobody else (``Access_Type = None`` for every other client), root squashed."""
-    head_ip = _single_ipv4(head_ip, "HEAD_IP")
-    clients = ", ".join(_single_ipv4(ip, "WORKER_IP") for ip in worker_ips)
+    head_ip = single_ipv4(head_ip, "HEAD_IP")
+    clients = ", ".join(single_ipv4(ip, "WORKER_IP") for ip in worker_ips)
     return (
         f"NFS_CORE_PARAM {{ Protocols = 4; Bind_addr = {head_ip}; NFS_Port = 2049; "
         "Enable_NLM = false; Enable_RQUOTA = false; }\n"

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import Check, check
-from . import verify_manifest
-from .verify_manifest import MANIFEST_NAME
+from ..weights_tools import verify_manifest
+from ..weights_tools.verify_manifest import MANIFEST_NAME
 
 
 def verify_dir(directory: str | os.PathLike, expected: dict[str, Any], *, workers: int = 4,

@@ -44,7 +44,8 @@ def users_server_set_aside(lab_reused: bool):
     if not lab_reused:
         yield
         return
-    from runbook.launch import ranks, server, stop
+    from runbook.facts import ranks
+    from runbook.launch import server, stop
     from runbook.launch.plan import render_plan
     from runbook.profile import load_profile
     from runbook.remote import Cluster

@@ -16,11 +16,11 @@ import pytest
 
 from runbook import runner
 from runbook.checks import CheckList, Status
-from runbook.engram import layout as L
+from runbook.engram_tools import layout as L
 from runbook.engram import facts as engram_facts
 from runbook.engram import lab_source, read_probe
 from runbook.engram import precheck as engram_precheck
-from runbook.engram import step as engram
+from runbook.engram import packing as engram
 from runbook.profile import load_profile
 from runbook.remote import Cluster
 

@@ -16,9 +16,10 @@ import time
 
 import pytest
 
-from runbook.launch import image, ranks, server, status, stop
+from runbook.launch import image, server, status, stop
+from runbook.facts import ranks, system
 from runbook.launch.plan import render_plan
-from runbook.serve import endpoint
+from runbook.api import endpoint
 from runbook.errors import ActionError
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote
@@ -290,11 +291,11 @@ def test_image_is_shipped_head_to_worker_when_the_worker_lacks_it(cluster):
     cluster.head.run(f"docker tag spark-runbook/lab-runtime:1 {tag}")
     cluster.worker.run(f"docker rmi {tag} >/dev/null 2>&1; true")
     try:
-        before = image.plan_image(profile, image.image_infos(cluster, tag))
+        before = system.plan_image(profile, image.image_infos(cluster, tag))
         assert before.action == "ship" and before.targets == ["worker"]
         checks = image.ensure_image(cluster, profile)
         assert not checks.failures(), checks.to_text()
-        assert image.plan_image(profile, image.image_infos(cluster, tag)).action == "none"
+        assert system.plan_image(profile, image.image_infos(cluster, tag)).action == "none"
     finally:
         for node in cluster:
             node.run(f"docker rmi {tag} >/dev/null 2>&1; true")

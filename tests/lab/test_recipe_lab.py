@@ -15,9 +15,10 @@ import urllib.request
 import pytest
 
 from runbook.checks import Status
-from runbook.launch import checkout, image, ranks, server, stop
+from runbook.launch import checkout, image, server, stop
+from runbook.facts import ranks
 from runbook.launch.plan import render_plan
-from runbook.serve import endpoint
+from runbook.api import endpoint
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote
 

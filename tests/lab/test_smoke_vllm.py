@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 
-import runbook.serve.server_info
-import runbook.serve.smoke
+import runbook.api.server_info
+import runbook.smoke.cases
 import runbook.step
-import runbook.serve.toolcalls
-import runbook.serve.vision
+import runbook.vision_tools.battery
+import runbook.vision_tools.vision
 from runbook.checks import Status
 from runbook.lab import vllm_lab
 from runbook.lab.vllm_lab import VllmServer, serve_command, serve_env
@@ -119,17 +119,17 @@ def test_smoke_and_tools_against_real_vllm(tmp_path, tmp_path_factory, monkeypat
     try:
         base = f"http://127.0.0.1:{PORT}"
         smoke_step = runbook.step.begin("05_smoke", LAB_ENV, results_root=tmp_path / "results")
-        client = runbook.serve.server_info.connect(smoke_step, base_url=base)
+        client = runbook.api.server_info.connect(smoke_step, base_url=base)
         assert client.server.api_key == key
         t1 = time.monotonic()
-        smoke_rows = runbook.serve.smoke.run_smoke(smoke_step, client)
+        smoke_rows = runbook.smoke.cases.run_smoke(smoke_step, client)
         smoke_s = time.monotonic() - t1
 
         vt_step = runbook.step.begin("06_vision_tools", LAB_ENV, run_dir=smoke_step.run.path)
-        client2 = runbook.serve.server_info.connect(vt_step, base_url=base)
+        client2 = runbook.api.server_info.connect(vt_step, base_url=base)
         t2 = time.monotonic()
-        vt_rows = runbook.serve.vision.run_vision(vt_step, client2)
-        vt_rows.add(runbook.serve.toolcalls.run_battery(vt_step, client2))
+        vt_rows = runbook.vision_tools.vision.run_vision(vt_step, client2)
+        vt_rows.add(runbook.vision_tools.battery.run_battery(vt_step, client2))
         vt_s = time.monotonic() - t2
     finally:
         stop_s = srv.stop()
@@ -147,7 +147,7 @@ def test_smoke_and_tools_against_real_vllm(tmp_path, tmp_path_factory, monkeypat
     _assert_applicable_pass(vt_rows, {})
     vt = {c.name: c for c in vt_rows}
     assert vt["vision.disabled"].status is Status.PASS
-    assert all(vt[n].status is Status.PASS for n in runbook.serve.toolcalls.CASES)
+    assert all(vt[n].status is Status.PASS for n in runbook.vision_tools.battery.CASES)
     # the evidence never holds the key
     for path in smoke_step.run.path.rglob("*"):
         if path.is_file():
@@ -165,8 +165,8 @@ def test_vision_against_real_llava(tmp_path, tmp_path_factory, monkeypatch):
     try:
         step = runbook.step.begin("06_vision_tools", LAB_ENV, results_root=tmp_path / "results",
                                   overrides={"VISION": "1", "LIMIT_MM": '{"image": 2}'})
-        client = runbook.serve.server_info.connect(step, base_url=f"http://127.0.0.1:{PORT}")
-        rows = runbook.serve.vision.run_vision(step, client)
+        client = runbook.api.server_info.connect(step, base_url=f"http://127.0.0.1:{PORT}")
+        rows = runbook.vision_tools.vision.run_vision(step, client)
     finally:
         stop_s = srv.stop()
     _report("llava", rows, f"ready {ready:.0f} s, stop {stop_s:.1f} s\n")

@@ -9,10 +9,11 @@ import time
 import httpx
 import pytest
 
-from runbook.launch import ranks, server, stop
+from runbook.facts import ranks
+from runbook.launch import server, stop
 from runbook.launch.plan import render_plan
-from runbook.serve import endpoint
-from runbook.launch.watchdog import Watchdog
+from runbook.api import endpoint
+from runbook.api.watchdog import Watchdog
 from runbook.profile import load_profile
 from runbook.remote import Cluster
 
@@ -132,7 +133,7 @@ def test_a_timed_out_stream_ends_quietly(running):
     (issue 25: exception() was called on the cancelled future inside connection_lost)."""
     import asyncio
 
-    from runbook.bench.client import RequestRecord, make_stream_client, stream_request
+    from runbook.benchmark.client import RequestRecord, make_stream_client, stream_request
     from runbook.secrets import load_secrets
     profile, _ = running
     errors: list[dict] = []

@@ -10,7 +10,7 @@ import pytest
 
 from runbook.profile import load_profile
 from runbook.remote import Cluster
-from runbook.weights import step as weights_step
+from runbook.weights import transfer as weights_step
 from runbook.weights.sharing import read_node_manifest, verify_on_node
 from runbook.weights.download import verify_checks
 from runbook.weights.verify import manifest_to_expected, parity
@@ -32,12 +32,12 @@ def _failed(checks):
 
 def test_rsync_mode_then_rerun_reuses_manifests(lab_profile):
     with Cluster.from_profile(lab_profile) as cluster:
-        checks, data = weights_step.run(lab_profile, cluster, compare_sha256sum=True)
+        checks, data = weights_step.download_verify_share(cluster, lab_profile, compare_sha256sum=True)
         assert not _failed(checks), _failed(checks)
         assert {c.name for c in checks} >= {"weights.download", "weights.verified", "weights.rsync", "weights.parity"}
         assert data["hash_rate"]["sha256sum_gbps"] > 0 and data["hash_rate"]["verifier_gbps"] > 0
         started = time.monotonic()
-        checks2, data2 = weights_step.run(lab_profile, cluster, compare_sha256sum=False)
+        checks2, data2 = weights_step.download_verify_share(cluster, lab_profile, compare_sha256sum=False)
         rerun = time.monotonic() - started
         assert not _failed(checks2)
         # the manifest is reused: nothing is hashed again on either node
@@ -51,7 +51,7 @@ def test_download_both_mode_proves_parity(lab_profile):
                                           "WORKER_WEIGHTS_DIR": "/mnt/nvme/models/tiny-own"})
     with Cluster.from_profile(profile) as cluster:
         try:
-            checks, data = weights_step.run(profile, cluster, compare_sha256sum=False)
+            checks, data = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
             assert not _failed(checks), _failed(checks)
             assert [c.node for c in checks if c.name == "weights.download"] == ["head", "worker"]
             assert any(c.name == "weights.parity" and c.observed == "7 files identical" for c in checks)
@@ -81,7 +81,7 @@ def test_the_nodes_own_python3_without_huggingface_hub_downloads(lab_profile):
 
 def test_flipped_byte_on_worker_is_named(lab_profile):
     with Cluster.from_profile(lab_profile) as cluster:
-        checks, _ = weights_step.run(lab_profile, cluster, compare_sha256sum=False)
+        checks, _ = weights_step.download_verify_share(cluster, lab_profile, compare_sha256sum=False)
         assert not _failed(checks)
         head_manifest = read_node_manifest(cluster.head, lab_profile.weights_dir)
         target = f"{lab_profile.weights_dir}/model.safetensors"
@@ -100,7 +100,7 @@ def test_flipped_byte_on_worker_is_named(lab_profile):
             assert check.failed and "model.safetensors" in check.observed
         finally:
             # repair: the next rsync run restores the file (size+mtime differ from the head's)
-            weights_step.run(lab_profile, cluster, compare_sha256sum=False)
+            weights_step.download_verify_share(cluster, lab_profile, compare_sha256sum=False)
 
 
 @contextlib.contextmanager
@@ -119,7 +119,7 @@ def test_nfs_mode_serves_the_export_for_real_with_a_userspace_server(lab_profile
     only the kernel mount is N/A (this kernel has no NFS client)."""
     profile = lab_profile.with_overrides({"WEIGHT_SYNC": "nfs"})
     with Cluster.from_profile(profile) as cluster, _sshfs_undone(cluster.worker, profile.weights_dir):
-        checks, data = weights_step.run(profile, cluster, compare_sha256sum=False)
+        checks, data = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
         assert not _failed(checks), _failed(checks)
         by = {c.name: c for c in checks if c.name.startswith("weights.nfs") or c.name == "weights.parity"}
         for name in ("weights.nfs.server", "weights.nfs.read_only", "weights.nfs.restricted", "weights.parity",
@@ -143,7 +143,7 @@ def test_nfs_mode_names_a_file_that_differs_on_the_export(lab_profile):
     profile = lab_profile.with_overrides({"WEIGHT_SYNC": "nfs"})
     from runbook.weights.sharing import nfs_userspace_share
     with Cluster.from_profile(profile) as cluster, _sshfs_undone(cluster.worker, profile.weights_dir):
-        checks, _ = weights_step.run(profile, cluster, compare_sha256sum=False)
+        checks, _ = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
         assert not _failed(checks), _failed(checks)
         manifest = read_node_manifest(cluster.head, profile.weights_dir)
         target = f"{profile.weights_dir}/tokenizer.json"

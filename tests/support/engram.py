@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from runbook.engram import layout as L
+from runbook.engram_tools import layout as L
 from runbook.engram.tools import TOOL_FILES
 from runbook.remote import CommandResult
 from support.doubles import LocalNode
@@ -40,7 +40,7 @@ def run_tool(tools: Path, script: str, *args, expect: int | None = 0,
         code, text = proc.returncode, proc.stdout + proc.stderr
         stdout = proc.stdout
     else:
-        module = importlib.import_module(f"runbook.engram.{script[:-3]}")
+        module = importlib.import_module(f"runbook.engram_tools.{script[:-3]}")
         out, err = io.StringIO(), io.StringIO()
         with _STDIO, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = module.main(argv)
@@ -87,7 +87,7 @@ def tool_node(name: str, rank: int, **kw) -> LocalNode:
         argv = shlex.split(command)
         missing = [f for f in TOOL_FILES if not (Path(argv[1]).parent / f).exists()]
         assert not missing, f"{argv[1]} is shipped without {missing} beside it"
-        module = importlib.import_module(f"runbook.engram.{Path(argv[1]).stem}")
+        module = importlib.import_module(f"runbook.engram_tools.{Path(argv[1]).stem}")
         out, err = io.StringIO(), io.StringIO()
         started = time.monotonic()
         with _STDIO, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

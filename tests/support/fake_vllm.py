@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import httpx2
 import runbook.step
-from runbook.serve.server_info import ApiClient, ServerInfo
+from runbook.api.server_info import ApiClient, ServerInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERHEAD = 10

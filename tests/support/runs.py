@@ -15,12 +15,12 @@ import json
 import shutil
 from pathlib import Path
 
-from runbook.bench.refserver import RefConfig, serve_in_thread
-from runbook.bench.result import BenchConfig, BenchResult
-from runbook.bench.runner import run_benchmark
-from runbook.bench.step import config_from_profile
+from runbook.benchmark.refserver import RefConfig, serve_in_thread
+from runbook.benchmark.result import BenchConfig, BenchResult
+from runbook.benchmark.runner import run_benchmark
+from runbook.bench.config import config_from_profile
 from runbook.engram.read_probe import probe_checks
-from runbook.engram.step import record
+from runbook.engram import record
 from runbook.evidence import RunDir
 from runbook.profile import Profile, load_profile
 
@@ -197,7 +197,7 @@ def build_run(root: Path, run_id: str, *, status: str = "passed", created: str =
 
 
 class RawRecorder:
-    """What ``runbook.engram.step.record`` needs of a Step: ``data`` and ``raw(name, text)`` archiving
+    """What ``runbook.engram.packing.record`` needs of a Step: ``data`` and ``raw(name, text)`` archiving
     under ``raw/<step>/`` of the run (the real ``RunDir`` writer); nothing else."""
     __slots__ = ("data", "_run", "_step")
 

@@ -23,7 +23,7 @@ from runbook.launch import exposure
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import LocalForward, SshSettings, forward_ssh_argv
 from runbook.secrets import SecretsError, generate_api_key, load_secrets
-from runbook.serve import endpoint
+from runbook.api import endpoint
 from support.doubles import FakeCluster, FakeNode
 
 ENV = REPO_ROOT / "env"

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from runbook.bench.client import RequestRecord, handle_event, stream_request, make_stream_client, build_payload
-from runbook.bench.prompts import CLASSES, build_exact_prompt, corpus
-from runbook.bench.refserver import RefConfig, serve_in_thread
-from runbook.bench.report import anchors_table, class_table, plot_comparison, results_table
-from runbook.bench.result import BenchConfig
-from runbook.bench.runner import run_benchmark
+from runbook.benchmark.client import RequestRecord, handle_event, stream_request, make_stream_client, build_payload
+from runbook.api.prompts import CLASSES, build_exact_prompt, corpus
+from runbook.benchmark.refserver import RefConfig, serve_in_thread
+from runbook.benchmark.report import anchors_table, class_table, plot_comparison, results_table
+from runbook.benchmark.result import BenchConfig
+from runbook.benchmark.runner import run_benchmark
 from runbook.errors import BenchError
 
 INTERVAL, THINK = 0.004, 6

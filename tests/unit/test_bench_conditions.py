@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from runbook.bench.conditions import PUBLISHED_PREFILL, SEEDS
-from runbook.bench.prompts import (
+from runbook.benchmark.conditions import PUBLISHED_PREFILL, SEEDS
+from runbook.api.prompts import (
     WORKLOADS,
     PromptBuilder,
     abuild_exact_prompt,
     build_exact_prompt,
     corpus,
 )
-from runbook.bench.refserver import RefConfig, serve_in_thread
-from runbook.bench.result import BenchConfig
-from runbook.bench.runner import run_benchmark
-from runbook.bench.step import config_from_profile
+from runbook.benchmark.refserver import RefConfig, serve_in_thread
+from runbook.benchmark.result import BenchConfig
+from runbook.benchmark.runner import run_benchmark
+from runbook.bench.config import config_from_profile
 from runbook.errors import BenchError
 from runbook.profile import REPO_ROOT, load_profile
 
@@ -148,7 +148,7 @@ def test_chat_template_kwargs_need_chat():
 def test_builder_counts_with_the_requests_template_kwargs():
     """/tokenize must see the same chat_template_kwargs as the request (thinking off adds a token)."""
     with serve_in_thread(RefConfig(ttft_s=0.005, interval_s=0.002)) as srv:
-        from runbook.bench.client import ServerAPI
+        from runbook.benchmark.client import ServerAPI
 
         async def go():
             api = ServerAPI(srv.base_url, "ref-model")

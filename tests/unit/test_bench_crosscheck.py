@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from runbook.bench import crosscheck
-from runbook.bench.refserver import RefConfig, spawn
-from runbook.bench.result import BenchConfig
-from runbook.bench.runner import run_benchmark
+from runbook.benchmark import crosscheck
+from runbook.benchmark.refserver import RefConfig, spawn
+from runbook.benchmark.result import BenchConfig
+from runbook.benchmark.runner import run_benchmark
 from runbook.checks import Status
 from runbook.lab import control
 

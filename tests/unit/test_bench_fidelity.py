@@ -18,11 +18,11 @@ import urllib.request
 
 import pytest
 
-from runbook.bench import metrics as M
-from runbook.bench.refserver import RefConfig, spawn
-from runbook.bench.reftiming import truth_records
-from runbook.bench.result import BenchConfig, load_records
-from runbook.bench.runner import run_benchmark
+from runbook.benchmark import metrics as M
+from runbook.benchmark.refserver import RefConfig, spawn
+from runbook.benchmark.reftiming import truth_records
+from runbook.benchmark.result import BenchConfig, load_records
+from runbook.benchmark.runner import run_benchmark
 
 pytestmark = pytest.mark.slow          # timing against a spawned reference server: make test, not make check
 

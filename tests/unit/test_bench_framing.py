@@ -21,10 +21,10 @@ import urllib.request
 
 import pytest
 
-from runbook.bench import metrics as M
-from runbook.bench.refserver import RefConfig, spawn
-from runbook.bench.result import BenchConfig, load_records
-from runbook.bench.runner import run_benchmark
+from runbook.benchmark import metrics as M
+from runbook.benchmark.refserver import RefConfig, spawn
+from runbook.benchmark.result import BenchConfig, load_records
+from runbook.benchmark.runner import run_benchmark
 
 pytestmark = pytest.mark.slow          # timing against a spawned reference server: make test, not make check
 
@@ -167,7 +167,7 @@ def test_every_byte_is_handed_on_in_the_read_that_brings_it(body_mode):
     import asyncio
     import random
 
-    from runbook.bench.http import HttpProtocol
+    from runbook.benchmark.http import HttpProtocol
 
     events = [b'data: {"choices":[{"text":"tok %d"}]}\n\n' % i for i in range(5)] + [b"data: [DONE]\n\n"]
     wire, marks = _wire(body_mode, events)

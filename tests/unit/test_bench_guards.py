@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from runbook.bench.cli import main as cli_main
-from runbook.bench.refserver import RefConfig, serve_in_thread
-from runbook.bench.result import BenchConfig
-from runbook.bench.runner import run_benchmark
+from runbook.benchmark.refserver import RefConfig, serve_in_thread
+from runbook.benchmark.result import BenchConfig
+from runbook.benchmark.runner import run_benchmark
 from runbook.errors import BenchError
 
 FAST = {"ttft_s": 0.005, "interval_s": 0.002}

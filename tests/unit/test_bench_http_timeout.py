@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from runbook.bench.http import HttpProtocol, RawHTTP
+from runbook.benchmark.http import HttpProtocol, RawHTTP
 
 
 async def _stalling_server(send_head: bool, release: asyncio.Event):

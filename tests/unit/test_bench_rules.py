@@ -10,16 +10,16 @@ import time
 import pytest
 
 from runbook.bench.cli import main as cli_main
-from runbook.bench.client import (
+from runbook.benchmark.client import (
     RequestRecord,
     build_payload,
     make_stream_client,
     stream_request,
 )
-from runbook.bench.prompts import PromptBuilder
-from runbook.bench.refserver import RefConfig, serve_in_thread
-from runbook.bench.result import BenchConfig, BenchResult
-from runbook.bench.runner import run_benchmark
+from runbook.api.prompts import PromptBuilder
+from runbook.benchmark.refserver import RefConfig, serve_in_thread
+from runbook.benchmark.result import BenchConfig, BenchResult
+from runbook.benchmark.runner import run_benchmark
 from runbook.errors import BenchError
 
 FAST = {"ttft_s": 0.005, "interval_s": 0.002}

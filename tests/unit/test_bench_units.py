@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from runbook.bench import metrics as M
-from runbook.bench.client import RequestRecord, handle_event, finalize
+from runbook.benchmark import metrics as M
+from runbook.benchmark.client import RequestRecord, handle_event, finalize
 from runbook.facts.prom import MetricsSnapshot, delta, parse_prometheus
-from runbook.bench.report import anchors_table, load_published, plot_comparison, results_table
-from runbook.bench.result import SCHEMA_VERSION, BenchResult, CaseResult
+from runbook.benchmark.report import anchors_table, load_published, plot_comparison, results_table
+from runbook.benchmark.result import SCHEMA_VERSION, BenchResult, CaseResult
 
 
 def synthetic(n: int, k: int, t_first: float, interval: float, t_sent: float = 0.0, rid: str = "r") -> RequestRecord:

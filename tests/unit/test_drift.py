@@ -8,7 +8,7 @@ from runbook.report import drift
 from runbook.report.checks import report_checks
 from runbook.report.collector import collect
 from runbook.report.html_page import render_html
-from runbook.report.model import Figure, ReportModel, StepInfo
+from runbook.report.model import ReportFigure, ReportModel, StepInfo
 from runbook.secrets import Redactor
 from support.runs import build_run
 
@@ -73,7 +73,7 @@ def test_tolerance_is_configurable(tmp_path):
 
 
 def _bench_figure(key, value, lo, hi, n=3):
-    return Figure(key=key, step="07_bench", label="decode_tok_s", value=value, unit="tok/s",
+    return ReportFigure(key=key, step="07_bench", label="decode_tok_s", value=value, unit="tok/s",
                          spread={"min": lo, "max": hi, "n": n}, higher_is_better=True)
 
 

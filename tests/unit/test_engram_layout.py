@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from runbook.engram import layout as L
+from runbook.engram_tools import layout as L
 
 V41 = {  # DeepSeek-V4.1-Flash config.json text_config (reference notes §A.9)
     "engram_layer_ids": [1, 14],

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from runbook.engram import layout as L
-from runbook.engram import pack_writer
-from runbook.engram import synth
+from runbook.engram_tools import layout as L
+from runbook.engram_tools import pack_writer, synth
 from runbook.engram.tools import TOOL_FILES
 from support.engram import ENGRAM_DIR, config, expected_file, run_tool, source_table
 
@@ -276,8 +275,8 @@ def test_probe_reports_iops_and_latency(tools, src, tmp_path):
 
 
 def test_pack_in_process_import_path(src, tmp_path):
-    """The same module also works imported as runbook.engram.pack (relative layout import)."""
-    from runbook.engram import pack
+    """The same module also works imported as runbook.engram_tools.pack (relative layout import)."""
+    from runbook.engram_tools import pack
     out = tmp_path / "inproc"
     assert pack.main(["--src", str(src), "--out", str(out), "--tp", "2", "--rank", "0", "--layers", "1",
                       "--progress-every", "0"]) == 0

@@ -18,8 +18,9 @@ from types import SimpleNamespace
 import pytest
 
 from runbook.checks import Status
-from runbook.engram import layout as L
-from runbook.engram import pack_partial, pack_writer, step, synth
+from runbook.engram_tools import layout as L
+from runbook.engram_tools import pack_partial, pack_writer, synth
+from runbook.engram import packing as step
 from runbook.engram.facts import gather_facts
 from runbook.engram.precheck import precheck
 from runbook.engram.tools import TOOL_FILES

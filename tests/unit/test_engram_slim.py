@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SLIM = Path(__file__).resolve().parents[2] / "runbook" / "engram" / "slim.py"
+SLIM = Path(__file__).resolve().parents[2] / "runbook" / "engram_tools" / "slim.py"
 
 
 def _source(root: Path) -> Path:

@@ -5,8 +5,11 @@ import json
 import pytest
 
 from runbook.checks import Status
-from runbook.engram import facts, precheck, read_probe, step, synth, tools
-from runbook.engram import layout as L
+from runbook.engram import facts, precheck, read_probe
+from runbook.engram import packing as step
+from runbook.engram import tools
+from runbook.engram_tools import synth
+from runbook.engram_tools import layout as L
 from support.doubles import FakeCluster
 from support.engram import tool_node
 from support.profiles import profile_from

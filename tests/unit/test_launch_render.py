@@ -400,7 +400,7 @@ def test_golden_entrypoint_scripts(name, ov, keyed, node):
 # ----------------------------------------------------------------------------- pure helpers of the actions
 
 def test_image_plan():
-    from runbook.launch.image import plan_image
+    from runbook.facts.system import plan_image
     from runbook.facts.system import ImageInfo
     lab = load_profile(ENV / "lab.env", {"RUNTIME": "docker"})
     a, b = ImageInfo("sha256:" + "a" * 64, ["sha256:l1"]), ImageInfo("sha256:" + "b" * 64, ["sha256:l1"])
@@ -429,7 +429,7 @@ def test_rank_state_matches_vllm_processes_and_our_process_group(pid, expected):
     """rank_state reads the pid file, fingerprint, record, container and process table in one command:
     with our pid file its whole process group counts (the resource tracker too); without it only what looks
     like vLLM; zombies and non-servers never."""
-    from runbook.launch import ranks
+    from runbook.facts import ranks
     answer = f"{pid}\n@@\nfp-123\n@@\n\n@@\n\n@@\n{PS}"
     node = FakeNode("head", 0, read_only=True, rules=[(r"^cat \S+/head\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", answer)])
     st = ranks.rank_state(node, load_profile(ENV / "lab.env"), home="/root")
@@ -442,7 +442,7 @@ def test_rank_state_matches_vllm_processes_and_our_process_group(pid, expected):
 def test_rank_state_a_created_or_exited_container_is_a_leftover_not_a_rank(status, running):
     """A failed `docker run` leaves our container "created": it is not a running rank (the next start would
     refuse it as stale), but it is still reported so stop removes it."""
-    from runbook.launch import ranks
+    from runbook.facts import ranks
     answer = f"\n@@\n\n@@\n\n@@\n{status} fp-9\n@@\n"
     node = FakeNode("worker", 1, read_only=True, rules=[(r"^cat \S+/worker\.pid 2>/dev/null; ", answer)])
     st = ranks.rank_state(node, load_profile(ENV / "lab.env", {"RUNTIME": "docker"}), home="/root")
@@ -451,7 +451,7 @@ def test_rank_state_a_created_or_exited_container_is_a_leftover_not_a_rank(statu
 
 
 def test_start_progress_is_a_non_periodic_log_line():
-    from runbook.launch import ranks
+    from runbook.facts import ranks
     W = ranks.RankWatch
     assert ranks.log_progressed(W(True, 10, ["a"] * 10), W(True, 11, ["a"] * 10 + ["Loading weights took 1 s"]))
     assert not ranks.log_progressed(W(True, 10, ["x"]), W(True, 11, ["x", 'INFO: 1.2.3.4 - "GET /health HTTP/1.1" 200']))
@@ -460,7 +460,7 @@ def test_start_progress_is_a_non_periodic_log_line():
 
 def test_gids_from_the_network_sidecar_and_api_host():
     from runbook.launch.plan import gids_from_network_sidecar
-    from runbook.serve import endpoint
+    from runbook.api import endpoint
     side = {"checks": [{"name": "net.gid", "node": "head", "data": {"resolved": 3}},
                        {"name": "net.gid", "node": "worker", "data": {}},
                        {"name": "net.mtu", "node": "head", "data": {"resolved": 9}}]}
@@ -477,7 +477,8 @@ def test_gids_from_the_network_sidecar_and_api_host():
     (["dead", "dead"], {"worker"}),                     # never came up: named, with its log tail
 ])
 def test_workers_not_running_before_the_head_starts(monkeypatch, answers, expected):
-    from runbook.launch import ranks, server
+    from runbook.facts import ranks
+    from runbook.launch import server
     from support.doubles import FakeCluster
     monkeypatch.setattr(server.time, "sleep", lambda s: None)
     plan = _plan("lab")
@@ -495,7 +496,8 @@ def test_workers_not_running_before_the_head_starts(monkeypatch, answers, expect
 def test_server_rows_name_a_heads_orphaned_children_and_the_ranks_left_running():
     """The head's API server died (its pid gone) but its EngineCore / TP worker processes did not, and the
     worker's rank still runs: each rank's row, and one "no orphaned ranks" row naming both with the stop command."""
-    from runbook.launch import health, ranks
+    from runbook.api import health
+    from runbook.facts import ranks
     from support.doubles import FakeCluster
     profile = load_profile(ENV / "lab.env", {"PORT": "1", "API_HOST": "0.0.0.0"})   # nothing answers there
     head_ps = ("  11    10 Sl   VLLM::EngineCore\n"

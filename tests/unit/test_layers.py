@@ -9,20 +9,24 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "runbook"
 
-# Lowest first. A module may import its own component, and components of its layer or below.
+# Lowest first. A module imports its own component and components of lower layers; on the steps' layer
+# never another step (a step package uses the shared services below it, never a sibling).
 LAYERS = [
-    {"errors", "checks"},
+    {"__init__", "errors", "checks"},                # the package root holds only its docstring and version
     {"secrets", "envfile"},
     {"profile"},
     {"remote", "evidence"},
     {"facts"},
     {"step", "fit", "diagnose"},                     # what every step records through; shared models
-    {"preflight", "network", "weights", "engram", "launch", "serve", "bench", "report",   # one per step
-     "lab"},                                         # the embedded lab builds its fixtures with the steps' code
+    {"api", "engram_tools", "weights_tools"},        # shared services: the server's API; Engram's and the weights' node tools
+    {"answers", "benchmark"},                        # what a good answer is; the benchmark engine
+    {"lab"},                                         # the embedded lab: below the steps, which may use it
+    {"preflight", "network", "weights", "engram", "launch", "smoke", "vision_tools", "bench", "report"},
     {"runner", "form"},                              # the papermill runner, the profile form
-    {"cli", "__main__", "__init__"},
+    {"cli", "__main__"},
 ]
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+STEPS = LAYERS[LAYER_OF["preflight"]]
 
 
 def component(module: str) -> str:
@@ -37,6 +41,10 @@ def module_name(path: Path) -> str:
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
+
+
+MODULES = sorted(p for p in PKG.rglob("*.py"))
+KNOWN = {module_name(p) for p in MODULES}
 
 
 def imports_of(path: Path) -> list[tuple[str, list[str], int]]:
@@ -56,15 +64,15 @@ def imports_of(path: Path) -> list[tuple[str, list[str], int]]:
                 target = node.module or ""
             if target.startswith("runbook"):
                 names = [a.name for a in node.names]
-                # "from . import x" names submodules: resolve each
-                if not node.module:
-                    out += [(f"{target}.{n}", [], node.lineno) for n in names]
-                else:
-                    out.append((target, names, node.lineno))
+                # "from . import x": x is a submodule, or a name the package's __init__ defines
+                subs = [n for n in names if f"{target}.{n}" in KNOWN]
+                out += [(f"{target}.{n}", [], node.lineno) for n in subs]
+                rest = [n for n in names if n not in subs]
+                if rest:
+                    out.append((target, rest, node.lineno))
     return out
 
 
-MODULES = sorted(p for p in PKG.rglob("*.py"))
 
 
 def test_every_component_has_a_layer():
@@ -79,10 +87,31 @@ def test_no_upward_imports():
         me = component(module_name(path))
         for target, _, line in imports_of(path):
             other = component(target)
-            if other in LAYER_OF and LAYER_OF[other] > LAYER_OF[me]:
+            assert other in LAYER_OF, f"{path}:{line}: {target}: component {other!r} has no layer"
+            if LAYER_OF[other] > LAYER_OF[me]:
                 violations.append(f"{path.relative_to(PKG.parent)}:{line}: {me} (layer {LAYER_OF[me]}) imports "
                                   f"{target} (layer {LAYER_OF[other]})")
     assert not violations, "\n".join(violations)
+
+
+def test_no_step_imports_another_step():
+    """A step package reaches what another step also needs through a shared layer below both."""
+    violations = []
+    for path in MODULES:
+        me = component(module_name(path))
+        if me not in STEPS:
+            continue
+        for target, _, line in imports_of(path):
+            other = component(target)
+            if other in STEPS and other != me:
+                violations.append(f"{path.relative_to(PKG.parent)}:{line}: step {me} imports step {target}")
+    assert not violations, "\n".join(violations)
+
+
+def test_every_step_has_a_package():
+    """The nine notebooks' steps are the nine packages of the steps' layer, each a folder of runbook/."""
+    assert len(STEPS) == 9
+    assert all((PKG / name / "__init__.py").is_file() for name in STEPS), sorted(STEPS)
 
 
 def test_no_private_names_across_modules():
@@ -99,25 +128,20 @@ def test_no_private_names_across_modules():
 
 
 def _graph() -> dict[str, set[str]]:
-    known = {module_name(p) for p in MODULES}
+    """module -> the modules it imports (a package import is an edge to its ``__init__``)."""
     graph: dict[str, set[str]] = {}
     for path in MODULES:
         mod = module_name(path)
-        deps = set()
-        for target, names, _ in imports_of(path):
-            # "from pkg import sub" is an import of pkg.sub when sub is a module
-            subs = {f"{target}.{n}" for n in names if f"{target}.{n}" in known}
-            deps |= subs or ({target} if target in known else set())
-        graph[mod] = deps - {mod}
+        graph[mod] = {target for target, _, _ in imports_of(path) if target in KNOWN} - {mod}
     return graph
 
 
 def test_no_import_cycles():
     graph = _graph()
     assert len(graph) > 20
-    # a package's __init__ re-exporting its own modules is not a cycle of concern
+    # no exemption: a submodule importing its own package's __init__ (which imports the submodule) is a cycle
     def edges(m):
-        return {d for d in graph.get(m, ()) if not (m.startswith(d + ".") )}
+        return graph.get(m, set())
     state: dict[str, int] = {}
     cycles = []
 
@@ -138,13 +162,15 @@ def test_no_import_cycles():
     assert not cycles, "\n".join(cycles)
 
 
-@pytest.mark.parametrize("path", [p for p in MODULES if p.parent != PKG and p.name == "__init__.py"
-                                  and p.parent.name in {"preflight", "network", "launch", "report"}],
-                         ids=lambda p: p.parent.name)
-def test_step_packages_expose_run(path):
-    tree = ast.parse(path.read_text())
-    assert any(isinstance(n, ast.FunctionDef) and n.name == "run" and n.args.args[0].arg == "step"
-               for n in tree.body), f"{path}: no run(step, ...) entry"
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_step_packages_expose_run(name):
+    """Every step package's ``__init__`` defines ``run(step, *, knobs...)``: the one entry its notebook calls."""
+    tree = ast.parse((PKG / name / "__init__.py").read_text())
+    runs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
+    assert runs, f"runbook/{name}/__init__.py: no run(step, ...) defined there"
+    args = runs[0].args
+    assert [a.arg for a in args.posonlyargs + args.args] == ["step"], \
+        f"runbook/{name}/__init__.py: run must take the step first and only keyword knobs after it"
 
 
 def test_every_module_is_in_the_design_map():
@@ -154,3 +180,42 @@ def test_every_module_is_in_the_design_map():
     assert MODULES
     missing = [str(p.relative_to(PKG)) for p in MODULES if f"| `{p.relative_to(PKG)}` |" not in design]
     assert not missing, f"add these to docs/DESIGN.md's module table: {missing}"
+
+
+# What still takes the step below a step's run: the serve cases of 05 and 06 archive each request and answer as
+# they go (and the garble detector reads those archives back); the api's step services (find the server of the
+# step's run, watch it, archive an exchange) are what a run calls. Everything else takes (cluster, profile, ...).
+TAKES_THE_STEP = {
+    "smoke/cases.py": {"_ctx", "endpoint_checks", "chat_checks", "concurrency_check", "context_limit_checks",
+                       "needle_checks", "spec_decode_check", "api_key_check", "run_smoke"},
+    "vision_tools/vision.py": {"run_vision"},
+    "vision_tools/battery.py": {"run_battery"},
+    "answers/quality.py": {"run_gate"},
+    "answers/garble.py": {"archived_answers", "garble_check"},
+    "api/guards.py": {"reachable", "precheck"},
+    "api/server_info.py": {"find_server", "connect", "archive"},
+    "api/watchdog.py": {"watching"},
+}
+
+
+def test_nothing_below_run_takes_the_step():
+    """Below ``__init__.run`` (and its recorders) no function of a step or shared package takes the step,
+    except the ones listed in TAKES_THE_STEP (docs/DESIGN.md names them)."""
+    packages = STEPS | {"api", "answers", "benchmark", "engram_tools"}
+    found: dict[str, set[str]] = {}
+    for path in MODULES:
+        rel = str(path.relative_to(PKG))
+        if component(module_name(path)) not in packages:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if any(a.arg == "step" for a in args) and not (path.name == "__init__.py"):
+                    found.setdefault(rel, set()).add(node.name)
+    assert found, "no function takes the step: shrink TAKES_THE_STEP to nothing and drop this guard"
+    extra = {rel: sorted(names - TAKES_THE_STEP.get(rel, set())) for rel, names in found.items()
+             if names - TAKES_THE_STEP.get(rel, set())}
+    assert not extra, f"these take the step below run (return rows and data instead): {extra}"
+    gone = {rel: sorted(names - found.get(rel, set())) for rel, names in TAKES_THE_STEP.items()
+            if names - found.get(rel, set())}
+    assert not gone, f"no longer take the step: remove them from TAKES_THE_STEP: {gone}"

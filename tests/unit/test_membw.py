@@ -111,14 +111,13 @@ class FakeNode:
 
 def test_probe_ranks_runs_one_node_after_another_and_records_rows(tmp_path):
     nodes = [FakeNode("head", json.dumps(_r(11.5))), FakeNode("worker", "python3: not found")]
-    raws = {}
-    step = SimpleNamespace(cluster=SimpleNamespace(nodes=nodes), profile=_profile(),
-                           raw=lambda name, text: raws.setdefault(name, text) and f"raw/{name}")
-    results, rows = membw.probe_ranks(step, "before")
+    results, rows, raws = membw.probe_ranks(SimpleNamespace(nodes=nodes), _profile(), "before",
+                                            raw_prefix="raw/07_bench")
     assert results["head"]["gbs"] == 11.5 and results["worker"]["error"]
     assert [r.status for r in rows] == [Status.PASS, Status.WARN]
     assert rows[0].name == "memory bandwidth before bench" and "11.5 GB/s" in rows[0].observed
     assert set(raws) == {"membw_before_head.json", "membw_before_worker.json"}
+    assert rows[0].evidence == ["raw/07_bench/membw_before_head.json"]
     assert all(c[1] == membw.TIMEOUT_S + 30 for n in nodes for c in n.commands)
 
 
@@ -126,11 +125,8 @@ def test_an_unreachable_node_is_a_warn_row_not_the_end_of_the_bench():
     class Down(FakeNode):
         def read(self, command, timeout):
             raise ConnectionError("ssh: connect to host worker port 22: No route to host")
-    raws = {}
-    step = SimpleNamespace(cluster=SimpleNamespace(nodes=[FakeNode("head", json.dumps(_r(230.0))), Down("worker", "")]),
-                           profile=_profile(expect_gpu=True, runtime="docker"),
-                           raw=lambda name, text: raws.setdefault(name, text) and f"raw/{name}")
-    results, rows = membw.probe_ranks(step, "after")
+    cluster = SimpleNamespace(nodes=[FakeNode("head", json.dumps(_r(230.0))), Down("worker", "")])
+    results, rows, raws = membw.probe_ranks(cluster, _profile(expect_gpu=True, runtime="docker"), "after")
     assert rows[1].status == Status.WARN and "No route to host" in rows[1].observed
     assert "No route to host" in raws["membw_after_worker.json"]
     valid, row = membw.validity({"after": results}, gpu=True)

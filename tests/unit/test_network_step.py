@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from runbook.network import bandwidth, collectives
+from runbook.network import bandwidth
 from runbook.network import verify as network
 from runbook.checks import Status
+from runbook.facts.node_paths import vllm_python
 from support.doubles import FakeCluster, FakeNode, res
 from support.net import by, fx, lab_rules, mpirun_apps
 from support.profiles import profile_from
@@ -141,9 +142,9 @@ def test_sweep_raw_files_are_valid_json_with_the_warnings_kept():
 
 
 def test_sweep_python_derivation():
-    assert collectives.sweep_python_from(lab_profile(VLLM_BIN="/x/bin/vllm")) == "/x/bin/python"
-    assert collectives.sweep_python_from(lab_profile(VLLM_BIN="/x/bin/python3 -m vllm.entrypoints")) == "/x/bin/python3"
-    assert collectives.sweep_python_from(lab_profile(VLLM_BIN="vllm")) is None
+    assert vllm_python(lab_profile(VLLM_BIN="/x/bin/vllm")) == "/x/bin/python"
+    assert vllm_python(lab_profile(VLLM_BIN="/x/bin/python3 -m vllm.entrypoints")) == "/x/bin/python3"
+    assert vllm_python(lab_profile(VLLM_BIN="vllm")) is None
 
 
 # --------------------------------------------------------------------------- Spark (RDMA)

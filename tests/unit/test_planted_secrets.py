@@ -83,9 +83,9 @@ def test_a_key_generated_during_the_step_is_masked_in_the_stream(tmp_path, monke
 
 
 def test_network_raw_files_are_written_masked(tmp_path, registered):
-    from runbook.network.context import Context
+    from runbook.network.context import Verification
     from runbook.profile import load_profile
-    ctx = Context(load_profile("env/lab.env", environ={}), SimpleNamespace(nodes=[]), tmp_path / "raw")
+    ctx = Verification(load_profile("env/lab.env", environ={}), SimpleNamespace(nodes=[]), tmp_path / "raw")
     ref = ctx.save("head/ip_addr.txt", _noisy_text())
     files = list((tmp_path / "raw").rglob("*"))
     assert ref.endswith("head/ip_addr.txt") and any(f.is_file() for f in files)
@@ -96,8 +96,8 @@ def test_network_raw_files_are_written_masked(tmp_path, registered):
 
 
 def test_bench_outputs_are_written_masked(tmp_path, registered):
-    from runbook.bench.report import write_report
-    from runbook.bench.result import BenchResult, CaseResult, write_jsonl
+    from runbook.benchmark.report import write_report
+    from runbook.benchmark.result import BenchResult, CaseResult, write_jsonl
     case = CaseResult(name="decode-c1", kind="decode", concurrency=1, prompt_tokens=8, decode_tokens=8, repeats=1,
                       status="FAIL", failures=[f"HTTP 401 for Bearer {API}"], warnings=[f"token {HF}"],
                       figures={"decode_tok_s": {"median": 10.0, "min": 9.0, "max": 11.0, "q1": 9.5, "q3": 10.5,

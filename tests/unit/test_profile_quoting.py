@@ -13,7 +13,7 @@ import pytest
 
 from runbook.diagnose.bundle import collect_commands
 from runbook.engram.read_probe import plan_probe
-from runbook.engram.step import plan_pack
+from runbook.engram.packing import plan_pack
 from runbook.errors import RunbookError
 from runbook.launch.checkout import checkout_probe_cmd
 from runbook.launch import render as launch_render

@@ -1,4 +1,4 @@
-"""Quality gate (runbook.serve.quality, its set in quality_set, its garble detector in garble) against the
+"""Quality gate (runbook.answers.quality, its set in quality_set, its garble detector in garble) against the
 reference server's answer modes, run in-process: answering correctly (the gate must pass), plausible garbage
 (it must fail, naming the cases), broken text (the garble detector must fail, naming the answers), and the lab
 (never PASS). Plus the judges, the set's validation and the garble rules on recorded and written texts."""
@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 
 import runbook.step
-from runbook.bench.prompts import corpus
-from runbook.bench.refserver import ANSWER_MODES, RefConfig, serve_in_thread
+from runbook.api.prompts import corpus
+from runbook.benchmark.refserver import ANSWER_MODES, RefConfig, serve_in_thread
 from runbook.checks import Status
 from runbook.errors import RunbookError
 from runbook.profile import load_profile
-from runbook.serve import garble, quality, quality_set
-from runbook.serve.server_info import ApiClient, Exchange, ServerInfo, archive
-from runbook.serve.smoke import chat_checks
-from runbook.serve.toolcalls import tool_defs, tool_map
+from runbook.answers import garble, quality, quality_set
+from runbook.api.server_info import ApiClient, Exchange, ServerInfo, archive
+from runbook.smoke.cases import chat_checks
+from runbook.answers.toolcalls import tool_defs, tool_map
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "runbook" / "serve" / quality_set.SET_FILE
+SHIPPED = ROOT / "runbook" / "answers" / quality_set.SET_FILE
 #: the lab's tiny model, recorded in results/20261202-023443-lab/raw/05_smoke/chat.probe.json
 RECORDED_TINY = '")' * 32
 

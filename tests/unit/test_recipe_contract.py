@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from runbook.checks import Status
-from runbook.errors import ProfileError
+from runbook.errors import LabError, ProfileError
 from runbook.launch import recipe, server
 from runbook.launch.checkout import (LAB_SOURCE, CheckoutFact, checkout_probe_cmd, ensure_checkout, lab_source_commit,
                                      lab_source_repo, parse_checkout)
-from runbook.launch.recipe import Marker, RankRecipe, RecipePin, Step
+from runbook.launch.recipe import ChainStep, Marker, RankRecipe, RecipePin
 from runbook.launch.render import NodeFacts, render
 from runbook.profile import REPO_ROOT, load_profile
 from support.doubles import FakeCluster, LocalNode
@@ -152,7 +152,7 @@ def test_lab_source_repo_refuses_files_that_do_not_make_the_pin(tmp_path):
     shutil.copytree(LAB_SOURCE, src, ignore=shutil.ignore_patterns("__pycache__"))
     (src / "start.sh").write_text((src / "start.sh").read_text() + "# edited\n")
     prof = load_profile(ENV / "lab.env", {"RECIPE_REPO": str(tmp_path / "r.git")}, environ=NO_ENV)
-    with pytest.raises(RuntimeError, match="set RECIPE_COMMIT="):
+    with pytest.raises(LabError, match="set RECIPE_COMMIT="):
         lab_source_repo(prof, src=src)
     assert not (tmp_path / "r.git").exists()
 
@@ -222,8 +222,8 @@ def _synthetic(tmp_path: Path, *, fail_step: bool = False) -> RankRecipe:
     tgt.mkdir()
     (tgt / "patch_a.py").write_text("print('[patch_a] applied')\n")
     (tgt / "patch_b.py").write_text("import sys; sys.exit(7)\n" if fail_step else "print('[patch_b] ok')\n")
-    steps = [Step("patch a", (str(tgt / "patch_a.py"),), f"python3 {tgt / 'patch_a.py'}"),
-             Step("patch b", (str(tgt / "patch_b.py"), str(tgt)), f"python3 {tgt / 'patch_b.py'}")]
+    steps = [ChainStep("patch a", (str(tgt / "patch_a.py"),), f"python3 {tgt / 'patch_a.py'}"),
+             ChainStep("patch b", (str(tgt / "patch_b.py"), str(tgt)), f"python3 {tgt / 'patch_b.py'}")]
     rr = RankRecipe(name="t", pin=RecipePin("https://x/y", "a" * 40, "~/y"), shell="bash", entry="/start.sh",
                     generated=True, prefix="t-head", steps=steps,
                     markers=[Marker(recipe.CHAIN_DONE.format(n=2), "chain")])

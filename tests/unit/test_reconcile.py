@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runbook.bench.reconcile import DECODE, ITL, THROUGHPUT, TTFT, reconcile, reconciliation_table
+from runbook.benchmark.reconcile import DECODE, ITL, THROUGHPUT, TTFT, reconcile, reconciliation_table
 
 N, F, RATE = 128, 4.0, 40.0            # 128 tokens, 4 per chunk (speculative decoding), 40 tok/s per stream
 

@@ -54,3 +54,21 @@ def test_missing_ssh_config_is_named(tmp_path):
     with pytest.raises(RemoteError) as err:
         node.read("true")
     assert "nope" in str(err.value) and "make lab-up" in err.value.fix
+
+
+def test_ssh_host_config_reads_aliases_wildcards_and_match(tmp_path):
+    """The ssh config is read by paramiko's SSHConfig (what fabric connects with), not by a hand parser:
+    a Host block with two aliases, a wildcard block, a Match block, and a host no block names."""
+    from runbook.remote import ssh_host_config
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host spark1 s1\n  HostName 192.168.1.5\n  Port 2222\n  User alice\n  IdentityFile /keys/a\n"
+                   "Host *.lan\n  HostName wild.example\n"
+                   "Match host m1\n  HostName matched.example\n")
+    for target in ("spark1", "alice@s1", "s1:22"):
+        got = ssh_host_config(target, cfg)
+        assert (got["hostname"], got["port"], got["user"], got["identityfile"]) == \
+            ("192.168.1.5", "2222", "alice", ["/keys/a"]), target
+    assert ssh_host_config("root@box.lan", cfg)["hostname"] == "wild.example"
+    assert ssh_host_config("m1", cfg)["hostname"] == "matched.example"
+    assert ssh_host_config("plain", cfg) == {"hostname": "plain"}
+    assert ssh_host_config("root@10.1.2.3:2222", None) == {"hostname": "10.1.2.3"}

@@ -219,7 +219,7 @@ def test_figure_tolerates_rounding_of_both_the_input_and_the_recorded_value():
     nbytes, true_seconds = 100_000_000, 1.000501
     recorded = round(nbytes / true_seconds / 1e9, 4)
     seconds = round(true_seconds, 4)
-    fig = report_model.Figure(key="w/verify_gbps/head", step="w", label="x", value=nbytes / seconds / 1e9,
+    fig = report_model.ReportFigure(key="w/verify_gbps/head", step="w", label="x", value=nbytes / seconds / 1e9,
                         recorded=recorded, rel_tol=report_model.rounding_rel_tol(seconds))
     assert fig.consistent
     # a real disagreement (1 %) is still caught
@@ -259,7 +259,7 @@ def test_bench_time_figure_tolerates_stamps_stored_to_a_tenth_of_a_microsecond()
     a, b = 10.223361549, 10.223412951
     recorded = b - a
     value = round(b, 7) - round(a, 7)
-    fig = report_model.Figure(key="07_bench/c/release_skew_s", step="07_bench", label="release_skew_s", value=value,
+    fig = report_model.ReportFigure(key="07_bench/c/release_skew_s", step="07_bench", label="release_skew_s", value=value,
                         recorded=recorded, rel_tol=recompute_bench.BENCH_REL_TOL, abs_tol=recompute_bench.BENCH_TIME_ABS_TOL)
     assert fig.consistent
     fig.value = recorded + 1e-6                   # a microsecond off is a real disagreement

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from runbook.bench.result import BenchResult
-from runbook.bench.roofline_panel import allreduce_latency, panel_rows, plot_roofline, slowest_bandwidth
+from runbook.benchmark.result import BenchResult
+from runbook.benchmark.roofline_panel import allreduce_latency, panel_rows, plot_roofline, slowest_bandwidth
 from runbook.fit import roofline as R
 from runbook.report import write
 from runbook.secrets import Redactor
@@ -122,34 +122,32 @@ def test_report_shows_the_panel_membw_and_reconciliation(tmp_path):
     json.dumps(model.bench["roofline"])        # the panel stays plain JSON
 
 
-def _step(profile, run_path):
+def _cluster():
     from types import SimpleNamespace
     # a head that answers nothing: the checkpoint's headers cannot be read there, so the recipe's config
     head = SimpleNamespace(name="head", read=lambda cmd, timeout=0, **kw: SimpleNamespace(stdout="", stderr="",
                                                                                           exit_code=1, ok=False))
-    return SimpleNamespace(profile=profile, run=SimpleNamespace(path=run_path),
-                           cluster=SimpleNamespace(head=head, nodes=[head]))
+    return SimpleNamespace(head=head, nodes=[head])
 
 
-def test_step_panel_inputs_lab_and_recipe(tmp_path):
-    from runbook.bench.step import roofline_panel
+def test_step_panel_inputs_lab_and_recipe():
+    from runbook.bench import ceiling
     from support.runs import recipe_profile
     lab = recipe_profile("env/lab.env")
-    (tmp_path / "steps").mkdir()
-    (tmp_path / "steps/01_network.json").write_text(json.dumps({"checks": [
-        {"name": "net.allreduce", "node": "worker", "data": {"points": [{"bytes": 1024, "time_us": 250.0}]}}]}))
+    network = {"checks": [
+        {"name": "net.allreduce", "node": "worker", "data": {"points": [{"bytes": 1024, "time_us": 250.0}]}}]}
     res = result("lab", [case("decode-code-thinkoff-c1-p1024-d24", "code", "off", 40.0)])
     membw = {"before": {"head": {"gbs": 12.0, "label": "CPU memory bandwidth (lab)"},
                         "worker": {"gbs": 11.0, "label": "CPU memory bandwidth (lab)"}}}
-    out = roofline_panel(_step(lab, tmp_path), res, membw)
+    out = ceiling.panel(_cluster(), lab, res, membw, network)
     assert out["bandwidth"] == 11.0e9 and out["allreduce_s"] == pytest.approx(250e-6)
     assert out["comparable"] is False and out["step"]["parts"]["lm_head"] == 2048 * 256 * 4
     assert len(out["rows"]) == 1 and out["rows"][0]["published"] == ""
     # a recipe with no probe and no 01_network: the published GB10 figures, said so
     spark = recipe_profile("env/dspark-v4.env")
     res = result("dspark-v4", [case("decode-prose-thinkoff-c1-p1024-d128", "prose", "off", 37.3, 1.6, 500, 300)])
-    out = roofline_panel(_step(spark, tmp_path / "none"), res, {"before": {}})
+    out = ceiling.panel(_cluster(), spark, res, {"before": {}}, None)
     assert out["step"]["source"].startswith("config-only: DeepSeek-V4-Flash"), out.get("error")
     assert out["bandwidth"] == 230e9 and out["bandwidth_note"].startswith("[published]")
     assert out["allreduce_s"] == 77e-6 and out["rows"][0]["measured_over_ceiling"] > 0
-    assert "error" in roofline_panel(_step(recipe_profile("env/exl3-v41.env"), tmp_path), res, {})
+    assert "error" in ceiling.panel(_cluster(), recipe_profile("env/exl3-v41.env"), res, {}, network)

@@ -14,10 +14,10 @@ from support.fake_vllm import (
     make_step,
 )
 
-from runbook.serve import smoke
+from runbook.smoke import cases as smoke
 from runbook.checks import Status
 from runbook.errors import RunbookError
-from runbook.serve.server_info import (
+from runbook.api.server_info import (
     ApiClient,
     Exchange,
     ServerInfo,
@@ -28,8 +28,8 @@ from runbook.serve.server_info import (
     find_server,
     usage_problems,
 )
-from runbook.serve.smoke import (
-    build_prompt,
+from runbook.smoke.cases import (
+    exact_prompt,
     check_answer,
     check_chat_response,
     check_refused,
@@ -237,20 +237,20 @@ def test_hang_and_500_fail():
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("target", [40, 97, 512, 1000, 4095])
-def test_build_prompt_hits_exact_lengths(target):
+def test_exact_prompt_hits_exact_lengths(target):
     fake = FakeVllm()
-    b = build_prompt(fake.client(), target, needle="The secret passphrase is river-1234." if target > 60 else "")
+    b = exact_prompt(fake.client(), target, needle="The secret passphrase is river-1234." if target > 60 else "")
     assert b.exact and b.tokens == target, (b.tokens, target)
-    assert b.calls <= 40
-    n, _ = fake.count(b.messages)
+    assert b.tokenize_calls <= 40
+    n, _ = fake.count(b.prompt)
     assert n == target
     if target > 60:
-        assert "river-1234" in b.messages[0]["content"]
+        assert "river-1234" in b.prompt[-1]["content"]
 
 
-def test_build_prompt_below_fixed_part_raises():
-    with pytest.raises(RunbookError, match="below the fixed part"):
-        build_prompt(FakeVllm().client(), 5)
+def test_exact_prompt_below_fixed_part_raises():
+    with pytest.raises(RunbookError, match="shorter than its fixed part"):
+        exact_prompt(FakeVllm().client(), 5)
 
 
 def test_context_lengths_per_recipe(tmp_path):

@@ -45,7 +45,7 @@ def test_fake_refuses_a_chat_field_it_does_not_model():
 
 
 def test_fake_over_http_answers_like_in_process():
-    from runbook.serve.server_info import ApiClient, ServerInfo
+    from runbook.api.server_info import ApiClient, ServerInfo
     from support.fake_vllm import serve_http
 
     fake = FakeVllm()

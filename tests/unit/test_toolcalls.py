@@ -14,10 +14,10 @@ from support.fake_vllm import (
     tool_call,
 )
 
-from runbook.serve import toolcalls as tc
+from runbook.vision_tools.battery import CASES, run_battery
 from runbook.checks import Status
-from runbook.serve.server_info import Exchange
-from runbook.serve.toolcalls import (
+from runbook.api.server_info import Exchange
+from runbook.answers.toolcalls import (
     call_problems,
     rule_forced,
     rule_multi_turn_final,
@@ -26,7 +26,6 @@ from runbook.serve.toolcalls import (
     rule_single,
     rule_thinking,
     rule_truncation,
-    run_battery,
     tool_defs,
     tool_map,
     validate_call,
@@ -195,7 +194,7 @@ def test_battery_lab_passes_and_labels_relaxed_rows(tmp_path):
     step = make_step(tmp_path, name="06_vision_tools")
     fake = FakeVllm()
     rows = run_battery(step, fake.client())
-    assert [c.name for c in rows] == list(tc.CASES)
+    assert [c.name for c in rows] == list(CASES)
     assert all(c.status is Status.PASS for c in rows), [(c.name, c.observed) for c in rows]
     r = by_name(rows)
     for name in ("tools.single", "tools.multi_turn", "tools.parallel"):
@@ -206,7 +205,7 @@ def test_battery_lab_passes_and_labels_relaxed_rows(tmp_path):
     sent = [p for path, p in fake.requests if path == "/v1/chat/completions"]
     fn = sent[0]["tools"][0]["function"]
     assert fn["strict"] is True and fn["parameters"]["properties"]["city"]["maxLength"] == 24
-    assert all(len(r[c].evidence) == 1 for c in tc.CASES)
+    assert all(len(r[c].evidence) == 1 for c in CASES)
 
 
 def test_battery_lab_broken_arguments_fail(tmp_path):

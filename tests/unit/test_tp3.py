@@ -252,8 +252,8 @@ def test_pad_line_parsed_and_checked():
 
 def test_weights_step_shares_to_every_worker(monkeypatch):
     from runbook.checks import check
-    from runbook.weights import node_paths
-    from runbook.weights import step as wstep
+    from runbook.facts import node_paths
+    from runbook.weights import transfer as wstep
     from runbook.weights.sharing import ShareResult
 
     calls = []
@@ -273,7 +273,7 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
     rules = [(r"; df -B1 --output=avail,size,target ", "/mnt/nvme\n1099511627776 3998614986752 /mnt/nvme\n"),
              (exact(node_paths.USER_CMD), "/home/spark\n1000\nspark\n")]
     cluster = FakeCluster([FakeNode(n, k, read_only=True, rules=rules) for k, n in enumerate(NODES)])
-    checks, data = wstep.run(labtp3(), cluster, compare_sha256sum=False)
+    checks, data = wstep.download_verify_share(cluster, labtp3(), compare_sha256sum=False)
     assert [c[1] for c in calls] == ["worker", "worker2"]
     assert data["share"] == {"seconds": 1.0, "to": "worker"} and set(data["shares"]) == {"worker", "worker2"}
     assert not checks.failures()
@@ -390,8 +390,8 @@ def _triangle(worker2_ports=2):
 
 def _rails_of(cluster):
     from runbook.network import rails as net_rails
-    from runbook.network.context import Context
-    ctx = Context(SimpleNamespace(**{**vars(_net_profile()), "expect_rdma": True}), cluster, None)
+    from runbook.network.context import Verification
+    ctx = Verification(SimpleNamespace(**{**vars(_net_profile()), "expect_rdma": True}), cluster, None)
     net_rails.collect_base(ctx)
     assert net_rails.early_validation(ctx), ctx.checks.to_text()
     return ctx, net_rails.build_rails(ctx)
@@ -427,7 +427,7 @@ def test_network_two_nodes_with_unequal_rails_still_fail_clearly():
 # ----------------------------------------------------------------------------- engram: a rank per node
 
 def test_engram_plan_packs_one_rank_per_node_of_three():
-    from runbook.engram import step as es
+    from runbook.engram import packing as es
     plans = es.plan_pack(labtp3())
     assert set(plans) == set(NODES)
     for rank, node in enumerate(NODES):

@@ -288,7 +288,8 @@ def test_status_exit_code_says_whether_the_server_is_up(monkeypatch, capsys, sta
 def test_logs_exit_code_says_whether_every_rank_runs(monkeypatch, capsys, running, code):
     from types import SimpleNamespace
     from runbook import cli
-    from runbook.launch import ranks, status
+    from runbook.facts import ranks
+    from runbook.launch import status
     from support.doubles import FakeCluster, FakeNode
     profile = load_profile(REPO / "env" / "lab.env", environ={})
     monkeypatch.setattr(cli, "_server_cluster", lambda args: (profile, FakeCluster([FakeNode("head", 0),

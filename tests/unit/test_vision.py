@@ -15,10 +15,10 @@ from support.fake_vllm import (
     make_step,
 )
 
-from runbook.serve import vision
+from runbook.vision_tools import vision
 from runbook.checks import Status
-from runbook.serve.server_info import Exchange
-from runbook.serve.vision import (
+from runbook.api.server_info import Exchange
+from runbook.vision_tools.vision import (
     check_image_answer,
     data_url,
     run_vision,
@@ -174,7 +174,7 @@ def test_lab_with_a_multimodal_model_checks_the_path(tmp_path):
 
 
 def test_unreachable_and_dry_run(tmp_path):
-    from runbook.serve.server_info import ApiClient, ServerInfo
+    from runbook.api.server_info import ApiClient, ServerInfo
     step = make_step(tmp_path, name="06_vision_tools")
     rows = run_vision(step, ApiClient(ServerInfo("http://127.0.0.1:9", "tiny", 4096), timeout=2))
     assert len(rows) == 1 and rows[0].failed and rows[0].name == "vision.server.reachable"

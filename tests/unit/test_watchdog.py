@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 from runbook.checks import check
-from runbook.launch import health, ranks, watchdog
+from runbook.api import health, watchdog
+from runbook.facts import ranks
 from runbook.profile import load_profile
 from support.doubles import FakeCluster, FakeNode
 

@@ -16,7 +16,7 @@ from runbook import weights as W
 from runbook.checks import Status
 from runbook.errors import ActionError, RunbookError
 from runbook.lab.hub import HubServer, publish_repo
-from runbook.weights import verify_manifest
+from runbook.weights_tools import node_download, verify_manifest
 from support.doubles import LocalNode
 
 REPO = "lab-org/weights-test"
@@ -116,8 +116,8 @@ def test_download_killed_mid_file_continues_on_the_next_run(repo, hub, tmp_path)
     chunk = 10 << 20                      # huggingface_hub writes in 10 MiB pieces
     hub.add_fault(BIG, cut_after=chunk + (1 << 20), stall_seconds=120)
     dest = tmp_path / "w"
-    part = Path(W.node_download.partial_path(str(dest), _lfs_sha(repo, BIG)))
-    script = Path(W.node_download.__file__)
+    part = Path(node_download.partial_path(str(dest), _lfs_sha(repo, BIG)))
+    script = Path(node_download.__file__)
     proc = subprocess.Popen([sys.executable, str(script), "--repo", REPO, "--revision", repo.sha,
                              "--dest", str(dest), "--endpoint", hub.url, "--max-workers", "1",
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -439,7 +439,7 @@ def test_download_on_node_needs_no_package_of_the_nodes_python(repo, downloaded,
 def test_node_download_reads_the_file_list_from_the_hub_api_without_packages(repo, hub, tmp_path):
     """The standalone CLI (no --files): the pinned revision's list from the Hub API, with urllib only."""
     py = _bare_python3(tmp_path) / "python3"
-    out = subprocess.run([str(py), W.node_download.__file__, "--repo", REPO, "--revision", repo.sha,
+    out = subprocess.run([str(py), node_download.__file__, "--repo", REPO, "--revision", repo.sha,
                           "--dest", str(tmp_path / "d"), "--endpoint", hub.url, "--allow", "*.json",
                           "--no-progress"], capture_output=True, text=True, timeout=120)
     got = json.loads(out.stdout.strip().splitlines()[-1])

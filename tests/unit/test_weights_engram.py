@@ -18,7 +18,7 @@ from runbook.errors import RunbookError
 from runbook.lab.hub import ENGRAM_OTHER_SHARD, HubServer, publish_engram_source, publish_repo
 from runbook.profile import load_profile
 from runbook.weights import MANIFEST_NAME
-from runbook.weights import step as wstep
+from runbook.weights import transfer as wstep
 from support.doubles import FakeCluster, local_pair
 
 MODEL = "lab-org/exl3-tiny"
@@ -76,7 +76,7 @@ def test_engram_files_follow_the_index():
 def test_step_02_brings_the_engram_source_to_every_packing_node_and_a_rerun_fetches_nothing(published, hub, tmp_path):
     p = exl3(published, hub.url)
     head, worker = local_pair(tmp_path)
-    checks, data = wstep.run(p, FakeCluster([head, worker]), compare_sha256sum=False)
+    checks, data = wstep.download_verify_share(FakeCluster([head, worker]), p, compare_sha256sum=False)
     assert not checks.failures(), [(c.name, c.node, c.observed) for c in checks.failures()]
     names = [(c.name, c.node) for c in checks if c.name.startswith("weights.engram.")]
     assert ("weights.engram.verified", "head") in names and ("weights.engram.verified", "worker") in names
@@ -105,7 +105,7 @@ def test_step_02_brings_the_engram_source_to_every_packing_node_and_a_rerun_fetc
 
     # a second run fetches nothing: the only body fetched again is the index the runbook itself reads
     seen = len(hub.log)
-    again, _ = wstep.run(p, FakeCluster([head, worker]), compare_sha256sum=False)
+    again, _ = wstep.download_verify_share(FakeCluster([head, worker]), p, compare_sha256sum=False)
     assert not again.failures()
     assert [e.path for e in hub.log[seen:] if e.method == "GET" and e.bytes_sent] == ["model.safetensors.index.json"]
     hashed = [c.data.get("files_hashed") for c in again if c.name == "weights.engram.verified"]

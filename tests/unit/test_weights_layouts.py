@@ -18,9 +18,9 @@ from runbook.checks import Status
 from runbook.errors import RunbookError
 from runbook.lab.hub import HubServer, publish_repo
 from runbook.profile import load_profile
-from runbook.weights import node_download
-from runbook.weights import step as wstep
-from runbook.weights.layout import weights_layout
+from runbook.weights_tools import node_download
+from runbook.weights import transfer as wstep
+from runbook.weights_tools.layout import weights_layout
 from support.doubles import FakeCluster, local_pair
 
 REPO = "lab-org/hubcache-test"
@@ -168,7 +168,7 @@ def test_shipped_dspark_profile_runs_its_own_step_02_on_nodes_with_different_hom
     p = _profile("dspark-v4", endpoint=hub.url, HF_MODEL_REPO=REPO, MODEL_DIR=REPO, HF_REVISION=repo.sha)
     assert p.weight_sync == "download-both"                      # seed B DSPARK_WORKER_HF_NFS=0
     head, worker = local_pair(tmp_path)
-    checks, data = wstep.run(p, FakeCluster([head, worker]), compare_sha256sum=False)
+    checks, data = wstep.download_verify_share(FakeCluster([head, worker]), p, compare_sha256sum=False)
     assert not checks.failures(), [(c.name, c.node, c.observed) for c in checks.failures()]
     by = {(c.name, c.node): c for c in checks}
     assert by[("weights.cache_local", "head")].status is Status.PASS

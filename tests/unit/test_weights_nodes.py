@@ -20,7 +20,7 @@ from runbook import weights as W
 from runbook.checks import Status
 from runbook.errors import RunbookError
 from runbook.lab.hub import HubServer, publish_repo
-from runbook.weights import node_paths
+from runbook.facts import node_paths
 from support.doubles import local_pair
 
 REPO = "lab-org/nodes-test"

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ...checks import Check, Status, check
-from ...errors import RunbookError
+from ...errors import LabError
 from ...facts import net as fnet
 from ...remote import REHEARSAL_SIM_DIR
 
@@ -113,9 +113,9 @@ def node_config(profile, spec, ip_addr_json: str, *, hostname: str, root: str = 
     ``hostname`` read on the node."""
     ifaces = fnet.parse_ip_addr(ip_addr_json)
     if not ifaces:
-        raise RunbookError(f"cannot read {spec.name}'s interfaces for its simulated Spark",
-                           node=spec.name, observed=ip_addr_json[:200], expected="`ip -j addr show` JSON",
-                           fix="check the lab node answers `ip -j addr show` (make lab-up)")
+        raise LabError(f"cannot read {spec.name}'s interfaces for its simulated Spark",
+                       node=spec.name, observed=ip_addr_json[:200], expected="`ip -j addr show` JSON",
+                       fix="check the lab node answers `ip -j addr show` (make lab-up)")
     fabric = (str(spec.fabric_if).split(",")[0]).strip()
     listed = [h for h in spec.ib_devs if h in SPARK_HCAS]
     fabric_mtu = ifaces[fabric].mtu if fabric in ifaces else 0
@@ -222,10 +222,10 @@ def install(cluster, profile) -> list[Check]:
     """Put each node's simulated Spark on every lab node (REHEARSAL=1 only). One row per node: PASS when
     installed, NO-OP when the same tree is already there. Refuses a node that is not a lab node."""
     if not profile.rehearsal:
-        raise RunbookError("hardware simulators are installed only in a rehearsal",
-                           observed="REHEARSAL=0",
-                           expected="REHEARSAL=1 (python -m runbook run --rehearse)",
-                           fix="run the recipe profile with --rehearse; real nodes use the real tools")
+        raise LabError("hardware simulators are installed only in a rehearsal",
+                       observed="REHEARSAL=0",
+                       expected="REHEARSAL=1 (python -m runbook run --rehearse)",
+                       fix="run the recipe profile with --rehearse; real nodes use the real tools")
     source = str(profile.source)
 
     def one(node) -> Check:

@@ -1,0 +1,174 @@
+"""What runs on each node right now, read without changing anything: the rank's pid file, fingerprint,
+start record and container state, the vLLM processes in the process table, and (while a start is watched)
+liveness, log growth and MemAvailable.
+
+    st = rank_state(node, profile)      # RankState: running? which runtime, pid, fingerprint, processes
+    w = watch(node, rank)               # RankWatch: alive, log lines, tail, MemAvailable
+
+Used by start (``server.py``), ``stop.py`` and ``status.py``, the failure rows of ``health.py`` and
+resume.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from . import system, vllm_log
+from ..remote import Node, expand_home, quote
+
+STATE_SUBDIR = "launch"                 # <CACHE_DIR>/launch/<node>.{pid,fp,log,json} (process runtime)
+FINGERPRINT_LABEL = "spark-runbook.fingerprint"
+
+PS_CMD = "ps -eo pid=,pgid=,stat=,args= 2>/dev/null"
+# a vLLM server process: `vllm serve`, the lab wrapper `vllm_cli.py serve`, the module entry point,
+# or a child with a vLLM process title (VLLM::EngineCore, VLLM::Worker_TP0)
+_VLLM_PROC = re.compile(r"\bvllm(?:_cli\.py)?\s+serve\b|vllm\.entrypoints|VLLM::")
+
+
+@dataclass
+class RankState:
+    node: str
+    runtime: str = ""             # "process" | "docker" | "" (nothing found)
+    running: bool = False
+    pid: int | None = None
+    container_status: str = ""
+    fingerprint: str = ""
+    processes: list[str] = field(default_factory=list)   # vLLM processes seen on the node
+    record: dict[str, Any] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)     # of those, stopped (ps state T: SIGSTOP, a debugger)
+
+    def describe(self) -> str:
+        if not self.running and not self.processes and not self.container_status:
+            return "not running"
+        what = f"{self.runtime or '?'}" + (f" pid {self.pid}" if self.pid else "") + \
+            (f" container {self.container_status}" if self.container_status else "")
+        frozen = (f"; {len(self.stopped)} process(es) frozen (state T): {', '.join(self.stopped[:4])}"
+                  if self.stopped else "")
+        return (f"{'running' if self.running else 'stopped'} ({what}, fingerprint {self.fingerprint[:12] or '?'})"
+                + frozen)
+
+
+def state_dir(profile, home: str) -> str:
+    return f"{expand_home(profile.cache_dir, home)}/{STATE_SUBDIR}"
+
+
+def parse_ps(text: str) -> list[tuple[int, int, str, str]]:
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
+            out.append((int(parts[0]), int(parts[1]), parts[2], parts[3]))
+    return out
+
+
+def vllm_procs(ps: list[tuple[int, int, str, str]], pgid: int | None = None) -> list[tuple[int, int, str, str]]:
+    return [p for p in ps if not p[2].startswith("Z") and
+            ((pgid is not None and p[1] == pgid) or _VLLM_PROC.search(p[3]))
+            and not p[3].startswith(("ps ", "bash -c", "sh -c"))]
+
+
+def rank_state(node: Node, profile, home: str | None = None) -> RankState:
+    """What runs on this node: our pid file (process runtime), our container (docker runtime),
+    and any vLLM process at all."""
+    home = home or node.read("printf %s \"$HOME\"").stdout.strip() or "/root"
+    sd = state_dir(profile, home)
+    name = node.name
+    container = profile.container_on(name)
+    script = (f"cat {quote(sd + '/' + name + '.pid')} 2>/dev/null; echo '@@'; "
+              f"cat {quote(sd + '/' + name + '.fingerprint')} 2>/dev/null; echo '@@'; "
+              f"cat {quote(sd + '/' + name + '.json')} 2>/dev/null; echo '@@'; "
+              f"docker inspect -f '{{{{.State.Status}}}} {{{{index .Config.Labels \"{FINGERPRINT_LABEL}\"}}}}' "
+              f"{quote(container)} 2>/dev/null; echo '@@'; {PS_CMD}")
+    parts = (node.read(script).stdout.split("@@\n") + [""] * 5)[:5]
+    pid_s, fp_s, rec_s, docker_s, ps_s = (p.strip() for p in parts)
+    st = RankState(node=name)
+    try:
+        st.record = json.loads(rec_s) if rec_s else {}
+    except ValueError:
+        st.record = {}
+    ps = parse_ps(ps_s)
+    pid = int(pid_s) if pid_s.isdigit() else None
+    procs = vllm_procs(ps, pgid=pid)
+    st.processes = [f"{p[0]} {p[3][:160]}" for p in procs]
+    st.stopped = [f"{p[0]} {p[3][:60]}" for p in procs if p[2][:1] in ("T", "t")]
+    if docker_s:
+        status_, _, label = docker_s.partition(" ")
+        st.container_status = status_
+        # "created" (a `docker run` that failed after creating it) and "exited" are leftovers, not ranks:
+        # the start command removes them (docker rm -f) before it runs the container again
+        if status_ in ("running", "restarting"):
+            st.runtime, st.running, st.fingerprint = "docker", True, label.strip()
+    if not st.running and pid is not None and any(p[0] == pid for p in procs):
+        st.runtime, st.running, st.pid, st.fingerprint = "process", True, pid, fp_s
+    elif not st.running and pid is not None:
+        st.pid = pid
+    return st
+
+
+class LaunchedRank(Protocol):
+    """What a watch reads of a rank's launch (``runbook.launch.render.RankLaunch`` is one)."""
+    runtime: str
+    container: str
+    log_path: str
+    pid_path: str
+
+
+@dataclass
+class RankWatch:
+    alive: bool
+    lines: int
+    tail: list[str]
+    mem_available: int | None = None     # bytes, read in the same command (the startup memory profile)
+
+
+MEM_LINE = "awk '/^MemAvailable:/{print $2}' /proc/meminfo; "      # kB (mawk's %d overflows past 2 GiB)
+
+
+def watch_cmd(rank: LaunchedRank) -> str:
+    return MEM_LINE + rank_watch_cmd(rank)
+
+
+def rank_watch_cmd(rank: LaunchedRank) -> str:
+    if rank.runtime == "docker":
+        c = quote(rank.container)
+        return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ] "
+                f"&& echo alive || echo dead; docker logs {c} 2>&1 | wc -l; "
+                f"docker logs --tail 200 {c} 2>&1")
+    log = quote(rank.log_path)
+    return (f"pid=$(cat {quote(rank.pid_path)} 2>/dev/null); "
+            f"if [ -n \"$pid\" ] && kill -0 \"$pid\" 2>/dev/null && "
+            f"! grep -q '^State:.*Z' /proc/$pid/status 2>/dev/null; then echo alive; else echo dead; fi; "
+            f"wc -l < {log} 2>/dev/null || echo 0; tail -n 200 {log} 2>/dev/null")
+
+
+def watch(node: Node, rank: LaunchedRank) -> RankWatch:
+    out = node.read(watch_cmd(rank), timeout=30).stdout.splitlines()
+    mem = int(out[0]) * 1024 if out and out[0].strip().isdigit() else None
+    out = out[1:]
+    alive = bool(out) and out[0].strip() == "alive"
+    lines = int(out[1].strip()) if len(out) > 1 and out[1].strip().isdigit() else 0
+    return RankWatch(alive, lines, out[2:], mem)
+
+
+def mem_available(node: Node) -> int:
+    """MemAvailable in bytes (0 when unreadable): recorded before the launch, compared after the stop."""
+    return system.parse_meminfo(node.read(system.MEMINFO_CMD).stdout).get("MemAvailable", 0)
+
+
+def log_progressed(prev: RankWatch | None, cur: RankWatch) -> bool:
+    """True when the log grew by at least one non-periodic line."""
+    if prev is None:
+        return cur.lines > 0
+    grown = cur.lines - prev.lines
+    if grown <= 0:
+        return False
+    new = cur.tail[-grown:] if grown <= len(cur.tail) else cur.tail
+    return grown > len(cur.tail) or any(not vllm_log.is_periodic(l) for l in new)
+
+
+def log_text(node: Node, rank: LaunchedRank, lines: int = 5000) -> str:
+    if rank.runtime == "docker":
+        return node.read(f"docker logs --tail {lines} {quote(rank.container)} 2>&1", timeout=60).stdout
+    return node.read(f"tail -n {lines} {quote(rank.log_path)} 2>/dev/null", timeout=60).stdout

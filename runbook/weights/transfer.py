@@ -1,0 +1,292 @@
+"""Step 02's transfer on the cluster: pinned download on the head, verification, sharing to every worker, parity;
+then (ENGRAM=1) the Engram source the same way.
+
+Reads top to bottom as the step: the layout (from MODEL_DIR, ``layout.weights_layout``) → Hub
+metadata → every profile path expanded on its own node (``~`` = that node's home) → free space on
+the head → the head downloads and verifies → the profile's WEIGHT_SYNC mode brings the same bytes to
+every worker → parity of the manifests → the Engram source (HF_ENGRAM_REPO: config, index and the
+shards holding the tables) on every node that packs → JIT caches node-local → verification speed
+against ``sha256sum`` on the same files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import posixpath
+import shlex
+import tempfile
+from typing import Any
+
+from ..checks import Check, CheckList, check, not_applicable
+from ..errors import RemoteError, RunbookError
+from ..facts import system
+from .download import RepoSnapshot, fetch_metadata, hf_token_for, require_pinned
+from ..weights_tools.layout import weights_layout
+from ..facts.node_paths import on_node
+from .sharing import (ShareResult, cache_dir_is_local, download_on_node, nfs_share, nfs_userspace_share,
+                      read_node_manifest, rsync_to_worker, verify_on_node)
+from .verify import manifest_to_expected, parity
+from ..engram_tools.layout import engram_shards
+
+GIB = 1024 ** 3
+ENGRAM_INDEX = "model.safetensors.index.json"
+ENGRAM_CONFIG = "config.json"
+
+
+def on_lab(profile) -> bool:
+    """The nodes are the embedded lab: RECIPE=lab, or a recipe profile rehearsed there."""
+    return profile.is_lab or bool(profile.rehearsal)
+
+
+def node_python(profile) -> str:
+    """The node's own ``python3``, on the Sparks and on the lab's nodes alike: what step 02 runs there
+    (``node_download.py``, ``verify_manifest.py``) needs the standard library only (preflight checks the
+    version), never a package of the node's Python (stock DGX OS has no ``huggingface_hub``, PEP 668)."""
+    return "python3"
+
+
+def worker_dir(profile) -> str:
+    return profile.worker_weights_dir or profile.weights_dir
+
+
+def _workers_key(profile) -> str:
+    return "WORKER_WEIGHTS_DIR" if profile.worker_weights_dir else "WEIGHTS_DIR"
+
+
+def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, margin_gib: float = 1.0) -> tuple[CheckList, dict[str, Any]]:
+    checks = CheckList()
+    layout = weights_layout(profile)          # refuses a MODEL_DIR / HF_MODEL_REPO mismatch first
+    head = cluster.head
+    python = node_python(profile)
+    endpoint = profile.hf_endpoint or None
+    margin = int(margin_gib * GIB)
+    # the secrets file's token for metadata and bytes alike (a gated repo); none to a foreign, untrusted mirror
+    token = hf_token_for(profile) or ""
+
+    snap = fetch_metadata(profile.hf_model_repo, profile.hf_revision, endpoint=endpoint, token=token)
+    roots = {head.name: on_node(head, profile.weights_dir, key="WEIGHTS_DIR")}
+    for worker in cluster.workers:
+        roots[worker.name] = on_node(worker, worker_dir(profile), key=_workers_key(profile))
+    data: dict[str, Any] = {"repo": snap.repo, "revision": snap.revision, "files": len(snap.files),
+                            "total_bytes": snap.total_bytes, "layout": layout.kind,
+                            "endpoint": endpoint or "https://huggingface.co", "mode": profile.weight_sync,
+                            "paths": {name: {"weights_dir": root, "shared": layout.store(root),
+                                             "tree": layout.tree(root)} for name, root in roots.items()}}
+
+    # free space on the head before a byte is fetched
+    checks.add(free_space(head, layout.download_dir(roots[head.name]), layout.tree(roots[head.name]), snap,
+                          margin, key="WEIGHTS_DIR"))
+    if checks.failures():
+        return checks, data
+
+    head_result = download_on_node(head, snap.repo, snap.revision, layout.download_dir(roots[head.name]),
+                                   expected=snap.expected(), endpoint=endpoint, python=python,
+                                   max_workers=profile.hf_max_workers, layout=layout.kind, token=token)
+    checks.add(head_result.checks)
+    data["head"] = head_result.data
+    if not head_result.ok:
+        return checks, data
+    head_tree = layout.tree(roots[head.name])
+    head_manifest = read_node_manifest(head, head_tree)
+
+    shares: dict[str, Any] = {}
+    for worker in cluster.workers:            # every worker rank (TP=3: worker and worker2), in rank order
+        share = share_to_worker(profile, cluster, worker, src=layout.store(roots[head.name]),
+                                dst=layout.store(roots[worker.name]), tree=layout.tree_in_store,
+                                head_manifest=head_manifest, python=python,
+                                download=lambda node, dest: download_on_node(
+                                    node, snap.repo, snap.revision, layout.download_dir(dest), expected=snap.expected(),
+                                    endpoint=endpoint, python=python, max_workers=profile.hf_max_workers,
+                                    layout=layout.kind, token=token),
+                                space=lambda node, dest: free_space(node, layout.download_dir(dest), layout.tree(dest),
+                                                                    snap, margin, key=_workers_key(profile)),
+                                name="weights",
+                                worker_root=roots[worker.name], worker_tree=layout.tree(roots[worker.name]))
+        checks.add(share.checks)
+        shares[worker.name] = share.data
+    data["share"] = shares[cluster.workers[0].name]       # the (first) worker, as with two nodes
+    if len(shares) > 1:
+        data["shares"] = shares
+
+    engram_checks, data["engram"] = engram_source(profile, cluster, python=python, endpoint=endpoint, margin=margin,
+                                                  token=token)
+    checks.add(engram_checks)
+
+    for node in [head, *cluster.workers]:
+        shared = [data["paths"][node.name]["shared"]]
+        if data["engram"].get("paths"):
+            shared.append(data["engram"]["paths"].get(node.name, ""))
+        checks.add(cache_local(profile, node, shared))
+    if compare_sha256sum and head_manifest:
+        data["hash_rate"] = hash_rate_on_node(head, head_tree, head_manifest, python)
+    return checks, data
+
+
+def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, head_manifest, python: str,
+                    download, space, name: str, worker_root: str, worker_tree: str) -> ShareResult:
+    """Bring the head's verified directory ``src`` to ``worker`` at ``dst`` by WEIGHT_SYNC (``tree``:
+    where the verified files sit inside it). ``download(node, root)`` / ``space(node, root)``: the
+    download-both mode's download and its free-space check on the worker (``root``: the worker's
+    directory for this content, ``worker_tree`` its verified tree)."""
+    head, mode = cluster.head, profile.weight_sync
+    probe = posixpath.join(tree, "config.json")
+    if mode == "rsync":
+        return rsync_to_worker(head, worker, src, dst, head_manifest=head_manifest, python=python, tree=tree)
+    if mode == "download-both":
+        room = space(worker, worker_root)
+        if room.failed:
+            return ShareResult("download-both", checks=[room])
+        share = download(worker, worker_root)
+        share.checks.insert(0, room)
+        share.checks.append(parity(head_manifest, read_node_manifest(worker, worker_tree), node=worker.name))
+        return share
+    if on_lab(profile):     # no kernel NFS here: userspace server and client, kernel mount rendered
+        return nfs_userspace_share(head, worker, src, dst, head_manifest=head_manifest, name=name, tree=tree,
+                                   probe=probe, worker_ips=[w.spec.fabric_ip for w in cluster.workers])
+    return nfs_share(head, worker, src, dst, execute=True, head_manifest=head_manifest, python=python,
+                     name=name, tree=tree, probe=probe)
+
+
+def free_space(node, dest: str, tree: str, snap: RepoSnapshot, margin: int, *, key: str) -> Check:
+    """Room on ``dest``'s filesystem for the files of ``snap`` not already complete in ``tree``."""
+    free = system.parse_disk_free(node.read(system.disk_free_cmd(dest)).stdout)
+    present = present_bytes(node, tree, snap)
+    need = snap.total_bytes - present + margin
+    have = f"; {present / GIB:.2f} GiB of it present already" if present else ""
+    return check("weights.free_space", free.avail_bytes >= need, node=node.name,
+                 observed=f"{free.avail_bytes / GIB:.2f} GiB free on {free.mount}",
+                 expected=f">= {need / GIB:.2f} GiB ({snap.total_bytes / GIB:.2f} GiB of {snap.repo}{have} + "
+                          f"{margin / GIB:.0f} GiB margin)",
+                 fix=f"free space on {free.mount} or set {key} elsewhere")
+
+
+def present_bytes(node, tree: str, snap: RepoSnapshot) -> int:
+    """Bytes of ``snap``'s files already in ``tree`` on the node with their exact size (one read)."""
+    files = snap.expected()["files"]
+    if not files:
+        return 0
+    names = " ".join(shlex.quote(f["path"]) for f in files)
+    res = node.read(f"cd {shlex.quote(tree)} 2>/dev/null && stat -L -c '%s %n' -- {names} 2>/dev/null", timeout=30)
+    sizes: dict[str, int] = {}
+    for line in (res.stdout or "").splitlines():
+        size, _, path = line.partition(" ")
+        if size.isdigit():
+            sizes[path] = int(size)
+    return sum(f["size"] for f in files if sizes.get(f["path"]) == f["size"])
+
+
+def cache_local(profile, node, shared: list[str]) -> Check:
+    """CACHE_DIR on this node, outside every directory shared with another node."""
+    try:
+        cache = on_node(node, profile.cache_dir, key="CACHE_DIR")
+    except RemoteError as err:
+        return not_applicable("weights.cache_local", f"CACHE_DIR={profile.cache_dir} not expanded: {err}",
+                              node=node.name, expected="CACHE_DIR outside every shared weights directory")
+    return cache_dir_is_local(cache, [d for d in shared if d], node=node.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the Engram source (V4.1, recipe A): HF_ENGRAM_REPO's config, index and the shards with the tables
+
+def engram_files(index: dict[str, Any]) -> list[str]:
+    """What recipe A downloads of HF_ENGRAM_REPO (seed A ``download.sh``: shards 47+48, the index,
+    config.json): the files 03_engram and the loader read."""
+    return [ENGRAM_CONFIG, ENGRAM_INDEX, *engram_shards(index)]
+
+
+def fetch_index(repo: str, revision: str, *, endpoint: str | None, token: str = "",
+                timeout: float = 60) -> dict[str, Any]:
+    """The repo's ``model.safetensors.index.json`` at the pinned revision, read here (a small file)."""
+    from huggingface_hub import hf_hub_download
+    try:
+        with tempfile.TemporaryDirectory(prefix="spark-runbook-index-") as tmp:
+            path = hf_hub_download(repo, ENGRAM_INDEX, revision=revision, endpoint=endpoint, local_dir=tmp,
+                                   token=token if token else False, etag_timeout=timeout)
+            with open(path) as fh:
+                return json.load(fh)
+    except Exception as err:  # noqa: BLE001 - one readable message for the notebook
+        text = f"{type(err).__name__}: {err}"
+        raise RunbookError(f"cannot read {ENGRAM_INDEX} of {repo}@{revision[:12]}",
+                           observed=text.replace(token, "***") if token else text,
+                           expected="the index of the V4.1 checkpoint (HF_ENGRAM_REPO)",
+                           fix="check HF_ENGRAM_REPO / HF_ENGRAM_REVISION, HF_ENDPOINT and HF_TOKEN") from None
+
+
+def _relabel(checks, prefix: str) -> list[Check]:
+    """``weights.x`` rows of the Engram source as ``weights.engram.x`` (one table holds both)."""
+    return [dataclasses.replace(c, name=c.name.replace("weights.", prefix + ".", 1)) for c in checks]
+
+
+def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin: int,
+                  token: str = "") -> tuple[list[Check], dict]:
+    """ENGRAM=1: HF_ENGRAM_REPO@HF_ENGRAM_REVISION (pinned) -> ENGRAM_SRC_DIR on every node that
+    packs (rank < TP; each packs its own rank's rows from its own ENGRAM_SRC_DIR), only the files recipe
+    A needs, resumable and sha256-verified like the model, brought to the workers by WEIGHT_SYNC.
+    RECIPE=lab: 03_engram generates a synthetic source instead (N/A here)."""
+    if not profile.engram:
+        return [], {"enabled": False}
+    if profile.is_lab:
+        return [not_applicable("weights.engram.source", "RECIPE=lab: 03_engram generates a synthetic V4.1-style "
+                               "source (engram.lab_source.prepare_lab_source) instead of downloading HF_ENGRAM_REPO",
+                               node="cluster", expected="config, index and the Engram shards in ENGRAM_SRC_DIR")], \
+            {"enabled": True, "source": "lab fixture (03_engram)"}
+    repo, revision = profile.hf_engram_repo, require_pinned(profile.hf_engram_revision, "HF_ENGRAM_REVISION")
+    full = fetch_metadata(repo, revision, endpoint=endpoint, token=token)
+    index = fetch_index(repo, revision, endpoint=endpoint, token=token)
+    files = engram_files(index)
+    listed = {f.path for f in full.files}
+    absent = [f for f in files if f not in listed]
+    data: dict[str, Any] = {"enabled": True, "repo": repo, "revision": revision, "files": files}
+    if len(files) < 3 or absent:
+        return [check("weights.engram.source", False, node="cluster",
+                      observed=(f"{repo}@{revision[:12]}: " + (f"missing {', '.join(absent)}" if absent else
+                                f"{ENGRAM_INDEX} maps no '.engram.embed.' tensor")),
+                      expected="config.json, the index and the shards holding layers.*.engram.embed.{weight,scale}",
+                      fix="set HF_ENGRAM_REPO to the original DeepSeek-V4.1-Flash checkpoint and HF_ENGRAM_REVISION "
+                          "to its commit")], data
+    snap = full.select(files)
+    data["total_bytes"] = snap.total_bytes
+    packers = [n for n in [cluster.head, *cluster.workers] if n.spec.rank < int(profile.tp)]
+    head, workers = packers[0], packers[1:]
+    paths = {n.name: on_node(n, profile.engram_src_dir, key="ENGRAM_SRC_DIR") for n in packers}
+    data["paths"] = paths
+    checks: list[Check] = [free_space(head, paths[head.name], paths[head.name], snap, margin, key="ENGRAM_SRC_DIR")]
+    if checks[0].failed:
+        return _relabel(checks, "weights.engram"), data
+
+    def fetch(node, dest):
+        return download_on_node(node, repo, revision, dest, expected=snap.expected(), endpoint=endpoint,
+                                python=python, allow=files, max_workers=profile.hf_max_workers, token=token)
+
+    got = fetch(head, paths[head.name])
+    checks += got.checks
+    data["head"] = got.data
+    if not got.ok:
+        return _relabel(checks, "weights.engram"), data
+    head_manifest = read_node_manifest(head, paths[head.name])
+    shares = {}
+    for worker in workers:
+        share = share_to_worker(profile, cluster, worker, src=paths[head.name], dst=paths[worker.name], tree="",
+                                head_manifest=head_manifest, python=python, download=fetch,
+                                space=lambda node, dest: free_space(node, dest, dest, snap, margin, key="ENGRAM_SRC_DIR"),
+                                name="engram", worker_root=paths[worker.name],
+                                worker_tree=paths[worker.name])
+        checks += share.checks
+        shares[worker.name] = share.data
+    data["shares"] = shares
+    return _relabel(checks, "weights.engram"), data
+
+
+def hash_rate_on_node(node, directory: str, manifest: dict[str, Any], python: str) -> dict[str, Any]:
+    """Our verifier (forced to re-hash) against ``sha256sum`` on the same files, same node, same run."""
+    directory = on_node(node, directory)
+    report = verify_on_node(node, directory, manifest_to_expected(manifest), python=python,
+                            reuse=False, write=False)
+    files = " ".join(shlex.quote(posixpath.join(directory, f["path"])) for f in manifest.get("files", []))
+    res = node.read(f"s=$(date +%s.%N); sha256sum {files} >/dev/null; e=$(date +%s.%N); "
+                    f"echo \"$s $e\"", timeout=3600)
+    start, end = (float(x) for x in res.stdout.split()[-2:])
+    total = sum(f["size"] for f in manifest.get("files", []))
+    seconds = max(end - start, 1e-9)
+    return {"bytes": total, "verifier_gbps": report.get("gbps"), "verifier_seconds": report.get("seconds"),
+            "sha256sum_gbps": round(total / seconds / 1e9, 4), "sha256sum_seconds": round(seconds, 6)}
