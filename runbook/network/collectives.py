@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..checks import check, not_applicable
 from ..facts import nccl as fn
+from ..launch.render import rank_gid_index
 from . import tools
 from .context import Context, Rail, ReadFailure, iface_of, read, setting, split_list, text_of
 from .rdma import GidPlan
@@ -65,7 +66,9 @@ def nccl_ranks(ctx: Context, gid: GidPlan) -> tuple[list[NcclRank], list[str]]:
     for node in ctx.nodes:
         sock = getattr(node.spec, "socket_if", "") or (split_list(node.spec.fabric_if) or [""])[0]
         ranks.append(NcclRank(node=node.name, host=str(node.spec.fabric_ip), socket_if=sock,
-                              hcas=split_list(node.spec.ib_devs), gid_index=gid.per_node.get(node.name),
+                              hcas=split_list(node.spec.ib_devs),
+                              # the index the rank itself gets (unset under seed B's auto): 01 proves what runs
+                              gid_index=rank_gid_index(ctx.profile, node.spec.gid, gid.per_node.get(node.name)),
                               tests_dir=ctx.nccl_dirs.get(node.name) or "nccl-tests/build"))
         nets += [str(n) for n in iface_of(ctx.facts[node.name], sock).ipv4_networks]
     return ranks, list(dict.fromkeys(nets)) or list(dict.fromkeys(r.socket_if for r in ranks))
