@@ -114,6 +114,10 @@ def cmd_start(args) -> int:
             return 1
         plan = render_plan(cluster, profile)
         result = server.start(cluster, profile, plan, raise_on_failure=False)
+        if result.ok and not result.reused:      # the recipe's warm-up after readiness (non-fatal)
+            from .launch.warmup import run_warmup
+            from .secrets import load_secrets
+            result.checks.add(run_warmup(cluster, profile, api_key=load_secrets().api_key))
     print(result.checks.to_text())
     code = server.exit_code(result)
     if code == ALREADY_RUNNING:

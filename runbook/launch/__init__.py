@@ -10,7 +10,8 @@ and its boot-log markers), ``checkout`` (the recipe checkout at the pinned commi
 growth while a start is watched), ``server`` (start and its watch until the first token), ``readiness``
 (the API's readiness phases, the master-port probe, hang diagnostics), ``stop`` (stop, teardown proven),
 ``status`` (read-only: status, logs), ``exposure`` (the key a bind beyond loopback needs; what listens on
-each node). Where the API is and the SSH forward that reaches a loopback bind: ``serve/endpoint.py``.
+each node), ``warmup`` (the recipe's boot-shape warm-up after readiness), ``parity`` (the parity tables of
+docs/parity: what the recipes' scripts set beside what render renders). Where the API is and the SSH forward that reaches a loopback bind: ``serve/endpoint.py``.
 Check names → code: "runtime image …" rows in ``image.py``; "api exposure", "ports exposed" in
 ``exposure.py``; "recipe checkout at the pinned commit" in ``checkout.py``; "no vLLM process or container
 left", "MemAvailable back to its pre-launch value", "server stopped" in ``stop.py``; every other row
@@ -21,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import diagnosis, exposure, image, ranks, server, status, stop
+from ..secrets import load_secrets
+from . import diagnosis, exposure, image, ranks, server, status, stop, warmup
 from .plan import gids_from_network_sidecar, render_plan
 from .render import LaunchPlan
 
@@ -71,6 +73,8 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
                 print(finding.to_text())
         elif outcome.started.ok and not step.dry_run:
             if not outcome.started.reused:
+                # the recipe's boot-shape warm-up once the API answers (non-fatal, as in both seeds)
+                step.add(warmup.run_warmup(step.cluster, profile, api_key=load_secrets().api_key))
                 step.add(server.second_start_check(step.cluster, profile, plan))
             step.add(exposure.exposure_checks(step.cluster, profile))
     if action == "status":
