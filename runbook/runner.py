@@ -55,8 +55,11 @@ DOWNLOAD_MB_S = 50
 
 def default_step_timeout(profile) -> int:
     """Seconds one notebook may run: an hour, or more when the profile's first download needs it
-    (recipe A: ~197 GiB of weights + ~189 GiB of Engram source is ~2.3 h at 50 MB/s)."""
-    gib = float(profile.weights_gib) + (float(profile.engram_gib) if profile.engram else 0.0)
+    (recipe A: ~197 GiB of weights + ~189 GiB of Engram source is ~2.3 h at 50 MB/s). WEIGHT_SYNC=download-both
+    downloads on every node one after the other, as recipe B's prepare script does (head, then each worker):
+    every node's download counts."""
+    downloads = len(profile.nodes) if profile.weight_sync == "download-both" else 1
+    gib = float(profile.weights_gib) * downloads + (float(profile.engram_gib) if profile.engram else 0.0)
     return int(DEFAULT_STEP_TIMEOUT + gib * 1024 ** 3 / (DOWNLOAD_MB_S * 1e6))
 
 

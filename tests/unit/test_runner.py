@@ -52,6 +52,19 @@ def test_step_timeout_covers_a_first_download_of_the_recipe():
     assert default_step_timeout(exl3) >= seconds + DEFAULT_STEP_TIMEOUT - 1
 
 
+def test_step_timeout_counts_both_downloads_of_download_both():
+    """Issue #22 risk: WEIGHT_SYNC=download-both downloads on the head, then on the worker (as recipe B's prepare
+    script does); 02's time limit counted one 157 GiB download, so it timed out below ~52 MB/s."""
+    from runbook.profile import load_profile
+    from runbook.runner import DEFAULT_STEP_TIMEOUT, DOWNLOAD_MB_S, default_step_timeout
+    dspark = load_profile("env/dspark-v4.env")
+    assert dspark.weight_sync == "download-both" and len(dspark.nodes) == 2
+    both = 2 * dspark.weights_gib * 1024 ** 3 / (DOWNLOAD_MB_S * 1e6)
+    assert default_step_timeout(dspark) >= both + DEFAULT_STEP_TIMEOUT - 1
+    rsync = load_profile("env/dspark-v4.env", {"WEIGHT_SYNC": "rsync"})
+    assert default_step_timeout(rsync) < both + DEFAULT_STEP_TIMEOUT - 1       # one download only
+
+
 def test_a_step_that_raised_gets_a_sidecar_saying_why(tmp_path):
     import json
     from runbook.evidence import RunDir
