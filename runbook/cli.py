@@ -109,6 +109,9 @@ def cmd_start(args) -> int:
     print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
     with cluster:
         image_checks = image.ensure_image(cluster, profile)
+        if not image_checks.failures():          # seed A: the image's recipe stamp, then its GPU self-check
+            from .launch import selfcheck
+            image_checks.add([selfcheck.stamp_check(cluster, profile), selfcheck.gpu_selfcheck(cluster, profile)])
         if image_checks.failures():
             print(image_checks.to_text())
             return 1

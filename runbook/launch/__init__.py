@@ -10,7 +10,8 @@ and its boot-log markers), ``checkout`` (the recipe checkout at the pinned commi
 growth while a start is watched), ``server`` (start and its watch until the first token), ``readiness``
 (the API's readiness phases, the master-port probe, hang diagnostics), ``stop`` (stop, teardown proven),
 ``status`` (read-only: status, logs), ``exposure`` (the key a bind beyond loopback needs; what listens on
-each node), ``warmup`` (the recipe's boot-shape warm-up after readiness), ``parity`` (the parity tables of
+each node), ``warmup`` (the recipe's boot-shape warm-up after readiness), ``selfcheck`` (seed A's image stamp and GPU
+self-check before the launch), ``parity`` (the parity tables of
 docs/parity: what the recipes' scripts set beside what render renders). Where the API is and the SSH forward that reaches a loopback bind: ``serve/endpoint.py``.
 Check names → code: "runtime image …" rows in ``image.py``; "api exposure", "ports exposed" in
 ``exposure.py``; "recipe checkout at the pinned commit" in ``checkout.py``; "no vLLM process or container
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..secrets import load_secrets
-from . import diagnosis, exposure, image, ranks, server, status, stop, warmup
+from . import diagnosis, exposure, image, ranks, selfcheck, server, status, stop, warmup
 from .plan import gids_from_network_sidecar, render_plan
 from .render import LaunchPlan
 
@@ -56,6 +57,8 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
         image_checks = image.ensure_image(step.cluster, profile)
         step.add(image_checks)
         step.data["image"] = image_checks.data
+        if not image_checks.failures():     # seed A: the image's recipe stamp, then its GPU self-check
+            step.add([selfcheck.stamp_check(step.cluster, profile), selfcheck.gpu_selfcheck(step.cluster, profile)])
     if action in ("stop", "restart"):
         outcome.stopped = stop.stop(step.cluster, profile)
         step.add(outcome.stopped.checks)
