@@ -566,3 +566,27 @@ def test_restart_policy_is_the_recipes():
     assert not any(o == "--restart" for o, _ in a) and ("--stop-timeout", "60") in a
     lab = docker_opts(_plan("lab", {"RUNTIME": "docker"}).head.docker_argv)[0]
     assert not any(o == "--restart" for o, _ in lab)
+
+
+def test_a_rank_dockerd_restored_after_a_reboot_is_already_running_exit_3(monkeypatch):
+    """Risk (issue #22): with seed B's `--restart unless-stopped` dockerd brings both ranks back after a reboot; the
+    runbook's pid/record files say nothing (the record may be stale, the pid gone), only the container runs with
+    the fingerprint label. A start then reuses it and exits 3 ("already running"), as the seed's start script does
+    (#72); nothing is relaunched."""
+    from runbook.errors import ALREADY_RUNNING
+    from runbook.launch import ranks, server
+    profile = load_profile(ENV / "dspark-v4.env")
+    plan = render(profile, FACTS)
+    assert ("--restart", "unless-stopped") in docker_opts(plan.head.docker_argv)[0]
+    restored = f"\n@@\n\n@@\n\n@@\nrunning {plan.fingerprint}\n@@\n"      # no pid, no fingerprint file, no record
+    nodes = [FakeNode(n, i, read_only=True, rules=[
+        (re.escape('printf %s "$HOME"'), HOME),
+        (r"^cat \S+/" + n + r"\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", restored)])
+        for i, n in enumerate(("head", "worker"))]
+    from support.doubles import FakeCluster
+    monkeypatch.setattr(server, "base_url", lambda p: "http://127.0.0.1:8888")  # no SSH forward in a unit test
+    monkeypatch.setattr(server, "_recipe_checkout", lambda *a, **k: True)       # read-only checkout rows
+    monkeypatch.setattr(server, "_readiness", lambda cluster, profile, plan, result, *a, **k: result)
+    result = server.start(FakeCluster(nodes), profile, plan, api_key="", raise_on_failure=False)
+    assert result.reused and server.exit_code(result) == ALREADY_RUNNING
+    assert all(not c.startswith("docker") for n in nodes for c in n.commands)    # nothing started or removed
