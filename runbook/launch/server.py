@@ -123,7 +123,8 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, step=None, api_key: st
     if api_key is None:
         from ..secrets import load_secrets
         api_key = load_secrets().api_key
-    url = base_url(profile)
+    # a dry run sends no request: no SSH forward is opened for it
+    url = api_address(profile) if cluster.head.dry_run else base_url(profile)
     result = StartResult(plan=plan, base_url=api_address(profile))
     ev = (lambda name, text: step.raw(name, text)) if step is not None else (lambda name, text: "")
     result.evidence.append(ev("rendered.txt", plan.to_text()))
@@ -196,6 +197,10 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                          fix="fix the profile so every rank gets the same --master-addr/--master-port",
                          raise_=raise_)
     if cluster.head.dry_run:
+        # recorded, not run: each rank's start command in start order (workers first), the key by name only
+        for rank in sorted(plan.ranks, key=lambda r: -r.rank):
+            cluster[rank.node].run(rank.start_command(),
+                                   env={"VLLM_API_KEY": api_key or "***"} if rank.secret_env else None, timeout=120)
         result.checks.add(not_applicable("server started", "dry run: the rendered commands above were "
                                          "recorded, nothing was started", node="cluster"))
         return result

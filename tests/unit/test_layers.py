@@ -19,7 +19,7 @@ LAYERS = [
     {"step", "fit", "diagnose"},                     # what every step records through; shared models
     {"preflight", "network", "weights", "engram", "launch", "serve", "bench", "report",   # one per step
      "lab"},                                         # the embedded lab builds its fixtures with the steps' code
-    {"runner", "form"},                              # the papermill runner, the profile form
+    {"runner", "form", "review"},                    # the papermill runner, the profile form, the offline review
     {"cli", "__main__", "__init__"},
 ]
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
