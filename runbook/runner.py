@@ -111,6 +111,10 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
                             profile_source=str(profile.source))
     echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
          "--step-timeout to change)")
+    if dry_run:
+        echo("dry run: connects to the nodes over SSH and runs their read-only probes; every change is recorded "
+             "(commands.jsonl), not made; a failing step does not stop it. To review without connecting: "
+             f"python -m runbook render --profile {_repo_relative(str(profile.source))}")
 
     # 4. the steps, in order, stopping at the first failure
     outcomes: list[StepOutcome] = []
@@ -119,7 +123,7 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
                                overrides=overrides, kernel=kernel, step_timeout=step_timeout,
                                notebooks_dir=notebooks_dir, echo=echo)
         outcomes.append(outcome)
-        if outcome.status != "passed":
+        if outcome.status != "passed" and not dry_run:     # a dry run goes on: every step's commands are shown
             break
     status = "passed" if outcomes and all(o.status == "passed" for o in outcomes) else "failed"
     if not outcomes:
