@@ -46,16 +46,22 @@ def review(profile_path: str | Path, *, home: str = "", overrides: dict[str, str
     """Every command of every step on every node, grouped by step, in the order the steps issue them."""
     profile = load_profile(profile_path, overrides=overrides)
     homes = {n.name: home or _default_home(n.ssh) for n in profile.nodes}
-    # the only facts the review declares: each node's home (and the user it implies); every other read is unknown
-    facts = {name: {'printf %s "$HOME"': h, USER_CMD: f"{h}\n1000\n{posixpath.basename(h) or 'root'}\n"}
-             for name, h in homes.items()}
+    # the facts the review declares: each node's home (and the user it implies) and its fabric as the profile
+    # describes it (netdevs, addresses, HCAs, a RoCE v2 GID at index 3); every other read is unknown
+    facts = {spec.name: {'printf %s "$HOME"': homes[spec.name],
+                         USER_CMD: f"{homes[spec.name]}\n1000\n{posixpath.basename(homes[spec.name]) or 'root'}\n",
+                         **declared_network_facts(profile, spec)}
+             for spec in profile.nodes}
     redactor = redactor_from_env()
     log = CommandLog(None, redactor)
     scratch = Path(tempfile.mkdtemp(prefix="runbook-review-"))
     out = [f"# offline review of {profile.profile_name} ({profile.source}): recipe {profile.recipe}, "
            f"{len(profile.nodes)} nodes; no node is contacted",
            "# nodes: " + ", ".join(f"{n.name}={n.ssh} (rank {n.rank}, home {homes[n.name]})" for n in profile.nodes),
-           f"# [read] = a read-only probe the step runs (here answered 'unknown'); [run] = a change; secrets are {'***'}"]
+           f"# [read] = a read-only probe the step runs (answered 'unknown' unless declared); [run] = a change; "
+           "secrets are ***",
+           "# declared: each node's home (--home) and its fabric as the profile describes it (netdevs UP at "
+           "FABRIC_MTU with their /24 addresses, HCAs ACTIVE, RoCE v2 GID index 3)"]
     try:
         run = RunDir.create(profile.profile_name, scratch, redactor)
         for name, entry in STEPS:
@@ -82,6 +88,55 @@ def review(profile_path: str | Path, *, home: str = "", overrides: dict[str, str
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return "\n".join(out) + "\n"
+
+
+def _netdev_of(hca: str) -> str:
+    """The DGX Spark CX-7 naming: rocep1s0f1 <-> enp1s0f1np1, roceP2p1s0f0 <-> enP2p1s0f0np0."""
+    return f"en{hca[4:]}np{hca[-1]}" if hca.startswith("roce") and hca[-1:].isdigit() else hca
+
+
+def _ipv4_gid(ip: str) -> str:
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return f"0000:0000:0000:0000:0000:ffff:{a * 256 + b:04x}:{c * 256 + d:04x}"
+
+
+def declared_network_facts(profile, spec) -> dict[str, str]:
+    """What the profile says the node's fabric looks like, as the network step's first reads would answer it:
+    each fabric/bootstrap netdev UP at MTU FABRIC_MTU with its address (/24), each HCA ACTIVE on its CX-7 netdev
+    with a RoCE v2 IPv4 GID at index 3. An assumption the review states; a real run reads the node."""
+    from .facts import net as fnet
+    from .facts import rdma as fr
+    addrs: dict[str, str] = {spec.fabric_if: spec.fabric_ip}
+    if spec.bootstrap_if and spec.bootstrap_ip:
+        addrs[spec.bootstrap_if] = spec.bootstrap_ip
+    own_net = spec.fabric_ip.rsplit(".", 1)[0]
+    peers = [n.fabric_ip.rsplit(".", 1)[0] for n in profile.nodes if n.fabric_ip.rsplit(".", 1)[0] != own_net]
+    for hca in spec.ib_devs:
+        dev = _netdev_of(hca)
+        if dev not in addrs and peers and spec.is_head:      # the head's port toward a worker on another /24
+            addrs[dev] = f"{peers.pop(0)}.1"
+    ifaces = [{"ifindex": 1, "ifname": "lo", "flags": ["LOOPBACK", "UP", "LOWER_UP"], "mtu": 65536,
+               "operstate": "UNKNOWN", "link_type": "loopback",
+               "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8, "scope": "host", "label": "lo"}]}]
+    for i, (dev, ip) in enumerate(addrs.items(), 2):
+        ifaces.append({"ifindex": i, "ifname": dev, "flags": ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"],
+                       "mtu": int(profile.fabric_mtu), "operstate": "UP", "link_type": "ether",
+                       "addr_info": [{"family": "inet", "local": ip, "prefixlen": 24, "scope": "global", "label": dev}]})
+    gids, ports = [], []
+    for hca in spec.ib_devs:
+        dev = _netdev_of(hca)
+        ports.append(f"{hca} port 1 ==> {dev} (Up)")
+        base = f"{fr.SYSFS.rstrip('/')}/class/infiniband/{hca}/ports/1"
+        gids += [f"{base}/state	4: ACTIVE", f"{base}/link_layer	Ethernet"]
+        gid = _ipv4_gid(addrs[dev]) if dev in addrs else "0000:0000:0000:0000:0000:0000:0000:0000"
+        for idx, (value, kind) in enumerate([("fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"),
+                                              ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2"),
+                                              (gid, "IB/RoCE v1"), (gid, "RoCE v2")]):
+            gids += [f"{base}/gids/{idx}	{value}", f"{base}/gid_attrs/types/{idx}	{kind}",
+                     f"{base}/gid_attrs/ndevs/{idx}	{dev}"]
+    import json
+    return {fnet.IP_ADDR_CMD: json.dumps(ifaces), fnet.IP_ROUTE_CMD: "[]",
+            fr.IBDEV2NETDEV_CMD: "\n".join(ports) + "\n", fr.gid_dump_cmd(fr.SYSFS): "\n".join(gids) + "\n"}
 
 
 def _default_home(ssh: str) -> str:

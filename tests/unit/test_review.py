@@ -57,6 +57,12 @@ def test_render_prints_every_steps_commands_offline(name, no_network, monkeypatc
     assert order == sorted(order, reverse=True)                             # workers first, the head last
     network = text.split("## 01_network", 1)[1].split("## 02_weights", 1)[0]
     assert all(f"[{n}] [read] ip -j addr show" in network for n in nodes)
+    # with the fabric declared as the profile describes it, the traffic tests show too: ping, iperf3, perftest,
+    # and nccl-tests with the GID setting the ranks get (unset under recipe B)
+    for tool in ("ping -M do", "iperf3 -s", "ib_write_bw -d", "mpirun "):
+        assert tool in network, tool
+    mpirun = next(l for l in network.splitlines() if "mpirun " in l)
+    assert ("NCCL_IB_GID_INDEX=3" in mpirun) == (profile.recipe == "exl3-v41")
     weights = text.split("## 02_weights", 1)[1].split("## 03_engram", 1)[0]
     assert f"node_download.py --repo {profile.hf_model_repo} --revision {profile.hf_revision}" in weights
     assert "docker image inspect" in launch
