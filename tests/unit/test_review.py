@@ -65,6 +65,8 @@ def test_render_prints_every_steps_commands_offline(name, no_network, monkeypatc
     assert ("NCCL_IB_GID_INDEX=3" in mpirun) == (profile.recipe == "exl3-v41")
     weights = text.split("## 02_weights", 1)[1].split("## 03_engram", 1)[0]
     assert f"node_download.py --repo {profile.hf_model_repo} --revision {profile.hf_revision}" in weights
+    if profile.engram:                                   # recipe A: the Engram source is fetched in 02 too
+        assert f"node_download.py --repo {profile.hf_engram_repo} --revision {profile.hf_engram_revision}" in weights
     assert "docker image inspect" in launch
     assert "sk-review-secret" not in text and "hf_reviewsecret" not in text
     head_start = next(e for e in entries if e.startswith("[head] [run] ") and "docker run -d" in e)
