@@ -151,7 +151,7 @@ def _workers_not_running(cluster: Cluster, plan: LaunchPlan, settle_s: float = 2
     gone: dict[str, str] = {}
     for attempt in range(2):
         names = [r.node for r in plan.workers if attempt == 0 or r.node in gone]
-        watches = {n: ranks.watch(cluster[n], plan.rank(n)) for n in names}
+        watches = {n: ranks.watch(cluster[n], plan.rank(n), fresh=True) for n in names}
         gone = {n: (" | ".join(w.tail[-6:]) or "no log line") for n, w in watches.items() if not w.alive}
         if not gone:
             return {}
@@ -325,7 +325,7 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
 
     while True:
         now = time.monotonic()
-        watches = cluster.each(lambda n: ranks.watch(n, plan.rank(n.name)))
+        watches = cluster.each(lambda n: ranks.watch(n, plan.rank(n.name), fresh=started))
         for name, w in watches.items():
             if isinstance(w, Exception):
                 dead_count[name] += 1

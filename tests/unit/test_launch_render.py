@@ -590,3 +590,21 @@ def test_a_rank_dockerd_restored_after_a_reboot_is_already_running_exit_3(monkey
     result = server.start(FakeCluster(nodes), profile, plan, api_key="", raise_on_failure=False)
     assert result.reused and server.exit_code(result) == ALREADY_RUNNING
     assert all(not c.startswith("docker") for n in nodes for c in n.commands)    # nothing started or removed
+
+
+@pytest.mark.parametrize("state,fresh,alive", [("true 0", True, True), ("true 3", True, False), ("false 3", True, False),
+                                               ("true 3", False, True), ("false 0", False, False)])
+def test_a_fresh_container_that_docker_restarted_is_a_crash_not_a_live_rank(tmp_path, state, fresh, alive):
+    """With seed B's restart policy a rank that crashes while booting is restarted by dockerd and looks alive
+    between crashes; the start's watch counts a container it created as dead once docker restarted it (a
+    restored, reused server keeps its restart count)."""
+    import subprocess
+    from runbook.launch import ranks
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"#!/bin/sh\ncase \"$1\" in inspect) echo '{state}';; logs) echo booting;; esac\n")
+    (bin_dir / "docker").chmod(0o755)
+    cmd = ranks.rank_watch_cmd(_plan("dspark-v4").rank("worker"), fresh=fresh)
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout.splitlines()
+    assert out[0] == ("alive" if alive else "dead")
