@@ -1,4 +1,5 @@
-# Spark Runbook. Two commands for a newcomer: `make runbook` and `make test`.
+# Spark Runbook. Two commands for a newcomer: `make runbook` and `make test`; `make check` is the developer's
+# quick loop (no lab, under 5 minutes).
 PYTHON  ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
@@ -8,7 +9,7 @@ LAB_VLLM_VENV := .lab/vllm-venv
 APT_PACKAGES := openssh-server iperf3 ethtool iputils-ping sshfs busybox-static docker.io rsync \
   nfs-ganesha nfs-ganesha-vfs libnfs-utils
 
-.PHONY: install runbook rehearse test test-unit test-lab lab-up lab-down lab-status lab-deps lab-vllm jupyter browser-deps test-browser clean-results
+.PHONY: install runbook rehearse test check test-unit test-lab lab-up lab-down lab-status lab-deps lab-vllm jupyter browser-deps test-browser clean-results
 
 install: $(VENV)/.installed
 
@@ -56,6 +57,14 @@ test: install lab-deps lab-vllm browser-deps
 
 test-unit: install
 	$(PY) -m pytest tests/unit $(ARGS)
+
+# The quick loop, no lab and no root: lint, the layer test, the unit tests but the slow ones (two workers),
+# then notebooks 05-08 executed with nbmake against the shipped fakes (tests/run_notebooks.py).
+check: install
+	$(PY) -m pyflakes runbook tests
+	$(PY) -m pytest tests/unit/test_layers.py -q
+	$(PY) -m pytest tests/unit -n 2 -m "not slow" -q --ignore=tests/unit/test_layers.py $(ARGS)
+	$(PY) tests/run_notebooks.py
 
 # JupyterLab in the repo, new notebooks on the runbook kernel; JUPYTER_ARGS="--no-browser --port=8899" etc.
 JUPYTER_ARGS ?=

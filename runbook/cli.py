@@ -33,11 +33,12 @@ def cmd_run(args) -> int:
     only = [s for s in (args.only or "").split(",") if s]
     overrides, rehearsal = _overrides(args.param), None
     if args.rehearse:
-        from .lab.rehearsal import load_rehearsal
+        from .lab.rehearsal import by_kind, load_rehearsal
         _, overrides, subs = load_rehearsal(args.profile, overrides, publish=True)
         rehearsal = [s.to_dict() for s in subs]
-        print(f"rehearsal of {args.profile} on the lab: {len(subs)} key(s) substituted "
-              f"(see rehearsal.json in the run folder); every other key runs as the recipe has it")
+        counts = ", ".join(f"{kind} {len(items)}" for kind, items in by_kind(subs).items())
+        print(f"rehearsal of {args.profile} on the lab: {len(subs)} key(s) substituted ({counts}; "
+              f"see rehearsal.json in the run folder); every other key runs as the recipe has it")
     run_dir, outcomes = runner.run(args.profile, start=args.start or "", stop=args.stop or "", only=only,
                                    resume=args.resume or "", dry_run=args.dry_run,
                                    overrides=overrides, step_timeout=args.step_timeout,

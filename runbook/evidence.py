@@ -202,7 +202,7 @@ def scrub_tree(root: Path, redactor: Redactor) -> list[str]:
     return changed
 
 
-def provenance(profile=None) -> dict[str, Any]:
+def provenance(profile) -> dict[str, Any]:
     """Where and with what this run was made: git state, packages, interpreter, local host."""
     packages = {}
     for name in TRACKED_PACKAGES:
@@ -218,7 +218,7 @@ def provenance(profile=None) -> dict[str, Any]:
         "packages": packages,
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
                  "machine": platform.machine()},
-        "profile_source": str(getattr(profile, "source", "") or ""),
+        "profile_source": str(profile.source or ""),
     }
 
 

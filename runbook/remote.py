@@ -42,7 +42,7 @@ REHEARSAL_SIM_DIR = "/mnt/nvme/.rehearsal/sim"
 
 def rehearsal_path_prefix(profile) -> str:
     """``export PATH=<sim>/bin:"$PATH"; `` for a rehearsed profile, else ''."""
-    return f'export PATH={REHEARSAL_SIM_DIR}/bin:"$PATH"; ' if getattr(profile, "rehearsal", False) else ""
+    return f'export PATH={REHEARSAL_SIM_DIR}/bin:"$PATH"; ' if profile.rehearsal else ""
 
 
 def quote(*parts: Any) -> str:

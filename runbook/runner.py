@@ -89,8 +89,16 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         lab_up(profile)
 
     # 3. the run folder (new, or an earlier one to resume)
+    selection = {"start": start, "stop": stop, "only": list(only or [])}
     if resume:
         run_dir = RunDir(_resolve_run(resume, results_root), redactor)
+        recorded = run_dir.manifest().get("selection")
+        if recorded and not (start or stop or only):
+            # resume means the same run: the range it was started with, not every step that has not passed
+            steps = select_steps(discover_steps(notebooks_dir), start=recorded.get("start", ""),
+                                 stop=recorded.get("stop", ""), only=recorded.get("only") or None)
+            selection = recorded
+            echo(f"resuming {run_dir.run_id} with its own range: {', '.join(steps)}")
         done = {name for name, entry in run_dir.manifest().get("steps", {}).items()
                 if entry.get("status") == "passed"}
         gone = first_state_gone(profile, run_dir, sorted(done), dry_run=dry_run)
@@ -106,9 +114,11 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         run_dir.write_json("profile.json", profile.redacted())
         run_dir.write_json("provenance.json", provenance(profile))
         if rehearsal is not None:
-            run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal})
+            kinds = [str(sub.get("kind") or "unclassified") for sub in rehearsal]
+            run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal,
+                                                  "counts": {k: kinds.count(k) for k in sorted(set(kinds))}})
     run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
-                            profile_source=str(profile.source))
+                            profile_source=str(profile.source), selection=selection)
     echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
          "--step-timeout to change)")
     if dry_run:

@@ -20,6 +20,8 @@ from .report import (
            results_table,
            write_report,
 )
+from . import roofline_panel
+from .reconcile import reconcile, reconciliation_table
 from .result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
 from .runner import arun_benchmark, run_benchmark
 from .step import BenchOutcome, run
@@ -41,4 +43,7 @@ __all__ = [
            "run_benchmark",
            "write_raw",
            "write_report",
+           "reconcile",
+           "reconciliation_table",
+           "roofline_panel",
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import Check, Status, not_applicable
+from .reconcile import reconcile
 
 #: ``python -c`` body that runs vLLM's benchmark client from any python that has vLLM (the lab's venv
 #: has no console-script metadata, so ``vllm bench serve`` itself is not always on PATH)
@@ -25,6 +26,9 @@ VLLM_BENCH_SCRIPT = ("import argparse,sys\nfrom vllm.benchmarks.serve import add
 RESULT_KEYS = ("completed", "failed", "duration", "total_output_tokens", "output_throughput", "mean_ttft_ms",
                "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms")
 CHECK_NAME = "bench cross-check (vllm bench serve)"
+#: the case medians the reconciliation reads
+HARNESS_KEYS = ("ttft_s", "ttfr_s", "ttfa_s", "decode_tok_s", "per_stream_decode_tok_s", "tokens_per_chunk",
+                "aggregate_wall_tok_s", "spec_mean_acceptance_length")
 
 
 def vllm_bench_argv(python: str, *, base_url: str, model: str, tokenizer: str, input_len: int, output_len: int,
@@ -98,6 +102,15 @@ def cross_check(result, *, base_url: str, model: str, python: str, tokenizer: st
               "ttft_ms": vb.get("median_ttft_ms")}
     data = {"case": case.name, "seed": seed, "num_prompts": repeats, "rc": rc, "vllm_bench": vb,
             "harness": ours, "vllm": theirs, "log": str(out_dir / "vllm-bench.log")}
+    if vb:
+        # every figure of both clients side by side, each delta split into its causes (reconcile.py)
+        medians = {k: case.median(k) for k in HARNESS_KEYS}
+        medians["decode_tokens"] = case.decode_tokens
+        data["reconciliation"] = reconcile(
+            medians, vb, vllm_args={"num_prompts": repeats, "ignore_eos": True, "num_warmups": 0,
+                                    "dataset": "random", "output_len": case.decode_tokens,
+                                    "input_len": case.prompt_tokens, "endpoint": "/v1/completions"},
+            harness_config={k: result.config.get(k) for k in ("ignore_eos", "warmup_requests", "workload", "endpoint")})
     if rc != 0 or not vb or vb.get("failed") or theirs["decode_tok_s"] is None:
         return Check(CHECK_NAME, node="local", status=Status.WARN,
                      observed=f"vllm bench serve exit {rc}, {vb.get('failed', '?')} failed request(s)",

@@ -8,12 +8,15 @@ matching recipe and workload class and with the previous good run of the same pr
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..evidence import previous_good_run
+from ..checks import not_applicable
 from ..errors import BenchError
+from . import membw
 from .conditions import PROFILE_KEYS, SEEDS
 from .prompts import CLASSES
 from .result import BenchConfig, BenchResult
@@ -111,6 +114,62 @@ def cross_check(step, server, result: BenchResult, *, enabled: bool = True, pyth
     return check
 
 
+def roofline_of(step, echo=print):
+    """The model's roofline for this run, from the checkpoint itself: the lab's tiny model from its
+    safetensors headers on this machine; a recipe's checkpoint from its headers read on the head
+    (``roofline.HEADER_DUMP_SCRIPT``, where step 02 put it). Falls back to the recipe's config values
+    and stated dtypes (``roofline.ARCH``; said in the source) when the headers cannot be read; None
+    when the recipe states no architecture either."""
+    from ..errors import RunbookError
+    from ..fit import roofline as R
+    profile = step.profile
+    if profile.lab:
+        from ..lab import control
+        d = control.stand_in_model_dir(profile)
+        return R.roofline_for(profile, model_dir=d if (d / "config.json").is_file() else None)
+    try:
+        from ..weights.layout import weights_layout
+        from ..weights.node_paths import on_node
+        head = step.cluster.head
+        tree = weights_layout(profile).tree(on_node(head, profile.weights_dir_on(head.name)))
+        res = head.read(R.header_dump_cmd(tree), timeout=150)
+        sb, config = R.step_bytes_from_dump(res.stdout)
+        return R.Roofline(sb, config, int(profile.tp), int(profile.bench_prompt_tokens),
+                          str(profile.kv_cache_dtype or ""), int(profile.spec_k))
+    except (RunbookError, OSError, ValueError, KeyError) as exc:
+        echo(f"roofline: the checkpoint's headers on the head were not read ({exc}); the recipe's config values")
+        return R.roofline_for(profile)
+
+
+def roofline_panel(step, result: BenchResult, membw_data: dict[str, Any]) -> dict[str, Any]:
+    """The panel's inputs and rows (``step.data["roofline"]``): bytes per step, the slowest rank's
+    measured bandwidth (else the published GB10 decode figure), the all-reduce latency of 01_network's
+    sweep (else the published NCCL figure on Sparks, none on the lab), one row per class case."""
+    from ..fit import roofline as R
+    from . import roofline_panel as P
+    try:
+        roof = roofline_of(step)
+    except Exception as exc:  # noqa: BLE001 - the panel never fails the bench
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if roof is None:
+        return {"error": f"RECIPE={step.profile.recipe}: no architecture for the config-only roofline"}
+    on_lab = bool(step.profile.lab) or step.profile.is_lab     # lab hardware, also in a rehearsal
+    bw, bw_note = P.slowest_bandwidth(membw_data)
+    if bw is None and not on_lab:
+        bw, bw_note = R.GB10_DECODE_BW.value, f"[published] {R.GB10_DECODE_BW.note} ({bw_note})"
+    net = step.run.path / "steps" / "01_network.json"
+    ar, ar_note = P.allreduce_latency(json.loads(net.read_text()) if net.is_file() else None)
+    if ar is None:
+        ar, ar_note = ((0.0, f"{ar_note}: no all-reduce cost counted") if on_lab
+                       else (R.ALLREDUCE_SLOW.value, f"[published] {R.ALLREDUCE_SLOW.note} ({ar_note})"))
+    out: dict[str, Any] = {**roof.to_dict(), "bandwidth": bw, "bandwidth_note": bw_note, "allreduce_s": ar,
+                           "allreduce_note": ar_note, "comparable": not on_lab}
+    if bw:
+        out["rows"] = P.panel_rows(result, roof, bandwidth=bw, allreduce_s=ar, recipe=step.profile.recipe,
+                                   comparable=not on_lab)
+    return out
+
+
 @dataclass
 class BenchOutcome:
     """What notebook 07 shows after the measurement."""
@@ -120,6 +179,15 @@ class BenchOutcome:
     previous: BenchResult | None  # the previous good run's result (the report's drift compares with it too)
     cross: Any                   # the `vllm bench serve` cross-check row
     out_dir: Path
+    roofline: dict[str, Any] | None = None   # the roofline panel (roofline_panel): inputs and one row per class
+    valid: bool | None = None     # False: a rank's memory bandwidth fell below 80 % of another (bench/membw.py)
+
+    def roofline_table(self):
+        """The roofline panel as a DataFrame (measured/ceiling per class and thinking mode)."""
+        import pandas as pd
+        from .roofline_panel import PANEL_COLUMNS
+        rows = (self.roofline or {}).get("rows") or []
+        return pd.DataFrame([{k: r.get(k) for k in PANEL_COLUMNS} for r in rows], columns=list(PANEL_COLUMNS))
 
 
 def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None,
@@ -138,13 +206,43 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     echo(server.describe())
     echo(config.to_dict())
     out_dir = step.raw_dir / RAW_DIR_NAME
+    # every rank's memory bandwidth before and after: a rank in a slow state makes the bench invalid
+    probe_python = _probe_python(step.profile)
+    probing = not base_url        # another server's nodes are not the profile's: nothing to probe
+    before, rows = membw.probe_ranks(step, "before", probe_python) if probing else ({}, [])
+    step.add(rows)
+    for node, r in before.items():
+        if not r.get("error"):
+            echo(f"{node}: {r['gbs']:.1f} GB/s ({r.get('label', '')})")
     # the wedge / API-gone alarm watches the server 04 started, not a foreign one
     with watchdog.watching(step) if not base_url else contextlib.nullcontext():
         result = run_benchmark(server.base_url, server.model, config=config, out_dir=out_dir,
                                api_key=server.api_key or None)
     step.add(result.checks())
-    step.data["bench"] = {"result": str(out_dir.relative_to(step.run.path) / "result.json"), "route": route}
+    after, rows = membw.probe_ranks(step, "after", probe_python) if probing else ({}, [])
+    step.add(rows)
+    membw_data = {"before": before, "after": after}
+    valid, row = membw.validity(membw_data, gpu=membw.on_gpu(step.profile))
+    if not probing:
+        row = not_applicable(membw.VALID_ROW, "base_url given: the server's nodes are not the profile's, not probed",
+                             node="cluster")
+    membw_data["valid"] = valid
+    step.add(row)
+    step.data["membw"] = membw_data
+    step.data["bench"] = {"result": str(out_dir.relative_to(step.run.path) / "result.json"), "route": route,
+                          "valid": valid}
     cross = cross_check(step, server, result, enabled=vllm_cross_check, python=vllm_python,
                         tokenizer=vllm_tokenizer)
     step.add(cross)
-    return BenchOutcome(server, config, result, previous_result(step.run.path), cross, out_dir)
+    panel = roofline_panel(step, result, membw_data)
+    step.data["roofline"] = panel
+    return BenchOutcome(server, config, result, previous_result(step.run.path), cross, out_dir, panel, valid)
+
+
+def _probe_python(profile) -> str | None:
+    """The python the probe runs with outside a container: next to VLLM_BIN on a GPU profile (it has
+    torch), ``python3`` on the lab (the CPU path needs nothing)."""
+    if not membw.on_gpu(profile):
+        return None
+    from ..network.collectives import sweep_python_from
+    return sweep_python_from(profile)

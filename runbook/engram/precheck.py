@@ -55,7 +55,7 @@ def source_checks(profile, facts: Mapping[str, Any]) -> list[Check]:
         sizes = {s: files.get(s) for s in shards}
         if head_sizes is None:
             head_sizes = sizes
-            if float(profile.engram_gib or 0) > 0:
+            if profile.engram_gib > 0:
                 want = float(profile.engram_gib)
                 out.append(check("engram source size", abs(size / GIB - want) <= 0.05 * want, node=name,
                                  observed=f"{size / GIB:.3f} GiB in {len(shards)} shard(s)",

@@ -30,6 +30,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--results", help="results folder searched by --facts latest (default: results/)")
     sp.add_argument("--index", metavar="PATH",
                     help=f"the checkpoint's local {INDEX_NAME} (or its folder) for the weights size")
+    sp.add_argument("--model-dir", metavar="DIR",
+                    help="a local checkpoint (config.json + safetensors): the decode roofline from its headers "
+                         "(default: the recipe's config values and stated dtypes)")
     sp.add_argument("--json", action="store_true", help="print the plan as JSON")
     sp.set_defaults(func=cmd_plan)
     return sp
@@ -58,6 +61,32 @@ def local_checkpoint(arg: str) -> Figure:
                        fix=f"pass the checkpoint's {INDEX_NAME} or the folder holding it")
 
 
+def decode_roofline(profile, model_dir: str | None) -> tuple[str, dict]:
+    """The decode ceiling per rank before any hardware: bytes per step per rank (checkpoint headers or
+    the recipe's config and dtypes) against the published GB10 bandwidth and all-reduce latency; on the
+    lab, this host's CPU memory bandwidth (measured now, a second). Never changes the exit code."""
+    from . import roofline as R
+    try:
+        r = R.roofline_for(profile, model_dir=model_dir)
+    except RunbookError as exc:
+        return f"decode roofline: not computed ({exc.what}; fix: {exc.fix})", {"error": exc.what}
+    if r is None:
+        return (f"decode roofline: RECIPE={profile.recipe} states no architecture for the config-only path; "
+                f"pass --model-dir with the downloaded checkpoint (config.json + safetensors)"), {}
+    if profile.is_lab or profile.lab:         # lab hardware (a rehearsal too): this host's CPU memory
+        from ..facts.membw_probe import cpu_probe
+        bw = cpu_probe(64 << 20, 5)
+        ceilings = {"lab CPU": r.ceiling(bw["gbs"] * 1e9, 0.0)}
+        note = (f"{bw['label']}: {bw['gbs']:.1f} GB/s measured on this host now; all-reduce latency not "
+                f"included (01_network's gloo sweep measures it; the report's panel uses it)")
+    else:
+        ceilings = R.spark_ceilings(r)
+        note = (f"[published] {R.GB10_PEAK_BW.note}; {R.GB10_DECODE_BW.note}; all-reduce {R.ALLREDUCE_FAST.note}; "
+                f"{R.ALLREDUCE_SLOW.note}")
+    return (R.roofline_text(r, ceilings, bandwidth_note=note),
+            {**r.to_dict(), "ceilings": {k: c.to_dict() for k, c in ceilings.items()}, "bandwidth_note": note})
+
+
 def cmd_plan(args) -> int:
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     checkpoint = local_checkpoint(args.index) if args.index else None
@@ -73,10 +102,12 @@ def cmd_plan(args) -> int:
         origin = ("nominal GB10 (no node measured): MemTotal nominal, MemAvailable published, "
                   "disk an empty 4 TB NVMe -- run preflight and pass --facts for measured figures")
     result = plan(profile, facts, checkpoint=checkpoint, origin=origin)
+    roof_text, roof_dict = decode_roofline(profile, args.model_dir)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        print(json.dumps({**result.to_dict(), "roofline": roof_dict}, indent=2, default=str))
     else:
         print(plan_text(result))
+        print("\n" + roof_text)
     if result.verdict == DOES_NOT_FIT:
         print(f"\n{result.verdict}: turn {', '.join(result.knobs()) or 'the knobs above'}", file=sys.stderr)
         return CheckFailed.exit_code

@@ -55,6 +55,15 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 SET_BY_REHEARSAL = {"LAB": "1", "REHEARSAL": "1"}
 
+# Two classes of substitution (issue "rehearsal substitutes less"): *hardware* is what the lab cannot have (a GPU,
+# the CX-7/RDMA link, the GPU-only serving flags and the sizes that follow from GPU memory and the tiny model that
+# stands in for a model no CPU can serve); *lab* is everything else the lab still changes. A rehearsal is worth as
+# much as its *lab* class is small: each *lab* key is a place where the rehearsal does not run what the Sparks run.
+HARDWARE, LAB_CLASS = "hardware", "lab"
+GROUP_CLASS = {"gpu": HARDWARE, "sizes": HARDWARE, "link": HARDWARE,
+               "nodes": LAB_CLASS, "fabric": LAB_CLASS, "registries": LAB_CLASS, "recipe": LAB_CLASS,
+               "model": LAB_CLASS, "rehearsal": LAB_CLASS}
+
 
 @dataclass(frozen=True)
 class Substitution:
@@ -64,8 +73,21 @@ class Substitution:
     group: str
     why: str
 
+    @property
+    def kind(self) -> str:
+        """``hardware`` or ``lab`` (:data:`GROUP_CLASS`)."""
+        return GROUP_CLASS[self.group]
+
     def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+        return {**asdict(self), "kind": self.kind}
+
+
+def by_kind(subs: list[Substitution]) -> dict[str, list[Substitution]]:
+    """The substitutions split into the two classes, hardware first (both keys always present)."""
+    out: dict[str, list[Substitution]] = {HARDWARE: [], LAB_CLASS: []}
+    for sub in subs:
+        out[sub.kind].append(sub)
+    return out
 
 
 def env_text(value) -> str:

@@ -10,9 +10,18 @@ ends: tar size x 2 + margin on the worker), a resumable copy (``rsync --partial 
 ssh to the worker's fabric address; re-running resumes), ``docker load -i`` on the worker, then the
 layer digests are compared again and the staging files removed. Pulling happens only for a
 digest-pinned IMAGE and never in the lab (its nodes have no route out).
+
+The tar holds the *target node's platform* only: ``docker save --platform <os/arch of the node's
+daemon>`` where both docker CLI and daemon speak API 1.48+ (Docker 28). A multi-arch index saved whole
+references the other platforms' blobs, which the head never pulled, and ``docker load`` dies with
+``open /var/lib/docker/tmp/docker-import-*/blobs/sha256/<id>: no such file`` (recipe A's issue #8;
+its ``start.sh`` saves with ``--platform`` too). Older docker with the containerd image store (where an
+index is kept as such) is refused before the save, with the fix; the classic store keeps one platform's
+image, which ``docker save`` exports whole. A head image of another platform than the node's is refused.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,11 +32,17 @@ from ..facts import system
 from ..facts.system import ImageInfo
 from ..remote import Cluster, Node, expand_home, node_ssh_argv, quote
 
-__all__ = ["SHIP_MARGIN_BYTES", "ImagePlan", "ensure_image", "image_infos", "plan_image"]
+__all__ = ["SHIP_MARGIN_BYTES", "ImagePlan", "ShipFacts", "ensure_image", "image_infos", "plan_image",
+           "save_command", "ship_facts_cmd", "parse_ship_facts"]
 
 GIB = 1024 ** 3
 SHIP_MARGIN_BYTES = 5 * GIB      # seed A: worker needs tar size x 2 + 5 GiB
 LAB_SHIP_MARGIN_BYTES = 64 * 1024 ** 2
+SAVE_PLATFORM_API = (1, 48)      # `docker save --platform`: API 1.48+ (Docker 28.0), CLI and daemon
+BLOBS_MISSING_FIX = ("the tar held a multi-arch index whose other platforms' blobs are not on the head "
+                     "(`docker load`: 'blobs/sha256/<id>: no such file'): upgrade Docker to 28+ on the head "
+                     "(`docker save --platform`), or pull the image on the worker by digest, or "
+                     "`docker pull --platform linux/arm64 IMAGE` on the head and rerun")
 
 
 @dataclass
@@ -63,6 +78,79 @@ def plan_image(profile, infos: dict[str, ImageInfo | None]) -> ImagePlan:
         return ImagePlan("pull", f"{why}; digest-pinned: pull on those nodes (falls back to shipping)",
                          targets=differ)
     return ImagePlan("ship", f"{why}; ship the head's image over the fabric", targets=differ)
+
+
+@dataclass
+class ShipFacts:
+    """What decides the ``docker save`` command: the API versions of the head's docker CLI and daemon,
+    whether the daemon keeps images in the containerd store (indexes stay indexes there), the head
+    image's platform, and the target daemon's platform."""
+    client_api: str
+    server_api: str
+    containerd_store: bool
+    image_platform: str           # os/arch[/variant] of the head's image; "" when unknown
+    target_platform: str          # os/arch of the target node's daemon
+
+
+def ship_facts_cmd(image: str) -> str:
+    """One read on the head (prints three lines: API versions, storage driver status, image platform)."""
+    return ("docker version --format '{{.Client.APIVersion}} {{.Server.APIVersion}}' 2>&1; "
+            "docker info --format '{{json .DriverStatus}}' 2>&1; "
+            "docker image inspect --format '{{.Os}}/{{.Architecture}}{{if .Variant}}/{{.Variant}}{{end}}' "
+            f"{quote(image)} 2>&1")
+
+
+TARGET_PLATFORM_CMD = "docker version --format '{{.Server.Os}}/{{.Server.Arch}}' 2>&1"
+
+
+def parse_ship_facts(head_text: str, target_text: str) -> ShipFacts:
+    """Parse :func:`ship_facts_cmd`'s three lines and :data:`TARGET_PLATFORM_CMD`'s line::
+
+        1.48 1.48
+        [["driver-type","io.containerd.snapshotter.v1"]]
+        linux/arm64
+    """
+    lines = [l.strip() for l in head_text.strip().splitlines()] + ["", "", ""]
+    apis = lines[0].split() + ["", ""]
+    plat = lines[2] if re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?", lines[2]) else ""
+    target = target_text.strip().splitlines()[-1].strip() if target_text.strip() else ""
+    return ShipFacts(apis[0], apis[1], "io.containerd.snapshotter" in lines[1], plat,
+                     target if re.fullmatch(r"[a-z0-9]+/[a-z0-9_]+", target) else "")
+
+
+def _api(version: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _arch(platform: str) -> str:
+    return "/".join(platform.split("/")[:2])
+
+
+def save_command(image: str, tar: str, facts: ShipFacts, *, node: str = "worker") -> str:
+    """The ``docker save`` that writes exactly the target node's platform of ``image`` to ``tar``, or
+    ActionError (before anything is written) when no such command exists here."""
+    if not facts.target_platform:
+        raise ActionError(f"cannot read the docker platform of {node}", node=node,
+                          expected="`docker version --format '{{.Server.Os}}/{{.Server.Arch}}'` answers",
+                          fix=f"check that docker runs on {node} and the SSH user may use it (docker group)")
+    if facts.image_platform and _arch(facts.image_platform) != facts.target_platform:
+        raise ActionError(f"the head's {image} is {facts.image_platform}, {node} runs {facts.target_platform}",
+                          node="head", observed=f"image {facts.image_platform}, {node} {facts.target_platform}",
+                          expected="the image of the node's platform",
+                          fix=f"docker pull --platform {facts.target_platform} {image} on the head, then rerun")
+    api = min(_api(facts.client_api), _api(facts.server_api))
+    if api >= SAVE_PLATFORM_API:
+        return f"docker save --platform {quote(facts.target_platform)} -o {quote(tar)} {quote(image)}"
+    if facts.containerd_store:
+        raise ActionError("this docker cannot save one platform of a multi-arch image", node="head",
+                          observed=f"docker API client {facts.client_api or '?'} / daemon {facts.server_api or '?'} "
+                                   "with the containerd image store",
+                          expected="API >= 1.48 (Docker 28) for `docker save --platform`",
+                          fix="upgrade Docker on the head to 28 or later; or make the worker pull the image by "
+                              "digest (IMAGE=<repo>@sha256:…); a plain `docker save` of an index fails on "
+                              "`docker load` with 'blobs/sha256/<id>: no such file'")
+    return f"docker save -o {quote(tar)} {quote(image)}"        # the classic store: one platform, saved whole
 
 
 def image_infos(cluster: Cluster, image: str) -> dict[str, ImageInfo | None]:
@@ -104,7 +192,10 @@ def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[st
                           fix="free disk space under CACHE_DIR")
     t0 = time.monotonic()
     tar = f"{stage}/{tar_name}"
-    head.run(f"docker save -o {quote(tar)} {quote(profile.image)}", timeout=3600)
+    facts = parse_ship_facts(head.read(ship_facts_cmd(profile.image), timeout=30).stdout,
+                             target.read(TARGET_PLATFORM_CMD, timeout=30).stdout)
+    save = save_command(profile.image, tar, facts, node=target.name)
+    head.run(save, timeout=3600)
     ssh = " ".join(quote(a) for a in node_ssh_argv(profile, target, target.spec.fabric_ip)[:-1])
     dest = node_ssh_argv(profile, target, target.spec.fabric_ip)[-1]
     head.run(f"rsync -a --partial --inplace -e {quote(ssh)} {quote(tar)} {quote(dest + ':' + tstage + '/')}",
@@ -112,7 +203,8 @@ def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[st
     target.run(f"docker load -i {quote(tstage + '/' + tar_name)}", timeout=3600)
     target.run(f"rm -f {quote(tstage + '/' + tar_name)}", timeout=60)
     head.run(f"rm -f {quote(tar)}", timeout=60)
-    return {"bytes": size, "seconds": round(time.monotonic() - t0, 2), "via": f"rsync to {target.spec.fabric_ip}"}
+    return {"bytes": size, "seconds": round(time.monotonic() - t0, 2), "via": f"rsync to {target.spec.fabric_ip}",
+            "platform": facts.target_platform, "save": save}
 
 
 def ensure_image(cluster: Cluster, profile) -> "ImageChecks":
@@ -145,20 +237,29 @@ def ensure_image(cluster: Cluster, profile) -> "ImageChecks":
         node = cluster[name]
         if plan.action == "pull" or (plan.action == "pull-head" and name == "head"):
             r = node.run(f"docker pull {quote(profile.image)}", timeout=7200, warn=True)
-            if r.ok or name == "head" or infos.get("head") is None:
-                shipped[name] = {"pulled": r.ok}
-                if name == "head" and not r.ok:
-                    checks.add(check("image pulled", False, node="head", observed=r.stderr.strip()[-500:],
-                                     expected=f"docker pull {profile.image} succeeds",
-                                     fix="see the docker error (`unexpected EOF`: rerun, `manifest unknown`: fix "
-                                         "IMAGE, `no such host`: DNS); or docker load a saved image on the head"))
-                    return _finish(checks, {**data, "shipped": shipped})
+            shipped[name] = {"pulled": r.ok}
+            if r.ok:
                 continue
+            if name == "head":
+                checks.add(check("image pulled", False, node="head", observed=r.stderr.strip()[-500:],
+                                 expected=f"docker pull {profile.image} succeeds",
+                                 fix="see the docker error (`unexpected EOF`: rerun, `manifest unknown`: fix "
+                                     "IMAGE, `no such host`: DNS); or docker load a saved image on the head"))
+                return _finish(checks, {**data, "shipped": shipped})
+            # a worker's pull failed: the head has the image now (present, or pulled first: targets are in
+            # rank order), so ship it from there, as recipe A does when the worker cannot reach the registry
+            checks.add(Check("image pulled", node=name, status=Status.WARN, observed=r.stderr.strip()[-300:],
+                             expected=f"docker pull {profile.image} succeeds on {name}",
+                             fix="nothing to do: the head's image is shipped instead"))
         try:
             shipped[name] = _ship(cluster, profile, node, checks)
         except Exception as exc:  # noqa: BLE001 - reported as a failed check
-            checks.add(check("image shipped", False, node=name, observed=str(exc)[:800],
-                             expected="docker load done", fix="rerun: the copy resumes (rsync --partial)"))
+            text = str(exc)
+            fix = (exc.fix if isinstance(exc, ActionError) and exc.fix else "rerun: the copy resumes (rsync --partial)")
+            if "blobs/sha256" in text and "no such file" in text:
+                fix = BLOBS_MISSING_FIX
+            checks.add(check("image shipped", False, node=name, observed=text[:800],
+                             expected="docker load done", fix=fix))
             return _finish(checks, {**data, "shipped": shipped})
     after = image_infos(cluster, profile.image)
     head = after.get("head")

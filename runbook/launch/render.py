@@ -514,7 +514,7 @@ def rank_gid_index(profile, pinned, resolved: int | None) -> int | None:
     ranks run)."""
     if isinstance(pinned, int):
         return pinned
-    return None if getattr(profile, "recipe", "") == "dspark-v4" else resolved
+    return None if profile.recipe == "dspark-v4" else resolved
 
 
 def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str, str],
@@ -656,8 +656,12 @@ def tp_pad(profile) -> dict[str, Any] | None:
     ``patches/tp3/apply_tp3_patch.py`` when TP_SIZE=3 and the boot log must show
     ``DSv4 TP pad: heads 64 -> 72 for TP=3`` (without it stock vLLM refuses ``64 % 3`` or silently keeps
     ``8 // 3`` groups per rank). Other recipes: None (their models are not padded)."""
-    tp = int(profile.tp)
-    if profile.recipe != "dspark-v4" or DSV4_GROUPS % tp == 0:
+    return head_pad(profile.recipe, profile.tp)
+
+
+def head_pad(recipe: str, tp: int) -> dict[str, Any] | None:
+    """:func:`tp_pad` for a recipe name and a TP size (the arithmetic, for any TP)."""
+    if recipe != "dspark-v4" or DSV4_GROUPS % tp == 0:
         return None
     groups = -(-DSV4_GROUPS // tp) * tp
     per_group = DSV4_HEADS // DSV4_GROUPS

@@ -19,11 +19,11 @@ from .verify import verify_network
 
 def run(step, *, traffic: bool = True, iperf_seconds: int = 3, install_tools: bool | None = None):
     """Verify the fabric, archive every raw tool output, record the bandwidth rows; returns the plot.
-    ``install_tools`` (default: the profile's INSTALL_NET_TOOLS, else False) lets the step install missing
-    perftest / OpenMPI / nccl-tests on the nodes instead of failing with the commands."""
+    ``install_tools`` (default: the profile's INSTALL_NET_TOOLS) lets the step install the network tools a
+    node lacks (``tools.py``'s table) instead of failing with the commands."""
     if install_tools is None:
-        install_tools = bool(getattr(step.profile, "install_net_tools", False))
-    if getattr(step.profile, "rehearsal", False):
+        install_tools = step.profile.install_net_tools
+    if step.profile.rehearsal:
         step.add(sim.install(step.cluster, step.profile))
     checks, raw = verify_network(step.profile, step.cluster, traffic=traffic, iperf_seconds=iperf_seconds,
                                  install_tools=install_tools)

@@ -19,7 +19,7 @@ from ..checks import check, not_applicable
 from ..facts import nccl as fn
 from ..launch.render import rank_gid_index
 from . import tools
-from .context import Context, Rail, ReadFailure, iface_of, read, setting, split_list, text_of
+from .context import Context, Rail, ReadFailure, iface_of, read, split_list, text_of
 from .rdma import GidPlan
 
 SWEEP_PORT = 29531
@@ -104,7 +104,7 @@ def nccl_checks(ctx: Context, gid: GidPlan) -> None:
     ev = [ctx.save("nccl_all_reduce_perf.txt", text)]
     res = fn.parse_nccl_tests(text)
     per_rank = {name: fn.parse_nccl_log(log) for name, log in rank_logs(text, ctx.nodes).items()}
-    min_bus = float(setting(ctx.profile, "min_nccl_busbw_gbs", 21.875) or 21.875)
+    min_bus = ctx.profile.min_nccl_busbw_gbs
     if res.avg_busbw_gbs is None:
         ctx.add_hw(check("net.nccl.busbw", False, node="cluster", observed=f"nccl-tests: {res.error}", expected=f">= {min_bus} GB/s",
                          fix="see net.tools for nccl-tests on every node; the log's NCCL WARN / Test NCCL failure lines name the rank",
@@ -142,11 +142,11 @@ def _is_root(node) -> bool:
 
 def sweep_python_from(profile) -> str | None:
     """The python next to VLLM_BIN (``…/bin/vllm`` -> ``…/bin/python``), or VLLM_BIN if it is python."""
-    vb = str(setting(profile, "vllm_bin", "") or "").strip()
+    vb = profile.vllm_bin.strip()
     if not vb:
         return None
     first = shlex.split(vb)[0]
-    if "/" in first and not first.startswith(("/", "~")) and hasattr(profile, "resolve_path"):
+    if "/" in first and not first.startswith(("/", "~")):
         first = str(profile.resolve_path(first))   # repo-relative (the lab's nodes share the repo)
     if re.search(r"python[\d.]*$", first):
         return first
@@ -167,7 +167,7 @@ def sweep_checks(ctx: Context, rails: list[Rail], python: str | None, max_bytes:
     """A gloo all-reduce sweep (1 KiB .. max_bytes) over rail 0, one rank per node, its results verified."""
     python = python or sweep_python_from(ctx.profile)
     if not python:
-        ctx.add(not_applicable("net.allreduce", "not applicable on this profile (no python with torch: VLLM_BIN unset; pass sweep_python)",
+        ctx.add(not_applicable("net.allreduce", "not applicable on this profile (no python with torch: VLLM_BIN names no python path; pass sweep_python)",
                                node="cluster"))
         return
     rail = rails[0]
@@ -176,7 +176,7 @@ def sweep_checks(ctx: Context, rails: list[Rail], python: str | None, max_bytes:
         master = rail.ends[ctx.nodes[0].name].ip
         ifaces = {n.name: rail.ends[n.name].iface for n in ctx.nodes}
     else:       # no rail joins every node (per-subnet rails): the all-reduce runs where vLLM's Gloo does
-        master = str(getattr(ctx.profile, "master_addr", "") or ctx.nodes[0].spec.fabric_ip)
+        master = ctx.profile.master_addr
         ifaces = {n.name: getattr(n.spec, "socket_if", "") or split_list(n.spec.fabric_if)[0] for n in ctx.nodes}
 
     def run(node):

@@ -41,11 +41,6 @@ def read(node, cmd: str, timeout: float):
         return ReadFailure(255, "", f"{type(exc).__name__}: {exc}")
 
 
-def setting(profile, name: str, default: Any = None) -> Any:
-    value = getattr(profile, name, default)
-    return default if value is None else value
-
-
 def split_list(value: Any) -> list[str]:
     if value is None:
         return []
@@ -107,10 +102,10 @@ class Context:
         self.raw_dir = Path(raw_dir) if raw_dir else None
         self.checks = CheckList()
         self.facts: dict[str, NodeFacts] = {}
-        self.expect_rdma = bool(setting(profile, "expect_rdma", False))
-        self.expect_gpu = bool(setting(profile, "expect_gpu", False))
-        self.timeout = float(setting(profile, "command_timeout", 30) or 30)
-        self.rehearsal = bool(setting(profile, "rehearsal", False))
+        self.expect_rdma = profile.expect_rdma
+        self.expect_gpu = profile.expect_gpu
+        self.timeout = float(profile.command_timeout)
+        self.rehearsal = profile.rehearsal
         self.sysfs = sim.SYSFS_ROOT if self.rehearsal else fr.SYSFS
         self.nccl_dirs: dict[str, str] = {}        # node -> nccl-tests build dir (from the tools probe)
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from ..checks import check
 from ..facts import net as fnet
-from .context import Context, Rail, concurrently, pairs_on, read, setting, text_of
+from .context import Context, Rail, concurrently, pairs_on, read, text_of
 
 IPERF_BASE_PORT = 5301
 
 
 def ping_checks(ctx: Context, rails: list[Rail]) -> None:
     """A full-MTU don't-fragment ping over every rail, both directions."""
-    mtu = int(setting(ctx.profile, "fabric_mtu", 9000) or 9000)
-    max_rtt = float(setting(ctx.profile, "max_rtt_ms", 1.0) or 1.0)
+    mtu = ctx.profile.fabric_mtu
+    max_rtt = ctx.profile.max_rtt_ms
     size = mtu - 28
     for rail in rails:
         for a, b in pairs_on(ctx, rail):
@@ -44,7 +44,7 @@ def ping_checks(ctx: Context, rails: list[Rail]) -> None:
 
 def iperf_checks(ctx: Context, rails: list[Rail], seconds: int) -> None:
     """iperf3 over every rail, both directions, the client bound to the rail's address."""
-    min_gbps = float(setting(ctx.profile, "min_tcp_gbps", 0) or 0)
+    min_gbps = ctx.profile.min_tcp_gbps
     port = IPERF_BASE_PORT
     for rail in rails:
         for a, b in pairs_on(ctx, rail):   # a sends (client), b receives (server)

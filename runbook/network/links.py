@@ -12,13 +12,13 @@ import itertools
 
 from ..checks import check, not_applicable
 from ..facts import net as fnet
-from .context import EVIDENCE_PREFIX, Context, Rail, iface_of, setting, split_list
+from .context import EVIDENCE_PREFIX, Context, Rail, iface_of, split_list
 
 
 def static_checks(ctx: Context, rails: list[Rail]) -> None:
     """Every rail interface of every node, then every rail across its ends and the addresses cluster-wide."""
-    expect_gbps = int(setting(ctx.profile, "expect_link_gbps", 0) or 0)
-    mtu_want = int(setting(ctx.profile, "fabric_mtu", 9000) or 9000)
+    expect_gbps = ctx.profile.expect_link_gbps
+    mtu_want = ctx.profile.fabric_mtu
     for node in ctx.nodes:
         f = ctx.facts[node.name]
         ev = [f"{EVIDENCE_PREFIX}/{node.name}/ip_addr.json"]

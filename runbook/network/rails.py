@@ -107,7 +107,7 @@ def build_rails(ctx: Context) -> list[Rail] | None:
             ends.append(RailEnd(node=node.name, iface=iface, ip=ip, hca=netdev_hca.get(iface, "")))
         per_node[node.name] = ends
     counts = {n: len(e) for n, e in per_node.items()}
-    if len(set(counts.values())) > 1 and len(per_node) > 2:
+    if len(per_node) > 2 and (len(set(counts.values())) > 1 or not _positional_rails_share_subnets(ctx, per_node)):
         return _subnet_rails(ctx, per_node)
     if len(set(counts.values())) > 1:
         ctx.add(check("net.rails", False, node="cluster",
@@ -121,11 +121,24 @@ def build_rails(ctx: Context) -> list[Rail] | None:
     return rails
 
 
+def _positional_rails_share_subnets(ctx: Context, per_node: dict[str, list[RailEnd]]) -> bool:
+    """Every node's k-th interface is in one IPv4 subnet with every other node's k-th (a switch, the lab's
+    bridge); False for point-to-point cables where each link is its own /24 (the TP=3 triangle)."""
+    width = min(len(e) for e in per_node.values())
+    for k in range(width):
+        nets = [set(iface_of(ctx.facts[n], per_node[n][k].iface).ipv4_networks) for n in per_node]
+        if not set.intersection(*nets):
+            return False
+    return True
+
+
 def _subnet_rails(ctx: Context, per_node: dict[str, list[RailEnd]]) -> list[Rail] | None:
-    """Three or more nodes whose rail counts differ (seed B TP3: the head has one CX port per worker, each
-    link its own /24): a rail is one IPv4 subnet and joins the nodes with an interface in it. Traffic then
-    runs per pair on the rails both ends share; a pair without one (worker<->worker2 in a head-centred
-    star) is reported N/A (its traffic crosses BOOTSTRAP_IF / the head)."""
+    """Three or more nodes cabled point to point (seed B TP3: two CX ports per Spark, each link its own /24,
+    or a head-centred star): a rail is one IPv4 subnet and joins the nodes with an interface in it. Traffic
+    then runs per pair on the rails both ends share. A pair without one (worker<->worker2 when a worker has
+    only its head-facing port) FAILs ``net.path.<a>-<b>`` with EXPECT_RDMA=1: NCCL's ranks talk to every
+    other rank over RoCE and time out in QP RTR (recipe B gives every node both CX ports on its TP=3 path);
+    without RDMA their socket traffic crosses BOOTSTRAP_IF and the row is N/A."""
     by_net: dict[str, dict[str, RailEnd]] = {}
     for name, ends in per_node.items():
         for end in ends:
@@ -148,10 +161,19 @@ def _subnet_rails(ctx: Context, per_node: dict[str, list[RailEnd]]) -> list[Rail
     if lonely or not rails:
         return None
     for a, b in pairs(ctx):
-        if not any(a.name in r.ends and b.name in r.ends for r in rails):
+        if any(a.name in r.ends and b.name in r.ends for r in rails):
+            continue
+        if not ctx.expect_rdma:
             ctx.add(not_applicable(f"net.path.{a.name}-{b.name}",
-                                   "no direct fabric rail between these nodes (head-centred links, seed B TP3); "
-                                   "their socket traffic uses BOOTSTRAP_IF", node="cluster"))
+                                   "no direct fabric rail between these nodes and no RDMA expected: their "
+                                   "socket traffic uses BOOTSTRAP_IF", node="cluster"))
+            continue
+        ctx.add(check(f"net.path.{a.name}-{b.name}", False, node="cluster",
+                      observed=f"no fabric subnet shared by {a.name} and {b.name}; rails: {desc}",
+                      expected=f"a RoCE link {a.name}<->{b.name}: NCCL connects every rank pair over RDMA",
+                      fix=(f"cable {a.name}'s and {b.name}'s free CX-7 ports to each other on their own /24 and list "
+                           f"both CX ports in {a.name.upper()}_CX7_IB and {b.name.upper()}_CX7_IB (recipe B TP=3: "
+                           "NCCL_IB_HCA=rocep1s0f0,rocep1s0f1 on every node; one facing port times out in QP RTR)")))
     return rails
 
 

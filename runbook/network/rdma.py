@@ -12,7 +12,7 @@ from typing import Any
 from ..checks import Check, Status, check, not_applicable
 from ..facts import rdma as fr
 from ..lab import sim
-from .context import (EVIDENCE_PREFIX, Context, Rail, both_ways, concurrently, pairs, read, setting, split_list,
+from .context import (EVIDENCE_PREFIX, Context, Rail, both_ways, concurrently, pairs, read, split_list,
                       text_of)
 
 PERFTEST_BASE_PORT = 18515
@@ -88,10 +88,10 @@ def rdma_checks(ctx: Context, rails: list[Rail], gid: GidPlan) -> None:
         ctx.add(not_applicable("net.rdma.bw", "not applicable on this profile (EXPECT_RDMA=0)", node="cluster"))
         ctx.add(not_applicable("net.rdma.lat", "not applicable on this profile (EXPECT_RDMA=0)", node="cluster"))
         return
-    per_rail = float(setting(ctx.profile, "min_rdma_gbps_rail", 90) or 90)
-    total_min = float(setting(ctx.profile, "min_rdma_gbps_total", 180) or 180)
-    degraded = float(setting(ctx.profile, "degraded_gbps", 25) or 25)
-    expect_link = int(setting(ctx.profile, "expect_link_gbps", 0) or 0)
+    per_rail = ctx.profile.min_rdma_gbps_rail
+    total_min = ctx.profile.min_rdma_gbps_total
+    degraded = ctx.profile.degraded_gbps
+    expect_link = ctx.profile.expect_link_gbps
     for a, b in both_ways(ctx):   # a = client (writer), b = server
         calls, meta = [], []
         for rail in rails:

@@ -1,11 +1,13 @@
-"""The traffic tools 01_network runs on the nodes: perftest (``ib_write_bw``/``ib_write_lat``), OpenMPI's
-``mpirun`` and nccl-tests' ``all_reduce_perf``.
+"""The tools 01_network runs on the nodes: ``iperf3`` and ``ethtool`` (every Spark run), perftest
+(``ib_write_bw``/``ib_write_lat``, EXPECT_RDMA=1), OpenMPI's ``mpirun`` and nccl-tests' ``all_reduce_perf``
+(EXPECT_RDMA=1 and EXPECT_GPU=1).
 
-Each node is probed once (read-only). A missing tool is never skipped silently: with ``install=True`` the
-step installs it -- perftest and OpenMPI from the distribution (``sudo -n apt-get``), nccl-tests built from
-source at the pinned tag :data:`NCCL_TESTS_TAG` under ``CACHE_DIR/nccl-tests`` (``make MPI=1`` against the
-node's CUDA, OpenMPI and NCCL) -- and checks again; otherwise the row FAILs with the exact commands for that
-node. nccl-tests is looked for in ``CACHE_DIR/nccl-tests/build`` and then ``~/nccl-tests/build`` (where
+Each node is probed once (read-only). A missing tool is never skipped silently: with ``install=True``
+(the profile's INSTALL_NET_TOOLS) the step installs it -- the distribution packages of :data:`APT_PACKAGES`
+in one ``sudo -n apt-get install -y …`` (timeout 30 min), nccl-tests built from source at the pinned tag
+:data:`NCCL_TESTS_TAG` under ``CACHE_DIR/nccl-tests`` (``make MPI=1`` against the node's CUDA, OpenMPI and
+the NCCL headers found, ``NCCL_HOME``) -- and checks again; otherwise the row FAILs with the exact commands
+for that node and names the key. nccl-tests is looked for in ``CACHE_DIR/nccl-tests/build`` and then ``~/nccl-tests/build`` (where
 NVIDIA's NCCL playbook builds it); in a rehearsal the simulators' directory is the only place.
 
 Check rows: ``net.tools`` (one per node, before any traffic).
@@ -27,8 +29,13 @@ NCCL_TESTS_TAG = "v2.18.3"
 MPI_HOME = "/usr/lib/aarch64-linux-gnu/openmpi"      # Ubuntu/DGX OS openmpi on arm64 (NVIDIA's NCCL playbook)
 CUDA_HOME = "/usr/local/cuda"
 PERFTEST = ("ib_write_bw", "ib_write_lat")
-APT_PERFTEST = "sudo -n apt-get install -y perftest"
-APT_OPENMPI = "sudo -n apt-get install -y openmpi-bin libopenmpi-dev"
+BASE_TOOLS = ("iperf3", "ethtool")                   # TCP bandwidth and link speed: every run
+# what step 01 runs -> the Ubuntu / DGX OS package that installs it (libnccl-dev: NVIDIA's CUDA repository,
+# configured on DGX OS; it puts nccl.h under /usr/include, NCCL_HOME=/usr)
+APT_PACKAGES = {"ib_write_bw": "perftest", "ib_write_lat": "perftest", "mpirun": "openmpi-bin libopenmpi-dev",
+                "iperf3": "iperf3", "ethtool": "ethtool", "nccl.h": "libnccl-dev"}
+APT_INSTALL = "sudo -n apt-get install -y"
+NCCL_HOMES = ("nccl/build", "/usr")       # NVIDIA's Spark NCCL playbook builds ~/nccl/build; libnccl-dev: /usr
 SIM_TOOLS = f"the rehearsal's simulators ({sim.SIM_DIR}, runbook.lab.sim) stand in for perftest and nccl-tests"
 
 
@@ -39,21 +46,32 @@ class NodeTools:
     nccl_dir: str = ""                                        # the build dir holding all_reduce_perf
     candidates: list[str] = field(default_factory=list)       # where all_reduce_perf was looked for
     src_dir: str = ""                                         # where the step builds nccl-tests
+    nccl_homes: list[str] = field(default_factory=list)       # where nccl.h was looked for (NCCL_HOME)
+    nccl_home: str = ""                                       # the first of them holding include/nccl.h
 
     def missing(self, need_perftest: bool, need_nccl: bool) -> list[str]:
-        want = (list(PERFTEST) if need_perftest else []) + (["mpirun"] if need_nccl else [])
+        want = [*BASE_TOOLS, *(PERFTEST if need_perftest else ()), *(("mpirun",) if need_nccl else ())]
         out = [t for t in want if t not in self.found]
         if need_nccl and not self.nccl_dir:
             out.append("all_reduce_perf")
+            if not self.nccl_home:
+                out.append("nccl.h")            # nccl-tests builds against the NCCL headers
         return out
 
 
-def probe_cmd(dirs: list[str]) -> str:
-    """One read-only probe: ``tool <name> <path>`` / ``missing <name>`` lines, ``nccl <dir>`` when found."""
-    tools = " ".join((*PERFTEST, "mpirun"))
+def probe_cmd(dirs: list[str], *, tools: tuple[str, ...] = (*PERFTEST, "mpirun", *BASE_TOOLS),
+              nccl_homes: list[str] = ()) -> str:
+    """One read-only probe: ``tool <name> <path>`` / ``missing <name>`` lines (sbin included: ethtool lives
+    there), ``nccl <dir>`` when all_reduce_perf is found, ``ncclhome <dir>`` for the first dir with nccl.h."""
     looks = " ".join(shlex.quote(d) for d in dirs)
-    return (f"for t in {tools}; do p=$(command -v $t 2>/dev/null) && echo \"tool $t $p\" || echo \"missing $t\"; "
-            f"done; for d in {looks}; do [ -x \"$d/all_reduce_perf\" ] && echo \"nccl $d\"; done; true")
+    homes = " ".join(shlex.quote(d) for d in nccl_homes)
+    cmd = (f"for t in {' '.join(tools)}; do p=$(PATH=\"$PATH:/usr/sbin:/sbin\" command -v $t 2>/dev/null) && "
+           f"echo \"tool $t $p\" || echo \"missing $t\"; done; ")
+    if looks:
+        cmd += f"for d in {looks}; do [ -x \"$d/all_reduce_perf\" ] && echo \"nccl $d\"; done; "
+    if homes:
+        cmd += f"for d in {homes}; do [ -f \"$d/include/nccl.h\" ] && echo \"ncclhome $d\" && break; done; "
+    return cmd + "true"
 
 
 def parse_probe(text: str, out: NodeTools) -> NodeTools:
@@ -63,44 +81,55 @@ def parse_probe(text: str, out: NodeTools) -> NodeTools:
             out.found[parts[1]] = parts[2]
         elif len(parts) >= 2 and parts[0] == "nccl" and not out.nccl_dir:
             out.nccl_dir = line.split(maxsplit=1)[1]
+        elif len(parts) >= 2 and parts[0] == "ncclhome" and not out.nccl_home:
+            out.nccl_home = line.split(maxsplit=1)[1]
     return out
 
 
-def nccl_build_cmd(src_dir: str) -> str:
-    """Clone (once) nccl-tests at the pinned tag into ``src_dir`` and build it with MPI."""
+def nccl_build_cmd(src_dir: str, nccl_home: str = "/usr") -> str:
+    """Clone (once) nccl-tests at the pinned tag into ``src_dir`` and build it with MPI against the NCCL
+    headers and library under ``nccl_home`` (``NCCL_HOME``: include/nccl.h, lib/)."""
     q = shlex.quote(src_dir)
     return (f"set -e; mkdir -p {shlex.quote(posixpath.dirname(src_dir))}; "
             f"[ -d {q}/.git ] || git clone --quiet {NCCL_TESTS_REPO} {q}; "
             f"git -C {q} fetch --quiet --tags origin; git -C {q} checkout --quiet --detach {NCCL_TESTS_TAG}; "
-            f"make -C {q} -j4 MPI=1 MPI_HOME={MPI_HOME} CUDA_HOME={CUDA_HOME}; git -C {q} rev-parse HEAD")
+            f"make -C {q} -j4 MPI=1 MPI_HOME={MPI_HOME} CUDA_HOME={CUDA_HOME} NCCL_HOME={shlex.quote(nccl_home)}; "
+            f"git -C {q} rev-parse HEAD")
 
 
 def install_commands(t: NodeTools, need_perftest: bool, need_nccl: bool) -> list[str]:
+    """The exact commands that install what ``t`` lacks: one apt-get for the packages of
+    :data:`APT_PACKAGES` (in table order, each once), then the nccl-tests build."""
     missing = t.missing(need_perftest, need_nccl)
-    cmds = []
-    if any(m in PERFTEST for m in missing):
-        cmds.append(APT_PERFTEST)
-    if "mpirun" in missing:
-        cmds.append(APT_OPENMPI)
+    pkgs: list[str] = []
+    for tool, pkg in APT_PACKAGES.items():
+        if tool in missing:
+            pkgs += [p for p in pkg.split() if p not in pkgs]
+    cmds = [f"{APT_INSTALL} {' '.join(pkgs)}"] if pkgs else []
     if "all_reduce_perf" in missing:
-        cmds.append(nccl_build_cmd(t.src_dir))
+        cmds.append(nccl_build_cmd(t.src_dir, t.nccl_home or "/usr"))
     return cmds
 
 
-def locate(node, profile, *, rehearsal_dir: str = "", tests_dir: str = "") -> NodeTools:
-    """Where the tools are on ``node`` (reads its home once for ``~`` in CACHE_DIR)."""
+def wanted_tools(need_perftest: bool, need_nccl: bool) -> tuple[str, ...]:
+    return (*(PERFTEST if need_perftest else ()), *(("mpirun",) if need_nccl else ()), *BASE_TOOLS)
+
+
+def locate(node, profile, *, rehearsal_dir: str = "", tests_dir: str = "", need_perftest: bool = True,
+           need_nccl: bool = True) -> NodeTools:
+    """Where the tools are on ``node`` (reads its home once for ``~`` in CACHE_DIR, when nccl-tests is needed)."""
     t = NodeTools(node=node.name)
     if rehearsal_dir:
         t.candidates = [rehearsal_dir]
-    else:
+    elif need_nccl:
         home = node_user(node).home
-        cache = str(getattr(profile, "cache_dir", "") or "")
-        base = expand_home(cache, home, key="CACHE_DIR") if cache else home
-        t.src_dir = posixpath.join(base, "nccl-tests")
+        t.src_dir = posixpath.join(expand_home(profile.cache_dir, home, key="CACHE_DIR"), "nccl-tests")
         t.candidates = ([expand_home(tests_dir, home, key="nccl_tests_dir")] if tests_dir else
                         list(dict.fromkeys([posixpath.join(t.src_dir, "build"),
                                             posixpath.join(home, "nccl-tests", "build")])))
-    res = node.read(probe_cmd(t.candidates), timeout=20)
+        t.nccl_homes = [posixpath.join(home, d) for d in NCCL_HOMES]
+    res = node.read(probe_cmd(t.candidates, tools=wanted_tools(need_perftest, need_nccl), nccl_homes=t.nccl_homes),
+                    timeout=20)
     return parse_probe(getattr(res, "stdout", ""), t)
 
 
@@ -108,7 +137,8 @@ def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, ins
                 rehearsal: bool = False) -> Check:
     """The ``net.tools`` row of one node; installs what is missing when ``install`` (never in a rehearsal)."""
     missing = t.missing(need_perftest, need_nccl)
-    want = ", ".join(([*PERFTEST] if need_perftest else []) + (["mpirun", "all_reduce_perf"] if need_nccl else []))
+    want = ", ".join([*BASE_TOOLS, *(PERFTEST if need_perftest else ()),
+                      *(("mpirun", "all_reduce_perf") if need_nccl else ())])
     expected = f"{want} on {node.name}"
     if not missing:
         return check("net.tools", True, node=node.name, expected=expected,
@@ -119,7 +149,8 @@ def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, ins
     if rehearsal or not install:
         how = ("reinstall the rehearsal simulators (they are installed by 00_preflight / 01_network)" if rehearsal
                else f"on {node.name} run: " + " && ".join(cmds) +
-               " -- or let 01_network install them (INSTALL_NET_TOOLS=1 / runbook.network.run(step, install_tools=True))")
+               " -- or set INSTALL_NET_TOOLS=1 in the profile and 01_network installs them (sudo -n apt-get; "
+               "runbook.network.run(step, install_tools=True) for one run)")
         return check("net.tools", False, node=node.name, observed=f"missing on {node.name}: {what}",
                      expected=expected, fix=how, data={"install_commands": cmds})
     done = []
@@ -136,8 +167,8 @@ def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, ins
             commit = ((res.stdout or "").strip().splitlines() or ["?"])[-1][:12]
             done.append(f"nccl-tests {NCCL_TESTS_TAG} (commit {commit}) built in {t.src_dir}")
         else:
-            done.append(cmd.split(" -y ", 1)[-1] + " from the distribution")
-    again = locate_again(node, t)
+            done.append(cmd.split(" -y ", 1)[-1] + " (apt-get)")
+    again = locate_again(node, t, wanted_tools(need_perftest, need_nccl))
     left = again.missing(need_perftest, need_nccl)
     return check("net.tools", not left, node=node.name, expected=expected,
                  observed=(f"installed {', '.join(missing)}: {'; '.join(done)}" if not left
@@ -145,21 +176,23 @@ def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, ins
                  fix="read the install output in commands.jsonl", data={"install_commands": cmds})
 
 
-def locate_again(node, t: NodeTools) -> NodeTools:
-    res = node.read(probe_cmd(t.candidates), timeout=20)
-    return parse_probe(getattr(res, "stdout", ""), NodeTools(node=t.node, candidates=t.candidates, src_dir=t.src_dir))
+def locate_again(node, t: NodeTools, tools: tuple[str, ...]) -> NodeTools:
+    res = node.read(probe_cmd(t.candidates, tools=tools, nccl_homes=t.nccl_homes), timeout=20)
+    return parse_probe(getattr(res, "stdout", ""), NodeTools(node=t.node, candidates=t.candidates, src_dir=t.src_dir,
+                                                             nccl_homes=t.nccl_homes))
 
 
 def tools_checks(ctx: Context, tests_dir: str, install: bool) -> None:
-    """perftest / mpirun / nccl-tests present on every node (installed when allowed), before any traffic."""
+    """iperf3, ethtool, perftest / mpirun / nccl-tests present on every node (installed when allowed), before
+    any traffic."""
     need_perftest = ctx.expect_rdma
     need_nccl = ctx.expect_rdma and ctx.expect_gpu
     if not (need_perftest or need_nccl):
-        return
+        return      # the lab's profiles (no RDMA): its nodes run the host's iperf3 and ethtool, which `lab up` needs
 
     def one(node):
         t = locate(node, ctx.profile, rehearsal_dir=sim.NCCL_TESTS_DIR if ctx.rehearsal else "",
-                   tests_dir=tests_dir)
+                   tests_dir=tests_dir, need_perftest=need_perftest, need_nccl=need_nccl)
         ctx.nccl_dirs[node.name] = t.nccl_dir or (t.candidates[0] if t.candidates else "")
         return tools_check(node, t, need_perftest=need_perftest, need_nccl=need_nccl, install=install,
                            rehearsal=ctx.rehearsal)

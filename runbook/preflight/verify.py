@@ -14,6 +14,7 @@ from ..launch.image import plan_image
 from ..lab import sim
 from ..launch.ranks import RankState, rank_state
 from ..remote import Cluster, Node, node_ssh_argv, quote
+from .node_needs import node_needs
 
 GIB = 1024 ** 3
 
@@ -102,6 +103,7 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
         checks.add(_stale(name, f, profile))
         checks.add(gpu_check(name, f, profile))
     checks.add(_image_identity(good, profile))
+    checks.add(node_needs(cluster, profile))     # python3 for the shipped tools; NFS packages and sudo rules
     checks.add(_fit(good, facts, profile, data))
     offsets = clock_offsets(cluster)
     checks.add(_clock(offsets, profile))

@@ -77,6 +77,9 @@ class Profile(BaseModel):
     min_tcp_gbps: Float(0) = Field(50.0, description="iperf3 TCP, Gb/s")
     max_rtt_ms: Float(0, lo_open=True) = Field(1.0, description="fabric ping RTT, ms")
     max_clock_offset_ms: Float(0, lo_open=True) = Field(50.0, description="clock offset between nodes, ms")
+    install_net_tools: Bool = Field(False, description="01_network installs the network tools a node lacks "
+                                    "(apt-get with sudo -n, nccl-tests built at its pinned tag); 0 = FAIL with the "
+                                    "exact commands")
 
     # --- runtime and serve
     runtime: Runtime = Field("docker", description="docker container or bare process")

@@ -79,12 +79,17 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                             "set BOOTSTRAP_IF (seed B default enP7s7) and *_BOOTSTRAP_IP; on a switch where all "
                             "three share one fabric subnet use the fabric netdev and the *_IP addresses",
                             at="BOOTSTRAP_IF")
-        if p.expect_rdma and len(p.head_cx7_ib) < 2:
-            yield Conflict(("WORKER2_SSH", "HEAD_CX7_IB"),
-                            f"RECIPE=dspark-v4 with three nodes: HEAD_CX7_IB={','.join(p.head_cx7_ib) or '(empty)'} "
-                            "names fewer than two HCAs, but the head talks to two workers over two CX ports",
-                            "list both CX ports on the head, e.g. HEAD_CX7_IB=rocep1s0f0,rocep1s0f1 (seed B TP3: "
-                            "a single facing HCA times out in QP RTR)", at="HEAD_CX7_IB")
+        for n, hcas in (("HEAD", p.head_cx7_ib), ("WORKER", p.worker_cx7_ib), ("WORKER2", p.worker2_cx7_ib)):
+            if p.expect_rdma and len(hcas) < 2:
+                # recipe B's TP=3 path sets NCCL_IB_HCA to both CX ports on every node: each Spark reaches the
+                # other two over its two ports (the QSFP triangle); a rank with one port has no path to one peer
+                yield Conflict(("WORKER2_SSH", f"{n}_CX7_IB"),
+                                f"RECIPE=dspark-v4 with three nodes: {n}_CX7_IB={','.join(hcas) or '(empty)'} "
+                                "names fewer than two HCAs, but every node talks to the two others over its two "
+                                "CX ports",
+                                f"list both CX ports, e.g. {n}_CX7_IB=rocep1s0f0,rocep1s0f1 (seed B TP3: "
+                                "NCCL_IB_HCA is both ports on every node; a single facing HCA times out in QP RTR)",
+                                at=f"{n}_CX7_IB")
     if p.worker2_ssh and p.weight_sync == "nfs" and not p.is_lab:
         yield Conflict(("WORKER2_SSH", "WEIGHT_SYNC"),
                         "WEIGHT_SYNC=nfs with three nodes: worker2 must mount the head's address on ITS link "

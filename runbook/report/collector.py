@@ -27,7 +27,12 @@ __all__ = ["collect", "drift_for", "resolve_run", "DEFAULT_REL_TOL", "SECTIONS"]
 
 DEFAULT_REL_TOL = drift_mod.DEFAULT_REL_TOL
 #: (section name, builder) in page order; the name prefixes the note when the builder raises
-SECTIONS = (("preflight", recompute.preflight), ("network", recompute.network), ("weights", recompute.weights),
+def rehearsal(model: ReportModel, run: Path, sidecars: dict) -> None:
+    """A rehearsal's substitutions as the run recorded them (``rehearsal.json``; absent on other runs)."""
+    model.rehearsal = load_json(run / "rehearsal.json") or {}
+
+
+SECTIONS = (("rehearsal", rehearsal), ("preflight", recompute.preflight), ("network", recompute.network), ("weights", recompute.weights),
             ("engram", recompute.engram), ("launch", recompute.launch), ("bench", recompute_bench.bench))
 
 

@@ -27,7 +27,7 @@ def render_html(model: ReportModel, *, redactor: Redactor | None = None, plots: 
     """The report page (pure function of the model; plots rendered here and embedded as data: URIs)."""
     red = redactor or default_redactor()
     e = escaper(red)
-    parts = (verdict_line(model, e) + header(model, e) + steps(model, e) + matrix(model, e)
+    parts = (verdict_line(model, e) + header(model, e) + substitutions(model, e) + steps(model, e) + matrix(model, e)
              + ['<h2 id="drift">Drift from the previous good run</h2>', render_drift(model, e)]
              + sections.network(model, e, plots) + sections.weights(model, e) + sections.engram(model, e)
              + sections.launch(model, e, plots) + sections.bench(model, e, plots)
@@ -146,6 +146,25 @@ def all_figures(model: ReportModel, e: Escape) -> list[str]:
                        [[f"<td class='small'>{e(f.key)}</td>"] + sections.figure_rows([f], e)[0][1:] for f in other])
                  if other else '<p class="muted">No figures.</p>')
     return parts
+
+
+def substitutions(model: ReportModel, e: Escape) -> list[str]:
+    """A rehearsal's substituted keys by class: *hardware* (what the lab cannot have) and *lab* (what it still
+    changes), with the count of each; nothing for a run that is not a rehearsal."""
+    subs = model.rehearsal.get("substituted") or []
+    if not model.rehearsal:
+        return []
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for sub in subs:
+        kinds.setdefault(str(sub.get("kind") or "unclassified"), []).append(sub)
+    counts = ", ".join(f"{kind}: {len(items)}" for kind, items in sorted(kinds.items())) or "none"
+    rows = [[f"<td>{e(kind)}</td>", f"<td>{e(sub.get('key'))}</td>", f"<td>{e(sub.get('recipe'))}</td>",
+             f"<td>{e(sub.get('lab'))}</td>", f"<td class='small'>{e(sub.get('group'))}: {e(sub.get('why'))}</td>"]
+            for kind, items in sorted(kinds.items()) for sub in items]
+    return [f'<h2 id="rehearsal">Rehearsal substitutions</h2><p>{len(subs)} key(s) substituted ({e(counts)}); '
+            "every other key of the recipe profile ran as written.</p>",
+            "<details><summary>every substituted key</summary>"
+            + table(["class", "key", "recipe", "rehearsal", "why"], rows) + "</details>"]
 
 
 def profile(model: ReportModel, e: Escape) -> list[str]:

@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 from .html_parts import fmt, img, status_cell, table
 from .model import Figure, ReportModel
-from .plots import plot_bench, plot_memory, plot_network, plot_readiness
+from .plots import plot_bench, plot_memory, plot_network, plot_readiness, plot_roofline
 
-__all__ = ["FIGURE_HEAD", "figure_rows", "not_ran", "network", "weights", "engram", "launch", "bench"]
+__all__ = ["FIGURE_HEAD", "figure_rows", "not_ran", "network", "weights", "engram", "launch", "bench", "roofline"]
 
 Escape = Callable[[Any], str]
 FIGURE_HEAD = ["figure", "node", "recomputed", "threshold", "recorded by step", "agrees", "recomputed from"]
@@ -143,6 +143,7 @@ def bench(model: ReportModel, e: Escape, plots: bool) -> list[str]:
             cols = list(records[0])
             parts.append(f"<h3>{e(title)}</h3>" + table(cols, [[f"<td>{e(fmt(r.get(c)) if isinstance(r.get(c), float) else r.get(c))}</td>"
                                                                for c in cols] for r in records]))
+    parts += roofline(B, e, plots, model)
     issues = [(c["name"], "FAIL", m) for c in B.get("cases", []) for m in c.get("failures", [])]
     issues += [(c["name"], "WARN", m) for c in B.get("cases", []) for m in c.get("warnings", [])]
     if issues:
@@ -158,4 +159,66 @@ def bench(model: ReportModel, e: Escape, plots: bool) -> list[str]:
                                f'<td class="num">{fmt(f.recorded)}</td>',
                                (status_cell("PASS" if f.consistent else "FAIL") if f.consistent is not None else "<td>–</td>"),
                                f'<td class="small">{e(f.source)}</td>'] for f in bf]) + "</details>")
+    return parts
+
+
+def _mb(v: Any) -> str:
+    return "–" if v is None else f"{v / 1e6:,.2f} MB"
+
+
+def roofline(B: dict[str, Any], e: Escape, plots: bool, model: ReportModel) -> list[str]:
+    """The memory bandwidth per rank (before and after), the roofline panel (measured/ceiling per class
+    and thinking mode, with its plot) and the protocol reconciliation of the cross-check."""
+    parts: list[str] = []
+    mb = B.get("membw") or {}
+    if mb:
+        nodes = sorted({n for ph in ("before", "after") for n in (mb.get(ph) or {})})
+        cell = lambda r: (f'<td class="num">{r["gbs"]:.1f} GB/s</td>' if r.get("gbs") and not r.get("error")
+                          else f"<td>{e(r.get('error', '–'))}</td>")
+        rows = [[f"<td>{e(n)}</td>", cell((mb.get("before") or {}).get(n, {})), cell((mb.get("after") or {}).get(n, {})),
+                 f"<td class=\"small\">{e(((mb.get('before') or {}).get(n) or {}).get('label', ''))}</td>"] for n in nodes]
+        valid = mb.get("valid")
+        verdict = ("valid" if valid else "INVALID: a rank fell below 80 % of another") if valid is not None else "not judged"
+        parts.append(f"<h3>Memory bandwidth per rank (bench {e(verdict)})</h3>"
+                     + table(["node", "before the bench", "after the bench", "probe"], rows))
+    roof = B.get("roofline") or {}
+    if roof.get("step"):
+        step = roof["step"]
+        lines = [f"weights per rank {_mb(roof.get('weights_per_rank'))} + KV/indexer at context {roof.get('context')} "
+                 f"{_mb(roof.get('kv_per_rank'))} = {_mb(roof.get('plain_bytes_per_rank'))} per plain step at TP={roof.get('tp')}"
+                 + (f"; a verify step (k={roof.get('spec_k')}) {_mb(roof.get('verify_bytes_per_rank'))}" if roof.get("spec_k") else ""),
+                 "by part (whole model, per token): " + ", ".join(f"{k} {_mb(v)}" for k, v in (step.get("parts") or {}).items() if v),
+                 f"bytes from: {step.get('source')}" + ("; " + "; ".join(step.get("assumptions") or []) if step.get("assumptions") else ""),
+                 f"bandwidth: {roof.get('bandwidth_note')}",
+                 f"collectives: {roof.get('allreduces')} all-reduces per step x {(roof.get('allreduce_s') or 0) * 1e6:.0f} us "
+                 f"({roof.get('allreduce_note')})"]
+        parts.append("<h3>Roofline: how close to the memory-bandwidth limit</h3><p class=\"small\">"
+                     + "<br>".join(e(x) for x in lines) + "</p>")
+        if plots:
+            try:
+                parts.append(img(plot_roofline(model), "measured over ceiling per class"))
+            except Exception as exc:  # noqa: BLE001 - a plot never breaks the page
+                parts.append(f'<div class="note">roofline plot failed: {e(exc)}</div>')
+        cols = ["class", "thinking", "context", "decode_tok_s", "tokens_per_step", "ms_per_step", "steps", "accepted",
+                "ceiling_plain_tok_s", "ceiling_tok_s", "ceiling_ms_per_step", "measured_over_ceiling", "published"]
+        rows = [[f'<td class="num">{e(fmt(r.get(c)))}</td>' if isinstance(r.get(c), float) else f"<td>{e(r.get(c))}</td>"
+                 for c in cols] for r in roof.get("rows") or []]
+        if rows:
+            parts.append(table(["class", "thinking", "context", "decode tok/s", "tokens/step", "ms/step", "steps (Δ drafts)",
+                                "accepted (Δ)", "ceiling plain tok/s", "ceiling at acceptance tok/s", "ceiling ms/step",
+                                "measured / ceiling", "published (same class)"], rows))
+    rec = B.get("reconciliation") or {}
+    if rec.get("rows"):
+        rows = []
+        for r in rec["rows"]:
+            causes = "<br>".join(e(f"{c['cause']}: " + (f"{c['estimate']:+.2f}; " if c.get("estimate") is not None else "")
+                                   + c.get("note", "")) for c in r.get("causes", []))
+            rows.append([f"<td>{e(r['figure'])}</td>", f'<td class="num">{e(fmt(r.get("harness")))}</td>',
+                         f'<td class="num">{e(fmt(r.get("vllm")))}</td>', f'<td class="num">{e(fmt(r.get("delta")))}</td>',
+                         f'<td class="num">{e(fmt(r.get("explained")))}</td>', f'<td class="num">{e(fmt(r.get("residual")))}</td>',
+                         f'<td class="small">{causes}<br><i>harness: {e(r.get("harness_definition"))}; vLLM: '
+                         f'{e(r.get("vllm_definition"))}</i></td>'])
+        parts.append(f"<h3>Protocol reconciliation: this harness vs vllm bench serve ({e(rec.get('case'))}, seed "
+                     f"{e(rec.get('seed'))})</h3>" + table(["figure", "harness", "vllm bench serve", "delta (vLLM - harness)",
+                                                          "explained", "residual", "causes"], rows))
     return parts

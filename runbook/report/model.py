@@ -127,6 +127,7 @@ class ReportModel:
     weights: dict[str, Any] = field(default_factory=dict)
     engram: dict[str, Any] = field(default_factory=dict)
     bench: dict[str, Any] = field(default_factory=dict)
+    rehearsal: dict[str, Any] = field(default_factory=dict)   # rehearsal.json of a rehearsal ({} otherwise)
     notes: list[str] = field(default_factory=list)      # sections that could not be built, and why
     drift: Any = None                                   # runbook.report.drift.DriftResult | None
     verdict: Verdict | None = None                      # validated | candidate (None: not computed)
@@ -167,7 +168,7 @@ class ReportModel:
                 "generated": self.generated, "counts": self.counts(),
                 "steps": [{k: v for k, v in asdict(s).items() if k != "checks"} for s in self.steps],
                 "figures": [f.to_dict() for f in self.figures], "environment": self.environment,
-                "headline": headline(self), "notes": self.notes,
+                "headline": headline(self), "notes": self.notes, "rehearsal": self.rehearsal,
                 "drift": self.drift.to_dict() if self.drift is not None else None,
                 "verdict": self.verdict.to_dict() if self.verdict is not None else None}
 

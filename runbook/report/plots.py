@@ -11,10 +11,11 @@ from typing import Any
 import matplotlib.pyplot as plt
 
 from ..bench.report import plot_comparison
+from ..bench import roofline_panel
 from .model import Figure, ReportModel
 from .recompute_bench import bench_result
 
-__all__ = ["png_uri", "plot_network", "plot_readiness", "plot_bench"]
+__all__ = ["png_uri", "plot_network", "plot_readiness", "plot_bench", "plot_roofline"]
 
 
 def png_uri(fig) -> str:
@@ -80,3 +81,15 @@ def plot_bench(model: ReportModel) -> str:
         return ""
     fig = plot_comparison(bench_result(model.bench["result"]), recipe=model.bench.get("recipe") or None)
     return png_uri(fig)
+
+
+def plot_roofline(model: ReportModel) -> str:
+    """Measured/ceiling per workload class and thinking mode ("" without a roofline panel)."""
+    roof = model.bench.get("roofline") or {}
+    rows = [r for r in roof.get("rows") or [] if r.get("measured_over_ceiling") is not None]
+    if not rows:
+        return ""
+    bw = (roof.get("bandwidth") or 0) / 1e9
+    title = (f"Decode against its roofline: {(roof.get('plain_bytes_per_rank') or 0) / 1e6:,.1f} MB per step per rank "
+             f"at {bw:.1f} GB/s (slowest rank)")
+    return png_uri(roofline_panel.plot_roofline(rows, title=title))

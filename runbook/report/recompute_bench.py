@@ -15,11 +15,13 @@ from typing import Any
 from ..bench import metrics
 from ..bench.report import anchors_table, class_table, results_table
 from ..bench.result import BenchResult, load_records
+from ..bench.roofline_panel import panel_rows
+from ..fit.roofline import Roofline
 from .model import Figure, ReportModel
 from .runfiles import data_paths, find_sidecar, load_json, number, relative
 
 __all__ = ["RECOMPUTED_METRICS", "BENCH_REL_TOL", "BENCH_TIME_ABS_TOL", "LOWER_IS_BETTER", "find_bench_result",
-           "recompute_bench_figures", "bench", "bench_result", "bench_unit"]
+           "recompute_bench_figures", "bench", "bench_result", "bench_unit", "roofline", "data_of"]
 
 RECOMPUTED_METRICS = ("ttft_s", "ttfr_s", "tokens_per_chunk", "decode_tok_s", "per_stream_decode_tok_s",
                       "max_gap_s", "aggregate_tok_s", "aggregate_span_tok_s", "aggregate_wall_tok_s",
@@ -50,6 +52,12 @@ def find_bench_result(run: Path, sidecars: dict[str, dict[str, Any]]) -> tuple[s
         if _is_result(v):
             return name, None, v
     return name, None, None
+
+
+def data_of(sidecars: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The 07 sidecar's data (``{}`` without one)."""
+    _, sc = find_sidecar(sidecars, "bench")
+    return (sc or {}).get("data") or {}
 
 
 def recompute_bench_figures(out_dir: str | Path) -> dict[str, dict[str, dict[str, float]]]:
@@ -133,6 +141,7 @@ def bench(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]]) ->
         model.bench["table"] = json.loads(df.to_json(orient="records"))
     except Exception as exc:  # noqa: BLE001 - the comparison table is optional
         model.notes.append(f"bench: published comparison table unavailable ({type(exc).__name__}: {exc})")
+    roofline(model, data_of(sidecars), merged, recipe)
     # the workload-class panel (never averaged into one figure) and every published anchor beside ours
     for key, build in (("classes", lambda: class_table(bench_result(merged))),
                        ("anchors", lambda: anchors_table(bench_result(merged), recipe=recipe))):
@@ -140,6 +149,36 @@ def bench(model: ReportModel, run: Path, sidecars: dict[str, dict[str, Any]]) ->
             model.bench[key] = json.loads(build().to_json(orient="records"))
         except Exception as exc:  # noqa: BLE001 - optional sections
             model.notes.append(f"bench: {key} table unavailable ({type(exc).__name__}: {exc})")
+
+
+def roofline(model: ReportModel, data: dict[str, Any], merged: dict[str, Any], recipe: str) -> None:
+    """The roofline panel recomputed from the recomputed result and the inputs 07 recorded (bytes per
+    step, the slowest rank's bandwidth, the all-reduce latency); the memory-bandwidth probes per rank;
+    the protocol reconciliation of the ``vllm bench serve`` cross-check."""
+    if data.get("membw"):
+        model.bench["membw"] = data["membw"]
+    cross = data.get("vllm_cross_check") or {}
+    if cross.get("reconciliation"):
+        model.bench["reconciliation"] = {"case": cross.get("case"), "seed": cross.get("seed"),
+                                         "rows": cross["reconciliation"]}
+    roof = data.get("roofline") or {}
+    if roof.get("error"):
+        model.notes.append(f"bench: roofline panel unavailable ({roof['error']})")
+        return
+    if not roof.get("step"):
+        return
+    keys = ("tp", "context", "kv_dtype", "spec_k", "weights_per_rank", "kv_per_rank", "plain_bytes_per_rank",
+            "verify_bytes_per_rank", "allreduces", "bandwidth", "bandwidth_note", "allreduce_s", "allreduce_note",
+            "comparable", "step")
+    out = {k: roof.get(k) for k in keys}
+    if roof.get("bandwidth"):
+        try:
+            out["rows"] = panel_rows(bench_result(merged), Roofline.from_dict(roof), bandwidth=float(roof["bandwidth"]),
+                                     allreduce_s=float(roof.get("allreduce_s") or 0.0), recipe=recipe,
+                                     comparable=bool(roof.get("comparable", True)))
+        except Exception as exc:  # noqa: BLE001 - an optional section
+            model.notes.append(f"bench: roofline rows unavailable ({type(exc).__name__}: {exc})")
+    model.bench["roofline"] = out
 
 
 def bench_result(d: dict[str, Any]) -> BenchResult:

@@ -1,10 +1,15 @@
-"""How a step finds the OpenAI-compatible server, and the small HTTP client the smoke, vision and
-tool steps talk to it with.
+"""How a step finds the OpenAI-compatible server, and the client the smoke, vision and tool steps talk
+to it with (chat completions through the ``openai`` SDK).
+
+Chat completions, plain and streamed, go through the ``openai`` SDK: the client users have, so a check
+that passes here passes for them. vLLM's own routes (``/health``, ``/version``, ``/metrics``, ``/tokenize``)
+are not OpenAI API and go through httpx, as does the raw ``GET /v1/models`` the smoke step reads vLLM's
+``max_model_len`` from. Both carry a timeout on every call; the SDK never retries.
 
     server = find_server(step, base_url=base_url, model=model)   # 04_launch sidecar, or parameters
     client = ApiClient(server)                                    # API key from VLLM_API_KEY
-    ex = client.chat({"messages": [...], "max_tokens": 8})       # -> Exchange (never raises on HTTP)
-    ex = client.stream_chat({...})                                # SSE: events, TTFT, usage
+    ex = client.chat({"messages": [...], "max_tokens": 8})       # openai SDK -> Exchange (never raises on HTTP)
+    ex = client.stream_chat({...})                                # openai SDK stream: events, TTFT, usage
     n = client.count_chat_tokens(messages)                        # POST /tokenize (chat template applied)
     paths = archive(step, "chat.basic", [ex])                     # raw/<step>/chat.basic.json (secrets masked)
 
@@ -19,15 +24,19 @@ reports are checked by the smoke step against them (and against the profile).
 """
 from __future__ import annotations
 
+import inspect
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
+import openai
+from openai.resources.chat.completions import Completions
 
 from ..errors import RunbookError
 from . import endpoint
@@ -81,15 +90,16 @@ def find_server(step=None, *, base_url: str = "", model: str = "", max_model_len
                 run_dir: str | Path | None = None, profile=None, api_key: str | None = None) -> ServerInfo:
     """Locate the server for this step (see the module docstring). ``step`` gives the run dir and
     profile; ``run_dir``/``profile`` can be passed instead (tests, CLI)."""
-    profile = profile if profile is not None else getattr(step, "profile", None)
+    if profile is None and step is not None:
+        profile = step.profile
     if run_dir is None and step is not None:
         run_dir = step.run.path
     if api_key is None:
         api_key = load_secrets().api_key
     if api_key:
         register_secret(api_key)
-    default_model = getattr(profile, "served_model_name", "") or ""
-    default_len = int(getattr(profile, "max_model_len", 0) or 0)
+    default_model = profile.served_model_name if profile is not None else ""
+    default_len = profile.max_model_len if profile is not None else 0
     if base_url:
         return ServerInfo(_norm_url(base_url), model or default_model, int(max_model_len or default_len),
                           "parameters", api_key)
@@ -215,22 +225,79 @@ def archive(step, name: str, exchanges: Exchange | Iterable[Exchange], **extra: 
 # client
 # ------------------------------------------------------------------------------------------------
 
+#: the request fields the SDK's ``chat.completions.create`` takes by name; any other field of a payload
+#: (vLLM's ``chat_template_kwargs``, ``top_k``, ...) travels in ``extra_body``
+SDK_CHAT_FIELDS = frozenset(inspect.signature(Completions.create).parameters) - {
+    "self", "extra_headers", "extra_query", "extra_body", "timeout"}
+#: the SDK refuses to build a client without a key; a server without one gets no Authorization header
+#: (``_no_auth``), so this placeholder is never sent
+NO_KEY = "no-key"
+
+
+class _SseTail(httpx2.SyncByteStream):
+    """A streamed body passed through unchanged, keeping its last bytes: whether the server ended the
+    stream with ``data: [DONE]`` (the SDK stops at it silently, and equally silently at a cut stream)."""
+
+    def __init__(self, inner: Iterable[bytes]):
+        self.inner, self.tail = inner, b""
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.inner:
+            self.tail = (self.tail + chunk)[-64:]
+            yield chunk
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close:
+            close()
+
+    @property
+    def done(self) -> bool:
+        return self.tail.rstrip().endswith(b"data: [DONE]")
+
+
+class _SseTap(httpx2.BaseTransport):
+    """The SDK's transport, with every ``text/event-stream`` body read through an :class:`_SseTail`
+    (found again as ``response.extensions["sse_tail"]``)."""
+
+    def __init__(self, inner: httpx2.BaseTransport):
+        self.inner = inner
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        resp = self.inner.handle_request(request)
+        if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+            return resp
+        tail = _SseTail(resp.stream)
+        return httpx2.Response(resp.status_code, headers=resp.headers, stream=tail, request=request,
+                               extensions={**resp.extensions, "sse_tail": tail})
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class ApiClient:
-    """Synchronous client over httpx. Every call returns an :class:`Exchange`; HTTP errors, timeouts
-    and refused connections are data, not exceptions (a check decides what they mean)."""
+    """Synchronous client: chat completions through the ``openai`` SDK, vLLM's other routes through httpx.
+    Every call returns an :class:`Exchange`; HTTP errors, timeouts and refused connections are data, not
+    exceptions (a check decides what they mean). The SDK never retries (``max_retries=0``): a failure
+    shows at once, with its reason. ``transport``/``sdk_transport``: test doubles of the two."""
 
     def __init__(self, server: ServerInfo, *, timeout: float = 180.0,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: httpx.BaseTransport | None = None, sdk_transport: httpx2.BaseTransport | None = None):
         self.server = server
         self.model = server.model
         self.timeout = timeout
         self._http = httpx.Client(base_url=server.base_url, timeout=timeout, transport=transport,
                                   headers={"Content-Type": "application/json"},
                                   limits=httpx.Limits(max_connections=64, max_keepalive_connections=16))
+        self._sdk_http = httpx2.Client(transport=_SseTap(sdk_transport or httpx2.HTTPTransport()), timeout=timeout,
+                                       limits=httpx2.Limits(max_connections=64, max_keepalive_connections=16))
+        self.openai = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.api_key or NO_KEY,
+                                    timeout=timeout, max_retries=0, http_client=self._sdk_http)
 
     # -- plumbing ---------------------------------------------------------------------------------
     def close(self) -> None:
         self._http.close()
+        self.openai.close()
 
     def __enter__(self) -> ApiClient:  # noqa: PYI034 (typing.Self needs 3.11; the project allows 3.10)
         return self
@@ -271,50 +338,78 @@ class ApiClient:
     def _with_model(self, payload: dict[str, Any]) -> dict[str, Any]:
         return {"model": self.model, **payload}
 
-    def chat(self, payload: dict[str, Any], **kw: Any) -> Exchange:
-        return self.post("/v1/chat/completions", self._with_model(payload), **kw)
+    def _sdk_call(self, body: dict[str, Any], timeout: float | None, auth: bool) -> dict[str, Any]:
+        """``chat.completions.create`` keywords for a request body: the SDK's named fields, the rest in
+        ``extra_body``; no Authorization header without a key, or when ``auth`` is off."""
+        call: dict[str, Any] = {k: v for k, v in body.items() if k in SDK_CHAT_FIELDS}
+        extra = {k: v for k, v in body.items() if k not in SDK_CHAT_FIELDS}
+        if extra:
+            call["extra_body"] = extra
+        if not (auth and self.server.api_key):
+            call["extra_headers"] = {"Authorization": openai.omit}
+        call["timeout"] = timeout or self.timeout
+        return call
+
+    def _sdk_failure(self, ex: Exchange, exc: openai.OpenAIError, timeout: float | None) -> None:
+        """An SDK exception as the Exchange's data: the HTTP status and body, or why no answer came."""
+        if isinstance(exc, openai.APIStatusError):
+            ex.status = exc.status_code
+            try:
+                ex.body = exc.response.json()
+            except ValueError:
+                ex.body = exc.response.text
+        elif isinstance(exc, openai.APITimeoutError):
+            ex.error = f"timeout after {timeout or self.timeout:.0f} s"
+        elif isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__ or exc
+            ex.error = f"{type(cause).__name__}: {cause}"
+        else:                               # an error event inside a stream, an answer the SDK cannot read
+            ex.error = f"{type(exc).__name__}: {exc}"
+
+    def chat(self, payload: dict[str, Any], *, timeout: float | None = None, auth: bool = True) -> Exchange:
+        """One chat completion through the openai SDK; ``body`` is the completion the SDK parsed."""
+        body = self._with_model(payload)
+        ex = Exchange("POST", "/v1/chat/completions", body, auth=bool(auth and self.server.api_key))
+        t0 = time.perf_counter()
+        try:
+            raw = self.openai.chat.completions.with_raw_response.create(**self._sdk_call(body, timeout, auth))
+            ex.status = raw.http_response.status_code
+            try:
+                ex.body = raw.parse().to_dict()
+            except ValueError:              # 200 but not JSON: the text is the evidence
+                ex.body = raw.http_response.text
+        except openai.OpenAIError as exc:
+            self._sdk_failure(ex, exc, timeout)
+        ex.latency_s = time.perf_counter() - t0
+        return ex
 
     def stream_chat(self, payload: dict[str, Any], *, timeout: float | None = None, auth: bool = True) -> Exchange:
-        """POST with ``stream: true`` and ``stream_options.include_usage``; parses the SSE events."""
+        """A streamed chat completion (``stream_options.include_usage``) through the openai SDK: every
+        chunk the SDK yields is an event; a stream that stops without ``data: [DONE]`` is an error."""
         body = self._with_model({**payload, "stream": True,
                                  "stream_options": {"include_usage": True, **payload.get("stream_options", {})}})
         ex = Exchange("POST", "/v1/chat/completions", body, auth=bool(auth and self.server.api_key), stream=True)
         t0 = time.perf_counter()
         try:
-            with self._http.stream("POST", "/v1/chat/completions", json=body, headers=self._headers(auth),
-                                   timeout=timeout or self.timeout) as resp:
-                ex.status = resp.status_code
-                if resp.status_code != 200:
-                    text = resp.read().decode(errors="replace")
-                    try:
-                        ex.body = json.loads(text)
-                    except ValueError:
-                        ex.body = text
-                else:
-                    done = False
-                    for line in resp.iter_lines():
-                        line = line.strip()
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            done = True
-                            break
-                        try:
-                            ev = json.loads(data)
-                        except ValueError:
-                            ex.error = f"unparsable SSE event: {data[:120]!r}"
-                            continue
-                        if ex.ttft_s is None and _has_output(ev):
-                            ex.ttft_s = time.perf_counter() - t0
-                        ex.events.append(ev)
-                    if not done and not ex.error:
-                        ex.error = "stream ended without [DONE]"
-                    ex.body = assemble_stream(ex.events)
-        except httpx.TimeoutException:
-            ex.error = f"timeout after {timeout or self.timeout:.0f} s"
-        except httpx.HTTPError as exc:
-            ex.error = f"{type(exc).__name__}: {exc}"
+            stream = self.openai.chat.completions.create(**self._sdk_call(body, timeout, auth))
+            ex.status = stream.response.status_code
+            with stream:
+                for chunk in stream:
+                    ev = chunk.to_dict()
+                    if ex.ttft_s is None and _has_output(ev):
+                        ex.ttft_s = time.perf_counter() - t0
+                    ex.events.append(ev)
+            tail = stream.response.extensions.get("sse_tail")
+            if tail is None or not tail.done:
+                ex.error = "stream ended without [DONE]"
+            ex.body = assemble_stream(ex.events)
+        except openai.OpenAIError as exc:
+            self._sdk_failure(ex, exc, timeout)
+            if ex.events:
+                ex.body = assemble_stream(ex.events)
+        except ValueError as exc:           # an event that is not JSON
+            ex.error = f"unparsable SSE event: {exc}"
+            ex.body = assemble_stream(ex.events)
         ex.latency_s = time.perf_counter() - t0
         return ex
 

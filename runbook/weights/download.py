@@ -1,9 +1,8 @@
 """Hub metadata, free-space check, pinned download (local side).
 
 Layouts (``node_download.LAYOUTS``): ``local_dir`` — the files land as a plain tree in the
-destination (what ``vllm serve /model`` loads, where ``.runbook-manifest.json`` sits);
-huggingface_hub keeps its per-file download metadata in ``<dest>/.cache/huggingface/``, which the
-runbook ignores when sharing. ``hub_cache`` — the destination is an HF hub cache
+destination (what ``vllm serve /model`` loads, where ``.runbook-manifest.json`` sits); the
+partials of cut files sit in ``<dest>/.cache/runbook/partial/``. ``hub_cache`` — the destination is an HF hub cache
 (``models--org--name/{blobs,snapshots/<rev>,refs/main}``); the tree that is verified and holds the
 manifest is ``snapshots/<rev>``. ``runbook.weights.layout`` picks one from the profile.
 """
@@ -74,11 +73,8 @@ class RepoSnapshot:
 
     def select(self, allow_patterns: Iterable[str] | None = None,
                ignore_patterns: Iterable[str] | None = None) -> RepoSnapshot:
-        """The subset snapshot_download fetches for these patterns (same matcher)."""
-        from huggingface_hub.utils import filter_repo_objects
-        keep = set(filter_repo_objects([f.path for f in self.files],
-                                       allow_patterns=list(allow_patterns) if allow_patterns else None,
-                                       ignore_patterns=list(ignore_patterns) if ignore_patterns else None))
+        """The subset the download fetches for these patterns (the same matcher: ``node_download.select``)."""
+        keep = set(node_download.select([f.path for f in self.files], allow_patterns, ignore_patterns))
         return RepoSnapshot(self.repo, self.revision, [f for f in self.files if f.path in keep])
 
     def expected(self) -> dict[str, Any]:
@@ -181,9 +177,9 @@ def download(repo: str, revision: str, dest: str | os.PathLike, *, endpoint: str
     """Pinned download into ``dest`` (in ``layout``) then verification against Hub metadata.
 
     Order: pinned-revision check → Hub metadata → free-space check (refuses before any byte is
-    downloaded, numbers in the message) → ``snapshot_download`` (bounded ``max_workers``,
-    raised ``HF_HUB_DOWNLOAD_TIMEOUT``, tqdm progress, ``local_dir`` layout) → verify (manifest).
-    With ``repair``, files that fail verification are deleted and fetched once more (huggingface_hub
+    downloaded, numbers in the message) → ``node_download.snapshot`` (standard library; bounded ``max_workers``,
+    a read timeout of ``download_timeout`` s, cut files continued with Range) → verify (manifest).
+    With ``repair``, files that fail verification are deleted and fetched once more (the download
     trusts an existing file of a pinned revision and would not re-fetch it by itself).
     ``token=None`` reads ``HF_TOKEN`` from the environment; it is registered with the redactor and
     never printed or written.
@@ -205,11 +201,11 @@ def download(repo: str, revision: str, dest: str | os.PathLike, *, endpoint: str
     Path(dest).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     fetched: list[dict[str, Any]] = []
-    # the Hub metadata read above, so the resumable fetch does not ask for it again
-    lfs = [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in snap.files if f.sha256]
+    # the Hub metadata read above, so the fetch does not ask for it again
+    files = [f.expected() for f in snap.files]
     tree = node_download.tree_dir(layout, str(dest), repo, revision)
     fetch_args = (repo, revision, dest, endpoint, allow_patterns, ignore_patterns, max_workers,
-                  download_timeout, etag_timeout, token, progress, fetched, lfs, layout)
+                  download_timeout, etag_timeout, token, progress, fetched, files, layout)
     _fetch(*fetch_args)
     report = verify_manifest.verify(tree, snap.expected(), workers=verify_workers)
     if not report["ok"] and repair:
@@ -238,18 +234,18 @@ def fetched_check(fetched: list[dict[str, Any]], *, node: str = "") -> Check:
 
 
 def _fetch(repo, revision, dest, endpoint, allow, ignore, max_workers, timeout, etag_timeout,
-           token, progress, fetched, lfs, layout) -> None:
+           token, progress, fetched, files, layout) -> None:
     try:
         node_download.snapshot(repo, revision, str(dest), endpoint=endpoint,
                                allow_patterns=list(allow) if allow else None,
                                ignore_patterns=list(ignore) if ignore else None,
                                max_workers=max_workers, download_timeout=timeout,
                                etag_timeout=etag_timeout, token=token, progress=progress,
-                               fetched=fetched, lfs=lfs, layout=layout)
+                               fetched=fetched, files=files, layout=layout)
     except Exception as err:  # noqa: BLE001
         raise ActionError(f"download of {repo}@{revision[:12]} failed",
                           observed=f"{type(err).__name__}: {_mask(str(err), token)}",
-                          expected="snapshot_download completes",
+                          expected="the pinned download completes",
                           fix="re-run: finished files are kept and a cut file continues from its partial "
                               "(.cache/runbook/partial in the download dir, or in its models--org--name folder for a hub "
                               "cache); check HF_ENDPOINT, HF_TOKEN, disk") from None

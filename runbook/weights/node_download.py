@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Pinned snapshot download with huggingface_hub: one implementation used locally by
-``runbook.weights.download`` and shipped to a node (download-both mode) and run there with a python
-that has ``huggingface_hub`` installed. Needs only the standard library + huggingface_hub.
+"""Pinned snapshot download with the Python standard library only: one implementation used locally by
+``runbook.weights.download`` and shipped to a node (download-both mode, the head's download) and run there
+with the node's own ``python3`` (3.8 or later; stock DGX OS has no ``huggingface_hub`` and refuses ``pip
+install`` outside a venv, PEP 668). No package of the node's Python is imported.
 
 The token is never on the command line: locally it is passed in-process (from the environment);
 on a node it is read from ``--token-file`` (a 0600 file the runbook writes and deletes).
@@ -9,54 +10,59 @@ on a node it is read from ``--token-file`` (a 0600 file the runbook writes and d
 CLI::
 
     python3 node_download.py --repo ORG/NAME --revision SHA40 --dest DIR [--endpoint URL]
-        [--allow PATTERN ...] [--ignore PATTERN ...] [--max-workers 8] [--timeout 120]
-        [--etag-timeout 30] [--token-file PATH] [--no-progress] [--layout local_dir|hub_cache]
+        [--files EXPECTED.json] [--allow PATTERN ...] [--ignore PATTERN ...] [--max-workers 8]
+        [--timeout 120] [--etag-timeout 30] [--token-file PATH] [--no-progress] [--layout local_dir|hub_cache]
 prints one JSON line {"ok", "path", "revision", "seconds", "layout", "resumable"}; exit 0 / 1.
 
-Resuming across runs: huggingface_hub resumes a cut transfer within one call (HTTP ``Range``) but deletes
-its partial file when the call fails or the process dies, so the next run starts a 5-90 GB shard over
-(huggingface_hub#4349; hf_xet does not resume either, xet-core#321/#715). So LFS files are first fetched
-here with huggingface_hub's own ``http_get`` into a partial that outlives the process,
-``<dest>/.cache/runbook/partial/<sha256>.part`` (named by content, so a changed revision never appends
-to the wrong bytes); a re-run continues it with ``Range: bytes=<size>-``. A finished partial is renamed into
-place and recorded in huggingface_hub's local-dir metadata, then ``snapshot_download`` fetches the rest
-(small git files, and LFS files over the plain-HTTP size limit, which only the Xet path serves).
-The bytes are verified afterwards against the Hub's sha256 (``verify_manifest``), not trusted here.
+What is fetched: the files of ``--files`` (the runbook's expected-file document: path, size, and the Hub's
+``sha256`` for an LFS file or ``git_sha1`` for a plain one, read from the Hub by the runbook), else the
+pinned revision's file list from the Hub API (``/api/models/<repo>/revision/<sha>?blobs=true``); either
+filtered by ``--allow`` / ``--ignore`` (fnmatch, a pattern ending in ``/`` matches the folder, as
+huggingface_hub filters). Each file comes from the Hub's resolve URL
+``<endpoint>/<repo>/resolve/<sha>/<path>`` (redirects followed; the token is not sent to another host).
+
+Resuming across runs: every file is written to a partial that outlives the process,
+``<store>/.cache/runbook/partial/<sha256 or git sha1>.part`` (named by content, so a changed revision never
+appends to the wrong bytes); a cut transfer continues with ``Range: bytes=<size>-`` within the run
+(:data:`RETRIES` times) and on the next run. A server answering a Range request with 200 is written from
+byte 0. A finished partial of the exact size is renamed into place. The bytes are verified afterwards
+against the Hub's sha256 / git blob id (``verify_manifest``, also standard library), not trusted here.
 
 Two layouts (``--layout``), chosen by the runbook from the profile:
 
 * ``local_dir`` -- ``<dest>/<files>``: a plain tree (recipe A's ``hf download --local-dir``; what
   ``vllm serve /model`` loads from a bind mount).
 * ``hub_cache`` -- ``<dest>`` is an HF hub cache (``HF_HUB_CACHE`` = ``HF_HOME/hub``):
-  ``models--org--name/blobs/<etag>``, ``snapshots/<rev>/<files>`` as relative symlinks into
-  ``blobs``, and ``refs/main`` = the pinned revision, so ``vllm serve org/name`` resolves the bare
-  repo id with ``HF_HUB_OFFLINE=1`` (recipe B's ``prepare-dspark-model-cache.sh``). A finished
-  partial becomes ``blobs/<sha256>`` (the Hub's ETag of an LFS file); ``snapshot_download`` then
-  links it into the snapshot itself.
-
-Files over huggingface_hub's plain-HTTP limit (50 GB; the V4.1 Engram shards are 94.6 GiB) take the
-same resumable path: the client refuses them only on a request from byte 0, so the first request is
-made without the expected size (the length is still checked against ``Content-Length``, then the
-size and sha256 afterwards) -- what an operator does with ``curl -C -`` on the same URL.
+  ``models--org--name/blobs/<etag>`` (the sha256 of an LFS file, the git blob id of a plain one: the Hub's
+  ETags), ``snapshots/<rev>/<files>`` as relative symlinks into ``blobs``, and ``refs/main`` = the pinned
+  revision, so ``vllm serve org/name`` resolves the bare repo id with ``HF_HUB_OFFLINE=1`` (recipe B's
+  ``prepare-dspark-model-cache.sh``).
 """
 from __future__ import annotations
 
 import argparse
 import fcntl
+import fnmatch
+import http.client
 import json
 import os
 import re
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 LAYOUT = "local_dir"   # the default: plain directory (<dest>/<files>)
 LAYOUTS = ("local_dir", "hub_cache")
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
-
+DEFAULT_ENDPOINT = "https://huggingface.co"
 
 PARTIAL_DIR = (".cache", "runbook", "partial")
-FROM_ZERO_ATTEMPTS = 3      # a file over the plain-HTTP limit cut before its first 10 MiB is asked again
+READ_SIZE = 1 << 20        # written and flushed per MiB: a killed run leaves what it received
+RETRIES = 5                # a cut transfer is continued (Range) this many times within one run
+USER_AGENT = "spark-runbook-node-download/1"
 
 
 def repo_folder(repo):
@@ -84,77 +90,116 @@ def _check_layout(layout):
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
 
 
-def partial_path(base, sha256):
-    """Where the not-yet-complete bytes of the LFS file with this sha256 are kept between runs
-    (``base``: the store dir, :func:`store_dir`)."""
-    return os.path.join(base, *PARTIAL_DIR, f"{sha256}.part")
+def partial_path(base, key):
+    """Where the not-yet-complete bytes of the file with this content hash (``key``: sha256 of an LFS
+    file, git blob id of a plain one) are kept between runs (``base``: the store dir, :func:`store_dir`)."""
+    return os.path.join(base, *PARTIAL_DIR, f"{key}.part")
 
 
-def partial_bytes(base, sha256):
+def partial_bytes(base, key):
     try:
-        return os.path.getsize(partial_path(base, sha256))
+        return os.path.getsize(partial_path(base, key))
     except OSError:
         return 0
 
 
-def lfs_files(repo, revision, *, endpoint=None, allow_patterns=None, ignore_patterns=None, token=None,
-              timeout=30):
-    """The pinned revision's LFS files selected by the patterns: [{"path", "size", "sha256"}]."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.utils import filter_repo_objects
-    info = HfApi(endpoint=endpoint, token=token if token else False).model_info(
-        repo, revision=revision, files_metadata=True, timeout=timeout)
-    siblings = {s.rfilename: s for s in info.siblings or []}
-    wanted = filter_repo_objects(list(siblings), allow_patterns=allow_patterns or None,
-                                 ignore_patterns=ignore_patterns or None)
-    return [{"path": n, "size": int(siblings[n].size), "sha256": siblings[n].lfs.sha256} for n in wanted
-            if siblings[n].lfs is not None and siblings[n].size is not None]
+def select(paths, allow_patterns=None, ignore_patterns=None):
+    """``paths`` filtered like huggingface_hub's ``filter_repo_objects`` (fnmatch; ``dir/`` = ``dir/*``)."""
+    def norm(patterns):
+        return [p + "*" if p.endswith("/") else p for p in patterns or []]
+    allow, ignore = norm(allow_patterns), norm(ignore_patterns)
+    return [p for p in paths if (not allow or any(fnmatch.fnmatch(p, a) for a in allow))
+            and not any(fnmatch.fnmatch(p, i) for i in ignore)]
 
 
-def resumable_fetch(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
-                    max_workers=8, etag_timeout=30, token=None, progress=True, files=None,
-                    layout=LAYOUT):
-    """Fetch the LFS files of the pinned revision that are not yet in ``dest`` into partials that
-    survive an interrupted run, then move each finished one into place (``local_dir``:
-    ``dest/<path>``; ``hub_cache``: ``blobs/<sha256>``). ``files``: the selected LFS files as
-    :func:`lfs_files` gives them, when the caller already has the Hub metadata (else it is read
-    here). Returns one record per file: {"path", "size", "resumed_from"} (``resumed_from`` > 0:
-    bytes a previous run had already fetched)."""
-    from huggingface_hub import hf_hub_url
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
-    if files is None:
-        files = lfs_files(repo, revision, endpoint=endpoint, allow_patterns=allow_patterns,
-                          ignore_patterns=ignore_patterns, token=token, timeout=etag_timeout)
-    base = store_dir(layout, dest, repo)
-    tree = tree_dir(layout, dest, repo, revision)
-    todo = [f for f in files if not os.path.exists(os.path.join(tree, f["path"]))
-            and not os.path.exists(_final_path(layout, dest, repo, f))]
-    if not todo:
-        return []
-    headers = build_hf_headers(token=token if token else False)
-    tqdm_class = None
-    if progress:
-        from tqdm.auto import tqdm as tqdm_class
+class _NoAuthAcrossHosts(urllib.request.HTTPRedirectHandler):
+    """Follow the Hub's redirect to its CDN without handing the token to another host."""
 
-    def fetch(f):
-        url = hf_hub_url(repo, f["path"], revision=revision, endpoint=endpoint)
-        return _fetch_one(url, headers, base, _final_path(layout, dest, repo, f), f["path"], f["size"],
-                          f["sha256"], http_get, tqdm_class, record=(dest, revision) if layout == "local_dir" else None)
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.headers.pop("Authorization", None)
+            new.unredirected_hdrs.pop("Authorization", None)
+        return new
 
-    with ThreadPoolExecutor(max_workers=max(1, int(max_workers))) as pool:
-        return list(pool.map(fetch, todo))
+
+_OPENER = urllib.request.build_opener(_NoAuthAcrossHosts)
+
+
+def _request(url, token=None, headers=None):
+    h = {"User-Agent": USER_AGENT, **(headers or {})}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    return urllib.request.Request(url, headers=h)
+
+
+def hub_files(repo, revision, *, endpoint=None, token=None, timeout=30):
+    """The pinned revision's files from the Hub API: [{"path", "size", "sha256" | "git_sha1"}]."""
+    url = (f"{(endpoint or DEFAULT_ENDPOINT).rstrip('/')}/api/models/{repo}/revision/{revision}?blobs=true")
+    with _OPENER.open(_request(url, token), timeout=timeout) as resp:
+        info = json.loads(resp.read().decode("utf-8"))
+    if info.get("sha") and info["sha"] != revision:
+        raise RuntimeError(f"the Hub answered revision {info['sha']}, expected {revision}")
+    out = []
+    for s in info.get("siblings") or []:
+        lfs = s.get("lfs") or {}
+        if s.get("size") is None and not lfs.get("size"):
+            raise RuntimeError(f"the Hub's file list has no size for {s.get('rfilename')}")
+        f = {"path": s["rfilename"], "size": int(lfs.get("size") or s["size"])}
+        if lfs.get("sha256"):
+            f["sha256"] = lfs["sha256"]
+        elif s.get("blobId"):
+            f["git_sha1"] = s["blobId"]
+        out.append(f)
+    return out
+
+
+def resolve_url(repo, revision, path, endpoint=None):
+    return (f"{(endpoint or DEFAULT_ENDPOINT).rstrip('/')}/{repo}/resolve/{revision}/"
+            f"{urllib.parse.quote(path, safe='/')}")
+
+
+def _key(f):
+    key = f.get("sha256") or f.get("git_sha1")
+    if not key:
+        raise ValueError(f"{f.get('path')}: neither sha256 nor git_sha1 in the file list")
+    return key
 
 
 def _final_path(layout, dest, repo, f):
     if layout == "local_dir":
         return os.path.join(dest, f["path"])
-    return os.path.join(store_dir(layout, dest, repo), "blobs", f["sha256"])
+    return os.path.join(store_dir(layout, dest, repo), "blobs", _key(f))
 
 
-def _fetch_one(url, headers, base, final, name, size, sha256, http_get, tqdm_class, record=None):
-    from huggingface_hub import constants
-    part = partial_path(base, sha256)
+def _complete(path, size):
+    try:
+        return os.path.getsize(path) == size
+    except OSError:
+        return False
+
+
+def _link(layout, dest, repo, revision, f):
+    """hub_cache: ``snapshots/<rev>/<path>`` -> ``../../blobs/<etag>`` (relative, as huggingface_hub links)."""
+    if layout != "hub_cache":
+        return
+    link = os.path.join(tree_dir(layout, dest, repo, revision), f["path"])
+    blob = _final_path(layout, dest, repo, f)
+    target = os.path.relpath(blob, os.path.dirname(link))
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.islink(link) and os.readlink(link) == target:
+        return
+    tmp = f"{link}.{os.getpid()}.tmp"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def _fetch_one(url, token, base, final, f, timeout, progress):
+    """The file into its partial (continued with Range), then renamed to ``final``. Returns the record."""
+    name, size = f["path"], int(f["size"])
+    part = partial_path(base, _key(f))
     os.makedirs(os.path.dirname(part), exist_ok=True)
     # One writer per partial: two runs appending to the same file would interleave bytes. The lock file
     # stays (unlinking it would let a late opener lock the old inode while a new run locks a new one).
@@ -164,51 +209,70 @@ def _fetch_one(url, headers, base, final, name, size, sha256, http_get, tqdm_cla
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise RuntimeError(f"{name}: another download is writing {part}; wait for it or stop it") from None
-        first = partial_bytes(base, sha256)
-        if first > size:         # cannot be a prefix of this file: start it over
+        first = partial_bytes(base, _key(f))
+        if first > size:                    # cannot be a prefix of this file: start it over
+            os.unlink(part)
             first = 0
-        have = first
-        for attempt in range(FROM_ZERO_ATTEMPTS):
-            # huggingface_hub refuses a file over its plain-HTTP limit only on a request from byte 0 with
-            # the size given; without it the length is checked against Content-Length (and below).
-            expected = size if size <= constants.MAX_HTTP_DOWNLOAD_SIZE or have else None
-            try:
-                # "r+b", not "ab": http_get seeks back to 0 when a server answers a Range request with 200.
-                with open(part, "r+b" if have else "wb") as fh:
-                    fh.seek(have)
-                    http_get(url, fh, resume_size=have, headers=headers, expected_size=expected,
-                             displayed_filename=name, tqdm_class=tqdm_class)
-                    fh.flush()
-                    os.fsync(fh.fileno())
+        resumed_from = first
+        error = None
+        for attempt in range(RETRIES + 1):
+            have = partial_bytes(base, _key(f))
+            if have == size:
                 break
-            except ValueError:
-                # http_get's own retry after a cut before its first 10 MiB chunk asks again from byte 0
-                # with the size it learnt, and refuses itself: ask again here, the same way as above.
-                have = partial_bytes(base, sha256)
-                if expected is not None or have or attempt == FROM_ZERO_ATTEMPTS - 1:
-                    raise
-        got = os.path.getsize(part)
+            headers = {"Range": f"bytes={have}-"} if have else {}
+            try:
+                with _OPENER.open(_request(url, token, headers), timeout=timeout) as resp:
+                    status = resp.status
+                    if have and status == 200:      # the server ignored the Range: start from byte 0
+                        have = 0
+                        if attempt == 0:
+                            resumed_from = 0
+                    elif status == 206:
+                        start = re.match(r"bytes (\d+)-", resp.headers.get("Content-Range", "") or "")
+                        if not start or int(start.group(1)) != have:
+                            raise RuntimeError(f"{name}: asked from byte {have}, got "
+                                               f"{resp.headers.get('Content-Range')!r}")
+                    with open(part, "r+b" if have else "wb") as fh:
+                        fh.seek(have)
+                        fh.truncate()
+                        try:
+                            while True:
+                                chunk = resp.read(READ_SIZE)
+                                if not chunk:
+                                    break
+                                fh.write(chunk)
+                                fh.flush()
+                        except http.client.IncompleteRead as cut:   # keep what arrived before the cut
+                            fh.write(cut.partial)
+                            raise
+                        finally:
+                            fh.flush()
+                            os.fsync(fh.fileno())
+                error = None
+            except urllib.error.HTTPError as err:
+                if err.code == 416 and partial_bytes(base, _key(f)) == size:
+                    break
+                if err.code in (401, 403, 404):
+                    raise RuntimeError(f"{name}: HTTP {err.code} from {url.split('/resolve/')[0]} (gated repo: "
+                                       "HF_TOKEN; wrong repo or revision: the profile)") from None
+                error = err
+            except (OSError, http.client.HTTPException) as err:   # URLError, timeouts, resets, IncompleteRead
+                error = err
+            if partial_bytes(base, _key(f)) == size:
+                break
+            if attempt < RETRIES:
+                time.sleep(min(2 ** attempt, 30))
+        got = partial_bytes(base, _key(f))
         if got != size:
-            raise OSError(f"{name}: partial has {got} bytes, expected {size}; re-run to continue it")
+            why = f" ({type(error).__name__}: {error})" if error is not None else ""
+            raise OSError(f"{name}: partial has {got} bytes, expected {size}; re-run to continue it{why}")
         os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
         os.replace(part, final)
-        if record is not None:
-            _record_for_hub_client(record[0], name, record[1], sha256)
-        return {"path": name, "size": size, "resumed_from": first}
+        if progress:
+            print(f"fetched {name} ({size} B, from byte {resumed_from})", file=sys.stderr, flush=True)
+        return {"path": name, "size": size, "resumed_from": resumed_from}
     finally:
         lock.close()
-
-
-def _record_for_hub_client(dest, name, revision, sha256):
-    """Tell snapshot_download this file is the pinned revision's (else it would re-hash it to compare
-    with the ETag). Private API: if it moves, the client just does that extra hash."""
-    try:
-        from pathlib import Path
-
-        from huggingface_hub._local_folder import write_download_metadata
-        write_download_metadata(local_dir=Path(dest), filename=name, commit_hash=revision, etag=sha256)
-    except Exception:  # noqa: BLE001 - only an optimisation
-        pass
 
 
 def write_ref(dest, repo, revision, ref="main"):
@@ -227,55 +291,55 @@ def write_ref(dest, repo, revision, ref="main"):
 
 def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
              max_workers=8, download_timeout=120, etag_timeout=30, token=None, progress=True,
-             fetched=None, lfs=None, layout=LAYOUT):
-    """Pinned download into ``dest`` in ``layout``: LFS files by :func:`resumable_fetch` (``lfs``:
-    its ``files``), the rest by ``snapshot_download``. Returns the tree (:func:`tree_dir`);
-    ``fetched`` (a list) receives resumable_fetch's records."""
+             fetched=None, files=None, layout=LAYOUT):
+    """Pinned download into ``dest`` in ``layout``. ``files``: the expected files ([{"path", "size",
+    "sha256" | "git_sha1"}], the runbook's Hub metadata), else read from the Hub API; both filtered by the
+    patterns. Files already complete are kept. Returns the tree (:func:`tree_dir`); ``fetched`` (a list)
+    receives one record per LFS file fetched: {"path", "size", "resumed_from"} (``resumed_from`` > 0:
+    bytes an earlier run had already fetched)."""
     if not SHA40.match(revision or ""):
         raise ValueError(f"revision must be a pinned 40-hex commit sha, got {revision!r}")
     _check_layout(layout)
-    # The download timeout is read from huggingface_hub.constants at call time (http_get), and the
-    # environment variable is read at import: set both, so it holds however the module was loaded.
-    os.environ["HF_HUB_DOWNLOAD_TIMEOUT"] = str(int(download_timeout))
-    os.environ["HF_HUB_ETAG_TIMEOUT"] = str(int(etag_timeout))
-    if not progress:
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-    from huggingface_hub import constants, snapshot_download
-    old_timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
-    constants.HF_HUB_DOWNLOAD_TIMEOUT = int(download_timeout)
-    try:
-        records = resumable_fetch(repo, revision, dest, endpoint=endpoint, allow_patterns=allow_patterns,
-                                  ignore_patterns=ignore_patterns, max_workers=max_workers,
-                                  etag_timeout=etag_timeout, token=token, progress=progress, files=lfs,
-                                  layout=layout)
-        if fetched is not None:
-            fetched.extend(records)
-        kwargs = {}
-        if progress:
-            from tqdm.auto import tqdm
-            kwargs["tqdm_class"] = tqdm
-        if layout == "local_dir":
-            kwargs["local_dir"] = dest
-        else:
-            kwargs["cache_dir"] = dest
-        path = snapshot_download(
-            repo_id=repo, revision=revision, endpoint=endpoint,
-            allow_patterns=allow_patterns or None, ignore_patterns=ignore_patterns or None,
-            max_workers=max(1, int(max_workers)), etag_timeout=etag_timeout,
-            token=token if token else False, **kwargs)
-        if layout == "hub_cache":
-            write_ref(dest, repo, revision)
-        return path
-    finally:
-        constants.HF_HUB_DOWNLOAD_TIMEOUT = old_timeout
+    if files is None:
+        files = hub_files(repo, revision, endpoint=endpoint, token=token, timeout=etag_timeout)
+    keep = set(select([f["path"] for f in files], allow_patterns, ignore_patterns))
+    files = [f for f in files if f["path"] in keep]
+    base = store_dir(layout, dest, repo)
+    tree = tree_dir(layout, dest, repo, revision)
+    os.makedirs(tree, exist_ok=True)
+    todo = []
+    for f in files:
+        if _complete(os.path.join(tree, f["path"]), int(f["size"])):
+            continue
+        if _complete(_final_path(layout, dest, repo, f), int(f["size"])):
+            _link(layout, dest, repo, revision, f)        # the blob is there, its link is not
+            continue
+        todo.append(f)
+
+    def fetch(f):
+        record = _fetch_one(resolve_url(repo, revision, f["path"], endpoint), token, base,
+                            _final_path(layout, dest, repo, f), f, download_timeout, progress)
+        _link(layout, dest, repo, revision, f)
+        return record
+
+    todo.sort(key=lambda f: -int(f["size"]))        # the long transfers first: the pool ends sooner
+    with ThreadPoolExecutor(max_workers=max(1, int(max_workers))) as pool:
+        records = list(pool.map(fetch, todo))
+    if fetched is not None:
+        by_path = {f["path"]: f for f in files}
+        fetched.extend(r for r in records if by_path[r["path"]].get("sha256"))
+    if layout == "hub_cache":
+        write_ref(dest, repo, revision)
+    return tree
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="pinned snapshot download (runbook)")
+    ap = argparse.ArgumentParser(description="pinned snapshot download (runbook, standard library only)")
     ap.add_argument("--repo", required=True)
     ap.add_argument("--revision", required=True)
     ap.add_argument("--dest", required=True)
     ap.add_argument("--endpoint", default=None)
+    ap.add_argument("--files", default="", help="expected-file JSON ({'files': [...]}) instead of the Hub API")
     ap.add_argument("--allow", action="append", default=[])
     ap.add_argument("--ignore", action="append", default=[])
     ap.add_argument("--max-workers", type=int, default=8)
@@ -292,11 +356,16 @@ def main(argv=None):
     t0 = time.monotonic()
     fetched = []
     try:
+        files = None
+        if args.files:
+            with open(args.files) as fh:
+                doc = json.load(fh)
+            files = doc["files"] if isinstance(doc, dict) else doc
         path = snapshot(args.repo, args.revision, args.dest, endpoint=args.endpoint,
                         allow_patterns=args.allow, ignore_patterns=args.ignore,
                         max_workers=args.max_workers, download_timeout=args.timeout,
                         etag_timeout=args.etag_timeout, token=token, progress=not args.no_progress,
-                        fetched=fetched, layout=args.layout)
+                        fetched=fetched, files=files, layout=args.layout)
     except Exception as err:  # noqa: BLE001 - report as JSON, never echo the token
         msg = str(err)
         if token:

@@ -1,8 +1,9 @@
 """Getting the verified weights onto the worker: ``rsync`` | ``download-both`` | ``nfs``, then parity.
 
 Everything on a node goes through the remote layer (``node.read``/``node.run``/``node.put``); the
-verification on a node is ``verify_manifest.py`` shipped and run with the node's ``python3`` (the
-same code that verifies locally). JIT/compile caches stay node-local (``cache_dir_is_local``).
+download and the verification on a node are ``node_download.py`` and ``verify_manifest.py`` (standard
+library only, the same code that runs locally), shipped into the node's private tools dir
+(``~/.cache/spark-runbook/tools``, 0700, owner checked) and run with the node's own ``python3``. JIT/compile caches stay node-local (``cache_dir_is_local``).
 Every node path may be written ``~/…``: it is expanded with that node's own home
 (``node_paths.on_node``) before it goes into a command, so commands only ever carry absolute paths.
 """
@@ -30,7 +31,7 @@ from .node_paths import node_user, on_node
 from .verify import manifest_to_expected, parity
 from .verify_manifest import MANIFEST_NAME
 
-REMOTE_TOOLS = "/tmp/spark-runbook-weights"
+TOOLS_SUBDIR = ".cache/spark-runbook/tools"      # under the SSH user's home: private (0700), never /tmp
 NFS_EXPORT_OPTS = "ro,sync,no_subtree_check,root_squash"
 NFS_MOUNT_OPTS = "vers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
 EXPORTS_DIR = "/etc/exports.d"
@@ -54,10 +55,27 @@ def _q(value: Any) -> str:
 # -------------------------------------------------------------------------------------------
 # shipping the verifier / downloader and reading manifests on a node
 
-def ship_tools(node, remote_dir: str = REMOTE_TOOLS) -> dict[str, str]:
-    """Copy ``verify_manifest.py`` and ``node_download.py`` to the node. Returns remote paths."""
-    node.run(f"mkdir -p {_q(remote_dir)}", timeout=30)
-    out = {}
+def tools_dir(node) -> str:
+    """The node's private tools directory, ``~/.cache/spark-runbook/tools`` (that node's home)."""
+    return posixpath.join(node_user(node).home, TOOLS_SUBDIR)
+
+
+def private_dir_cmd(directory: str) -> str:
+    """Create ``directory`` 0700 and prove it is ours: a real directory (not a link) owned by the SSH user.
+    What runs from it and the token file in it are then nobody else's to replace or read."""
+    d = _q(directory)
+    return (f"umask 077 && mkdir -p {d} && [ ! -L {d} ] && [ -d {d} ] && "
+            f"[ \"$(stat -c %u {d})\" = \"$(id -u)\" ] && chmod 0700 {d} && [ \"$(stat -c %a {d})\" = 700 ] || "
+            f"{{ echo \"not a private directory of $(id -un): $(stat -c '%U %a %F' {d} 2>&1)\" >&2; exit 1; }}")
+
+
+def ship_tools(node, remote_dir: str | None = None) -> dict[str, str]:
+    """Copy the standard-library tools (``verify_manifest.py``, ``node_download.py``) into the node's private
+    tools dir (:func:`tools_dir`, checked by :func:`private_dir_cmd`); they run with the node's ``python3``
+    and import no package of it. Returns remote paths (``dir``: the directory)."""
+    remote_dir = remote_dir or tools_dir(node)
+    node.run(private_dir_cmd(remote_dir), timeout=30)
+    out = {"dir": remote_dir}
     for mod in (verify_manifest, node_download):
         name = Path(mod.__file__).name
         remote = posixpath.join(remote_dir, name)
@@ -89,11 +107,11 @@ def _last_json(text: str) -> dict[str, Any] | None:
 
 def verify_on_node(node, directory: str, expected: dict[str, Any], *, python: str = "python3",
                    workers: int = 4, reuse: bool = True, write: bool = True,
-                   remote_dir: str = REMOTE_TOOLS, timeout: float = 4 * 3600) -> dict[str, Any]:
+                   remote_dir: str | None = None, timeout: float = 4 * 3600) -> dict[str, Any]:
     """Run ``verify_manifest.py`` on ``node`` against ``expected``; return its JSON report."""
     directory = on_node(node, directory)
     tools = ship_tools(node, remote_dir)
-    exp_remote = posixpath.join(remote_dir, f"expected-{uuid.uuid4().hex[:8]}.json")
+    exp_remote = posixpath.join(tools["dir"], f"expected-{uuid.uuid4().hex[:8]}.json")
     _put_json(node, expected, exp_remote)
     cmd = (f"{python} {_q(tools['verify_manifest'])} --dir {_q(directory)} --expected {_q(exp_remote)}"
            f" --workers {int(workers)}" + ("" if reuse else " --no-reuse") + ("" if write else " --no-write"))
@@ -184,12 +202,14 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
 
 def render_node_download(tool: str, repo: str, revision: str, dest: str, *, python: str = "python3",
                          endpoint: str | None = None, allow: Iterable[str] = (), ignore: Iterable[str] = (),
-                         max_workers: int = 8, timeout: int = 120, token_file: str = "",
+                         max_workers: int = 8, timeout: int = 120, token_file: str = "", files: str = "",
                          layout: str = node_download.LAYOUT) -> str:
     parts = [python, tool, "--repo", repo, "--revision", require_pinned(revision), "--dest", dest,
              "--layout", layout, "--max-workers", int(max_workers), "--timeout", int(timeout), "--no-progress"]
     if endpoint:
         parts += ["--endpoint", endpoint]
+    if files:
+        parts += ["--files", files]
     for p in allow:
         parts += ["--allow", p]
     for p in ignore:
@@ -207,17 +227,21 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
     """The node downloads the pinned revision itself (from ``endpoint``) into ``dest`` in ``layout``
     and verifies it (``data["tree"]``: the verified directory on the node).
 
-    ``python`` must have huggingface_hub (e.g. the venv or the serving image's python). The token,
-    if any, goes to a 0600 file on the node (never on the command line) and is removed afterwards.
+    ``python``: the node's ``python3`` (>= 3.8; the shipped downloader and verifier use the standard
+    library only, so no ``huggingface_hub`` or other package is needed there). The files to fetch are
+    ``expected`` (the Hub metadata read here), shipped as JSON next to the tools. The token, if any, goes
+    to a 0600 file in the node's private tools dir (never on the command line) and is removed afterwards.
     """
     result = ShareResult("download-both")
     dest = on_node(node, dest)
     tree = node_download.tree_dir(layout, dest, repo, revision)
     tools = ship_tools(node)
+    files_remote = posixpath.join(tools["dir"], f"files-{uuid.uuid4().hex[:8]}.json")
+    _put_json(node, expected, files_remote)
     token = token or hf_token_from_env()
     token_file = ""
     if token:
-        token_file = posixpath.join(REMOTE_TOOLS, f".tok-{uuid.uuid4().hex[:8]}")
+        token_file = posixpath.join(tools["dir"], f".tok-{uuid.uuid4().hex[:8]}")
         node.run(f"umask 077 && : > {_q(token_file)} && chmod 600 {_q(token_file)}", timeout=30)
         fd, local = tempfile.mkstemp()
         try:
@@ -228,22 +252,21 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
             os.unlink(local)
     cmd = render_node_download(tools["node_download"], repo, revision, dest, python=python,
                                endpoint=endpoint, allow=allow, ignore=ignore, max_workers=max_workers,
-                               timeout=timeout, token_file=token_file, layout=layout)
+                               timeout=timeout, token_file=token_file, files=files_remote, layout=layout)
     t0 = time.monotonic()
     try:
         res = node.run(cmd, timeout=run_timeout, warn=True)
     finally:
-        if token_file:
-            node.run(f"rm -f {_q(token_file)}", timeout=30, warn=True)
+        node.run(f"rm -f {_q(files_remote)}" + (f" {_q(token_file)}" if token_file else ""), timeout=30, warn=True)
     seconds = time.monotonic() - t0
     out = _last_json(res.stdout) or {}
     result.data.update(command=cmd, seconds=round(seconds, 2), dest=dest, tree=tree, layout=layout)
     ok = res.ok and bool(out.get("ok")) or getattr(res, "dry_run", False)
     result.checks.append(check("weights.download", ok, node=node.name,
                                observed=f"exit {res.exit_code} in {seconds:.1f} s {out.get('error', '')}".strip(),
-                               expected="snapshot_download completes",
-                               fix="check HF_ENDPOINT is reachable from the node and the python has "
-                                   "huggingface_hub; re-run keeps finished files"))
+                               expected="the pinned download completes (node_download.py, standard library)",
+                               fix="check HF_ENDPOINT (and HF_TOKEN for a gated repo) from the node; re-run keeps "
+                                   "finished files and continues a cut one from its partial"))
     if not ok or getattr(res, "dry_run", False):
         return result
     if out.get("resumable"):
@@ -321,29 +344,78 @@ def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *
     }
 
 
-SUDOERS_PROGRAMS = "/usr/bin/mkdir, /usr/bin/tee /etc/exports.d/spark-runbook-*.exports, /usr/sbin/exportfs, " \
-                   "/usr/bin/mount, /usr/bin/umount, /usr/bin/rm -f /etc/exports.d/spark-runbook-*.exports"
+# The one definition of what the kernel NFS mode runs as root: (program, argument pattern in sudoers
+# syntax; "" = any arguments). The sudoers drop-in the fix prescribes is built from it, the probe asks
+# sudo about each rendered command against it (`sudo -n -l <command>`), and a unit test proves that every
+# command render_nfs prefixes with `sudo -n` matches one of these rules.
+SUDO_RULES: tuple[tuple[str, str], ...] = (
+    ("/usr/bin/mkdir", ""),
+    ("/usr/bin/tee", f"{EXPORTS_DIR}/spark-runbook-*.exports"),
+    ("/usr/sbin/exportfs", ""),
+    ("/usr/bin/mount", ""),
+    ("/usr/bin/umount", ""),
+    ("/usr/bin/rm", f"-f {EXPORTS_DIR}/spark-runbook-*.exports"),
+)
+SUDOERS_PROGRAMS = ", ".join(f"{prog} {args}".strip() for prog, args in SUDO_RULES)
+SUDOERS_FILE = "/etc/sudoers.d/spark-runbook"
+
+
+def sudoers_fix(user: str, node: str) -> str:
+    """The exact commands that install the drop-in allowing :data:`SUDO_RULES` for ``user``."""
+    return (f"on {node}: echo '{user} ALL=(root) NOPASSWD: {SUDOERS_PROGRAMS}' | sudo tee {SUDOERS_FILE} "
+            f"&& sudo chmod 0440 {SUDOERS_FILE} && sudo visudo -cf {SUDOERS_FILE}; or set HEAD_SSH/WORKER_SSH "
+            "to root@…")
+
+
+def sudo_argvs(commands: Iterable[str]) -> list[list[str]]:
+    """The argv of every ``sudo -n <program> …`` inside ``commands`` (up to the next shell operator or
+    redirection), in order, without repeats."""
+    out: list[list[str]] = []
+    for command in commands:
+        lex = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        tokens = list(lex)
+        for i in range(len(tokens) - 1):
+            if tokens[i] == "sudo" and tokens[i + 1] == "-n":
+                argv = []
+                for tok in tokens[i + 2:]:
+                    if set(tok) <= set("();<>|&"):
+                        break
+                    argv.append(tok)
+                if argv and argv[-1].isdigit():       # `2>/dev/null`: the fd number before the operator
+                    argv.pop()
+                if argv and argv not in out:
+                    out.append(argv)
+    return out
+
+
+def sudo_probe_cmd(argv: list[str]) -> str:
+    """Read-only: may the SSH user run exactly this command as root without a password? (``sudo -l``
+    with a command exits 0 and prints its full path when the sudoers rules allow it.)"""
+    return "sudo -n -l " + " ".join(_q(a) for a in argv)
 
 
 def sudo_check(node, commands: list[str]) -> Check | None:
-    """Before anything changes: when ``commands`` use ``sudo -n``, prove it works without a password
-    (``sudo -n true``, read-only). Returns a FAIL naming the first such command and the sudoers
-    drop-in that allows exactly those programs, or None when sudo is not needed or works."""
-    needing = [c for c in commands if "sudo -n " in c]
-    if not needing:
+    """Before anything changes: when ``commands`` use ``sudo -n``, prove sudo allows each of them without
+    a password (:func:`sudo_probe_cmd` per command: what the drop-in of :func:`sudoers_fix` allows, not
+    ``sudo -n true``, which it does not). Returns a FAIL naming the first refused command and the drop-in,
+    or None when sudo is not needed or allows all of them."""
+    argvs = sudo_argvs(commands)
+    if not argvs:
         return None
-    res = node.read("sudo -n true", timeout=20)
-    if res.ok:
-        return None
-    user = node_user(node).name
-    said = ((res.stderr or "") + (res.stdout or "")).strip().splitlines()
-    return check("weights.nfs.sudo", False, node=node.name,
-                 observed=f"`sudo -n true` as {user}: exit {res.exit_code} {said[-1] if said else ''}".strip()
-                          + f"; the NFS mode would run `{needing[0]}` first",
-                 expected=f"{user} may run the NFS commands with sudo without a password (or SSH as root)",
-                 fix=(f"on {node.name}: echo '{user} ALL=(root) NOPASSWD: {SUDOERS_PROGRAMS}' | "
-                      f"sudo tee /etc/sudoers.d/spark-runbook && sudo chmod 0440 /etc/sudoers.d/spark-runbook "
-                      f"&& sudo visudo -cf /etc/sudoers.d/spark-runbook; or set HEAD_SSH/WORKER_SSH to root@…"))
+    for argv in argvs:
+        res = node.read(sudo_probe_cmd(argv), timeout=20)
+        if res.ok:
+            continue
+        user = node_user(node).name
+        said = ((res.stderr or "") + (res.stdout or "")).strip().splitlines()
+        return check("weights.nfs.sudo", False, node=node.name,
+                     observed=(f"`{sudo_probe_cmd(argv)}` as {user}: exit {res.exit_code} "
+                               f"{said[-1] if said else ''}").strip(),
+                     expected=f"{user} may run the {len(argvs)} NFS commands with sudo without a password "
+                              "(or SSH as root)",
+                     fix=sudoers_fix(user, node.name))
+    return None
 
 
 def nfs_share(head, worker, export_dir: str, mountpoint: str, *, execute: bool,
@@ -593,6 +665,12 @@ __all__ = [
     "render_rsync",
     "rsync_to_worker",
     "ship_tools",
+    "tools_dir",
+    "private_dir_cmd",
     "sudo_check",
+    "sudo_argvs",
+    "sudo_probe_cmd",
+    "sudoers_fix",
+    "SUDO_RULES",
     "verify_on_node",
 ]

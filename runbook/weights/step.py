@@ -19,7 +19,6 @@ from typing import Any
 
 from ..checks import Check, CheckList, check, not_applicable
 from ..errors import RemoteError, RunbookError
-from ..evidence import REPO_ROOT
 from ..facts import system
 from .download import RepoSnapshot, fetch_metadata, hf_token_from_env, require_pinned
 from .layout import weights_layout
@@ -40,9 +39,10 @@ def on_lab(profile) -> bool:
 
 
 def node_python(profile) -> str:
-    """A python with huggingface_hub on the nodes. The lab's nodes share this machine's
-    filesystem, so they use the package's own venv; on Sparks the operator's python3."""
-    return str(REPO_ROOT / ".venv" / "bin" / "python") if on_lab(profile) else "python3"
+    """The node's own ``python3``, on the Sparks and on the lab's nodes alike: what step 02 runs there
+    (``node_download.py``, ``verify_manifest.py``) needs the standard library only (preflight checks the
+    version), never a package of the node's Python (stock DGX OS has no ``huggingface_hub``, PEP 668)."""
+    return "python3"
 
 
 def worker_dir(profile) -> str:

@@ -83,6 +83,31 @@ def test_report_written_and_self_contained(full_run):
     assert "https://" not in html and "<script src=" not in html and "<link " not in html
 
 
+def test_bench_roofline_panel_with_the_tiny_models_bytes_and_the_cpu_bandwidth(full_run):
+    """Issue 26 on the lab: every rank's CPU memory bandwidth before and after the bench, the tiny model's
+    bytes per step from its safetensors headers, measured/ceiling per class and thinking mode, the
+    reconciliation with `vllm bench serve`; all of it on the report page."""
+    _, run_dir, _ = full_run
+    data = _sidecar(run_dir, "07_bench")["data"]
+    membw = data["membw"]
+    for phase in ("before", "after"):
+        assert set(membw[phase]) == {"head", "worker"}, membw
+        assert all(r.get("gbs", 0) > 0 and "CPU memory bandwidth (lab)" in r["label"] for r in membw[phase].values())
+    assert membw["valid"] in (True, False)
+    roof = data["roofline"]
+    assert roof["step"]["source"].startswith("safetensors headers of"), roof.get("error")
+    assert 1e6 < roof["plain_bytes_per_rank"] < 1e8 and roof["bandwidth"] > 0
+    rows = roof["rows"]
+    classes = {(r["class"], r["thinking"]) for r in rows}
+    assert {(c, t) for c in ("prose", "code", "structured", "tool") for t in ("off", "on")} <= classes, classes
+    assert all(r["tokens_per_step"] == 1.0 and 0 < r["measured_over_ceiling"] < 1 for r in rows), rows
+    html = (run_dir.path / "report.html").read_text()
+    assert "Roofline: how close to the memory-bandwidth limit" in html and "CPU memory bandwidth (lab)" in html
+    assert "Memory bandwidth per rank" in html
+    if (data.get("vllm_cross_check") or {}).get("reconciliation"):
+        assert "Protocol reconciliation" in html
+
+
 def test_a_second_start_while_the_ranks_run_exits_3(two_runs):
     """The seeds' contract: `start` on running ranks is not a failure, it is exit 3 (before the stop test)."""
     import subprocess
@@ -114,7 +139,7 @@ def test_stop_leaves_nothing_behind(full_run):
 def test_second_run_reuses_the_running_server(two_runs):
     _, (first_dir, first), (second_dir, second) = two_runs
     assert [o.status for o in first] and all(o.status == "passed" for o in first), first
-    assert all(o.status == "passed" for o in second), [(o.name, o.status, o.error[:300]) for o in second]
+    assert second and all(o.status == "passed" for o in second), [(o.name, o.status, o.error[:300]) for o in second]
     pre = CheckList.from_records(_sidecar(second_dir, "00_preflight")["checks"])
     noop = {c.name for c in pre if c.status is Status.NOOP}
     assert {"no stale vLLM ranks", "API port 8000 free", "master port 29501 free"} <= noop, noop

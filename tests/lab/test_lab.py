@@ -191,6 +191,32 @@ def test_host_key_verification_is_on(lab, tmp_path):
     assert out[0] == worker.alias and out[1] == head.fabric_ip and out[3] == worker.fabric_ip
 
 
+def test_a_live_node_whose_host_key_changed_is_not_rebuilt_over(lab, tmp_path):
+    """A node that runs but fails its pinned host key is for a person to judge: ``up`` refuses, names the node and
+    the rebuild command, and leaves every node (and whatever runs there) as it was."""
+    worker = lab.node("worker")
+    before = netlab.status(lab.lab_dir)
+    assert before["healthy"], before
+    pids = {name: node["sshd_pid"] for name, node in before["nodes"].items()}
+    original = lab.known_hosts.read_text()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True,
+                   timeout=30, stdin=subprocess.DEVNULL)
+    pub = " ".join((tmp_path / "other.pub").read_text().split()[:2])
+    lines = [line for line in original.splitlines() if line.strip()]
+    changed = [f"{line.split()[0]} {pub}" if worker.alias in line.split()[0].split(",") else line for line in lines]
+    assert changed != lines, "the worker's pinned key was not found in the lab's known_hosts"
+    try:
+        lab.known_hosts.write_text("\n".join(changed) + "\n")
+        with pytest.raises(LabError) as err:
+            netlab.up(lab.lab_dir, nodes=len(lab.nodes))
+        assert "worker" in err.value.observed and "lab down" in err.value.fix
+        assert lab.known_hosts.read_text() == "\n".join(changed) + "\n", "up re-pinned a host key on its own"
+    finally:
+        lab.known_hosts.write_text(original)
+    after = netlab.status(lab.lab_dir)
+    assert after["healthy"] and {name: node["sshd_pid"] for name, node in after["nodes"].items()} == pids
+
+
 def ok_local(argv: list[str]) -> str:
     res = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr

@@ -138,7 +138,8 @@ def test_a_missing_patch_target_stops_every_rank_before_vllm(cluster, tiny_model
     failed = [c for c in result.checks if c.status == Status.FAIL]
     text = " ".join(c.observed for c in failed)
     assert "FATAL: patch target vllm.entrypoints.launchers.app.build_app_gone missing" in text, text
-    assert all(c.status == Status.NOOP for c in _rows(result, CHECKOUT_ROW).values())   # the tree was at the pin
+    checkout_rows = _rows(result, CHECKOUT_ROW)
+    assert checkout_rows and all(c.status == Status.NOOP for c in checkout_rows.values())   # the tree was at the pin
     for node in cluster:
         st = ranks.rank_state(node, profile)
         assert not st.running and not st.processes, (node.name, st)

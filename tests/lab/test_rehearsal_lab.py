@@ -121,10 +121,14 @@ def test_every_step_passed_and_only_hardware_rows_are_simulated(rehearsal):
     real = [c for c in _checks(run_dir, "01_network") if c.name.startswith(REAL_NETWORK)]
     assert real and all(c.status is Status.PASS for c in real), [(c.name, c.status) for c in real]
     # the substitutions and the simulated rows are in the evidence and on the report
-    substituted = json.loads((run_dir.path / "rehearsal.json").read_text())["substituted"]
+    record = json.loads((run_dir.path / "rehearsal.json").read_text())
+    substituted = record["substituted"]
     assert {s["key"] for s in substituted} >= {"HEAD_SSH", "IMAGE", "HF_REVISION", "REHEARSAL"}
+    kinds = [s["kind"] for s in substituted]
+    assert record["counts"] == {k: kinds.count(k) for k in set(kinds)} and set(kinds) == {"hardware", "lab"}
     html = (run_dir.path / "report.html").read_text()
     assert "SIMULATED" in html and "rehears" in html.lower()
+    assert f"{len(substituted)} key(s) substituted (hardware: {kinds.count('hardware')}, lab: {kinds.count('lab')})" in html
     for _, name, _ in simulated[:5]:
         assert name.replace(">", "&gt;") in html or name in html, name
 

@@ -59,6 +59,26 @@ def test_download_both_mode_proves_parity(lab_profile):
             cluster.worker.run("rm -rf /mnt/nvme/models/tiny-own", timeout=30, warn=True)
 
 
+def test_the_nodes_own_python3_without_huggingface_hub_downloads(lab_profile):
+    """Issue 22 item 3 on the lab: the nodes' python3 is the distribution's (no huggingface_hub), and step 02's
+    download and verification run with it (a4d36a1 lent the nodes the runbook's venv and imported the package)."""
+    profile = lab_profile.with_overrides({"WEIGHT_SYNC": "download-both",
+                                          "WORKER_WEIGHTS_DIR": "/mnt/nvme/models/tiny-bare"})
+    assert weights_step.node_python(profile) == "python3"
+    with Cluster.from_profile(profile) as cluster:
+        for node in cluster.nodes:
+            r = node.read("python3 -c 'import huggingface_hub'", timeout=30)
+            assert not r.ok and "No module named" in (r.stderr + r.stdout), (node.name, r.stdout, r.stderr)
+        try:
+            checks, _ = weights_step.run(profile, cluster, compare_sha256sum=False)
+            assert not _failed(checks), _failed(checks)
+            assert [c.node for c in checks if c.name == "weights.download"] == ["head", "worker"]
+            r = cluster.worker.read("stat -c '%a %U' ~/.cache/spark-runbook/tools", timeout=30)
+            assert r.ok and r.stdout.split()[0] == "700", r.stdout
+        finally:
+            cluster.worker.run("rm -rf /mnt/nvme/models/tiny-bare", timeout=30, warn=True)
+
+
 def test_flipped_byte_on_worker_is_named(lab_profile):
     with Cluster.from_profile(lab_profile) as cluster:
         checks, _ = weights_step.run(lab_profile, cluster, compare_sha256sum=False)

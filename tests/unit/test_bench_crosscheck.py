@@ -33,6 +33,7 @@ def test_argv_is_exact_lengths_and_never_carries_the_key(tmp_path):
     assert not any("key" in a.lower() for a in argv)
 
 
+@pytest.mark.slow
 def test_a_client_that_fails_is_a_warn_not_a_pass(tmp_path):
     with spawn(RefConfig(ttft_s=0.01, interval_s=0.004)) as url:
         result = _result(url, tmp_path)
@@ -43,6 +44,7 @@ def test_a_client_that_fails_is_a_warn_not_a_pass(tmp_path):
     assert "No module named" in (tmp_path / "vb" / "vllm-bench.log").read_text()
 
 
+@pytest.mark.slow
 def test_no_vllm_or_no_single_stream_case_is_na(tmp_path):
     with spawn(RefConfig(ttft_s=0.01, interval_s=0.004)) as url:
         result = _result(url, tmp_path)
@@ -66,5 +68,12 @@ def test_vllm_bench_serve_agrees_with_the_harness_on_the_reference_server(tmp_pa
     assert data["vllm_bench"]["completed"] == 3 and data["vllm_bench"]["failed"] == 0
     assert abs(data["vllm"]["decode_tok_s"] - 100.0) / 100.0 < 0.05, data["vllm"]
     assert abs(data["harness"]["decode_tok_s"] - 100.0) / 100.0 < 0.01, data["harness"]
+    # the protocol reconciliation: every figure of both clients, the deltas split into their causes
+    rec = {r["figure"]: r for r in data["reconciliation"]}
+    assert rec["TTFT (ms)"]["vllm"] == data["vllm_bench"]["median_ttft_ms"]
+    assert rec["decode (tok/s)"]["harness"] == pytest.approx(data["harness"]["decode_tok_s"])
+    assert abs(rec["decode (tok/s)"]["residual"]) < 5.0          # one token per chunk: n-1 vs n-f explains ~0
+    assert [c["cause"] for c in rec["TTFT (ms)"]["causes"]][:2] == ["first chunk vs first token",
+                                                                     "warm-up and connections"]
     saved = json.loads((tmp_path / "vb" / "vllm-bench.json").read_text())
     assert "sk-cross-DO-NOT-LEAK" not in json.dumps(saved) + (tmp_path / "vb" / "vllm-bench.log").read_text()

@@ -24,6 +24,8 @@ from runbook.bench.reftiming import truth_records
 from runbook.bench.result import BenchConfig, load_records
 from runbook.bench.runner import run_benchmark
 
+pytestmark = pytest.mark.slow          # timing against a spawned reference server: make test, not make check
+
 TTFT, INTERVAL, PREFILL_RATE = 0.25, 0.015, 10_000.0
 PROMPT, DECODE, PREFILL_P = 100, 64, 6000
 TOL = 0.01

@@ -149,6 +149,7 @@ def _when_soak_starts(s, n: int, **changes) -> threading.Thread:
     return th
 
 
+@pytest.mark.slow
 def test_soak_passes_then_detects_collapse_and_stall():
     with serve_in_thread(RefConfig(**FAST)) as s:
         cfg = small(concurrency=(1, 2), soak_seconds=0.9, soak_window_s=0.3, soak_stall_s=2.0)

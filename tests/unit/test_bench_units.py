@@ -137,6 +137,7 @@ def _result(scale: float = 1.0, config: dict | None = None) -> BenchResult:
     return BenchResult(SCHEMA_VERSION, "run1", "http://127.0.0.1:8000", "m", dict(config or PROSE_OFF), {}, cases)
 
 
+@pytest.mark.slow
 def test_published_figures_and_table(tmp_path):
     pub = load_published()
     a = {(f["recipe"], f["metric"], f["concurrency"], f["prompt_tokens"]): f["value"] for f in pub["figures"]

@@ -35,6 +35,7 @@ def src(tmp_path_factory) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_pack_tp2_both_ranks_byte_for_byte(tools, src, tmp_path):
     out = tmp_path / "packed"
     lay = L.EngramLayout.from_config(config(src), 2)

@@ -25,6 +25,7 @@ from runbook.engram.precheck import precheck
 from runbook.engram.tools import TOOL_FILES
 from support.doubles import FakeCluster, LocalNode
 from support.engram import PY, expected_file, run_tool, tool_node
+from support.profiles import profile_from
 
 ENGRAM_DIR = Path(L.__file__).resolve().parent
 RB = 264
@@ -139,8 +140,7 @@ def test_disk_full_mid_write_then_grown_resumes_and_counts_only_the_rest(tools, 
 
     # the step's pre-check (gather_facts over a node, then precheck) says the same
     cluster = FakeCluster([tool_node("head", 0)])
-    prof = SimpleNamespace(tp=2, nodes=[cluster.nodes[0].spec], engram_src_dir=str(src),
-                           engram_packed_dir=str(mnt), engram_gib=0)
+    prof = profile_from("env/lab.env", ENGRAM_SRC_DIR=src, ENGRAM_PACKED_DIR=mnt, ENGRAM_GIB=0)   # head only here
     facts = gather_facts(cluster, prof)
     space = next(c for c in precheck(prof, facts, layers=[1]) if c.name == "engram packed dir free space")
     assert space.status is Status.FAIL and space.data["need_bytes"] == remaining, space
@@ -194,6 +194,7 @@ def _wait_for_recorded_rows(proc: subprocess.Popen, final: Path, at_least: int) 
     raise AssertionError("no progress recorded within 60 s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_killed_or_stopped_packer_process_resumes_identical(tools, big_src, tmp_path, sig):
     rr = rank_range(big_src, 1, 0, 1)
@@ -248,8 +249,7 @@ def test_resume_through_the_step_command_line(tools, src, tmpfs):
     after the disk grows the re-run resumes and verifies."""
     mnt = tmpfs.path
     cluster = FakeCluster([LocalNode("head", 0)])        # every command a real process, nothing in-process
-    prof = SimpleNamespace(tp=2, nodes=[cluster.nodes[0].spec], engram_src_dir=str(src),
-                           engram_packed_dir=str(mnt), engram_gib=0)
+    prof = profile_from("env/lab.env", ENGRAM_SRC_DIR=src, ENGRAM_PACKED_DIR=mnt, ENGRAM_GIB=0)   # head only here
     rr = rank_range(src, 1, 0, 2)
     tdir = str(tools.parent / "step-tools")
     results: dict = {}

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-
 import pytest
 
 from runbook.checks import Status
@@ -11,11 +9,12 @@ from runbook.engram import facts, precheck, read_probe, step, synth, tools
 from runbook.engram import layout as L
 from support.doubles import FakeCluster
 from support.engram import tool_node
+from support.profiles import profile_from
 
 
-def profile(tmp_path, src, nodes=2, tp=2):
-    specs = [SimpleNamespace(name=n, rank=i) for i, n in enumerate(["head", "worker", "worker2"][:nodes])]
-    return SimpleNamespace(tp=tp, nodes=specs, engram_src_dir=str(src), engram_packed_dir=str(tmp_path / "packed"))
+def profile(tmp_path, src, env="env/lab.env"):
+    """The shipped lab profile (two nodes, TP=2; ``env/lab-tp3.env``: three) with its Engram dirs in tmp_path."""
+    return profile_from(env, ENGRAM_SRC_DIR=src, ENGRAM_PACKED_DIR=tmp_path / "packed")
 
 
 @pytest.fixture(scope="module")
@@ -26,17 +25,17 @@ def src(tmp_path_factory):
 
 
 def test_plan_pack_commands_per_node(tmp_path, src):
-    prof = profile(tmp_path, src, nodes=3, tp=2)
+    prof = profile(tmp_path, src, "env/lab-tp3.env")
     plans = step.plan_pack(prof, {"worker": {"engram_src_dir": "/mnt/nfs/engram src", "python": "sudo -n python3"}},
                            layers=[1, 14])
-    assert plans["worker2"] == []                            # rank >= TP: nothing to pack
     head, worker = plans["head"], plans["worker"]
-    assert head[0].startswith("mkdir -p") and "--rank 0" in head[1] and "--tp 2" in head[1]
+    assert "--rank 2" in plans["worker2"][1] and plans["worker2"][1].startswith("python3 ")   # one rank per node
+    assert head[0].startswith("mkdir -p") and "--rank 0" in head[1] and "--tp 3" in head[1]
     assert "--layers 1,14" in head[1] and head[1].startswith("python3 ")
     assert worker[1].startswith("sudo -n python3 ") and "'/mnt/nfs/engram src'" in worker[1]
     assert "check.py" in worker[2] and "--rank 1" in worker[2]
     probes = read_probe.plan_probe(prof)
-    assert set(probes) == {"head", "worker"} and "engram-l1-r1of2.bin" in probes["worker"]
+    assert set(probes) == {"head", "worker", "worker2"} and "engram-l1-r1of3.bin" in probes["worker"]
 
 
 def test_expected_files_and_space_checks(tmp_path, src):
@@ -97,7 +96,7 @@ def test_parsers():
 
 
 def test_space_check_counts_only_rows_a_partial_record_keeps(tmp_path, src):
-    prof = profile(tmp_path, src, nodes=1)
+    prof = profile(tmp_path, src)                            # the worker's facts are not given: its row is N/A
     config = {"text_config": synth.engram_text_config(300)}
     rr, rr14 = precheck.expected_files(prof, config)["head"]
     shards = {"model-00047-of-00048.safetensors": 1000, "model-00048-of-00048.safetensors": 2000}
@@ -117,10 +116,11 @@ def test_space_check_counts_only_rows_a_partial_record_keeps(tmp_path, src):
     total = rr.packed_bytes + rr14.packed_bytes
     node_facts = {"head": {"packed_free_bytes": total - kept, "packed_existing": existing, "packed_records": records,
                       "src_files": shards, "packed_fs": "/mnt/nvme"}}
-    (c,) = precheck.space_checks(prof, node_facts, config)
-    assert c.status is Status.PASS and c.data["need_bytes"] == total - kept and c.data["partial_kept_bytes"] == kept
+    c, worker = precheck.space_checks(prof, node_facts, config)
+    assert worker.node == "worker" and worker.status is Status.NA and "not probed" in worker.observed
+    assert c.node == "head" and c.status is Status.PASS and c.data["need_bytes"] == total - kept and c.data["partial_kept_bytes"] == kept
     assert "kept in .partial" in c.observed and "/mnt/nvme" in c.observed
     node_facts["head"]["packed_free_bytes"] -= 1
-    (c,) = precheck.space_checks(prof, node_facts, config)
+    c, _ = precheck.space_checks(prof, node_facts, config)
     assert c.status is Status.FAIL and c.fix.startswith("free 1 bytes on ")
     assert step.exit_fix(143) == step.STOPPED_FIX and step.exit_fix(3) == step.EXIT_FIX[3]

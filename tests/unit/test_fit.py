@@ -99,7 +99,7 @@ def test_gpu_mem_util_too_high_names_the_knob_and_its_value_fits():
 def test_max_model_len_beyond_the_pinned_pool_names_max_model_len():
     profile, p = nominal_plan(A, MAX_MODEL_LEN=1048576)
     kv = rows(p, "KV pool holds MAX_MODEL_LEN")
-    assert all(r.status is Status.FAIL and r.knob == "MAX_MODEL_LEN" for r in kv)
+    assert kv and all(r.status is Status.FAIL and r.knob == "MAX_MODEL_LEN" for r in kv)
     assert "lower MAX_MODEL_LEN to <= 774,400" in kv[0].fix
     _, again = nominal_plan(A, MAX_MODEL_LEN=774400)
     assert again.verdict == budget.FITS
@@ -108,10 +108,11 @@ def test_max_model_len_beyond_the_pinned_pool_names_max_model_len():
 def test_pinned_pool_too_big_names_kv_cache_memory_bytes():
     profile, p = nominal_plan(A, KV_CACHE_MEMORY_BYTES=12 * GIB)
     steady = rows(p, "steady state: MemTotal")
-    assert all(r.status is Status.FAIL and r.knob == "KV_CACHE_MEMORY_BYTES" for r in steady)
+    assert steady and all(r.status is Status.FAIL and r.knob == "KV_CACHE_MEMORY_BYTES" for r in steady)
     value = int(steady[0].fix.split("KV_CACHE_MEMORY_BYTES to <= ")[1].split()[0])
     _, again = nominal_plan(A, KV_CACHE_MEMORY_BYTES=value)
-    assert all(r.status is Status.PASS for r in rows(again, "steady state: MemTotal"))
+    steady = rows(again, "steady state: MemTotal")
+    assert steady and all(r.status is Status.PASS for r in steady)
 
 
 def test_weights_too_big_for_tp_names_tp():
@@ -120,7 +121,7 @@ def test_weights_too_big_for_tp_names_tp():
     assert p.weights.per_rank.gib == pytest.approx(475.3 / 2)
     assert p.verdict == budget.DOES_NOT_FIT
     boot = rows(p, "boot: MemAvailable at launch")
-    assert all(r.knob == "TP" and "WORKER2_SSH" in r.fix for r in boot)
+    assert boot and all(r.knob == "TP" and "WORKER2_SSH" in r.fix for r in boot)
 
 
 def test_weight_budget_below_the_even_split_names_weight_budget_gib():

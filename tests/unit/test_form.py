@@ -58,6 +58,7 @@ def test_builds_from_each_shipped_profile(path):
     assert f.edited_text() == path.read_text()                     # untouched form = same text
 
 
+@pytest.mark.slow
 def test_choosing_another_profile_reloads(env_dir):
     f = make(env_dir)
     f.chooser.value = str(env_dir / "exl3-v41.env")
@@ -242,6 +243,7 @@ def test_show_outside_a_kernel_prints_a_hint(capsys):
     assert "python -m runbook validate --profile env/lab.env" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_form_cell_is_harmless_headless(tmp_path):
     """papermill runs the form in a real kernel without a browser: widgets render, nothing fails."""
     nbformat = pytest.importorskip("nbformat")

@@ -2,7 +2,6 @@
 refuse any command they do not know."""
 import dataclasses
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -13,14 +12,15 @@ from runbook.network import verify as network
 from runbook.checks import Status
 from support.doubles import FakeCluster, FakeNode, res
 from support.net import by, fx, lab_rules, mpirun_apps
+from support.profiles import profile_from
 
 
-def lab_profile(**kw):
-    base = {"expect_rdma": False, "expect_gpu": False, "expect_link_gbps": 0, "fabric_mtu": 9000,
-            "max_rtt_ms": 1.0, "min_tcp_gbps": 0.1, "min_rdma_gbps_rail": 90, "min_rdma_gbps_total": 180,
-            "degraded_gbps": 25, "min_nccl_busbw_gbs": 21.875, "command_timeout": 20, "vllm_bin": ""}
-    base.update(kw)
-    return SimpleNamespace(**base)
+def lab_profile(**keys):
+    """The shipped lab profile with the thresholds these tests were written for (a real, validated Profile)."""
+    base = {"EXPECT_RDMA": 0, "EXPECT_GPU": 0, "EXPECT_LINK_GBPS": 0, "FABRIC_MTU": 9000, "MAX_RTT_MS": 1.0,
+            "MIN_TCP_GBPS": 0.1, "MIN_RDMA_GBPS_RAIL": 90, "MIN_RDMA_GBPS_TOTAL": 180, "DEGRADED_GBPS": 25,
+            "MIN_NCCL_BUSBW_GBS": 21.875, "COMMAND_TIMEOUT": 20, "VLLM_BIN": "vllm"}
+    return profile_from("env/lab.env", **{**base, **keys})
 
 
 def lab_cluster(head_kw=None, worker_kw=None, worker_if="enp1s0f0np0"):
@@ -95,13 +95,13 @@ def test_wrong_interface_named_before_anything_runs():
 def test_high_rtt_warns_not_fails():
     slow = fx("ping_ok.txt").replace("0.050/0.058/0.069/0.007", "0.950/1.016/1.100/0.040")
     cluster = lab_cluster(head_kw={"ping": lambda cmd: res(0, slow)})
-    checks, _ = network.verify_network(lab_profile(max_rtt_ms=0.5), cluster, None)
+    checks, _ = network.verify_network(lab_profile(MAX_RTT_MS=0.5), cluster, None)
     c = by(checks, "net.ping.rail0.head->worker")
     assert c.status is Status.WARN and "1.016" in c.observed
 
 
 def test_tcp_below_threshold_fails():
-    checks, _ = network.verify_network(lab_profile(min_tcp_gbps=50), lab_cluster(), None)
+    checks, _ = network.verify_network(lab_profile(MIN_TCP_GBPS=50), lab_cluster(), None)
     assert by(checks, "net.tcp.rail0.head->worker").status is Status.FAIL
 
 
@@ -117,7 +117,7 @@ def test_sweep_runs_on_both_nodes_with_lab_python():
     cluster = lab_cluster()
     for n in cluster.nodes:
         n.rules.append((r"allreduce_sweep|RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"))))
-    prof = lab_profile(vllm_bin="/opt/lab/vllm-venv/bin/vllm")
+    prof = lab_profile(VLLM_BIN="/opt/lab/vllm-venv/bin/vllm")
     checks, raw = network.verify_network(prof, cluster, None)
     for n in cluster.nodes:
         cmd = next(c for c in n.commands if "RUNBOOK_SWEEP_EOF" in c)
@@ -129,23 +129,24 @@ def test_sweep_runs_on_both_nodes_with_lab_python():
 
 
 def test_sweep_python_derivation():
-    assert collectives.sweep_python_from(lab_profile(vllm_bin="/x/bin/vllm")) == "/x/bin/python"
-    assert collectives.sweep_python_from(lab_profile(vllm_bin="/x/bin/python3 -m vllm.entrypoints")) == "/x/bin/python3"
-    assert collectives.sweep_python_from(lab_profile(vllm_bin="")) is None
+    assert collectives.sweep_python_from(lab_profile(VLLM_BIN="/x/bin/vllm")) == "/x/bin/python"
+    assert collectives.sweep_python_from(lab_profile(VLLM_BIN="/x/bin/python3 -m vllm.entrypoints")) == "/x/bin/python3"
+    assert collectives.sweep_python_from(lab_profile(VLLM_BIN="vllm")) is None
 
 
 # --------------------------------------------------------------------------- Spark (RDMA)
 
 
 TOOLS_FOUND = ("tool ib_write_bw /usr/bin/ib_write_bw\ntool ib_write_lat /usr/bin/ib_write_lat\n"
-               "tool mpirun /usr/bin/mpirun\nnccl /home/spark/nccl-tests/build\n")
+               "tool mpirun /usr/bin/mpirun\ntool iperf3 /usr/bin/iperf3\ntool ethtool /usr/sbin/ethtool\n"
+               "nccl /home/spark/nccl-tests/build\nncclhome /usr\n")
 
 
 def spark_rules(side, *, gids, bw_fixture="ib_write_bw_rail0.txt", tools=TOOLS_FOUND):
     addr = fx(f"ip_addr_spark_{side}.json")
     return [
         (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', res(0, "/home/spark\n1000\nspark\n")),
-        (r"^for t in ib_write_bw ib_write_lat mpirun; ", res(0, tools)),
+        (r"^for t in ib_write_bw ib_write_lat mpirun iperf3 ethtool; ", res(0, tools)),
         (r"^ip -j addr show$", res(0, addr)),
         (r"^ip -j route show$", res(0, fx("ip_route_spark_head.json"))),
         (r"^ibdev2netdev$", res(0, fx("ibdev2netdev_spark.txt"))),
@@ -174,9 +175,14 @@ def spark_cluster(worker_gids="gids_worker_gid3.tsv", worker_gid="auto", bw="ib_
     return FakeCluster([head, worker])
 
 
-def spark_profile(**kw):
-    return lab_profile(expect_rdma=True, expect_gpu=True, expect_link_gbps=200, min_tcp_gbps=50,
-                       min_nccl_busbw_gbs=19.0, **kw)
+def spark_profile(**keys):
+    """Recipe A's profile describing the fake Sparks of :func:`spark_cluster` (addresses, both HCAs)."""
+    hcas = "rocep1s0f0,roceP2p1s0f0"
+    return profile_from("env/exl3-v41.env", **{
+        "HEAD_IP": "192.168.100.1", "WORKER_IP": "192.168.100.2", "HEAD_CX7_IF": "enp1s0f0np0",
+        "WORKER_CX7_IF": "enp1s0f0np0", "HEAD_CX7_IB": hcas, "WORKER_CX7_IB": hcas, "HEAD_GID": "auto",
+        "WORKER_GID": "auto", "MIN_RDMA_GBPS_TOTAL": 180, "MIN_NCCL_BUSBW_GBS": 19.0, "COMMAND_TIMEOUT": 20,
+        **keys})
 
 
 def test_spark_two_rails_all_pass():
@@ -276,15 +282,20 @@ def _recipe_nccl_run(path: str):
 def test_missing_tools_fail_with_the_exact_commands():
     cluster = spark_cluster()
     cluster.nodes[1].rules.insert(0, (r"^for t in ib_write_bw", res(0, "missing ib_write_bw\nmissing ib_write_lat\n"
-                                                                       "tool mpirun /usr/bin/mpirun\n")))
+                                                                       "tool mpirun /usr/bin/mpirun\nmissing iperf3\n"
+                                                                       "tool ethtool /usr/sbin/ethtool\n")))
     checks, _ = network.verify_network(spark_profile(), cluster, None)
     c = by(checks, "net.tools", "worker")
     assert c.status is Status.FAIL
-    assert "ib_write_bw, ib_write_lat, all_reduce_perf" in c.observed and "/home/spark/nccl-tests/build" in c.observed
-    assert "sudo -n apt-get install -y perftest" in c.fix
-    assert "git clone --quiet https://github.com/NVIDIA/nccl-tests.git /home/spark/nccl-tests" in c.fix
-    assert "checkout --quiet --detach v2.18.3" in c.fix and "make -C /home/spark/nccl-tests -j4 MPI=1" in c.fix
-    assert "install_tools=True" in c.fix
+    assert "iperf3, ib_write_bw, ib_write_lat, all_reduce_perf, nccl.h" in c.observed
+    assert "/home/spark/nccl-tests/build" in c.observed
+    # one apt-get for every missing package (the tool table's order), then nccl-tests against NCCL_HOME
+    assert "sudo -n apt-get install -y perftest iperf3 libnccl-dev && set -e;" in c.fix
+    assert "NCCL_HOME=/usr;" in c.fix
+    assert "INSTALL_NET_TOOLS=1" in c.fix
+    src = "/home/spark/.cache/vllm-dsv41-flash-exl3/nccl-tests"        # built under the profile's CACHE_DIR
+    assert f"git clone --quiet https://github.com/NVIDIA/nccl-tests.git {src}" in c.fix
+    assert "checkout --quiet --detach v2.18.3" in c.fix and f"make -C {src} -j4 MPI=1" in c.fix
     assert by(checks, "net.tools", "head").status is Status.PASS
     assert not any(cmd.startswith("sudo") for n in cluster.nodes for cmd in n.commands)   # nothing installed
 
@@ -297,7 +308,8 @@ def test_missing_tools_are_installed_when_allowed():
     def probe(cmd):
         if state["installed"]:
             return res(0, TOOLS_FOUND)
-        return res(0, "missing ib_write_bw\nmissing ib_write_lat\ntool mpirun /usr/bin/mpirun\n")
+        return res(0, "missing ib_write_bw\nmissing ib_write_lat\ntool mpirun /usr/bin/mpirun\n"
+                      "tool iperf3 /usr/bin/iperf3\ntool ethtool /usr/sbin/ethtool\nncclhome /home/spark/nccl/build\n")
     worker.rules.insert(0, (r"^for t in ib_write_bw", probe))
 
     def build(cmd):                             # nccl_build_cmd: clone, make, print the commit
@@ -309,6 +321,7 @@ def test_missing_tools_are_installed_when_allowed():
     checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
     ran = worker.runs()
     assert ran and ran[0] == "sudo -n apt-get install -y perftest" and "v2.18.3" in ran[1], ran
+    assert "NCCL_HOME=/home/spark/nccl/build;" in ran[1]          # the headers the probe found
     assert all(c.timeout >= 600 and c.warn for c in worker.calls if c.kind == "run")
     c = by(checks, "net.tools", "worker")
     assert c.status is Status.PASS and "commit 0123456789ab" in c.observed and "perftest" in c.observed
@@ -368,3 +381,29 @@ def test_plot_bandwidth():
     assert fig.axes and len(fig.axes[0].patches) == 8
     empty = bandwidth.plot_bandwidth([])
     assert empty is not None
+
+
+def test_install_net_tools_is_a_real_profile_key(monkeypatch, tmp_path):
+    """Issue 22 defect 5: the fix names INSTALL_NET_TOOLS, a key a4d36a1's loader rejected; now every shipped
+    profile sets it (0) and step 01 takes the profile's value."""
+    from pathlib import Path
+
+    import runbook.network as step01
+    from runbook.profile import load_profile
+    env = Path(__file__).resolve().parents[2] / "env"
+    shipped = sorted(env.glob("*.env"))
+    assert shipped and all(load_profile(p).install_net_tools is False for p in shipped)
+    assert all("\nINSTALL_NET_TOOLS=0\n" in p.read_text() for p in shipped)
+    profile = load_profile(env / "dspark-v4.env", {"INSTALL_NET_TOOLS": "1"})
+    assert profile.install_net_tools is True
+    seen = {}
+
+    def fake_verify(prof, cluster, **kw):
+        seen.update(kw)
+        raise RuntimeError("stop after the call")
+    monkeypatch.setattr(step01, "verify_network", fake_verify)
+    from types import SimpleNamespace
+    step = SimpleNamespace(profile=profile, cluster=None)      # a step double: only what run() reads first
+    with pytest.raises(RuntimeError, match="stop after the call"):
+        step01.run(step)
+    assert seen["install_tools"] is True

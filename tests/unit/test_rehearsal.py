@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from runbook.errors import ProfileError
-from runbook.lab.rehearsal import GROUPS, load_rehearsal, substitutions
+from runbook.lab.rehearsal import GROUP_CLASS, GROUPS, HARDWARE, LAB_CLASS, by_kind, load_rehearsal, substitutions
 from runbook.profile import KEYS, load_profile
 
 RECIPES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env"]
@@ -75,3 +75,33 @@ def test_lab_home_shares_only_the_python_installs_under_the_home(tmp_path):
     shares = home_shares(lab, home=home)
     assert shares == [".pyenv"]                     # sys.base_prefix lies outside this made-up home
     assert home_shares(tmp_path / "nothing" / ".lab", home=home) == []
+
+
+@pytest.mark.parametrize("path", RECIPES)
+def test_every_substitution_has_a_class_and_the_classes_add_up(path):
+    subs = substitutions(load_profile(path))
+    classes = by_kind(subs)
+    assert set(classes) == {HARDWARE, LAB_CLASS}
+    assert sum(len(v) for v in classes.values()) == len(subs) > 0
+    assert {s.to_dict()["kind"] for s in subs} <= {HARDWARE, LAB_CLASS}
+    # the GPU-only serving keys are forced by the hardware; where the nodes are and who runs them is not
+    kinds = {s.key: s.kind for s in subs}
+    gpu_keys = [s.key for s in subs if s.group == "gpu"]
+    assert gpu_keys and {kinds[k] for k in gpu_keys} == {HARDWARE}
+    assert kinds["HEAD_SSH"] == LAB_CLASS and kinds["HEAD_IP"] == LAB_CLASS
+    assert kinds["REHEARSAL"] == LAB_CLASS
+
+
+def test_every_group_has_a_class():
+    assert set(GROUPS) | {"model", "rehearsal"} == set(GROUP_CLASS)
+
+
+def test_a_live_node_that_fails_ssh_is_named_and_a_dead_one_is_not():
+    from runbook.lab.netlab.health import unreachable_live_nodes
+    status = {"nodes": {
+        "head": {"sshd_alive": True, "ssh_ok": True},
+        "worker": {"sshd_alive": True, "ssh_ok": False, "ssh_error": "Host key verification failed."},
+        "worker2": {"sshd_alive": False, "ssh_ok": False, "ssh_error": "Connection refused"},
+    }}
+    assert unreachable_live_nodes(status) == {"worker": "Host key verification failed."}
+    assert unreachable_live_nodes({"nodes": {"head": {"sshd_alive": True, "ssh_ok": True}}}) == {}

@@ -192,6 +192,7 @@ def test_ib_write_bw_as_the_step_renders_it(exl3, tmp_path):
     assert "GID: 00:00:00:00:00:00:00:00:00:00:255:255:169:254:77:02" in cli.stdout   # the peer's GID, over TCP
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["hca_typo", "gid_zero_slot", "gid_0_link_local", "server_is_self"])
 def test_ib_write_bw_bad_invocations_fail_like_perftest(exl3, tmp_path, case):
     head, worker = sim_cluster(exl3, tmp_path).nodes
@@ -309,6 +310,7 @@ def _expected_failures(profile, checks):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["env/exl3-v41.env", "env/tp3-dspark.env"])
 def test_network_step_rehearsed(path, tmp_path):
     profile, cluster, checks, raw = _rehearse(path, tmp_path)

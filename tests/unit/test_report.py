@@ -301,3 +301,30 @@ def test_startup_memory_profile_is_plotted_with_each_nodes_lowest_point(tmp_path
     assert lows["worker"].value == 19
     html = html_page.render_html(model, redactor=RED)
     assert "Startup memory" in html and "lowest MemAvailable during start" in html
+
+
+def test_a_rehearsal_lists_its_substitutions_by_class_with_counts(results):
+    from runbook.lab.rehearsal import by_kind, substitutions
+    from runbook.profile import load_profile
+    subs = substitutions(load_profile("env/dspark-v4.env"))
+    classes = by_kind(subs)
+    assert classes["hardware"] and classes["lab"]
+    run = build_run(results, "20261201-040000-dspark-v4")
+    kinds = [s.kind for s in subs]
+    (run / "rehearsal.json").write_text(json.dumps({"profile": "env/dspark-v4.env",
+                                                    "substituted": [s.to_dict() for s in subs],
+                                                    "counts": {k: kinds.count(k) for k in set(kinds)}}))
+    model = collector.collect(run, redactor=RED)
+    html = html_page.render_html(model, redactor=RED)
+    counts = f"hardware: {len(classes['hardware'])}, lab: {len(classes['lab'])}"
+    assert f"{len(subs)} key(s) substituted ({counts})" in html
+    for sub in subs:
+        assert f"<td>{sub.key}</td>" in html
+    assert model.to_dict()["rehearsal"]["counts"] == {"hardware": len(classes["hardware"]),
+                                                      "lab": len(classes["lab"])}
+
+
+def test_a_run_that_is_not_a_rehearsal_has_no_substitution_section(results):
+    model = collector.collect(build_run(results, "20261201-040000-lab"), redactor=RED)
+    assert model.rehearsal == {}
+    assert 'id="rehearsal"' not in html_page.render_html(model, redactor=RED)

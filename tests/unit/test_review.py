@@ -61,7 +61,7 @@ def test_render_prints_every_steps_commands_offline(name, no_network, monkeypatc
     # and nccl-tests with the GID setting the ranks get (unset under recipe B)
     for tool in ("ping -M do", "iperf3 -s", "ib_write_bw -d", "mpirun "):
         assert tool in network, tool
-    mpirun = next(l for l in network.splitlines() if "mpirun " in l)
+    mpirun = next(l for l in network.splitlines() if re.search(r"timeout \d+ mpirun ", l))
     assert ("NCCL_IB_GID_INDEX=3" in mpirun) == (profile.recipe == "exl3-v41")
     weights = text.split("## 02_weights", 1)[1].split("## 03_engram", 1)[0]
     assert f"node_download.py --repo {profile.hf_model_repo} --revision {profile.hf_revision}" in weights

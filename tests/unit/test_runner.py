@@ -101,3 +101,38 @@ def test_a_dry_run_goes_past_a_failing_step_and_says_it_connects(tmp_path, monke
     said = "\n".join(lines)
     assert ("connects to the nodes over SSH" in said and "python -m runbook render --profile env/exl3-v41.env" in said) \
         == dry_run
+
+
+def _notebook(path: Path, body: str) -> None:
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('profile_path = ""\nrun_dir = ""\ndry_run = False')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "runbook", "display_name": "Python (runbook)", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
+def test_resume_keeps_the_range_the_run_was_started_with(tmp_path):
+    """A run of --to 01 whose 01 failed resumes 01 alone, not every step that has not passed (here 02)."""
+    import json
+    from runbook.runner import run
+    books = tmp_path / "notebooks"
+    books.mkdir()
+    flag = tmp_path / "fixed"
+    _notebook(books / "00_alpha.ipynb", "print('alpha')")
+    _notebook(books / "01_beta.ipynb", f"import pathlib\nassert pathlib.Path({str(flag)!r}).exists(), 'not fixed yet'")
+    _notebook(books / "02_gamma.ipynb", "print('gamma')")
+    results = tmp_path / "results"
+    run_dir, outcomes = run(ROOT / "env/lab.env", stop="01", results_root=results, notebooks_dir=books,
+                            echo=lambda _: None)
+    assert [(o.name, o.status) for o in outcomes] == [("00_alpha", "passed"), ("01_beta", "failed")]
+    flag.write_text("yes")
+    said = []
+    _, resumed = run(ROOT / "env/lab.env", resume=str(run_dir.path), results_root=results, notebooks_dir=books,
+                     echo=said.append)
+    assert [(o.name, o.status) for o in resumed] == [("01_beta", "passed")]
+    assert any("its own range" in line for line in said), said
+    manifest = json.loads((run_dir.path / "manifest.json").read_text())
+    assert manifest["selection"] == {"start": "", "stop": "01", "only": []}
+    assert "02_gamma" not in manifest["steps"]

@@ -163,6 +163,53 @@ def test_assemble_stream_joins_tool_call_deltas():
 
 
 # ------------------------------------------------------------------------------------------------
+# chat goes through the openai SDK: its headers, the key or none, no retries, vLLM fields in the body
+# ------------------------------------------------------------------------------------------------
+
+def test_chat_and_stream_are_sent_by_the_openai_sdk():
+    fake = FakeVllm()
+    cl = fake.client()
+    payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+               "chat_template_kwargs": {"enable_thinking": False}}
+    assert cl.chat(payload).ok and cl.stream_chat(payload).ok
+    assert len(fake.headers) == 2
+    for headers in fake.headers:
+        assert headers["user-agent"].startswith("OpenAI/Python") and headers["x-stainless-retry-count"] == "0"
+        assert "authorization" not in headers                       # no key: no Authorization header at all
+    plain, streamed = (p for _, p in fake.requests)
+    assert plain["chat_template_kwargs"] == {"enable_thinking": False} and plain["model"] == "tiny"
+    assert streamed["stream"] is True and streamed["stream_options"] == {"include_usage": True}
+
+
+def test_sdk_sends_the_key_and_leaves_it_out_when_asked():
+    fake = FakeVllm(api_key="sk-key-4242")
+    cl = fake.client()
+    msg = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert cl.chat(msg).ok and fake.headers[-1]["authorization"] == "Bearer sk-key-4242"
+    refused = cl.chat(msg, auth=False)
+    assert refused.status == 401 and "authorization" not in fake.headers[-1] and not refused.auth
+
+
+def test_sdk_does_not_retry_a_failed_request():
+    fake = FakeVllm()
+    fake.chat = lambda p: fake._json(503, {"error": {"message": "overloaded", "code": 503}})
+    ex = fake.client().chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert ex.status == 503 and "overloaded" in ex.error_message()
+    assert [path for path, _ in fake.requests] == ["/v1/chat/completions"]      # one try, no retry
+
+
+def test_sdk_timeout_is_an_error_with_the_limit():
+    import httpx2
+
+    def slow(request):
+        raise httpx2.ReadTimeout("read timed out", request=request)
+    cl = ApiClient(ServerInfo("http://fake:8000", "tiny", 4096, "parameters"), timeout=3,
+                   sdk_transport=httpx2.MockTransport(slow))
+    ex = cl.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert ex.status is None and ex.error == "timeout after 3 s"
+
+
+# ------------------------------------------------------------------------------------------------
 # refusals (400 expected)
 # ------------------------------------------------------------------------------------------------
 

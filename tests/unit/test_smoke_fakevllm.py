@@ -36,3 +36,22 @@ def test_fake_answers_unknown_paths_like_vllm_with_404_and_records_them():
     fake = FakeVllm()
     got = fake.client().get("/v1/no-such-endpoint")
     assert got.status == 404 and fake.requests == [("/v1/no-such-endpoint", None)]
+
+
+def test_fake_refuses_a_chat_field_it_does_not_model():
+    fake = FakeVllm()
+    ex = fake.client().chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "top_k": 5})
+    assert ex.status == 400 and "top_k" in ex.error_message()
+
+
+def test_fake_over_http_answers_like_in_process():
+    from runbook.serve.server_info import ApiClient, ServerInfo
+    from support.fake_vllm import serve_http
+
+    fake = FakeVllm()
+    with serve_http(fake) as url, ApiClient(ServerInfo(url, "tiny", 4096, "parameters"), timeout=10) as cl:
+        assert cl.get("/health").status == 200
+        st = cl.stream_chat({"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 4})
+        assert st.ok and st.json["usage_in_last_chunk"], st.error
+        assert cl.get("/v1/nope").status == 404
+    assert [p for p, _ in fake.requests] == ["/health", "/v1/chat/completions", "/v1/nope"]

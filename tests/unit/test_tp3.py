@@ -10,6 +10,8 @@ Regenerate the golden files with UPDATE_GOLDEN=1 after an intended change and re
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -112,6 +114,9 @@ def test_dspark_three_nodes_need_bootstrap_if_and_both_head_hcas():
     assert [i.key for i in iss] == ["BOOTSTRAP_IF"] and "TP3" in iss[0].message
     iss = issues(ENV / "tp3-dspark.env", HEAD_CX7_IB="rocep1s0f0")
     assert [i.key for i in iss] == ["HEAD_CX7_IB"] and "QP RTR" in iss[0].fix
+    for key in ("WORKER_CX7_IB", "WORKER2_CX7_IB"):           # every node: both ports (recipe B TP=3)
+        iss = issues(ENV / "tp3-dspark.env", **{key: "rocep1s0f1"})
+        assert [i.key for i in iss] == [key] and "both CX ports" in iss[0].fix
 
 
 def test_three_nodes_must_be_tp3_and_nnodes3():
@@ -167,8 +172,8 @@ def test_tp3_render_every_rank_agrees_and_workers_start_first():
             ("0", "1", "24")
         assert e["NCCL_SOCKET_IFNAME"] == e["GLOO_SOCKET_IFNAME"] == e["TP_SOCKET_IFNAME"] == "enP7s7"
         assert e["MASTER_ADDR"] == "192.168.1.11"
-    assert plan.rank("head").env["NCCL_IB_HCA"] == "rocep1s0f0,rocep1s0f1"
-    assert plan.rank("worker2").env["NCCL_IB_HCA"] == "rocep1s0f1"
+    # recipe B's TP=3 path: both CX ports on every rank (issue 22 defect 4: a4d36a1 gave each worker one port)
+    assert [plan.rank(n).env["NCCL_IB_HCA"] for n in NODES] == ["rocep1s0f0,rocep1s0f1"] * 3
     assert [plan.rank(n).env["VLLM_HOST_IP"] for n in NODES] == ["192.168.1.11", "192.168.1.12", "192.168.1.13"]
     assert plan.expect_log == ["DSv4 TP pad: heads 64 -> 72 for TP=3"]
     assert "# boot log must show: DSv4 TP pad: heads 64 -> 72 for TP=3" in text
@@ -193,13 +198,17 @@ def test_lab_tp3_render_binds_three_ranks_on_two_cores():
 
 @pytest.mark.parametrize("tp,want", [(1, None), (2, None), (3, (64, 72)), (4, None), (6, (64, 96))])
 def test_tp_pad_arithmetic(tp, want):
-    p = SimpleNamespace(recipe="dspark-v4", tp=tp)
-    got = launch.tp_pad(p)
+    got = launch.head_pad("dspark-v4", tp)            # any TP; a profile holds only TP = nodes (2 or 3)
     assert (got and (got["heads"], got["padded"])) == (want or None)
     if want:
         assert got["line"] == f"DSv4 TP pad: heads {want[0]} -> {want[1]} for TP={tp}"
-    assert launch.tp_pad(SimpleNamespace(recipe="exl3-v41", tp=3)) is None
-    assert launch.tp_pad(SimpleNamespace(recipe="lab", tp=3)) is None
+    assert launch.head_pad("exl3-v41", tp) is None and launch.head_pad("lab", tp) is None
+
+
+def test_tp_pad_of_the_profiles():
+    assert launch.tp_pad(tp3()) == launch.head_pad("dspark-v4", 3)
+    assert launch.tp_pad(load_profile(ENV / "dspark-v4.env", environ=NO_ENV)) is None     # TP=2
+    assert launch.tp_pad(labtp3()) is None                                              # recipe lab at TP=3
 
 
 CASES = [("tp3-dspark", "default"), ("lab-tp3", "default")]
@@ -318,8 +327,9 @@ def _net_node(name, rank, fabric_ip, fabric_if, ifaces):
 
 
 def _net_profile():
-    return SimpleNamespace(expect_rdma=False, expect_gpu=False, expect_link_gbps=0, fabric_mtu=9000, max_rtt_ms=1.0,
-                           min_tcp_gbps=0.1, command_timeout=20, vllm_bin="", master_addr="192.168.1.11")
+    """The TP3 lane's profile without RDMA/GPU expectations (the canned nodes have neither); master address
+    HEAD_BOOTSTRAP_IP 192.168.1.11."""
+    return tp3(EXPECT_RDMA=0, EXPECT_GPU=0, EXPECT_LINK_GBPS=0, MIN_TCP_GBPS=0.1, COMMAND_TIMEOUT=20)
 
 
 def _verify(cluster):
@@ -355,6 +365,54 @@ def test_network_tp3_links_each_on_its_own_subnet_are_rails_per_pair():
                      "net.ping.rail1.head->worker2", "net.ping.rail1.worker2->head"]
     assert by(checks, "net.path.worker-worker2").status == Status.NA
     assert not checks.failures(), checks.to_text()
+
+
+def _triangle(worker2_ports=2):
+    """Three Sparks cabled as recipe B's TP=3 ring: head p0<->worker p0 (10.0.22/24), head p1<->worker2 p1
+    (10.0.23/24), worker p1<->worker2 p0 (10.0.24/24); every node lists both CX ports."""
+    def node(name, rank, fabric_ip, fabric_if, ifaces):
+        n = _net_node(name, rank, fabric_ip, fabric_if, ifaces)
+        n.spec = dataclasses.replace(n.spec, ib_devs=["rocep1s0f0", "rocep1s0f1"])
+        n.rules[2:2] = [(exact("ibdev2netdev"), "rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)\n"
+                                                "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)\n"),
+                        (r"^grep -r -H \. /sys/class/infiniband", "")]
+        return n
+    head = node("head", 0, "10.0.22.1", "enp1s0f0np0", [("enp1s0f0np0", "10.0.22.1/24"),
+                                                       ("enp1s0f1np1", "10.0.23.1/24"), ("enP7s7", "192.168.1.11/24")])
+    worker = node("worker", 1, "10.0.22.2", "enp1s0f0np0", [("enp1s0f0np0", "10.0.22.2/24"),
+                                                           ("enp1s0f1np1", "10.0.24.1/24"), ("enP7s7", "192.168.1.12/24")])
+    w2 = [("enp1s0f1np1", "10.0.23.2/24"), ("enP7s7", "192.168.1.13/24")]
+    if worker2_ports == 2:
+        w2.insert(0, ("enp1s0f0np0", "10.0.24.2/24"))
+    worker2 = node("worker2", 2, "10.0.23.2", "enp1s0f1np1", w2)
+    return FakeCluster([head, worker, worker2])
+
+
+def _rails_of(cluster):
+    from runbook.network import rails as net_rails
+    from runbook.network.context import Context
+    ctx = Context(SimpleNamespace(**{**vars(_net_profile()), "expect_rdma": True}), cluster, None)
+    net_rails.collect_base(ctx)
+    assert net_rails.early_validation(ctx), ctx.checks.to_text()
+    return ctx, net_rails.build_rails(ctx)
+
+
+def test_network_tp3_triangle_checks_worker_to_worker2():
+    """Issue 22 defect 4: both CX ports on every node make three equal rail counts; the rails are still the
+    three point-to-point subnets, and worker<->worker2 is a checked path (a4d36a1: positional rails mixing
+    10.0.22/10.0.23/10.0.24, or N/A)."""
+    ctx, rails = _rails_of(_triangle())
+    assert rails is not None and len(rails) == 3, ctx.checks.to_text()
+    assert [sorted(r.ends) for r in rails] == [["head", "worker"], ["head", "worker2"], ["worker", "worker2"]]
+    assert {e.ip for e in rails[2].ends.values()} == {"10.0.24.1", "10.0.24.2"}
+    assert not [c for c in ctx.checks if c.name.startswith("net.path.")]
+    assert by(ctx.checks, "net.rails").status == Status.PASS
+
+
+def test_network_tp3_worker2_with_one_port_fails_the_path_with_rdma():
+    ctx, rails = _rails_of(_triangle(worker2_ports=1))
+    path = by(ctx.checks, "net.path.worker-worker2")
+    assert path.status == Status.FAIL and "WORKER2_CX7_IB" in path.fix and "QP RTR" in path.fix
 
 
 def test_network_two_nodes_with_unequal_rails_still_fail_clearly():

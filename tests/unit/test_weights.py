@@ -279,7 +279,7 @@ def test_verify_on_node_and_parity_names_the_differing_file(downloaded, tmp_path
     head_manifest = W.read_manifest(downloaded.dest)
     worker_dir = tmp_path / "worker-weights"
     shutil.copytree(downloaded.dest, worker_dir, ignore=shutil.ignore_patterns(".cache", W.MANIFEST_NAME))
-    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2")
+    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2", home=tmp_path / "worker home")
     report = W.verify_on_node(worker, str(worker_dir), W.manifest_to_expected(head_manifest))
     assert report["ok"] and report["files_hashed"] == 5
     same = W.parity(head_manifest, W.read_node_manifest(worker, str(worker_dir)))
@@ -292,15 +292,18 @@ def test_verify_on_node_and_parity_names_the_differing_file(downloaded, tmp_path
     assert "missing on worker" in W.parity(head_manifest, other).observed
 
 
+@pytest.mark.slow
 def test_download_on_node_uses_token_file_and_verifies(repo, downloaded, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_nodesecret456")
-    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2")
+    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2", home=tmp_path / "worker home")
     with HubServer(repo.root, token="hf_nodesecret456") as server:
         res = W.download_on_node(worker, REPO, repo.sha, str(tmp_path / "wd"), endpoint=server.url,
                                  expected=downloaded.snap.expected(), python=sys.executable)
     assert res.ok, [c.to_record() for c in res.checks]
     assert worker.commands and all("hf_nodesecret456" not in c for c in worker.commands)
-    assert not list(Path(W.sharing.REMOTE_TOOLS).glob(".tok-*"))
+    tools = tmp_path / "worker home" / ".cache" / "spark-runbook" / "tools"
+    assert (tools / "node_download.py").exists() and oct(tools.stat().st_mode & 0o777) == "0o700"
+    assert not list(tools.glob(".tok-*")) and not list(tools.glob("files-*.json"))
     assert W.parity(W.read_manifest(downloaded.dest), W.read_manifest(tmp_path / "wd")).status is Status.PASS
 
 
@@ -400,3 +403,47 @@ def test_rsync_never_copies_credential_files(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (dst / "hub" / "models--o--m" / "config.json").is_file()
     assert CREDENTIAL_FILES and not [n for n in CREDENTIAL_FILES if (dst / n).exists()]
+
+
+def _bare_python3(tmp_path):
+    """A node's ``python3`` without any site package (stock DGX OS: no huggingface_hub, PEP 668): this
+    interpreter with ``-I -S``, first on the node's PATH."""
+    bindir = tmp_path / "bare-bin"
+    bindir.mkdir()
+    py = bindir / "python3"
+    py.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    py.chmod(0o755)
+    probe = subprocess.run([str(py), "-c", "import huggingface_hub"], capture_output=True, text=True)
+    assert probe.returncode != 0 and "No module named" in probe.stderr     # the double has no packages
+    return bindir
+
+
+@pytest.mark.parametrize("layout", ["local_dir", "hub_cache"])
+def test_download_on_node_needs_no_package_of_the_nodes_python(repo, downloaded, tmp_path, monkeypatch, layout):
+    """Issue 22 item 3: step 02 runs the shipped downloader and verifier with the node's python3, which has
+    no huggingface_hub on stock DGX OS; a4d36a1's downloader imported it and failed there."""
+    monkeypatch.setenv("HF_TOKEN", "hf_nodesecret789")
+    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2", home=tmp_path / "worker home",
+                       path_first=[_bare_python3(tmp_path)])
+    with HubServer(repo.root, token="hf_nodesecret789") as server:
+        res = W.download_on_node(worker, REPO, repo.sha, str(tmp_path / "wd"), endpoint=server.url,
+                                 expected=downloaded.snap.expected(), python="python3", layout=layout)
+    assert res.ok, [c.to_record() for c in res.checks]
+    assert [c.name for c in res.checks][:2] == ["weights.download", "weights.fetched"]
+    tree = Path(res.data["tree"])
+    assert (tree / BIG).read_bytes() == (repo.src / BIG).read_bytes()
+    if layout == "hub_cache":
+        assert (tree / BIG).is_symlink() and os.readlink(tree / BIG).startswith("../../blobs/")
+
+
+def test_node_download_reads_the_file_list_from_the_hub_api_without_packages(repo, hub, tmp_path):
+    """The standalone CLI (no --files): the pinned revision's list from the Hub API, with urllib only."""
+    py = _bare_python3(tmp_path) / "python3"
+    out = subprocess.run([str(py), W.node_download.__file__, "--repo", REPO, "--revision", repo.sha,
+                          "--dest", str(tmp_path / "d"), "--endpoint", hub.url, "--allow", "*.json",
+                          "--no-progress"], capture_output=True, text=True, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["ok"], (got, out.stderr)
+    assert sorted(p.relative_to(tmp_path / "d").as_posix() for p in (tmp_path / "d").rglob("*.json")
+                  if ".cache" not in p.parts) == ["config.json", "tokenizer/tokenizer.json"]
+    assert hub.bytes_sent(BIG) == 0

@@ -72,6 +72,7 @@ def test_engram_files_follow_the_index():
     assert wstep.engram_shards({"weight_map": {"layers.0.attn.wq_a.weight": ENGRAM_OTHER_SHARD}}) == []
 
 
+@pytest.mark.slow
 def test_step_02_brings_the_engram_source_to_every_packing_node_and_a_rerun_fetches_nothing(published, hub, tmp_path):
     p = exl3(published, hub.url)
     head, worker = local_pair(tmp_path)

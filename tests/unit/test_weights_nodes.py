@@ -167,8 +167,8 @@ def test_nfs_refuses_before_changing_anything_when_sudo_cannot_run(tmp_path, stu
     assert [(c.name, c.node) for c in fails] == [("weights.nfs.sudo", "head"), ("weights.nfs.sudo", "worker")]
     said = "sudo: a password is required" if sudo == "wants a password" else "sudo: command not found"
     assert said in fails[0].observed and "as nobody" in fails[0].observed
-    assert "would run `sudo -n mkdir -p /etc/exports.d` first" in fails[0].observed
+    assert "`sudo -n -l mkdir -p /etc/exports.d` as nobody" in fails[0].observed
     assert "/etc/sudoers.d/spark-runbook" in fails[0].fix and "nobody ALL=(root) NOPASSWD:" in fails[0].fix
-    assert f"would run `mkdir -p '{worker.home}/weights'" in fails[1].observed
+    assert f"`sudo -n -l mkdir -p '{worker.home}/weights'`" in fails[1].observed
     assert head.runs() == [] and worker.runs() == []
     assert not (worker.home / "weights").exists()

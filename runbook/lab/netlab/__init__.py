@@ -43,7 +43,7 @@ from runbook.errors import LabError
 
 from .dockerd import dockerd_script, ensure_image, parse_kv
 from .files import lab_paths, write_files
-from .health import any_node_alive, lab_status
+from .health import any_node_alive, lab_status, unreachable_live_nodes
 from .host import node_pid1, ssh
 from .network import create_network, wait_carrier
 from .nodes import cgroup_mounts, start_node, wait_port
@@ -160,6 +160,14 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                 lab.image_ids = {k: v["image_id"] for k, v in st["nodes"].items()}
                 lab.timings = timer.total()
                 return lab
+            unreachable = unreachable_live_nodes(st)
+            if unreachable:
+                raise LabError("the lab's nodes run but do not answer SSH as pinned; the lab does not rebuild "
+                               "itself over live nodes (a server may run there, and a changed host key is yours "
+                               "to judge)", observed="; ".join(f"{k}: {v}" for k, v in sorted(unreachable.items())),
+                               expected="every running node answers the lab's SSH with its pinned host key",
+                               fix="find out why (e.g. `ssh -F " + str(lab_paths(lab_dir)[0]) + " spark-<node> true`); "
+                                   "to rebuild the lab on purpose: `python -m runbook lab down`, then run again")
             bad = {k: [f for f in ("netns_exists", "sshd_alive", "ssh_ok", "dockerd_alive") if not v.get(f)]
                    for k, v in st["nodes"].items() if not v["healthy"]}
             log(f"existing lab is not healthy ({bad or 'bridge/routes'}); rebuilding")

@@ -91,6 +91,15 @@ def lab_status(lab_dir: Path) -> dict:
     return out
 
 
+def unreachable_live_nodes(status: dict) -> dict[str, str]:
+    """Nodes whose sshd runs but does not answer the lab's SSH (name -> the ssh error).
+
+    Such a node is not stale: it may hold a running server, and a changed host key is for a person to judge.
+    ``up`` refuses to rebuild the lab over it instead of tearing it down and pinning new keys on its own."""
+    return {name: str(node.get("ssh_error") or "no answer") for name, node in (status.get("nodes") or {}).items()
+            if node.get("sshd_alive") and not node.get("ssh_ok")}
+
+
 def any_node_alive(lab_dir: Path) -> bool:
     """Whether the lab of ``lab_dir`` still has a live node. A lab whose node processes are gone
     (a crashed run, or a machine handed on after its processes were ended) is stale: its leftover

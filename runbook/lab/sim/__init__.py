@@ -221,12 +221,12 @@ def manifest_digest(text: str) -> str:
 def install(cluster, profile) -> list[Check]:
     """Put each node's simulated Spark on every lab node (REHEARSAL=1 only). One row per node: PASS when
     installed, NO-OP when the same tree is already there. Refuses a node that is not a lab node."""
-    if not getattr(profile, "rehearsal", False):
+    if not profile.rehearsal:
         raise RunbookError("hardware simulators are installed only in a rehearsal",
-                           observed=f"REHEARSAL={int(bool(getattr(profile, 'rehearsal', False)))}",
+                           observed="REHEARSAL=0",
                            expected="REHEARSAL=1 (python -m runbook run --rehearse)",
                            fix="run the recipe profile with --rehearse; real nodes use the real tools")
-    source = str(getattr(profile, "source", ""))
+    source = str(profile.source)
 
     def one(node) -> Check:
         mark = node.read(LAB_MARK_CMD, timeout=20)

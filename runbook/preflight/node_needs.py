@@ -1,0 +1,116 @@
+"""What the later steps need on each node, checked before anything runs: the node's ``python3`` for the
+tools the runbook ships there, and (WEIGHT_SYNC=nfs) the kernel NFS packages and the exact sudo rules.
+
+Step 02 ships its own standard-library tools (``weights/node_download.py``, ``weights/verify_manifest.py``)
+and runs them with the node's ``python3``: no package of the node's Python is used (stock DGX OS has no
+``huggingface_hub`` and refuses ``pip install`` outside a venv, PEP 668), only its version matters. The NFS
+rows ask sudo about each command step 02 will run as root (``sudo -n -l <command>``, read-only) with the
+paths step 02 will use, so a missing sudoers drop-in or NFS package stops the run here and not after the
+multi-hour head download.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from ..checks import Check, check, not_applicable
+from ..errors import RunbookError
+from ..weights.layout import weights_layout
+from ..weights.node_paths import node_user, on_node
+from ..weights.sharing import render_nfs, sudo_check
+
+#: the shipped node tools use only the standard library of Python 3.8 or later
+MIN_PYTHON = (3, 8)
+PYTHON_CMD = "python3 -c 'import sys; print(\"%d.%d.%d\" % sys.version_info[:3])' 2>&1"
+# each NFS program: which node needs it, where Debian/Ubuntu installs it, and the package that holds it
+NFS_PROGRAMS = {"head": (("exportfs", "nfs-kernel-server"), ("rpcinfo", "rpcbind")),
+                "worker": (("mount.nfs4", "nfs-common"),)}
+
+
+def python_check(node) -> Check:
+    """The node's ``python3`` runs the shipped tools (version >= :data:`MIN_PYTHON`)."""
+    res = node.read(PYTHON_CMD, timeout=20)
+    text = (res.stdout or "").strip()
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", text.splitlines()[-1] if text else "")
+    need = ".".join(map(str, MIN_PYTHON))
+    ok = bool(m) and (int(m.group(1)), int(m.group(2))) >= MIN_PYTHON
+    return check("node python3", ok, node=node.name,
+                 observed=f"python3 {text}" if m else (text or res.stderr.strip() or f"exit {res.exit_code}")[:200],
+                 expected=f"python3 >= {need} (runs the runbook's standard-library tools; no packages needed)",
+                 fix="sudo apt-get install -y python3 (DGX OS ships it; no pip install is needed)")
+
+
+def programs_cmd(names) -> str:
+    """Where each program is, or ``-`` (sbin included: a non-root PATH often lacks it)."""
+    return "; ".join(f"printf '%s ' {n}; PATH=\"$PATH:/usr/sbin:/sbin\" command -v {n} || echo -" for n in names)
+
+
+def nfs_packages_check(node, role: str) -> Check:
+    """The NFS programs step 02 runs on this node are installed (head: server, worker: client)."""
+    wanted = NFS_PROGRAMS[role]
+    res = node.read(programs_cmd([p for p, _ in wanted]), timeout=20)
+    found = dict(line.split(" ", 1) for line in (res.stdout or "").strip().splitlines() if " " in line)
+    missing = [(p, pkg) for p, pkg in wanted if found.get(p, "-").strip() in ("-", "")]
+    pkgs = sorted({pkg for _, pkg in missing})
+    return check("nfs packages", not missing, node=node.name,
+                 observed=("missing " + ", ".join(p for p, _ in missing)) if missing
+                 else ", ".join(f"{p} {found[p].strip()}" for p, _ in wanted),
+                 expected=f"{', '.join(p for p, _ in wanted)} installed (WEIGHT_SYNC=nfs, {role} side)",
+                 fix=f"on {node.name}: sudo apt-get install -y {' '.join(pkgs)}" if pkgs else "")
+
+
+def nfs_sudo_check(profile, head, worker, *, node) -> Check:
+    """The sudo rules for exactly the commands step 02's kernel NFS mode runs on ``node`` (the export on
+    the head, the mount on ``worker``; the weights and, with ENGRAM=1, the Engram source), or PASS when
+    the SSH user is root."""
+    user = node_user(node)
+    if user.is_root:
+        return check("nfs sudo rules", True, node=node.name, observed="the SSH user is root: no sudo needed",
+                     expected="root, or sudo rules for the NFS commands")
+    layout = weights_layout(profile)
+    worker_root = profile.worker_weights_dir or profile.weights_dir
+    shares = [("weights", layout.store(on_node(head, profile.weights_dir, key="WEIGHTS_DIR")),
+               layout.store(on_node(worker, worker_root, key="WORKER_WEIGHTS_DIR")))]
+    if profile.engram and profile.engram_src_dir:
+        shares.append(("engram", on_node(head, profile.engram_src_dir, key="ENGRAM_SRC_DIR"),
+                       on_node(worker, profile.engram_src_dir, key="ENGRAM_SRC_DIR")))
+    role = "head" if node is head else "worker"
+    commands: list[str] = []
+    for name, export, mountpoint in shares:
+        cmds = render_nfs(export, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint, name=name,
+                          head_sudo=True, worker_sudo=True)
+        commands += cmds[role] + cmds[f"undo_{role}"]
+    refused = sudo_check(node, commands)
+    if refused is not None:
+        return dataclasses.replace(refused, name="nfs sudo rules")
+    return check("nfs sudo rules", True, node=node.name,
+                 observed=f"sudo -n -l allows every NFS command step 02 runs as root on {node.name}",
+                 expected=f"{user.name} may run them without a password")
+
+
+def nfs_checks(cluster, profile) -> list[Check]:
+    """WEIGHT_SYNC=nfs: packages and sudo rules on the head and every worker; N/A otherwise."""
+    if profile.weight_sync != "nfs":
+        return [not_applicable("nfs packages", f"WEIGHT_SYNC={profile.weight_sync}: no kernel NFS", node="cluster",
+                               expected="checked with WEIGHT_SYNC=nfs")]
+    if profile.is_lab or profile.rehearsal:
+        return [not_applicable("nfs packages", "the lab shares over userspace NFS (nfs-ganesha, libnfs): no "
+                               "kernel export or mount runs there", node="cluster",
+                               expected="checked on the Sparks with WEIGHT_SYNC=nfs")]
+    head = cluster.head
+    out = [nfs_packages_check(head, "head")]
+    for worker in cluster.workers:
+        out.append(nfs_packages_check(worker, "worker"))
+    # the head's commands differ per worker only in the export line's address (not a sudo argument)
+    for node, worker in [(head, cluster.workers[0]), *((w, w) for w in cluster.workers)]:
+        try:
+            out.append(nfs_sudo_check(profile, head, worker, node=node))
+        except RunbookError as err:
+            out.append(check("nfs sudo rules", False, node=node.name, observed=err.what,
+                             expected="the NFS paths resolve on the node", fix=err.fix))
+    return out
+
+
+def node_needs(cluster, profile) -> list[Check]:
+    """Every row of this module, in order: python3 per node, then the NFS rows."""
+    return [*(python_check(n) for n in cluster), *nfs_checks(cluster, profile)]

@@ -1,0 +1,155 @@
+"""bench/roofline_panel.py and its report section: ms per step and accepted tokens per step from /metrics
+deltas, the ceiling per class at its own context (plain and at the measured acceptance), measured/ceiling,
+the published figures of the same class; the lab's tiny model with the CPU bandwidth; the report page."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runbook.bench.result import BenchResult
+from runbook.bench.roofline_panel import allreduce_latency, panel_rows, plot_roofline, slowest_bandwidth
+from runbook.fit import roofline as R
+from runbook.report import write
+from runbook.secrets import Redactor
+from support.runs import API, bench_output, build_run, edit_sidecar
+
+
+def case(name, wl, th, rate, acc_len=None, drafts=None, accepted=None, kind="class", p=1024, d=128):
+    server = {"available": True, "counters": {}}
+    figures = {"decode_tok_s": {"median": rate, "min": rate, "max": rate, "n": 3}}
+    if acc_len is not None:
+        figures["spec_mean_acceptance_length"] = {"median": acc_len, "min": acc_len, "max": acc_len, "n": 1}
+        server["counters"] = {"vllm:spec_decode_num_drafts_total": drafts,
+                              "vllm:spec_decode_num_draft_tokens_total": drafts * 6,
+                              "vllm:spec_decode_num_accepted_tokens_total": accepted}
+    return {"name": name, "kind": kind, "concurrency": 1, "prompt_tokens": p, "decode_tokens": d, "repeats": 3,
+            "figures": figures, "server": server, "workload": wl if kind == "class" else "", "thinking": th if kind == "class" else ""}
+
+
+def result(recipe, cases, **cfg):
+    return BenchResult.from_dict({"schema_version": "runbook.bench/1", "run_id": "r", "base_url": "http://x",
+                                  "model": "m", "config": {"recipe": recipe, **cfg}, "environment": {}, "cases": cases})
+
+
+def test_v4_flash_panel_by_hand():
+    roof = R.Roofline(R.recipe_step_bytes("dspark-v4"), R.V4_FLASH_CONFIG, 2, 0, "nvfp4_ds_mla", 6)
+    # code: 76 tok/s at acceptance length 1 + 900/300 = 4.0 (Δ drafts 300, Δ accepted 900); prose 37.3 at 1.6
+    res = result("dspark-v4", [case("decode-code-thinkoff-c1-p1024-d128", "code", "off", 76.0, 4.0, 300, 900),
+                               case("decode-prose-thinkoff-c1-p1024-d128", "prose", "off", 37.3, 1.6, 500, 300)],
+                 endpoint="chat", chat_template_kwargs={"thinking": False})
+    rows = panel_rows(res, roof, bandwidth=230e9, allreduce_s=77e-6, recipe="dspark-v4")
+    assert [r["class"] for r in rows] == ["code", "prose"]
+    code = rows[0]
+    assert code["tokens_per_step"] == 4.0 and code["ms_per_step"] == pytest.approx(1000 * 4.0 / 76.0)
+    assert code["steps"] == 300 and code["accepted"] == 900 and code["drafts"] == 1800
+    ctx = R.Roofline(roof.step, roof.config, 2, 1024 + 64, "nvfp4_ds_mla", 6)
+    verify_s = ctx.verify_bytes() / 230e9 + 86 * 77e-6
+    assert code["context"] == 1088
+    assert code["ceiling_ms_per_step"] == pytest.approx(verify_s * 1e3)
+    assert code["ceiling_tok_s"] == pytest.approx(4.0 / verify_s)
+    assert code["ceiling_plain_tok_s"] == pytest.approx(1 / (ctx.plain_bytes() / 230e9 + 86 * 77e-6))
+    assert code["measured_over_ceiling"] == pytest.approx(76.0 / (4.0 / verify_s))
+    # published figures of the same class beside it (seeds B.9: code 76.0, prose 37.3)
+    assert "76 tok/s" in code["published"] and "37.3 tok/s" in rows[1]["published"]
+    assert rows[1]["measured_over_ceiling"] == pytest.approx(37.3 / (1.6 / verify_s), rel=1e-3)
+    fig = plot_roofline(rows)
+    assert len(fig.axes[0].patches) == 2
+
+
+def test_spec_on_without_metrics_leaves_the_ratio_empty():
+    roof = R.Roofline(R.recipe_step_bytes("dspark-v4"), R.V4_FLASH_CONFIG, 2, 0, "nvfp4_ds_mla", 6)
+    rows = panel_rows(result("dspark-v4", [case("decode-tool-thinkon-c1-p1024-d128", "tool", "on", 50.0)]),
+                      roof, bandwidth=230e9, allreduce_s=77e-6, recipe="dspark-v4")
+    assert rows and rows[0]["tokens_per_step"] is None and rows[0]["measured_over_ceiling"] is None
+    assert rows[0]["ceiling_plain_tok_s"] > 0
+
+
+def test_lab_tiny_model_at_cpu_bandwidth_is_not_compared_with_published():
+    roof = R.Roofline(R.recipe_step_bytes("lab"), R.ARCH["lab"].config, 2, 0, "", 0)
+    res = result("lab", [case("decode-c1-p64-d24", "", "", 50.0, kind="decode", p=64, d=24),
+                         case("decode-prose-thinkoff-c1-p1024-d24", "prose", "off", 45.0)])
+    rows = panel_rows(res, roof, bandwidth=10e9, allreduce_s=300e-6, recipe="lab", comparable=False)
+    assert len(rows) == 2 and all(r["published"] == "" for r in rows)
+    r0 = R.Roofline(roof.step, roof.config, 2, 64 + 12, "", 0)
+    step_s = r0.plain_bytes() / 10e9 + 4 * 300e-6
+    assert rows[0]["tokens_per_step"] == 1.0 and rows[0]["ceiling_tok_s"] == pytest.approx(1 / step_s)
+    assert rows[0]["measured_over_ceiling"] == pytest.approx(50.0 * step_s)
+
+
+def test_inputs_from_the_sidecars():
+    net = {"checks": [
+        {"name": "net.allreduce", "node": "head", "data": {"points": [{"bytes": 1024, "time_us": 310.0},
+                                                                      {"bytes": 4096, "time_us": 400.0}]}},
+        {"name": "net.allreduce", "node": "worker", "data": {"points": [{"bytes": 1024, "time_us": 290.0}]}},
+        {"name": "net.tcp", "node": "head", "data": {}}]}
+    s, note = allreduce_latency(net)
+    assert s == pytest.approx(310e-6) and "1024 bytes" in note and "head" in note
+    assert allreduce_latency(None)[0] is None
+    bw, note = slowest_bandwidth({"before": {"head": {"gbs": 11.0, "label": "CPU memory bandwidth (lab)"},
+                                             "worker": {"gbs": 9.5, "label": "CPU memory bandwidth (lab)"}}})
+    assert bw == 9.5e9 and "worker" in note and "(lab)" in note
+    assert slowest_bandwidth({"before": {"head": {"error": "x"}}})[0] is None
+
+
+def test_report_shows_the_panel_membw_and_reconciliation(tmp_path):
+    out = bench_output(tmp_path / "bench", recipe="lab")
+    run = build_run(tmp_path / "results", "20261203-070000-lab", bench=out)
+    roof = R.Roofline(R.recipe_step_bytes("lab"), R.ARCH["lab"].config, 2, 0, "", 0)
+    membw = {"before": {"head": {"gbs": 10.2, "label": "CPU memory bandwidth (lab): memcpy"},
+                        "worker": {"gbs": 9.8, "label": "CPU memory bandwidth (lab): memcpy"}},
+             "after": {"head": {"gbs": 10.0}, "worker": {"gbs": 9.9}}, "valid": True}
+    rec = [{"figure": "TTFT (ms)", "harness": 20.0, "harness_definition": "first token", "vllm": 22.0,
+            "vllm_definition": "first chunk", "delta": 2.0, "delta_pct": 10.0, "explained": 0.0, "residual": 2.0,
+            "causes": [{"cause": "first chunk vs first token", "estimate": 0.0, "note": "same chunk"}]}]
+
+    def add(sc):
+        sc["data"].update(roofline={**roof.to_dict(), "bandwidth": 9.8e9, "bandwidth_note": "CPU memory bandwidth (lab)",
+                                    "allreduce_s": 0.0, "allreduce_note": "none", "comparable": False},
+                          membw=membw, vllm_cross_check={"case": "decode-c1-p64-d24", "seed": 7, "reconciliation": rec})
+    edit_sidecar(run, "07_bench", add)
+    path, model = write.write_report(run, redactor=Redactor([API]))
+    page = path.read_text()
+    rows = model.bench["roofline"]["rows"]
+    assert rows and rows[0]["measured_over_ceiling"] is not None
+    # recomputed from the recomputed result, not copied from the sidecar
+    case_rate = next(f.value for f in model.figures if f.key.endswith("decode-c1-p64-d24/decode_tok_s"))
+    assert rows[0]["decode_tok_s"] == pytest.approx(case_rate)
+    assert "Roofline: how close to the memory-bandwidth limit" in page and "measured / ceiling" in page
+    assert "Memory bandwidth per rank (bench valid)" in page and "9.8 GB/s" in page
+    assert "Protocol reconciliation" in page and "first chunk vs first token" in page
+    assert page.count("data:image/png;base64,") >= 2
+    json.dumps(model.bench["roofline"])        # the panel stays plain JSON
+
+
+def _step(profile, run_path):
+    from types import SimpleNamespace
+    # a head that answers nothing: the checkpoint's headers cannot be read there, so the recipe's config
+    head = SimpleNamespace(name="head", read=lambda cmd, timeout=0, **kw: SimpleNamespace(stdout="", stderr="",
+                                                                                          exit_code=1, ok=False))
+    return SimpleNamespace(profile=profile, run=SimpleNamespace(path=run_path),
+                           cluster=SimpleNamespace(head=head, nodes=[head]))
+
+
+def test_step_panel_inputs_lab_and_recipe(tmp_path):
+    from runbook.bench.step import roofline_panel
+    from support.runs import recipe_profile
+    lab = recipe_profile("env/lab.env")
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps/01_network.json").write_text(json.dumps({"checks": [
+        {"name": "net.allreduce", "node": "worker", "data": {"points": [{"bytes": 1024, "time_us": 250.0}]}}]}))
+    res = result("lab", [case("decode-code-thinkoff-c1-p1024-d24", "code", "off", 40.0)])
+    membw = {"before": {"head": {"gbs": 12.0, "label": "CPU memory bandwidth (lab)"},
+                        "worker": {"gbs": 11.0, "label": "CPU memory bandwidth (lab)"}}}
+    out = roofline_panel(_step(lab, tmp_path), res, membw)
+    assert out["bandwidth"] == 11.0e9 and out["allreduce_s"] == pytest.approx(250e-6)
+    assert out["comparable"] is False and out["step"]["parts"]["lm_head"] == 2048 * 256 * 4
+    assert len(out["rows"]) == 1 and out["rows"][0]["published"] == ""
+    # a recipe with no probe and no 01_network: the published GB10 figures, said so
+    spark = recipe_profile("env/dspark-v4.env")
+    res = result("dspark-v4", [case("decode-prose-thinkoff-c1-p1024-d128", "prose", "off", 37.3, 1.6, 500, 300)])
+    out = roofline_panel(_step(spark, tmp_path / "none"), res, {"before": {}})
+    assert out["step"]["source"].startswith("config-only: DeepSeek-V4-Flash"), out.get("error")
+    assert out["bandwidth"] == 230e9 and out["bandwidth_note"].startswith("[published]")
+    assert out["allreduce_s"] == 77e-6 and out["rows"][0]["measured_over_ceiling"] > 0
+    assert "error" in roofline_panel(_step(recipe_profile("env/exl3-v41.env"), tmp_path), res, {})
