@@ -52,10 +52,13 @@ runbook: install $(if $(LAB_PROFILE),lab-deps lab-vllm)
 rehearse: install lab-deps lab-vllm
 	$(PY) -m runbook run --rehearse --profile $(PROFILE) $(ARGS)
 
+# Both print diagnose's measured accuracy on the tests' corpus first (its floor is a unit test).
 test: install lab-deps lab-vllm browser-deps
+	$(PY) -m runbook diagnose --accuracy
 	$(PY) -m pytest tests $(ARGS)
 
 test-unit: install
+	$(PY) -m runbook diagnose --accuracy
 	$(PY) -m pytest tests/unit $(ARGS)
 
 # The quick loop, no lab and no root: lint, the layer test, the unit tests but the slow ones (two workers),

@@ -138,8 +138,31 @@ def cmd_render(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    """Collect from every node, write results/<run>/diagnose/diagnose-<stamp>.tar.gz with its pages, print
-    the catalogue entries that match. Exit 0 when none matched, 1 when some did."""
+    """Live: collect from every node, write results/<run>/diagnose/diagnose-<stamp>.tar.gz with its pages, print
+    the catalogue entries that match; exit 0 when none matched, 1 when some did. Offline (--log/--text): rank
+    the entries against logs, bundles or a sentence with no nodes and no profile; exit 0 when it ran (matched or
+    not), 1 when an input cannot be read. --accuracy: the matcher's measured accuracy on the corpus; exit 0."""
+    if args.accuracy:
+        from .diagnose.accuracy import DEFAULT_CORPUS, evaluate, load_corpus
+        try:
+            report = evaluate(load_corpus(args.corpus or DEFAULT_CORPUS))
+        except (OSError, ValueError) as exc:
+            raise RunbookError(str(exc)) from None
+        print(report.table())
+        print(f"{report.cell().positives} cases over {report.classes} failure classes, "
+              f"{report.cell().negatives} off-domain texts")
+        return 0
+    if args.log or args.text:
+        from .diagnose import offline
+        try:
+            ranked = offline.diagnose_inputs(args.log or [], args.text or "")
+        except (OSError, ValueError) as exc:
+            raise RunbookError(str(exc)) from None
+        if args.json:
+            print(json.dumps([r.to_dict() for r in ranked], indent=2))
+        else:
+            print(offline.render(ranked, top=args.top))
+        return 0
     from .evidence import RESULTS_ROOT, RunDir
     from .launch import diagnosis
     from .launch.plan import render_plan
@@ -271,9 +294,18 @@ def build_parser() -> argparse.ArgumentParser:
     rend.add_argument("--home", help="the nodes' home directory for ~ paths (default: /home/<ssh user>)")
     rend.set_defaults(func=cmd_render)
 
-    diag = sub.add_parser("diagnose", help="collect a support bundle from every node and match known failures")
+    diag = sub.add_parser("diagnose", help="collect a support bundle from every node and match known failures; "
+                                           "offline with --log/--text (no nodes, no profile)")
     _server_profile_args(diag)
     diag.add_argument("--run", help="write into this run folder under results/ (default: a new one)")
+    diag.add_argument("--log", nargs="+", metavar="FILE",
+                      help="offline: log files, diagnose-*.tar.gz bundles or their folders to match")
+    diag.add_argument("--text", help="offline: what you saw, in your own words (or pasted lines)")
+    diag.add_argument("--top", type=int, default=5, help="offline: matches shown (default 5)")
+    diag.add_argument("--json", action="store_true", help="offline: print the ranked matches as JSON")
+    diag.add_argument("--accuracy", action="store_true",
+                      help="print the offline matcher's top-1/top-3/false alarms on the test corpus")
+    diag.add_argument("--corpus", help="with --accuracy: a folder of *.jsonl cases (default: the tests' corpus)")
     diag.set_defaults(func=cmd_diagnose)
 
     watch = sub.add_parser("watch", help="alert when the server stops generating while requests wait (wedge)")

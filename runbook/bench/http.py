@@ -89,8 +89,10 @@ class HttpProtocol(asyncio.Protocol):
         for f in (self.head_fut, self.done_fut):
             if f is not None and not f.done():
                 f.set_exception(exc)
-        if self.done_fut is not None and self.done_fut.done():
+        if self.done_fut is not None and self.done_fut.done() and not self.done_fut.cancelled():
             self.done_fut.exception()           # mark retrieved: the caller may only await head_fut
+        # (a cancelled future - the caller's timeout - has nothing to retrieve: exception() would raise
+        # CancelledError inside connection_lost and asyncio would print it as a traceback)
         if self.transport is not None:
             self.transport.close()
 
@@ -279,6 +281,9 @@ class RawHTTP:
             try:
                 assert p.head_fut is not None
                 await p.head_fut
+            except asyncio.CancelledError:
+                p.transport.close()             # the caller's timeout: this connection is never reused
+                raise
             except ConnectionResetError:
                 # a pooled connection the server had closed: retry once on a fresh one (nothing was received)
                 if attempt == 0 and not p.buf:

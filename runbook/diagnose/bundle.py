@@ -107,6 +107,7 @@ class Context:
     expect_rdma: bool = False
     fabric_mtu: int = 0
     runtime: str = ""
+    api_host: str = ""         # the address the head's API binds (API_HOST): 127.0.0.1, 0.0.0.0 or one address
 
     @classmethod
     def from_profile(cls, profile) -> "Context":
@@ -115,7 +116,8 @@ class Context:
                       for n in profile.nodes)
         return cls(nodes=nodes, master_port=int(profile.master_port), port=int(profile.port),
                    served_model_name=profile.served_model_name, expect_rdma=bool(profile.expect_rdma),
-                   fabric_mtu=int(profile.fabric_mtu), runtime=profile.runtime)
+                   fabric_mtu=int(profile.fabric_mtu), runtime=profile.runtime,
+                   api_host=str(getattr(profile, "api_host", "") or ""))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Context":
@@ -129,6 +131,12 @@ class Context:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def api_url(self) -> str:
+        """Where the API answers on the head itself (its bind address; loopback for 0.0.0.0 or unknown)."""
+        host = self.api_host if self.api_host and self.api_host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{host}:{self.port}" if self.port else ""
 
     @property
     def head(self) -> NodeInfo | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from . import bundle as B
 from .catalogue import ENTRIES
-from .catalogue.entry import SEVERITY_ORDER, Entry
+from .catalogue.entry import SEVERITY_ORDER, Entry, line_signature
 
 
 @dataclass
@@ -46,7 +46,7 @@ def _values(bundle: B.Bundle, node: str) -> dict[str, str]:
     info = ctx.node(node) or ctx.head
     peer = next((n for n in ctx.nodes if info and n.name != info.name), None)
     vals = {"master_addr": ctx.master_addr, "master_port": str(ctx.master_port or ""), "port": str(ctx.port or ""),
-            "model": ctx.served_model_name, "fabric_mtu": str(ctx.fabric_mtu or "")}
+            "model": ctx.served_model_name, "fabric_mtu": str(ctx.fabric_mtu or ""), "api_url": ctx.api_url}
     if info:
         vals["fabric_if"] = info.fabric_if
     if peer:
@@ -62,7 +62,7 @@ def match(bundle: B.Bundle, entries: tuple[Entry, ...] = ENTRIES) -> list[Findin
     found: list[tuple[int, int, Finding]] = []
     for order, entry in enumerate(entries):
         try:
-            hits = entry.signature(bundle)
+            hits = entry.signature(bundle) if entry.signature else line_signature(entry, bundle)
         except Exception as exc:  # noqa: BLE001 - one bad signature must not hide the rest
             found.append((0, order, Finding(f"{entry.id}:error", f"signature error in {entry.id}", "warning",
                                             "local", [f"{type(exc).__name__}: {exc}"], "a bug in the catalogue",
@@ -118,13 +118,18 @@ def render_html(findings: list[Finding], bundle: B.Bundle, *, title: str = "diag
             f"<h1>{e(title)}</h1>{body}<h2>Files</h2><ul>{files}</ul></body></html>\n")
 
 
-def catalogue_markdown(entries: tuple[Entry, ...] = ENTRIES, tests: dict[str, list[str]] | None = None) -> str:
-    """The catalogue as a markdown table: symptom -> cause -> fix -> how detected -> test."""
+def catalogue_markdown(entries: tuple[Entry, ...] = ENTRIES, tests: dict[str, list[str]] | None = None,
+                       corpus: dict[str, int] | None = None) -> str:
+    """The catalogue as a markdown table: symptom -> cause -> fix -> how detected -> source -> lab -> tests
+    (the fixture scenarios that must produce it, and its number of cases in the accuracy corpus)."""
     def cell(s: str) -> str:
         return s.replace("|", "\\|").replace("\n", " ")
-    out = ["| id | severity | symptom | cause | fix | how detected | test |", "|---|---|---|---|---|---|---|"]
+    out = ["| id | severity | symptom | cause | fix | how detected | source | lab injection | tests |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for en in entries:
-        t = ", ".join(f"`{x}`" for x in (tests or {}).get(en.id, [])) or "-"
+        t = ", ".join(f"`{x}`" for x in (tests or {}).get(en.id, []))
+        n = (corpus or {}).get(en.id, 0)
+        t = "; ".join(x for x in (t, f"{n} corpus case{'s' if n != 1 else ''}" if n else "") if x) or "-"
         out.append(f"| `{en.id}` | {en.severity} | {cell(en.symptom)} | {cell(en.cause)} | {cell(en.fix)} | "
-                   f"{cell(en.detect)} | {t} |")
+                   f"{cell(en.detect)} | {cell(en.source)} | {cell(en.lab)} | {t} |")
     return "\n".join(out) + "\n"

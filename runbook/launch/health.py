@@ -50,6 +50,13 @@ def server_rows(cluster: Cluster, profile) -> list[Check]:
         rows.append(check("rank running", st.running, node=name, observed=st.describe(),
                           expected="the rank 04_launch started",
                           fix=f"read its log: python -m runbook logs {name} --profile {profile.source}"))
+        if st.stopped:          # alive to kill -0 and ps, but it will never answer a collective
+            rows.append(check("rank not frozen", False, node=name,
+                              observed=f"{len(st.stopped)} vLLM process(es) stopped (state T): "
+                                       f"{', '.join(st.stopped[:4])}",
+                              expected="no rank process stopped",
+                              fix=f"resume them (kill -CONT <pid>) if you stopped them; otherwise restart both ranks "
+                                  f"together: {stop_hint(profile)}, then 04_launch"))
     if leftovers or (alive and (dead or health.status != 200)):
         held = alive + [f"{name} ({what})" for name, what in leftovers.items()]
         rows.append(check("no orphaned ranks", False, node=",".join([*alive, *leftovers]),

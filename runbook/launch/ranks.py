@@ -36,13 +36,17 @@ class RankState:
     fingerprint: str = ""
     processes: list[str] = field(default_factory=list)   # vLLM processes seen on the node
     record: dict[str, Any] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)     # of those, stopped (ps state T: SIGSTOP, a debugger)
 
     def describe(self) -> str:
         if not self.running and not self.processes and not self.container_status:
             return "not running"
         what = f"{self.runtime or '?'}" + (f" pid {self.pid}" if self.pid else "") + \
             (f" container {self.container_status}" if self.container_status else "")
-        return f"{'running' if self.running else 'stopped'} ({what}, fingerprint {self.fingerprint[:12] or '?'})"
+        frozen = (f"; {len(self.stopped)} process(es) frozen (state T): {', '.join(self.stopped[:4])}"
+                  if self.stopped else "")
+        return (f"{'running' if self.running else 'stopped'} ({what}, fingerprint {self.fingerprint[:12] or '?'})"
+                + frozen)
 
 
 def state_dir(profile, home: str) -> str:
@@ -87,6 +91,7 @@ def rank_state(node: Node, profile, home: str | None = None) -> RankState:
     pid = int(pid_s) if pid_s.isdigit() else None
     procs = vllm_procs(ps, pgid=pid)
     st.processes = [f"{p[0]} {p[3][:160]}" for p in procs]
+    st.stopped = [f"{p[0]} {p[3][:60]}" for p in procs if p[2][:1] in ("T", "t")]
     if docker_s:
         status_, _, label = docker_s.partition(" ")
         st.container_status = status_

@@ -45,10 +45,24 @@ class Alert:
     kind: str                         # "wedge" | "api-gone"
     observed: str
     rows: list[Check] = field(default_factory=list)   # the fabric and rank rows checked when it fired
+    since_s: float | None = None      # when the stall began (the last scrape that saw progress), after the watch start
+
+    @property
+    def after_s(self) -> float:
+        """Seconds from the stall's start to the alert (the watch start when no start is known)."""
+        return round(self.at_s - (self.since_s or 0.0), 1)
 
     def explanation(self) -> str:
         bad = [f"{r.name}@{r.node}: {r.observed}" for r in self.rows if r.failed]
-        return "; ".join(bad) if bad else "fabric up and pingable, every rank running"
+        if bad:
+            return "; ".join(bad)
+        if not self.rows:
+            return "fabric and ranks not checked"
+        return "fabric up and pingable, every rank running and none frozen"
+
+    def headline(self) -> str:
+        since = f" (stalled since {self.since_s:.0f} s into the watch)" if self.since_s is not None else ""
+        return f"{self.kind} {self.after_s:.0f} s after it began{since}"
 
 
 class Watchdog:
@@ -81,7 +95,7 @@ class Watchdog:
             self._fire("api-gone", exc.what)
             return
         last_count: float | None = None
-        moved_at = time.monotonic()
+        moved_at = last_ok = time.monotonic()
         firing = ""
         with ApiClient(server, timeout=5) as api:
             while not self._stop.wait(self.interval_s):
@@ -91,8 +105,9 @@ class Watchdog:
                 if ex.status != 200 or not isinstance(ex.body, str):
                     if firing != "api-gone":
                         firing = "api-gone"
-                        self._fire("api-gone", f"/metrics: {ex.status or ex.error}")
+                        self._fire("api-gone", f"/metrics: {ex.status or ex.error}", since=last_ok)
                     continue
+                last_ok = now
                 snap = MetricsSnapshot.from_text(now, ex.body)
                 # progress is any token processed: generated, or prompt tokens of a long prefill
                 count = (snap.total(GENERATED) or 0.0) + (snap.total(PROMPTED) or 0.0)
@@ -105,9 +120,9 @@ class Watchdog:
                     firing = "wedge"
                     self._fire("wedge", f"{busy:.0f} request(s) running/waiting, no token processed ({GENERATED} + "
                                         f"{PROMPTED} stuck at {count:.0f}) for {now - moved_at:.0f} s while "
-                                        "/metrics answers")
+                                        "/metrics answers", since=moved_at)
 
-    def _fire(self, kind: str, observed: str) -> None:
+    def _fire(self, kind: str, observed: str, since: float | None = None) -> None:
         rows: list[Check] = []
         if self.check_nodes:
             try:    # its own connections: the step's cluster belongs to the step's thread
@@ -116,9 +131,10 @@ class Watchdog:
                         r for r in health.server_rows(cluster, self.profile) if r.name != "server answers /health"]
             except Exception as exc:  # noqa: BLE001 - the alert stands without its explanation
                 rows = [check("state readable", False, node="cluster", observed=str(exc)[:300])]
-        alert = Alert(round(time.monotonic() - self._t0, 1), kind, observed, rows)
+        since_s = round(max(0.0, since - self._t0), 1) if since is not None else None
+        alert = Alert(round(time.monotonic() - self._t0, 1), kind, observed, rows, since_s)
         self.alerts.append(alert)
-        self.echo(f"[watchdog] {alert.at_s:.0f} s: {kind}: {observed} -- {alert.explanation()}")
+        self.echo(f"[watchdog] {alert.headline()}: {observed} -- {alert.explanation()}")
 
     def check(self) -> Check:
         """The step's row: PASS when it never fired over a watch that really scraped."""
@@ -128,12 +144,12 @@ class Watchdog:
                          expected=f"tokens flow whenever requests run (stall limit {self.stall_s:.0f} s)")
         first = self.alerts[0]
         return check("serving watchdog", False, node="head",
-                     observed=f"{first.kind} at {first.at_s:.0f} s: {first.observed}; seen: {first.explanation()}",
+                     observed=f"{first.headline()}: {first.observed}; seen: {first.explanation()}",
                      expected=f"tokens flow whenever requests run (stall limit {self.stall_s:.0f} s)",
                      fix="a wedge with a healthy fabric: restart both ranks together (python -m runbook stop, then "
                          "04_launch); with a fabric row failing: fix that link first",
-                     data={"alerts": [{"at_s": a.at_s, "kind": a.kind, "observed": a.observed,
-                                       "explanation": a.explanation()} for a in self.alerts]})
+                     data={"alerts": [{"at_s": a.at_s, "since_s": a.since_s, "after_s": a.after_s, "kind": a.kind,
+                                       "observed": a.observed, "explanation": a.explanation()} for a in self.alerts]})
 
 
 @contextlib.contextmanager

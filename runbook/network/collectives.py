@@ -10,6 +10,7 @@ in a rehearsal, where mpirun and nccl-tests are the simulators of ``runbook.lab.
 """
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 import shlex
@@ -163,6 +164,22 @@ def sweep_cmd(python: str, *, rank: int, world_size: int, master: str, iface: st
     return f"timeout {timeout_s} {python} - {args} <<'RUNBOOK_SWEEP_EOF'\n{script}\nRUNBOOK_SWEEP_EOF"
 
 
+def sweep_record(res) -> str:
+    """The raw file of one rank's sweep, always one JSON document: the script's JSON line (or an error object
+    when it printed none), plus ``exit_code`` and, when there were any, ``stderr`` (torch's warnings, a
+    traceback) and the other ``stdout`` lines as fields. (The stderr used to follow the JSON as plain text,
+    so the ``.json`` file did not parse.)"""
+    sw = fn.parse_allreduce_sweep(res.stdout)
+    doc = dict(sw.raw) if sw.raw else {"tool": "allreduce_sweep", "error": sw.error}
+    doc["exit_code"] = res.exit_code
+    other = [l for l in (res.stdout or "").splitlines() if l.strip() and not l.strip().startswith("{")]
+    if other:
+        doc["stdout"] = "\n".join(other)
+    if (getattr(res, "stderr", "") or "").strip():
+        doc["stderr"] = res.stderr
+    return json.dumps(doc, indent=2) + "\n"
+
+
 def sweep_checks(ctx: Context, rails: list[Rail], python: str | None, max_bytes: int, min_busbw: float) -> None:
     """A gloo all-reduce sweep (1 KiB .. max_bytes) over rail 0, one rank per node, its results verified."""
     python = python or sweep_python_from(ctx.profile)
@@ -188,7 +205,7 @@ def sweep_checks(ctx: Context, rails: list[Rail], python: str | None, max_bytes:
     for node in ctx.nodes:
         r = outs[node.name]
         r = r if not isinstance(r, Exception) else ReadFailure(255, "", str(r))
-        ev = [ctx.save(f"allreduce_sweep_{node.name}.json", text_of(r))]
+        ev = [ctx.save(f"allreduce_sweep_{node.name}.json", sweep_record(r))]
         sw = fn.parse_allreduce_sweep(r.stdout)
         if sw.error or not sw.points:
             ctx.add(check("net.allreduce", False, node=node.name, observed=f"sweep failed: {sw.error or 'no results'}",

@@ -4,12 +4,13 @@ Reads facts on every node in parallel and compares them with the profile. Change
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable, simulated
 from .. import fit
-from ..facts import system
+from ..facts import residue, system
 from ..launch.image import plan_image
 from ..lab import sim
 from ..launch.ranks import RankState, rank_state
@@ -46,9 +47,25 @@ def gather(cluster: Cluster, profile) -> dict[str, dict[str, Any]]:
         facts["gpu_text"] = gpu.stdout.strip()
         facts["gpus"] = system.parse_gpus(gpu.stdout)
         facts["driver"] = node.read(system.DRIVER_CMD).stdout.strip() or None
+        facts["residue"] = _read_residue(node, profile, docker.ok and facts["image"] is not None)
         return facts
 
     return cluster.each(read_node)
+
+
+def _read_residue(node: Node, profile, image_present: bool) -> dict[str, str]:
+    """What residue_checks reads: nvidia module options, the driver's header, and the nccl.conf the ranks will
+    see (inside the image for the docker runtime: a throw-away container with no network; else the host's)."""
+    r = {"modprobe": node.read(residue.MODPROBE_CMD, timeout=15).stdout,
+         "smi": node.read(residue.NVIDIA_SMI_CMD, timeout=20).stdout if profile.expect_gpu else "",
+         "image_env": "", "nccl_conf": "", "nccl_conf_where": "/etc/nccl.conf, ~/.nccl.conf on the host"}
+    if profile.runtime == "docker" and image_present:
+        r["image_env"] = node.read(residue.image_env_cmd(profile.image), timeout=20).stdout
+        r["nccl_conf"] = node.read(residue.image_nccl_conf_cmd(profile.image), timeout=90).stdout
+        r["nccl_conf_where"] = f"/etc/nccl.conf in {profile.image}"
+    else:
+        r["nccl_conf"] = node.read(residue.HOST_NCCL_CONF_CMD, timeout=10).stdout
+    return r
 
 
 def clock_offsets(cluster: Cluster) -> dict[str, tuple[float, float]]:
@@ -102,6 +119,7 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
         checks.add(_ports(name, f, profile))
         checks.add(_stale(name, f, profile))
         checks.add(gpu_check(name, f, profile))
+        checks.add(residue_checks(name, f, profile))
     checks.add(_image_identity(good, profile))
     checks.add(node_needs(cluster, profile))     # python3 for the shipped tools; NFS packages and sudo rules
     checks.add(_fit(good, facts, profile, data))
@@ -295,6 +313,77 @@ def gpu_check(name: str, f: dict[str, Any], profile) -> Check:
         return simulated(row, f"nvidia-smi is the rehearsal's simulator ({sim.SIM_DIR}/bin): the lab has no GPU; "
                               f"it prints the GB10 of a DGX Spark in nvidia-smi's format (driver {f['driver']})")
     return row
+
+
+#: nvidia module options seen on stock installs (display set-up, power management): not residue
+_STOCK_NVIDIA_OPTIONS = re.compile(r"^(modeset|fbdev|NVreg_PreserveVideoMemoryAllocations|NVreg_TemporaryFilePath|"
+                                   r"NVreg_DynamicPowerManagement|NVreg_EnableGpuFirmware|NVreg_UsePageAttributeTable|"
+                                   r"NVreg_OpenRmEnableUnsupportedGpus|NVreg_EnableS0ixPowerManagement)=")
+
+
+def residue_checks(name: str, f: dict[str, Any], profile) -> list[Check]:
+    """Kernel, driver and image residue from the field reports (docs/diagnose.md): the kernel's CMA pool, a
+    leftover nccl.conf, the image's CUDA against the driver, nvidia modprobe overrides. N/A where the profile
+    does not use what they break (no RDMA, no GPU, no image)."""
+    r = f.get("residue") or {}
+    out: list[Check] = []
+    cma = residue.cma_total_kb(f["mem"])
+    cma_text = f"CmaTotal {cma} kB" if cma is not None else "CmaTotal not reported by this kernel"
+    if not profile.expect_rdma:
+        out.append(not_applicable("kernel CMA pool", f"no RDMA on this profile ({cma_text})", node=name,
+                                  expected="CmaTotal > 0 kB where RDMA registers memory"))
+    else:
+        out.append(check("kernel CMA pool", bool(cma), node=name, observed=cma_text,
+                         expected="CmaTotal > 0 kB (131072 kB on DGX OS)",
+                         fix="boot a kernel with a CMA pool (7.0.0-1019-nvidia reports CmaTotal 0 and every "
+                             "ibv_reg_mr fails with ENOMEM; 6.17.0-1031-nvidia does not), or add cma= to the "
+                             "kernel command line"))
+    conf = residue.parse_nccl_conf(r.get("nccl_conf", ""))
+    bad = residue.risky_nccl_settings(conf)
+    where = r.get("nccl_conf_where", "nccl.conf")
+    out.append(check("no NCCL residue in nccl.conf", not bad, node=name,
+                     observed=(f"{', '.join(bad)} in {where}" if bad else
+                               f"{where}: {len(conf)} setting(s), none that freezes warm-up" if conf else
+                               f"{where}: absent"),
+                     expected="no NCCL_IB_USE_INLINE=1 or NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS=1",
+                     fix="set NCCL_IB_USE_INLINE=0 and NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS=0 in the profile's "
+                         "EXTRA env (the environment wins over the file), or rebuild the image without "
+                         "/etc/nccl.conf", data={"nccl_conf": conf}))
+    if not profile.expect_gpu:
+        out.append(not_applicable("driver supports the image's CUDA", "no GPU on this profile", node=name,
+                                  expected="the driver's CUDA >= the image's"))
+    elif profile.runtime != "docker" or not r.get("image_env"):
+        out.append(not_applicable("driver supports the image's CUDA",
+                                  "no image on this node to compare (process runtime, or the image is not "
+                                  "pulled yet)", node=name, expected="the driver's CUDA >= the image's"))
+    else:
+        drv = residue.parse_nvidia_smi_header(r.get("smi", ""))
+        img = residue.parse_image_cuda(r["image_env"])
+        ok = residue.driver_supports(drv.cuda, img)
+        row = check("driver supports the image's CUDA", bool(ok), node=name, warn_only=ok is None,
+                    observed=f"driver {drv.driver or '?'} supports CUDA {drv.cuda or 'unread'}; "
+                             f"{profile.image} has CUDA {img or 'unread'}",
+                    expected="the driver's CUDA >= the image's (else CUDA error 222 / 'driver version is "
+                             "insufficient' at the first kernel)",
+                    fix="use an image built for this driver's CUDA, or update the driver on every node to the "
+                        "same version", data={"driver": drv.driver, "driver_cuda": drv.cuda, "image_cuda": img})
+        out.append(simulated(row, "the driver's header comes from the rehearsal's nvidia-smi")
+                   if profile.rehearsal else row)
+    opts = residue.parse_modprobe_nvidia(r.get("modprobe", ""))
+    odd = [o for o in opts if "override" in o.file.lower() or
+           (o.line and not all(_STOCK_NVIDIA_OPTIONS.match(w) for w in o.line.split()[2:]))]
+    if not profile.expect_gpu:
+        out.append(not_applicable("no nvidia modprobe overrides", "no GPU on this profile", node=name,
+                                  expected="no nvidia module options beyond the stock ones"))
+    else:
+        out.append(check("no nvidia modprobe overrides", not odd, node=name, warn_only=True,
+                         observed="; ".join(f"{o.file}: {o.line or '(file)'}" for o in odd) or
+                                  f"{len(opts)} stock nvidia option line(s)",
+                         expected="no nvidia module options beyond the stock ones",
+                         fix="read each: a zz-nvidia-drm-override.conf capped CUDA at ~62 GB in one report; remove "
+                             "what you did not put there, then sudo update-initramfs -u and reboot",
+                         data={"options": [vars(o) for o in opts]}))
+    return out
 
 
 def _clock(offsets: dict[str, Any], profile) -> Check:

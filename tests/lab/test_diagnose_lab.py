@@ -92,6 +92,11 @@ def test_diagnose_names_a_port_answering_for_another_model(running, tmp_path):
                            "-p", "SERVED_MODEL_NAME=deepseek-v4-flash"], capture_output=True, text=True, timeout=180)
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
     assert "wrong-model-on-port" in done.stdout and "tiny" in done.stdout, done.stdout[-3000:]
+    archive = done.stdout.strip().splitlines()[-1].split("bundle: ", 1)[1].strip()
+    offline = subprocess.run([sys.executable, "-m", "runbook", "diagnose", "--log", archive],
+                             capture_output=True, text=True, timeout=60)
+    assert offline.returncode == 0 and "1. wrong-model-on-port [high confidence" in offline.stdout, offline.stdout[-2000:]
+    assert "curl -s http://127.0.0.1:" in done.stdout        # the proof reaches the API where it binds
 
 
 def test_diagnose_of_a_healthy_lab_matches_nothing(running):
@@ -101,3 +106,8 @@ def test_diagnose_of_a_healthy_lab_matches_nothing(running):
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "0 known failure(s) matched" in done.stdout
+    # the archive it wrote, read back offline (no profile, no nodes): the same matcher, the same answer
+    archive = done.stdout.strip().splitlines()[-1].split("bundle: ", 1)[1].strip()
+    offline = subprocess.run([sys.executable, "-m", "runbook", "diagnose", "--log", archive],
+                             capture_output=True, text=True, timeout=60)
+    assert offline.returncode == 0 and offline.stdout.startswith("no known failure matches"), offline.stdout[-2000:]

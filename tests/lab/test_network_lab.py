@@ -2,6 +2,8 @@
 1500 on one end, a wrong interface name in the profile."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runbook.network import verify as network
@@ -31,6 +33,13 @@ def test_healthy_fabric_passes_with_traffic(cluster):
     tcp = [ch for ch in checks if ch.data.get("kind") == "tcp"]
     assert len(tcp) == 2 and all(ch.data["gbps"] > profile.min_tcp_gbps for ch in tcp)
     assert any(name.startswith("iperf3_") for name in raw)
+    # every raw sweep file is one JSON document (torch's warnings on stderr used to follow the JSON line)
+    sweeps = [name for name in raw if name.startswith("allreduce_sweep_")]
+    ran = [ch for ch in checks if ch.name == "net.allreduce" and ch.status is not Status.NA]
+    assert len(sweeps) == len(ran), (sweeps, ran)
+    for name in sweeps:
+        doc = json.loads(raw[name])
+        assert doc["tool"] == "allreduce_sweep" and doc["results"] and doc["exit_code"] == 0, name
 
 
 def test_link_down_on_worker_is_named(cluster):

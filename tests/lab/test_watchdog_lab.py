@@ -95,8 +95,14 @@ def test_frozen_worker_rank_is_caught_and_recovers(running):
     print(f"\n[watchdog] frozen worker caught after {caught:.1f} s: {alert and alert.observed}")
     assert alert is not None and alert.kind == "wedge", dog.alerts
     assert caught <= CAUGHT_WITHIN_S, caught
-    # the fabric is fine and both ranks "run": the explanation must say so, not blame the link
+    # the fabric is fine and both ranks "run": the explanation must not blame the link, and it names the
+    # frozen rank (its processes in state T) rather than "every rank running"
     assert alert.rows and not any(r.failed for r in alert.rows if r.name.startswith("fabric")), alert.rows
+    frozen = [r for r in alert.rows if r.name == "rank not frozen"]
+    assert frozen and frozen[0].node == "worker" and frozen[0].failed, alert.rows
+    assert "rank not frozen@worker" in alert.explanation()
+    # its "N s" counts from the stall's start (the last scrape that saw tokens, just before the SIGSTOP)
+    assert dog.stall_s <= alert.after_s <= caught + 2 * dog.interval_s + 1, (alert.after_s, caught)
     _wait_for_tokens(profile, timeout=60)       # SIGCONT: generation moves again
 
 
@@ -119,6 +125,32 @@ def test_fabric_link_down_is_caught_with_the_link_named_and_recovers(running):
     down = [r for r in alert.rows if r.name == "fabric link up" and r.node == "worker"]
     assert down and down[0].failed and IF in down[0].observed, alert.rows
     _wait_for_tokens(profile, timeout=120)      # link up: TCP retransmits and the collective continues
+
+
+def test_a_timed_out_stream_ends_quietly(running):
+    """A bench request that times out mid-stream records the timeout and prints no CancelledError traceback
+    (issue 25: exception() was called on the cancelled future inside connection_lost)."""
+    import asyncio
+
+    from runbook.bench.client import RequestRecord, make_stream_client, stream_request
+    from runbook.secrets import load_secrets
+    profile, _ = running
+    errors: list[dict] = []
+
+    async def go() -> RequestRecord:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+        http = make_stream_client(endpoint.base_url(profile), load_secrets().api_key or None)
+        rec = RequestRecord(id="timeout-probe")
+        body = {"model": profile.served_model_name, "prompt": "Once upon a time", "max_tokens": 3500,
+                "stream": True, "ignore_eos": True}
+        rec = await stream_request(http, "completions", body, rec, timeout_s=2.0)
+        await asyncio.sleep(0.5)                    # connection_lost of the aborted connection runs here
+        await http.close()
+        return rec
+
+    rec = asyncio.run(go())
+    assert rec.error.startswith("timeout after 2 s"), rec.error
+    assert errors == [], [repr(e) for e in errors]
 
 
 def test_head_api_killed_mid_request_is_caught_and_the_orphans_are_named(running):

@@ -128,6 +128,20 @@ def test_sweep_runs_on_both_nodes_with_lab_python():
     assert "allreduce_sweep_head.json" in raw
 
 
+def test_sweep_raw_files_are_valid_json_with_the_warnings_kept():
+    """torch prints warnings on stderr after the JSON line: the raw .json file must still parse (issue 25)."""
+    cluster = lab_cluster()
+    warn = "/x/torch/distributed/distributed_c10d.py:4807: UserWarning: No device id is provided\n  warnings.warn("
+    cluster.nodes[0].rules.append((r"RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"), warn)))
+    cluster.nodes[1].rules.append((r"RUNBOOK_SWEEP_EOF", res(1, "", "Traceback (most recent call last):\nRuntimeError: x")))
+    checks, raw = network.verify_network(lab_profile(vllm_bin="/opt/lab/vllm-venv/bin/vllm"), cluster, None)
+    head, worker = json.loads(raw["allreduce_sweep_head.json"]), json.loads(raw["allreduce_sweep_worker.json"])
+    assert head["results"] and head["exit_code"] == 0 and "UserWarning" in head["stderr"]
+    assert worker["exit_code"] == 1 and "no sweep JSON" in worker["error"] and "RuntimeError" in worker["stderr"]
+    assert by(checks, "net.allreduce", "head").status is Status.PASS
+    assert by(checks, "net.allreduce", "worker").status is Status.FAIL
+
+
 def test_sweep_python_derivation():
     assert collectives.sweep_python_from(lab_profile(VLLM_BIN="/x/bin/vllm")) == "/x/bin/python"
     assert collectives.sweep_python_from(lab_profile(VLLM_BIN="/x/bin/python3 -m vllm.entrypoints")) == "/x/bin/python3"

@@ -4,15 +4,18 @@ the command that proves it on the node.
 
 Each entry sits beside its signature in the module of its failure family: ``network`` (rendezvous,
 firewall, fabric), ``nccl`` (NCCL and RDMA settings), ``ranks`` (how the ranks were started), ``runtime``
-(image pull, the server), ``host`` (memory, I/O, kernel, mDNS); ``entry`` holds :class:`Entry`,
+(image pull, the server), ``host`` (memory, I/O, kernel, mDNS), ``memory`` (unified-memory accounting,
+pinned memory, JIT builds), ``residue`` (kernel, driver, library and image residue, version skew),
+``perf`` (a server that runs slow or silently wrong); ``entry`` holds :class:`Entry`,
 :class:`Hit` and the readers the families share. An entry's constant is its id in capitals
 (``oom-killed`` -> ``host.OOM_KILLED``). This module fixes the catalogue's order: ``match`` reports in it
 within a severity and docs/diagnose.md lists it. Sources: ``shared/reference/anchors-2026-12.md``
-(failure modes 1-17) and ``bringup-anchors.md`` §5.
+(failure modes 1-17), ``bringup-anchors.md`` §5 and ``field-reports-2026-12.md`` §2, each entry naming its
+public thread.
 """
 from __future__ import annotations
 
-from . import host, nccl, network, ranks, runtime
+from . import host, memory, nccl, network, perf, ranks, residue, runtime
 from .entry import Entry
 
 ENTRIES: tuple[Entry, ...] = (
@@ -42,9 +45,32 @@ ENTRIES: tuple[Entry, ...] = (
     host.KERNEL_KNOWN_BAD,
     ranks.HOME_DIR_DIFFERS,
     network.RENDEZVOUS_TIMEOUT,
+    memory.UMA_FREE_MEMORY_CHECK,
+    memory.UMA_POOL_EXHAUSTED,
+    memory.MEMORY_PINNED_AFTER_FAILED_START,
+    memory.JIT_BUILD_MEMORY_WEDGE,
+    memory.JIT_COLD_CACHE_SLOW,
+    memory.MODPROBE_MEMORY_CAP,
+    memory.AUTOTUNE_BARRIER_TIMEOUT,
+    residue.NCCL_BUILD_MISMATCH,
+    residue.CMA_TOTAL_ZERO,
+    residue.IMAGE_NCCL_CONF_RESIDUE,
+    residue.CUDA_TOOLCHAIN_NEWER_THAN_DRIVER,
+    residue.DRIVER_NOT_LOADED,
+    residue.VERSION_SKEW,
+    nccl.IB_QP_PAIRING_TIMEOUT,
+    ranks.RENDEZVOUS_PORT_IN_USE,
+    ranks.API_PORT_IN_USE,
+    ranks.SEMLOCK_BACKEND_MISMATCH,
+    ranks.RAY_MISSING,
+    ranks.RAY_PLACEMENT_GROUP,
+    runtime.NO_COMMON_BLOCK_SIZE,
+    perf.GB10_SLOW_STATE,
+    perf.ENGRAM_RANK_OFFSET,
+    perf.ENGRAM_ROWS_OVER_NFS,
 )
 
 BY_ID = {e.id: e for e in ENTRIES}
 assert len(BY_ID) == len(ENTRIES), "duplicate catalogue ids"
-_DEFINED = {v.id for m in (host, nccl, network, ranks, runtime) for v in vars(m).values() if isinstance(v, Entry)}
+_DEFINED = {v.id for m in (host, memory, nccl, network, perf, ranks, residue, runtime) for v in vars(m).values() if isinstance(v, Entry)}
 assert _DEFINED == set(BY_ID), f"an entry is defined in a family but not listed in ENTRIES: {_DEFINED ^ set(BY_ID)}"

@@ -37,8 +37,63 @@ class Entry:
     cause: str
     fix: str
     proof: str            # command that proves it on the node; {placeholders} from context and hit
-    signature: Callable[[B.Bundle], list[Hit]]
+    signature: Callable[[B.Bundle], list[Hit]] | None    # None: the entry is recognised by ``lines`` alone
     source: str = ""
+    lines: tuple[str, ...] = ()     # regexes (case-insensitive) over one log line each: the failure's own text
+    words: tuple[str, ...] = ()     # regexes over a reporter's prose: symptom cues; the first is the anchor
+                                    # (offline, cues alone need the anchor and one more)
+    lab: str = "none"               # the lab injection that produces it, or "none: <why>"
+    downstream: bool = False        # a consequence that other entries explain (ranks below them offline)
+
+    def line_hits(self, text: str, limit: int = 3) -> list[str]:
+        """The lines of ``text`` that one of :attr:`lines` matches (at most ``limit``)."""
+        if not self.lines:
+            return []
+        rx = _compiled(self.lines)
+        if not rx.search(text):             # one pass over the whole text rejects most logs (MULTILINE: ^ is a line start)
+            return []
+        return lines_matching(text, rx, limit)
+
+    def cues(self, prose: str) -> dict[int, str]:
+        """The :attr:`words` cues that hold in ``prose`` (lower-cased, whitespace folded): cue index -> the
+        words that matched it (index 0 is the anchor)."""
+        out = {}
+        for i, rx in enumerate(_compiled_each(self.words)):
+            m = rx.search(prose)
+            if m:
+                out[i] = m.group(0).strip()
+        return out
+
+
+_CACHE: dict[tuple[str, ...], re.Pattern] = {}
+_CACHE_EACH: dict[tuple[str, ...], list[re.Pattern]] = {}
+
+
+def _compiled(patterns: tuple[str, ...]) -> re.Pattern:
+    if patterns not in _CACHE:
+        _CACHE[patterns] = re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE | re.MULTILINE)
+    return _CACHE[patterns]
+
+
+def _compiled_each(patterns: tuple[str, ...]) -> list[re.Pattern]:
+    if patterns not in _CACHE_EACH:
+        _CACHE_EACH[patterns] = [re.compile(p, re.IGNORECASE) for p in patterns]
+    return _CACHE_EACH[patterns]
+
+
+#: the texts of a node that :func:`line_signature` reads (rank logs and the host's logs, not old starts)
+LINE_TEXTS = (B.RANK_LOG, B.DMESG, B.JOURNAL, B.DOCKER_PULL, B.NCCL_CONF)
+
+
+def line_signature(entry: "Entry", b: B.Bundle) -> list[Hit]:
+    """The signature of an entry recognised by its own log lines: one hit per node whose logs hold one."""
+    hits = []
+    for node in [*b.nodes, B.LOCAL]:
+        texts = list(dict.fromkeys(b.text(node, name) for name in LINE_TEXTS))     # each distinct text once
+        ev = [f"{node}: {l}" for text in texts for l in entry.line_hits(text, 2)]
+        if ev:
+            hits.append(Hit(node, ev[:4]))
+    return hits
 
 
 CLIENTS_JOINED = re.compile(r"DistStoreError: Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined")

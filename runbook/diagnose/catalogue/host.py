@@ -49,7 +49,13 @@ RANK_IN_D_STATE = Entry(
     fix="wait for the I/O or reboot the stuck node; always restart both ranks together; prefer node-local "
         "weights (WEIGHT_SYNC=rsync)",
     proof="ps -eLo pid,tid,stat,wchan:32,comm | awk '$3 ~ /^D/'; findmnt -T <weights dir>",
-    signature=_sig_dstate, source="anchors-2026-12 #11")
+    signature=_sig_dstate, source="anchors-2026-12 #11",
+    lines=(r"blocked for more than \d+ seconds",
+           r"folio_wait_bit_common",),
+    words=(r"\bd[- ]state|uninterruptible|can'?t (be )?kill|unkillable|kill -9 (does nothing|doesn'?t work|did nothing)",
+           r"\bnfs\b|network (share|storage|mount)|shared storage",
+           r"rank|worker|vllm|process|restart",),
+    lab="none: the lab has no kernel NFS mount (fixture follows the published format)")
 
 
 _DMESG_T = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
@@ -57,7 +63,7 @@ _DMESG_T = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
 RECENT_S = 3600.0
 
 
-def _rank_started(b: B.Bundle, node: str) -> float | None:
+def rank_started(b: B.Bundle, node: str) -> float | None:
     """When the node's rank was last started (its start record), as epoch seconds."""
     try:
         return float(json.loads(b.text(node, B.START_RECORD) or "{}").get("started_at"))
@@ -65,7 +71,7 @@ def _rank_started(b: B.Bundle, node: str) -> float | None:
         return None
 
 
-def _before(line: str, started: float | None) -> bool:
+def older_than_start(line: str, started: float | None) -> bool:
     """A ``dmesg -T`` line stamped more than a minute before the rank's start: an older event (the kernel
     ring buffer is the host's, shared by every namespace and every earlier run)."""
     m = _DMESG_T.match(line.strip())
@@ -82,16 +88,14 @@ def _sig_oom(b: B.Bundle) -> list[Hit]:
     hits = []
     for node in b.nodes:
         text = b.text(node, B.DMESG) + "\n" + b.text(node, B.JOURNAL)
-        started = _rank_started(b, node)
+        started = rank_started(b, node)
         if started is None and b.timings.get("collected_at"):
             started = b.timings["collected_at"] - RECENT_S     # no rank runs: only what happened lately
-        kills = [k for k in hostlog.oom_kills(text) if not k.dry_run and not _before(k.line, started)]
-        gpu = hostlog.gpu_oom_lines(text)
-        if not kills and not gpu:
+        kills = [k for k in hostlog.oom_kills(text) if not k.dry_run and not older_than_start(k.line, started)]
+        if not kills:
             continue
         ev = [f"{node}: {k.by} killed {k.name} (pid {k.pid}){' - a rank' if _RANK_NAMES.search(k.name) else ''}: "
               f"{k.line[:200]}" for k in kills[:4]]
-        ev += [f"{node}: {l[:200]}" for l in gpu[:2]]
         hits.append(Hit(node, ev))
     return hits
 
@@ -99,14 +103,17 @@ def _sig_oom(b: B.Bundle) -> list[Hit]:
 OOM_KILLED = Entry(
     "oom-killed", "Host memory pressure killed a process", FATAL,
     symptom="a rank vanishes without a Python error; the other waits",
-    detect="kernel `Out of memory: Killed process`, earlyoom `sending SIGTERM/SIGKILL to process`, "
-           "systemd-oomd kills, or `NVRM ... NV_ERR_NO_MEMORY` in dmesg / the journal",
+    detect="kernel `Out of memory: Killed process`, earlyoom `sending SIGTERM/SIGKILL to process` or "
+           "systemd-oomd kills in dmesg / the journal (the driver's `NV_ERR_NO_MEMORY` is `uma-pool-exhausted`)",
     cause="the unified memory pool ran out (weights + KV + graph capture + page cache); GPU allocations are "
           "invisible to cgroups",
     fix="lower GPU_MEM_UTIL / KV_CACHE_MEMORY_BYTES or MAX_NUM_SEQS, drop caches before start, keep "
         "earlyoom from targeting the ranks; change one thing at a time",
-    proof="dmesg -T | grep -iE 'out of memory|oom-kill|NV_ERR_NO_MEMORY'; journalctl -u earlyoom -n 50",
-    signature=_sig_oom, source="anchors-2026-12 seed B; bringup-anchors §5.16")
+    proof="dmesg -T | grep -iE 'out of memory|oom-kill'; journalctl -u earlyoom -n 50",
+    signature=_sig_oom, source="anchors-2026-12 seed B; bringup-anchors §5.16",
+    words=(r"oom[- ]?kill|killed by (the )?(kernel|oom)|out of memory: killed|earlyoom|oomd|oom killer",
+           r"(rank|worker|vllm|process|engine|container|server).{0,40}(vanish|disappear|killed|gone|exit|died)",),
+    lab="capture_netns oom_killed (a memory cgroup's OOM kill)")
 
 
 MEM_FLOOR_BYTES = 2 << 30         # below this MemAvailable the kernel / earlyoom start killing
@@ -135,7 +142,11 @@ MEM_AVAILABLE_LOW = Entry(
     cause="weights, KV cache and page cache leave no headroom",
     fix="lower GPU_MEM_UTIL or KV size; `sync; echo 1 | sudo tee /proc/sys/vm/drop_caches` before start",
     proof="grep -E 'MemTotal|MemAvailable' /proc/meminfo",
-    signature=_sig_mem_floor, source="anchors-2026-12 seed B; bringup-anchors §5.17")
+    signature=_sig_mem_floor, source="anchors-2026-12 seed B; bringup-anchors §5.17",
+    lab="none yet: a balloon process on a lab node would produce it (issue 25 item 4)",
+    words=(r"memavailable|available memory",
+           r"(only|just|down to) \d+(\.\d+)? ?(gb|gib|%)",
+           r"sluggish|ssh (banner|login|session)s? (slow|time)|swap(ping)?|kills? (are|is) next",))
 
 
 def _sig_mdns(b: B.Bundle) -> list[Hit]:
@@ -157,7 +168,11 @@ MDNS_HOSTNAME_STORM = Entry(
     fix="use IP addresses (or /etc/hosts) in the profile; restrict avahi to the management interface "
         "(`allow-interfaces=`) or disable it",
     proof="journalctl -u avahi-daemon -n 50 | grep -i conflict",
-    signature=_sig_mdns, source="anchors-2026-12 #12")
+    signature=_sig_mdns, source="anchors-2026-12 #12",
+    lines=(r"Host name conflict, retrying with",),
+    words=(r"\.local\b|mdns|avahi",
+           r"conflict|-\d{2,}\b|stops? resolving|renam\w+|hostname",),
+    lab="none: avahi is not run in the lab")
 
 
 #: (kernel release regex, why it is bad); checked when the profile expects RDMA
@@ -194,4 +209,8 @@ KERNEL_KNOWN_BAD = Entry(
     cause="kernel regressions in RDMA memory registration; mixed kernels mean mixed drivers",
     fix="boot the pinned kernel (6.17.0-1032-nvidia) on every node",
     proof="uname -r   # on every node",
-    signature=_sig_kernel, source="anchors-2026-12 #14")
+    signature=_sig_kernel, source="anchors-2026-12 #14",
+    lab="none: the lab nodes share one kernel",
+    words=(r"7\.0(\.0)?\b|6\.17|regression|downgrad\w+|pin(ned)? (the |a |to )?kernel|mixed kernels|different kernels",
+           r"\bkernel\b",
+           r"rdma|ibv_reg_mr|registration|roce|13 ?gb/s|16 ?gb/s|throughput|autotune",))

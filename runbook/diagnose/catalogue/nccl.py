@@ -54,7 +54,13 @@ GID_INDEX_PER_NIC = Entry(
           "global NCCL_IB_GID_INDEX hands one NIC a link-local GID and its queue pair never connects",
     fix="set *_GID=auto (resolved per node and checked per HCA), or pin an index valid on every HCA of that node",
     proof="grep -H . /sys/class/infiniband/{hca}/ports/1/gid_attrs/types/* /sys/class/infiniband/{hca}/ports/1/gids/*",
-    signature=_sig_gid_per_nic, source="anchors-2026-12 #3; bringup-anchors §5.5")
+    signature=_sig_gid_per_nic, source="anchors-2026-12 #3; bringup-anchors §5.5",
+    lab="none: no RoCE device in the lab (fixture follows the sysfs format)",
+    lines=(r"ibv_modify_qp failed with (error )?61",
+           r"ibv_modify_qp.*No data available",),
+    words=(r"gid[_ ]?index|\bgid\b|gids",
+           r"unhandled system error|ibv_modify_qp|errno 61|link-local|fe80|::ffff",
+           r"nccl|roce|rdma|hca|nic",))
 
 
 def _sig_ib_no_device(b: B.Bundle) -> list[Hit]:
@@ -78,7 +84,12 @@ NCCL_IB_NO_DEVICE = Entry(
           "does not fail, it silently uses sockets",
     fix="set NCCL_IB_HCA per node to names `ibdev2netdev` prints there (HEAD_CX7_IB / WORKER_CX7_IB)",
     proof="ibdev2netdev; grep -E 'NET/IB|NET/Socket|Using network' <rank log>",
-    signature=_sig_ib_no_device, source="anchors-2026-12 #4")
+    signature=_sig_ib_no_device, source="anchors-2026-12 #4",
+    lab="none: no RoCE device in the lab (fixture follows NCCL's log format)",
+    lines=(r"NET/IB : No device found",),
+    words=(r"net/socket|using network socket|sockets? (instead|transport)|over tcp|f[ae]ll(s|en)? back|no device found|ib_disable|/dev/infiniband",
+           r"nccl|all_?reduce|busbw|nccl-tests",
+           r"slow|half|\d+ ?gb/s|low (bandwidth|busbw)|instead of (rdma|roce|ib)",))
 
 
 def _sig_socket_ifname(b: B.Bundle) -> list[Hit]:
@@ -107,7 +118,11 @@ SOCKET_IFNAME_INVALID = Entry(
     cause="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME names an interface that node does not have",
     fix="set *_CX7_IF (or BOOTSTRAP_IF) to the node's real netdev; never `lo`",
     proof="ip -br addr; tr '\\0' '\\n' < /proc/<rank pid>/environ | grep SOCKET_IFNAME",
-    signature=_sig_socket_ifname, source="anchors-2026-12 #4; bringup-anchors §5.4")
+    signature=_sig_socket_ifname, source="anchors-2026-12 #4; bringup-anchors §5.4",
+    lab="capture_netns socket_ifname (gloo with a missing interface)",
+    words=(r"socket_ifname|ifname|interface name",
+           r"not found|does(n'?t| not) exist|wrong|invalid|unable to find address|loopback|127\.0\.0\.1|\blo\b|connectfullmesh",
+           r"gloo|nccl|rank|worker|init",))
 
 
 def _sig_roce_mtu(b: B.Bundle) -> list[Hit]:
@@ -135,7 +150,11 @@ ROCE_ACTIVE_MTU_LOW = Entry(
     fix="set the fabric netdev MTU to 9000 (or at least 4200) on both ends and re-apply netplan; re-check "
         "active_mtu on both",
     proof="ibv_devinfo -d {hca} | grep -E 'state|active_mtu'",
-    signature=_sig_roce_mtu, source="anchors-2026-12 #6")
+    signature=_sig_roce_mtu, source="anchors-2026-12 #6",
+    lab="none: no RoCE device in the lab (fixture follows ibv_devinfo's format)",
+    lines=(r"active_mtu:\s+(256|512|1024|2048) ",),
+    words=(r"active_mtu|roce (mtu|packets?)|1024[- ]byte",
+           r"prefill|slow|40 ?%|bandwidth|ibv_devinfo",))
 
 
 def _sig_watchdog(b: B.Bundle) -> list[Hit]:
@@ -156,7 +175,12 @@ NCCL_WATCHDOG_TIMEOUT = Entry(
     fix="find the rank that stopped (other findings: fabric, D state, OOM); the execute-model timeout is "
         "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, not NCCL_TIMEOUT",
     proof="grep -n 'Watchdog caught collective operation timeout' <rank logs>",
-    signature=_sig_watchdog, source="anchors-2026-12 #16")
+    signature=_sig_watchdog, source="anchors-2026-12 #16",
+    lab="none: the lab's CPU vLLM uses gloo, not NCCL (fixture follows PyTorch's line)",
+    lines=(r"Watchdog caught collective operation timeout",),
+    words=(r"watchdog",
+           r"600 ?(s|sec|seconds)\b|600000|collective|timeout|timed out",),
+    downstream=True)
 
 
 _GDR_LEVELS = {"0", "1", "2", "3", "4", "LOC", "PIX", "PXB", "PHB", "SYS", "NVL", "PXN"}
@@ -189,4 +213,29 @@ INERT_NCCL_SETTINGS = Entry(
           "out of range and GPUDirect RDMA is not supported on Spark",
     fix="drop them from the profile / EXTRA env; use VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS for the execute timeout",
     proof="tr '\\0' '\\n' < /proc/<rank pid>/environ | grep -E 'NCCL_TIMEOUT|NCCL_NET_GDR_LEVEL'",
-    signature=_sig_inert_nccl, source="anchors-2026-12 #16")
+    signature=_sig_inert_nccl, source="anchors-2026-12 #16",
+    lab="any lab profile with NCCL_TIMEOUT in EXTRA env (read from the launch plan)",
+    words=(r"nccl_timeout|nccl_net_gdr_level|gdr[_ ]level ?=? ?5|gpudirect",
+           r"(no|has no|without) effect|does nothing|nothing changed|ignored|still (600|times? out)|not (honou?red|read)",))
+
+
+IB_QP_PAIRING_TIMEOUT = Entry(
+    "ib-qp-pairing-timeout", "NCCL paired RoCE ports that share no cable (ibv_modify_qp errno 110)", FATAL,
+    symptom="NCCL init dies with `unhandled system error` and `ibv_modify_qp failed with 110 Connection timed out`, "
+            "while ping and nccl-tests over each cable work",
+    detect="`ibv_modify_qp failed with 110` / `ibv_modify_qp ... Connection timed out` in a rank log",
+    cause="NCCL pairs HCAs by their index across ranks: with same-port cabling in a three-node triangle "
+          "(p0-p0, p1-p1), or an NCCL_IB_HCA list naming a port on another link, it pairs two ports that are not "
+          "on one cable",
+    fix="cable each link port 0 to port 1 (a crossed ring), set NCCL_IB_HCA per node to the ports of the cluster "
+        "link only, and NCCL_IB_SUBNET_AWARE_ROUTING=1 on rings",
+    proof="ibdev2netdev; ip -br addr   # on every node: which port carries which link",
+    signature=None,
+    source="luxingcom/aicad-nccl-optimization#1; eugr/spark-vllm-docker#252; getainode/ainode#89; "
+           "bringup-anchors §5.7",
+    lines=(r"ibv_modify_qp failed with (error )?110", r"ibv_modify_qp.*Connection timed out",
+           r"non-zero status: 110.*ibv_modify_qp"),
+    words=(r"ibv_modify_qp|modify_qp|errno 110|\b110\b",
+           r"triangle|\bring\b|three[- ]node|3[- ]node|\b3 ?(x|×) ?(dgx )?spark|cabl\w*|\bp[01]\b|port ?[01]|same port",
+           r"nccl|roce|rdma|hca"),
+    lab="none: the lab has no RDMA device")

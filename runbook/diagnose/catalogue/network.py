@@ -74,7 +74,11 @@ RENDEZVOUS_MGMT_ADDRESS = Entry(
     fix="set HEAD_IP/WORKER_IP (and BOOTSTRAP_IF only for an interface every node reaches) to fabric "
         "addresses; restart both ranks",
     proof="ss -tn state syn-sent '( dport = :{master_port} )'   # on the worker; and: ip -br addr on the head",
-    signature=_sig_rendezvous_mgmt, source="anchors-2026-12 #1")
+    signature=_sig_rendezvous_mgmt, source="anchors-2026-12 #1",
+    words=(r"management|mgmt|wi-?fi|10 ?gbe?\b|enp7s7|wlp9s9|wrong (ip|address|interface)|lan (ip|address)",
+           r"vllm_host_ip|master[_ -]addr|head ip|bootstrap|rendezvous|mq_connect_ip",
+           r"hang|never join|clients joined|time[ds]? ?out|syn[-_]sent|can'?t connect|cannot connect",),
+    lab="tests/lab/test_diagnose_lab.py::test_rendezvous_on_the_management_address_is_named")
 
 
 def _sig_firewall(b: B.Bundle) -> list[Hit]:
@@ -108,7 +112,12 @@ FIREWALL_MASTER_PORT = Entry(
     fix="allow the port on the fabric: `sudo ufw allow in on {fabric_if} to any port {master_port} proto tcp` "
         "(or remove the drop rule), then start again",
     proof="timeout 5 bash -c '</dev/tcp/{master_addr}/{master_port}' && echo open   # from the worker",
-    signature=_sig_firewall, source="anchors-2026-12 #2; issue 16 item 1")
+    signature=_sig_firewall, source="anchors-2026-12 #2; issue 16 item 1",
+    lines=(r"\[UFW BLOCK\].*DPT=\d+",),
+    words=(r"firewall|\bufw\b|iptables|nftables|\bnft\b",
+           r"port|29\d{3}|rendezvous|master",
+           r"hang|time[ds]? ?out|block|drop|clients joined|refus",),
+    lab="tests/lab/test_diagnose_lab.py::test_firewall_dropping_the_master_port_is_named_within_a_minute")
 
 
 def _sig_fabric_unreachable(b: B.Bundle) -> list[Hit]:
@@ -144,7 +153,12 @@ FABRIC_UNREACHABLE = Entry(
     fix="bring the link up (`ip link`, cable, `netplan apply`), check both ends have their fabric addresses, "
         "then restart both ranks together",
     proof="ping -c 3 -I {fabric_if} {peer_ip}; ip -br link show {fabric_if}",
-    signature=_sig_fabric_unreachable, source="issue 16 item 4")
+    signature=_sig_fabric_unreachable, source="issue 16 item 4",
+    lines=(r"Destination Host Unreachable",
+           r" 100% packet loss",),
+    words=(r"link (is |goes |went )?down|no link|ping (fails|failed|doesn'?t work|gets no reply)|unreachable|no carrier|unplugged|loose cable",
+           r"fabric|qsfp|cx-?7|connectx|200 ?g|direct[- ]connect|interconnect|cluster (link|network|interface)",),
+    lab="tests/lab/test_watchdog_lab.py::test_fabric_link_down_is_caught_with_the_link_named_and_recovers")
 
 
 def _sig_fabric_mtu(b: B.Bundle) -> list[Hit]:
@@ -171,7 +185,12 @@ FABRIC_MTU_BLACKHOLE = Entry(
     cause="one end (or a switch) has a smaller MTU than the profile's FABRIC_MTU",
     fix="set the same MTU on both ends (netplan `mtu:`), or lower FABRIC_MTU to what the path carries",
     proof="ping -M do -s $(({fabric_mtu}-28)) -c 3 -I {fabric_if} {peer_ip}",
-    signature=_sig_fabric_mtu, source="bringup-anchors §1.2")
+    signature=_sig_fabric_mtu, source="bringup-anchors §1.2",
+    lines=(r"message too long, mtu ?= ?\d+",
+           r"Frag needed and DF set",),
+    words=(r"\bmtu\b|jumbo|9000",
+           r"large|big|stall|fragment|small (requests|pings?|packets?) (work|pass|go through)",),
+    lab="capture_netns fabric_mtu (a veth at MTU 1500 against 9000)")
 
 
 def _sig_rendezvous_timeout(b: B.Bundle) -> list[Hit]:
@@ -189,4 +208,10 @@ RENDEZVOUS_TIMEOUT = Entry(
     fix="start both ranks together with the same MASTER_PORT; if no other finding matched, check "
         "`ss -tanp` on both nodes while the head waits",
     proof="ss -tanp '( sport = :{master_port} or dport = :{master_port} )'   # on both nodes",
-    signature=_sig_rendezvous_timeout, source="anchors-2026-12 #1, #2, #11")
+    signature=_sig_rendezvous_timeout, source="anchors-2026-12 #1, #2, #11",
+    lines=(r"waiting for clients\. \d+/\d+ clients joined",
+           r"client socket has timed out after \d+ms while trying to connect to",),
+    words=(r"clients joined|rendezvous|tcpstore|diststoreerror",
+           r"time[ds]? ?out|hang|never|waiting",),
+    downstream=True,
+    lab="capture_netns firewall_drop (torch's TCPStore behind an nftables drop)")

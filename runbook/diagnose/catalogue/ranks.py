@@ -38,7 +38,11 @@ ENV_OVERWRITTEN_BY_HEAD = Entry(
     fix="resolve NCCL_IB_HCA, *_SOCKET_IFNAME and VLLM_HOST_IP per node and pass them in each rank's own "
         "environment; do not forward the head's",
     proof="grep 'Overwriting environment variable' <worker rank log>; ibdev2netdev   # on each node",
-    signature=_sig_env_overwritten, source="anchors-2026-12 #5")
+    signature=_sig_env_overwritten, source="anchors-2026-12 #5; spark-arena/sparkrun#135",
+    words=(r"overwrit\w+|propagat\w+|copied (over )?from the head|head'?s (own )?(names|values|interfaces|hca|devices)|pushed (to|from) the (worker|head)|(left|right|other|different|opposite) port",
+           r"hca|ifname|interface|rocep|mlx5|enp1s0f|ucx_net_devices|port|cable",
+           r"worker|second (node|spark)|other node",),
+    lab="capture_netns hca_overwritten (vLLM's own environment update)")
 
 
 def _is_rank_process(p: procs.Proc) -> bool:
@@ -84,7 +88,11 @@ WORKER_NOT_RUNNING = Entry(
     fix="fix the worker's error shown here, start the worker first and check it is alive and logging before "
         "starting the head (the launcher does this); stop the head meanwhile",
     proof="pgrep -af vllm; tail -n 50 <worker rank log>   # on the worker",
-    signature=_sig_worker_dead, source="anchors-2026-12 #7; issue 16 item 1")
+    signature=_sig_worker_dead, source="anchors-2026-12 #7; issue 16 item 1",
+    lines=(r"Python\.h: No such file or directory",),
+    words=(r"worker (never|didn'?t|did not|is not|isn'?t|wasn'?t) (start|run|launch|come up|alive)|worker (died|crashed|exited)|worker container (exited|stopped)|no (process|container) on the worker",
+           r"head (just )?(waits|hangs|waiting|stuck|sits)|waiting for (the )?(worker|clients|rank)|60[01] ?s|10 minutes",),
+    lab="tests/lab/test_launch_lab.py::test_a_worker_that_never_started_stops_the_launch_before_the_head")
 
 
 _SHELL_SPLIT = re.compile(r"env: [‘'][^’']+[’']: No such file or directory|"
@@ -135,7 +143,10 @@ ENV_SPLIT_BY_QUOTING = Entry(
     fix="pass the environment as one quoted word per assignment (or write it to a file on the node and "
         "source it); compare the rank's /proc/<pid>/environ with the launch plan",
     proof="tr '\\0' '\\n' < /proc/<rank pid>/environ | grep -E 'VLLM_HOST_IP|SOCKET_IFNAME|NCCL_IB'",
-    signature=_sig_env_split, source="anchors-2026-12 #7")
+    signature=_sig_env_split, source="anchors-2026-12 #7",
+    words=(r"quot\w+|ssh .{0,30}bash -c|nested (ssh|shell)|escap\w+",
+           r"env(ironment)? (var\w* )?(lost|missing|split|not (passed|set))|variables? (were|are|got) (not|lost|dropped|split)|never (launched|started)",),
+    lab="capture_netns env_split (a start command split by quoting)")
 
 
 _HOME_PATH = re.compile(r"(?:No such file or directory|FileNotFoundError|does not exist)[^\n]*?'?(/(?:home/[^/\s'\"]+|root))(/[^\s'\"]*)")
@@ -164,4 +175,91 @@ HOME_DIR_DIFFERS = Entry(
     cause="cache or model paths were resolved on the head and sent to the worker, whose user/home differ",
     fix="use `~/...` paths in the profile (expanded per node) or the same user on every node",
     proof="echo $HOME   # on the worker",
-    signature=_sig_home_differs, source="anchors-2026-12 #13")
+    signature=_sig_home_differs, source="anchors-2026-12 #13",
+    words=(r"home (dir|directory|folder)|\$home|/home/\w+",
+           r"(different|another|other) (user|username|home)|user ?names? (differ|are different)|(doesn'?t|does not) exist on the worker|missing on the worker",),
+    lab="none: one user on the lab nodes (fixture follows the published error)")
+
+
+RENDEZVOUS_PORT_IN_USE = Entry(
+    "rendezvous-port-in-use", "The rendezvous port is still held by a previous run", FATAL,
+    symptom="a relaunch fails with `EADDRINUSE` on the master port, or a new worker joins the old head's "
+            "rendezvous and the start hangs or mixes two runs",
+    detect="torch's `The server socket has failed to listen on any local network address` / `EADDRINUSE` in a "
+           "rank log",
+    cause="a rank of the previous run (an orphaned head, EngineCore or worker) still listens on MASTER_PORT, so "
+          "the new head cannot bind it or the new worker connects to the old one",
+    fix="stop every rank of the old run on every node (`python -m runbook stop`) and check the port is closed on "
+        "every node before the start; do not just change the port (the orphans keep their memory)",
+    proof="ss -ltnp '( sport = :{master_port} )'   # on every node",
+    signature=None,
+    source="tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark README fix 6 (relaunch race); field-reports-2026-12 §2 #10",
+    lines=(r"The server socket has failed to listen on any local network address",
+           r"\bEADDRINUSE\b"),
+    words=(r"rendezvous|master[_ ]port|29\d{3}|joined the (old|previous|stale)|port (is )?(still )?(in use|held|busy|taken|open)|address already in use",
+           r"relaunch\w*|restart\w*|re-?start\w*|previous (run|launch|instance|start)|old (head|run|server|rank|worker)|leftover|stale|orphan\w*",
+           r"worker|rank|head"),
+    lab="tests/lab/test_launch_lab.py::test_master_port_in_use_on_the_head_is_refused_before_anything_runs")
+
+
+API_PORT_IN_USE = Entry(
+    "api-port-in-use", "The API port is already taken", FATAL,
+    symptom="the head loads the model, then exits: `[Errno 98] error while attempting to bind on address "
+            "('0.0.0.0', 8000): address already in use`",
+    detect="`error while attempting to bind on address ... address already in use` in the head's log",
+    cause="another server (an older run, another user, a proxy) listens on PORT",
+    fix="stop the other server (`ss -ltnp 'sport = :{port}'` names it; `python -m runbook stop` for an old run) "
+        "or choose another PORT",
+    proof="ss -ltnp '( sport = :{port} )'",
+    signature=None,
+    source="anchors-2026-12 #10; field-reports-2026-12 §2 #10",
+    lines=(r"error while attempting to bind on address .*address already in use",
+           r"\[Errno 98\] Address already in use"),
+    words=(r"port (8000|\d{4,5}) (is )?(already )?(in use|taken|busy)|address already in use|errno 98",
+           r"\bapi\b|server|vllm serve|uvicorn|openai|endpoint"),
+    lab="none yet: a leftover listener on the API port (issue 25 item 4)")
+
+
+SEMLOCK_BACKEND_MISMATCH = Entry(
+    "semlock-backend-mismatch", "The worker crashes in multiprocessing init (executor backend changed)", FATAL,
+    symptom="the worker dies at start with `FileNotFoundError` in `SemLock._rebuild`",
+    detect="`SemLock._rebuild` / `_multiprocessing.SemLock` in a rank log",
+    cause="a new image defaults multi-node to the mp executor while the cluster was set up for Ray (or the reverse)",
+    fix="pass `--distributed-executor-backend` explicitly (mp or ray, the same on every node) and pin the image "
+        "digest",
+    proof="grep -n 'distributed-executor-backend' <launch command>; docker image inspect <image>",
+    signature=None,
+    source="spark-arena/recipe-registry#13 (bringup-anchors §5.11)",
+    lines=(r"SemLock\._rebuild|_multiprocessing\.SemLock",),
+    words=(r"semlock", r"\bray\b|\bmp\b|multiproc\w*|executor[- ]backend|filenotfounderror"),
+    lab="none: the lab runs the mp backend only")
+
+
+RAY_MISSING = Entry(
+    "ray-missing", "The image has no Ray", FATAL,
+    symptom="`ray: command not found`, or the head container exits with code 127 at once",
+    detect="`ray: command not found` in a rank log (vLLM's own `No module named 'ray'` warning is normal on mp)",
+    cause="the image (NGC 26.05, vllm/vllm-openai, ...) ships without Ray while the recipe starts a Ray cluster",
+    fix="use the mp backend (`--distributed-executor-backend mp`, no Ray), or an image layer with `ray[default]`",
+    proof="docker run --rm --entrypoint sh <image> -c 'command -v ray; python3 -c \"import ray\"'",
+    signature=None,
+    source="NVIDIA/dgx-spark-playbooks#109, #75; getainode/ainode#84 (bringup-anchors §5.10)",
+    lines=(r"\bray: (command )?not found",),
+    words=(r"\bray\b", r"not found|missing|not installed|exit(ed|s)? (with )?(code )?127|\b127\b"),
+    lab="none: the lab runs the mp backend only")
+
+
+RAY_PLACEMENT_GROUP = Entry(
+    "ray-placement-group", "Ray never satisfies the placement group", FATAL,
+    symptom="the start waits, then `Cannot provide a placement group ... within N seconds`",
+    detect="`Cannot provide a placement group` in a rank log",
+    cause="on multi-NIC hosts the PACK strategy anchors to a route address that differs from Ray's bind address, "
+          "so the GPUs of the second node never count",
+    fix="set VLLM_HOST_IP / RAY_NODE_IP_ADDRESS per node to its fabric address, use the SPREAD strategy, or the "
+        "mp backend",
+    proof="ray status; ray list nodes",
+    signature=None,
+    source="eugr/spark-vllm-docker#227 (bringup-anchors §5.12)",
+    lines=(r"Cannot provide a placement group",),
+    words=(r"placement[- ]group", r"\bray\b|pack|spread", r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide"),
+    lab="none: the lab runs the mp backend only")

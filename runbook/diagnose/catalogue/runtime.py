@@ -35,7 +35,10 @@ DOCKER_PULL_EOF = Entry(
     cause="the download was cut mid-layer (network, proxy, registry)",
     fix="retry the pull: it resumes from the layers already fetched",
     proof="docker pull {image}",
-    signature=_pull_sig("unexpected-eof"), source="anchors-2026-12 #15")
+    signature=_pull_sig("unexpected-eof"), source="anchors-2026-12 #15",
+    words=(r"docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image",
+           r"unexpected eof|connection (reset|dropped|cut)|(drops|stops|dies) (mid|halfway|partway)",),
+    lab="capture_netns docker_pull_eof (a registry stub that cuts the layer)")
 
 
 DOCKER_PULL_MANIFEST_UNKNOWN = Entry(
@@ -45,7 +48,10 @@ DOCKER_PULL_MANIFEST_UNKNOWN = Entry(
     cause="the IMAGE tag or digest does not exist in that registry (typo, deleted tag); retrying never helps",
     fix="fix IMAGE in the profile (check the registry's tag list); stop retrying",
     proof="docker manifest inspect {image}",
-    signature=_pull_sig("manifest-unknown"), source="anchors-2026-12 #15")
+    signature=_pull_sig("manifest-unknown"), source="anchors-2026-12 #15",
+    words=(r"docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image",
+           r"manifest unknown|manifest .{0,40}not found|tag (does not|doesn'?t) exist|no such tag",),
+    lab="capture_netns docker_pull_manifest")
 
 
 DOCKER_PULL_DNS = Entry(
@@ -56,7 +62,10 @@ DOCKER_PULL_DNS = Entry(
     fix="fix name resolution on that node (`resolvectl status`), or pull on a connected node and "
         "`docker save | ssh node docker load`",
     proof="getent hosts <registry host>   # on the node",
-    signature=_pull_sig("dns"), source="anchors-2026-12 #15")
+    signature=_pull_sig("dns"), source="anchors-2026-12 #15",
+    words=(r"docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image",
+           r"no such host|name resolution|\bdns\b|resolv",),
+    lab="capture_netns docker_pull_dns")
 
 
 _ENGINE_DEATH = re.compile(r"EngineDeadError|EngineCore encountered a fatal error|Engine core proc \S+ died unexpectedly|"
@@ -90,7 +99,11 @@ READY_THEN_DEAD = Entry(
     fix="reproduce with one prompt of >= 3k tokens; try --enforce-eager or a lower "
         "--max-num-batched-tokens to locate the kernel; report with this bundle",
     proof="grep -nE 'Application startup complete|EngineDeadError|died unexpectedly|Illegal instruction' <head rank log>",
-    signature=_sig_ready_then_dead, source="anchors-2026-12 #8")
+    signature=_sig_ready_then_dead, source="anchors-2026-12 #8",
+    words=(r"first (long|big|real) (prompt|request)|long (prompt|input|request)|\d+k(-token)? (tokens? )?prompt",
+           r"health (is|was|returns?|returned) 200|\bready\b|startup complete|came up|smoke (test )?pass\w*",
+           r"died|dies|crash\w*|enginedead|illegal instruction|core dump",),
+    lab="capture_netns ready_then_dead (EngineCore killed after READY)")
 
 
 def _sig_wrong_model(b: B.Bundle) -> list[Hit]:
@@ -113,8 +126,12 @@ WRONG_MODEL_ON_PORT = Entry(
     detect="`/v1/models` on the API port does not list SERVED_MODEL_NAME",
     cause="another server (an older run, another user) holds the port",
     fix="stop the other server (`ss -ltnp 'sport = :{port}'` names it) or change PORT",
-    proof="curl -s http://{master_addr}:{port}/v1/models",
-    signature=_sig_wrong_model, source="anchors-2026-12 #10")
+    proof="curl -s {api_url}/v1/models   # on the head (the address the API binds)",
+    signature=_sig_wrong_model, source="anchors-2026-12 #10",
+    lines=(r"The model `[^`]+` does not exist",),
+    words=(r"does not exist|\b404\b|wrong model|different model|old (server|model)|another model",
+           r"/v1/models|model (id|name)|served[- ]model[- ]name|\bport\b",),
+    lab="tests/lab/test_diagnose_lab.py::test_diagnose_names_a_port_answering_for_another_model")
 
 
 WEDGE_MIN_INTERVAL_S = 10.0
@@ -143,5 +160,22 @@ SERVING_WEDGE = Entry(
     cause="a rank stopped inside a collective (frozen process, fabric down, NCCL hang) while the API "
           "process stays up",
     fix="check the fabric and each rank (other findings); restart both ranks together",
-    proof="curl -s http://{master_addr}:{port}/metrics | grep -E 'num_requests_(running|waiting)|generation_tokens_total'",
-    signature=_sig_wedge, source="anchors-2026-12 #9; vLLM #40969")
+    proof="curl -s {api_url}/metrics | grep -E 'num_requests_(running|waiting)|generation_tokens_total'   # on the head",
+    signature=_sig_wedge, source="anchors-2026-12 #9; vLLM #40969",
+    words=(r"/health (\w+ ){0,2}(ok|200|green)|health ?check (\w+ )?(passes|ok|green)|health (is |stays )?(ok|200|fine)",
+           r"no tokens|no output|hangs?\b|stuck|never (returns|finish\w*)|requests? (hang|pile|queue)|num_requests_running|generation_tokens",),
+    lab="tests/lab/test_watchdog_lab.py::test_frozen_worker_rank_is_caught_and_recovers")
+
+
+NO_COMMON_BLOCK_SIZE = Entry(
+    "no-common-block-size", "No KV block size every attention backend accepts", FATAL,
+    symptom="the start fails at KV-cache set-up with `No common block size for 64`",
+    detect="`No common block size for N` in a rank log",
+    cause="vLLM picked the smallest listed block size, which the DeepSeek V4 indexer backend refuses",
+    fix="pass `--block-size 128` (EXTRA_ARGS)",
+    proof="grep -n 'block size' <rank log>",
+    signature=None,
+    source="tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark README fix 4 (boot 4)",
+    lines=(r"No common block size for \d+",),
+    words=(r"block[- _]size", r"no common|indexer|deepseek|v4"),
+    lab="none: the tiny lab model has no V4 indexer")

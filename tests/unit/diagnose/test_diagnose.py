@@ -51,18 +51,23 @@ def test_scenario_matches_exactly_its_entries(scenario):
         assert "{master_port}" not in f.proof and "{port}" not in f.fix, "placeholders the context knows are filled"
 
 
-def test_every_entry_has_a_positive_fixture():
+def test_every_entry_has_a_positive_fixture_or_corpus_case():
+    """A bundle scenario where one can be captured or follows a published format; otherwise at least one
+    case of the accuracy corpus (real report text) that the entry must rank first on."""
+    from runbook.diagnose.accuracy import load_corpus
     covered = {e for ids in EXPECTED.values() for e in ids}
+    covered |= {c.expect for c in load_corpus() if c.expect}
     assert ENTRIES
     missing = [e.id for e in ENTRIES if e.id not in covered]
-    assert not missing, f"entries without a positive fixture: {missing}"
+    assert not missing, f"entries without a positive fixture or corpus case: {missing}"
 
 
 def test_catalogue_entries_are_complete():
-    assert len(ENTRIES) >= 20
+    assert len(ENTRIES) >= 45
     for e in ENTRIES:
         assert e.severity in ("fatal", "degraded", "warning")
-        for field in ("title", "symptom", "detect", "cause", "fix", "proof", "source"):
+        assert e.signature is not None or e.lines or e.words, f"{e.id}: nothing recognises it"
+        for field in ("title", "symptom", "detect", "cause", "fix", "proof", "source", "lab"):
             assert getattr(e, field).strip(), f"{e.id}: empty {field}"
 
 
@@ -125,7 +130,12 @@ def test_catalogue_table_in_docs_is_current():
     for scenario, ids in EXPECTED.items():
         for i in ids:
             tests.setdefault(i, []).append(scenario)
-    table = catalogue_markdown(ENTRIES, tests=tests)
+    from runbook.diagnose.accuracy import load_corpus
+    corpus: dict[str, int] = {}
+    for c in load_corpus():
+        if c.expect:
+            corpus[c.expect] = corpus.get(c.expect, 0) + 1
+    table = catalogue_markdown(ENTRIES, tests=tests, corpus=corpus)
     doc = (ROOT / "docs" / "diagnose.md").read_text()
     assert table in doc, "docs/diagnose.md is out of date: paste runbook.diagnose.catalogue_markdown(...) output"
 
@@ -381,3 +391,29 @@ def test_ufw_default_deny_without_an_allow_rule():
     assert _ids({"head": {B.FIREWALL: ufw}}) == ["firewall-master-port"]
     allowed = ufw + "Anywhere on enp1s0f0np0    ALLOW IN    Anywhere\n"
     assert _ids({"head": {B.FIREWALL: allowed}}) == []
+
+
+@pytest.mark.parametrize("api_host,url", [("127.0.0.1", "http://127.0.0.1:8000"), ("0.0.0.0", "http://127.0.0.1:8000"),
+                                          ("10.0.0.5", "http://10.0.0.5:8000"), ("", "http://127.0.0.1:8000")])
+def test_the_api_proof_uses_the_address_the_api_binds(api_host, url):
+    """issue 25: the proof curl went to the master (fabric) address, where a loopback-bound API does not answer."""
+    ctx = Context.from_dict({**json.loads((DATA / "wrong_model/context.json").read_text()), "api_host": api_host})
+    found = [f for f in match(Bundle(read_bundle(DATA / "wrong_model").texts, ctx)) if f.id == "wrong-model-on-port"]
+    assert found and found[0].proof.startswith(f"curl -s {url}/v1/models")
+    assert "{" not in found[0].proof
+
+
+def test_context_from_the_lab_profile_carries_the_api_bind_address():
+    ctx = Context.from_profile(load_profile(ROOT / "env" / "lab.env"))
+    assert ctx.api_host and ctx.api_url.endswith(f":{ctx.port}")
+
+
+def test_every_lab_test_an_entry_names_exists():
+    """An entry's lab injection that names a lab test points at a real test function."""
+    named = [(e.id, e.lab.split()[0]) for e in ENTRIES if e.lab.startswith("tests/lab/")]
+    assert named
+    for eid, ref in named:
+        path, _, func = ref.partition("::")
+        assert f"def {func}(" in (ROOT / path).read_text(), f"{eid}: {ref} does not exist"
+    captured = {e.lab.split()[1] for e in ENTRIES if e.lab.startswith("capture_netns ")}
+    assert captured and captured <= set(EXPECTED), captured - set(EXPECTED)

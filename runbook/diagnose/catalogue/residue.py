@@ -1,0 +1,175 @@
+"""Kernel, driver, library and image residue: a pip NCCL that is a different build from the system's, a
+kernel without CMA, an ``/etc/nccl.conf`` left in the image, a CUDA toolchain newer than the driver, a
+driver module that did not load, and versions that differ between the nodes."""
+from __future__ import annotations
+
+import re
+
+from ...facts import system
+from .. import bundle as B
+from .entry import FATAL, Entry, Hit, lines_matching
+
+
+_SHM_WAIT = re.compile(r"No available shared memory broadcast block found in \d+ seconds?")
+_COLLECTIVE_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|ncclAllReduce|ncclAllGather")
+_READY = re.compile(r"Application startup complete")
+
+
+def _sig_nccl_build(b: B.Bundle) -> list[Hit]:
+    """vLLM's shared-memory wait while serving (after READY) or beside a collective timeout: a rank stuck in a
+    collective. The same wait during start-up is usually a long compile, not this."""
+    hits = []
+    for node, text in b.logs():
+        lines = text.splitlines()
+        ready = next((i for i, l in enumerate(lines) if _READY.search(l)), None)
+        waits = [i for i, l in enumerate(lines) if _SHM_WAIT.search(l)]
+        serving = [i for i in waits if ready is not None and i > ready]
+        stuck = lines_matching(text, _COLLECTIVE_TIMEOUT, 1)
+        if serving or (waits and stuck):
+            ev = [lines[i].strip()[:300] for i in (serving or waits)[:2]] + stuck
+            hits.append(Hit(node, [f"{node}: {l}" for l in ev]))
+    return hits
+
+
+NCCL_BUILD_MISMATCH = Entry(
+    "nccl-build-mismatch", "TP hangs after minutes of load: the pip NCCL is another build than the system's", FATAL,
+    symptom="under sustained load TP=2 wedges after ~20-26 minutes: one rank in `ncclAllReduce`/`AllGather`, the "
+            "other spinning at ~96 % GPU and ~20 W; then `No available shared memory broadcast block` or the 600 s "
+            "watchdog",
+    detect="vLLM's `No available shared memory broadcast block found in 60 seconds` after `Application startup "
+           "complete`, or beside a collective timeout (`ncclAllReduce`/`AllGather`, the 600 s watchdog) in a rank "
+           "log; the same wait during start-up alone is a long compile, not this",
+    cause="the pip wheel `nvidia-nccl-cu13` and DGX OS's `libnccl2` report the same version (2.28.9) but are "
+          "different binaries; the wheel's build hangs a collective on GB10 after minutes of load",
+    fix="use the system NCCL: symlink `/usr/lib/aarch64-linux-gnu/libnccl.so.2` over the wheel's "
+        "`nvidia/nccl/lib/libnccl.so.2` (or an image that does), record the NCCL build id per rank, then soak "
+        ">= 30 min; backend swaps and --enforce-eager only move the MTBF",
+    proof="python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))'; "
+          "readelf -n <that>/lib/libnccl.so.2 /usr/lib/aarch64-linux-gnu/libnccl.so.2 | grep 'Build ID'",
+    signature=_sig_nccl_build,
+    source="vllm-project/vllm#42354, #41725 (2026-07-23); Blackwellboy/model-serving-minefield#89; "
+           "bringup-anchors §5.9",
+    words=(r"\b\d{2}([-–]\d{2})? ?(min|mins|minutes) (in|into|of|under)|(after|into) (about |~)?\d{2}([-–]\d{2})? ?(min|mins|minutes)|\bmtbf\b|sustained (\w+ )?(load|concurrent)|under (\S+ )?(concurrent )?load|\bsoak",
+           r"hang\w*|hung|wedge\w*|stall\w*|freez\w*|stuck|spinning|spin-wait",
+           r"nccl|all_?reduce|allgather|all-gather|libnccl|collective",
+           r"\bpip\b|wheel|system (nccl|libnccl)|libnccl2|build[- ]?id|different (build|binar)\w*|nvidia-nccl-cu1\d|symlink|96 ?%"),
+    lab="none: the lab's CPU vLLM uses gloo, not NCCL")
+
+
+def _sig_cma(b: B.Bundle) -> list[Hit]:
+    hits = []
+    for node in b.nodes:
+        mem = system.parse_meminfo(b.text(node, B.MEMINFO))
+        regs = lines_matching(b.text(node, B.RANK_LOG), re.compile(r"ibv_reg_mr\w*.*(Cannot allocate memory|ENOMEM)"), 2)
+        if mem.get("CmaTotal") == 0 and (b.context.expect_rdma or regs):
+            hits.append(Hit(node, [f"{node}: /proc/meminfo CmaTotal: 0 kB"] + [f"{node}: {l}" for l in regs]))
+        elif regs:
+            hits.append(Hit(node, [f"{node}: {l}" for l in regs]))
+    return hits
+
+
+CMA_TOTAL_ZERO = Entry(
+    "cma-total-zero", "RDMA memory registration fails: the kernel has no CMA", FATAL,
+    symptom="NCCL over RoCE fails at init with `ibv_reg_mr ... failed with error Cannot allocate memory` even for "
+            "1 KB, with GiB free and memlock unlimited",
+    detect="`CmaTotal: 0 kB` in /proc/meminfo with RDMA expected, or an `ibv_reg_mr` ENOMEM in a rank log",
+    cause="the booted kernel (e.g. 7.0.0-1019-nvidia) reserves no contiguous memory (CmaTotal 0, normally "
+          "131072 kB), so every RDMA memory registration fails",
+    fix="boot a kernel with CMA (6.17.0-1031-nvidia with driver 580.173.02 in the report) or add a `cma=` kernel "
+        "parameter; check `ulimit -l` is unlimited in the container too",
+    proof="grep CmaTotal /proc/meminfo; uname -r; ulimit -l",
+    signature=_sig_cma,
+    source="luxingcom/aicad-nccl-optimization#1 (2026-09-19); bringup-anchors §5 'also seen'",
+    lines=(r"ibv_reg_mr\w* failed with error Cannot allocate memory",
+           r"ibv_reg_mr\w*.*\bENOMEM\b"),
+    words=(r"cmatotal|\bcma\b",
+           r"ibv_reg_mr|reg_mr|memory registration|register(ing)? (rdma )?memory",
+           r"7\.0\.0-1019|kernel (update|upgrade)|new kernel|enomem|cannot allocate memory"),
+    lab="none: the lab has no RDMA device")
+
+
+def _sig_nccl_conf(b: B.Bundle) -> list[Hit]:
+    hits = []
+    rx = re.compile(r"^\s*(NCCL_IB_USE_INLINE|NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS)\s*=\s*1\b", re.MULTILINE)
+    for node in b.nodes:
+        conf = b.text(node, B.NCCL_CONF)
+        found = [m.group(0).strip() for m in rx.finditer(conf)]
+        found += lines_matching(b.text(node, B.RANK_LOG), re.compile(r"NCCL_IB_USE_INLINE set by \S+ to 1"), 1)
+        if found:
+            hits.append(Hit(node, [f"{node}: {l}" for l in found[:3]]))
+    return hits
+
+
+IMAGE_NCCL_CONF_RESIDUE = Entry(
+    "image-nccl-conf-residue", "An /etc/nccl.conf left in the image freezes NCCL warm-up", FATAL,
+    symptom="the start stops after `... is using nccl==2.x`; the GPU shows ~96 % but draws ~16 W (a spin), no "
+            "error, forever",
+    detect="`NCCL_IB_USE_INLINE=1` (or `NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS=1`) in the collected nccl.conf, or "
+           "NCCL's `NCCL_IB_USE_INLINE set by ... to 1` in a rank log",
+    cause="a leftover /etc/nccl.conf in the container image turns on inline IB sends, which freeze the 4-byte "
+          "PyNccl warm-up all-reduce",
+    fix="set NCCL_IB_USE_INLINE=0 and NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS=0 in the rank environment (it wins over "
+        "the file), or remove /etc/nccl.conf from the image",
+    proof="docker run --rm --entrypoint cat <image> /etc/nccl.conf; cat /etc/nccl.conf",
+    signature=_sig_nccl_conf,
+    source="luxingcom/aicad-nccl-optimization#1 (2026-09-19); bringup-anchors §5 'also seen'",
+    lines=(r"^\s*NCCL_IB_USE_INLINE\s*=\s*1\b", r"NCCL_IB_USE_INLINE set by \S+ to 1"),
+    words=(r"nccl\.conf", r"ib_use_inline|use_inline|prepost",
+           r"warm-?up|freez\w*|hang\w*|stuck|spin\w*|96 ?%|16 ?w\b", r"image|container|docker"),
+    lab="none: the lab's CPU vLLM uses gloo, not NCCL")
+
+
+CUDA_TOOLCHAIN_NEWER_THAN_DRIVER = Entry(
+    "cuda-toolchain-newer-than-driver", "The image's CUDA is newer than the node's driver", FATAL,
+    symptom="the first kernel launch fails with CUDA error 222 (`the provided PTX was compiled with an unsupported "
+            "toolchain`) or `CUDA driver version is insufficient`",
+    detect="`provided PTX was compiled with an unsupported toolchain`, `CUDA error 222` or `driver version is "
+           "insufficient for CUDA runtime version` in a rank log",
+    cause="the image's CUDA toolkit (or a JIT-compiled kernel's PTX) is newer than what the installed driver "
+          "supports",
+    fix="use an image whose CUDA the driver supports (`nvidia-smi` shows the highest), or update the driver on "
+        "every node to the same version",
+    proof="nvidia-smi | head -n 4; docker run --rm <image> nvcc --version",
+    signature=None,
+    source="Blackwellboy/model-serving-minefield trap 08 (via field-reports-2026-12 §2 #5); li-plus/chatglm.cpp#12; "
+           "ggml-org/llama.cpp#1648",
+    lines=(r"provided PTX was compiled with an unsupported toolchain", r"CUDA error 222\b|cudaErrorUnsupportedPtxVersion",
+           r"CUDA driver version is insufficient for CUDA runtime version"),
+    words=(r"error 222|\bptx\b|unsupported toolchain|driver version is insufficient",
+           r"driver (is )?(too )?old|older driver|newer (cuda|toolkit|toolchain|image)|upgrad\w* (the )?driver|cuda 1[23]|toolkit"),
+    lab="none: no NVIDIA driver in the lab")
+
+
+DRIVER_NOT_LOADED = Entry(
+    "driver-not-loaded", "The NVIDIA driver is not loaded on a node", FATAL,
+    symptom="`nvidia-smi` fails and the rank dies at CUDA init on one node after a kernel update",
+    detect="`NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver`, "
+           "`Driver Not Loaded` or `Found no NVIDIA driver on your system` in the text",
+    cause="a kernel update without the matching nvidia modules (no DKMS) leaves no `nvidia.ko` for the new kernel",
+    fix="install the driver modules for the running kernel (`linux-modules-nvidia-*-$(uname -r)`) or boot the "
+        "previous kernel; hold kernel updates on cluster nodes",
+    proof="nvidia-smi; uname -r; ls /lib/modules/$(uname -r)/ | grep -i nvidia",
+    signature=None,
+    source="bringup-anchors §5.14 (TechPreacher preboot-check)",
+    lines=(r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver",
+           r"nvml error: driver not loaded|\bDriver Not Loaded\b", r"Found no NVIDIA driver on your system"),
+    words=(r"nvidia-smi (fails|failed|doesn'?t work|errors?)|couldn'?t communicate with the nvidia driver|driver not loaded|no nvidia driver",
+           r"kernel (update|upgrade)|after (an? )?(update|upgrade|apt)|\bdkms\b|unattended-upgrade"),
+    lab="none: no NVIDIA driver in the lab")
+
+
+VERSION_SKEW = Entry(
+    "version-skew", "The nodes run different versions", FATAL,
+    symptom="Ray refuses the worker (`Version mismatch`), or the ranks crash or produce garbage after one node was "
+            "updated",
+    detect="Ray's `Version mismatch: The cluster was started with ...` in a rank log",
+    cause="the image, vLLM, Python or Ray differ between the nodes (one node pulled a newer tag or was rebuilt)",
+    fix="compare image digests and vLLM/NCCL/driver versions on every node before the start; pull the same digest "
+        "everywhere",
+    proof="docker image inspect --format '{{{{.Id}}}}' <image>; python3 -c 'import vllm; print(vllm.__version__)'   # on every node",
+    signature=None,
+    source="bringup-anchors §5.14 (eugr verify_cluster_image_consistency)",
+    lines=(r"Version mismatch: The cluster was started with",),
+    words=(r"version (mismatch|skew)|(different|mismatched) (versions?|images?|builds?|digests?)",
+           r"head|worker|node|both (nodes|sparks)", r"\bray\b|vllm|nccl|image|driver|python"),
+    lab="none yet: a worker with a different image tag (issue 25 item 4)")
