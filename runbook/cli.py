@@ -5,9 +5,10 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
-from .errors import RunbookError
+from .errors import ExitStatus, RunbookError, UsageError
 
 DEFAULT_PROFILE = "env/lab.env"
 
@@ -16,10 +17,14 @@ def _overrides(pairs: list[str]) -> dict[str, str]:
     out = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise RunbookError(f"override {pair!r} is not KEY=VALUE", fix="write -p MAX_MODEL_LEN=4096")
+            raise UsageError(f"override {pair!r} is not KEY=VALUE", fix="write -p MAX_MODEL_LEN=4096")
         key, value = pair.split("=", 1)
         out[key.strip()] = value
     return out
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def _lab_dir(args) -> Path:
@@ -50,16 +55,22 @@ def cmd_run(args) -> int:
         print(f"first failure: {failed[0].name}\n{failed[0].error}\n"
               f"resume after fixing: python -m runbook run --profile {args.profile} --resume {run_dir.run_id}",
               file=sys.stderr)
-        return 1
-    return 0
+        return failed[0].exit or ExitStatus.FAILED      # the failing step's class (checks, action, remote, ...)
+    return ExitStatus.OK
 
 
 def cmd_validate(args) -> int:
-    from .profile import load_profile
+    from .profile import executing_keys_changed, load_profile
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     print(json.dumps(profile.redacted(), indent=2, default=str))
+    changed = executing_keys_changed(profile)
+    if changed:     # the profile is code: what runs or is fetched differs from the shipped recipe
+        print(f"\nreview: {len(changed)} key(s) that execute or fetch differ from env/{profile.recipe}.env:",
+              file=sys.stderr)
+        for key, value, shipped in changed:
+            print(f"  {key}={value}   (shipped: {shipped or '(empty)'})", file=sys.stderr)
     print(f"\n{args.profile}: valid", file=sys.stderr)
-    return 0
+    return ExitStatus.OK
 
 
 def cmd_lab(args) -> int:
@@ -75,7 +86,7 @@ def cmd_lab(args) -> int:
         print("lab down")
     else:
         print(json.dumps(netlab.status(lab_dir), indent=2, default=str))
-    return 0
+    return ExitStatus.OK
 
 
 def _server_profile_args(parser) -> None:
@@ -105,17 +116,18 @@ def cmd_start(args) -> int:
     from .errors import ALREADY_RUNNING
     from .launch import exposure, image, server
     from .launch.plan import render_plan
+    from .remote import ClusterLock
     profile, cluster = _server_cluster(args)
-    key_row = exposure.ensure_api_key(profile)      # a bind beyond loopback gets a key before the plan renders
-    print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
-    with cluster:
+    with cluster, ClusterLock(cluster.head, command="start", echo=_say):
+        key_row = exposure.ensure_api_key(profile)      # a bind beyond loopback gets a key before the plan renders
+        print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
         image_checks = image.ensure_image(cluster, profile)
         if not image_checks.failures():          # seed A: the image's recipe stamp, then its GPU self-check
             from .launch import selfcheck
             image_checks.add([selfcheck.stamp_check(cluster, profile), selfcheck.gpu_selfcheck(cluster, profile)])
         if image_checks.failures():
             print(image_checks.to_text())
-            return 1
+            return ExitStatus.FAILED
         plan = render_plan(cluster, profile)
         result = server.start(cluster, profile, plan, raise_on_failure=False)
         if result.ok and not result.reused:      # the recipe's warm-up after readiness (non-fatal)
@@ -166,18 +178,26 @@ def cmd_diagnose(args) -> int:
     from .evidence import RESULTS_ROOT, RunDir
     from .launch import diagnosis
     from .launch.plan import render_plan
+    from .remote import ClusterLock
     from .secrets import redactor_from_env
+    from .runner import run_folder
     profile, cluster = _server_cluster(args)
     redactor = redactor_from_env()
-    run = RunDir(RESULTS_ROOT / args.run, redactor) if args.run else RunDir.create(profile.profile_name,
-                                                                                   RESULTS_ROOT, redactor)
-    with cluster:
-        plan = render_plan(cluster, profile)
-        archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
+    with cluster, ClusterLock(cluster.head, command="diagnose", echo=_say):
+        run = RunDir(run_folder(args.run, RESULTS_ROOT), redactor) if args.run else \
+            RunDir.create(profile.profile_name, RESULTS_ROOT, redactor)
+        status = "failed"
+        try:
+            plan = render_plan(cluster, profile)
+            archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
+            status = "passed"
+        finally:
+            if not args.run:      # its own folder: finished (an existing run's status is that run's)
+                run.update_manifest(status=status, finished=time.time(), mode="diagnose")
     for finding in findings:
         print(finding.to_text() + "\n")
     print(f"{len(findings)} known failure(s) matched; bundle: {archive}")
-    return 1 if findings else 0
+    return ExitStatus.FAILED if findings else ExitStatus.OK
 
 
 def cmd_watch(args) -> int:
@@ -198,34 +218,43 @@ def cmd_watch(args) -> int:
         dog.stop()
     row = dog.check()
     print(f"{row.status.value}: {row.observed}")
-    return 1 if dog.alerts else 0
+    return ExitStatus.FAILED if dog.alerts else ExitStatus.OK
 
 
 def cmd_stop(args) -> int:
     from .launch import stop
+    from .remote import ClusterLock
     profile, cluster = _server_cluster(args)
-    with cluster:
+    with cluster, ClusterLock(cluster.head, command="stop", echo=_say):
         result = stop.stop(cluster, profile, nodes=[args.node] if args.node else None)
     print(result.checks.to_text())
-    return 0 if result.ok else 4
+    return ExitStatus.OK if result.ok else ExitStatus.ACTION_FAILED
 
 
 def cmd_status(args) -> int:
+    """Both ranks and the API. Exit 0 when the server is up (every rank running, /health 200), 10 when not."""
     from .launch import status
     profile, cluster = _server_cluster(args)
     with cluster:
-        print(json.dumps(status.status(cluster, profile), indent=2, default=str))
-    return 0
+        state = status.status(cluster, profile)
+    print(json.dumps(state, indent=2, default=str))
+    return ExitStatus.OK if status.is_up(state) else ExitStatus.SERVER_DOWN
 
 
 def cmd_logs(args) -> int:
-    from .launch import status
+    """The log tails. Exit 0 when every rank shown is running, 10 when one is not (its log is still shown)."""
+    from .launch import ranks, status
     profile, cluster = _server_cluster(args)
+    down = []
     with cluster:
         for node in ([args.node] if args.node else [n.name for n in cluster.nodes]):
             print(f"==> {node} <==")
             print(status.logs(cluster, profile, node, tail_lines=args.tail))
-    return 0
+            if not ranks.rank_state(cluster[node], profile).running:
+                down.append(node)
+    if down:
+        print(f"not running: {', '.join(down)}", file=sys.stderr)
+    return ExitStatus.SERVER_DOWN if down else ExitStatus.OK
 
 
 def cmd_report(args) -> int:
@@ -244,7 +273,7 @@ def cmd_report(args) -> int:
         print(f"MISMATCH {f.key}: recomputed {f.value} != recorded {f.recorded} ({f.source})", file=sys.stderr)
     for note in model.notes:
         print(f"note: {note}", file=sys.stderr)
-    return 1 if bad else 0
+    return ExitStatus.FAILED if bad else ExitStatus.OK
 
 
 def cmd_bench(argv: list[str]) -> int:
@@ -348,10 +377,10 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] == "bench":
             return cmd_bench(argv[1:])
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        return int(args.func(args))
     except RunbookError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return int(exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return ExitStatus.INTERRUPTED

@@ -3,12 +3,29 @@ where the evidence is, so a notebook cell or the CLI can print one self-containe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
+
+
+class ExitStatus(IntEnum):
+    """Exit codes of ``python -m runbook`` (README's table is checked against this by a unit test)."""
+    OK = 0                 # done (status/logs: the server is up)
+    FAILED = 1             # a step or check failed (no more specific class; a killed kernel, a timeout)
+    INVALID = 2            # the profile, the secrets file or the arguments are invalid: nothing was run
+    ALREADY_RUNNING = 3    # `start` found the ranks already running (the seeds' contract, not a failure)
+    ACTION_FAILED = 4      # an action could not reach its state
+    CHECKS_FAILED = 5      # checks failed
+    BENCH_FAILED = 6       # benchmark error
+    LAB_FAILED = 7         # lab error
+    REMOTE_FAILED = 8      # a remote command failed
+    BUSY = 9               # another run holds the cluster (or the run folder): nothing was changed
+    SERVER_DOWN = 10       # status/logs: the server is not up (a rank not running, or /health not 200)
+    INTERRUPTED = 130      # Ctrl-C
 
 
 class RunbookError(Exception):
     """Base error. ``str(err)`` is the four-part message."""
 
-    exit_code = 1
+    exit_code: int = ExitStatus.FAILED
 
     def __init__(self, what: str, *, node: str = "", observed: str = "", expected: str = "",
                  fix: str = "", evidence: str = ""):
@@ -51,7 +68,7 @@ class ProfileIssue:
 class ProfileError(RunbookError):
     """The profile is invalid. Raised before any connection is made."""
 
-    exit_code = 2
+    exit_code = ExitStatus.INVALID
 
     def __init__(self, issues: list[ProfileIssue]):
         self.issues = list(issues)
@@ -65,29 +82,52 @@ class ProfileError(RunbookError):
 # The seeds' start contract: exit 3 means "the ranks are already running" (dockerd restored them after a
 # reboot, `restart: unless-stopped`); systemd units treat it as success (SuccessExitStatus=3). No error
 # class uses 3.
-ALREADY_RUNNING = 3
+ALREADY_RUNNING = ExitStatus.ALREADY_RUNNING
+
+
+class UsageError(RunbookError):
+    """The command line is invalid (a ``-p`` that is not KEY=VALUE, an unknown step, a run folder the runbook
+    did not make): nothing was run."""
+    exit_code = ExitStatus.INVALID
+
+
+class BusyError(RunbookError):
+    """Another run holds the cluster's lock (or the run folder's): nothing was changed."""
+    exit_code = ExitStatus.BUSY
 
 
 class RemoteError(RunbookError):
     """A command on a node could not be run, failed, or timed out."""
-    exit_code = 8
+    exit_code = ExitStatus.REMOTE_FAILED
 
 
 class ActionError(RunbookError):
     """An action (something that changes a node) could not reach its desired state."""
-    exit_code = 4
+    exit_code = ExitStatus.ACTION_FAILED
 
 
 class CheckFailed(RunbookError):
     """One or more checks of a step failed; raised by the step's summary cell."""
-    exit_code = 5
+    exit_code = ExitStatus.CHECKS_FAILED
 
 
 class BenchError(RunbookError):
-    exit_code = 6
+    exit_code = ExitStatus.BENCH_FAILED
 
 
 class LabError(RunbookError):
     """The local two-node lab could not be brought up or down."""
-    exit_code = 7
+    exit_code = ExitStatus.LAB_FAILED
+
+
+def exit_status_of(error_name: str) -> ExitStatus:
+    """The exit status of an error known by its class name only (a notebook's exception, ``ename`` in
+    papermill): the class's own code for the runbook's errors and their subclasses, else FAILED."""
+    todo, seen = [RunbookError], {}
+    while todo:
+        cls = todo.pop()
+        seen[cls.__name__] = cls
+        todo += cls.__subclasses__()
+    cls = seen.get(error_name)
+    return ExitStatus(int(cls.exit_code)) if cls is not None else ExitStatus.FAILED
 

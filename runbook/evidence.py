@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
+from .errors import BusyError
 from .secrets import Redactor, default_redactor
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +85,12 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_redacted(path: Path, text: str, redactor: Redactor | None = None) -> Path:
+    """The one writer of evidence text outside :class:`RunDir` (network raw files, bench outputs): every secret
+    masked (``redactor``, else the process-wide one), then :func:`atomic_write`."""
+    return atomic_write(Path(path), (redactor or default_redactor()).redact(text))
+
+
 class RunDir:
     """One run's evidence folder."""
 
@@ -95,13 +102,16 @@ class RunDir:
     def create(cls, profile_name: str, root: Path | None = None,
                redactor: Redactor | None = None) -> "RunDir":
         root = Path(root) if root else RESULTS_ROOT
+        root.mkdir(parents=True, exist_ok=True)
         run_id = new_run_id(profile_name)
-        path = root / run_id
-        n = 1
-        while path.exists():          # two runs in the same second
-            n += 1
-            path = root / f"{run_id}-{n}"
-        path.mkdir(parents=True)
+        path, n = root / run_id, 1
+        while True:                   # two runs in the same second: mkdir decides, atomically
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                n += 1
+                path = root / f"{run_id}-{n}"
         run = cls(path, redactor)
         run._write_manifest({"version": MANIFEST_VERSION, "run_id": path.name, "profile": profile_name,
                              "created": _now(), "status": "running", "steps": {}})
@@ -110,6 +120,31 @@ class RunDir:
     @property
     def run_id(self) -> str:
         return self.path.name
+
+    def hold(self, command: str = "run") -> "RunDir":
+        """Hold the run folder for this process (``flock`` on ``.run.lock``: released by the kernel when the process
+        ends, also when it is killed). A second holder gets :class:`BusyError` naming the first."""
+        if getattr(self, "_held", None) is not None:
+            return self
+        fd = os.open(self.path / ".run.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 400, 0).decode("utf-8", "replace").strip()
+            os.close(fd)
+            raise BusyError(f"run {self.run_id} is in use by another process", observed=holder or "a holder",
+                            expected="one process per run folder",
+                            fix="wait for that run to end (or stop it), then resume") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}: {command}\n".encode(), 0)
+        self._held = fd
+        return self
+
+    def release(self) -> None:
+        fd = getattr(self, "_held", None)
+        if fd is not None:
+            self._held = None
+            os.close(fd)                  # closing the descriptor drops the flock
 
     # -- generic writers ----------------------------------------------------------------------
     def write_text(self, rel: str, text: str) -> Path:

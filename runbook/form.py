@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .evidence import atomic_write
-from .errors import ProfileError, ProfileIssue, RunbookError
+from .errors import ExitStatus, ProfileError, ProfileIssue, RunbookError
 from .profile import KEYS, REPO_ROOT, Profile, is_secret_key, load_profile, parse_env_text
 from .secrets import HF_TOKEN_RE, MASK, redactor_from_env
 
@@ -48,7 +48,7 @@ _FIRST_SECTION = "general"
 
 class FormError(RunbookError):
     """The form refused to save (bad name, shipped profile, existing file, invalid profile)."""
-    exit_code = 2
+    exit_code = ExitStatus.INVALID
 
 
 # --------------------------------------------------------------------------------------------

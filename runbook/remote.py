@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-from .errors import RemoteError, RunbookError
+from .errors import BusyError, RemoteError, RunbookError
 from .secrets import Redactor, default_redactor
 
 T = TypeVar("T")
@@ -48,6 +49,21 @@ def rehearsal_path_prefix(profile) -> str:
 def quote(*parts: Any) -> str:
     """Join argv parts into one shell-safe command string."""
     return " ".join(shlex.quote(str(p)) for p in parts)
+
+
+def private_dir_command(*dirs: str) -> str:
+    """Shell that makes each directory (a parent before its child) private to the remote user before a tool is
+    shipped into it: created with umask 077, refused when it is a symlink or owned by another user (another local
+    user could otherwise swap a script that then runs as the runbook's user), then chmod 700."""
+    checks = []
+    for d in dirs:
+        q = quote(d)
+        checks.append(f"if [ -L {q} ]; then echo \"spark-runbook: {d} is a symlink; refusing to use it\" >&2; exit 1; "
+                      f"fi; mkdir -p -- {q} && [ -d {q} ] || exit 1; "
+                      f"if [ \"$(stat -c %u -- {q})\" != \"$(id -u)\" ]; then echo \"spark-runbook: {d} belongs to uid "
+                      f"$(stat -c %u -- {q}), not to $(id -un); remove it or use another path\" >&2; exit 1; fi; "
+                      f"chmod 700 -- {q} || exit 1")
+    return "umask 077; " + "; ".join(checks)
 
 
 def tail(text: str, lines: int = TAIL_LINES) -> str:
@@ -95,10 +111,25 @@ class CommandLog:
         with self._lock:
             self.entries.append(entry)
             if self.path:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.path, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(entry) + "\n")
+                append_line(self.path, json.dumps(entry))
         return entry
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one whole line: a single ``write`` on an ``O_APPEND`` descriptor, so lines of several processes never
+    interleave and a kill leaves at most the last line missing, never half of it in the middle of the next one (a
+    line a crash did tear is ended first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)        # the torn-line check and the write, together
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -284,6 +315,128 @@ class OfflineNode(Node):
         self.log.record(CommandResult(self.name, f"get {remote} -> {local}", 1, "", OFFLINE_NOTE, dry_run=True),
                         kind="read")
         raise RemoteError(f"offline review: {remote} cannot be fetched", node=self.name)
+
+
+#: the cluster lock: a directory in the head's home (the SSH user's), made with mkdir (atomic), holding owner.json
+LOCK_NAME = ".spark-runbook.lock"
+LOCK_TIMEOUT = 30
+
+
+def _process_start(pid: int) -> str:
+    """A process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22): tells a pid that was
+    reused from the one that took a lock. "" when unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _pid_alive(pid: int, start: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass                               # another user's process: alive
+    return not start or _process_start(pid) in ("", start)
+
+
+class ClusterLock:
+    """One run per cluster: ``run``, ``start``, ``stop`` and ``diagnose`` hold a lock on the head (``~/LOCK_NAME``,
+    with pid, host, user, command and start time; never taken in a dry run, which changes nothing). A second
+    caller gets :class:`BusyError` (exit 9) naming the holder; a lock whose holder is a dead process of this
+    machine is said to be stale and taken over.
+
+        with ClusterLock(cluster.head, command="start"):
+            ...
+    """
+
+    def __init__(self, node: "Node", *, command: str, run_id: str = "", timeout: float = LOCK_TIMEOUT,
+                 echo: Callable[[str], None] = lambda line: None):
+        self.node, self.command, self.run_id, self.timeout, self.echo = node, command, run_id, timeout, echo
+        self.token = ""
+        self._own_cluster: "Cluster | None" = None
+
+    @classmethod
+    def for_profile(cls, profile, *, command: str, echo: Callable[[str], None] = lambda line: None) -> "ClusterLock":
+        """Take the lock on the profile's head over a connection of its own (closed on release)."""
+        cluster = Cluster.from_profile(profile)
+        lock = cls(cluster.head, command=command, echo=echo)
+        lock._own_cluster = cluster
+        try:
+            return lock.acquire()
+        except BaseException:
+            cluster.close()
+            raise
+
+    def _owner(self) -> dict[str, Any]:
+        import datetime as _dt
+        import getpass
+        return {"pid": os.getpid(), "pid_start": _process_start(os.getpid()), "host": socket.gethostname(),
+                "user": getpass.getuser(), "command": self.command, "run": self.run_id,
+                "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "token": self.token}
+
+    def _try(self) -> dict[str, Any] | None:
+        """Take the lock (None) or return what the holder wrote ({} when it wrote nothing yet)."""
+        owner = json.dumps(self._owner())
+        res = self.node.run(f'd="$HOME"/{LOCK_NAME}; if mkdir -m 700 "$d" 2>/dev/null; then '
+                            f'printf "%s\\n" {shlex.quote(owner)} > "$d/owner.json" && echo ACQUIRED; '
+                            f'else echo HELD; cat "$d/owner.json" 2>/dev/null; fi', timeout=self.timeout, warn=True)
+        lines = res.stdout.strip().splitlines()
+        if res.ok and lines and lines[0] == "ACQUIRED":
+            return None
+        if not lines or lines[0] != "HELD":
+            raise RemoteError("cannot take the cluster lock on the head", node=self.node.name,
+                              observed=f"exit {res.exit_code}: {(res.stderr or res.stdout).strip()[-300:]}",
+                              expected=f"mkdir ~/{LOCK_NAME} answers", fix="check the head's home is writable")
+        try:
+            return json.loads("\n".join(lines[1:]) or "{}")
+        except ValueError:
+            return {}
+
+    def acquire(self) -> "ClusterLock":
+        import uuid
+        self.token = uuid.uuid4().hex
+        holder = self._try()
+        if holder is None:
+            return self
+        stale = (holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int)
+                 and not _pid_alive(holder["pid"], str(holder.get("pid_start") or "")))
+        if stale:
+            self.echo(f"cluster lock: stale lock of pid {holder['pid']} ({holder.get('command', '?')} since "
+                      f"{holder.get('started', '?')}) on {holder.get('host')}: that process is gone; taking it over")
+            self.node.run(f'd="$HOME"/{LOCK_NAME}; grep -qF {shlex.quote(str(holder.get("token", "")))} '
+                          f'"$d/owner.json" 2>/dev/null && rm -rf -- "$d"', timeout=self.timeout, warn=True)
+            holder = self._try()
+            if holder is None:
+                return self
+        who = (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} (user {holder.get('user', '?')}): "
+               f"`{holder.get('command', '?')}`" + (f" of run {holder['run']}" if holder.get("run") else "") +
+               f" since {holder.get('started', '?')}") if holder else "a caller that has not written its owner file yet"
+        raise BusyError(f"the cluster is in use: another run holds the lock on {self.node.name}",
+                        node=self.node.name, observed=f"~/{LOCK_NAME} held by {who}",
+                        expected="one run, start, stop or diagnose at a time on these nodes",
+                        fix=f"wait for it to end; if that process is gone (another machine, a reboot), remove the "
+                            f"lock: ssh {self.node.spec.ssh} rm -rf ~/{LOCK_NAME}")
+
+    def release(self) -> None:
+        if not self.token:
+            return
+        try:
+            self.node.run(f'd="$HOME"/{LOCK_NAME}; grep -qF {shlex.quote(self.token)} "$d/owner.json" 2>/dev/null '
+                          f'&& rm -rf -- "$d"', timeout=self.timeout, warn=True)
+        except RunbookError as err:           # never hides the caller's own outcome; the next caller sees it stale
+            self.echo(f"cluster lock: could not release ~/{LOCK_NAME} on {self.node.name}: {err.what}")
+        self.token = ""
+        if self._own_cluster is not None:
+            self._own_cluster.close()
+            self._own_cluster = None
+
+    def __enter__(self) -> "ClusterLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 class Cluster:

@@ -7,6 +7,8 @@ failing step.
 """
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 import tempfile
 import time
@@ -17,10 +19,10 @@ from typing import Callable
 from . import launch, weights
 from .checks import check
 from .launch import health
-from .errors import RunbookError
+from .errors import ExitStatus, RemoteError, RunbookError, UsageError, exit_status_of
 from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
 from .profile import load_profile
-from .remote import Cluster
+from .remote import Cluster, ClusterLock
 from .secrets import redactor_from_env
 
 KERNEL_NAME = "runbook"
@@ -33,6 +35,7 @@ class StepOutcome:
     status: str          # passed | failed | skipped
     seconds: float
     error: str = ""
+    exit: int = 0        # the failing step's class (ExitStatus: checks, action, remote, bench, lab failed)
 
 
 def select_steps(steps: list[str], *, start: str = "", stop: str = "", only: list[str] | None = None) -> list[str]:
@@ -40,7 +43,7 @@ def select_steps(steps: list[str], *, start: str = "", stop: str = "", only: lis
         for i, name in enumerate(steps):
             if name == token or name.split("_", 1)[0] == token or name.split("_", 1)[-1] == token:
                 return i
-        raise RunbookError(f"unknown step {token!r}", expected=", ".join(steps),
+        raise UsageError(f"unknown step {token!r}", expected=", ".join(steps),
                            fix="name a step by its number (01), name (network) or file stem (01_network)")
     if only:
         return [steps[find(t)] for t in only]
@@ -88,67 +91,82 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
         lab_up(profile)
 
-    # 3. the run folder (new, or an earlier one to resume)
-    selection = {"start": start, "stop": stop, "only": list(only or [])}
-    if resume:
-        run_dir = RunDir(_resolve_run(resume, results_root), redactor)
-        recorded = run_dir.manifest().get("selection")
-        if recorded and not (start or stop or only):
-            # resume means the same run: the range it was started with, not every step that has not passed
-            steps = select_steps(discover_steps(notebooks_dir), start=recorded.get("start", ""),
-                                 stop=recorded.get("stop", ""), only=recorded.get("only") or None)
-            selection = recorded
-            echo(f"resuming {run_dir.run_id} with its own range: {', '.join(steps)}")
-        done = {name for name, entry in run_dir.manifest().get("steps", {}).items()
-                if entry.get("status") == "passed"}
-        gone = first_state_gone(profile, run_dir, sorted(done), dry_run=dry_run)
-        if gone:
-            name, why = gone
-            echo(f"resuming {run_dir.run_id}: {name} passed, but its state is gone ({why}): re-running from {name}")
-            steps = sorted(set(steps) | {s for s in done if s >= name})
-            done = {s for s in done if s < name}
-        steps = [s for s in steps if s not in done]
-        echo(f"resuming {run_dir.run_id}: skipping {sorted(done) or 'nothing'}")
-    else:
-        run_dir = RunDir.create(profile.profile_name, results_root or RESULTS_ROOT, redactor)
-        run_dir.write_json("profile.json", profile.redacted())
-        run_dir.write_json("provenance.json", provenance(profile))
-        if rehearsal is not None:
-            kinds = [str(sub.get("kind") or "unclassified") for sub in rehearsal]
-            run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal,
-                                                  "counts": {k: kinds.count(k) for k in sorted(set(kinds))}})
-    run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
-                            profile_source=str(profile.source), selection=selection)
-    echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
-         "--step-timeout to change)")
-    if dry_run:
-        echo("dry run: connects to the nodes over SSH and runs their read-only probes; every change is recorded "
-             "(commands.jsonl), not made; a failing step does not stop it. To review without connecting: "
-             f"python -m runbook render --profile {_repo_relative(str(profile.source))}")
-
-    # 4. the steps, in order, stopping at the first failure
-    outcomes: list[StepOutcome] = []
-    for name in steps:
-        outcome = execute_step(name, run_dir, profile_path=str(profile.source), dry_run=dry_run,
-                               overrides=overrides, kernel=kernel, step_timeout=step_timeout,
-                               notebooks_dir=notebooks_dir, echo=echo)
-        outcomes.append(outcome)
-        if outcome.status != "passed" and not dry_run:     # a dry run goes on: every step's commands are shown
-            break
-    status = "passed" if outcomes and all(o.status == "passed" for o in outcomes) else "failed"
-    if not outcomes:
-        status = "passed" if resume else "empty"
-    run_dir.update_manifest(status=status, finished=time.time())
-    # the report page is rewritten once the run's final status is known (the 08 step wrote it
-    # while the run was still "running"); a report problem never changes the run's outcome
+    # 3. one run per cluster: the head's lock, held to the end (a dry run changes nothing and takes none)
+    lock = None
+    if not dry_run:
+        try:
+            lock = ClusterLock.for_profile(profile, command="run" + (f" --resume {resume}" if resume else ""),
+                                           echo=echo)
+        except RemoteError as err:        # the head does not answer: nothing can run there; 00 records why
+            echo(f"cluster lock: not taken, the head does not answer ({err.what}); the steps will say why")
+    run_dir = None
     try:
-        from .report import write_report
-        path, _ = write_report(run_dir.path, results_root=run_dir.path.parent)
-        echo(f"report: {path}")
-    except Exception as exc:  # noqa: BLE001
-        echo(f"report: not written ({type(exc).__name__}: {exc})")
-    run_dir.scrub()
-    return run_dir, outcomes
+        # 4. the run folder (new, or an earlier one to resume)
+        selection = {"start": start, "stop": stop, "only": list(only or [])}
+        if resume:
+            run_dir = RunDir(run_folder(resume, results_root), redactor).hold("run --resume")
+            recorded = run_dir.manifest().get("selection")
+            if recorded and not (start or stop or only):
+                # resume means the same run: the range it was started with, not every step that has not passed
+                steps = select_steps(discover_steps(notebooks_dir), start=recorded.get("start", ""),
+                                     stop=recorded.get("stop", ""), only=recorded.get("only") or None)
+                selection = recorded
+                echo(f"resuming {run_dir.run_id} with its own range: {', '.join(steps)}")
+            done = {name for name, entry in run_dir.manifest().get("steps", {}).items()
+                    if entry.get("status") == "passed"}
+            gone = first_state_gone(profile, run_dir, sorted(done), dry_run=dry_run)
+            if gone:
+                name, why = gone
+                echo(f"resuming {run_dir.run_id}: {name} passed, but its state is gone ({why}): re-running from {name}")
+                steps = sorted(set(steps) | {s for s in done if s >= name})
+                done = {s for s in done if s < name}
+            steps = [s for s in steps if s not in done]
+            echo(f"resuming {run_dir.run_id}: skipping {sorted(done) or 'nothing'}")
+        else:
+            run_dir = RunDir.create(profile.profile_name, results_root or RESULTS_ROOT, redactor).hold("run")
+            run_dir.write_json("profile.json", profile.redacted())
+            run_dir.write_json("provenance.json", provenance(profile))
+            if rehearsal is not None:
+                kinds = [str(sub.get("kind") or "unclassified") for sub in rehearsal]
+                run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal,
+                                                      "counts": {k: kinds.count(k) for k in sorted(set(kinds))}})
+        run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
+                                profile_source=str(profile.source), selection=selection)
+        echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
+             "--step-timeout to change)")
+        if dry_run:
+            echo("dry run: connects to the nodes over SSH and runs their read-only probes; every change is recorded "
+                 "(commands.jsonl), not made; a failing step does not stop it. To review without connecting: "
+                 f"python -m runbook render --profile {_repo_relative(str(profile.source))}")
+
+        # 5. the steps, in order, stopping at the first failure (a dry run goes on: every step's commands show)
+        outcomes: list[StepOutcome] = []
+        for name in steps:
+            outcome = execute_step(name, run_dir, profile_path=str(profile.source), dry_run=dry_run,
+                                   overrides=overrides, kernel=kernel, step_timeout=step_timeout,
+                                   notebooks_dir=notebooks_dir, echo=echo)
+            outcomes.append(outcome)
+            if outcome.status != "passed" and not dry_run:
+                break
+        status = "passed" if outcomes and all(o.status == "passed" for o in outcomes) else "failed"
+        if not outcomes:
+            status = "passed" if resume else "empty"
+        run_dir.update_manifest(status=status, finished=time.time())
+        # the report page is rewritten once the run's final status is known (the 08 step wrote it
+        # while the run was still "running"); a report problem never changes the run's outcome
+        try:
+            from .report import write_report
+            path, _ = write_report(run_dir.path, results_root=run_dir.path.parent)
+            echo(f"report: {path}")
+        except Exception as exc:  # noqa: BLE001
+            echo(f"report: not written ({type(exc).__name__}: {exc})")
+        run_dir.scrub()
+        return run_dir, outcomes
+    finally:
+        if run_dir is not None:
+            run_dir.release()
+        if lock is not None:
+            lock.release()
 
 
 def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bool = False
@@ -199,17 +217,21 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
     scratch = Path(tempfile.mkdtemp(prefix=f"runbook-{name}-"))
     scratch_nb = scratch / f"{name}.ipynb"
     status, error, exit_code = "passed", "", 0
+    # papermill streams each cell's output through its logger (log_output): masked before any handler sees it
+    streamed = RedactingFilter(run_dir.redactor)
+    logging.getLogger("papermill").addFilter(streamed)
     try:
         pm.execute_notebook(str(source), str(scratch_nb), parameters=parameters, kernel_name=kernel,
                             cwd=str(REPO_ROOT), execution_timeout=step_timeout, log_output=True,
                             progress_bar=False, report_mode=False)
     except PapermillExecutionError as exc:
-        status, exit_code = "failed", 1
+        status, exit_code = "failed", int(exit_status_of(exc.ename))
         error = f"{exc.ename}: {exc.evalue}".strip()
     except Exception as exc:  # kernel death, timeouts, missing kernel: still archive what ran
-        status, exit_code = "failed", 2
+        status, exit_code = "failed", int(ExitStatus.FAILED)
         error = f"{type(exc).__name__}: {exc}"
     finally:
+        logging.getLogger("papermill").removeFilter(streamed)
         run_dir.redactor.add_current()      # a key the step generated (API_HOST beyond loopback) is masked too
         if scratch_nb.exists():
             scrub_tree(scratch, run_dir.redactor)
@@ -225,7 +247,27 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
     run_dir.record_step(name, status=status, end=time.time(), seconds=round(seconds, 2),
                         exit=exit_code, error=run_dir.redactor.redact(error))
     echo(f"--- {name}: {status} in {seconds:.1f} s" + (f"\n{run_dir.redactor.redact(error)}" if error else ""))
-    return StepOutcome(name, status, seconds, error)
+    return StepOutcome(name, status, seconds, error, exit_code)
+
+
+class RedactingFilter(logging.Filter):
+    """Masks every record of a logger with the run's redactor (the streamed cell output of a step). A key the step
+    generates into the secrets file is picked up within a second (``Redactor.add_current``)."""
+
+    def __init__(self, redactor, refresh_s: float = 1.0):
+        super().__init__()
+        self.redactor, self.refresh_s, self._next = redactor, refresh_s, 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.refresh_s
+            try:
+                self.redactor.add_current()
+            except Exception:  # noqa: BLE001 - a refused secrets file: its values were never loaded, nothing to mask
+                pass
+        record.msg, record.args = self.redactor.redact(record.getMessage()), None
+        return True
 
 
 SERVER_STEPS_FROM = "04"    # from the launch on, a failure is explained by the server's and fabric's state
@@ -257,14 +299,25 @@ def write_failure_sidecar(run_dir: RunDir, name: str, error: str, *, profile_pat
                           "failed")
 
 
-def _resolve_run(resume: str, results_root: Path | None) -> Path:
-    candidate = Path(resume)
-    if candidate.is_dir():
-        return candidate
-    candidate = (results_root or RESULTS_ROOT) / resume
-    if candidate.is_dir():
-        return candidate
-    raise RunbookError(f"no run {resume!r} to resume", fix="give a run id listed under results/")
+def run_folder(resume: str, results_root: Path | None) -> Path:
+    """The run folder to resume: a folder directly under the results root that the runbook made (its manifest
+    names it). Anything else is refused before it is read, written or scrubbed."""
+    root = (results_root or RESULTS_ROOT).resolve()
+    given = Path(resume)
+    candidate = (given if given.is_absolute() or given.parent != Path(".") else root / given).resolve()
+    if candidate.parent != root:
+        raise UsageError(f"{resume!r} is not a run folder under {root}",
+                         fix="give a run id listed under results/ (the runbook resumes only the folders it made)")
+    try:
+        manifest = json.loads((candidate / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if not candidate.is_dir() or not isinstance(manifest, dict) or manifest.get("run_id") != candidate.name \
+            or "version" not in manifest or candidate.is_symlink():
+        raise UsageError(f"no run {resume!r} to resume under {root}",
+                         observed="no folder" if not candidate.is_dir() else "no manifest.json the runbook wrote",
+                         fix="give a run id listed under results/")
+    return candidate
 
 
 def _repo_relative(path: str) -> str:

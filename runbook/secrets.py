@@ -8,6 +8,7 @@ named by ``RUNBOOK_SECRETS_FILE``), which must be mode 0600 and owned by the cur
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import tempfile
@@ -28,7 +29,10 @@ __all__ = [
 ]
 
 MASK = "***"
-HF_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{20,}")
+#: token shapes masked wherever they appear (and refused in a profile): Hugging Face user and org tokens, the base64
+#: of an hf_ token ("hf_" encodes as "aGZf"), GitHub tokens
+HF_TOKEN_RE = re.compile(r"(?:hf_|api_org_)[A-Za-z0-9]{20,}|aGZf[A-Za-z0-9+/]{24,}={0,2}|gh[pousr]_[A-Za-z0-9]{30,}"
+                         r"|github_pat_[A-Za-z0-9_]{40,}")
 #: what a profile error says when it meets a secret
 PROFILE_SECRETS_HINT = ("secrets never live in a profile; export it or put it in "
                         "~/.config/spark-runbook/secrets.env (mode 0600)")
@@ -37,10 +41,12 @@ PROFILE_SECRETS_HINT = ("secrets never live in a profile; export it or put it in
 def mask_tokens(text: str) -> str:
     """Text from a profile line that goes into an error: never a token."""
     return HF_TOKEN_RE.sub(MASK, text)
-_BEARER_RE = re.compile(r"(\bBearer\s+|(?i:authorization:\s*bearer\s+))([^\s\"',;]+)")
+_BEARER_RE = re.compile(r"(\bBearer\s+|(?i:authorization:\s*(?:bearer|basic|token)\s+))([^\s\"',;]+)")
 _ASSIGN_RE = re.compile(
-    r"(?i)((?:--api-key[= ]|\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|[A-Z_]*API_KEYS?|[A-Z_]*_TOKEN)"
-    r"\s*[=:]\s*)[\"']?)([^\s\"',;]+)")
+    r"(?i)((?:--api-key[= ]|--hf-token[= ]|\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|[A-Z_]*API_KEYS?|"
+    r"[A-Z_]*_TOKEN|token|access_token|password|passwd|secret|x-api-key)\s*[=:]\s*)[\"']?)([^\s\"',;&]+)")
+# credentials in a URL: scheme://user:password@host (or a token as the user)
+_USERINFO_RE = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)([^/\s:@]+(?::[^/\s@]*)?)@")
 MIN_SECRET_LEN = 4  # shorter values would mask unrelated text; Bearer/assignment patterns still apply
 
 HF_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -175,12 +181,19 @@ class Redactor:
 
     def __init__(self, values: Iterable[str] = ()):
         self._values: set[str] = set()
+        self._forms: set[str] = set()
         for v in values:
             self.add(v)
 
     def add(self, value: str | None) -> None:
         if value and len(value.strip()) >= MIN_SECRET_LEN:
-            self._values.add(value.strip())
+            v = value.strip()
+            self._values.add(v)
+            # also the forms it takes on the way: a JSON string (a notebook's source: a secret holding " or \ is
+            # escaped there) and base64 (a Basic header, a config dump; long values only: short ones are noise)
+            self._forms.add(json.dumps(v)[1:-1])
+            if len(v) >= 8:
+                self._forms.add(base64.b64encode(v.encode()).decode().rstrip("="))
 
     def add_current(self, environ: Mapping[str, str] | None = None,
                     secrets_file: str | os.PathLike | None = None) -> None:
@@ -195,9 +208,10 @@ class Redactor:
     def redact(self, text: Any) -> Any:
         if not isinstance(text, str) or not text:
             return text
-        for v in sorted(self._values, key=len, reverse=True):
+        for v in sorted(self._values | self._forms, key=len, reverse=True):
             text = text.replace(v, MASK)
         text = mask_tokens(text)
+        text = _USERINFO_RE.sub(lambda m: m.group(1) + MASK + "@", text)
         text = _BEARER_RE.sub(lambda m: m.group(1) + MASK, text)
         text = _ASSIGN_RE.sub(lambda m: m.group(1) + MASK if m.group(2) != MASK else m.group(0), text)
         return text

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import Check, Status, not_applicable
+from ..evidence import write_redacted
 from .reconcile import reconcile
 
 #: ``python -c`` body that runs vLLM's benchmark client from any python that has vLLM (the lab's venv
@@ -55,7 +56,7 @@ def run_vllm_bench(argv: list[str], out_dir: Path, *, timeout: float = 900,
         rc = 124
         stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         stderr = f"timed out after {timeout:.0f} s"
-    (out_dir / "vllm-bench.log").write_text(stdout[-20000:] + "\n--- stderr ---\n" + stderr[-20000:])
+    write_redacted(out_dir / "vllm-bench.log", stdout[-20000:] + "\n--- stderr ---\n" + stderr[-20000:])
     result_file = out_dir / argv[argv.index("--result-filename") + 1]
     figures = {}
     if rc == 0 and result_file.is_file():

@@ -19,6 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..evidence import write_redacted
 from . import metrics as M
 from .crosscheck import run_vllm_bench, vllm_bench_argv
 from .refserver import RefConfig, spawn
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.vllm_python:
         rep = compare_vllm_bench(a.vllm_python, a.streams, a.rate, a.tokens_per_chunk[0], a.decode_tokens,
                                  a.tokenizer, a.client_cpu, a.server_cpu, Path(a.out) / "vllm-compare")
-        (Path(a.out) / "vllm-compare" / "compare.json").write_text(json.dumps(rep, indent=1) + "\n")
+        write_redacted(Path(a.out) / "vllm-compare" / "compare.json", json.dumps(rep, indent=1) + "\n")
         print(json.dumps(rep, indent=1))
         return 0 if rep["vllm_bench_rc"] == 0 else 1
     for k in a.tokens_per_chunk:
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(rep)
         print(json.dumps(rep, indent=1), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "headroom.json").write_text(json.dumps(reports, indent=1) + "\n")
+    write_redacted(Path(a.out) / "headroom.json", json.dumps(reports, indent=1) + "\n")
     ok = all(r["max_aggregate_err_vs_delivered"] <= 0.01 for r in reports)
     return 0 if ok else 1
 

@@ -26,7 +26,7 @@ TIMEOUT_S = 120
 
 def on_gpu(profile) -> bool:
     """The GPU path: EXPECT_GPU=1 on real nodes (a rehearsal on the lab keeps EXPECT_GPU but has no GPU)."""
-    return bool(profile.expect_gpu) and not getattr(profile, "lab", False)
+    return bool(profile.expect_gpu) and not profile.lab
 
 
 def probe_cmd(profile, node_name: str, python: str | None = None) -> str:

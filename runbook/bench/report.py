@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..evidence import write_redacted
 from .result import BenchResult, CaseResult
 
 #: (metric, label) rows of the results table, per case kind
@@ -397,10 +398,10 @@ def write_report(result: BenchResult, out_dir: str | os.PathLike[str], *, previo
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     df = results_table(result, previous=previous, recipe=recipe)
-    df.to_csv(out / "table.csv", index=False)
-    anchors_table(result, recipe=recipe).to_csv(out / "anchors.csv", index=False)
-    class_table(result).to_csv(out / "classes.csv", index=False)
-    (out / "summary.txt").write_text(render_text(result, previous=previous, recipe=recipe) + "\n")
+    write_redacted(out / "table.csv", df.to_csv(index=False))
+    write_redacted(out / "anchors.csv", anchors_table(result, recipe=recipe).to_csv(index=False))
+    write_redacted(out / "classes.csv", class_table(result).to_csv(index=False))
+    write_redacted(out / "summary.txt", render_text(result, previous=previous, recipe=recipe) + "\n")
     paths = {"table": str(out / "table.csv"), "anchors": str(out / "anchors.csv"),
              "classes": str(out / "classes.csv"), "summary": str(out / "summary.txt")}
     if not plot:

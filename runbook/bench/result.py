@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..evidence import write_redacted
+
 SCHEMA_VERSION = "runbook.bench/1"
 
 
@@ -134,10 +136,7 @@ class BenchResult:
         return asdict(self)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), indent=1, default=str) + "\n")
-        return p
+        return write_redacted(Path(path), json.dumps(self.to_dict(), indent=1, default=str) + "\n")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BenchResult:
@@ -182,13 +181,9 @@ class BenchResult:
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with path.open("w") as f:
-        for r in rows:
-            f.write(json.dumps(r, default=str) + "\n")
-            n += 1
-    return n
+    lines = [json.dumps(r, default=str) + "\n" for r in rows]
+    write_redacted(Path(path), "".join(lines))
+    return len(lines)
 
 
 def write_raw(out_dir: str | os.PathLike[str], records: list, t0: float = 0.0,

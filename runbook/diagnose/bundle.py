@@ -117,7 +117,7 @@ class Context:
         return cls(nodes=nodes, master_port=int(profile.master_port), port=int(profile.port),
                    served_model_name=profile.served_model_name, expect_rdma=bool(profile.expect_rdma),
                    fabric_mtu=int(profile.fabric_mtu), runtime=profile.runtime,
-                   api_host=str(getattr(profile, "api_host", "") or ""))
+                   api_host=str(profile.api_host))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Context":

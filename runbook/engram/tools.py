@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..remote import private_dir_command
+
 HERE = Path(__file__).resolve().parent
 TOOL_FILES = ("layout.py", "pack.py", "pack_partial.py", "pack_writer.py", "check.py", "probe.py", "slim.py")
 LAB_TOOL_FILES = ("layout.py", "synth.py")
@@ -64,9 +66,10 @@ def packed_of(profile, nf: Mapping[str, Any]) -> str:
 # -- running a tool ----------------------------------------------------------------------------
 
 def ship_tools(node, tools_dir: str = DEFAULT_TOOLS_DIR, files: Iterable[str] = TOOL_FILES) -> str:
-    """Copy the standalone scripts into this node's own tools dir; returns that dir."""
+    """Copy the standalone scripts into this node's own tools dir (private: 0700 and ours, parent included);
+    returns that dir."""
     tdir = node_tools_dir(tools_dir, node.name)
-    node.run(f"mkdir -p {shlex.quote(tdir)}", timeout=30)
+    node.run(private_dir_command(tools_dir, tdir), timeout=30)
     for path in tool_paths(files):
         node.put(path, f"{tdir}/{path.name}")
     return tdir

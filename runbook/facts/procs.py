@@ -10,16 +10,23 @@ import re
 import shlex
 from dataclasses import dataclass
 
-#: rank-related processes plus every thread in uninterruptible sleep
-PS_CMD = ("ps -eo pid,ppid,stat,wchan:32,etimes,rss,args 2>/dev/null | "
-          "awk 'NR==1 || $3 ~ /^D/ || /vllm|VLLM|EngineCore|ray::|python/' | grep -v ' awk ' | head -n 300")
+#: the processes of this user and of root (the containers' ranks, the system's own) that are vLLM's or in
+#: uninterruptible sleep, with their arguments; other users' processes only when in uninterruptible sleep, and by
+#: name only (``comm``): their command lines stay out of a bundle
+PS_CMD = ("ps -o pid,ppid,stat,wchan:32,etimes,rss,args -u \"$(id -u),0\" 2>/dev/null | "
+          "awk 'NR==1 || $3 ~ /^D/ || /vllm|VLLM|EngineCore|ray::|spark-runbook/' | grep -v ' awk ' | head -n 300; "
+          "ps -N -u \"$(id -u),0\" -o pid,ppid,stat,wchan:32,etimes,rss,comm --no-headers 2>/dev/null | "
+          "awk '$3 ~ /^D/' | head -n 100")
 D_THREADS_CMD = ("ps -eLo pid,tid,stat,wchan:32,etimes,comm 2>/dev/null | awk 'NR==1 || $3 ~ /^D/' | "
                  "head -n 300")
 
 #: environment variables worth keeping in a bundle (everything else is left out: it may hold secrets
 #: the redactor does not know)
 ENV_KEEP = r"^(VLLM_|NCCL_|GLOO_|TP_|MASTER_|HF_|HUGGING|TRANSFORMERS_|CUDA_|PYTORCH_|TORCH|OMP_|UCX_|" \
-           r"RAY_|LD_LIBRARY_PATH=|PATH=|HOME=|USER=|PYTHON|SPARK_|RUNBOOK_)"
+           r"RAY_|DSV4|DSV41_|LD_LIBRARY_PATH=|PATH=|HOME=|USER=|PYTHONPATH=|PYTHONUNBUFFERED=)"
+#: and of those, never a name that says it holds a secret (VLLM_API_KEY, HF_TOKEN, a *_PASSWORD a recipe adds)
+ENV_DROP = r"^([A-Za-z0-9]+_)*(KEY|KEYS|TOKEN|SECRET|SECRETS|PASS|PASSWORD|PASSWD|CRED|CREDS|CREDENTIALS|AUTH|" \
+           r"COOKIE)(_[A-Za-z0-9_]*)?="
 
 
 def proc_environ_cmd(pid_file: str) -> str:
@@ -27,7 +34,7 @@ def proc_environ_cmd(pid_file: str) -> str:
     quoted by the caller: it may use ``"$HOME"``)."""
     return (f"pf={pid_file}; pid=$(cat \"$pf\" 2>/dev/null); "
             f"if [ -n \"$pid\" ] && [ -r /proc/$pid/environ ]; then "
-            f"tr '\\0' '\\n' < /proc/$pid/environ | grep -E '{ENV_KEEP}' | sort; "
+            f"tr '\\0' '\\n' < /proc/$pid/environ | grep -E '{ENV_KEEP}' | grep -Eiv '{ENV_DROP}' | sort; "
             f"else echo \"no readable process for pid file $pf\"; fi")
 
 
@@ -41,7 +48,7 @@ def proc_cmdline_cmd(pid_file: str) -> str:
 def container_env_cmd(container: str) -> str:
     c = shlex.quote(container)
     return (f"docker inspect --format '{{{{range .Config.Env}}}}{{{{println .}}}}{{{{end}}}}' {c} 2>&1 | "
-            f"grep -E '{ENV_KEEP}|Error' | sort")
+            f"grep -E '{ENV_KEEP}|Error' | grep -Eiv '{ENV_DROP}' | sort")
 
 
 def parse_environ(text: str) -> dict[str, str]:

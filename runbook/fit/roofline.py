@@ -626,7 +626,7 @@ def roofline_for(profile, *, model_dir: str | Path | None = None, context: int |
         step = step_bytes_from_checkpoint(model_dir)
         config = load_config(model_dir)
     else:
-        key = "lab" if (profile.is_lab or getattr(profile, "lab", False)) else profile.recipe   # lab hardware: the tiny model
+        key = "lab" if (profile.is_lab or profile.lab) else profile.recipe   # lab hardware: the tiny model
         step = recipe_step_bytes(key)
         if step is None:
             return None

@@ -66,6 +66,10 @@ __all__ = [
 STATE_SUBDIR = "launch"                 # <CACHE_DIR>/launch/<node>.{pid,fp,log,json} (process runtime)
 FINGERPRINT_LABEL = "spark-runbook.fingerprint"
 SECRET_ENV = ("VLLM_API_KEY",)
+# vLLM allows every web origin by default (--allowed-origins ['*']): a page in the browser of whoever holds an
+# SSH forward to the loopback API could call it and read the answers. None of the runbook's clients is a
+# browser, so no origin gets CORS headers (docs/security.md).
+ALLOWED_ORIGINS = "[]"
 
 # seed A start.sh: "6 is included so a k=3 step (2 seqs x 3 tokens) is captured"
 SEED_A_CAPTURE_SIZES = [1, 2, 3, 4, 6, 8, 12, 18, 24]
@@ -344,7 +348,7 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
         if p.hf_revision:
             f += ["--revision", p.hf_revision]
         f += ["--served-model-name", p.served_model_name, "--host", p.api_host, "--port", str(p.port),
-              "--trust-remote-code"]
+              "--allowed-origins", ALLOWED_ORIGINS, "--trust-remote-code"]
         if p.quantization:
             f += ["--quantization", p.quantization]
         f += ["--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", "1"]
@@ -397,7 +401,8 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
         return f
 
     # seed A start.sh inner script (A.3); the lab uses the same shape
-    f += ["--served-model-name", p.served_model_name, "--host", p.api_host, "--port", str(p.port), *tp_flags,
+    f += ["--served-model-name", p.served_model_name, "--host", p.api_host, "--port", str(p.port),
+          "--allowed-origins", ALLOWED_ORIGINS, *tp_flags,
           "--distributed-executor-backend", "mp", "--tokenizer-mode", p.tokenizer_mode]
     if p.tool_call_parser:
         f += ["--tool-call-parser", p.tool_call_parser]

@@ -36,7 +36,7 @@ from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, han
 from .stop import stop
 from ..serve.endpoint import api_address, base_url
 from ..checks import Check, CheckList, Status, check, not_applicable
-from ..errors import ALREADY_RUNNING, ActionError
+from ..errors import ALREADY_RUNNING, ActionError, ExitStatus
 from ..facts import system, vllm_log
 from .render import LaunchPlan
 from ..remote import Cluster, quote, tail
@@ -166,7 +166,7 @@ def exit_code(result: StartResult) -> int:
     same configuration (the seeds' contract: dockerd restores them after a reboot), 1 could not start."""
     if result.reused:
         return ALREADY_RUNNING
-    return 0 if result.ok else 1
+    return ExitStatus.OK if result.ok else ExitStatus.FAILED
 
 
 def second_start_check(cluster: Cluster, profile, plan: LaunchPlan) -> Check:

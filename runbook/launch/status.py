@@ -13,6 +13,7 @@ from ..serve.endpoint import api_address, base_url
 from ..remote import Cluster, quote
 
 __all__ = [
+    "is_up",
     "logs",
     "status",
 ]
@@ -36,6 +37,12 @@ def status(cluster: Cluster, profile) -> dict[str, Any]:
     out["health"] = code
     out["models"] = models_ok(mtext, profile)[1] if mcode == 200 else ""
     return out
+
+
+def is_up(state: dict[str, Any]) -> bool:
+    """A :func:`status` answer says the server is up: every rank running and the head's /health 200."""
+    nodes = state.get("nodes") or {}
+    return bool(nodes) and all(n.get("running") for n in nodes.values()) and state.get("health") == 200
 
 
 def logs(cluster: Cluster, profile, node: str = "head", tail_lines: int = 100) -> str:

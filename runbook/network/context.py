@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import Check, CheckList, Status, simulated
+from ..evidence import write_redacted
 from ..facts import net as fnet
 from ..facts import rdma as fr
 from ..lab import sim
@@ -112,9 +113,7 @@ class Context:
     def save(self, name: str, text: str) -> str:
         self.raw[name] = text
         if self.raw_dir is not None:
-            path = self.raw_dir / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            write_redacted(self.raw_dir / name, text)
         return f"{EVIDENCE_PREFIX}/{name}"
 
     def add(self, c: Check) -> Check:

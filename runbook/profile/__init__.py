@@ -13,18 +13,19 @@ entry every caller imports from.
 from __future__ import annotations
 
 from ..envfile import EnvEntry
-from .flags import MANAGED_FLAGS, RECIPE_MANAGED_FLAGS, flags_issue, managed_flags_in
-from .load import (KNOWN_ENV_VARS, MAX_PROFILE_BYTES, OVERRIDE, SEED_ALIASES, ProfileWarning, is_secret_key,
-                   load_profile, parse_env_file, parse_env_text)
+from .flags import MANAGED_FLAGS, REACH_FLAGS, RECIPE_MANAGED_FLAGS, flags_issue, managed_flags_in
+from .load import (EXECUTING_KEYS, KNOWN_ENV_VARS, MAX_PROFILE_BYTES, OVERRIDE, SEED_ALIASES, ProfileWarning,
+                   executing_keys_changed, is_secret_key, load_profile, parse_env_file, parse_env_text)
 from .model import KEYS, REPO_ROOT, REQUIRED_KEYS, Profile, round_up
 from .nodes import NodeSpec
 from .types import KV_CACHE_DTYPES
 
 __all__ = [
     "Profile", "NodeSpec", "ProfileWarning", "load_profile", "parse_env_file", "parse_env_text",
+    "EXECUTING_KEYS", "executing_keys_changed",
     "EnvEntry", "KEYS", "REQUIRED_KEYS", "KNOWN_ENV_VARS", "OVERRIDE", "REPO_ROOT",
     "is_secret_key", "round_up",
     # tables the tests check against vLLM and the seed recipes
-    "KV_CACHE_DTYPES", "MANAGED_FLAGS", "RECIPE_MANAGED_FLAGS", "flags_issue", "managed_flags_in",
+    "KV_CACHE_DTYPES", "MANAGED_FLAGS", "REACH_FLAGS", "RECIPE_MANAGED_FLAGS", "flags_issue", "managed_flags_in",
     "MAX_PROFILE_BYTES", "SEED_ALIASES",
 ]

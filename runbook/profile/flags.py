@@ -40,6 +40,8 @@ MANAGED_FLAGS: tuple[ManagedFlag, ...] = (
     ManagedFlag(("--headless",), why="the launch runs every rank but the head headless", value=False),
     ManagedFlag(("--distributed-executor-backend",), why="the multi-node launch needs the mp backend"),
     ManagedFlag(("--host",), why="the launch chooses the API bind address"),
+    ManagedFlag(("--allowed-origins",), why="the launch allows no web origin (a browser page could otherwise read "
+                "the API through an SSH forward)"),
     ManagedFlag(("--port",), ("PORT",)),
     ManagedFlag(("--served-model-name",), ("SERVED_MODEL_NAME",)),
     ManagedFlag(("--model",), ("MODEL_DIR",)),
@@ -71,6 +73,23 @@ MANAGED_FLAGS: tuple[ManagedFlag, ...] = (
              rendered=False),
     ManagedFlag(("--api-key",), secret="VLLM_API_KEY"),
     ManagedFlag(("--hf-token",), secret="HF_TOKEN"),
+)
+
+# vLLM flags with reach beyond serving the model: code loaded into the API server, prompts written to the
+# logs, files of the head served to any client. EXTRA_ARGS may not pass them (rules.trust_conflicts; a
+# --allowed-local-media-path inside MODEL_DIR is accepted).
+REACH_FLAGS: tuple[ManagedFlag, ...] = (
+    ManagedFlag(("--tool-parser-plugin",), why="it imports a Python file into the API server (code from outside "
+                "the pinned image and recipe)", rendered=False),
+    ManagedFlag(("--reasoning-parser-plugin",), why="it imports a Python file into the API server (code from "
+                "outside the pinned image and recipe)", rendered=False),
+    ManagedFlag(("--io-processor-plugin",), why="it loads a plugin into the API server (code from outside the "
+                "pinned image and recipe)", rendered=False),
+    ManagedFlag(("--middleware",), why="it imports Python code into the API server's request path", rendered=False),
+    ManagedFlag(("--enable-log-requests",), why="it writes every prompt into the rank logs, which diagnose bundles "
+                "and the evidence collect", value=False, rendered=False),
+    ManagedFlag(("--allowed-local-media-path",), why="any API client could make the server read files under it",
+                rendered=False),
 )
 
 # Flags only some recipes render (checked in _rules, where the recipe is known).

@@ -70,7 +70,19 @@ def parse_env_file(path: str | os.PathLike) -> tuple[list[EnvEntry], list[Profil
 MAX_PROFILE_BYTES = 1 << 20
 
 # invisible characters that change what a line means (tab is allowed; \n ends the line)
-_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200d\u2028\u2029\u2060\ufeff]")
+# and bidirectional controls (U+202A-202E, U+2066-2069, marks): they reorder what a reviewer sees of a line
+_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _invisible_text(ch: str) -> str:
+    what = "bidirectional control character" if _BIDI.match(ch) else "invisible character"
+    return f"{what} U+{ord(ch):04X}"
+
+
+# a commented-out secret assignment (# VLLM_API_KEY=sk-...): a comment is still in the file that gets shared
+_SECRET_IN_COMMENT = re.compile(r"\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|[A-Z_]*_TOKEN|[A-Z_]*API_KEYS?|"
+                                r"[A-Z_]*PASSWORD|[A-Z_]*_SECRET)\s*=\s*['\"]?[^\s'\"]{4,}")
 
 
 def _file_issue(path: Path, message: str, fix: str, line: int = 0) -> ProfileIssue:
@@ -144,14 +156,14 @@ def _decode_profile(raw: bytes, src: Path) -> tuple[str | None, list[ProfileIssu
             body = body.removeprefix("\ufeff")
         m = _INVISIBLE.search(body)
         if m:
-            issues.append(ProfileIssue(_line_key(body), f"the line holds the invisible character "
-                                       f"U+{ord(m.group()):04X} at column {m.start() + 1}",
+            issues.append(ProfileIssue(_line_key(body), f"the line holds the {_invisible_text(m.group())} "
+                                       f"at column {m.start() + 1}",
                                        fix="retype the line (such characters come from copy and paste)",
                                        path=path, line=n))
-        elif body.lstrip().startswith("#") and HF_TOKEN_RE.search(body):
-            issues.append(ProfileIssue("<comment>", "a comment holds what looks like a Hugging Face token; "
-                                       + SECRETS_HINT, fix=f"delete the token from line {n} (and revoke it on the "
-                                       "Hub if the file was ever shared or committed)", path=path, line=n))
+        elif body.lstrip().startswith("#") and (HF_TOKEN_RE.search(body) or _SECRET_IN_COMMENT.search(body)):
+            issues.append(ProfileIssue("<comment>", "a comment holds what looks like a token or a secret key's "
+                                       "value; " + SECRETS_HINT, fix=f"delete the value from line {n} (and revoke "
+                                       "it if the file was ever shared or committed)", path=path, line=n))
     return text, issues
 
 
@@ -254,6 +266,15 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
     ov_entries = [EnvEntry(str(k).strip(), as_text(v) if v is not None else "", 0, OVERRIDE)
                   for k, v in (overrides or {}).items()]
 
+    for e in ov_entries:   # -p values: the same characters refused as in a file, and no line break
+        m = _INVISIBLE.search(e.value) or re.search("[\n\t]", e.value)
+        if m:
+            issues.append(ProfileIssue(e.key, f"the value holds the {_invisible_text(m.group())} at column "
+                                       f"{m.start() + 1}", fix=f"retype -p {e.key}=... (such characters come from copy "
+                                       "and paste, or hide what the value really is)", path=OVERRIDE))
+    bad_overrides = {i.key for i in issues if i.path == OVERRIDE}
+    ov_entries = [e for e in ov_entries if e.key not in bad_overrides]
+
     merged: dict[str, EnvEntry] = {}
     first_line: dict[str, int] = {}
     for e in file_entries + ov_entries:
@@ -267,7 +288,8 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
         if e.path != OVERRIDE:
             first_line[e.key] = e.line
         if HF_TOKEN_RE.search(e.value):
-            issues.append(ProfileIssue(e.key, "value contains what looks like a Hugging Face token; " + SECRETS_HINT,
+            issues.append(ProfileIssue(e.key, "value contains what looks like a Hugging Face token (or a GitHub "
+                                       "token, or one in base64); " + SECRETS_HINT,
                                        fix="remove the token from the value", path=e.path, line=e.line))
             continue
         merged[e.key] = e
@@ -316,3 +338,28 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
     model._key_lines = dict(first_line)
     model._overrides = {e.key: e.value for e in ov_entries}
     return model
+
+
+#: keys whose value runs code or fetches bytes (docs/security.md: the profile is code)
+EXECUTING_KEYS = ("IMAGE", "ALLOW_MOVING_IMAGE_TAG", "RECIPE_REPO", "RECIPE_COMMIT", "RECIPE_DIR", "HF_ENDPOINT",
+                  "HF_ENDPOINT_TRUSTED", "EXTRA_ARGS", "VLLM_BIN")
+
+
+def executing_keys_changed(profile: Profile) -> list[tuple[str, str, str]]:
+    """(key, value, shipped value) for each key that executes or fetches whose value differs from the shipped
+    profile of the same recipe (``env/<RECIPE>.env``): what a reviewer of a profile must read."""
+    shipped_path = REPO_ROOT / "env" / f"{profile.recipe}.env"
+    try:
+        entries, _ = parse_env_file(shipped_path)
+    except (OSError, UnicodeDecodeError):
+        entries = []
+    shipped = {e.key: e.value for e in entries}
+    out = []
+    for key in EXECUTING_KEYS:
+        value = str(profile.value(key) if not isinstance(profile.value(key), bool) else int(profile.value(key)))
+        ref = shipped.get(key, "")
+        if key in ("HF_ENDPOINT",):
+            ref = ref.rstrip("/")
+        if value != ref:
+            out.append((key, mask_tokens(value), mask_tokens(ref)))
+    return out

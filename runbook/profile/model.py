@@ -15,7 +15,7 @@ from ..secrets import mask_tokens
 from .nodes import NodeSpec, node_specs
 from .types import (Bool, BindAddress, Command, Commit, CpuBind, DefaultThinking, DraftSampleMethod, EngramRevision,
                     ExtraArgs, Float, Gid, HcaList, HfRepo, HfRevision, IfName, Image, Int, IntList, IPv4,
-                    KvCacheDtype, LimitMM, LocalPath, ModelDir, NodePath, RecipeName, RecipeRepo, Runtime,
+                    KvCacheDtype, LimitMM, LocalPath, ModelDir, NodePath, RecipeName, RecipeRepo, Runtime, RuntimePath,
                     ServedModelName, ShmSize, SpecMethod, SshTarget, Str, ToolStrictLevel, Url, WeightSync, Word)
 
 #: the checkout: relative profile and local paths resolve against it
@@ -84,6 +84,8 @@ class Profile(BaseModel):
     # --- runtime and serve
     runtime: Runtime = Field("docker", description="docker container or bare process")
     image: Image = Field("", description="runtime image (docker)")
+    allow_moving_image_tag: Bool = Field(False, description="accept an IMAGE without an @sha256: digest on a real "
+                                         "recipe (a tag can be re-pushed: the bytes that run may change)")
     recipe_repo: RecipeRepo = Field("", description="git repository of the recipe whose start chain every rank runs "
                                      "(lab: a local path); empty = stock vllm serve (lab only)")
     recipe_commit: Commit = Field("", description="the recipe's pinned commit (40 hex)")
@@ -120,7 +122,7 @@ class Profile(BaseModel):
     tokenizer_mode: Word = Field("auto", description="--tokenizer-mode")
     tool_call_parser: Word = Field("", description="--tool-call-parser; empty = no tools")
     reasoning_parser: Word = Field("", description="--reasoning-parser")
-    chat_template: Str() = Field("", description="--chat-template path in the runtime")
+    chat_template: RuntimePath = Field("", description="--chat-template path in the runtime")
     default_thinking: DefaultThinking = Field("", description="default reasoning effort")
     tool_strict_level: ToolStrictLevel = Field("", description="--tool-strict-level")
     extra_args: ExtraArgs = Field("", description="appended to vllm serve argv")
@@ -132,6 +134,8 @@ class Profile(BaseModel):
     hf_model_repo: HfRepo = Field("", description="weights repo id")
     hf_revision: HfRevision = Field("main", description="weights revision: a commit id")
     hf_endpoint: Url = Field("", description="HF endpoint; empty = huggingface.co")
+    hf_endpoint_trusted: Bool = Field(False, description="send the HF token to an HF_ENDPOINT other than "
+                                      "huggingface.co and the lab's hub (off: that endpoint gets no token)")
     weights_dir: NodePath = Field("", description="weights directory on the head")
     worker_weights_dir: NodePath = Field("", description="weights directory on workers; empty = WEIGHTS_DIR")
     weight_sync: WeightSync = Field("nfs", description="how workers get weights")

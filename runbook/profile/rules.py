@@ -9,7 +9,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .flags import RECIPE_MANAGED_FLAGS, flags_issue, managed_flags_in
+from .flags import REACH_FLAGS, RECIPE_MANAGED_FLAGS, flags_issue, managed_flags_in
+from .types import under
 
 if TYPE_CHECKING:
     from .model import Profile
@@ -202,6 +203,7 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                         f"the largest bench request needs {need} tokens but MAX_MODEL_LEN={p.max_model_len}",
                         "lower BENCH_PREFILL_TOKENS/BENCH_PROMPT_TOKENS/BENCH_DECODE_TOKENS or raise MAX_MODEL_LEN")
     yield from pinning_conflicts(p)
+    yield from trust_conflicts(p)
     # flags only some recipes render
     tables = [RECIPE_MANAGED_FLAGS.get(p.recipe, ())]
     if p.recipe == "exl3-v41" and p.engram:
@@ -296,3 +298,109 @@ def pinning_conflicts(p: Profile) -> Iterable[Conflict]:
                    ".../snapshots/<commit>/config.json)")
         yield Conflict(("RECIPE", key), f"{key}={rev} {problem} (RECIPE={p.recipe} needs a pinned commit)",
                         fix, at=key)
+
+
+#: Hugging Face's own endpoints: they receive the token without HF_ENDPOINT_TRUSTED
+HF_HOSTS = ("huggingface.co", "hf.co")
+
+
+def hf_endpoint_is_foreign(p: Profile) -> bool:
+    """HF_ENDPOINT names a host other than huggingface.co and, for the lab and a rehearsal, the lab's hub."""
+    if not p.hf_endpoint or p.lab:
+        return False
+    host = p.hf_endpoint.split("://", 1)[1].split("/", 1)[0].split(":", 1)[0].lower()
+    return not any(host == h or host.endswith("." + h) for h in HF_HOSTS)
+
+
+def _api_hosts(p: Profile) -> list[str]:
+    """Addresses API_HOST may bind: loopback, every address, or the head's own addresses."""
+    head_ssh_host = p.head_ssh.rsplit("@", 1)[-1].split(":", 1)[0]
+    ips = [p.head_ip, p.head_bootstrap_ip]
+    if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", head_ssh_host):
+        ips.append(head_ssh_host)
+    return [x for x in ips if x]
+
+
+#: directories holding verified data (never under a read-write mount, never inside each other)
+_DATA_DIRS = ("WEIGHTS_DIR", "WORKER_WEIGHTS_DIR", "ENGRAM_SRC_DIR", "ENGRAM_PACKED_DIR")
+
+
+#: directories the launch mounts read-write into the container (the rest are read-only data)
+def _rw_dirs(p: Profile) -> list[str]:
+    out = ["CACHE_DIR"]
+    if p.recipe == "dspark-v4" or not p.model_dir.startswith("/"):
+        out += ["WEIGHTS_DIR", "WORKER_WEIGHTS_DIR"]      # a hub cache, mounted at /cache/huggingface
+    return out
+
+
+def trust_conflicts(p: Profile) -> Iterable[Conflict]:
+    """What a profile executes, fetches and exposes: node directories that overlap, a bind address off the head,
+    vLLM flags with reach beyond the model, images that can change under a tag, a token sent to a mirror."""
+    # node directories: none equal to another, none read-write over the verified data
+    dirs = {k: p.value(k) for k in ("WEIGHTS_DIR", "WORKER_WEIGHTS_DIR", "CACHE_DIR", "ENGRAM_SRC_DIR",
+                                    "ENGRAM_PACKED_DIR", "RECIPE_DIR") if p.value(k)}
+    rw = set(_rw_dirs(p))
+    keys = list(dirs)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            if {a, b} == {"WEIGHTS_DIR", "WORKER_WEIGHTS_DIR"}:
+                continue                                   # the same path on two different nodes
+            da, db = dirs[a], dirs[b]
+            if da == db:
+                yield Conflict((a, b), f"{b} equals {a} ({da}): one directory would hold both",
+                               f"give {b} a directory of its own", at=b)
+            elif under(db, da) or under(da, db):
+                outer, inner = (a, b) if under(db, da) else (b, a)
+                if "RECIPE_DIR" in (outer, inner):
+                    why = "RECIPE_DIR is synchronised with rsync --delete"
+                elif inner in _DATA_DIRS and outer in rw:
+                    why = f"{outer} is mounted read-write into the container, so it could change {inner}'s files"
+                elif inner in _DATA_DIRS:
+                    why = "the two trees are verified and shared separately"
+                elif outer not in rw:
+                    why = f"the read-write {inner} would write into the verified (and shared) {outer} tree"
+                else:
+                    continue                      # a cache inside a hub cache that is read-write anyway (seed B)
+                yield Conflict((outer, inner), f"{inner}={dirs[inner]} lies inside {outer}={dirs[outer]}: {why}",
+                               f"move {inner} out of {outer} (siblings are fine, e.g. ~/.cache/x/model and "
+                               "~/.cache/x/engram-src)", at=inner)
+    # the API bind address: loopback, every address, or the head's
+    host = p.api_host
+    if not (host.startswith("127.") or host == "0.0.0.0" or host in _api_hosts(p)):
+        yield Conflict(("API_HOST", "HEAD_IP"),
+                       f"API_HOST={host} is not an address of the head (HEAD_IP={p.head_ip or '-'}"
+                       + (f", HEAD_BOOTSTRAP_IP={p.head_bootstrap_ip}" if p.head_bootstrap_ip else "") +
+                       "): the runbook would send the API key over plain HTTP to another machine",
+                       "set API_HOST=127.0.0.1 (default; reached through an SSH forward), the head's fabric IP or "
+                       "0.0.0.0", at="API_HOST")
+    # vLLM flags whose reach goes beyond serving the model
+    args = p.extra_args_list
+    uses = managed_flags_in(args, REACH_FLAGS)
+    for u in uses:
+        if u.option.lstrip("-").replace("_", "-").startswith("allowed-local-media-path"):
+            target = (u.value or "").rstrip("/") or "/"
+            model = p.model_dir.rstrip("/")
+            if p.model_dir.startswith("/") and target != "/" and under(target, model):
+                continue                      # media files from inside the model directory only
+            yield Conflict(("EXTRA_ARGS",), f"EXTRA_ARGS passes {u.written} {u.value or ''}".rstrip() +
+                           ": any API client could make the server read files under that path "
+                           + ("(the whole filesystem)" if target == "/" else "(outside MODEL_DIR)"),
+                           "drop it, or point it at a directory inside MODEL_DIR", at="EXTRA_ARGS")
+            continue
+        yield Conflict(("EXTRA_ARGS",), f"EXTRA_ARGS passes {u.option}: {u.specs[0].why}",
+                       f"drop {u.option} from EXTRA_ARGS", at="EXTRA_ARGS")
+    # an image tag can be re-pushed: a real recipe runs a digest unless the profile says otherwise
+    if p.runtime == "docker" and p.image and not p.lab and "@sha256:" not in p.image and not p.allow_moving_image_tag:
+        yield Conflict(("RECIPE", "IMAGE"),
+                       f"IMAGE={p.image} has no @sha256: digest: the tag can be re-pushed, so the bytes that run "
+                       f"could change between runs (RECIPE={p.recipe})",
+                       "append the digest (docker buildx imagetools inspect <image> prints it: "
+                       "IMAGE=<image>@sha256:<64 hex>), or set ALLOW_MOVING_IMAGE_TAG=1 to accept the tag",
+                       at="IMAGE")
+    if p.allow_moving_image_tag and p.is_lab:
+        yield Conflict(("RECIPE", "ALLOW_MOVING_IMAGE_TAG"), "ALLOW_MOVING_IMAGE_TAG=1 on the lab: the lab builds its "
+                       "own image and never pulls", "set ALLOW_MOVING_IMAGE_TAG=0", at="ALLOW_MOVING_IMAGE_TAG")
+    if p.hf_endpoint_trusted and not hf_endpoint_is_foreign(p):
+        yield Conflict(("HF_ENDPOINT", "HF_ENDPOINT_TRUSTED"),
+                       "HF_ENDPOINT_TRUSTED=1 but HF_ENDPOINT is " + (p.hf_endpoint or "empty (huggingface.co)") +
+                       ", which gets the token anyway", "set HF_ENDPOINT_TRUSTED=0", at="HF_ENDPOINT_TRUSTED")

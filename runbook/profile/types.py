@@ -256,16 +256,98 @@ ExtraArgs = Annotated[str, BeforeValidator(_extra_args)]
 
 _IFNAME = r"[A-Za-z0-9_.:-]{1,15}"
 _SSH = r"([A-Za-z0-9._-]+@)?[A-Za-z0-9._-]+(:\d{1,5})?"
-_NODE_PATH = r"(/|~).*"
 _REPO = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
+# a path's characters: no shell metacharacter, no space, no ':' or ',' (docker -v / --mount separators)
+_PATH_CHARS = r"[A-Za-z0-9._+@%=/-]"
+
+#: system roots a node path may never be or lie under (a root container would write there)
+DENIED_TREES = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sys",
+                "/dev", "/run", "/snap", "~/.ssh", "~/.gnupg", "~/.config/spark-runbook")
+#: directories a node path may not be itself (their subdirectories are fine)
+DENIED_ROOTS = ("/", "~", "/root", "/home", "/var", "/var/lib", "/var/log", "/var/run", "/var/tmp", "/var/cache",
+                "/tmp", "/mnt", "/media", "/opt", "/srv", "/nfs", "~/.cache", "~/.config", "~/.local")
+
+
+def normalise_node_path(s: str) -> str:
+    """A node path with '//', '/./' and a trailing '/' removed; '~' kept as the home. Raises when the path has
+    a '..' (``~/../..`` is the root: it is resolved here and refused) or characters a shell or docker reads."""
+    if not re.fullmatch(rf"(?:/|~/|~$){_PATH_CHARS}*", s):
+        bad = sorted({c for c in s if not re.fullmatch(_PATH_CHARS + "|~", c)})
+        shown = " ".join(repr(c) for c in bad[:5])
+        raise _err(f"expected an absolute or ~/ path on the node (letters, digits and . _ + @ % = - /), "
+                   f"got {s!r}" + (f": {shown} not allowed" if bad else ""),
+                   "write a plain path, e.g. ~/models/x or /mnt/nvme/models/x (relative paths are ambiguous on a "
+                   "remote node; spaces, quotes, $, ':' and ',' reach a shell or docker -v)")
+    home = s.startswith("~")
+    body = s[1:] if home else s
+    parts: list[str] = []
+    for part in body.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                up = "the root" if home else "/"
+                raise _err(f"{s} resolves above {'the home' if home else '/'} ({up})",
+                           "write the path without '..', e.g. ~/models/x or /mnt/nvme/models/x")
+            parts.pop()
+            continue
+        parts.append(part)
+    if ".." in body.split("/"):
+        norm = ("~/" if home else "/") + "/".join(parts)
+        raise _err(f"{s} has '..': it resolves to {norm.rstrip('/') or '/'}",
+                   f"write the resolved path: {norm.rstrip('/') or '/'}")
+    return ("~" if home else "") + ("/" + "/".join(parts) if parts or not home else "")
+
+
+def under(path: str, tree: str) -> bool:
+    """``path`` equals ``tree`` or lies inside it (both normalised)."""
+    return path == tree or path.startswith(tree.rstrip("/") + "/")
+
+
+def _node_path(v: Any) -> str:
+    s = as_text(v)
+    if not s:
+        return ""
+    norm = normalise_node_path(s)
+    if any(under(norm, t) for t in DENIED_TREES) or norm in DENIED_ROOTS or re.search(r"(^|/)\.ssh(/|$)", norm):
+        raise _err(f"{s} is a system or private directory ({norm}): the runbook writes, mounts (read-write into a "
+                   "root container) or exports its node paths", "use a dedicated directory, e.g. "
+                   "~/.cache/spark-runbook/x or /mnt/nvme/models/x")
+    return norm
+
+
+NodePathType = Annotated[str, BeforeValidator(_node_path)]
 
 IfName = Str(_IFNAME, "a network interface name (<= 15 characters)", "enp1s0f0np0")
 SshTarget = Str(_SSH, "an ssh alias or user@host", "spark-worker or admin@10.0.0.2")
-NodePath = Str(_NODE_PATH, "an absolute or ~/ path on the node (relative paths are ambiguous on a remote node)",
-               "~/models/x or /mnt/nvme/models/x")
+NodePath = NodePathType
 LocalPath = Str()
 HfRepo = Str(_REPO, "a Hugging Face repo id owner/name", "deepseek-ai/DeepSeek-V4-Flash")
-Url = Str(r"https?://\S+", "an http(s) URL", "http://10.77.0.1:8765")
+
+
+def _userinfo_free(s: str, key_hint: str) -> None:
+    """A URL with ``user:password@`` (or a token as the user) puts a credential in ps, commands.jsonl, the profile
+    record, the report and a checkout's .git/config."""
+    m = re.match(r"(?:https?|ssh)://([^/?#]*)@", s)
+    if m and (s.startswith(("http://", "https://")) or ":" in m.group(1)):
+        raise _err("the URL carries credentials (user:password@ or a token before '@'); they would reach ps on the "
+                   "node, commands.jsonl, profile.json and the report",
+                   f"remove the part before '@' from {key_hint}: the HF token comes from secrets.env, git "
+                   "credentials from the node's credential helper or an ssh key")
+
+
+def _url(v: Any) -> str:
+    s = as_text(v)
+    if not s:
+        return ""
+    _userinfo_free(s, "the URL")
+    if not re.fullmatch(r"https?://[A-Za-z0-9.-]+(?::\d{1,5})?(?:/[A-Za-z0-9._~%/+-]*)?", s):
+        raise _err(f"expected an http(s) URL (host[:port][/path], no query, quotes or spaces), got {s!r}",
+                   "write e.g. https://hf-mirror.internal or http://10.77.0.1:8765")
+    return s.rstrip("/")
+
+
+Url = Annotated[str, BeforeValidator(_url)]
 ShmSize = Str(r"\d+(\.\d+)?[kKmMgGtT]?[bB]?", "a docker size", "32g")
 Word = Str(r"[A-Za-z0-9_.:-]+", "a single word (letters, digits, _ . : -)", "deepseek_v4")
 CpuBind = Str(r"\d+(-\d+)?(,\d+(-\d+)?)*", "one CPU or CPU range per rank, comma-separated", "0,1,1")
@@ -274,12 +356,26 @@ _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 Image = Str(rf"(?:[A-Za-z0-9.-]+(?::\d+)?/)?{_PATH_PART}(?:/{_PATH_PART})*(?::[\w][\w.-]{{0,127}})?"
             r"(?:@sha256:[0-9a-f]{64})?", "a docker image reference (lower-case repository, :tag, @sha256:digest)",
             "ghcr.io/owner/image:tag@sha256:<64 hex>")
-ModelDir = Str(rf"(?:/|~/).*|{_REPO}", "an absolute path in the runtime, a ~/ path or a Hugging Face repo id",
+ModelDir = Str(rf"(?:/|~/){_PATH_CHARS}*|{_REPO}",
+               "an absolute path in the runtime, a ~/ path or a Hugging Face repo id",
                "/model or deepseek-ai/DeepSeek-V4-Flash")
 # the recipe whose start chain the containers run: a git URL (https/ssh) or, for the lab, a local path
-RecipeRepo = Str(r"(?:https://|ssh://|git@)\S+|[A-Za-z0-9_.~/-]+",
-                 "a git repository URL (https://, ssh://, git@host:path) or a local path",
-                 "https://github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-EXL3-2x-DGX-Sparks")
+_RECIPE_REPO = Str(r"(?:https://|ssh://)[A-Za-z0-9._@:-]+(?:/[A-Za-z0-9._~%/+-]*)?|git@[A-Za-z0-9.-]+:"
+                   r"[A-Za-z0-9._~/+-]+|[A-Za-z0-9_.~/-]+",
+                   "a git repository URL (https://, ssh://, git@host:path) or a local path",
+                   "https://github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-EXL3-2x-DGX-Sparks")
+
+
+def _recipe_repo(v: Any) -> str:
+    s = as_text(v)
+    _userinfo_free(s, "RECIPE_REPO")
+    return s
+
+
+RecipeRepo = Annotated[str, BeforeValidator(_recipe_repo), _RECIPE_REPO.__metadata__[0]]
+# a file inside the runtime (the container's filesystem): the same characters as a node path
+RuntimePath = Str(rf"/{_PATH_CHARS}*", "an absolute path in the runtime (letters, digits and . _ + @ % = - /)",
+                  "/opt/dsv41/chat_template.jinja")
 Commit = Str(r"[0-9a-f]{40}", "a full 40-character lower-case commit id",
              "503b4825f435dde0ecdacab4b333afc6acaac8c2 (git -C <checkout> rev-parse HEAD)")
 

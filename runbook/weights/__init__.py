@@ -27,7 +27,7 @@ from .download import (
                        download,
                        fetch_metadata,
                        free_space_check,
-                       hf_token_from_env,
+                       hf_token, hf_token_for,
                        require_pinned,
                        verify_checks,
 )
@@ -75,7 +75,8 @@ __all__ = [
     "fetch_metadata",
     "free_space_check",
     "hash_rate_vs_sha256sum",
-    "hf_token_from_env",
+    "hf_token",
+    "hf_token_for",
     "manifest_to_expected",
     "nfs_share",
     "node_user",

@@ -12,28 +12,33 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..checks import Check, check
 from ..errors import ActionError, RunbookError
+from ..profile.rules import hf_endpoint_is_foreign
+from ..secrets import load_secrets
 from . import node_download, verify_manifest
 
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
-TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 GIB = 1 << 30
 
 
-def hf_token_from_env(env: dict[str, str] | None = None) -> str | None:
-    """The HF token from the environment only (never from a profile, never printed)."""
-    env = os.environ if env is None else env
-    for key in TOKEN_ENV:
-        value = (env.get(key) or "").strip()
-        if value:
-            return value
-    return None
+def hf_token(env: Mapping[str, str] | None = None) -> str | None:
+    """The HF token: the environment (``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``), else the secrets file (never a
+    profile, never printed). A secrets file that is not 0600 and yours raises :class:`SecretsError` (exit 2)."""
+    return load_secrets(os.environ if env is None else env).hf_token or None
+
+
+def hf_token_for(profile, env: Mapping[str, str] | None = None) -> str | None:
+    """The token the profile's downloads and metadata reads send: :func:`hf_token`, except to a foreign
+    ``HF_ENDPOINT`` (not huggingface.co, not the lab's hub) unless the profile sets ``HF_ENDPOINT_TRUSTED=1``."""
+    if hf_endpoint_is_foreign(profile) and not profile.hf_endpoint_trusted:
+        return None
+    return hf_token(env)
 
 
 def require_pinned(revision: str, key: str = "HF_REVISION") -> str:
@@ -181,11 +186,12 @@ def download(repo: str, revision: str, dest: str | os.PathLike, *, endpoint: str
     a read timeout of ``download_timeout`` s, cut files continued with Range) → verify (manifest).
     With ``repair``, files that fail verification are deleted and fetched once more (the download
     trusts an existing file of a pinned revision and would not re-fetch it by itself).
-    ``token=None`` reads ``HF_TOKEN`` from the environment; it is registered with the redactor and
+    ``token=None`` reads the HF token (:func:`hf_token`: environment, else the secrets file), ``""`` sends none;
+    it is registered with the redactor and
     never printed or written.
     """
     require_pinned(revision)
-    token = token or hf_token_from_env()
+    token = hf_token() if token is None else (token or None)
     if token:
         from ..secrets import register_secret
         register_secret(token)

@@ -25,8 +25,9 @@ from typing import Any
 from ..checks import Check, Status, check, not_applicable
 from ..errors import RemoteError, RunbookError
 from ..facts import system
+from ..remote import private_dir_command
 from . import node_download, verify_manifest
-from .download import fetched_check, hf_token_from_env, require_pinned, verify_checks
+from .download import fetched_check, hf_token, require_pinned, verify_checks
 from .node_paths import node_user, on_node
 from .verify import manifest_to_expected, parity
 from .verify_manifest import MANIFEST_NAME
@@ -60,21 +61,12 @@ def tools_dir(node) -> str:
     return posixpath.join(node_user(node).home, TOOLS_SUBDIR)
 
 
-def private_dir_cmd(directory: str) -> str:
-    """Create ``directory`` 0700 and prove it is ours: a real directory (not a link) owned by the SSH user.
-    What runs from it and the token file in it are then nobody else's to replace or read."""
-    d = _q(directory)
-    return (f"umask 077 && mkdir -p {d} && [ ! -L {d} ] && [ -d {d} ] && "
-            f"[ \"$(stat -c %u {d})\" = \"$(id -u)\" ] && chmod 0700 {d} && [ \"$(stat -c %a {d})\" = 700 ] || "
-            f"{{ echo \"not a private directory of $(id -un): $(stat -c '%U %a %F' {d} 2>&1)\" >&2; exit 1; }}")
-
-
 def ship_tools(node, remote_dir: str | None = None) -> dict[str, str]:
     """Copy the standard-library tools (``verify_manifest.py``, ``node_download.py``) into the node's private
-    tools dir (:func:`tools_dir`, checked by :func:`private_dir_cmd`); they run with the node's ``python3``
+    tools dir (:func:`tools_dir`, made private by :func:`runbook.remote.private_dir_command`); they run with the node's ``python3``
     and import no package of it. Returns remote paths (``dir``: the directory)."""
     remote_dir = remote_dir or tools_dir(node)
-    node.run(private_dir_cmd(remote_dir), timeout=30)
+    node.run(private_dir_command(remote_dir), timeout=30)
     out = {"dir": remote_dir}
     for mod in (verify_manifest, node_download):
         name = Path(mod.__file__).name
@@ -238,7 +230,7 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
     tools = ship_tools(node)
     files_remote = posixpath.join(tools["dir"], f"files-{uuid.uuid4().hex[:8]}.json")
     _put_json(node, expected, files_remote)
-    token = token or hf_token_from_env()
+    token = hf_token() if token is None else (token or None)     # "": none (a foreign HF_ENDPOINT)
     token_file = ""
     if token:
         token_file = posixpath.join(tools["dir"], f".tok-{uuid.uuid4().hex[:8]}")
@@ -666,7 +658,6 @@ __all__ = [
     "rsync_to_worker",
     "ship_tools",
     "tools_dir",
-    "private_dir_cmd",
     "sudo_check",
     "sudo_argvs",
     "sudo_probe_cmd",

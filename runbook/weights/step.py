@@ -20,7 +20,7 @@ from typing import Any
 from ..checks import Check, CheckList, check, not_applicable
 from ..errors import RemoteError, RunbookError
 from ..facts import system
-from .download import RepoSnapshot, fetch_metadata, hf_token_from_env, require_pinned
+from .download import RepoSnapshot, fetch_metadata, hf_token_for, require_pinned
 from .layout import weights_layout
 from .node_paths import on_node
 from .sharing import (ShareResult, cache_dir_is_local, download_on_node, nfs_share, nfs_userspace_share,
@@ -60,9 +60,11 @@ def run(profile, cluster, *, compare_sha256sum: bool = True, margin_gib: float =
     python = node_python(profile)
     endpoint = profile.hf_endpoint or None
     margin = int(margin_gib * GIB)
+    # the secrets file's token for metadata and bytes alike (a gated repo); none to a foreign, untrusted mirror
+    token = hf_token_for(profile) or ""
 
     try:
-        snap = fetch_metadata(profile.hf_model_repo, profile.hf_revision, endpoint=endpoint)
+        snap = fetch_metadata(profile.hf_model_repo, profile.hf_revision, endpoint=endpoint, token=token)
     except RunbookError as err:
         if not head.dry_run:
             raise
@@ -89,7 +91,7 @@ def run(profile, cluster, *, compare_sha256sum: bool = True, margin_gib: float =
 
     head_result = download_on_node(head, snap.repo, snap.revision, layout.download_dir(roots[head.name]),
                                    expected=snap.expected(), endpoint=endpoint, python=python,
-                                   max_workers=profile.hf_max_workers, layout=layout.kind)
+                                   max_workers=profile.hf_max_workers, layout=layout.kind, token=token)
     checks.add(head_result.checks)
     data["head"] = head_result.data
     if not head_result.ok and not head.dry_run:
@@ -105,7 +107,7 @@ def run(profile, cluster, *, compare_sha256sum: bool = True, margin_gib: float =
                                 download=lambda node, dest: download_on_node(
                                     node, snap.repo, snap.revision, layout.download_dir(dest), expected=snap.expected(),
                                     endpoint=endpoint, python=python, max_workers=profile.hf_max_workers,
-                                    layout=layout.kind),
+                                    layout=layout.kind, token=token),
                                 space=lambda node, dest: free_space(node, layout.download_dir(dest), layout.tree(dest),
                                                                     snap, margin, key=_workers_key(profile)),
                                 name="weights",
@@ -116,7 +118,8 @@ def run(profile, cluster, *, compare_sha256sum: bool = True, margin_gib: float =
     if len(shares) > 1:
         data["shares"] = shares
 
-    engram_checks, data["engram"] = engram_source(profile, cluster, python=python, endpoint=endpoint, margin=margin)
+    engram_checks, data["engram"] = engram_source(profile, cluster, python=python, endpoint=endpoint, margin=margin,
+                                                  token=token)
     checks.add(engram_checks)
 
     for node in [head, *cluster.workers]:
@@ -211,10 +214,10 @@ def engram_files(index: dict[str, Any]) -> list[str]:
     return [ENGRAM_CONFIG, ENGRAM_INDEX, *engram_shards(index)]
 
 
-def fetch_index(repo: str, revision: str, *, endpoint: str | None, timeout: float = 60) -> dict[str, Any]:
+def fetch_index(repo: str, revision: str, *, endpoint: str | None, token: str = "",
+                timeout: float = 60) -> dict[str, Any]:
     """The repo's ``model.safetensors.index.json`` at the pinned revision, read here (a small file)."""
     from huggingface_hub import hf_hub_download
-    token = hf_token_from_env()
     try:
         with tempfile.TemporaryDirectory(prefix="spark-runbook-index-") as tmp:
             path = hf_hub_download(repo, ENGRAM_INDEX, revision=revision, endpoint=endpoint, local_dir=tmp,
@@ -234,7 +237,8 @@ def _relabel(checks, prefix: str) -> list[Check]:
     return [dataclasses.replace(c, name=c.name.replace("weights.", prefix + ".", 1)) for c in checks]
 
 
-def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin: int) -> tuple[list[Check], dict]:
+def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin: int,
+                  token: str = "") -> tuple[list[Check], dict]:
     """ENGRAM=1: HF_ENGRAM_REPO@HF_ENGRAM_REVISION (pinned) -> ENGRAM_SRC_DIR on every node that
     packs (rank < TP; each packs its own rank's rows from its own ENGRAM_SRC_DIR), only the files recipe
     A needs, resumable and sha256-verified like the model, brought to the workers by WEIGHT_SYNC.
@@ -248,8 +252,8 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
             {"enabled": True, "source": "lab fixture (03_engram)"}
     repo, revision = profile.hf_engram_repo, require_pinned(profile.hf_engram_revision, "HF_ENGRAM_REVISION")
     try:
-        full = fetch_metadata(repo, revision, endpoint=endpoint)
-        files = engram_files(fetch_index(repo, revision, endpoint=endpoint))
+        full = fetch_metadata(repo, revision, endpoint=endpoint, token=token)
+        files = engram_files(fetch_index(repo, revision, endpoint=endpoint, token=token))
         absent = [f for f in files if f not in {f.path for f in full.files}]
     except RunbookError:
         if not cluster.head.dry_run:
@@ -277,7 +281,7 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
 
     def fetch(node, dest):
         return download_on_node(node, repo, revision, dest, expected=snap.expected(), endpoint=endpoint,
-                                python=python, allow=files, max_workers=profile.hf_max_workers)
+                                python=python, allow=files, max_workers=profile.hf_max_workers, token=token)
 
     got = fetch(head, paths[head.name])
     checks += got.checks

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from support.profiles import profile_from
 
 from runbook.bench import membw
 from runbook.checks import Status
@@ -57,12 +58,11 @@ def test_parse_probe_takes_the_last_json_line_of_the_probe():
     assert membw.parse_probe("Traceback ...")["error"]
 
 
-def _profile(**kw):
-    base = dict(expect_gpu=False, runtime="process", container_head="vllm-head", container_worker="vllm-worker")
-    base.update(kw)
-    p = SimpleNamespace(**base)
-    p.container_on = lambda name: p.container_head if name == "head" else p.container_worker
-    return p
+def _profile(expect_gpu: bool = False, runtime: str = "docker"):
+    """A real profile: the lab's for the CPU path, recipe B's (EXPECT_GPU=1) for the GPU path."""
+    if not expect_gpu:
+        return profile_from("env/lab.env")
+    return profile_from("env/dspark-v4.env", RUNTIME=runtime, CONTAINER_HEAD="vllm-head", CONTAINER_WORKER="vllm-worker")
 
 
 def test_probe_command_per_runtime():
@@ -71,8 +71,9 @@ def test_probe_command_per_runtime():
     assert lab.rstrip().endswith("RUNBOOK_MEMBW_EOF") and "def gpu_probe" in lab
     spark = membw.probe_cmd(_profile(expect_gpu=True, runtime="docker"), "worker")
     assert spark.startswith("timeout 120 docker exec -i vllm-worker python3 - --json --device gpu <<")
-    proc = membw.probe_cmd(_profile(expect_gpu=True), "head", python="/opt/venv/bin/python")
-    assert proc.startswith("timeout 120 /opt/venv/bin/python - --json --device gpu <<")
+    # the process runtime (the lab's) runs the probe with the server's own python when one is given
+    proc = membw.probe_cmd(_profile(), "head", python="/opt/venv/bin/python")
+    assert proc.startswith("timeout 120 /opt/venv/bin/python - --json --device cpu <<")
 
 
 def _r(gbs):

@@ -134,7 +134,7 @@ def test_sweep_raw_files_are_valid_json_with_the_warnings_kept():
     warn = "/x/torch/distributed/distributed_c10d.py:4807: UserWarning: No device id is provided\n  warnings.warn("
     cluster.nodes[0].rules.append((r"RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"), warn)))
     cluster.nodes[1].rules.append((r"RUNBOOK_SWEEP_EOF", res(1, "", "Traceback (most recent call last):\nRuntimeError: x")))
-    checks, raw = network.verify_network(lab_profile(vllm_bin="/opt/lab/vllm-venv/bin/vllm"), cluster, None)
+    checks, raw = network.verify_network(lab_profile(VLLM_BIN="/opt/lab/vllm-venv/bin/vllm"), cluster, None)
     head, worker = json.loads(raw["allreduce_sweep_head.json"]), json.loads(raw["allreduce_sweep_worker.json"])
     assert head["results"] and head["exit_code"] == 0 and "UserWarning" in head["stderr"]
     assert worker["exit_code"] == 1 and "no sweep JSON" in worker["error"] and "RuntimeError" in worker["stderr"]

@@ -1,5 +1,5 @@
-"""A corpus of hostile profiles, each a mutation of a shipped profile (env/lab.env or
-env/exl3-v41.env): every one must be rejected by ``load_profile`` with an issue that names the
+"""A corpus of hostile profiles, each a mutation of a shipped profile (env/lab.env, env/exl3-v41.env or
+env/dspark-v4.env): every one must be rejected by ``load_profile`` with an issue that names the
 key and carries a fix, without any network connection or process being started. A few go
 through the CLI (``python -m runbook validate``): exit code 2, the key on stderr.
 
@@ -28,7 +28,8 @@ from runbook.profile import (KEYS, KV_CACHE_DTYPES, MANAGED_FLAGS, RECIPE_MANAGE
                              load_profile, managed_flags_in)
 
 REPO = Path(__file__).resolve().parents[2]
-BASES = {"lab": REPO / "env" / "lab.env", "exl3": REPO / "env" / "exl3-v41.env"}
+BASES = {"lab": REPO / "env" / "lab.env", "exl3": REPO / "env" / "exl3-v41.env",
+         "dspark": REPO / "env" / "dspark-v4.env"}
 VLLM_OPTIONS = Path(__file__).parent / "data" / "profiles" / "vllm-serve-options.json"
 TOKEN = "hf_" + "Qz7xK2mP9vL4nR8tW1yB6cD3"      # token-shaped, not a real token
 API_KEY = "sk-corpus-planted-4f9a1c"
@@ -289,11 +290,142 @@ CORPUS: list[Case] = [
     C("fifo", "lab", a_fifo, "<file>", ("not a regular file",)),
     C("larger_than_a_profile", "exl3", too_large, "<file>", ("larger than",)),
     C("read_fails", "lab", kernel_refuses_read, "<file>", ("cannot read",)),
+    # --- node paths: system roots, the home itself, private dirs, '..', characters a shell or docker reads
+    C("weights_dir_root", "dspark", edit(set_key("WEIGHTS_DIR", "/")), "WEIGHTS_DIR", ("system or private",)),
+    C("weights_dir_home", "exl3", edit(set_key("WEIGHTS_DIR", "~")), "WEIGHTS_DIR", ("system or private",)),
+    C("weights_dir_home_slash", "lab", edit(set_key("WEIGHTS_DIR", "~/")), "WEIGHTS_DIR", ("(~)",)),
+    C("weights_dir_home_dotdot", "exl3", edit(set_key("WEIGHTS_DIR", "~/../..")), "WEIGHTS_DIR",
+      ("resolves above",)),
+    C("weights_dir_dotdot_inside", "exl3", edit(set_key("WEIGHTS_DIR", "~/models/../.ssh")), "WEIGHTS_DIR",
+      ("'..'",)),
+    C("recipe_dir_dotdot", "dspark", edit(set_key("RECIPE_DIR", "~/recipes/../../..")), "RECIPE_DIR",
+      ("resolves above",)),
+    C("cache_dir_etc", "exl3", edit(set_key("CACHE_DIR", "/etc")), "CACHE_DIR", ("/etc",)),
+    C("cache_dir_under_etc", "lab", edit(set_key("CACHE_DIR", "/etc/vllm")), "CACHE_DIR", ("system",)),
+    C("engram_packed_boot", "exl3", edit(set_key("ENGRAM_PACKED_DIR", "/boot")), "ENGRAM_PACKED_DIR", ("/boot",)),
+    C("engram_src_proc", "exl3", edit(set_key("ENGRAM_SRC_DIR", "/proc/self")), "ENGRAM_SRC_DIR"),
+    C("cache_dir_sys", "lab", edit(set_key("CACHE_DIR", "/sys/kernel")), "CACHE_DIR"),
+    C("weights_dir_usr", "dspark", edit(set_key("WEIGHTS_DIR", "/usr/local/models")), "WEIGHTS_DIR"),
+    C("weights_dir_dev_shm", "lab", edit(set_key("WEIGHTS_DIR", "/dev/shm/models")), "WEIGHTS_DIR"),
+    C("weights_dir_var", "exl3", edit(set_key("WEIGHTS_DIR", "/var")), "WEIGHTS_DIR"),
+    C("cache_dir_var_lib", "dspark", edit(set_key("CACHE_DIR", "/var/lib/")), "CACHE_DIR"),
+    C("weights_dir_root_home", "exl3", edit(set_key("WEIGHTS_DIR", "/root")), "WEIGHTS_DIR"),
+    C("weights_dir_ssh", "exl3", edit(set_key("WEIGHTS_DIR", "~/.ssh")), "WEIGHTS_DIR"),
+    C("cache_dir_under_ssh", "lab", edit(set_key("CACHE_DIR", "~/.ssh/cache")), "CACHE_DIR"),
+    C("weights_dir_secrets_dir", "dspark", edit(set_key("WEIGHTS_DIR", "~/.config/spark-runbook")), "WEIGHTS_DIR"),
+    C("worker_weights_dir_home", "lab", edit(set_key("WORKER_WEIGHTS_DIR", "~")), "WORKER_WEIGHTS_DIR"),
+    C("weights_dir_other_users_ssh", "exl3", edit(set_key("WEIGHTS_DIR", "/home/spark/.ssh/x")), "WEIGHTS_DIR"),
+    C("weights_dir_lib64", "exl3", edit(set_key("WEIGHTS_DIR", "/lib64")), "WEIGHTS_DIR"),
+    C("engram_src_bin", "exl3", edit(set_key("ENGRAM_SRC_DIR", "//bin/")), "ENGRAM_SRC_DIR"),
+    C("weights_dir_home_root", "lab", edit(set_key("WEIGHTS_DIR", "/home")), "WEIGHTS_DIR"),
+    C("weights_dir_space", "exl3", edit(set_key("WEIGHTS_DIR", "'/mnt/my models'")), "WEIGHTS_DIR", ("' '",)),
+    C("weights_dir_colon_volume", "dspark", edit(set_key("WEIGHTS_DIR", "/mnt/a:/etc")), "WEIGHTS_DIR", ("':'",)),
+    C("weights_dir_substitution", "lab", edit(set_key("WEIGHTS_DIR", "'/mnt/$(id)'")), "WEIGHTS_DIR", ("'$'",)),
+    C("cache_dir_backticks", "exl3", edit(set_key("CACHE_DIR", "'~/`id`'")), "CACHE_DIR", ("'`'",)),
+    C("recipe_dir_semicolon", "exl3", edit(set_key("RECIPE_DIR", "'~/r;reboot'")), "RECIPE_DIR", ("';'",)),
+    C("model_dir_substitution", "exl3", edit(set_key("MODEL_DIR", "'/model$(touch /tmp/x)'")), "MODEL_DIR"),
+    C("model_dir_newline", "dspark", edit(set_key("MODEL_DIR", '"/model\\nrm -rf /"')), "MODEL_DIR"),
+    C("chat_template_substitution", "exl3", edit(set_key("CHAT_TEMPLATE", "'/opt/x$(id).jinja'")),
+      "CHAT_TEMPLATE"),
+    C("chat_template_relative", "exl3", edit(set_key("CHAT_TEMPLATE", "chat.jinja")), "CHAT_TEMPLATE"),
+    # --- containment between the weights, cache, Engram and recipe directories
+    C("cache_equals_weights", "exl3", edit(set_key("CACHE_DIR", "~/.cache/dsv41-flash-exl3/model")), "CACHE_DIR",
+      ("equals WEIGHTS_DIR",)),
+    C("cache_holds_weights", "exl3", edit(set_key("CACHE_DIR", "~/.cache/dsv41-flash-exl3")), "WEIGHTS_DIR",
+      ("read-write",)),
+    C("cache_inside_readonly_weights", "exl3", edit(set_key("CACHE_DIR", "~/.cache/dsv41-flash-exl3/model/jit")),
+      "CACHE_DIR", ("verified",)),
+    C("packed_inside_weights", "exl3",
+      edit(set_key("ENGRAM_PACKED_DIR", "~/.cache/dsv41-flash-exl3/model/packed")), "ENGRAM_PACKED_DIR"),
+    C("packed_equals_source", "exl3", edit(set_key("ENGRAM_PACKED_DIR", "~/.cache/dsv41-flash-exl3/engram-src")),
+      "ENGRAM_PACKED_DIR", ("equals ENGRAM_SRC_DIR",)),
+    C("weights_inside_cache_dspark", "dspark",
+      edit(set_key("WEIGHTS_DIR", "~/.cache/huggingface/vllm-cache/hub")), "WEIGHTS_DIR", ("read-write",)),
+    C("recipe_dir_inside_weights", "exl3",
+      edit(set_key("RECIPE_DIR", "~/.cache/dsv41-flash-exl3/model/recipe")), "RECIPE_DIR", ("rsync --delete",)),
+    C("worker_weights_equals_cache", "lab", edit(set_key("WORKER_WEIGHTS_DIR", "~/.cache/spark-runbook")),
+      "CACHE_DIR", ("equals WORKER_WEIGHTS_DIR",)),
+    C("lab_weights_equals_recipe", "lab", edit(set_key("WEIGHTS_DIR", "/mnt/nvme/recipe/spark-runbook-lab-recipe")),
+      "RECIPE_DIR", ("equals WEIGHTS_DIR",)),
+    # --- credentials in URLs, and what a URL may hold
+    C("hf_endpoint_userinfo", "exl3", edit(set_key("HF_ENDPOINT", "https://ops:s3cretpw@hf-mirror.internal")),
+      "HF_ENDPOINT", ("credentials",), secret="s3cretpw"),
+    C("hf_endpoint_token_user", "dspark", edit(set_key("HF_ENDPOINT", "https://tok3n-abcdef@hf-mirror.internal")),
+      "HF_ENDPOINT", ("credentials",), secret="tok3n-abcdef"),
+    C("recipe_repo_token", "exl3",
+      edit(set_key("RECIPE_REPO", "https://ghp_" + "k" * 36 + "@github.com/MiaAI-Lab/x")), "RECIPE_REPO",
+      secret="k" * 36),
+    C("recipe_repo_oauth_user", "dspark", edit(set_key("RECIPE_REPO", "https://oauth2:glpat-xyz123@gitlab.com/a/b")),
+      "RECIPE_REPO", ("credentials",), secret="glpat-xyz123"),
+    C("recipe_repo_ssh_password", "dspark", edit(set_key("RECIPE_REPO", "ssh://git:pw12345@github.com/a/b")),
+      "RECIPE_REPO", ("credentials",), secret="pw12345"),
+    C("recipe_repo_substitution", "exl3", edit(set_key("RECIPE_REPO", "'https://github.com/a/$(id)'")),
+      "RECIPE_REPO"),
+    C("image_registry_userinfo", "exl3", edit(set_key("IMAGE", "user:pw@ghcr.io/a/b:1")), "IMAGE"),
+    C("hf_endpoint_query_token", "exl3", edit(set_key("HF_ENDPOINT", "https://mirror.internal/?token=abc123")),
+      "HF_ENDPOINT"),
+    C("hf_endpoint_substitution", "lab", edit(set_key("HF_ENDPOINT", "'http://10.77.0.1:8765/$(id)'")),
+      "HF_ENDPOINT"),
+    C("hf_endpoint_trusted_for_the_hub", "exl3", edit(set_key("HF_ENDPOINT_TRUSTED", "1")), "HF_ENDPOINT_TRUSTED",
+      ("gets the token anyway",)),
+    # --- bidirectional and control characters (a reviewed line can show other text than it holds)
+    C("bidi_rlo_in_extra_args", "exl3", edit(set_key("EXTRA_ARGS", "'--seed 1 \u202e--enable-log-requests'")),
+      "EXTRA_ARGS", ("U+202E", "bidirectional")),
+    C("bidi_isolate_in_comment", "lab", edit(append("# reviewed: \u2066safe\u2069")), "<comment>", ("U+2066",)),
+    C("bidi_pdf_in_image", "exl3", edit(set_key("IMAGE", "ghcr.io/a/b:1\u202c")), "IMAGE", ("U+202C",)),
+    C("bidi_lre_in_revision", "dspark", edit(set_key("HF_REVISION", "\u202a" + "a" * 40)), "HF_REVISION",
+      ("U+202A",)),
+    C("bidi_rli_in_recipe_repo", "dspark", edit(set_key("RECIPE_REPO", "https://github.com/\u2067x/y")),
+      "RECIPE_REPO", ("U+2067",)),
+    C("bidi_fsi_in_path", "exl3", edit(set_key("WEIGHTS_DIR", "/mnt/\u2068x")), "WEIGHTS_DIR", ("U+2068",)),
+    C("rtl_mark_in_path", "lab", edit(set_key("WEIGHTS_DIR", "/mnt/nvme/models/tiny\u200f")), "WEIGHTS_DIR",
+      ("U+200F",)),
+    C("c1_next_line", "exl3", edit(set_key("PROFILE_NAME", "exl3\x85x")), "PROFILE_NAME", ("U+0085",)),
+    C("escape_sequence", "lab", edit(set_key("PROFILE_NAME", "\x1b[31mlab")), "PROFILE_NAME", ("U+001B",)),
+    C("vertical_tab", "dspark", edit(set_key("SERVED_MODEL_NAME", "a\x0bb")), "SERVED_MODEL_NAME", ("U+000B",)),
+    C("arabic_letter_mark", "exl3", edit(set_key("IMAGE", "ghcr.io/a/b\u061c:1")), "IMAGE", ("U+061C",)),
+    # --- the API bind address: loopback, 0.0.0.0 or the head
+    C("api_host_not_the_head", "exl3", edit(set_key("API_HOST", "10.9.9.9")), "API_HOST", ("plain HTTP",)),
+    C("api_host_the_worker", "lab", edit(set_key("API_HOST", "169.254.77.2")), "API_HOST", ("not an address",)),
+    C("api_host_public", "dspark", edit(set_key("API_HOST", "8.8.8.8")), "API_HOST"),
+    # --- vLLM flags with reach beyond the model
+    C("extra_media_path_root", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path /")), "EXTRA_ARGS",
+      ("whole filesystem",)),
+    C("extra_media_path_outside_model", "lab", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path=/home")),
+      "EXTRA_ARGS", ("outside MODEL_DIR",)),
+    C("extra_tool_parser_plugin", "exl3", edit(set_key("EXTRA_ARGS", "--tool-parser-plugin /tmp/p.py")),
+      "EXTRA_ARGS", ("imports a Python file",)),
+    C("extra_reasoning_parser_plugin", "dspark", edit(set_key("EXTRA_ARGS", "--reasoning-parser-plugin x.py")),
+      "EXTRA_ARGS", ("imports",)),
+    C("extra_middleware", "exl3", edit(set_key("EXTRA_ARGS", "--middleware evil.Mod")), "EXTRA_ARGS"),
+    C("extra_log_requests", "lab", edit(set_key("EXTRA_ARGS", "--enable-log-requests")), "EXTRA_ARGS",
+      ("prompt",)),
+    C("extra_log_requests_abbreviated", "exl3", edit(set_key("EXTRA_ARGS", "--enable-log-req")), "EXTRA_ARGS"),
+    C("extra_allowed_origins", "lab", edit(set_key("EXTRA_ARGS", "--allowed-origins '[\"*\"]'")), "EXTRA_ARGS",
+      ("origins",)),
+    # --- images that can change under their tag
+    C("image_moving_tag", "dspark", edit(set_key("IMAGE", "ghcr.io/anemll/dspark-vllm-gx10:0.1.1")), "IMAGE",
+      ("ALLOW_MOVING_IMAGE_TAG", "@sha256")),
+    C("image_latest", "dspark", edit(set_key("IMAGE", "vllm/vllm-openai")), "IMAGE", ("no @sha256",)),
+    C("exl3_tag_without_opt_in", "exl3", edit(set_key("ALLOW_MOVING_IMAGE_TAG", "0")), "IMAGE",
+      ("ALLOW_MOVING_IMAGE_TAG=1",)),
+    C("moving_tag_opt_in_on_lab", "lab", edit(set_key("ALLOW_MOVING_IMAGE_TAG", "1")), "ALLOW_MOVING_IMAGE_TAG"),
+    # --- secrets in other shapes
+    C("api_key_in_a_comment", "lab", edit(append("# VLLM_API_KEY=sk-live-9f8e7d6c")), "<comment>", ("secret",),
+      secret="sk-live-9f8e7d6c"),
+    C("hf_token_assignment_in_a_comment", "dspark", edit(append("#HF_TOKEN='abc123def456'")), "<comment>",
+      secret="abc123def456"),
+    C("org_token_in_a_value", "exl3", edit(set_key("PROFILE_NAME", "api_org_" + "Q" * 30)), "PROFILE_NAME",
+      secret="Q" * 30),
+    C("base64_hf_token_in_a_comment", "lab", edit(append("# backup: aGZfUXo3eEsybVA5dkw0blI4dFcxeUI2Y0Qz")),
+      "<comment>", secret="aGZfUXo3eEsybVA5dkw0blI4dFcxeUI2Y0Qz"),
+    C("github_token_in_a_value", "dspark", edit(set_key("PROFILE_NAME", "ghp_" + "Z" * 36)), "PROFILE_NAME",
+      secret="Z" * 36),
 ]
 
 
 def test_corpus_is_large_and_names_are_unique():
-    assert len(CORPUS) >= 50
+    assert len(CORPUS) >= 150
     assert len({c.name for c in CORPUS}) == len(CORPUS)
     assert {c.base for c in CORPUS} == set(BASES)
 
@@ -396,7 +528,9 @@ def _validate_cli(path: Path, *, prefix: tuple[str, ...] = ()) -> subprocess.Com
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
 
 
-CLI_CASES = ["extra_tp", "revision_branch", "kv_dtype_unknown", "crlf_exl3", "directory", "api_key_flag"]
+CLI_CASES = ["extra_tp", "revision_branch", "kv_dtype_unknown", "crlf_exl3", "directory", "api_key_flag",
+             "weights_dir_home_dotdot", "hf_endpoint_userinfo", "bidi_rlo_in_extra_args", "api_host_not_the_head",
+             "extra_tool_parser_plugin", "image_moving_tag", "cache_equals_weights"]
 
 
 @pytest.mark.parametrize("name", CLI_CASES)

@@ -447,3 +447,24 @@ def test_node_download_reads_the_file_list_from_the_hub_api_without_packages(rep
     assert sorted(p.relative_to(tmp_path / "d").as_posix() for p in (tmp_path / "d").rglob("*.json")
                   if ".cache" not in p.parts) == ["config.json", "tokenizer/tokenizer.json"]
     assert hub.bytes_sent(BIG) == 0
+
+
+def test_a_gated_repo_downloads_with_the_token_only_in_the_secrets_file(repo, downloaded, tmp_path, monkeypatch):
+    """HF_TOKEN in secrets.env and not in the environment: metadata and bytes both send it (a gated repo: the hub
+    answers 401 without it); the node's command lines never show it."""
+    token = "hf_gatedSecretsFileOnly789"
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text(f"HF_TOKEN={token}\n")
+    secrets.chmod(0o600)
+    monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(secrets))
+    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2")
+    with HubServer(repo.root, token=token) as server:
+        with pytest.raises(RunbookError):
+            W.fetch_metadata(REPO, repo.sha, endpoint=server.url, token="")       # anonymous: refused
+        snap = W.fetch_metadata(REPO, repo.sha, endpoint=server.url, token=W.hf_token())
+        res = W.download_on_node(worker, REPO, repo.sha, str(tmp_path / "wd"), endpoint=server.url,
+                                 expected=snap.expected(), python=sys.executable)
+    assert res.ok, [c.to_record() for c in res.checks]
+    assert worker.commands and all(token not in c for c in worker.commands)

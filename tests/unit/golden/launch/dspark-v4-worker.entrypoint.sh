@@ -7,7 +7,7 @@ say() { echo "[dspark-v4] $*"; }
 fatal() { echo "[dspark-v4] FATAL: $*" >&2; exit 1; }
 need() { [ -e "$1" ] || fatal "$2: missing $1"; }
 [ "$#" -ge 2 ] || fatal "no vLLM argv given (usage: $0 <vllm> serve <model> [flags])"
-say "recipe dspark-v4 @ 01eed1eed05e: 21 steps"
+say 'recipe dspark-v4 @ 01eed1eed05e: 21 steps'
 export PATH="/usr/local/cuda/bin:/usr/local/bin:${PATH:-}" CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export CUDA_PATH="${CUDA_PATH:-$CUDA_HOME}" CUDAToolkit_ROOT="${CUDAToolkit_ROOT:-$CUDA_HOME}" LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 for v in NCCL_IB_MERGE_NICS NCCL_IB_SUBNET_AWARE_ROUTING NCCL_IB_SUBNET_PREFIX_LEN NCCL_NET_GDR_LEVEL NCCL_NET_GDR_READ NCCL_DMABUF_ENABLE NCCL_GIN_ENABLE NCCL_IB_GID_INDEX; do if [ -z "${!v:-}" ]; then unset "$v"; fi; done

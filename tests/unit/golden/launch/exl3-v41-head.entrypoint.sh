@@ -7,7 +7,7 @@ say() { echo "[dsv41-exl3-head] $*"; }
 fatal() { echo "[dsv41-exl3-head] FATAL: $*" >&2; exit 1; }
 need() { [ -e "$1" ] || fatal "$2: missing $1"; }
 [ "$#" -ge 2 ] || fatal "no vLLM argv given (usage: $0 <vllm> serve <model> [flags])"
-say "recipe exl3-v41 @ 503b4825f435: 16 steps"
+say 'recipe exl3-v41 @ 503b4825f435: 16 steps'
 say "MemAvailable=$(awk '/^MemAvailable:/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo) GiB engram: cache=${DSV41_CACHE_GIB:-?}GiB resident_scales=${DSV41_RESIDENT_SCALES:-default} io_threads=${DSV41_IO_THREADS:-default}"
 # step 1/16 vLLM install
 {
