@@ -58,7 +58,7 @@ def review(profile_path: str | Path, *, home: str = "", overrides: dict[str, str
     out = [f"# offline review of {profile.profile_name} ({profile.source}): recipe {profile.recipe}, "
            f"{len(profile.nodes)} nodes; no node is contacted",
            "# nodes: " + ", ".join(f"{n.name}={n.ssh} (rank {n.rank}, home {homes[n.name]})" for n in profile.nodes),
-           f"# [read] = a read-only probe the step runs (answered 'unknown' unless declared); [run] = a change; "
+           "# [read] = a read-only probe the step runs (answered 'unknown' unless declared); [run] = a change; "
            "secrets are ***",
            "# declared: each node's home (--home) and its fabric as the profile describes it (netdevs UP at "
            "FABRIC_MTU with their /24 addresses, HCAs ACTIVE, RoCE v2 GID index 3)"]

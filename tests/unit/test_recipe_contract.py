@@ -286,7 +286,7 @@ def test_seed_a_patch_loop_is_fail_open_and_seed_b_hotfixes_fail_closed():
     a = render(load_profile(ENV / "exl3-v41.env", environ=NO_ENV), ALL).head
     b = render(load_profile(ENV / "dspark-v4.env", environ=NO_ENV), ALL).head
     for n in recipe.SEED_A_PATCHES:
-        assert f"else say \"WARN: step" in a.entry_script.split(f"python3 /opt/dsv41/{n}", 1)[1].split("\n")[1], n
+        assert "else say \"WARN: step" in a.entry_script.split(f"python3 /opt/dsv41/{n}", 1)[1].split("\n")[1], n
     assert "WARN: step" not in b.entry_script and b.entry_script.count("|| fatal") >= 20
 
 

@@ -53,7 +53,7 @@ def test_render_prints_every_steps_commands_offline(name, no_network, monkeypatc
         assert len(start) == 1, node
         order.append(entries.index(start[0]))
         assert f"--node-rank {rank}" in start[0] and " serve " in start[0]
-        assert f"/home/ops/" in start[0]                            # ~ expanded with --home
+        assert "/home/ops/" in start[0]                            # ~ expanded with --home
     assert order == sorted(order, reverse=True)                             # workers first, the head last
     network = text.split("## 01_network", 1)[1].split("## 02_weights", 1)[0]
     assert all(f"[{n}] [read] ip -j addr show" in network for n in nodes)
