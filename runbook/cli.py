@@ -134,6 +134,13 @@ def cmd_start(args) -> int:
     return code
 
 
+def cmd_render(args) -> int:
+    """Print every command each step would run on every node, offline (no SSH, no lab), secrets masked."""
+    from .review import review
+    print(review(args.profile, home=args.home or "", overrides=_overrides(args.param)), end="")
+    return 0
+
+
 def cmd_diagnose(args) -> int:
     """Live: collect from every node, write results/<run>/diagnose/diagnose-<stamp>.tar.gz with its pages, print
     the catalogue entries that match; exit 0 when none matched, 1 when some did. Offline (--log/--text): rank
@@ -228,7 +235,8 @@ def cmd_status(args) -> int:
 
 def cmd_logs(args) -> int:
     """The log tails. Exit 0 when every rank shown is running, 10 when one is not (its log is still shown)."""
-    from .launch import ranks, status
+    from .facts import ranks
+    from .launch import status
     profile, cluster = _server_cluster(args)
     down = []
     with cluster:
@@ -300,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="start the profile's server (exit 3: its ranks already run)")
     _server_profile_args(start)
     start.set_defaults(func=cmd_start)
+
+    rend = sub.add_parser("render", help="print every command each step would run on every node, offline "
+                                         "(no SSH, no lab; review before the nodes are cabled)")
+    rend.add_argument("--profile", default=DEFAULT_PROFILE)
+    rend.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
+    rend.add_argument("--home", help="the nodes' home directory for ~ paths (default: /home/<ssh user>)")
+    rend.set_defaults(func=cmd_render)
 
     diag = sub.add_parser("diagnose", help="collect a support bundle from every node and match known failures; "
                                            "offline with --log/--text (no nodes, no profile)")

@@ -284,6 +284,39 @@ class Node:
                                       duration_s=time.monotonic() - started), kind="read")
 
 
+OFFLINE_NOTE = "offline review: not run"
+
+
+class OfflineNode(Node):
+    """A node the runbook never connects to (the offline review, ``python -m runbook render``): every change is
+    recorded as in a dry run; a read is answered from declared ``facts`` (exact command -> stdout, e.g. the
+    node's $HOME) and otherwise recorded and answered as unknown (exit 1, no output). Opening a connection
+    raises, so nothing can reach a network."""
+
+    def __init__(self, spec, *, facts: Mapping[str, str], log: CommandLog, command_prefix: str = ""):
+        super().__init__(spec, SshSettings(), log=log, dry_run=True, command_prefix=command_prefix)
+        self.facts = dict(facts)
+
+    def _connect(self):
+        raise RemoteError("offline review: this node is never connected to", node=self.name,
+                          fix="run the step for real (python -m runbook run) to reach the node")
+
+    def read(self, command: str, *, timeout: float = DEFAULT_READ_TIMEOUT,
+             env: Mapping[str, str] | None = None) -> CommandResult:
+        full = self.command_prefix + _with_env(command, env)
+        if command in self.facts:
+            result = CommandResult(self.name, full, 0, self.facts[command], dry_run=True)
+        else:
+            result = CommandResult(self.name, full, 1, "", OFFLINE_NOTE, dry_run=True)
+        self.log.record(result, kind="read")
+        return result
+
+    def get(self, remote: str, local: str | Path) -> None:
+        self.log.record(CommandResult(self.name, f"get {remote} -> {local}", 1, "", OFFLINE_NOTE, dry_run=True),
+                        kind="read")
+        raise RemoteError(f"offline review: {remote} cannot be fetched", node=self.name)
+
+
 #: the cluster lock: a directory in the head's home (the SSH user's), made with mkdir (atomic), holding owner.json
 LOCK_NAME = ".spark-runbook.lock"
 LOCK_TIMEOUT = 30
@@ -421,6 +454,14 @@ class Cluster:
         prefix = rehearsal_path_prefix(profile)
         return cls([Node(spec, settings, log=log, dry_run=dry_run, command_prefix=prefix) for spec in profile.nodes],
                    log=log)
+
+    @classmethod
+    def offline(cls, profile, *, facts: Mapping[str, Mapping[str, str]], log: CommandLog) -> "Cluster":
+        """The profile's nodes as :class:`OfflineNode` s, each knowing only its declared facts (node -> command ->
+        stdout)."""
+        prefix = rehearsal_path_prefix(profile)
+        return cls([OfflineNode(spec, facts=facts.get(spec.name, {}), log=log, command_prefix=prefix)
+                    for spec in profile.nodes], log=log)
 
     @property
     def head(self) -> Node:

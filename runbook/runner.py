@@ -58,8 +58,11 @@ DOWNLOAD_MB_S = 50
 
 def default_step_timeout(profile) -> int:
     """Seconds one notebook may run: an hour, or more when the profile's first download needs it
-    (recipe A: ~197 GiB of weights + ~189 GiB of Engram source is ~2.3 h at 50 MB/s)."""
-    gib = float(profile.weights_gib) + (float(profile.engram_gib) if profile.engram else 0.0)
+    (recipe A: ~197 GiB of weights + ~189 GiB of Engram source is ~2.3 h at 50 MB/s). WEIGHT_SYNC=download-both
+    downloads on every node one after the other, as recipe B's prepare script does (head, then each worker):
+    every node's download counts."""
+    downloads = len(profile.nodes) if profile.weight_sync == "download-both" else 1
+    gib = float(profile.weights_gib) * downloads + (float(profile.engram_gib) if profile.engram else 0.0)
     return int(DEFAULT_STEP_TIMEOUT + gib * 1024 ** 3 / (DOWNLOAD_MB_S * 1e6))
 
 
@@ -131,15 +134,19 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
                                 profile_source=str(profile.source), selection=selection)
         echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
              "--step-timeout to change)")
+        if dry_run:
+            echo("dry run: connects to the nodes over SSH and runs their read-only probes; every change is recorded "
+                 "(commands.jsonl), not made; a failing step does not stop it. To review without connecting: "
+                 f"python -m runbook render --profile {_repo_relative(str(profile.source))}")
 
-        # 5. the steps, in order, stopping at the first failure
+        # 5. the steps, in order, stopping at the first failure (a dry run goes on: every step's commands show)
         outcomes: list[StepOutcome] = []
         for name in steps:
             outcome = execute_step(name, run_dir, profile_path=str(profile.source), dry_run=dry_run,
                                    overrides=overrides, kernel=kernel, step_timeout=step_timeout,
                                    notebooks_dir=notebooks_dir, echo=echo)
             outcomes.append(outcome)
-            if outcome.status != "passed":
+            if outcome.status != "passed" and not dry_run:
                 break
         status = "passed" if outcomes and all(o.status == "passed" for o in outcomes) else "failed"
         if not outcomes:

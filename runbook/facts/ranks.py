@@ -126,15 +126,19 @@ class RankWatch:
 MEM_LINE = "awk '/^MemAvailable:/{print $2}' /proc/meminfo; "      # kB (mawk's %d overflows past 2 GiB)
 
 
-def watch_cmd(rank: LaunchedRank) -> str:
-    return MEM_LINE + rank_watch_cmd(rank)
+def watch_cmd(rank: LaunchedRank, *, fresh: bool = False) -> str:
+    return MEM_LINE + rank_watch_cmd(rank, fresh=fresh)
 
 
-def rank_watch_cmd(rank: LaunchedRank) -> str:
+def rank_watch_cmd(rank: LaunchedRank, *, fresh: bool = False) -> str:
+    """alive/dead, the log's line count and its tail. ``fresh``: a container this start created counts as dead
+    once docker has restarted it (seed B's `--restart unless-stopped` would otherwise hide a rank that crashes
+    while booting behind its restarts until READY_TIMEOUT)."""
     if rank.runtime == "docker":
         c = quote(rank.container)
-        return (f"[ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ] "
-                f"&& echo alive || echo dead; docker logs {c} 2>&1 | wc -l; "
+        alive = "'true 0'" if fresh else "'true '*"
+        return (f"case \"$(docker inspect -f '{{{{.State.Running}}}} {{{{.RestartCount}}}}' {c} 2>/dev/null)\" in "
+                f"{alive}) echo alive;; *) echo dead;; esac; docker logs {c} 2>&1 | wc -l; "
                 f"docker logs --tail 200 {c} 2>&1")
     log = quote(rank.log_path)
     return (f"pid=$(cat {quote(rank.pid_path)} 2>/dev/null); "
@@ -143,8 +147,8 @@ def rank_watch_cmd(rank: LaunchedRank) -> str:
             f"wc -l < {log} 2>/dev/null || echo 0; tail -n 200 {log} 2>/dev/null")
 
 
-def watch(node: Node, rank: LaunchedRank) -> RankWatch:
-    out = node.read(watch_cmd(rank), timeout=30).stdout.splitlines()
+def watch(node: Node, rank: LaunchedRank, *, fresh: bool = False) -> RankWatch:
+    out = node.read(watch_cmd(rank, fresh=fresh), timeout=30).stdout.splitlines()
     mem = int(out[0]) * 1024 if out and out[0].strip().isdigit() else None
     out = out[1:]
     alive = bool(out) and out[0].strip() == "alive"

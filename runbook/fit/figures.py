@@ -142,10 +142,10 @@ RECIPES: dict[str, RecipeFigures] = {
         kv_reference=KvReference(17.04 * GIB, 2_331_430, ("nvfp4_ds_mla",), (256,),
                                  "seed B Vision-Exp boot: 'Available KV cache memory: 17.04 GiB', "
                                  "'GPU KV cache size: 2,331,430 tokens'"),
-        util_boot=UtilBoot(0.80, GB10_MEM_TOTAL,
+        util_boot=UtilBoot(0.835, GB10_MEM_TOTAL,
                            gib(79.17, PUBLISHED, "seed B issue #160: ~79.17 GiB model per rank"),
                            gib(17.04, PUBLISHED, "seed B Vision-Exp boot log"),
-                           "seed B Vision-Exp boot at GPU_MEM_UTIL 0.80"),
+                           "seed B Vision-Exp boot at GPU_MEM_UTIL 0.835 (compose @ 01eed1e default)"),
         image_bytes=Figure(19 * GB, PUBLISHED, "seed B: ghcr.io/anemll/dspark-vllm-gx10:0.1.1 ~19 GB "
                                                "(pull size; unpacked size not published)"),
         image_files=_IMAGE_FILES,

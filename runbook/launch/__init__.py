@@ -11,7 +11,9 @@ and its boot-log markers), ``checkout`` (the recipe checkout at the pinned commi
 and log growth while a start is watched), ``server`` (start and its watch until the first token), ``readiness``
 (the API's readiness phases, the master-port probe, hang diagnostics), ``stop`` (stop, teardown proven),
 ``status`` (read-only: status, logs), ``exposure`` (the key a bind beyond loopback needs; what listens on
-each node). Where the API is and the SSH forward that reaches a loopback bind: ``api/endpoint.py``.
+each node), ``warmup`` (the recipe's boot-shape warm-up after readiness), ``selfcheck`` (seed A's image stamp and GPU
+self-check before the launch), ``parity`` (the parity tables of docs/parity: what the recipes' scripts set beside what
+render renders). Where the API is and the SSH forward that reaches a loopback bind: ``api/endpoint.py``.
 Check names → code: "runtime image …" rows in ``image.py``; "api exposure", "ports exposed" in
 ``exposure.py``; "recipe checkout at the pinned commit" in ``checkout.py``; "no vLLM process or container
 left", "MemAvailable back to its pre-launch value", "server stopped" in ``stop.py``; every other row
@@ -22,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checks import CheckList
-from . import diagnosis, exposure, image, server, status, stop
+from ..checks import Check, CheckList
+from ..secrets import load_secrets
+from . import diagnosis, exposure, image, selfcheck, server, status, stop, warmup
 from ..api.endpoint import api_address
 from ..facts import ranks
 from .plan import launch_plan
@@ -40,6 +43,8 @@ class LaunchOutcome:
     stopped: stop.StopResult | None = None
     status: dict[str, Any] = field(default_factory=dict)
     image: image.ImageChecks | None = None
+    selfchecks: list[Check] = field(default_factory=list)       # seed A's image stamp and GPU self-check
+    warmup: list[Check] = field(default_factory=list)           # the recipe's boot-shape warm-up after readiness
     checks: CheckList = field(default_factory=CheckList)        # every row of bring_up, in order
 
 
@@ -49,16 +54,25 @@ def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go
     restart, then (when no row failed and ``go``) the start until the first token. On an exception the
     partial outcome rides on it as ``.outcome``."""
     out = LaunchOutcome(plan=plan)
+    dry_run = bool(getattr(cluster, "dry_run", False))
     try:
         out.image = image.ensure_image(cluster, profile)
         out.checks.add(out.image)
+        if not out.image.failures():       # seed A: the image's recipe stamp, then its GPU self-check
+            out.selfchecks = [selfcheck.stamp_check(cluster, profile), selfcheck.gpu_selfcheck(cluster, profile)]
+            out.checks.add(out.selfchecks)
         if stop_first:
             out.stopped = stop.stop(cluster, profile)
             out.checks.add(out.stopped.checks)
-        if go and not out.checks.failures():
+        # a dry run goes past a failing read-only check, so every command of the start is shown
+        if go and (not out.checks.failures() or dry_run):
             out.started = server.start(cluster, profile, plan, raw_prefix=raw_prefix, run_id=run_id,
                                        raise_on_failure=False)
             out.checks.add(out.started.checks)
+            if out.started.ok and not out.started.reused and not dry_run:
+                # the recipe's boot-shape warm-up once the API answers (non-fatal, as in both seeds)
+                out.warmup = [warmup.run_warmup(cluster, profile, api_key=load_secrets().api_key)]
+                out.checks.add(out.warmup)
     except BaseException as err:
         if out.started is None:
             out.started = getattr(err, "result", None)
@@ -82,7 +96,7 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
     if action in ("start", "restart"):
         try:
             outcome = bring_up(step.cluster, profile, plan, stop_first=action == "restart",
-                               go=not step.checks.failures(), raw_prefix=f"raw/{step.name}", run_id=step.run.run_id)
+                               go=not step.checks.failures() or step.dry_run, raw_prefix=f"raw/{step.name}", run_id=step.run.run_id)
         except BaseException as err:
             record(step, profile, err.outcome)
             raise
@@ -114,11 +128,13 @@ def record(step, profile, outcome: LaunchOutcome) -> None:
     if outcome.image is not None:
         step.add(outcome.image)
         step.data["image"] = outcome.image.data
+    step.add(outcome.selfchecks)
     if outcome.stopped is not None:
         step.add(outcome.stopped.checks)
         step.data.setdefault("stop", {}).update(outcome.stopped.per_node)
     if outcome.started is not None:
         record_start(step, profile, outcome.started)
+    step.add(outcome.warmup)
 
 
 def record_start(step, profile, result: server.StartResult) -> None:

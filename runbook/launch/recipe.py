@@ -18,7 +18,8 @@ them in every rank's log.
 * ``exl3-v41`` (seed A, ``start.sh`` write_inner_scripts @ 503b482): the inner script, generated here per
   rank, mounted at ``/start.sh``, run as ``--entrypoint bash IMAGE /start.sh <argv>``. Seed A copies the
   runtime ``exl3.py`` into vLLM and runs its twelve ``/opt/dsv41/patch_*.py`` -- skipping a missing one and
-  only warning on a failing one; here both abort.
+  only warning on a failing one; here a missing one aborts (the checkout must hold it) and a failing one prints
+  ``[<prefix>] WARN: step i/n <patch> failed`` and the chain goes on, as the recipe's does.
 * ``dspark-v4`` (seed B, ``docker-compose.dspark.yml`` command @ 01eed1e): the compose entrypoint, generated
   here (the compose inlines it), mounted at ``/opt/spark-runbook/entrypoint.sh``; hotfixes mounted at the
   compose's ``/opt/hotfix-*.py``, ``/opt/dspark-patches`` and ``/opt/dsv4-tp3``. The encoding copy is
@@ -42,6 +43,7 @@ __all__ = [
     "RecipePin",
     "ChainStep",
     "chain_failures",
+    "chain_warnings",
     "checkout_files",
     "find_markers",
     "marker_record",
@@ -52,6 +54,8 @@ __all__ = [
 LAB_MOUNT = "/opt/lab-recipe"
 CHAIN_DONE = "start chain complete: {n} steps applied"
 FATAL_RX = re.compile(r"\] FATAL: ")
+WARN_TEXT = "WARN:"
+WARN_RX = re.compile(r"\] WARN: step \d+/\d+ ")
 
 # seed A (start.sh @ 503b482): the files launch_cluster mounts under /opt/dsv41/ and the patch loop order
 SEED_A_PATCHES = (
@@ -103,8 +107,9 @@ class Mount:
 class ChainStep:
     name: str
     requires: tuple[str, ...]     # container paths that must exist before `run` ("$SITE/..." expands)
-    run: str                      # shell; a non-zero exit aborts the chain
+    run: str                      # shell; a non-zero exit aborts the chain (unless warn_only)
     seed: str = ""                # what the seed does here (shown in the plan and docs)
+    warn_only: bool = False       # the recipe tolerates a failure: one WARN line, the chain goes on
 
 
 @dataclass(frozen=True)
@@ -176,8 +181,10 @@ def _seed_a(profile, pin: RecipePin, *, is_head: bool) -> RankRecipe:
              ((profile.chat_template,) if profile.chat_template else ()), "true",
              "mounted, not checked (exl3_k_map.json, engram_file_backend.py, engram_layout.py, chat template)"),
     ]
+    # seed A's loop only warns on a failing patch (no failure is known to break serving): so does this chain,
+    # and step 04 turns the WARN line into a WARN row naming the patch; a missing file still fails closed
     steps += [ChainStep(n[:-3], (f"/opt/dsv41/{n}",), f"python3 /opt/dsv41/{n}",
-                   "`if [ -f ]` then `python3 p || say WARN` (missing skipped, failure ignored)")
+                   "`if [ -f ]` then `python3 p || say WARN` (missing skipped, failure only warned)", warn_only=True)
               for n in SEED_A_PATCHES]
     n = len(steps)
     return RankRecipe(
@@ -327,6 +334,10 @@ def entrypoint_script(rr: RankRecipe) -> str:
         label = f"step {i}/{n} {s.name}"
         out.append(f"# {label}")
         out += [f"need {_sh_path(r)} {shlex.quote(label)}" for r in s.requires]
+        if s.warn_only:
+            out.append(f"if {{\n{s.run}\n}}; then say {shlex.quote('applied ' + label)}; else "
+                       f"say \"{WARN_TEXT} {label} failed (exit $?); the boot continues as the recipe's does\"; fi")
+            continue
         out.append(f"{{\n{s.run}\n}} || fatal {shlex.quote(label + ' failed')}\" (exit $?)\"")
         out.append(f"say {shlex.quote('applied ' + label)}")
     out += [f'say "{CHAIN_DONE.format(n=n)} (pid $$)"', 'say "exec: $*"', 'exec "$@"', ""]
@@ -366,6 +377,11 @@ def find_markers(markers: list[Marker] | list[str], log_text: str) -> dict[str, 
             if found[t] is None and t in line:
                 found[t] = line.strip()[:400]
     return found
+
+
+def chain_warnings(log_text: str) -> list[str]:
+    """The start chain's WARN lines (a tolerated step that failed) in a rank's log."""
+    return [line.strip()[:400] for line in (log_text or "").splitlines() if WARN_RX.search(line)]
 
 
 def chain_failures(log_text: str) -> list[str]:

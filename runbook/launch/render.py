@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..profile import rank_gid_index
 from ..secrets import MASK
 from ..facts.ranks import FINGERPRINT_LABEL, STATE_SUBDIR
 from ..remote import expand_home
@@ -91,6 +92,13 @@ _EXL3_ENV: dict[str, str] = {
     "DSV41_CACHE_GIB": "0", "DSV41_RESIDENT_SCALES": "0", "DSV41_IO_THREADS": "96", "DSV41_CACHE_WAYS": "4",
     "DSV41_STATS_SECONDS": "60", "DSV41_SOURCE": "/engram-src", "DSV41_DROP_PAGE_CACHE": "1",
     "DSV41_SKIP_MIXED_WARMUP": "0",
+    # the EXL3 kernel settings and the GLM53_* switches start.sh passes (serve_env / nccl_common), with the
+    # values .env.example @ 503b482 gives them (start.sh sources .env, copied from .env.example): E3 grouped
+    # fat-expert kernels on, 16 fused rows per expert; without them the overlay falls back to its legacy path
+    "EXL3_FUSED_MOE": "1", "EXL3_MOE_ROW_TILE": "0", "EXL3_TEMP_ROWS_FUSED": "16", "EXL3_FAT_SORTED": "0",
+    "EXL3_FAT_BATCHED": "0", "EXL3_FAT_KERNEL": "0", "EXL3_FAT_GROUPED": "1",
+    "GLM53_SUPPRESS_STOPS_IN_REASONING": "1", "GLM53_MIXED_PREFILL_CHUNK": "0", "GLM53_INDEXER_WORKSPACE": "stock",
+    "GLM53_SPINWAIT_MS": "stock",
 }
 
 # seed B docker-compose.dspark.yml environment (seeds-repos.md §B.2/B.3, Vision-Exp era)
@@ -115,7 +123,31 @@ _DSPARK_ENV: dict[str, str] = {
     "TORCH_FR_DUMP_TEMP_FILE": "/cache/huggingface/nccl-fr/comm_lib_trace_rank_",
     "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/fr_dump_pipe_",
     "B12X_CUTE_COMPILE_CACHE_DIR": "/cache/huggingface/b12x-cute-cache",
+    # the rest of the compose's environment at 01eed1e with a non-empty default: the b12x MoE kernel knobs,
+    # the ablation and Responses-store settings, and every DSPARK_* hotfix switch (0 = the chain's default path)
+    "VLLM_B12X_W4A16_FORCE_BLOCKS_PER_SM": "0", "VLLM_B12X_W4A16_FORCE_BLOCKS_MAX_M": "16",
+    "B12X_W4A16_TC_DECODE": "0", "DSV4_ABLATE_LAMBDA": "3.5", "DSV4_ABLATE_LAYERS": "10-42",
+    "DSPARK_RESPONSES_STORE_MAX_ENTRIES": "256", "DSPARK_ISSUE43_SCHED_DIAG": "0",
+    "ENABLE_VLLM_GB10_PATCH": "0", "GB10_HYBRID_NVFP4_M_THRESHOLD": "128",
+    "DSPARK_SKIP_HOTFIX": "0", "DSPARK_SKIP_ISSUE22_HOTFIX": "0", "DSPARK_SKIP_SUPPRESS_STOPS_HOTFIX": "0",
+    "DSPARK_SKIP_SPIN_WAIT_HOTFIX": "0", "DSPARK_SKIP_ISSUE117_RECHECK_HOTFIX": "0",
+    "DSPARK_ENABLE_ASSISTANT_FINAL_HOTFIX": "0", "DSPARK_ENABLE_ISSUE138_RESPONSES_HISTORY_COMPAT": "0",
+    "DSPARK_ENABLE_CODEX_AGENT_MESSAGE_COMPAT": "0", "DSPARK_ENABLE_ISSUE141_SPARSE_MLA_CHUNK": "0",
+    "DSPARK_ENABLE_ADAPTIVE_CHUNK": "0", "DSPARK_ENABLE_REPLICATE_MARKOV": "0", "DSPARK_ENABLE_SP_INDEXER": "0",
+    "DSPARK_SP_INDEXER_MIN_KEYS": "8192", "DSPARK_ENABLE_DEEPGEMM_SM121_ALIAS": "0",
+    "DSPARK_ENABLE_ISSUE136_XGRAMMAR_HOTFIX": "0", "DSPARK_ENABLE_ISSUE191_TOOLCALL_FAILCLOSED": "0",
+    "DSPARK_ISSUE191_TOOLCALL_RETRIES": "2", "DSPARK_ISSUE191_TOOLCALL_MODE": "failclosed",
+    "DSPARK_ISSUE191_TOOLCALL_THINKOFF_FALLBACK": "1", "DSPARK_ASYNC_SCHEDULING": "1",
+    "DSPARK_ENABLE_DSPARK_BLOCK_K": "0", "DSPARK_ENABLE_ROPE_SWA_FIX": "0", "DSPARK_ENABLE_DSPARK_SWA_PREFIX": "0",
+    "DSPARK_ENABLE_DSML_RECOVERY": "0", "DSPARK_ENABLE_MXFP4_INDEXER_CACHE": "0",
+    "DSPARK_ENABLE_C128A_PREFILL_CACHE": "0", "DSPARK_ENABLE_ISSUE144_EFFORT_ALIGN": "0",
+    "DSPARK_ENABLE_ISSUE31_GPU_HOTFIX": "0",
 }
+# seed B compose: `restart: ${DSPARK_RESTART_POLICY:-unless-stopped}` (dockerd brings the ranks back after a
+# reboot; a start then finds them running and exits 3) and `stop_grace_period: ${DSPARK_STOP_GRACE:-10s}`
+# (vLLM ignores SIGTERM while loading). Seed A's `docker run` sets no restart policy and --stop-timeout 60.
+RESTART_POLICY = {"dspark-v4": "unless-stopped"}
+STOP_TIMEOUT = {"exl3-v41": "60", "dspark-v4": "10"}
 SEED_B_VLLM_BIN = "/usr/local/bin/vllm"             # the compose's `exec /usr/local/bin/vllm serve`
 RECIPE_COMMIT_ENV = "SPARK_RUNBOOK_RECIPE_COMMIT"   # the pinned recipe commit, visible in every rank
 
@@ -467,7 +499,7 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
         env["TP_SOCKET_IFNAME"] = spec.socket_if
     if p.expect_rdma and spec.ib_devs:
         env["NCCL_IB_HCA"] = ",".join(spec.ib_devs)
-        gid = spec.gid if isinstance(spec.gid, int) else facts.gid_index
+        gid = rank_gid_index(p, spec.gid, facts.gid_index)
         if gid is not None:
             env["NCCL_IB_GID_INDEX"] = str(gid)
     if p.recipe_repo:
@@ -492,8 +524,10 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
     # so vLLM's same-node probe sees two machines there as on Sparks.
     a += ["--network", "host", "--ipc=host"]
     a += ["--shm-size", p.shm_size]
-    if p.recipe == "exl3-v41":
-        a += ["--stop-timeout", "60"]
+    if p.recipe in RESTART_POLICY and not p.lab:
+        a += ["--restart", RESTART_POLICY[p.recipe]]
+    if p.recipe in STOP_TIMEOUT:
+        a += ["--stop-timeout", STOP_TIMEOUT[p.recipe]]
     a += ["--oom-score-adj", "1000", "--cap-add", "SYS_PTRACE"]
     if p.expect_rdma and not p.lab:      # the lab has no RDMA device (and cannot raise memlock)
         a += ["--device", "/dev/infiniband", "--cap-add", "IPC_LOCK", "--ulimit", "memlock=-1"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..checks import check, not_applicable
 from ..facts import nccl as fn
+from ..profile import rank_gid_index
 from . import tools
 from ..facts.node_paths import vllm_python
 from .context import Verification, Rail, ReadFailure, iface_of, read, split_list, text_of
@@ -67,7 +68,9 @@ def nccl_ranks(ctx: Verification, gid: GidPlan) -> tuple[list[NcclRank], list[st
     for node in ctx.nodes:
         sock = getattr(node.spec, "socket_if", "") or (split_list(node.spec.fabric_if) or [""])[0]
         ranks.append(NcclRank(node=node.name, host=str(node.spec.fabric_ip), socket_if=sock,
-                              hcas=split_list(node.spec.ib_devs), gid_index=gid.per_node.get(node.name),
+                              hcas=split_list(node.spec.ib_devs),
+                              # the index the rank itself gets (unset under seed B's auto): 01 proves what runs
+                              gid_index=rank_gid_index(ctx.profile, node.spec.gid, gid.per_node.get(node.name)),
                               tests_dir=ctx.nccl_dirs.get(node.name) or "nccl-tests/build"))
         nets += [str(n) for n in iface_of(ctx.facts[node.name], sock).ipv4_networks]
     return ranks, list(dict.fromkeys(nets)) or list(dict.fromkeys(r.socket_if for r in ranks))

@@ -48,3 +48,13 @@ def node_specs(p) -> list[NodeSpec]:
                             list(p.worker2_cx7_ib), p.worker2_gid,
                             p.worker2_bootstrap_ip if bif else "", bif))
     return out
+
+
+def rank_gid_index(profile, pinned, resolved: int | None) -> int | None:
+    """The NCCL_IB_GID_INDEX a rank gets (None: unset): a pinned ``<NODE>_GID`` as is; ``auto`` is the index
+    step 01 resolved from sysfs, except under seed B, whose ``NCCL_IB_GID_AUTO=1`` leaves the variable unset so
+    NCCL picks the RoCE v2 GID per HCA. Step 01's nccl-tests use this same rule (what 01 proves is what the
+    ranks run)."""
+    if isinstance(pinned, int):
+        return pinned
+    return None if profile.recipe == "dspark-v4" else resolved

@@ -63,7 +63,17 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
     # the secrets file's token for metadata and bytes alike (a gated repo); none to a foreign, untrusted mirror
     token = hf_token_for(profile) or ""
 
-    snap = fetch_metadata(profile.hf_model_repo, profile.hf_revision, endpoint=endpoint, token=token)
+    try:
+        snap = fetch_metadata(profile.hf_model_repo, profile.hf_revision, endpoint=endpoint, token=token)
+    except RunbookError as err:
+        if not head.dry_run:
+            raise
+        # a dry run (and the offline review) goes past a failing read: the commands below still show, without
+        # the file list (sizes and hashes) the Hub would give
+        checks.add(check("weights.hub_metadata", False, node="local", observed=str(err).splitlines()[0],
+                         expected="the Hub's file list at the pinned revision",
+                         fix="dry run: the commands below are shown without it; a real run needs the Hub"))
+        snap = RepoSnapshot(profile.hf_model_repo, profile.hf_revision, [])
     roots = {head.name: on_node(head, profile.weights_dir, key="WEIGHTS_DIR")}
     for worker in cluster.workers:
         roots[worker.name] = on_node(worker, worker_dir(profile), key=_workers_key(profile))
@@ -76,7 +86,7 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
     # free space on the head before a byte is fetched
     checks.add(free_space(head, layout.download_dir(roots[head.name]), layout.tree(roots[head.name]), snap,
                           margin, key="WEIGHTS_DIR"))
-    if checks.failures():
+    if checks.failures() and not head.dry_run:      # a dry run goes on: every command is shown
         return checks, data
 
     head_result = download_on_node(head, snap.repo, snap.revision, layout.download_dir(roots[head.name]),
@@ -84,7 +94,7 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
                                    max_workers=profile.hf_max_workers, layout=layout.kind, token=token)
     checks.add(head_result.checks)
     data["head"] = head_result.data
-    if not head_result.ok:
+    if not head_result.ok and not head.dry_run:
         return checks, data
     head_tree = layout.tree(roots[head.name])
     head_manifest = read_node_manifest(head, head_tree)
@@ -149,7 +159,11 @@ def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, 
 
 def free_space(node, dest: str, tree: str, snap: RepoSnapshot, margin: int, *, key: str) -> Check:
     """Room on ``dest``'s filesystem for the files of ``snap`` not already complete in ``tree``."""
-    free = system.parse_disk_free(node.read(system.disk_free_cmd(dest)).stdout)
+    res = node.read(system.disk_free_cmd(dest))
+    if not res.ok and node.dry_run:        # a dry run goes past an unanswered read (the offline review)
+        return check("weights.free_space", False, node=node.name, observed="unknown (dry run: not read)",
+                     expected=f"room for {snap.repo}", fix="a real run reads it")
+    free = system.parse_disk_free(res.stdout)
     present = present_bytes(node, tree, snap)
     need = snap.total_bytes - present + margin
     have = f"; {present / GIB:.2f} GiB of it present already" if present else ""
@@ -231,11 +245,16 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
                                node="cluster", expected="config, index and the Engram shards in ENGRAM_SRC_DIR")], \
             {"enabled": True, "source": "lab fixture (03_engram)"}
     repo, revision = profile.hf_engram_repo, require_pinned(profile.hf_engram_revision, "HF_ENGRAM_REVISION")
-    full = fetch_metadata(repo, revision, endpoint=endpoint, token=token)
-    index = fetch_index(repo, revision, endpoint=endpoint, token=token)
-    files = engram_files(index)
-    listed = {f.path for f in full.files}
-    absent = [f for f in files if f not in listed]
+    try:
+        full = fetch_metadata(repo, revision, endpoint=endpoint, token=token)
+        files = engram_files(fetch_index(repo, revision, endpoint=endpoint, token=token))
+        absent = [f for f in files if f not in {f.path for f in full.files}]
+    except RunbookError:
+        if not cluster.head.dry_run:
+            raise
+        # a dry run without the Hub: the files seed A's download.sh names (config, index, shards 47+48)
+        full, absent = RepoSnapshot(repo, revision, []), []
+        files = ["config.json", ENGRAM_INDEX, "model-00047-of-00048.safetensors", "model-00048-of-00048.safetensors"]
     data: dict[str, Any] = {"enabled": True, "repo": repo, "revision": revision, "files": files}
     if len(files) < 3 or absent:
         return [check("weights.engram.source", False, node="cluster",
@@ -251,7 +270,7 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
     paths = {n.name: on_node(n, profile.engram_src_dir, key="ENGRAM_SRC_DIR") for n in packers}
     data["paths"] = paths
     checks: list[Check] = [free_space(head, paths[head.name], paths[head.name], snap, margin, key="ENGRAM_SRC_DIR")]
-    if checks[0].failed:
+    if checks[0].failed and not head.dry_run:
         return _relabel(checks, "weights.engram"), data
 
     def fetch(node, dest):
@@ -261,7 +280,7 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
     got = fetch(head, paths[head.name])
     checks += got.checks
     data["head"] = got.data
-    if not got.ok:
+    if not got.ok and not head.dry_run:
         return _relabel(checks, "weights.engram"), data
     head_manifest = read_node_manifest(head, paths[head.name])
     shares = {}

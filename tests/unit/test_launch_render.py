@@ -64,8 +64,8 @@ def docker_opts(argv: list[str]) -> tuple[list[tuple[str, str]], list[str], list
         if a == "--entrypoint":
             opts.append((a, argv[i + 1]))
             break
-        if a in ("-v", "-e", "--name", "--gpus", "--shm-size", "--stop-timeout", "--oom-score-adj", "--cap-add",
-                 "--device", "--ulimit", "--network", "--label"):
+        if a in ("-v", "-e", "--name", "--gpus", "--shm-size", "--stop-timeout", "--restart", "--oom-score-adj",
+                 "--cap-add", "--device", "--ulimit", "--network", "--label"):
             val = argv[i + 1]
             (vols if a == "-v" else envs if a == "-e" else opts).append(val if a in ("-v", "-e") else (a, val))
             i += 2
@@ -170,7 +170,7 @@ SEED_B_SERVE = {
     "--pipeline-parallel-size": "1", "--kv-cache-dtype": "nvfp4_ds_mla", "--block-size": "256",
     "--max-model-len": "1048576", "--max-num-seqs": "6", "--max-num-batched-tokens": "8192",
     "--long-prefill-token-threshold": "1024", "--max-cudagraph-capture-size": "48",
-    "--gpu-memory-utilization": "0.80", "--enable-prefix-caching": True, "--enable-prompt-tokens-details": True,
+    "--gpu-memory-utilization": "0.835", "--enable-prefix-caching": True, "--enable-prompt-tokens-details": True,
     "--async-scheduling": True, "--enable-chunked-prefill": True,
     "--speculative-config": '{"method":"dspark","num_speculative_tokens":6,"draft_sample_method":"probabilistic"}',
     "--tokenizer-mode": "deepseek_v4", "--distributed-executor-backend": "mp", "--moe-backend": "flashinfer_b12x",
@@ -516,3 +516,97 @@ def test_server_rows_name_a_heads_orphaned_children_and_the_ranks_left_running()
     assert len(orphans) == 1 and orphans[0].failed
     assert "head (2 vLLM process(es) without their server: 11, 12)" in orphans[0].observed
     assert "worker" in orphans[0].observed and "runbook stop" in orphans[0].fix
+
+
+# ----------------------------------------------------------------------------- issue #22: what the seeds' scripts set
+
+def test_seed_a_passes_its_exl3_kernel_settings_and_glm53_switches():
+    """Defect 7: start.sh passes EXL3_* (serve_env) and GLM53_* (nccl_common) into both containers, with the values
+    .env.example @ 503b482 gives them; without them the ranks ran the overlay's legacy kernels."""
+    want = {"EXL3_FUSED_MOE": "1", "EXL3_MOE_ROW_TILE": "0", "EXL3_TEMP_ROWS_FUSED": "16", "EXL3_FAT_SORTED": "0",
+            "EXL3_FAT_BATCHED": "0", "EXL3_FAT_KERNEL": "0", "EXL3_FAT_GROUPED": "1",
+            "GLM53_SUPPRESS_STOPS_IN_REASONING": "1", "GLM53_MIXED_PREFILL_CHUNK": "0",
+            "GLM53_INDEXER_WORKSPACE": "stock", "GLM53_SPINWAIT_MS": "stock"}
+    for node in ("head", "worker"):
+        env = dict(e.split("=", 1) for e in docker_opts(_plan("exl3-v41").rank(node).docker_argv)[2])
+        assert {k: env.get(k) for k in want} == want, node
+
+
+@pytest.mark.parametrize("name", ["dspark-v4", "tp3-dspark"])
+def test_seed_b_passes_its_compose_only_environment(name):
+    """Defect 7: the compose's environment (01eed1e) sets the b12x kernel knobs and every DSPARK_* switch; the
+    chain and the b12x kernels read them in the container, so a start without them ran other code paths."""
+    want = {"VLLM_B12X_W4A16_FORCE_BLOCKS_PER_SM": "0", "VLLM_B12X_W4A16_FORCE_BLOCKS_MAX_M": "16",
+            "B12X_W4A16_TC_DECODE": "0", "DSPARK_ASYNC_SCHEDULING": "1", "DSPARK_SKIP_HOTFIX": "0",
+            "DSPARK_SP_INDEXER_MIN_KEYS": "8192", "DSPARK_ISSUE191_TOOLCALL_MODE": "failclosed",
+            "DSPARK_ENABLE_ISSUE141_SPARSE_MLA_CHUNK": "0", "DSV4_ABLATE_LAYERS": "10-42"}
+    plan = _plan(name, facts={n: NodeFacts(home=HOME) for n in ("head", "worker", "worker2")})
+    for r in plan.ranks:
+        env = dict(e.split("=", 1) for e in docker_opts(r.docker_argv)[2])
+        assert {k: env.get(k) for k in want} == want, r.node
+
+
+@pytest.mark.parametrize("name", ["dspark-v4", "tp3-dspark"])
+def test_dspark_gpu_memory_utilization_is_the_vision_exp_start_value_and_the_plan_figure_matches(name):
+    """Defect 6: the compose @ 01eed1e starts Vision-Exp at --gpu-memory-utilization 0.835 and its published boot
+    (17.04 GiB KV, 2,331,430 tokens) was taken there; both dspark profiles said 0.80 (~25 % less KV) while `plan`
+    printed the 0.835 figure "at 0.80"."""
+    from runbook.fit.figures import RECIPES
+    plan = _plan(name, facts={n: NodeFacts(home=HOME) for n in ("head", "worker", "worker2")})
+    assert {flags(r.serve_argv)["--gpu-memory-utilization"] for r in plan.ranks} == {"0.835"}
+    boot = RECIPES["dspark-v4"].util_boot
+    assert boot.util == load_profile(ENV / f"{name}.env").gpu_mem_util == 0.835
+    assert "0.835" in boot.note and "0.80" not in boot.note
+
+
+def test_restart_policy_is_the_recipes():
+    """Risk: seed B's compose restarts its ranks (`restart: unless-stopped`, stop grace 10 s), so dockerd brings
+    them back after a reboot; seed A's `docker run` has no restart policy (--stop-timeout 60)."""
+    b = docker_opts(_plan("dspark-v4").head.docker_argv)[0]
+    assert ("--restart", "unless-stopped") in b and ("--stop-timeout", "10") in b
+    a = docker_opts(_plan("exl3-v41").head.docker_argv)[0]
+    assert not any(o == "--restart" for o, _ in a) and ("--stop-timeout", "60") in a
+    lab = docker_opts(_plan("lab", {"RUNTIME": "docker"}).head.docker_argv)[0]
+    assert not any(o == "--restart" for o, _ in lab)
+
+
+def test_a_rank_dockerd_restored_after_a_reboot_is_already_running_exit_3(monkeypatch):
+    """Risk (issue #22): with seed B's `--restart unless-stopped` dockerd brings both ranks back after a reboot; the
+    runbook's pid/record files say nothing (the record may be stale, the pid gone), only the container runs with
+    the fingerprint label. A start then reuses it and exits 3 ("already running"), as the seed's start script does
+    (#72); nothing is relaunched."""
+    from runbook.errors import ALREADY_RUNNING
+    from runbook.launch import ranks, server
+    profile = load_profile(ENV / "dspark-v4.env")
+    plan = render(profile, FACTS)
+    assert ("--restart", "unless-stopped") in docker_opts(plan.head.docker_argv)[0]
+    restored = f"\n@@\n\n@@\n\n@@\nrunning {plan.fingerprint}\n@@\n"      # no pid, no fingerprint file, no record
+    nodes = [FakeNode(n, i, read_only=True, rules=[
+        (re.escape('printf %s "$HOME"'), HOME),
+        (r"^cat \S+/" + n + r"\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", restored)])
+        for i, n in enumerate(("head", "worker"))]
+    from support.doubles import FakeCluster
+    monkeypatch.setattr(server, "base_url", lambda p: "http://127.0.0.1:8888")  # no SSH forward in a unit test
+    monkeypatch.setattr(server, "_recipe_checkout", lambda *a, **k: True)       # read-only checkout rows
+    monkeypatch.setattr(server, "_readiness", lambda cluster, profile, plan, result, *a, **k: result)
+    result = server.start(FakeCluster(nodes), profile, plan, api_key="", raise_on_failure=False)
+    assert result.reused and server.exit_code(result) == ALREADY_RUNNING
+    assert all(not c.startswith("docker") for n in nodes for c in n.commands)    # nothing started or removed
+
+
+@pytest.mark.parametrize("state,fresh,alive", [("true 0", True, True), ("true 3", True, False), ("false 3", True, False),
+                                               ("true 3", False, True), ("false 0", False, False)])
+def test_a_fresh_container_that_docker_restarted_is_a_crash_not_a_live_rank(tmp_path, state, fresh, alive):
+    """With seed B's restart policy a rank that crashes while booting is restarted by dockerd and looks alive
+    between crashes; the start's watch counts a container it created as dead once docker restarted it (a
+    restored, reused server keeps its restart count)."""
+    import subprocess
+    from runbook.launch import ranks
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(f"#!/bin/sh\ncase \"$1\" in inspect) echo '{state}';; logs) echo booting;; esac\n")
+    (bin_dir / "docker").chmod(0o755)
+    cmd = ranks.rank_watch_cmd(_plan("dspark-v4").rank("worker"), fresh=fresh)
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout.splitlines()
+    assert out[0] == ("alive" if alive else "dead")

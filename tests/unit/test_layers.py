@@ -22,7 +22,7 @@ LAYERS = [
     {"answers", "benchmark"},                        # what a good answer is; the benchmark engine
     {"lab"},                                         # the embedded lab: below the steps, which may use it
     {"preflight", "network", "weights", "engram", "launch", "smoke", "vision_tools", "bench", "report"},
-    {"runner", "form"},                              # the papermill runner, the profile form
+    {"runner", "form", "review"},                    # the papermill runner, the profile form, the offline review
     {"cli", "__main__"},
 ]
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from runbook.network import bandwidth
+from runbook.profile import load_profile
 from runbook.network import verify as network
 from runbook.checks import Status
 from runbook.facts.node_paths import vllm_python
@@ -228,8 +229,38 @@ def test_nccl_ranks_get_their_own_interface_hca_and_gid():
     """Defect 5: recipe A is cabled head enp1s0f1np1/rocep1s0f1 <-> worker enp1s0f0np0/rocep1s0f0; each rank of
     nccl-tests must get its own node's NCCL_SOCKET_IFNAME, NCCL_IB_HCA and GID index (the head's interface does
     not exist on the worker)."""
-    from runbook.profile import load_profile
-    profile = load_profile("env/exl3-v41.env")
+    ranks, mp, nodes, checks = _recipe_nccl_run("env/exl3-v41.env")
+    assert by(checks, "net.gid", "worker").status is Status.PASS, checks.to_text()
+    assert [(r["host"], r["env"]["NCCL_SOCKET_IFNAME"], r["env"]["NCCL_IB_HCA"], r["env"]["NCCL_IB_GID_INDEX"])
+            for r in ranks] == [("10.0.0.1", "enp1s0f1np1", "rocep1s0f1", "3"),
+                                ("10.0.0.2", "enp1s0f0np0", "rocep1s0f0", "3")]
+    assert "--mca btl_tcp_if_include 10.0.0.0/24 " in mp and "--mca oob_tcp_if_include 10.0.0.0/24 " in mp
+    # nccl-tests under CACHE_DIR (~ expanded with each node's home) is looked for first
+    probe = next(c for c in nodes[1].commands if c.startswith("for t in ib_write_bw"))
+    assert "/home/spark/.cache/vllm-dsv41-flash-exl3/nccl-tests/build" in probe
+
+
+@pytest.mark.parametrize("name", ["exl3-v41", "dspark-v4"])
+def test_nccl_tests_use_the_gid_index_setting_the_ranks_get(name):
+    """Issue #22 defect 9: step 01 ran nccl-tests with NCCL_IB_GID_INDEX=<resolved> while the dspark launch
+    leaves it unset (seed B's NCCL_IB_GID_AUTO=1: NCCL picks the GID per HCA), so 01 proved a configuration the
+    ranks do not use. Each nccl-tests rank now gets exactly the GID setting the launch renders for that node."""
+    from runbook.launch.render import NodeFacts, render
+    ranks, _, _, checks = _recipe_nccl_run(f"env/{name}.env")
+    assert by(checks, "net.gid", "worker").status is Status.PASS, checks.to_text()
+    resolved = {n: by(checks, "net.gid", n).data["resolved"] for n in ("head", "worker")}
+    plan = render(load_profile(f"env/{name}.env"), {n: NodeFacts(home="/home/spark", gid_index=g)
+                                                    for n, g in resolved.items()})
+    assert ranks
+    for node, r in zip(("head", "worker"), ranks):
+        assert r["env"].get("NCCL_IB_GID_INDEX") == plan.rank(node).env.get("NCCL_IB_GID_INDEX"), node
+    assert ("NCCL_IB_GID_INDEX" in ranks[0]["env"]) == (name == "exl3-v41")
+
+
+def _recipe_nccl_run(path: str):
+    """Step 01 on two recipe-cabled nodes (head enp1s0f1np1/rocep1s0f1, worker enp1s0f0np0/rocep1s0f0, GID 3):
+    the nccl-tests ranks as mpirun got them, the mpirun line, the nodes and the checks."""
+    profile = load_profile(path)
     specs = {n.name: n for n in profile.nodes}
     assert specs["head"].fabric_if != specs["worker"].fabric_if        # the premise of the defect
 
@@ -258,16 +289,8 @@ def test_nccl_ranks_get_their_own_interface_hca_and_gid():
         rules += spark_rules(name, gids="gids_head_gid3.tsv")
         nodes.append(FakeNode(spec=spec, rules=rules, read_only=True))
     checks, _ = network.verify_network(profile, FakeCluster(nodes), None)
-    assert by(checks, "net.gid", "worker").status is Status.PASS, checks.to_text()
     mp = next(c for c in nodes[0].commands if c.startswith("timeout 180 mpirun"))
-    ranks = mpirun_apps(mp)
-    assert [(r["host"], r["env"]["NCCL_SOCKET_IFNAME"], r["env"]["NCCL_IB_HCA"], r["env"]["NCCL_IB_GID_INDEX"])
-            for r in ranks] == [("10.0.0.1", "enp1s0f1np1", "rocep1s0f1", "3"),
-                                ("10.0.0.2", "enp1s0f0np0", "rocep1s0f0", "3")]
-    assert "--mca btl_tcp_if_include 10.0.0.0/24 " in mp and "--mca oob_tcp_if_include 10.0.0.0/24 " in mp
-    # nccl-tests under CACHE_DIR (~ expanded with each node's home) is looked for first
-    probe = next(c for c in nodes[1].commands if c.startswith("for t in ib_write_bw"))
-    assert "/home/spark/.cache/vllm-dsv41-flash-exl3/nccl-tests/build" in probe
+    return mpirun_apps(mp), mp, nodes, checks
 
 
 def test_missing_tools_fail_with_the_exact_commands():

@@ -217,13 +217,14 @@ def test_fake_vllm_refuses_argv_it_does_not_know(tmp_path):
 
 # ----------------------------------------------------------------------------- the seeds' generator, for real
 
-def _synthetic(tmp_path: Path, *, fail_step: bool = False) -> RankRecipe:
+def _synthetic(tmp_path: Path, *, fail_step: bool = False, warn_only: bool = False) -> RankRecipe:
     tgt = tmp_path / "opt"
     tgt.mkdir()
     (tgt / "patch_a.py").write_text("print('[patch_a] applied')\n")
     (tgt / "patch_b.py").write_text("import sys; sys.exit(7)\n" if fail_step else "print('[patch_b] ok')\n")
     steps = [ChainStep("patch a", (str(tgt / "patch_a.py"),), f"python3 {tgt / 'patch_a.py'}"),
-             ChainStep("patch b", (str(tgt / "patch_b.py"), str(tgt)), f"python3 {tgt / 'patch_b.py'}")]
+             ChainStep("patch b", (str(tgt / "patch_b.py"), str(tgt)), f"python3 {tgt / 'patch_b.py'}",
+                  warn_only=warn_only)]
     rr = RankRecipe(name="t", pin=RecipePin("https://x/y", "a" * 40, "~/y"), shell="bash", entry="/start.sh",
                     generated=True, prefix="t-head", steps=steps,
                     markers=[Marker(recipe.CHAIN_DONE.format(n=2), "chain")])
@@ -261,6 +262,32 @@ def test_generated_chain_aborts_on_a_failing_step_with_its_exit_code(tmp_path):
     res = _run_chain(_write(tmp_path, rr), ARGV, _fake_install(tmp_path / "fake"), shell="bash")
     assert res.returncode == 1 and _fake_report(res.stdout) is None
     assert recipe.chain_failures(res.stderr) == ["[t-head] FATAL: step 2/2 patch b failed (exit 7)"]
+
+
+def test_a_tolerated_step_that_fails_warns_and_the_chain_goes_on(tmp_path):
+    """Risk settled (issue #22): seed A's patch loop only warns on a failing patch; the chain follows it (one WARN
+    line naming the patch, then the exec) and step 04 adds a WARN row naming it."""
+    from runbook.launch.server import StartResult, patch_warning_checks
+    rr = _synthetic(tmp_path, fail_step=True, warn_only=True)
+    res = _run_chain(_write(tmp_path, rr), ARGV, _fake_install(tmp_path / "fake"), shell="bash")
+    assert res.returncode == 0, res.stderr
+    assert _fake_report(res.stdout)["argv"] == ARGV[1:]                    # vLLM still started
+    warned = recipe.chain_warnings(res.stdout)
+    assert warned == ["[t-head] WARN: step 2/2 patch b failed (exit 7); the boot continues as the recipe's does"]
+    assert recipe.chain_failures(res.stdout + res.stderr) == []
+    plan = render(load_profile(ENV / "exl3-v41.env", environ=NO_ENV), ALL)
+    result = StartResult(plan=plan, base_url="")
+    patch_warning_checks(plan, result, {"worker": res.stdout, "head": "clean boot"})
+    rows = [c for c in result.checks if c.name == "recipe patches applied"]
+    assert [(c.node, c.status.value) for c in rows] == [("worker", "WARN")] and "patch b" in rows[0].observed
+
+
+def test_seed_a_patch_loop_is_fail_open_and_seed_b_hotfixes_fail_closed():
+    a = render(load_profile(ENV / "exl3-v41.env", environ=NO_ENV), ALL).head
+    b = render(load_profile(ENV / "dspark-v4.env", environ=NO_ENV), ALL).head
+    for n in recipe.SEED_A_PATCHES:
+        assert "else say \"WARN: step" in a.entry_script.split(f"python3 /opt/dsv41/{n}", 1)[1].split("\n")[1], n
+    assert "WARN: step" not in b.entry_script and b.entry_script.count("|| fatal") >= 20
 
 
 @pytest.mark.parametrize("name,keyed", [("exl3-v41", False), ("dspark-v4", True), ("tp3-dspark", False)])

@@ -52,6 +52,19 @@ def test_step_timeout_covers_a_first_download_of_the_recipe():
     assert default_step_timeout(exl3) >= seconds + DEFAULT_STEP_TIMEOUT - 1
 
 
+def test_step_timeout_counts_both_downloads_of_download_both():
+    """Issue #22 risk: WEIGHT_SYNC=download-both downloads on the head, then on the worker (as recipe B's prepare
+    script does); 02's time limit counted one 157 GiB download, so it timed out below ~52 MB/s."""
+    from runbook.profile import load_profile
+    from runbook.runner import DEFAULT_STEP_TIMEOUT, DOWNLOAD_MB_S, default_step_timeout
+    dspark = load_profile("env/dspark-v4.env")
+    assert dspark.weight_sync == "download-both" and len(dspark.nodes) == 2
+    both = 2 * dspark.weights_gib * 1024 ** 3 / (DOWNLOAD_MB_S * 1e6)
+    assert default_step_timeout(dspark) >= both + DEFAULT_STEP_TIMEOUT - 1
+    rsync = load_profile("env/dspark-v4.env", {"WEIGHT_SYNC": "rsync"})
+    assert default_step_timeout(rsync) < both + DEFAULT_STEP_TIMEOUT - 1       # one download only
+
+
 def test_a_step_that_raised_gets_a_sidecar_saying_why(tmp_path):
     import json
     from runbook.evidence import RunDir
@@ -64,6 +77,30 @@ def test_a_step_that_raised_gets_a_sidecar_saying_why(tmp_path):
     rows = sidecar["checks"]
     assert [r["name"] for r in rows] == ["step completed"]      # before the launch: the error alone
     assert rows[0]["status"] == "FAIL" and "Connection refused" in rows[0]["observed"] and rows[0]["fix"]
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_dry_run_goes_past_a_failing_step_and_says_it_connects(tmp_path, monkeypatch, dry_run):
+    """Issue #22 item 4: `run --dry-run` stopped at the first failing step (a read-only check that found nothing on
+    uncabled nodes), so the README's "review every command first" showed only the first step. A dry run now
+    runs every step and says that it connects (and how to review without connecting); a real run still stops."""
+    from runbook import runner
+    monkeypatch.setattr(runner, "check_kernel", lambda kernel: None)
+    ran = []
+
+    def fake_step(name, run_dir, **kw):
+        ran.append(name)
+        return runner.StepOutcome(name, "failed" if name == "00_preflight" else "passed", 0.0, "a check failed")
+
+    monkeypatch.setattr(runner, "execute_step", fake_step)
+    lines = []
+    _, outcomes = runner.run(ROOT / "env/exl3-v41.env", dry_run=dry_run, results_root=tmp_path / "results",
+                             echo=lines.append, lab_up=None)
+    steps = runner.discover_steps(runner.NOTEBOOKS_DIR)
+    assert steps and ran == (steps if dry_run else steps[:1])
+    said = "\n".join(lines)
+    assert ("connects to the nodes over SSH" in said and "python -m runbook render --profile env/exl3-v41.env" in said) \
+        == dry_run
 
 
 def _notebook(path: Path, body: str) -> None:

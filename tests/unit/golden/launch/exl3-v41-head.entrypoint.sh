@@ -39,76 +39,64 @@ true
 say 'applied step 4/16 recipe data files'
 # step 5/16 patch_suppress_stops_in_reasoning
 need /opt/dsv41/patch_suppress_stops_in_reasoning.py 'step 5/16 patch_suppress_stops_in_reasoning'
-{
+if {
 python3 /opt/dsv41/patch_suppress_stops_in_reasoning.py
-} || fatal 'step 5/16 patch_suppress_stops_in_reasoning failed'" (exit $?)"
-say 'applied step 5/16 patch_suppress_stops_in_reasoning'
+}; then say 'applied step 5/16 patch_suppress_stops_in_reasoning'; else say "WARN: step 5/16 patch_suppress_stops_in_reasoning failed (exit $?); the boot continues as the recipe's does"; fi
 # step 6/16 patch_scheduler_decode_floor
 need /opt/dsv41/patch_scheduler_decode_floor.py 'step 6/16 patch_scheduler_decode_floor'
-{
+if {
 python3 /opt/dsv41/patch_scheduler_decode_floor.py
-} || fatal 'step 6/16 patch_scheduler_decode_floor failed'" (exit $?)"
-say 'applied step 6/16 patch_scheduler_decode_floor'
+}; then say 'applied step 6/16 patch_scheduler_decode_floor'; else say "WARN: step 6/16 patch_scheduler_decode_floor failed (exit $?); the boot continues as the recipe's does"; fi
 # step 7/16 patch_xgrammar_termination
 need /opt/dsv41/patch_xgrammar_termination.py 'step 7/16 patch_xgrammar_termination'
-{
+if {
 python3 /opt/dsv41/patch_xgrammar_termination.py
-} || fatal 'step 7/16 patch_xgrammar_termination failed'" (exit $?)"
-say 'applied step 7/16 patch_xgrammar_termination'
+}; then say 'applied step 7/16 patch_xgrammar_termination'; else say "WARN: step 7/16 patch_xgrammar_termination failed (exit $?); the boot continues as the recipe's does"; fi
 # step 8/16 patch_spinwait
 need /opt/dsv41/patch_spinwait.py 'step 8/16 patch_spinwait'
-{
+if {
 python3 /opt/dsv41/patch_spinwait.py
-} || fatal 'step 8/16 patch_spinwait failed'" (exit $?)"
-say 'applied step 8/16 patch_spinwait'
+}; then say 'applied step 8/16 patch_spinwait'; else say "WARN: step 8/16 patch_spinwait failed (exit $?); the boot continues as the recipe's does"; fi
 # step 9/16 patch_responses_content_types
 need /opt/dsv41/patch_responses_content_types.py 'step 9/16 patch_responses_content_types'
-{
+if {
 python3 /opt/dsv41/patch_responses_content_types.py
-} || fatal 'step 9/16 patch_responses_content_types failed'" (exit $?)"
-say 'applied step 9/16 patch_responses_content_types'
+}; then say 'applied step 9/16 patch_responses_content_types'; else say "WARN: step 9/16 patch_responses_content_types failed (exit $?); the boot continues as the recipe's does"; fi
 # step 10/16 patch_exl3_packed_names
 need /opt/dsv41/patch_exl3_packed_names.py 'step 10/16 patch_exl3_packed_names'
-{
+if {
 python3 /opt/dsv41/patch_exl3_packed_names.py
-} || fatal 'step 10/16 patch_exl3_packed_names failed'" (exit $?)"
-say 'applied step 10/16 patch_exl3_packed_names'
+}; then say 'applied step 10/16 patch_exl3_packed_names'; else say "WARN: step 10/16 patch_exl3_packed_names failed (exit $?); the boot continues as the recipe's does"; fi
 # step 11/16 patch_exl3_lm_head
 need /opt/dsv41/patch_exl3_lm_head.py 'step 11/16 patch_exl3_lm_head'
-{
+if {
 python3 /opt/dsv41/patch_exl3_lm_head.py
-} || fatal 'step 11/16 patch_exl3_lm_head failed'" (exit $?)"
-say 'applied step 11/16 patch_exl3_lm_head'
+}; then say 'applied step 11/16 patch_exl3_lm_head'; else say "WARN: step 11/16 patch_exl3_lm_head failed (exit $?); the boot continues as the recipe's does"; fi
 # step 12/16 patch_engram_secondary
 need /opt/dsv41/patch_engram_secondary.py 'step 12/16 patch_engram_secondary'
-{
+if {
 python3 /opt/dsv41/patch_engram_secondary.py
-} || fatal 'step 12/16 patch_engram_secondary failed'" (exit $?)"
-say 'applied step 12/16 patch_engram_secondary'
+}; then say 'applied step 12/16 patch_engram_secondary'; else say "WARN: step 12/16 patch_engram_secondary failed (exit $?); the boot continues as the recipe's does"; fi
 # step 13/16 patch_engram_file
 need /opt/dsv41/patch_engram_file.py 'step 13/16 patch_engram_file'
-{
+if {
 python3 /opt/dsv41/patch_engram_file.py
-} || fatal 'step 13/16 patch_engram_file failed'" (exit $?)"
-say 'applied step 13/16 patch_engram_file'
+}; then say 'applied step 13/16 patch_engram_file'; else say "WARN: step 13/16 patch_engram_file failed (exit $?); the boot continues as the recipe's does"; fi
 # step 14/16 patch_h2d_stage
 need /opt/dsv41/patch_h2d_stage.py 'step 14/16 patch_h2d_stage'
-{
+if {
 python3 /opt/dsv41/patch_h2d_stage.py
-} || fatal 'step 14/16 patch_h2d_stage failed'" (exit $?)"
-say 'applied step 14/16 patch_h2d_stage'
+}; then say 'applied step 14/16 patch_h2d_stage'; else say "WARN: step 14/16 patch_h2d_stage failed (exit $?); the boot continues as the recipe's does"; fi
 # step 15/16 patch_sm120_block64
 need /opt/dsv41/patch_sm120_block64.py 'step 15/16 patch_sm120_block64'
-{
+if {
 python3 /opt/dsv41/patch_sm120_block64.py
-} || fatal 'step 15/16 patch_sm120_block64 failed'" (exit $?)"
-say 'applied step 15/16 patch_sm120_block64'
+}; then say 'applied step 15/16 patch_sm120_block64'; else say "WARN: step 15/16 patch_sm120_block64 failed (exit $?); the boot continues as the recipe's does"; fi
 # step 16/16 patch_memory_log
 need /opt/dsv41/patch_memory_log.py 'step 16/16 patch_memory_log'
-{
+if {
 python3 /opt/dsv41/patch_memory_log.py
-} || fatal 'step 16/16 patch_memory_log failed'" (exit $?)"
-say 'applied step 16/16 patch_memory_log'
+}; then say 'applied step 16/16 patch_memory_log'; else say "WARN: step 16/16 patch_memory_log failed (exit $?); the boot continues as the recipe's does"; fi
 say "start chain complete: 16 steps applied (pid $$)"
 say "exec: $*"
 exec "$@"
