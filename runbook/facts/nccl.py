@@ -186,7 +186,8 @@ class Sweep:
 
 
 def parse_allreduce_sweep(text: str) -> Sweep:
-    """Parse the JSON line printed by ``allreduce_sweep.py`` (the last line starting with ``{``).
+    """Parse the JSON line printed by ``allreduce_sweep.py`` (the last line starting with ``{``), or the raw file
+    step 01 archives from it (one JSON document, ``network.collectives.sweep_record``).
     Sample::
 
         {"tool": "allreduce_sweep", "backend": "gloo", "rank": 0, "world_size": 2,
@@ -199,7 +200,12 @@ def parse_allreduce_sweep(text: str) -> Sweep:
     """
     out = Sweep()
     data = None
-    for line in reversed((text or "").splitlines()):
+    try:        # the raw file step 01 archives is one (indented) JSON document with the script's line's fields
+        whole = json.loads(text or "")
+        data = whole if isinstance(whole, dict) else None
+    except json.JSONDecodeError:
+        pass
+    for line in ([] if data is not None else reversed((text or "").splitlines())):
         line = line.strip()
         if line.startswith("{"):
             try:

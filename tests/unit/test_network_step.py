@@ -140,6 +140,11 @@ def test_sweep_raw_files_are_valid_json_with_the_warnings_kept():
     assert worker["exit_code"] == 1 and "no sweep JSON" in worker["error"] and "RuntimeError" in worker["stderr"]
     assert by(checks, "net.allreduce", "head").status is Status.PASS
     assert by(checks, "net.allreduce", "worker").status is Status.FAIL
+    # the report recomputes the figure from the archived file: the parser reads it back whole
+    from runbook.facts.nccl import parse_allreduce_sweep
+    again = parse_allreduce_sweep(raw["allreduce_sweep_head.json"])
+    assert not again.error and again.raw["results"] == head["results"]
+    assert parse_allreduce_sweep(raw["allreduce_sweep_worker.json"]).error
 
 
 def test_sweep_python_derivation():
