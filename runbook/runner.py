@@ -19,7 +19,7 @@ from typing import Callable
 from . import launch, weights
 from .checks import check
 from .api import health
-from .errors import ExitStatus, RemoteError, RunbookError, UsageError, exit_status_of
+from .errors import ActionError, ExitStatus, RemoteError, RunbookError, UsageError, exit_status_of
 from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
 from .profile import load_profile
 from .remote import Cluster, ClusterLock
@@ -90,6 +90,8 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
     if profile.lab and lab_up is not None:
         echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
         lab_up(profile)
+        if profile.rehearsal and not dry_run:
+            set_lab_server_aside(profile, echo=echo)
 
     # 3. one run per cluster: the head's lock, held to the end (a dry run changes nothing and takes none)
     lock = None
@@ -167,6 +169,33 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
             run_dir.release()
         if lock is not None:
             lock.release()
+
+
+def set_lab_server_aside(profile, *, echo: Callable[[str], None] = print) -> str:
+    """A rehearsal runs on the lab's nodes and ports: the lab profile's own server (``make runbook`` leaves it
+    up) is stopped first, as ``make test`` does, and the command that starts it again is said. Returns the
+    fingerprint it ran with ('' when none ran). The rehearsal's own server then stays up like a real one."""
+    from .facts import ranks
+    from .launch import stop
+    from .lab.rehearsal import LAB_PROFILES
+    lab_path = LAB_PROFILES.get(profile.node_count)
+    if lab_path is None:
+        return ""
+    lab = load_profile(lab_path)
+    with Cluster.from_profile(lab) as cluster:
+        before = ranks.rank_state(cluster.head, lab)
+        if not before.running:
+            return ""
+        echo(f"lab: the lab's own server ({lab_path.name}, {before.describe()}) holds the ports the rehearsal "
+             f"needs: stopping it; start it again with `python -m runbook start --profile "
+             f"{_repo_relative(str(lab_path))}` after `python -m runbook stop --rehearse --profile {profile.source}`")
+        result = stop.stop(cluster, lab, mem_settle_s=0)
+    failed = result.checks.failures()
+    if failed:
+        raise ActionError("the lab's own server could not be set aside for the rehearsal",
+                          observed="; ".join(f"{c.node}: {c.observed}" for c in failed)[:500],
+                          fix=f"python -m runbook stop --profile {_repo_relative(str(lab_path))}")
+    return before.fingerprint
 
 
 def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bool = False

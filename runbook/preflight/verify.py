@@ -291,7 +291,16 @@ def _stale(name: str, f: dict[str, Any], profile) -> Check:
             procs = [p for p in procs if p.split(" ", 1)[0] not in mine]
         else:
             procs = []
+    # a stopped container of the profile's own name is not a rank: the launch removes it before it starts one, as
+    # the recipes' scripts do (left e.g. when the lab was reshaped for a three-node rehearsal)
+    leftovers = [c for c in containers if not c.split("\t")[1:2] or not c.split("\t")[1].startswith("Up")]
+    containers = [c for c in containers if c not in leftovers]
     stale = containers + procs
+    if leftovers and not stale and not own:
+        return Check("no stale vLLM ranks", node=name, status=Status.NOOP,
+                     observed="stopped container(s) of this profile: " + "; ".join(leftovers)[:250],
+                     expected="no running vLLM from an earlier run; the launch removes this profile's stopped "
+                              "containers before it starts")
     if own and not stale:
         return Check("no stale vLLM ranks", node=name, status=Status.NOOP, observed=f"{own} is running",
                      expected=f"no vLLM from an earlier run, or the runbook's server: {_REUSE}")
@@ -329,8 +338,9 @@ def residue_checks(name: str, f: dict[str, Any], profile) -> list[Check]:
     out: list[Check] = []
     cma = residue.cma_total_kb(f["mem"])
     cma_text = f"CmaTotal {cma} kB" if cma is not None else "CmaTotal not reported by this kernel"
-    if not profile.expect_rdma:
-        out.append(not_applicable("kernel CMA pool", f"no RDMA on this profile ({cma_text})", node=name,
+    if not profile.expect_rdma or profile.lab:
+        why = "no RDMA on this profile" if not profile.expect_rdma else "lab hardware: no RDMA device registers memory here"
+        out.append(not_applicable("kernel CMA pool", f"{why} ({cma_text})", node=name,
                                   expected="CmaTotal > 0 kB where RDMA registers memory"))
     else:
         out.append(check("kernel CMA pool", bool(cma), node=name, observed=cma_text,
