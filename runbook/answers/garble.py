@@ -2,9 +2,9 @@
 over every answer a step archived.
 
 Run by the quality gate in step 05 (``quality.run_gate``) and by step 06 (``vision_tools.run``); the rules and
-their thresholds are in ``GARBLE_RULES`` and docs/quality.md. Pure: ``garble_check`` reads the exchanges
-the step's cases kept in their :class:`~runbook.api.server_info.Archive` (what the step writes to
-``raw/<step>/*.json``) and adds its report to it.
+their thresholds are in ``GARBLE_RULES`` and docs/quality.md. No file I/O: ``garble_check`` reads the
+exchanges the step's cases kept in their :class:`~runbook.api.server_info.Archive` (what the step's run writes
+to ``raw/<step>/*.json``) and adds its report and data to it.
 """
 from __future__ import annotations
 
