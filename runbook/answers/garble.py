@@ -2,8 +2,9 @@
 over every answer a step archived.
 
 Run by the quality gate in step 05 (``quality.run_gate``) and by step 06 (``vision_tools.run``); the rules and
-their thresholds are in ``GARBLE_RULES`` and docs/quality.md. Pure up to ``garble_check``, which reads the
-step's archives and writes one raw file.
+their thresholds are in ``GARBLE_RULES`` and docs/quality.md. No file I/O: ``garble_check`` reads the
+exchanges the step's cases kept in their :class:`~runbook.api.server_info.Archive` (what the step's run writes
+to ``raw/<step>/*.json``) and adds its report and data to it.
 """
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..checks import Check, check, not_applicable
-from ..api.server_info import content_of, message_of, reasoning_of
+from ..api.server_info import Archive, content_of, message_of, reasoning_of
 
 __all__ = ["GARBLE_RULES", "ArchivedAnswer", "GarbleSign", "archived_answers", "detect_garble", "garble_check"]
 
@@ -216,22 +216,21 @@ def _parts(body: dict[str, Any]) -> list[tuple[str, str]]:
     return [(p, t) for p, t in parts if t]
 
 
-def archived_answers(step) -> list[ArchivedAnswer]:
-    """Every answer the step received so far, read back from its archives (``raw/<step>/*.json``, what
-    ``archive()`` wrote): content, reasoning and tool-call arguments of each HTTP 200 choice. A long
-    text the archive clipped is judged in its kept head and tail (the clip marker is not text)."""
+def archived_answers(rec: Archive) -> list[ArchivedAnswer]:
+    """Every answer the step received so far, read back from its archives (``rec``'s ``*.json`` files, what
+    ``archive()`` kept for ``raw/<step>/``): content, reasoning and tool-call arguments of each HTTP 200
+    choice. A long text the archive clipped is judged in its kept head and tail (the clip marker is not text)."""
     out: list[ArchivedAnswer] = []
-    raw_dir = Path(step.raw_dir)
-    for path in sorted(raw_dir.glob("*.json")) if raw_dir.is_dir() else []:
+    for fname in sorted(n for n in rec.files if n.endswith(".json")):
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
+            doc = json.loads(rec.files[fname])
+        except ValueError:
             continue
         exchanges = doc.get("exchanges") if isinstance(doc, dict) else None
         if not isinstance(exchanges, list):
             continue
-        case = doc.get("case") or path.stem
-        rel = str(path.relative_to(step.run.path))
+        case = doc.get("case") or fname[:-len(".json")]
+        rel = f"{rec.prefix}/{fname}"
         for i, ex in enumerate(exchanges):
             resp = (ex or {}).get("response") or {}
             body = resp.get("body")
@@ -243,22 +242,22 @@ def archived_answers(step) -> list[ArchivedAnswer]:
     return out
 
 
-def garble_check(step, *, judged: bool, name: str = "quality.garble") -> Check:
+def garble_check(rec: Archive, *, judged: bool, name: str = "quality.garble") -> Check:
     """The detector over every archived answer of the step: PASS when none is flagged, FAIL naming each
     flagged answer (rule, value, threshold, excerpt); N/A on random weights, with the same findings."""
-    answers = archived_answers(step)
+    answers = archived_answers(rec)
     for a in answers:
         a.findings = [f for seg in _CLIPPED.split(a.text) for f in detect_garble(seg)]
     flagged = [a for a in answers if a.findings]
     report = [{"source": a.source, "evidence": a.evidence, "chars": len(a.text), "excerpt": a.text[:120],
                "findings": [f.__dict__ for f in a.findings]} for a in answers]
-    ev = [step.raw(f"{name}.json", json.dumps({"rules": GARBLE_RULES, "answers": report}, indent=1, ensure_ascii=False))]
+    ev = [rec.raw(f"{name}.json", json.dumps({"rules": GARBLE_RULES, "answers": report}, indent=1, ensure_ascii=False))]
     ev += sorted({a.evidence for a in flagged})
     lines = [f"{a.source}: " + "; ".join(f.describe() for f in a.findings) for a in flagged]
     counts = {r: sum(1 for a in flagged for f in a.findings if f.rule == r) for r in GARBLE_RULES}
     data = {"answers": len(answers), "flagged": len(flagged), "by_rule": {r: n for r, n in counts.items() if n},
             "flagged_sources": [a.source for a in flagged]}
-    step.data.setdefault("quality", {})["garble"] = data
+    rec.data.setdefault("quality", {})["garble"] = data
     expected = (f"no answer flagged by the garble rules ({len(GARBLE_RULES)}: repetition, charset, word shape; "
                 "docs/quality.md)")
     if not judged:
@@ -269,7 +268,7 @@ def garble_check(step, *, judged: bool, name: str = "quality.garble") -> Check:
         c.evidence, c.data = ev, data
         return c
     if not answers:
-        return check(name, False, node="head", observed=f"no model answer archived in raw/{step.name}",
+        return check(name, False, node="head", observed=f"no model answer archived in {rec.prefix}",
                      expected=expected, fix="the requests before this row failed: see their rows", evidence=ev,
                      data=data)
     return check(name, not flagged, node="head",

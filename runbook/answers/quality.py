@@ -1,6 +1,6 @@
 """Quality gate (after smoke, step 05): is the output *right*, not just fast?
 
-    step.add(runbook.answers.quality.run_gate(step, client))
+    rows = runbook.answers.quality.run_gate(client, profile, rec, dry_run=dry_run)   # rec: api.server_info.Archive
 
 A small shipped evaluation set (``quality_set.json``, loaded by ``quality_set``) sent at temperature 0 with
 thinking off (the recipe's ``chat_template_kwargs``): arithmetic and multi-step word problems with exact
@@ -36,7 +36,7 @@ from .garble import garble_check
 from ..api.guards import precheck, reachable
 from .quality_set import Case, QualitySet, Thresholds, shipped_set
 from .recipes import answer_matches, recipe_spec
-from ..api.server_info import ApiClient, Exchange, archive, content_of, finish_of, message_of, usage_problems
+from ..api.server_info import ApiClient, Archive, Exchange, archive, content_of, finish_of, message_of, usage_problems
 from .toolcalls import rule_nested, rule_single, tool_defs, tool_map, validate_args
 
 __all__ = [
@@ -172,7 +172,7 @@ def needle_code(depth: float) -> str:
 
 @dataclass
 class _Gate:
-    step: Any
+    rec: Archive
     client: ApiClient
     kw: dict[str, Any]                     # chat_template_kwargs (thinking off)
     limits: Thresholds
@@ -192,7 +192,7 @@ class _Gate:
             problems.append(f"{ex.summary()}: {ex.error_message()[:200]}")
         else:
             problems += usage_problems(ex.json.get("usage"), max_tokens=mt)
-        ev = archive(self.step, name, ex, **archived)
+        ev = archive(self.rec, name, ex, **archived)
         calls = message_of(ex.json).get("tool_calls") or []
         shown = (f"calls {[(c.get('function') or {}).get('name') for c in calls if isinstance(c, dict)]}" if calls
                  else f"answer {content_of(ex.json)[:60]!r}")
@@ -325,25 +325,26 @@ def judged(profile) -> bool:
     return recipe_spec(profile).hardware and not profile.rehearsal
 
 
-def run_gate(step, client: ApiClient | None, *, quality_set: QualitySet | None = None) -> CheckList:
-    """Every case of the set, ``quality.score``, then ``quality.garble`` over every answer the step
-    archived. Judged on real weights only (``RECIPE`` exl3-v41 / dspark-v4, not a rehearsal)."""
-    early = precheck(step, client, "quality")
+def run_gate(client: ApiClient | None, profile, rec: Archive, *, dry_run: bool = False,
+             quality_set: QualitySet | None = None) -> CheckList:
+    """Every case of the set, ``quality.score``, then ``quality.garble`` over every answer kept in ``rec``
+    (the smoke cases' and the gate's); raw exchanges and data go to ``rec`` for the step to record. Judged on real weights only (``RECIPE`` exl3-v41 / dspark-v4, not a rehearsal)."""
+    early = precheck(client, dry_run, "quality")
     if early is not None:
         return early
-    first = reachable(step, client, name="quality.server.reachable")
+    first = reachable(client, rec, name="quality.server.reachable")
     if first.failed:
         return CheckList([first])
     qs = quality_set or shipped_set()
-    spec = recipe_spec(step.profile)
-    on_weights = judged(step.profile)
-    key = step.profile.recipe if on_weights else "lab"
+    spec = recipe_spec(profile)
+    on_weights = judged(profile)
+    key = profile.recipe if on_weights else "lab"
     if key not in qs.recipes:
         raise RunbookError(f"{qs.source}: no thresholds for RECIPE={key}", expected=f"recipes.{key}",
                            fix=f"add recipes.{key} (min_score, required, needle_tokens) to {qs.source}")
     limits = qs.recipes[key]
-    gate = _Gate(step, client, dict(spec.thinking_off), limits,
-                 client.server.max_model_len or step.profile.max_model_len)
+    gate = _Gate(rec, client, dict(spec.thinking_off), limits,
+                 client.server.max_model_len or profile.max_model_len)
     results: list[_Result] = []
     for case in qs.cases:
         try:
@@ -357,8 +358,8 @@ def run_gate(step, client: ApiClient | None, *, quality_set: QualitySet | None =
             why = f"the case could not run: {type(exc).__name__}: {str(exc)[:300]}"
             results += [_Result(n, case, [why], [], [], {}, why) for n in case.row_names()]
     rows = score_rows(results, limits, judged=on_weights)
-    rows.add(garble_check(step, judged=on_weights))
-    step.data.setdefault("quality", {}).update(
-        recipe=step.profile.recipe, judged=on_weights, thresholds=key,
+    rows.add(garble_check(rec, judged=on_weights))
+    rec.data.setdefault("quality", {}).update(
+        recipe=profile.recipe, judged=on_weights, thresholds=key,
         rows={c.name: c.status.value for c in rows if c.name != "quality.garble"})
     return rows

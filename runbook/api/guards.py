@@ -4,12 +4,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..checks import Check, CheckList, check, not_applicable
-from .server_info import ApiClient, Exchange, archive
+from .server_info import ApiClient, Archive, Exchange, archive
 
 
-def reachable(step, client: ApiClient, name: str = "server.reachable") -> Check:
+def reachable(client: ApiClient, rec: Archive, name: str = "server.reachable") -> Check:
     ex = client.get("/health", timeout=15)
-    ev = archive(step, name, ex, server=client.server.describe())
+    ev = archive(rec, name, ex, server=client.server.describe())
     return check(name, ex.status is not None, node="head",
                  observed=f"{client.server.base_url}: {ex.summary()}",
                  expected="an HTTP answer from GET /health",
@@ -18,10 +18,10 @@ def reachable(step, client: ApiClient, name: str = "server.reachable") -> Check:
                                                                  "server": client.server.describe()})
 
 
-def precheck(step, client: ApiClient | None, what: str) -> CheckList | None:
-    """Rows that end a step early: N/A in a dry run (no client), FAIL when the server does not answer.
-    None = go on (the PASS row of ``server.reachable`` is added to ``step`` by the caller's list)."""
-    if client is None or step.dry_run:
+def precheck(client: ApiClient | None, dry_run: bool, what: str) -> CheckList | None:
+    """Rows that end a step early: N/A in a dry run (no client). None = go on (the caller then checks
+    ``server.reachable``)."""
+    if client is None or dry_run:
         return CheckList([not_applicable(what, "dry run: no server was launched, no request sent", node="head")])
     return None
 

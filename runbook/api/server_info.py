@@ -6,12 +6,13 @@ that passes here passes for them. vLLM's own routes (``/health``, ``/version``, 
 are not OpenAI API and go through httpx, as does the raw ``GET /v1/models`` the smoke step reads vLLM's
 ``max_model_len`` from. Both carry a timeout on every call; the SDK never retries.
 
-    server = find_server(step, base_url=base_url, model=model)   # 04_launch sidecar, or parameters
+    server = find_server(profile, run_dir, base_url=base_url)     # 04_launch sidecar, or parameters
     client = ApiClient(server)                                    # API key from VLLM_API_KEY
     ex = client.chat({"messages": [...], "max_tokens": 8})       # openai SDK -> Exchange (never raises on HTTP)
     ex = client.stream_chat({...})                                # openai SDK stream: events, TTFT, usage
     n = client.count_chat_tokens(messages)                        # POST /tokenize (chat template applied)
-    paths = archive(step, "chat.basic", [ex])                     # raw/<step>/chat.basic.json (secrets masked)
+    rec = Archive("raw/05_smoke")                                 # what run() writes through the step
+    paths = archive(rec, "chat.basic", [ex])                      # raw/05_smoke/chat.basic.json (masked)
 
 Where the server is (first match wins):
 1. the ``base_url`` parameter (standalone run of a notebook against a server you started yourself);
@@ -42,7 +43,7 @@ from ..errors import RunbookError
 from . import endpoint
 from ..secrets import MASK, load_secrets, register_secret
 
-__all__ = ["LAUNCH_STEP", "ApiClient", "Exchange", "ServerInfo", "archive", "clip", "connect", "find_server"]
+__all__ = ["LAUNCH_STEP", "ApiClient", "Archive", "Exchange", "ServerInfo", "archive", "clip", "connect", "find_server"]
 
 LAUNCH_STEP = "04_launch"
 _URL_KEYS = ("base_url", "url", "api_base", "openai_base_url")
@@ -86,14 +87,10 @@ def _first(data: dict[str, Any], keys: Iterable[str]) -> Any:
     return None
 
 
-def find_server(step=None, *, base_url: str = "", model: str = "", max_model_len: int = 0,
-                run_dir: str | Path | None = None, profile=None, api_key: str | None = None) -> ServerInfo:
-    """Locate the server for this step (see the module docstring). ``step`` gives the run dir and
-    profile; ``run_dir``/``profile`` can be passed instead (tests, CLI)."""
-    if profile is None and step is not None:
-        profile = step.profile
-    if run_dir is None and step is not None:
-        run_dir = step.run.path
+def find_server(profile=None, run_dir: str | Path | None = None, *, base_url: str = "", model: str = "",
+                max_model_len: int = 0, api_key: str | None = None) -> ServerInfo:
+    """Locate the server (see the module docstring): ``base_url`` if given, else 04's sidecar in ``run_dir``;
+    ``profile`` gives the default model name, context length and this process's route to the head."""
     if api_key is None:
         api_key = load_secrets().api_key
     if api_key:
@@ -122,14 +119,13 @@ def find_server(step=None, *, base_url: str = "", model: str = "", max_model_len
                            "(and model=...) for a standalone run")
 
 
-def connect(step, *, base_url: str = "", model: str = "", max_model_len: int = 0,
-            timeout: float = 180.0) -> ApiClient | None:
-    """What a notebook calls: the client for this step's server, or None in a dry run (no server was
-    launched; the step's functions then report N/A rows and send nothing)."""
-    if step.dry_run:
+def connect(profile, run_dir: str | Path, *, dry_run: bool = False, base_url: str = "", model: str = "",
+            max_model_len: int = 0, timeout: float = 180.0) -> ApiClient | None:
+    """The client for the step's server, or None in a dry run (no server was launched; the step's functions
+    then report N/A rows and send nothing). The step's run() records ``client.server.describe()``."""
+    if dry_run:
         return None
-    server = find_server(step, base_url=base_url, model=model, max_model_len=max_model_len)
-    step.data["server"] = server.describe()
+    server = find_server(profile, run_dir, base_url=base_url, model=model, max_model_len=max_model_len)
     return ApiClient(server, timeout=timeout)
 
 
@@ -211,14 +207,30 @@ def clip(obj: Any, limit: int = 2000, head: int = 600, tail: int = 300) -> Any:
     return obj
 
 
-def archive(step, name: str, exchanges: Exchange | Iterable[Exchange], **extra: Any) -> list[str]:
-    """Write the request/response pairs of one case to ``raw/<step>/<name>.json`` (secrets masked by
-    the run's redactor; the Authorization header is never stored). Returns the evidence path list."""
+@dataclass
+class Archive:
+    """What the cases below a step's ``run()`` leave for it to record: raw files (name -> text, written by
+    ``run()`` through ``step.archive`` under ``raw/<step>/``) and data for the step's sidecar. ``prefix`` is
+    the run-relative raw folder (``raw/05_smoke``), so rows can name their evidence before it is written."""
+    prefix: str
+    files: dict[str, str] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def raw(self, name: str, text: str) -> str:
+        """Keep one raw file for the step; returns the run-relative path it will have."""
+        self.files[name] = text
+        return f"{self.prefix}/{name}"
+
+
+def archive(rec: Archive, name: str, exchanges: Exchange | Iterable[Exchange], **extra: Any) -> list[str]:
+    """Keep the request/response pairs of one case as ``raw/<step>/<name>.json`` (secrets masked by the
+    run's redactor when the step writes it; the Authorization header is never stored). Returns the
+    evidence path list."""
     if isinstance(exchanges, Exchange):
         exchanges = [exchanges]
     doc = {"case": name, "exchanges": [e.to_archive() for e in exchanges], **clip(extra)}
     safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
-    return [step.raw(f"{safe}.json", json.dumps(doc, indent=1, default=str))]
+    return [rec.raw(f"{safe}.json", json.dumps(doc, indent=1, default=str))]
 
 
 # ------------------------------------------------------------------------------------------------

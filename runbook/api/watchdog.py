@@ -5,7 +5,7 @@ running or waiting but the generation-token counter has not moved for ``stall_s`
 stops answering; when it fires it checks the fabric (link state, pings both ways) and each rank, so the
 alert says which it is.
 
-    with watching(step):              # adds a "serving watchdog" row to the step when the block ends
+    with watching(profile, step.add, dry_run=step.dry_run):   # its "serving watchdog" row goes to step.add
         ...requests...
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..checks import Check, Status, check
@@ -153,14 +154,15 @@ class Watchdog:
 
 
 @contextlib.contextmanager
-def watching(step, **kw):
-    """Run a watchdog over the step's server for the block; its row is added to the step afterwards."""
-    if step.dry_run:
+def watching(profile, add: Callable[[Check], None], *, dry_run: bool = False, **kw):
+    """Run a watchdog over the profile's server for the block; its row goes to ``add`` (the step's) afterwards.
+    Nothing runs in a dry run."""
+    if dry_run:
         yield None
         return
-    dog = Watchdog(step.profile, **kw).start()
+    dog = Watchdog(profile, **kw).start()
     try:
         yield dog
     finally:
         dog.stop()
-        step.add(dog.check())
+        add(dog.check())

@@ -88,7 +88,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     from ..api import watchdog, endpoint
     from ..api.server_info import find_server
     from ..facts import node_paths
-    server = find_server(step, base_url=base_url, model=model)
+    server = find_server(step.profile, step.run.path, base_url=base_url, model=model)
     profile = step.profile
     config = config_from_profile(profile, repeats=repeats, soak_seconds=soak_seconds)
     # a loopback-bound API is measured through the SSH forward, which costs a few % (docs/bench.md): say so
@@ -116,7 +116,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
         if not r.get("error"):
             echo(f"{node}: {r['gbs']:.1f} GB/s ({r.get('label', '')})")
     # the wedge / API-gone alarm watches the server 04 started, not a foreign one
-    with watchdog.watching(step) if not base_url else contextlib.nullcontext():
+    with watchdog.watching(profile, step.add, dry_run=step.dry_run) if not base_url else contextlib.nullcontext():
         result = run_benchmark(server.base_url, server.model, config=config, out_dir=out_dir,
                                api_key=server.api_key or None)
     step.add(result.checks())

@@ -1,11 +1,12 @@
 """Step 05 (smoke): is the server that 04 launched really serving the recipe's model, correctly?
 
-    server = runbook.server_info.find_server(step, base_url=base_url, model=model)
-    client = runbook.server_info.ApiClient(server)
-    step.add(runbook.smoke.cases.run_smoke(step, client, concurrency=0, context_lengths=[], long_context=True))
+    client = runbook.api.server_info.connect(profile, run_dir, dry_run=dry_run, base_url=base_url, model=model)
+    rec = runbook.api.server_info.Archive("raw/05_smoke")
+    rows = runbook.smoke.cases.run_smoke(client, profile, rec, dry_run=dry_run, concurrency=0, long_context=True)
+    # the step's run() adds rows, writes rec.files through step.archive and merges rec.data
 
-One row per case in the step's CheckList; every request/response pair is archived under
-``raw/05_smoke/<case>.json`` (API key never stored, secrets masked) and named in the row's evidence.
+One row per case; every request/response pair is kept in ``rec`` for ``raw/05_smoke/<case>.json`` (API key
+never stored, secrets masked when the step writes it) and named in the row's evidence.
 
 Cases (names are the check names):
 - ``server.reachable`` GET /health answers at all (else nothing else runs; one clear failure);
@@ -30,7 +31,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
@@ -40,6 +41,7 @@ from ..api.guards import check_refused, guard, precheck, reachable
 from ..answers.recipes import LAB_REASON, RECIPES, RecipeSpec, answer_matches, recipe_spec
 from ..api.server_info import (
     ApiClient,
+    Archive,
     Exchange,
     archive,
     content_of,
@@ -241,28 +243,23 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 @dataclass
 class _Ctx:
-    step: Any
+    rec: Archive
     client: ApiClient
     spec: RecipeSpec
     max_model_len: int
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def profile(self):
-        return self.step.profile
 
     def archive(self, name: str, exchanges, **extra: Any) -> list[str]:
-        return archive(self.step, name, exchanges, **extra)
+        return archive(self.rec, name, exchanges, **extra)
 
 
-def _ctx(step, client: ApiClient) -> _Ctx:
-    spec = recipe_spec(step.profile)
-    mml = client.server.max_model_len or step.profile.max_model_len
-    return _Ctx(step, client, spec, mml)
+def _ctx(client: ApiClient, profile, rec: Archive) -> _Ctx:
+    spec = recipe_spec(profile)
+    mml = client.server.max_model_len or profile.max_model_len
+    return _Ctx(rec, client, spec, mml)
 
 
-def endpoint_checks(step, client: ApiClient) -> list[Check]:
-    c = _ctx(step, client)
+def endpoint_checks(client: ApiClient, profile, rec: Archive) -> list[Check]:
+    c = _ctx(client, profile, rec)
     out: list[Check] = []
     h = client.get("/health", timeout=30)
     out.append(check("health", h.status == 200, node="head", observed=h.summary(), expected="HTTP 200",
@@ -270,7 +267,7 @@ def endpoint_checks(step, client: ApiClient) -> list[Check]:
                      evidence=c.archive("health", h), data={"request": "GET /health", "latency_s": round(h.latency_s, 4)}))
     v = client.get("/version", timeout=30)
     version = v.json.get("version", "")
-    step.data["server_version"] = version
+    rec.data["server_version"] = version
     out.append(check("version", v.ok and bool(version), node="head",
                      observed=f"{v.summary()}, version {version!r}", expected="HTTP 200 with a version",
                      fix="GET /version must answer (vLLM OpenAI server)", evidence=c.archive("version", v),
@@ -291,7 +288,7 @@ def endpoint_checks(step, client: ApiClient) -> list[Check]:
                      observed=f"max_model_len={got}", expected=f"{c.max_model_len} (as configured)",
                      fix="the server runs with a different --max-model-len than the profile's MAX_MODEL_LEN",
                      evidence=ev, data={"request": "GET /v1/models", "max_model_len": got}))
-    step.data["served_max_model_len"] = got
+    rec.data["served_max_model_len"] = got
     mt = client.get("/metrics", timeout=30)
     text = mt.body if isinstance(mt.body, str) else ""
     series = parse_metrics(text)
@@ -301,7 +298,7 @@ def endpoint_checks(step, client: ApiClient) -> list[Check]:
     out.append(check("metrics", mt.status == 200 and n_vllm > 0, node="head",
                      observed=f"{mt.summary()}, {n_vllm} vllm: series", expected="HTTP 200 with vllm: series",
                      fix="GET /metrics must serve Prometheus text (needed for the spec-decode and bench checks)",
-                     evidence=[step.raw("metrics.txt", text)] + c.archive("metrics", mt_arch),
+                     evidence=[rec.raw("metrics.txt", text)] + c.archive("metrics", mt_arch),
                      data={"request": "GET /metrics", "vllm_series": n_vllm, "latency_s": round(mt.latency_s, 4)}))
     return out
 
@@ -311,9 +308,9 @@ def _probe_payload(spec: RecipeSpec, seed: int = 1234) -> dict[str, Any]:
             "temperature": 0, "seed": seed, "chat_template_kwargs": dict(spec.thinking_off)}
 
 
-def chat_checks(step, client: ApiClient) -> list[Check]:
+def chat_checks(client: ApiClient, profile, rec: Archive) -> list[Check]:
     """chat.response, chat.answer, chat.stream."""
-    c = _ctx(step, client)
+    c = _ctx(client, profile, rec)
     payload = _probe_payload(c.spec)
     req = (f"POST /v1/chat/completions {c.spec.probe!r} temperature=0 seed=1234 "
            f"max_tokens={c.spec.probe_max_tokens} chat_template_kwargs={c.spec.thinking_off}")
@@ -325,14 +322,14 @@ def chat_checks(step, client: ApiClient) -> list[Check]:
     ev2 = c.archive("chat.stream", [st, ex])
     out.append(check_stream("chat.stream", st, ex, strict_text=not c.spec.hardware, evidence=ev2,
                             request=req + " stream=true include_usage", max_tokens=c.spec.probe_max_tokens))
-    step.data["chat"] = {"latency_s": round(ex.latency_s, 4), "stream_ttft_s": st.ttft_s,
+    rec.data["chat"] = {"latency_s": round(ex.latency_s, 4), "stream_ttft_s": st.ttft_s,
                          "usage": ex.json.get("usage")}
     return out
 
 
-def concurrency_check(step, client: ApiClient, n: int = 0) -> Check:
-    c = _ctx(step, client)
-    n = n or c.spec.concurrency or step.profile.max_num_seqs
+def concurrency_check(client: ApiClient, profile, rec: Archive, n: int = 0) -> Check:
+    c = _ctx(client, profile, rec)
+    n = n or c.spec.concurrency or profile.max_num_seqs
     mt = c.spec.reply_max_tokens
 
     def one(i: int) -> Exchange:
@@ -358,10 +355,10 @@ def concurrency_check(step, client: ApiClient, n: int = 0) -> Check:
                                                                "max_tokens": mt})
 
 
-def context_limit_checks(step, client: ApiClient) -> list[Check]:
+def context_limit_checks(client: ApiClient, profile, rec: Archive) -> list[Check]:
     """context.near_max (max_model_len - 1 prompt tokens, max_tokens 1: accepted with exactly that
     usage.prompt_tokens) and context.past_max (max_model_len + 1 prompt tokens: HTTP 400, quickly)."""
-    c = _ctx(step, client)
+    c = _ctx(client, profile, rec)
     mml = c.max_model_len
     kw = dict(c.spec.thinking_off)
     out: list[Check] = []
@@ -397,11 +394,11 @@ def context_limit_checks(step, client: ApiClient) -> list[Check]:
     return out
 
 
-def needle_checks(step, client: ApiClient, lengths: list[int] | None = None) -> list[Check]:
+def needle_checks(client: ApiClient, profile, rec: Archive, lengths: list[int] | None = None) -> list[Check]:
     """Needle in a haystack at growing exact lengths; TTFT per length (streamed). On the lab only the
     request path and lengths are checked; on real weights the passphrase must come back."""
-    c = _ctx(step, client)
-    lengths = list(lengths or context_lengths_for(step.profile, c.spec, c.max_model_len))
+    c = _ctx(client, profile, rec)
+    lengths = list(lengths or context_lengths_for(profile, c.spec, c.max_model_len))
     kw = dict(c.spec.thinking_off)
     mt = 24 if c.spec.hardware else 8
     out: list[Check] = []
@@ -447,13 +444,13 @@ def needle_checks(step, client: ApiClient, lengths: list[int] | None = None) -> 
                                "latency_s": round(ex.latency_s, 3), "prompt_tokens": usage.get("prompt_tokens"),
                                "prefill_tok_s": round(prefill, 1) if prefill else None, "judged": judged})
         out += guard(name, case)
-    step.data["ttft_by_length"] = ttft
+    rec.data["ttft_by_length"] = ttft
     return out
 
 
-def spec_decode_check(step, client: ApiClient) -> Check:
-    c = _ctx(step, client)
-    prof = step.profile
+def spec_decode_check(client: ApiClient, profile, rec: Archive) -> Check:
+    c = _ctx(client, profile, rec)
+    prof = profile
     if prof.spec_method == "none" or not prof.spec_k:
         return not_applicable("spec_decode.acceptance", f"SPEC_METHOD={prof.spec_method}: no speculative decoding",
                               node="head", expected="draft tokens accepted (SPEC_METHOD=dspark)")
@@ -471,15 +468,15 @@ def spec_decode_check(step, client: ApiClient) -> Check:
     per_pos = {k.split("position=")[1].rstrip("}"): (v / n_drafts if n_drafts else None)
                for k, v in sorted(delta.items()) if k.startswith(SPEC_PER_POS)}
     mean_len = 1 + accepted / n_drafts if n_drafts else None
-    ev = [step.raw("spec_decode.metrics_before.txt", before.body if isinstance(before.body, str) else ""),
-          step.raw("spec_decode.metrics_after.txt", after.body if isinstance(after.body, str) else "")]
+    ev = [rec.raw("spec_decode.metrics_before.txt", before.body if isinstance(before.body, str) else ""),
+          rec.raw("spec_decode.metrics_after.txt", after.body if isinstance(after.body, str) else "")]
     ev += c.archive("spec_decode.acceptance", ex, delta=delta)
     ok = ex.ok and drafts > 0 and accepted > 0
     data = {"request": "GET /metrics; chat 'Count from 1 to 120' temperature=0 max_tokens=400; GET /metrics",
             "latency_s": round(ex.latency_s, 3), "draft_tokens": drafts, "accepted_tokens": accepted, "drafts": n_drafts, "acceptance_rate": rate,
             "mean_acceptance_length": mean_len, "per_position": per_pos, "k": prof.spec_k,
             "completion_tokens": (ex.json.get("usage") or {}).get("completion_tokens")}
-    step.data["spec_decode"] = data
+    rec.data["spec_decode"] = data
     row = check("spec_decode.acceptance", ok, node="head",
                 observed=(f"{ex.summary()}: " if not ex.ok else "") +
                          f"draft tokens +{drafts:.0f}, accepted +{accepted:.0f}" +
@@ -492,8 +489,8 @@ def spec_decode_check(step, client: ApiClient) -> Check:
     return row
 
 
-def api_key_check(step, client: ApiClient) -> Check:
-    c = _ctx(step, client)
+def api_key_check(client: ApiClient, profile, rec: Archive) -> Check:
+    c = _ctx(client, profile, rec)
     if not client.server.api_key:
         return not_applicable("auth.api_key", "no API key configured (VLLM_API_KEY unset)", node="head",
                               expected="401 without the key, 200 with it")
@@ -509,25 +506,26 @@ def api_key_check(step, client: ApiClient) -> Check:
                        "with": yes.status, "latency_s": [round(no.latency_s, 4), round(yes.latency_s, 4)]})
 
 
-def run_smoke(step, client: ApiClient | None, *, concurrency: int = 0, context_lengths: list[int] | None = None,
-              long_context: bool = True) -> CheckList:
-    """Every smoke case, in order. Stops after ``server.reachable`` when nothing answers."""
-    early = precheck(step, client, "smoke")
+def run_smoke(client: ApiClient | None, profile, rec: Archive, *, dry_run: bool = False, concurrency: int = 0,
+              context_lengths: list[int] | None = None, long_context: bool = True) -> CheckList:
+    """Every smoke case, in order. Stops after ``server.reachable`` when nothing answers. Raw exchanges and
+    data go to ``rec`` for the step to record."""
+    early = precheck(client, dry_run, "smoke")
     if early is not None:
         return early
     out = CheckList()
-    first = reachable(step, client)
+    first = reachable(client, rec)
     out.add(first)
     if first.failed:
         return out
-    out.add(guard("endpoints", lambda: endpoint_checks(step, client)))
-    out.add(guard("chat", lambda: chat_checks(step, client)))
-    out.add(guard("concurrency", lambda: concurrency_check(step, client, concurrency)))
+    out.add(guard("endpoints", lambda: endpoint_checks(client, profile, rec)))
+    out.add(guard("chat", lambda: chat_checks(client, profile, rec)))
+    out.add(guard("concurrency", lambda: concurrency_check(client, profile, rec, concurrency)))
     if long_context:
-        out.add(guard("context.limits", lambda: context_limit_checks(step, client)))
-        out.add(needle_checks(step, client, context_lengths))
+        out.add(guard("context.limits", lambda: context_limit_checks(client, profile, rec)))
+        out.add(needle_checks(client, profile, rec, context_lengths))
     else:
         out.add(not_applicable("context", "long_context=False (parameter): long-context checks skipped", node="head"))
-    out.add(guard("spec_decode.acceptance", lambda: spec_decode_check(step, client)))
-    out.add(guard("auth.api_key", lambda: api_key_check(step, client)))
+    out.add(guard("spec_decode.acceptance", lambda: spec_decode_check(client, profile, rec)))
+    out.add(guard("auth.api_key", lambda: api_key_check(client, profile, rec)))
     return out

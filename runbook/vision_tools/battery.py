@@ -3,7 +3,7 @@ seeds-repos.md §B.7), each case with its pass rule; arguments must parse as JSO
 against the tool's JSON schema (``jsonschema``, Draft 2020-12; the tools, schema checks and rules are in
 ``answers/toolcalls.py``).
 
-    step.add(runbook.vision_tools.battery.run_battery(step, client))
+    rows = runbook.vision_tools.battery.run_battery(client, profile, rec, dry_run=dry_run)  # rec: Archive
 
 Cases (check names):
 1. ``tools.single``       one call of get_weather for Paris;
@@ -37,7 +37,7 @@ from ..answers.recipes import RecipeSpec, recipe_spec
 from ..answers.toolcalls import (rule_forced, rule_multi_turn_final, rule_nested, rule_parallel, rule_single,
                                  rule_thinking, rule_truncation, tool_defs, tool_map, wellformed_problems)
 from ..api.guards import guard, precheck, reachable
-from ..api.server_info import ApiClient, Exchange, archive, content_of, finish_of, message_of
+from ..api.server_info import ApiClient, Archive, Exchange, archive, content_of, finish_of, message_of
 from ..checks import Check, CheckList, Status
 
 __all__ = ["CASES", "run_battery"]
@@ -56,7 +56,7 @@ WEATHER_RESULT = {"city": "Paris", "temperature_c": 18, "conditions": "sunny"}
 
 @dataclass
 class _Battery:
-    step: Any
+    rec: Archive
     client: ApiClient
     spec: RecipeSpec
     hardware: bool
@@ -83,7 +83,7 @@ class _Battery:
     def row(self, name: str, problems: list[str], *, expected: str, ex: Exchange | list[Exchange], request: str,
             relaxed: bool = False, soft: list[str] = (), fix: str = "") -> Check:
         exs = ex if isinstance(ex, list) else [ex]
-        ev = archive(self.step, name, exs, rule=("relaxed" if relaxed else "strict"))
+        ev = archive(self.rec, name, exs, rule=("relaxed" if relaxed else "strict"))
         last = exs[-1]
         parsed = message_of(last.json).get("tool_calls") or []
         if problems:
@@ -109,19 +109,19 @@ class _Battery:
         return c
 
 
-def run_battery(step, client: ApiClient | None) -> CheckList:
+def run_battery(client: ApiClient | None, profile, rec: Archive, *, dry_run: bool = False) -> CheckList:
     """The 7-case battery (8 rows: forced is named + required). Stops with one FAIL row if the server
-    does not answer."""
-    spec = recipe_spec(step.profile)
+    does not answer. Raw exchanges go to ``rec`` for the step to record."""
+    spec = recipe_spec(profile)
     hw = spec.hardware
-    early = precheck(step, client, "tools")
+    early = precheck(client, dry_run, "tools")
     if early is not None:
         return early
-    first = reachable(step, client, name="tools.server.reachable")
+    first = reachable(client, rec, name="tools.server.reachable")
     if first.failed:
         return CheckList([first])
     tools = tool_defs(bounded=not hw, strict=not hw)
-    b = _Battery(step, client, spec, hw, tools, tool_map(tools), 800 if hw else 400)
+    b = _Battery(rec, client, spec, hw, tools, tool_map(tools), 800 if hw else 400)
     weather_q = "What is the weather in Paris right now? Use the get_weather tool."
 
     relaxed_mt = None if hw else 64      # lab: judgement-dependent cases only need a well-formed response

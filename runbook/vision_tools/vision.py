@@ -1,7 +1,7 @@
 """Step 06 (vision): images through the OpenAI chat API, as the recipes document them
 (seeds-repos.md §A.11 operator test, §B.7 Vision-Exp).
 
-    step.add(runbook.vision.run_vision(step, client, image_path_on_server=""))
+    rows = runbook.vision_tools.vision.run_vision(client, profile, rec, dry_run=dry_run, image_path_on_server="")
 
 Images are generated here (Pillow), so their answer is known on real weights:
 - ``two_colour_png()``  64x32, left half blue, right half yellow (seed A's operator test: answered
@@ -33,6 +33,7 @@ from typing import Any
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..api.server_info import (
     ApiClient,
+    Archive,
     Exchange,
     archive,
     content_of,
@@ -149,16 +150,18 @@ def check_image_answer(name: str, ex: Exchange, text_only: Exchange | None, word
                        "usage": usage, "judged": hardware})
 
 
-def run_vision(step, client: ApiClient | None, *, image_path_on_server: str = "") -> CheckList:
-    """Every vision case (see the module docstring). Stops with one FAIL row if the server does not answer."""
-    prof = step.profile
+def run_vision(client: ApiClient | None, profile, rec: Archive, *, dry_run: bool = False,
+               image_path_on_server: str = "") -> CheckList:
+    """Every vision case (see the module docstring). Stops with one FAIL row if the server does not answer.
+    Raw exchanges go to ``rec`` for the step to record."""
+    prof = profile
     spec = recipe_spec(prof)
     hw = spec.hardware
-    early = precheck(step, client, "vision")
+    early = precheck(client, dry_run, "vision")
     if early is not None:
         return early
     out = CheckList()
-    first = reachable(step, client, name="vision.server.reachable")
+    first = reachable(client, rec, name="vision.server.reachable")
     if first.failed:
         return CheckList([first])
     kw = dict(spec.thinking_off)
@@ -173,7 +176,7 @@ def run_vision(step, client: ApiClient | None, *, image_path_on_server: str = ""
     if not prof.vision:
         def disabled() -> Check:
             ex = ask([image_part(png), {"type": "text", "text": IMAGES["png"][2]}])
-            return check_refused("vision.disabled", ex, evidence=archive(step, "vision.disabled", ex),
+            return check_refused("vision.disabled", ex, evidence=archive(rec, "vision.disabled", ex),
                                  request="user message with a PNG data URL, VISION=0",
                                  expected_text="text-only server refuses images")
         out.add(guard("vision.disabled", disabled))
@@ -191,7 +194,7 @@ def run_vision(step, client: ApiClient | None, *, image_path_on_server: str = ""
             url = data_url(factory(), mime)
             ex = ask([image_part(url), {"type": "text", "text": question}])
             ref = ask([{"type": "text", "text": question}])
-            return check_image_answer(name, ex, ref, words, hardware=hw, evidence=archive(step, name, [ex, ref]),
+            return check_image_answer(name, ex, ref, words, hardware=hw, evidence=archive(rec, name, [ex, ref]),
                                       request=f"user: [image_url {mime} data URL, text {question!r}], "
                                               f"max_tokens={mt}; reference without the image")
         out.add(guard(name, case))
@@ -209,7 +212,7 @@ def run_vision(step, client: ApiClient | None, *, image_path_on_server: str = ""
             ex = ask(f"<image>{image_path_on_server}</image>\n{q}")
             ref = ask(q)
             return check_image_answer("vision.local_path", ex, ref, IMAGES["png"][3], hardware=hw,
-                                      evidence=archive(step, "vision.local_path", [ex, ref]),
+                                      evidence=archive(rec, "vision.local_path", [ex, ref]),
                                       request=f"user: '<image>{image_path_on_server}</image>' + question")
         out.add(guard("vision.local_path", local))
 
@@ -229,7 +232,7 @@ def run_vision(step, client: ApiClient | None, *, image_path_on_server: str = ""
 
         def role_case(role=role, msgs=msgs, name=name) -> Check:
             ex = ask("What is in the picture?" if role != "assistant" else "And now?", msgs)
-            ev = archive(step, name, ex)
+            ev = archive(rec, name, ex)
             req = f"image part in a {role} message (independent request, never kept in history: issue #178)"
             if not judged:
                 c = not_applicable(name, f"RECIPE={prof.recipe}: the images-only-in-user-messages rule is seed B's "
@@ -249,7 +252,7 @@ def run_vision(step, client: ApiClient | None, *, image_path_on_server: str = ""
             rows = []
             q = {"type": "text", "text": "How many images are there?"}
             over = ask([image_part(png)] * (cap + 1) + [q])
-            rows.append(check_refused("vision.limit_mm", over, evidence=archive(step, "vision.limit_mm", over),
+            rows.append(check_refused("vision.limit_mm", over, evidence=archive(rec, "vision.limit_mm", over),
                                       request=f"{cap + 1} images (LIMIT_MM image={cap} + 1)",
                                       expected_text=f"more than {cap} images refused"))
             if cap <= AT_LIMIT_MAX:
@@ -257,7 +260,7 @@ def run_vision(step, client: ApiClient | None, *, image_path_on_server: str = ""
                 rows.append(check("vision.limit_mm.at_cap", at.ok, node="head",
                                   observed=f"{at.summary()}" + ("" if at.ok else f": {at.error_message()[:160]}"),
                                   expected=f"{cap} images accepted", fix="the image cap is lower than LIMIT_MM says",
-                                  evidence=archive(step, "vision.limit_mm.at_cap", at),
+                                  evidence=archive(rec, "vision.limit_mm.at_cap", at),
                                   data={"request": f"{cap} images", "latency_s": round(at.latency_s, 3),
                                         "usage": at.json.get("usage")}))
             else:

@@ -119,18 +119,22 @@ def test_smoke_and_tools_against_real_vllm(tmp_path, tmp_path_factory, monkeypat
     try:
         base = f"http://127.0.0.1:{PORT}"
         smoke_step = runbook.step.begin("05_smoke", LAB_ENV, results_root=tmp_path / "results")
-        client = runbook.api.server_info.connect(smoke_step, base_url=base)
+        client = runbook.api.server_info.connect(smoke_step.profile, smoke_step.run.path, base_url=base)
         assert client.server.api_key == key
         t1 = time.monotonic()
-        smoke_rows = runbook.smoke.cases.run_smoke(smoke_step, client)
+        smoke_rec = runbook.api.server_info.Archive("raw/05_smoke")
+        smoke_rows = runbook.smoke.cases.run_smoke(client, smoke_step.profile, smoke_rec)
         smoke_s = time.monotonic() - t1
+        smoke_step.archive(smoke_rec.files)        # as smoke.run records them
 
         vt_step = runbook.step.begin("06_vision_tools", LAB_ENV, run_dir=smoke_step.run.path)
-        client2 = runbook.api.server_info.connect(vt_step, base_url=base)
+        client2 = runbook.api.server_info.connect(vt_step.profile, vt_step.run.path, base_url=base)
         t2 = time.monotonic()
-        vt_rows = runbook.vision_tools.vision.run_vision(vt_step, client2)
-        vt_rows.add(runbook.vision_tools.battery.run_battery(vt_step, client2))
+        vt_rec = runbook.api.server_info.Archive("raw/06_vision_tools")
+        vt_rows = runbook.vision_tools.vision.run_vision(client2, vt_step.profile, vt_rec)
+        vt_rows.add(runbook.vision_tools.battery.run_battery(client2, vt_step.profile, vt_rec))
         vt_s = time.monotonic() - t2
+        vt_step.archive(vt_rec.files)
     finally:
         stop_s = srv.stop()
     _report("text", smoke_rows, f"ready {ready:.0f} s, smoke {smoke_s:.0f} s, stop {stop_s:.1f} s\n")
@@ -149,6 +153,7 @@ def test_smoke_and_tools_against_real_vllm(tmp_path, tmp_path_factory, monkeypat
     assert vt["vision.disabled"].status is Status.PASS
     assert all(vt[n].status is Status.PASS for n in runbook.vision_tools.battery.CASES)
     # the evidence never holds the key
+    assert smoke_rec.files and vt_rec.files and (smoke_step.run.path / "raw" / "05_smoke").is_dir()
     for path in smoke_step.run.path.rglob("*"):
         if path.is_file():
             assert key not in path.read_text(errors="replace"), path
@@ -165,8 +170,9 @@ def test_vision_against_real_llava(tmp_path, tmp_path_factory, monkeypatch):
     try:
         step = runbook.step.begin("06_vision_tools", LAB_ENV, results_root=tmp_path / "results",
                                   overrides={"VISION": "1", "LIMIT_MM": '{"image": 2}'})
-        client = runbook.api.server_info.connect(step, base_url=f"http://127.0.0.1:{PORT}")
-        rows = runbook.vision_tools.vision.run_vision(step, client)
+        client = runbook.api.server_info.connect(step.profile, step.run.path, base_url=f"http://127.0.0.1:{PORT}")
+        rows = runbook.vision_tools.vision.run_vision(client, step.profile,
+                                                      runbook.api.server_info.Archive("raw/06_vision_tools"))
     finally:
         stop_s = srv.stop()
     _report("llava", rows, f"ready {ready:.0f} s, stop {stop_s:.1f} s\n")

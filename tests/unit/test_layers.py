@@ -182,40 +182,27 @@ def test_every_module_is_in_the_design_map():
     assert not missing, f"add these to docs/DESIGN.md's module table: {missing}"
 
 
-# What still takes the step below a step's run: the serve cases of 05 and 06 archive each request and answer as
-# they go (and the garble detector reads those archives back); the api's step services (find the server of the
-# step's run, watch it, archive an exchange) are what a run calls. Everything else takes (cluster, profile, ...).
-TAKES_THE_STEP = {
-    "smoke/cases.py": {"_ctx", "endpoint_checks", "chat_checks", "concurrency_check", "context_limit_checks",
-                       "needle_checks", "spec_decode_check", "api_key_check", "run_smoke"},
-    "vision_tools/vision.py": {"run_vision"},
-    "vision_tools/battery.py": {"run_battery"},
-    "answers/quality.py": {"run_gate"},
-    "answers/garble.py": {"archived_answers", "garble_check"},
-    "api/guards.py": {"reachable", "precheck"},
-    "api/server_info.py": {"find_server", "connect", "archive"},
-    "api/watchdog.py": {"watching"},
-}
-
-
 def test_nothing_below_run_takes_the_step():
-    """Below ``__init__.run`` (and its recorders) no function of a step or shared package takes the step,
-    except the ones listed in TAKES_THE_STEP (docs/DESIGN.md names them)."""
+    """Below ``__init__.run`` (and its recorders) no function of a step or shared package takes the step, and
+    no class holds it: inner functions take ``(cluster, profile, ...)`` or ``(api_client, profile, ...)`` and
+    explicit values, and return rows, data and raw files for ``run`` to record (docs/DESIGN.md)."""
     packages = STEPS | {"api", "answers", "benchmark", "engram_tools"}
+    scanned = 0
     found: dict[str, set[str]] = {}
     for path in MODULES:
         rel = str(path.relative_to(PKG))
-        if component(module_name(path)) not in packages:
+        if component(module_name(path)) not in packages or path.name == "__init__.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                scanned += 1
                 args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
-                if any(a.arg == "step" for a in args) and not (path.name == "__init__.py"):
+                if any(a.arg == "step" for a in args):
                     found.setdefault(rel, set()).add(node.name)
-    assert found, "no function takes the step: shrink TAKES_THE_STEP to nothing and drop this guard"
-    extra = {rel: sorted(names - TAKES_THE_STEP.get(rel, set())) for rel, names in found.items()
-             if names - TAKES_THE_STEP.get(rel, set())}
-    assert not extra, f"these take the step below run (return rows and data instead): {extra}"
-    gone = {rel: sorted(names - found.get(rel, set())) for rel, names in TAKES_THE_STEP.items()
-            if names - found.get(rel, set())}
-    assert not gone, f"no longer take the step: remove them from TAKES_THE_STEP: {gone}"
+            elif isinstance(node, ast.ClassDef):     # a dataclass field that carries the step object down
+                for item in node.body:
+                    if (isinstance(item, ast.AnnAssign) and getattr(item.target, "id", "") == "step"
+                            and ast.unparse(item.annotation).strip("'\"") in ("Any", "Step", "runbook.step.Step")):
+                        found.setdefault(rel, set()).add(f"{node.name}.step")
+    assert scanned > 100, f"only {scanned} functions scanned below the steps' run: the package list is wrong"
+    assert not found, f"these take the step below run (return rows and data instead): {found}"

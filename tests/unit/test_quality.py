@@ -18,7 +18,7 @@ from runbook.checks import Status
 from runbook.errors import RunbookError
 from runbook.profile import load_profile
 from runbook.answers import garble, quality, quality_set
-from runbook.api.server_info import ApiClient, Exchange, ServerInfo, archive
+from runbook.api.server_info import ApiClient, Archive, Exchange, ServerInfo, archive
 from runbook.smoke.cases import chat_checks
 from runbook.answers.toolcalls import tool_defs, tool_map
 
@@ -38,12 +38,16 @@ def client_for(step, srv) -> ApiClient:
 
 
 def gate(tmp_path: Path, recipe: str, **ref) -> tuple[object, dict]:
-    """Run the gate against the reference server; returns the step and its rows by name."""
+    """Run the gate against the reference server and record what it kept as step 05's run() does; returns
+    the step and its rows by name."""
     step = make_step(tmp_path, recipe)
     cfg = RefConfig(model=step.profile.served_model_name, ttft_s=0.0, interval_s=0.0,
                     max_model_len=step.profile.max_model_len, **ref)
+    rec = Archive(f"raw/{step.name}")
     with serve_in_thread(cfg) as srv:
-        rows = quality.run_gate(step, client_for(step, srv))
+        rows = quality.run_gate(client_for(step, srv), step.profile, rec)
+    step.archive(rec.files)
+    step.data.update(rec.data)
     return step, {c.name: c for c in rows}
 
 
@@ -229,19 +233,22 @@ def test_recorded_tiny_model_output_is_garble_with_excerpt():
     assert "repeat.chars 32" in f.describe()
 
 
-def test_archived_answers_read_back_every_part_and_skip_the_clip_marker(tmp_path):
-    step = make_step(tmp_path)
+def test_archived_answers_read_back_every_part_and_skip_the_clip_marker():
     prose = " ".join(corpus()["prose"][:6])
     assert len(prose) > 2500                       # archive() clips strings over 2000 characters
     call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    archive(step, "long", [ex_of(prose), ex_of(None, "tool_calls", [call]),
+    rec = Archive("raw/05_smoke")
+    archive(rec, "long", [ex_of(prose), ex_of(None, "tool_calls", [call]),
                            Exchange("POST", "/v1/chat/completions", {}, 400, {"error": {"message": "x"}}, 0.01)])
-    answers = garble.archived_answers(step)
+    answers = garble.archived_answers(rec)
     assert [a.source for a in answers] == ["long#0", "long#1.tool_calls[0]"]
     assert "chars clipped" in answers[0].text
-    row = garble.garble_check(step, judged=True)
+    row = garble.garble_check(rec, judged=True)
     assert row.status is Status.PASS, row.observed
     assert row.data["answers"] == 2
+    # its report is one more raw file for the step, named in the row; its data goes to the step's quality
+    assert row.evidence == ["raw/05_smoke/quality.garble.json"] and "quality.garble.json" in rec.files
+    assert rec.data["quality"]["garble"]["answers"] == 2
 
 
 # ------------------------------------------------------------------------------------------------
@@ -337,9 +344,10 @@ def test_garble_row_covers_the_smoke_answers_too(tmp_path):
                     max_model_len=step.profile.max_model_len)
     with serve_in_thread(cfg) as srv:
         cl = client_for(step, srv)
-        smoke_rows = {c.name: c for c in chat_checks(step, cl)}
+        rec = Archive("raw/05_smoke")                              # one step's archive, as in smoke.run
+        smoke_rows = {c.name: c for c in chat_checks(cl, step.profile, rec)}
         assert smoke_rows["chat.answer"].failed                    # 17*19 is not 323 in garble
-        rows = {c.name: c for c in quality.run_gate(step, cl)}
+        rows = {c.name: c for c in quality.run_gate(cl, step.profile, rec)}
     flagged = rows["quality.garble"].data["flagged_sources"]
     assert "chat.probe#0" in flagged and "chat.stream#0" in flagged
 
@@ -354,10 +362,11 @@ def test_answers_are_judged_on_recipe_weights_only():
 
 def test_dry_run_and_unreachable_server(tmp_path):
     step = make_step(tmp_path / "dry", dry_run=True)
-    (row,) = quality.run_gate(step, None)
+    (row,) = quality.run_gate(None, step.profile, Archive("raw/05_smoke"), dry_run=True)
     assert row.status is Status.NA and row.name == "quality"
     step = make_step(tmp_path / "down")
-    (row,) = quality.run_gate(step, ApiClient(ServerInfo("http://127.0.0.1:9", "m", 4096, "parameters"), timeout=2))
+    (row,) = quality.run_gate(ApiClient(ServerInfo("http://127.0.0.1:9", "m", 4096, "parameters"), timeout=2),
+                              step.profile, Archive("raw/05_smoke"))
     assert row.name == "quality.server.reachable" and row.failed
 
 

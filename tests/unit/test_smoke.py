@@ -12,6 +12,7 @@ from support.fake_vllm import (
     by_name,
     completion,
     make_step,
+    serve_http,
 )
 
 from runbook.smoke import cases as smoke
@@ -19,6 +20,7 @@ from runbook.checks import Status
 from runbook.errors import RunbookError
 from runbook.api.server_info import (
     ApiClient,
+    Archive,
     Exchange,
     ServerInfo,
     archive,
@@ -296,7 +298,7 @@ def test_find_server_from_launch_sidecar(tmp_path, monkeypatch):
     step = make_step(tmp_path, overrides={"API_HOST": "0.0.0.0", "HEAD_SSH": "root@10.77.0.11", "SSH_CONFIG": ""})
     step.run.write_sidecar("04_launch", [], {"base_url": "http://10.77.0.11:8000 (bound to 0.0.0.0)",
                                              "served_model_name": "tiny", "max_model_len": 4096}, "passed")
-    s = find_server(step)
+    s = find_server(step.profile, step.run.path)
     assert (s.base_url, s.model, s.max_model_len, s.source) == ("http://10.77.0.11:8000", "tiny", 4096,
                                                                 "steps/04_launch.json")
     # without a profile (a run folder read on its own) the sidecar's address is used as written
@@ -307,7 +309,7 @@ def test_find_server_from_launch_sidecar(tmp_path, monkeypatch):
 def test_find_server_parameters_win_and_key_is_masked(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "sk-secret-9876")
     step = make_step(tmp_path)
-    s = find_server(step, base_url="127.0.0.1:8019", model="m2")
+    s = find_server(step.profile, step.run.path, base_url="127.0.0.1:8019", model="m2")
     assert s.base_url == "http://127.0.0.1:8019" and s.model == "m2" and s.max_model_len == 4096
     assert s.api_key == "sk-secret-9876" and "sk-secret" not in repr(s) and "***" in repr(s)
 
@@ -315,17 +317,18 @@ def test_find_server_parameters_win_and_key_is_masked(tmp_path, monkeypatch):
 def test_find_server_without_sidecar_or_parameter_raises(tmp_path):
     step = make_step(tmp_path)
     with pytest.raises(RunbookError, match="no server"):
-        find_server(step)
+        find_server(step.profile, step.run.path)
     step.run.write_sidecar("04_launch", [], {"fingerprint": "x"}, "failed")
     with pytest.raises(RunbookError, match="no base_url"):
-        find_server(step)
+        find_server(step.profile, step.run.path)
 
 
 def test_connect_in_dry_run_sends_nothing(tmp_path):
     step = make_step(tmp_path, dry_run=True)
-    assert connect(step) is None
-    rows = run_smoke(step, None)
-    assert [c.status for c in rows] == [Status.NA]
+    assert connect(step.profile, step.run.path, dry_run=True) is None
+    rec = Archive("raw/05_smoke")
+    rows = run_smoke(None, step.profile, rec, dry_run=True)
+    assert [c.status for c in rows] == [Status.NA] and not rec.files and not rec.data
 
 
 # ------------------------------------------------------------------------------------------------
@@ -338,7 +341,10 @@ def test_archive_masks_key_and_clips(tmp_path, monkeypatch):
     fake = FakeVllm(api_key="sk-secret-9876")
     cl = fake.client(api_key="sk-secret-9876")
     ex = cl.chat({"messages": [{"role": "user", "content": "x" * 10_000 + " sk-secret-9876"}], "max_tokens": 4})
-    (path,) = archive(step, "case one", ex)
+    rec = Archive("raw/05_smoke")
+    (path,) = archive(rec, "case one", ex)
+    assert path == "raw/05_smoke/case_one.json" and list(rec.files) == ["case_one.json"]
+    assert step.archive(rec.files) == [path]          # what the step's run() does with them: masked on write
     text = (step.run.path / path).read_text()
     assert "sk-secret-9876" not in text
     doc = json.loads(text)
@@ -354,7 +360,8 @@ def test_archive_masks_key_and_clips(tmp_path, monkeypatch):
 def test_lab_smoke_all_applicable_checks_pass(tmp_path):
     step = make_step(tmp_path)
     fake = FakeVllm()
-    rows = by_name(run_smoke(step, fake.client()))
+    rec = Archive(f"raw/{step.name}")
+    rows = by_name(run_smoke(fake.client(), step.profile, rec))
     bad = {n: c.observed for n, c in rows.items() if c.status not in (Status.PASS, Status.NA)}
     assert not bad, bad
     assert rows["chat.answer"].status is Status.NA
@@ -365,14 +372,20 @@ def test_lab_smoke_all_applicable_checks_pass(tmp_path):
         assert rows[name].status is Status.PASS, (name, rows[name].observed)
         assert rows[name].evidence, name
     assert rows["concurrency"].data["n"] == 8        # lab: MAX_NUM_SEQS
-    assert set(step.data["ttft_by_length"]) == {"512", "1024", "2048", "4032"}
+    assert set(rec.data["ttft_by_length"]) == {"512", "1024", "2048", "4032"}
+    assert rec.data["served_max_model_len"] == 4096 and rec.data["chat"]["usage"]
+    # every row's evidence is a raw file the step writes: nothing on disk until it does
+    named = {p for c in rows.values() for p in c.evidence}
+    assert named and named == {f"raw/05_smoke/{n}" for n in rec.files}
+    assert not step.raw_dir.exists()
+    step.archive(rec.files)
     assert (step.run.path / rows["chat.response"].evidence[0]).is_file()
 
 
 def test_unreachable_server_is_one_clear_failure(tmp_path):
     step = make_step(tmp_path)
     cl = ApiClient(ServerInfo("http://127.0.0.1:9", "tiny", 4096, "parameters"), timeout=2)
-    rows = run_smoke(step, cl)
+    rows = run_smoke(cl, step.profile, Archive("raw/05_smoke"))
     assert [c.name for c in rows] == ["server.reachable"] and rows[0].failed
 
 
@@ -382,7 +395,7 @@ def test_wrong_served_name_and_context_are_caught(tmp_path):
     cl = fake.client()
     cl.model = "tiny"                     # what the profile / 04 says
     cl.server.model, cl.server.max_model_len = "tiny", 4096
-    rows = by_name(smoke.endpoint_checks(step, cl))
+    rows = by_name(smoke.endpoint_checks(cl, step.profile, Archive("raw/05_smoke")))
     assert rows["models.served_name"].failed and rows["models.max_model_len"].failed
 
 
@@ -390,17 +403,17 @@ def test_past_max_accepted_is_a_failure(tmp_path):
     step = make_step(tmp_path)
     fake = FakeVllm()
     fake.enforce_context = False
-    rows = by_name(smoke.context_limit_checks(step, fake.client()))
+    rows = by_name(smoke.context_limit_checks(fake.client(), step.profile, Archive("raw/05_smoke")))
     assert rows["context.past_max"].failed and "HTTP 200" in rows["context.past_max"].observed
 
 
 def test_api_key_rows(tmp_path):
     step = make_step(tmp_path)
     good = FakeVllm(api_key="k-abcdef")
-    assert smoke.api_key_check(step, good.client()).status is Status.PASS
+    assert smoke.api_key_check(good.client(), step.profile, Archive("raw/05_smoke")).status is Status.PASS
     lax = FakeVllm(api_key="k-abcdef")
     lax.enforce_key = False
-    c = smoke.api_key_check(step, lax.client())
+    c = smoke.api_key_check(lax.client(), step.profile, Archive("raw/05_smoke"))
     assert c.failed and "without key: HTTP 200" in c.observed
 
 
@@ -411,10 +424,11 @@ def hw_step(tmp_path, recipe="exl3-v41"):
 def test_hardware_smoke_right_answer_passes(tmp_path):
     step = hw_step(tmp_path)
     fake = FakeVllm(model="DeepSeek-v4.1-Flash-EXL3", max_model_len=600000, mode="hw", spec=True)
-    rows = by_name(run_smoke(step, fake.client(), long_context=False))
+    rec = Archive("raw/05_smoke")
+    rows = by_name(run_smoke(fake.client(), step.profile, rec, long_context=False))
     assert rows["chat.answer"].status is Status.PASS
     assert rows["spec_decode.acceptance"].status is Status.PASS
-    assert step.data["spec_decode"]["acceptance_rate"] == pytest.approx(0.7)
+    assert rec.data["spec_decode"]["acceptance_rate"] == pytest.approx(0.7)
     assert rows["concurrency"].data["n"] == 6
     assert not [c for c in rows.values() if c.failed]
 
@@ -423,7 +437,7 @@ def test_hardware_wrong_answer_fails(tmp_path):
     step = hw_step(tmp_path)
     fake = FakeVllm(model="DeepSeek-v4.1-Flash-EXL3", max_model_len=600000, mode="hw")
     fake.answer_override = "324"
-    rows = by_name(smoke.chat_checks(step, fake.client()))
+    rows = by_name(smoke.chat_checks(fake.client(), step.profile, Archive("raw/05_smoke")))
     assert rows["chat.answer"].failed and "324" in rows["chat.answer"].observed
     assert rows["chat.response"].status is Status.PASS
 
@@ -431,23 +445,52 @@ def test_hardware_wrong_answer_fails(tmp_path):
 def test_hardware_needle_judged(tmp_path):
     step = hw_step(tmp_path, "dspark-v4")
     fake = FakeVllm(model="deepseek-v4-flash-vision-exp", max_model_len=1048576, mode="hw")
-    rows = smoke.needle_checks(step, fake.client(), lengths=[300, 900])
+    rows = smoke.needle_checks(fake.client(), step.profile, Archive("raw/05_smoke"), lengths=[300, 900])
     assert rows and all(c.status is Status.PASS for c in rows), [c.observed for c in rows]
     fake.answer_override = "no idea"
-    rows = smoke.needle_checks(step, fake.client(), lengths=[300])
+    rows = smoke.needle_checks(fake.client(), step.profile, Archive("raw/05_smoke"), lengths=[300])
     assert rows[0].failed and "passphrase" in rows[0].observed
 
 
 def test_spec_decode_without_drafts_fails(tmp_path):
     step = hw_step(tmp_path)
     fake = FakeVllm(model="DeepSeek-v4.1-Flash-EXL3", max_model_len=600000, mode="hw", spec=False)
-    c = smoke.spec_decode_check(step, fake.client())
+    c = smoke.spec_decode_check(fake.client(), step.profile, Archive("raw/05_smoke"))
     assert c.failed and "draft tokens +0" in c.observed
     fake2 = FakeVllm(model="DeepSeek-v4.1-Flash-EXL3", max_model_len=600000, mode="hw", spec=True)
     fake2.accept_draft = False
-    assert smoke.spec_decode_check(step, fake2.client()).failed
+    assert smoke.spec_decode_check(fake2.client(), step.profile, Archive("raw/05_smoke")).failed
 
 
 def test_guard_turns_exceptions_into_fail_rows():
     rows = smoke.guard("x", lambda: 1 / 0)
     assert rows[0].failed and "ZeroDivisionError" in rows[0].observed
+
+
+# ------------------------------------------------------------------------------------------------
+# the steps' entries record what the cases return: rows, raw files, data
+# ------------------------------------------------------------------------------------------------
+
+def test_smoke_and_vision_tools_run_record_rows_raw_files_and_data(tmp_path, monkeypatch):
+    import runbook.smoke
+    import runbook.vision_tools
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "none.env"))
+    step = make_step(tmp_path)
+    fake = FakeVllm(model=step.profile.served_model_name, max_model_len=step.profile.max_model_len)
+    with serve_http(fake) as url:
+        client = runbook.smoke.run(step, base_url=url, long_context=False)
+        vt = make_step(tmp_path, name="06_vision_tools")
+        runbook.vision_tools.run(vt, base_url=url)
+    assert client is not None and step.data["server"]["base_url"] == url
+    names = [c.name for c in step.checks]
+    assert names[0] == "server.reachable" and names[-1] == "quality.garble" and "quality.score" in names
+    assert {"server_version", "served_max_model_len", "chat", "quality"} <= set(step.data)
+    assert step.data["quality"]["garble"]["answers"] > 0          # the smoke answers and the gate's
+    evidence = {p for c in step.checks for p in c.evidence}
+    assert evidence and all((step.run.path / p).is_file() for p in evidence), evidence
+    assert (step.raw_dir / "chat.probe.json").is_file() and (step.raw_dir / "metrics.txt").is_file()
+    vt_names = [c.name for c in vt.checks]
+    assert vt_names[0].startswith("vision.") and vt_names[-1] == "quality.garble" and "tools.single" in vt_names
+    assert all((vt.run.path / p).is_file() for c in vt.checks for p in c.evidence)
+    assert vt.data["quality"]["garble"]["answers"] > 0

@@ -16,7 +16,7 @@ from support.fake_vllm import (
 
 from runbook.vision_tools.battery import CASES, run_battery
 from runbook.checks import Status
-from runbook.api.server_info import Exchange
+from runbook.api.server_info import Archive, Exchange
 from runbook.answers.toolcalls import (
     call_problems,
     rule_forced,
@@ -193,7 +193,7 @@ def test_call_problems_collects_every_call():
 def test_battery_lab_passes_and_labels_relaxed_rows(tmp_path):
     step = make_step(tmp_path, name="06_vision_tools")
     fake = FakeVllm()
-    rows = run_battery(step, fake.client())
+    rows = run_battery(fake.client(), step.profile, Archive("raw/06_vision_tools"))
     assert [c.name for c in rows] == list(CASES)
     assert all(c.status is Status.PASS for c in rows), [(c.name, c.observed) for c in rows]
     r = by_name(rows)
@@ -212,7 +212,7 @@ def test_battery_lab_broken_arguments_fail(tmp_path):
     step = make_step(tmp_path, name="06_vision_tools")
     fake = FakeVllm()
     fake.tool_args = lambda name: '{"city": '
-    r = by_name(run_battery(step, fake.client()))
+    r = by_name(run_battery(fake.client(), step.profile, Archive("raw/06_vision_tools")))
     assert r["tools.forced_named"].failed and "not valid JSON" in r["tools.forced_named"].observed
     assert r["tools.nested"].failed
 
@@ -220,7 +220,7 @@ def test_battery_lab_broken_arguments_fail(tmp_path):
 def test_battery_hardware_passes(tmp_path):
     step = make_step(tmp_path, "dspark-v4", name="06_vision_tools")
     fake = FakeVllm(model="deepseek-v4-flash-vision-exp", max_model_len=1048576, mode="hw")
-    rows = run_battery(step, fake.client())
+    rows = run_battery(fake.client(), step.profile, Archive("raw/06_vision_tools"))
     bad = [(c.name, c.status.value, c.observed) for c in rows if c.status is not Status.PASS]
     assert not bad, bad
     sent = [p for path, p in fake.requests if path == "/v1/chat/completions"]
@@ -243,7 +243,7 @@ def test_battery_hardware_issue55_and_missed_call_fail(tmp_path):
         return original(p, 50, p.get("max_tokens") or 800)
 
     fake.auto_tools = auto
-    r = by_name(run_battery(step, fake.client()))
+    r = by_name(run_battery(fake.client(), step.profile, Archive("raw/06_vision_tools")))
     assert r["tools.truncation"].failed and "broken tool call" in r["tools.truncation"].observed
     assert r["tools.parallel"].failed
     assert r["tools.single"].status is Status.PASS
@@ -251,5 +251,5 @@ def test_battery_hardware_issue55_and_missed_call_fail(tmp_path):
 
 def test_battery_dry_run(tmp_path):
     step = make_step(tmp_path, name="06_vision_tools", dry_run=True)
-    rows = run_battery(step, None)
+    rows = run_battery(None, step.profile, Archive("raw/06_vision_tools"), dry_run=True)
     assert len(rows) == 1 and rows[0].status is Status.NA

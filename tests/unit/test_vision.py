@@ -17,7 +17,7 @@ from support.fake_vllm import (
 
 from runbook.vision_tools import vision
 from runbook.checks import Status
-from runbook.api.server_info import Exchange
+from runbook.api.server_info import Archive, Exchange
 from runbook.vision_tools.vision import (
     check_image_answer,
     data_url,
@@ -96,7 +96,7 @@ def test_image_answer_lab_not_judged_but_path_checked():
 
 def test_lab_vision_off_refuses_images(tmp_path):
     step = make_step(tmp_path, name="06_vision_tools")
-    rows = by_name(run_vision(step, FakeVllm().client()))
+    rows = by_name(run_vision(FakeVllm().client(), step.profile, Archive("raw/06_vision_tools")))
     assert rows["vision.disabled"].status is Status.PASS
     assert "not a multimodal model" in rows["vision.disabled"].observed
     others = [c for n, c in rows.items() if n != "vision.disabled"]
@@ -106,13 +106,13 @@ def test_lab_vision_off_refuses_images(tmp_path):
 def test_vision_off_but_server_takes_images_fails(tmp_path):
     step = make_step(tmp_path, name="06_vision_tools")
     fake = FakeVllm(vision=True)
-    assert by_name(run_vision(step, fake.client()))["vision.disabled"].failed
+    assert by_name(run_vision(fake.client(), step.profile, Archive("raw/06_vision_tools")))["vision.disabled"].failed
 
 
 def test_dspark_vision_all_pass(tmp_path):
     step = make_step(tmp_path, "dspark-v4", name="06_vision_tools")
     fake = FakeVllm(model=DS_MODEL, max_model_len=1048576, mode="hw", vision=True, image_limit=8)
-    rows = by_name(run_vision(step, fake.client(), image_path_on_server="/cache/huggingface/probe.png"))
+    rows = by_name(run_vision(fake.client(), step.profile, Archive("raw/06_vision_tools"), image_path_on_server="/cache/huggingface/probe.png"))
     bad = {n: (c.status.value, c.observed) for n, c in rows.items() if c.status is not Status.PASS}
     assert not bad, bad
     assert {"vision.png_data_url", "vision.jpeg_data_url", "vision.gif_still", "vision.local_path",
@@ -127,7 +127,7 @@ def test_dspark_vision_all_pass(tmp_path):
 def test_dspark_image_on_system_role_accepted_fails(tmp_path):
     step = make_step(tmp_path, "dspark-v4", name="06_vision_tools")
     fake = FakeVllm(model=DS_MODEL, max_model_len=1048576, mode="hw", vision=True, image_limit=8, role_rule=False)
-    rows = by_name(run_vision(step, fake.client()))
+    rows = by_name(run_vision(fake.client(), step.profile, Archive("raw/06_vision_tools")))
     for role in ("system", "assistant", "tool"):
         assert rows[f"vision.non_user_role.{role}"].failed, role
     assert rows["vision.local_path"].status is Status.NA and "image_path_on_server" in rows["vision.local_path"].observed
@@ -136,7 +136,7 @@ def test_dspark_image_on_system_role_accepted_fails(tmp_path):
 def test_dspark_limit_not_enforced_fails(tmp_path):
     step = make_step(tmp_path, "dspark-v4", name="06_vision_tools")
     fake = FakeVllm(model=DS_MODEL, max_model_len=1048576, mode="hw", vision=True, image_limit=None)
-    rows = by_name(run_vision(step, fake.client()))
+    rows = by_name(run_vision(fake.client(), step.profile, Archive("raw/06_vision_tools")))
     assert rows["vision.limit_mm"].failed and "HTTP 200" in rows["vision.limit_mm"].observed
 
 
@@ -144,7 +144,7 @@ def test_dspark_wrong_colour_fails(tmp_path):
     step = make_step(tmp_path, "dspark-v4", name="06_vision_tools")
     fake = FakeVllm(model=DS_MODEL, max_model_len=1048576, mode="hw", vision=True, image_limit=8)
     fake.answer_override = "Purple."
-    rows = by_name(run_vision(step, fake.client()))
+    rows = by_name(run_vision(fake.client(), step.profile, Archive("raw/06_vision_tools")))
     for n in ("vision.png_data_url", "vision.jpeg_data_url", "vision.gif_still"):
         assert rows[n].failed, n
 
@@ -153,7 +153,7 @@ def test_exl3_roles_recorded_not_judged_and_big_cap_skipped(tmp_path):
     step = make_step(tmp_path, "exl3-v41", name="06_vision_tools")
     fake = FakeVllm(model="DeepSeek-v4.1-Flash-EXL3", max_model_len=600000, mode="hw", vision=True, image_limit=100,
                     role_rule=False)
-    rows = by_name(run_vision(step, fake.client()))
+    rows = by_name(run_vision(fake.client(), step.profile, Archive("raw/06_vision_tools")))
     role = rows["vision.non_user_role.system"]
     assert role.status is Status.NA and "HTTP 200" in role.observed and role.evidence
     assert rows["vision.limit_mm"].status is Status.PASS
@@ -165,7 +165,7 @@ def test_exl3_roles_recorded_not_judged_and_big_cap_skipped(tmp_path):
 def test_lab_with_a_multimodal_model_checks_the_path(tmp_path):
     step = make_step(tmp_path, name="06_vision_tools", overrides={"VISION": "1", "LIMIT_MM": '{"image": 2}'})
     fake = FakeVllm(vision=True, image_limit=2, role_rule=False)
-    rows = by_name(run_vision(step, fake.client()))
+    rows = by_name(run_vision(fake.client(), step.profile, Archive("raw/06_vision_tools")))
     for n in ("vision.png_data_url", "vision.jpeg_data_url", "vision.gif_still"):
         assert rows[n].status is Status.PASS and "not judged" in rows[n].observed
         assert rows[n].data["image_tokens"] == 16
@@ -176,10 +176,10 @@ def test_lab_with_a_multimodal_model_checks_the_path(tmp_path):
 def test_unreachable_and_dry_run(tmp_path):
     from runbook.api.server_info import ApiClient, ServerInfo
     step = make_step(tmp_path, name="06_vision_tools")
-    rows = run_vision(step, ApiClient(ServerInfo("http://127.0.0.1:9", "tiny", 4096), timeout=2))
+    rows = run_vision(ApiClient(ServerInfo("http://127.0.0.1:9", "tiny", 4096), timeout=2), step.profile, Archive("raw/06_vision_tools"))
     assert len(rows) == 1 and rows[0].failed and rows[0].name == "vision.server.reachable"
     dry = make_step(tmp_path, name="06_vision_tools", dry_run=True)
-    assert [c.status for c in run_vision(dry, None)] == [Status.NA]
+    assert [c.status for c in run_vision(None, dry.profile, Archive("raw/06_vision_tools"), dry_run=True)] == [Status.NA]
 
 
 @pytest.mark.parametrize("recipe", ["lab", "exl3-v41", "dspark-v4"])

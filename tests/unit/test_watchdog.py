@@ -93,3 +93,35 @@ def test_the_explanation_says_every_rank_running_only_when_it_was_checked():
     ok = [check("fabric link up", True, node="head"), check("rank running", True, node="worker")]
     assert watchdog.Alert(30.0, "wedge", "x", ok, 10.0).explanation().startswith("fabric up and pingable")
     assert watchdog.Alert(30.0, "wedge", "x", [], 10.0).explanation() == "fabric and ranks not checked"
+
+
+def test_watching_hands_its_row_to_the_callback_and_runs_nothing_in_a_dry_run(monkeypatch):
+    """``watching(profile, add)``: the block's "serving watchdog" row goes to ``add`` when the block ends
+    (the step's run passes ``step.add``); a dry run starts no watchdog and adds no row."""
+    class FakeApi:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def get(self, path):
+            assert path == "/metrics"
+            return _Exchange(_metrics(10, 0))
+
+    monkeypatch.setattr(watchdog, "ApiClient", FakeApi)
+    profile = load_profile(ENV / "lab.env", {"API_HOST": "0.0.0.0"})     # no SSH forward to open
+    rows: list = []
+    with watchdog.watching(profile, rows.append, dry_run=True) as dog:
+        assert dog is None
+    assert rows == []
+    with watchdog.watching(profile, rows.append, interval_s=0.001, check_nodes=False) as dog:
+        for _ in range(2000):
+            if dog.scrapes:
+                break
+            watchdog.threading.Event().wait(0.005)
+    (row,) = rows
+    assert row.name == "serving watchdog" and row.status.value == "PASS" and dog.scrapes > 0
