@@ -70,7 +70,7 @@ def test_the_nodes_own_python3_without_huggingface_hub_downloads(lab_profile):
             r = node.read("python3 -c 'import huggingface_hub'", timeout=30)
             assert not r.ok and "No module named" in (r.stderr + r.stdout), (node.name, r.stdout, r.stderr)
         try:
-            checks, _ = weights_step.run(profile, cluster, compare_sha256sum=False)
+            checks, _ = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
             assert not _failed(checks), _failed(checks)
             assert [c.node for c in checks if c.name == "weights.download"] == ["head", "worker"]
             r = cluster.worker.read("stat -c '%a %U' ~/.cache/spark-runbook/tools", timeout=30)
