@@ -5,8 +5,8 @@
     problems = check_table(table, plan)            # [] when every rendered item has a row and every *same* holds
     text = to_markdown(table, plan)                # docs/parity/exl3-v41.md (the "ours" column is the render)
 
-A row: ``kind`` (env | docker | mount | serve | step | policy), ``name``, ``ref`` (the recipe's file:line at
-the pinned commit, or file@commit where that file is stored only at another commit), ``recipe`` (its value: a
+A row: ``kind`` (env | docker | mount | serve | step | policy), ``name``, ``ref`` (where the recipe sets it:
+``file:line@commit`` and the block; file@commit alone where that file or commit is not stored), ``recipe`` (its value: a
 string for every rank, or ``{"head": ..., "worker": ...}`` per rank where a missing node means "not set
 there"; ``<...>`` describes a per-node value and is checked for presence only), ``verdict`` (same |
 deviation | n/a) and ``why`` (required unless *same*: the reason and what it costs).
@@ -211,7 +211,7 @@ def to_markdown(table: dict[str, Any], plan: LaunchPlan) -> str:
            *[f"{line}\n" for line in table.get("intro", [])],
            f"{len(table['rows'])} rows: {counts['same']} same, {counts['deviation']} deliberate deviations, "
            f"{counts['n/a']} not applicable. *ours* is the rendered value (rank: value where ranks differ).", "",
-           "| kind | name | recipe (file@commit, block) | recipe value | ours | verdict | why (and what it costs) |",
+           "| kind | name | recipe (file:line@commit, block) | recipe value | ours | verdict | why (and what it costs) |",
            "|---|---|---|---|---|---|---|"]
     for r in table["rows"]:
         ours = _ours(items.get((r["kind"], r["name"]), {})) if r["kind"] in RENDERED_KINDS else r.get("ours", "")
