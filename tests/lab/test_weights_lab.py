@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from runbook.errors import RunbookError
+
 from runbook.profile import load_profile
 from runbook.remote import Cluster
 from runbook.weights import transfer as weights_step
@@ -168,3 +170,46 @@ def test_nfs_mode_refuses_a_port_2049_held_by_another_server(lab_profile, hold_p
         (server,) = [c for c in share.checks if c.name == "weights.nfs.server"]
         assert server.failed and "port 2049 is already taken" in server.observed, server
         assert "python3" in server.observed, server.observed
+
+
+def test_a_gated_repo_downloads_with_hf_token_only_in_the_secrets_file(lab_profile, tmp_path, monkeypatch):
+    """Issue 24: a Hub that answers 401 without a bearer token (a gated repo) serves step 02 when HF_TOKEN is only
+    in the 0600 secrets file, not in the environment; without it the download fails and says why; the token is in
+    no command the nodes ran."""
+    import secrets as pysecrets
+    from runbook.lab import control
+    from runbook.lab.hub import HubServer
+    token = "hf_labGated" + pysecrets.token_hex(8)
+    for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    empty.chmod(0o600)
+    host = lab_profile.hf_endpoint.split("//", 1)[1].rsplit(":", 1)[0]       # the lab bridge the nodes reach
+    with HubServer(control.HUB_ROOT, host, 0, token=token) as hub:
+        profile = lab_profile.with_overrides({"HF_ENDPOINT": hub.url, "HF_ENDPOINT_TRUSTED": "1",
+                                              "WEIGHTS_DIR": "/mnt/nvme/models/tiny-gated"})
+        with Cluster.from_profile(profile, run_dir=tmp_path) as cluster:
+            try:
+                monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(empty))
+                try:                                                  # no token anywhere: refused, and said
+                    refused = [c for c in weights_step.download_verify_share(cluster, profile,
+                                                                             compare_sha256sum=False)[0] if c.failed]
+                    said = " ".join(f"{c.observed} {c.fix}" for c in refused)
+                    assert refused, "the gated Hub served an anonymous download"
+                except RunbookError as err:
+                    said = str(err)
+                assert "401" in said or "token" in said.lower(), said
+                secrets_file = tmp_path / "secrets.env"
+                secrets_file.write_text(f"HF_TOKEN={token}\n")
+                secrets_file.chmod(0o600)
+                monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(secrets_file))
+                checks, _ = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
+                assert not _failed(checks), _failed(checks)
+                assert any(c.name == "weights.download" for c in checks)
+                assert hub.bytes_sent() > 0
+            finally:
+                for node in cluster.nodes:
+                    node.run("rm -rf /mnt/nvme/models/tiny-gated", timeout=30, warn=True)
+        ran = (tmp_path / "commands.jsonl").read_text()
+        assert ran.strip() and token not in ran        # every node command recorded; the token in none
