@@ -41,7 +41,10 @@ pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow,
                                  reason=f"{VENV} missing: make lab-vllm installs the lab's CPU vLLM")]
 PROFILES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env"]
 # rows whose tool cannot exist on the lab (GPU, RDMA, nccl-tests, perftest): the only ones allowed to say SIMULATED
-SIMULATED_ALLOWED = ("GPU present", "driver parity", "net.gid", "net.tools", "net.rdma.", "net.nccl.")
+# the rows whose tool cannot exist on the lab: the GPU (nvidia-smi: presence, driver parity, the driver's CUDA against
+# the image's) and RDMA / NCCL
+SIMULATED_ALLOWED = ("GPU present", "driver parity", "driver supports the image's CUDA", "net.gid", "net.tools",
+                     "net.rdma.", "net.nccl.")
 REAL_NETWORK = ("net.ping.", "net.tcp.", "net.link.", "net.mtu.", "net.allreduce")
 TIMINGS: dict[str, dict] = {}
 # the suite's budget: one repeat and a 10 s soak instead of the lab's 3 and 30 s (every bench case still runs;
