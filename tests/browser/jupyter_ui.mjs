@@ -151,7 +151,8 @@ try {
     await input.fill("8");
     await input.press("Enter");
     await page.waitForFunction(
-      () => document.querySelector(".runbook-form-status")?.innerText.includes("valid") &&
+      // "1 problem(s) (the same validation as …)" contains "valid" too: wait for the status to start with it
+      () => (document.querySelector(".runbook-form-status")?.innerText || "").trim().startsWith("valid") &&
             ![...document.querySelectorAll(".runbook-form-error")].some((e) => e.innerText.trim()),
       null, { timeout: 20_000 });
     result.form.status_after_undo = (await form.locator(".runbook-form-status").innerText()).trim();

@@ -187,7 +187,7 @@ def test_a_gated_repo_downloads_with_hf_token_only_in_the_secrets_file(lab_profi
     empty.chmod(0o600)
     host = lab_profile.hf_endpoint.split("//", 1)[1].rsplit(":", 1)[0]       # the lab bridge the nodes reach
     with HubServer(control.HUB_ROOT, host, 0, token=token) as hub:
-        profile = lab_profile.with_overrides({"HF_ENDPOINT": hub.url, "HF_ENDPOINT_TRUSTED": "1",
+        profile = lab_profile.with_overrides({"HF_ENDPOINT": hub.url,      # the lab bridge: the lab hub, trusted
                                               "WEIGHTS_DIR": "/mnt/nvme/models/tiny-gated"})
         with Cluster.from_profile(profile, run_dir=tmp_path) as cluster:
             try:
