@@ -67,6 +67,9 @@ def test_render_prints_every_steps_commands_offline(name, no_network, monkeypatc
     assert f"node_download.py --repo {profile.hf_model_repo} --revision {profile.hf_revision}" in weights
     if profile.engram:                                   # recipe A: the Engram source is fetched in 02 too
         assert f"node_download.py --repo {profile.hf_engram_repo} --revision {profile.hf_engram_revision}" in weights
+    if profile.weight_sync == "nfs":                     # the kernel NFS share, past the unanswered sudo probe
+        assert "[head] [run] sudo -n exportfs -ra" in weights and "sudo -n mount -t nfs4" in weights
+        assert f"{profile.worker_ip}(ro,sync,no_subtree_check,root_squash)" in weights
     assert "docker image inspect" in launch
     assert "sk-review-secret" not in text and "hf_reviewsecret" not in text
     head_start = next(e for e in entries if e.startswith("[head] [run] ") and "docker run -d" in e)
