@@ -19,6 +19,7 @@ one repeat here), plus the 3-node lab and the 2-node restore for tp3.
 from __future__ import annotations
 
 import json
+from html import escape
 import os
 import subprocess
 import sys
@@ -133,7 +134,7 @@ def test_every_step_passed_and_only_hardware_rows_are_simulated(rehearsal):
     assert "SIMULATED" in html and "rehears" in html.lower()
     assert f"{len(substituted)} key(s) substituted (hardware: {kinds.count('hardware')}, lab: {kinds.count('lab')})" in html
     for _, name, _ in simulated[:5]:
-        assert name.replace(">", "&gt;") in html or name in html, name
+        assert escape(name) in html or name.replace(">", "&gt;") in html or name in html, name
 
 
 def test_simulators_got_each_ranks_own_invocation(rehearsal):
