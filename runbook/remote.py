@@ -446,6 +446,11 @@ class Cluster:
         self.nodes = sorted(nodes, key=lambda n: n.spec.rank)
         self.log = log
 
+    @property
+    def dry_run(self) -> bool:
+        """Every node records its changes instead of running them (``--dry-run``, the offline review)."""
+        return bool(self.nodes) and all(n.dry_run for n in self.nodes)
+
     @classmethod
     def from_profile(cls, profile, *, run_dir: Path | None = None, dry_run: bool = False,
                      redactor: Redactor | None = None) -> "Cluster":

@@ -54,7 +54,6 @@ def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go
     restart, then (when no row failed and ``go``) the start until the first token. On an exception the
     partial outcome rides on it as ``.outcome``."""
     out = LaunchOutcome(plan=plan)
-    dry_run = bool(getattr(cluster, "dry_run", False))
     try:
         out.image = image.ensure_image(cluster, profile)
         out.checks.add(out.image)
@@ -65,12 +64,13 @@ def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go
             out.stopped = stop.stop(cluster, profile)
             out.checks.add(out.stopped.checks)
         # a dry run goes past a failing read-only check, so every command of the start is shown
-        if go and (not out.checks.failures() or dry_run):
+        if go and (not out.checks.failures() or cluster.dry_run):
             out.started = server.start(cluster, profile, plan, raw_prefix=raw_prefix, run_id=run_id,
                                        raise_on_failure=False)
             out.checks.add(out.started.checks)
-            if out.started.ok and not out.started.reused and not dry_run:
-                # the recipe's boot-shape warm-up once the API answers (non-fatal, as in both seeds)
+            if out.started.ok and not out.started.reused:
+                # the recipe's boot-shape warm-up once the API answers (non-fatal, as in both seeds); a dry run
+                # records its command too, so the offline review shows it
                 out.warmup = [warmup.run_warmup(cluster, profile, api_key=load_secrets().api_key)]
                 out.checks.add(out.warmup)
     except BaseException as err:

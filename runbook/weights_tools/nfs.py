@@ -7,19 +7,15 @@ import ipaddress
 import posixpath
 import shlex
 from collections.abc import Iterable
-from typing import Any
 
 from ..checks import Check, check
 from ..errors import RunbookError
 from ..facts.node_paths import node_user
+from ..remote import quote
 
 NFS_EXPORT_OPTS = "ro,sync,no_subtree_check,root_squash"
 NFS_MOUNT_OPTS = "vers=4.2,ro,nconnect=8,rsize=1048576,wsize=1048576,hard,timeo=600"
 EXPORTS_DIR = "/etc/exports.d"
-
-
-def _q(value: Any) -> str:
-    return shlex.quote(str(value))
 
 
 def single_ipv4(value: str, what: str) -> str:
@@ -61,25 +57,25 @@ def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *
     sh, sw = ("sudo -n " if head_sudo else ""), ("sudo -n " if worker_sudo else "")
     exports_file = f"{EXPORTS_DIR}/spark-runbook-{name}.exports"
     line = f"{quoted} {worker_ip}({NFS_EXPORT_OPTS})"
-    mnt = _q(mountpoint)
+    mnt = quote(mountpoint)
     return {
         "head": [
             f"{sh}mkdir -p {EXPORTS_DIR}",
-            f"printf '%s\\n' {_q(line)} | {sh}tee {exports_file} >/dev/null",
+            f"printf '%s\\n' {quote(line)} | {sh}tee {exports_file} >/dev/null",
             f"{sh}exportfs -ra",
-            f"{sh}exportfs -v | grep -F {_q(export_dir)}",
+            f"{sh}exportfs -v | grep -F {quote(export_dir)}",
             f"rpcinfo -t {head_ip} nfs 4",
         ],
         "worker": [
             f"mkdir -p {mnt} 2>/dev/null || {sw}mkdir -p {mnt}",
-            f"mountpoint -q {mnt} || {sw}mount -t nfs4 -o {NFS_MOUNT_OPTS} {_q(head_ip + ':' + export_dir)} {mnt}",
-            f"test -f {_q(posixpath.join(mountpoint, probe))}",
+            f"mountpoint -q {mnt} || {sw}mount -t nfs4 -o {NFS_MOUNT_OPTS} {quote(head_ip + ':' + export_dir)} {mnt}",
+            f"test -f {quote(posixpath.join(mountpoint, probe))}",
         ],
         "worker_docker_volume": [
             f"docker volume rm -f {volume}",
             (f"docker volume create --driver local --opt type=nfs "
              f"--opt o=addr={head_ip},{NFS_MOUNT_OPTS.replace('vers=', 'nfsvers=')} "
-             f"--opt {_q('device=:' + export_dir)} {volume}"),
+             f"--opt {quote('device=:' + export_dir)} {volume}"),
         ],
         "undo_head": [f"{sh}rm -f {exports_file}", f"{sh}exportfs -ra"],
         "undo_worker": [f"{sw}umount {mnt}"],
@@ -134,7 +130,7 @@ def sudo_argvs(commands: Iterable[str]) -> list[list[str]]:
 def sudo_probe_cmd(argv: list[str]) -> str:
     """Read-only: may the SSH user run exactly this command as root without a password? (``sudo -l``
     with a command exits 0 and prints its full path when the sudoers rules allow it.)"""
-    return "sudo -n -l " + " ".join(_q(a) for a in argv)
+    return "sudo -n -l " + " ".join(quote(a) for a in argv)
 
 
 def sudo_check(node, commands: list[str]) -> Check | None:

@@ -72,3 +72,10 @@ def test_ssh_host_config_reads_aliases_wildcards_and_match(tmp_path):
     assert ssh_host_config("m1", cfg)["hostname"] == "matched.example"
     assert ssh_host_config("plain", cfg) == {"hostname": "plain"}
     assert ssh_host_config("root@10.1.2.3:2222", None) == {"hostname": "10.1.2.3"}
+
+
+def test_a_cluster_is_a_dry_run_when_every_node_is():
+    from support.doubles import FakeCluster, FakeNode
+    assert FakeCluster([FakeNode("head", 0, dry_run=True), FakeNode("worker", 1, dry_run=True)]).dry_run
+    assert not FakeCluster([FakeNode("head", 0, dry_run=True), FakeNode("worker", 1)]).dry_run
+    assert not FakeCluster([]).dry_run
