@@ -131,3 +131,69 @@ def parse_modprobe_nvidia(text: str) -> list[ModprobeOption]:
             if path not in files_with_options:
                 out.append(ModprobeOption(path, ""))
     return out
+
+
+# -- runtime kernel builds (JIT) at first boot ------------------------------------------------------------
+#: FlashInfer's JIT (flashinfer/jit/cpp_ext.py ``_get_num_workers`` @ 048e35c) runs ``ninja -j $MAX_JOBS`` and
+#: otherwise ninja's default; torch's cpp_extension reads MAX_JOBS too. Each nvcc runs FLASHINFER_NVCC_THREADS
+#: threads (default 1). Unset on a 20-core GB10 that is ninja's 22 parallel compiles on every rank at once: the
+#: wedge of field report 6 (tonyd2wild README fix 2: "22 parallel jobs ... MAX_JOBS=2" plus prebuilt kernels).
+JIT_JOB_KEYS = ("MAX_JOBS", "FLASHINFER_NVCC_THREADS")
+#: the parallel compiles per rank a preflight accepts: the field fix ran 2; 4 still leaves room on a node whose
+#: weights are already loaded (a judgment, not a measured limit; docs/diagnose.md jit-build-memory-wedge)
+JIT_JOBS_LIMIT = 4
+#: the node's CPU count and the build-job settings a process-runtime rank inherits from the SSH session
+JIT_ENV_CMD = ('echo "nproc $(nproc 2>/dev/null)"; env 2>/dev/null | grep -E "^(' + "|".join(JIT_JOB_KEYS)
+               + ')=" ; true')
+
+
+def parse_env_lines(text: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines (an image's ``Config.Env``, ``env``'s output) -> dict; other lines skipped."""
+    out: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        k, sep, v = line.strip().partition("=")
+        if sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            out[k] = v
+    return out
+
+
+def parse_nproc(text: str) -> int | None:
+    """``nproc N`` from :data:`JIT_ENV_CMD`'s first line."""
+    m = re.search(r"^nproc (\d+)\s*$", text or "", re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def ninja_default_jobs(nproc: int | None) -> int | None:
+    """ninja's ``-j`` default (``GuessParallelism``): 2 for one CPU, 3 for two, else CPUs + 2."""
+    if not nproc:
+        return None
+    return 2 if nproc <= 1 else 3 if nproc == 2 else nproc + 2
+
+
+@dataclass(frozen=True)
+class JitJobs:
+    jobs: int | None            # parallel compiler processes per rank (None: unknown)
+    threads: int                # threads per nvcc (FLASHINFER_NVCC_THREADS)
+    source: str                 # where MAX_JOBS came from, or "ninja's default for N CPUs"
+    capped: bool                # MAX_JOBS was set
+
+    @property
+    def parallel(self) -> int | None:
+        return None if self.jobs is None else self.jobs * self.threads
+
+
+def jit_jobs(envs: list[tuple[str, dict[str, str]]], nproc: int | None) -> JitJobs:
+    """The parallel kernel compiles one rank's JIT would run, from the environments it inherits in order (a later
+    one wins, as ``docker run -e`` wins over the image's ``ENV``)."""
+    merged: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for label, env in envs:
+        for k in JIT_JOB_KEYS:
+            if k in env:
+                merged[k], where[k] = env[k].strip(), label
+    threads = int(merged["FLASHINFER_NVCC_THREADS"]) if merged.get("FLASHINFER_NVCC_THREADS", "").isdigit() \
+        and int(merged["FLASHINFER_NVCC_THREADS"]) >= 1 else 1
+    if merged.get("MAX_JOBS", "").isdigit():                      # FlashInfer ignores a non-digit value
+        return JitJobs(int(merged["MAX_JOBS"]), threads, f"MAX_JOBS={merged['MAX_JOBS']} ({where['MAX_JOBS']})", True)
+    return JitJobs(ninja_default_jobs(nproc), threads, f"ninja's default for {nproc or '?'} CPUs (MAX_JOBS unset)",
+                   False)

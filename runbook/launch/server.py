@@ -26,12 +26,13 @@ reused server only has it verified. After readiness every rank's boot log is sea
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import checkout, recipe, render
+from . import checkout, identity, recipe, render
 from ..facts import ranks
 from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, hang_diagnostics, probe_readiness
 from .stop import stop
@@ -200,6 +201,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                          fix="fix the profile so every rank gets the same --master-addr/--master-port",
                          raise_=raise_)
     if cluster.head.dry_run:
+        _identity(cluster, profile, plan, result, ev)        # the reads are recorded; a difference does not stop it
         # recorded, not run: each rank's start command in start order (workers first), the key by name only
         for rank in sorted(plan.ranks, key=lambda r: -r.rank):
             cluster[rank.node].run(rank.start_command(),
@@ -248,12 +250,18 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
         return _fail(result, "server started", "vLLM processes not started by the runbook run on the head",
                      node="head", observed="; ".join(head_st.processes[:3]), expected="none",
                      fix=f"{_stop_cmd(profile)} or kill them", raise_=raise_)
-    listening = system.parse_listening(cluster.head.read(system.LISTEN_CMD).stdout)
-    busy = [p for p in (profile.port, profile.master_port) if p in listening]
-    if busy:
-        return _fail(result, "server started", "the API or rendezvous port is in use on the head", node="head",
-                     observed=", ".join(f"{p}: {listening[p] or 'a process'}" for p in busy),
-                     expected="free", fix="stop what listens there (ss -ltnp) or change PORT/MASTER_PORT",
+    # relaunch safety: the API and rendezvous ports closed on EVERY node (a rank of an earlier run that still
+    # listens there takes the new worker into the old rendezvous: field report, tonyd2wild fix 6)
+    held = _ports_held(cluster, profile)
+    if held:
+        where = ", ".join(held)
+        return _fail(result, "server started", f"the API or rendezvous port is in use on the {where}",
+                     node=where, observed="; ".join(f"{n}: " + ", ".join(f"{p}: {who}" for p, who in ports.items())
+                                                    for n, ports in held.items()),
+                     expected=f"PORT {profile.port} and MASTER_PORT {profile.master_port} closed on every node",
+                     fix=f"{_stop_cmd(profile)} (stops every rank of an earlier run on every node, orphaned "
+                         "EngineCore/Worker processes included); if what listens is not vLLM, stop that process "
+                         "(ss -ltnp names it) -- changing PORT/MASTER_PORT would leave the orphans holding memory",
                      raise_=raise_)
 
     # -- the recipe checkout at the pinned commit on every node (its files are mounted into the ranks)
@@ -263,6 +271,12 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                      observed="; ".join(f"{c.node}: {c.observed}" for c in result.checks.failures())[:1500],
                      expected=f"{profile.recipe_repo} @ {profile.recipe_commit[:12]} on every node",
                      fix="see the recipe checkout rows", raise_=raise_)
+
+    # -- identity across ranks: one image, python, vLLM build, NCCL, driver and recipe files, or nothing starts
+    if not _identity(cluster, profile, plan, result, ev, homes=homes):
+        bad = result.checks[-1]
+        return _fail(result, "launch refused", "the ranks would not run one build: nothing was started",
+                     node=bad.node, observed=bad.observed, expected=bad.expected, fix=bad.fix, raise_=raise_)
 
     # -- launch: workers first, then the head
     mem = cluster.each(ranks.mem_available)
@@ -483,6 +497,46 @@ def patch_warning_checks(plan: LaunchPlan, result: StartResult, logs: dict[str, 
                                     fix="the recipe tolerates this (its patch loop only warns) and the server runs; "
                                         "read the rank's log above the WARN line for the patch's error, then "
                                         "check the pinned image and checkout match (RECIPE_COMMIT, IMAGE)"))
+
+
+def _ports_held(cluster: Cluster, profile) -> dict[str, dict[int, str]]:
+    """Node -> {port: who listens} for PORT and MASTER_PORT on every node (read-only: ``ss -ltnp``, then the
+    listeners' command lines, so an orphaned ``VLLM::EngineCore`` is named as such)."""
+    ports = (profile.port, profile.master_port)
+
+    def read(node) -> dict[int, str]:
+        listening = system.parse_listening(node.read(system.LISTEN_CMD, timeout=20).stdout)
+        held = {p: listening[p] for p in ports if p in listening}
+        pids = sorted({int(pid) for who in held.values() for pid in re.findall(r"pid (\d+)", who)})
+        if pids:
+            args = dict(line.strip().split(None, 1) for line in node.read(
+                f"ps -o pid=,args= -p {','.join(map(str, pids))} 2>/dev/null", timeout=20).stdout.splitlines()
+                if len(line.split(None, 1)) == 2)
+            for p, who in held.items():
+                named = [f"{pid} {args[pid][:120]}" for pid in re.findall(r"pid (\d+)", who) if pid in args]
+                held[p] = f"{who} [{'; '.join(named)}]" if named else who
+        return {p: who or "a process (ss shows no owner: another user's?)" for p, who in held.items()}
+
+    out: dict[str, dict[int, str]] = {}
+    for name, value in cluster.each(read).items():
+        if isinstance(value, Exception):
+            raise value
+        if value:
+            out[name] = value
+    return out
+
+
+def _identity(cluster: Cluster, profile, plan: LaunchPlan, result: StartResult, ev, *,
+              homes: dict[str, str] | None = None) -> bool:
+    """The identity row (``identity.py``) and its table as raw evidence; False when the ranks differ."""
+    table = identity.gather(cluster, profile, plan, homes=homes)
+    row = identity.identity_check(table, profile, dry_run=cluster.head.dry_run)
+    path = ev("identity.json", json.dumps(identity.to_record(table), indent=2))
+    if path:
+        row.evidence.append(path)
+        result.evidence.append(path)
+    result.checks.add(row)
+    return not row.failed
 
 
 def _recipe_checkout(cluster: Cluster, profile, result: StartResult, *, ship: bool) -> bool:

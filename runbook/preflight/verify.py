@@ -65,7 +65,19 @@ def _read_residue(node: Node, profile, image_present: bool) -> dict[str, str]:
         r["nccl_conf_where"] = f"/etc/nccl.conf in {profile.image}"
     else:
         r["nccl_conf"] = node.read(residue.HOST_NCCL_CONF_CMD, timeout=10).stdout
+    if builds_kernels(profile) is True:        # only where a rank compiles kernels at first boot
+        r["jit_env"] = node.read(residue.JIT_ENV_CMD, timeout=10).stdout
     return r
+
+
+def builds_kernels(profile) -> bool | str:
+    """True when the profile's ranks may compile CUDA kernels at first boot (FlashInfer's JIT and the
+    recipes' TileLang/DeepGEMM/Triton), else why not."""
+    if profile.lab:
+        return "lab: the CPU vLLM build compiles no CUDA kernels"
+    if not profile.expect_gpu:
+        return "no GPU on this profile: no CUDA kernel is compiled"
+    return True
 
 
 def clock_offsets(cluster: Cluster) -> dict[str, tuple[float, float]]:
@@ -273,7 +285,11 @@ def _ports(name: str, f: dict[str, Any], profile) -> list[Check]:
             continue
         out.append(check(f"{label} {port} free", owner is None, node=name,
                          observed=f"in use by {owner or 'a process'}" if owner is not None else "free",
-                         expected="free", fix=f"stop what listens on {port} (ss -ltnp) or change the port in the profile"))
+                         expected="free",
+                         fix=f"python -m runbook stop --profile {profile.source or '<profile>'} (stops every rank of an "
+                             f"earlier run, orphaned EngineCore/Worker processes included); if what listens on {port} "
+                             "is not vLLM, stop it (ss -ltnp names it) -- changing the port would leave orphans "
+                             "holding memory"))
     return out
 
 
@@ -379,6 +395,7 @@ def residue_checks(name: str, f: dict[str, Any], profile) -> list[Check]:
                         "same version", data={"driver": drv.driver, "driver_cuda": drv.cuda, "image_cuda": img})
         out.append(simulated(row, "the driver's header comes from the rehearsal's nvidia-smi")
                    if profile.rehearsal else row)
+    out.append(jit_jobs_check(name, r, profile))
     opts = residue.parse_modprobe_nvidia(r.get("modprobe", ""))
     odd = [o for o in opts if "override" in o.file.lower() or
            (o.line and not all(_STOCK_NVIDIA_OPTIONS.match(w) for w in o.line.split()[2:]))]
@@ -394,6 +411,38 @@ def residue_checks(name: str, f: dict[str, Any], profile) -> list[Check]:
                              "what you did not put there, then sudo update-initramfs -u and reboot",
                          data={"options": [vars(o) for o in opts]}))
     return out
+
+
+def jit_jobs_check(name: str, r: dict[str, str], profile) -> Check:
+    """The parallel kernel compiles a rank's first-boot JIT would run (field report 6: 22 parallel FlashInfer
+    builds wedged four nodes). The rank's environment is the image's (docker) or the SSH session's (process),
+    then the rendered one, which sets none of the build-job keys (test_launch_render checks that)."""
+    row = "JIT build jobs capped"
+    why = builds_kernels(profile)
+    expected = (f"at most {residue.JIT_JOBS_LIMIT} parallel compiles per rank (MAX_JOBS x FLASHINFER_NVCC_THREADS), "
+                "or kernels prebuilt in the image")
+    if why is not True:
+        return not_applicable(row, str(why), node=name, expected=expected)
+    if profile.runtime == "docker" and not r.get("image_env"):
+        return not_applicable(row, f"{profile.image} is not on this node yet (04 pulls or ships it): its "
+                              "environment is read at the next preflight", node=name, expected=expected)
+    env_label = f"ENV of {profile.image}" if profile.runtime == "docker" else f"{name}'s SSH environment"
+    env = residue.parse_env_lines(r.get("image_env", "") if profile.runtime == "docker" else r.get("jit_env", ""))
+    jobs = residue.jit_jobs([(env_label, env)], residue.parse_nproc(r.get("jit_env", "")))
+    ok = jobs.parallel is not None and jobs.parallel <= residue.JIT_JOBS_LIMIT
+    where = (f"an image layer `FROM {profile.image}` + `ENV MAX_JOBS=2` (IMAGE pinned to it)"
+             if profile.runtime == "docker" else
+             f"MAX_JOBS=2 in the SSH user's environment on {name} (/etc/environment, or ~/.ssh/environment with "
+             "PermitUserEnvironment)")
+    return check(row, ok, node=name, warn_only=True,
+                 observed=(f"{jobs.parallel if jobs.parallel is not None else '?'} parallel compiles per rank: "
+                           f"{jobs.source}" + (f" x FLASHINFER_NVCC_THREADS={jobs.threads}" if jobs.threads > 1 else "")),
+                 expected=expected,
+                 fix=(f"cap the first-boot build: {where} -- FlashInfer's JIT runs `ninja -j $MAX_JOBS` (ninja's "
+                      "default is CPUs + 2: 22 on a GB10, the build that wedged four nodes in the field); or use an "
+                      "image with the kernels prebuilt, or a warm node-local JIT cache (CACHE_DIR) from an earlier "
+                      "boot of the same image"),
+                 data={"parallel": jobs.parallel, "max_jobs_set": jobs.capped, "source": jobs.source})
 
 
 def _clock(offsets: dict[str, Any], profile) -> Check:

@@ -125,7 +125,9 @@ WRONG_MODEL_ON_PORT = Entry(
     symptom="requests fail with `model ... does not exist` or hit an old server",
     detect="`/v1/models` on the API port does not list SERVED_MODEL_NAME",
     cause="another server (an older run, another user) holds the port",
-    fix="stop the other server (`ss -ltnp 'sport = :{port}'` names it) or change PORT",
+    fix="`python -m runbook stop --profile <profile>` when it is an earlier run of the runbook (every rank on every "
+        "node, orphaned EngineCore/Worker processes included); else stop the other server (`ss -ltnp 'sport = "
+        ":{port}'` names it); changing PORT leaves an orphaned server holding memory",
     proof="curl -s {api_url}/v1/models   # on the head (the address the API binds)",
     signature=_sig_wrong_model, source="anchors-2026-12 #10",
     lines=(r"The model `[^`]+` does not exist",),

@@ -106,10 +106,64 @@ def test_preflight_rows_on_the_lab_are_na_where_they_do_not_apply():
      set(), set()),
 ])
 def test_preflight_rows_on_a_spark_profile(meminfo, smi, env, modprobe, failed, warned):
-    rows = _rows(_facts(meminfo, smi=smi, image_env=env, modprobe=modprobe), load_profile(ENV / "exl3-v41.env"))
+    rows = _rows(_facts(meminfo, smi=smi, image_env=env + "MAX_JOBS=2\n", modprobe=modprobe, jit_env="nproc 20\n"),
+                 load_profile(ENV / "exl3-v41.env"))
     assert {n for n, r in rows.items() if r.status is Status.FAIL} == failed
     assert {n for n, r in rows.items() if r.status is Status.WARN} == warned
     assert all(r.status is not Status.NA for r in rows.values())
     for r in rows.values():
         if r.status in (Status.FAIL, Status.WARN):
             assert r.fix
+
+
+# --------------------------------------------------------------------------- JIT build jobs (field report 6)
+
+def test_jit_jobs_follow_flashinfer_and_ninja():
+    """FlashInfer's JIT runs `ninja -j $MAX_JOBS` when MAX_JOBS is digits (flashinfer/jit/cpp_ext.py
+    _get_num_workers @ 048e35c), else ninja's default: CPUs + 2, the 22 compiles of the field report on a GB10."""
+    assert residue.ninja_default_jobs(20) == 22 and residue.ninja_default_jobs(2) == 3
+    assert residue.ninja_default_jobs(1) == 2 and residue.ninja_default_jobs(None) is None
+    assert residue.parse_nproc("nproc 20\nMAX_JOBS=2\n") == 20 and residue.parse_nproc("nproc \n") is None
+    unset = residue.jit_jobs([("image", {"PATH": "/bin"})], 20)
+    assert (unset.parallel, unset.capped) == (22, False) and "ninja's default for 20 CPUs" in unset.source
+    capped = residue.jit_jobs([("image", {"MAX_JOBS": "2"})], 20)
+    assert (capped.parallel, capped.capped) == (2, True) and "MAX_JOBS=2 (image)" in capped.source
+    # a later environment wins (docker run -e over the image's ENV); threads per nvcc multiply
+    later = residue.jit_jobs([("image", {"MAX_JOBS": "2"}), ("rank", {"MAX_JOBS": "8",
+                                                                      "FLASHINFER_NVCC_THREADS": "2"})], 20)
+    assert later.parallel == 16 and "(rank)" in later.source
+    assert residue.jit_jobs([("image", {"MAX_JOBS": "two"})], 20).parallel == 22      # ignored, as FlashInfer does
+    assert residue.parse_env_lines("MAX_JOBS=2\nnproc 20\nnot a line\nA_B=x=y\n") == {"MAX_JOBS": "2", "A_B": "x=y"}
+
+
+@pytest.mark.parametrize("name,r,status,said", [
+    ("exl3-v41", {"image_env": NGC_ENV, "jit_env": "nproc 20\n"}, Status.WARN, "22 parallel compiles"),
+    ("exl3-v41", {"image_env": NGC_ENV + "MAX_JOBS=2\n", "jit_env": "nproc 20\n"}, Status.PASS, "MAX_JOBS=2"),
+    ("exl3-v41", {"image_env": NGC_ENV + "MAX_JOBS=6\n", "jit_env": "nproc 20\n"}, Status.WARN, "6 parallel"),
+    ("exl3-v41", {"image_env": "", "jit_env": "nproc 20\n"}, Status.NA, "not on this node yet"),
+    ("dspark-v4", {"image_env": NGC_ENV, "jit_env": "nproc 20\n"}, Status.WARN, "ninja's default"),
+    ("lab", {"jit_env": ""}, Status.NA, "compiles no CUDA kernels"),
+])
+def test_jit_jobs_row(name, r, status, said):
+    row = verify.jit_jobs_check("head", r, load_profile(ENV / f"{name}.env"))
+    assert row.status is status and said in row.observed, row
+    if status is Status.WARN:
+        assert "MAX_JOBS=2" in row.fix and "prebuilt" in row.fix
+
+
+def test_jit_jobs_row_process_runtime_reads_the_ssh_environment():
+    # a stock vllm on GPU nodes without a recipe (a recipe's chain runs in its image only)
+    profile = load_profile(ENV / "lab.env", {"LAB": "0", "EXPECT_GPU": "1", "RECIPE_REPO": "", "RECIPE_COMMIT": "",
+                                             "RECIPE_DIR": ""})
+    assert profile.runtime == "process"
+    row = verify.jit_jobs_check("worker", {"image_env": "", "jit_env": "nproc 20\nMAX_JOBS=3\n"}, profile)
+    assert row.status is Status.PASS and "worker's SSH environment" in row.observed
+    bad = verify.jit_jobs_check("worker", {"image_env": "", "jit_env": "nproc 20\n"}, profile)
+    assert bad.status is Status.WARN and "/etc/environment" in bad.fix
+
+
+def test_jit_env_command_reads_this_machine():
+    """The read runs as written: nproc and only the build-job keys of the environment."""
+    out = subprocess.run(["bash", "-c", residue.JIT_ENV_CMD], capture_output=True, text=True, timeout=20,
+                         env={"PATH": "/usr/bin:/bin", "MAX_JOBS": "2", "OTHER": "1"}).stdout
+    assert residue.parse_nproc(out) and residue.parse_env_lines(out) == {"MAX_JOBS": "2"}
