@@ -224,12 +224,16 @@ def cmd_stop(args) -> int:
 
 
 def cmd_status(args) -> int:
-    """Both ranks and the API. Exit 0 when the server is up (every rank running, /health 200), 10 when not."""
+    """Both ranks and the API, then one verdict line (up / stopped / partial, with what to do). Exit 0 when the
+    server is up (every rank running, /health 200), 10 when not."""
     from .launch import status
     profile, cluster = _server_cluster(args)
     with cluster:
         state = status.status(cluster, profile)
+    word, line = status.verdict(state, profile)
+    state["verdict"] = word
     print(json.dumps(state, indent=2, default=str))
+    print(line)
     return ExitStatus.OK if status.is_up(state) else ExitStatus.SERVER_DOWN
 
 

@@ -282,10 +282,12 @@ def _manifest_of(run: Path) -> dict[str, Any]:
         return {}
 
 
-def previous_good_run(run_dir: str | Path, results_root: str | Path | None = None) -> Path | None:
+def previous_good_run(run_dir: str | Path, results_root: str | Path | None = None, *, step: str = "") -> Path | None:
     """The one "previous good run": the latest run under ``results_root`` (default: the run folder's
     parent) created before ``run_dir``, of the same profile, whose manifest status is ``passed``.
-    The bench's "previous" column and the report's drift both use it, so they name the same run."""
+    The bench's "previous" column and the report's drift both use it, so they name the same run.
+    With ``step``: the latest such run whose manifest entry of that step is ``passed`` (the run itself may have
+    failed later): the launch a ``run --only smoke`` reuses (``runner.reuse_launch``)."""
     run = Path(run_dir).resolve()
     root = Path(results_root).resolve() if results_root else run.parent
     mine = _manifest_of(run)
@@ -296,7 +298,8 @@ def previous_good_run(run_dir: str | Path, results_root: str | Path | None = Non
         if candidate == run:
             continue
         meta = _manifest_of(candidate)
-        if meta.get("profile") != mine.get("profile") or meta.get("status") != "passed":
+        passed = (((meta.get("steps") or {}).get(step) or {}).get("status") if step else meta.get("status"))
+        if meta.get("profile") != mine.get("profile") or passed != "passed":
             continue
         key = (str(meta.get("created") or ""), candidate.name)
         if key < order and (best is None or key > best[0]):

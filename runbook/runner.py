@@ -134,6 +134,8 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
                                                       "counts": {k: kinds.count(k) for k in sorted(set(kinds))}})
         run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
                                 profile_source=str(profile.source), selection=selection)
+        if not resume and not dry_run:
+            reuse_launch(profile, run_dir, steps, results_root=results_root, echo=echo)
         echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
              "--step-timeout to change)")
         if dry_run:
@@ -212,6 +214,53 @@ def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bo
             if why:
                 return name, why
     return None
+
+
+LAUNCH = "04_launch"
+SERVER_STEPS = ("05", "06", "07")      # the steps that talk to the server 04 launched (find_server reads its sidecar)
+
+
+def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Path | None = None,
+                 echo: Callable[[str], None] = print) -> str:
+    """A new run of server steps without 04 (``--only smoke``, ``--from 05``) reuses the server an earlier run's
+    04 launched: the latest run of the profile whose 04 passed (``evidence.previous_good_run(step=...)``), when
+    its ranks still run that fingerprint and the profile renders the same one. Its 04 record is written into
+    this run with a NO-OP row and ``data.reused_from`` (manifest status ``reused``). Returns the run reused,
+    or "" (then the step says there is no server, as before)."""
+    from .checks import Check, Status
+    from .evidence import previous_good_run
+    from .launch.plan import launch_plan
+    if LAUNCH in steps or not any(s[:2] in SERVER_STEPS for s in steps) or run_dir.read_sidecar(LAUNCH):
+        return ""
+    prev = previous_good_run(run_dir.path, results_root or run_dir.path.parent, step=LAUNCH)
+    if prev is None:
+        echo(f"no earlier run of {profile.profile_name} whose {LAUNCH} passed: the steps have no server to reuse "
+             f"(run {LAUNCH} first)")
+        return ""
+    earlier = RunDir(prev, run_dir.redactor)
+    sidecar = earlier.read_sidecar(LAUNCH) or {}
+    fingerprint = (sidecar.get("data") or {}).get("fingerprint", "")
+    with Cluster.from_profile(profile) as cluster:
+        why = launch.state_left(profile, cluster, sidecar)
+        if not why:
+            now = launch_plan(cluster, profile, earlier.read_sidecar("01_network")).fingerprint
+            if now != fingerprint:
+                why = (f"the profile now renders fingerprint {now[:12]}, the server of run {prev.name} runs "
+                       f"{fingerprint[:12]}")
+    if why:
+        echo(f"not reusing the server of run {prev.name}: {why}; run {LAUNCH} (it starts, or refuses with the stop "
+             "command)")
+        return ""
+    row = Check(f"server reused from run {prev.name}", node="cluster", status=Status.NOOP,
+                observed=f"the server {LAUNCH} of run {prev.name} started still runs fingerprint {fingerprint[:12]} "
+                         "on every rank, and the profile renders the same one",
+                expected=f"a server for {', '.join(s for s in steps if s[:2] in SERVER_STEPS)}",
+                evidence=[f"../{prev.name}/{run_dir.sidecar_rel(LAUNCH)}"])
+    run_dir.write_sidecar(LAUNCH, [row.to_record()], {**(sidecar.get("data") or {}), "reused_from": prev.name},
+                          "reused")
+    run_dir.record_step(LAUNCH, status="reused", reused_from=prev.name, start=time.time(), end=time.time())
+    echo(f"{LAUNCH}: reusing the server run {prev.name} launched (fingerprint {fingerprint[:12]}, still running)")
+    return prev.name
 
 
 def _weights_state(profile, cluster, sidecar) -> str:
