@@ -27,7 +27,9 @@ __all__ = ["DriftItem", "DriftResult", "compare", "ENV_FACTS", "DEFAULT_REL_TOL"
 
 DEFAULT_REL_TOL = 0.20
 ENV_FACTS = ("os", "kernel", "machine", "driver", "docker", "image_id", "gid_index", "gid_index_used", "gid_common",
-             "nccl_version", "nccl_transport", "vllm_version", "weights_revision", "fingerprint", "command")
+             "nccl_version", "nccl_transport", "vllm_version", "weights_revision", "fingerprint", "command",
+             # each rank's build, read by 04 before the launch (launch/identity.py)
+             "image_layers", "python", "vllm_build", "vllm_tree", "torch", "nccl_build", "driver_cuda", "recipe_files")
 _STATUS_RANK = {"PASS": 0, "NO-OP": 0, "SIMULATED": 1, "N/A": 1, "WARN": 2, "FAIL": 3}
 
 

@@ -256,6 +256,11 @@ def engram(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
     model.engram = {"nodes": sorted(summary), "raw_files": sorted(relative(run, p) for p in raw.values() if p.is_file())}
 
 
+#: the identity table's fields (04's "ranks run one build" row) -> the node fact the report shows and drift compares
+IDENTITY_FACTS = {"image": "image_layers", "python": "python", "vLLM": "vllm_build", "vLLM package tree": "vllm_tree",
+                  "torch": "torch", "NCCL": "nccl_build", "driver / CUDA": "driver_cuda", "recipe files": "recipe_files"}
+
+
 def launch(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
     name, sc = find_sidecar(sidecars, "launch")
     if not name:      # no sidecar (the step stopped early): its plan may still be archived
@@ -305,6 +310,13 @@ def launch(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
             version = nccl.parse_nccl_log(read_text(p) or "").version
             if version:
                 model.environment.setdefault("cluster", {}).setdefault("nccl_version", version.rstrip(","))
+    # each rank's build as 04 read it before the launch (launch/identity.py's row): node facts, compared run to run
+    for rec in (sc or {}).get("checks", []) or []:
+        ident = (rec.get("data") or {}).get("identity")
+        for node, values in ((ident.get("ranks") or {}) if isinstance(ident, dict) else {}).items():
+            for field_name, key in IDENTITY_FACTS.items():
+                if isinstance(values, dict) and values.get(field_name):
+                    model.environment.setdefault(str(node), {})[key] = values[field_name]
     model.launch = {"step": name, "source": relative(run, rendered) if plan else "",
                     "runtime": (plan or {}).get("runtime") or launch_data.get("runtime"),
                     "recipe": (plan or {}).get("recipe"), "fingerprint": fp, "ranks": ranks,

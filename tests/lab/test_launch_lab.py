@@ -213,6 +213,57 @@ def test_master_port_in_use_on_the_head_is_refused_before_anything_runs(cluster,
         _assert_nothing_left(cluster, profile)
 
 
+def test_a_leftover_holding_the_master_port_on_the_worker_is_named_before_the_start(cluster, tiny_model, stop_after,
+                                                                                     hold_port):
+    """Relaunch safety (issue 25 item 4): a process of an earlier run still holding MASTER_PORT on a WORKER (where the
+    new worker would join the old rendezvous) refuses the start before anything runs, naming the node, the port and
+    the process, with `runbook stop` as the first fix."""
+    profile = _profile()
+    port = profile.master_port
+    with hold_port(cluster.worker, port):
+        t0 = time.monotonic()
+        with pytest.raises(ActionError) as exc:
+            server.start(cluster, profile, render_plan(cluster, profile))
+        assert time.monotonic() - t0 < 20
+        assert "in use on the worker" in exc.value.what, exc.value
+        assert f"worker: {port}: python3(pid " in exc.value.observed and "import socket" in exc.value.observed
+        assert exc.value.fix.startswith("python -m runbook stop --profile")
+        _assert_nothing_left(cluster, profile)
+
+
+def test_a_worker_with_another_vllm_build_is_refused_before_the_start(cluster, tiny_model, stop_after):
+    """Identity before launch (issue 25 item 4): one file of the worker's vLLM package differs (a copy with one more
+    line bind-mounted over it in the worker's own mount namespace: the head, the host and the venv are untouched;
+    unmounted after). The start refuses before any rank runs, naming the package tree hash of each rank."""
+    from runbook.launch import identity
+    profile = _profile()
+    py = render_plan(cluster, profile).head.serve_argv[0]
+    where = cluster.worker.read(f"{quote(py)} -c " + quote("import importlib.util as u; "
+                                                          "print(u.find_spec('vllm').submodule_search_locations[0])"),
+                                timeout=60).stdout.strip()
+    target, copy = f"{where}/envs.py", "/run/identity-test/envs.py"       # /run is each lab node's own tmpfs
+    cluster.worker.run(f"mkdir -p /run/identity-test && cp {quote(target)} {copy} && "
+                       f"echo '# another build' >> {copy} && mount --bind {copy} {quote(target)}", timeout=30)
+    try:
+        assert cluster.worker.read(f"tail -n 1 {quote(target)}").stdout.strip() == "# another build"
+        assert "# another build" not in cluster.head.read(f"tail -n 1 {quote(target)}").stdout
+        plan = render_plan(cluster, profile)
+        t0 = time.monotonic()
+        with pytest.raises(ActionError) as exc:
+            server.start(cluster, profile, plan)
+        TIMINGS["identity_refused_s"] = round(time.monotonic() - t0, 1)
+        assert "would not run one build" in exc.value.what
+        assert "vLLM package tree differs: head=sha256 " in exc.value.observed and ", worker=sha256 " in exc.value.observed
+        rows = {c.name: c for c in exc.value.result.checks}
+        table = rows[identity.CHECK_NAME].data["identity"]["ranks"]
+        assert table["head"]["vLLM"] == table["worker"]["vLLM"]            # same version: only the content differs
+        _assert_nothing_left(cluster, profile)
+    finally:
+        cluster.worker.run(f"umount {quote(target)}; rm -rf /run/identity-test", timeout=30, warn=True)
+    after = identity.identity_check(identity.gather(cluster, profile, render_plan(cluster, profile)), profile)
+    assert after.status.value == "PASS", after
+
+
 # ----------------------------------------------------------------------------- docker runtime
 
 def test_docker_runtime_start_and_stop(cluster, tiny_model, stop_after):

@@ -262,3 +262,28 @@ def test_the_rendered_environment_sets_no_build_job_key():
         plan = render(profile_from(f"env/{name}.env"), {n: NodeFacts(home=HOME) for n in ("head", "worker", "worker2")})
         for r in plan.ranks:
             assert not set(residue.JIT_JOB_KEYS) & set(r.env), (name, r.node)
+
+
+def test_the_report_shows_each_ranks_build_and_drift_compares_it(tmp_path):
+    """The identity table rides on 04's row (and raw identity.json); the report recomputes its node facts from the
+    sidecar alone (re-renderable) and a changed vLLM package tree between two runs is an environment drift."""
+    from runbook.evidence import RunDir
+    from runbook.report import collector, drift, write_report
+    profile = profile_from("env/lab.env")
+
+    def run_with(tree: str) -> Path:
+        table = {n: identity.RankIdentity(n, {**{f: "n/a: test" for f in identity.FIELDS},
+                                              "vLLM package tree": f"sha256 {tree}"}) for n in ("head", "worker")}
+        run = RunDir.create("lab", tmp_path / "results")
+        run.write_sidecar("04_launch", [identity.identity_check(table, profile).to_record()], {}, "passed")
+        run.record_step("04_launch", status="passed")
+        run.update_manifest(status="passed")
+        return run.path
+
+    before, after = run_with("aaaa"), run_with("bbbb")
+    model = collector.collect(after, drift=False)
+    assert model.environment["worker"]["vllm_tree"] == "sha256 bbbb"
+    changed = drift.compare(model, collector.collect(before, drift=False)).of_kind("environment")
+    assert {i.key for i in changed} == {"head: vllm_tree", "worker: vllm_tree"}
+    page, _ = write_report(after, results_root=tmp_path / "results")
+    assert "sha256 bbbb" in page.read_text()
