@@ -9,7 +9,9 @@ Start semantics (seed B's exit-3 rule, made explicit):
 * head running with the same fingerprint -> reuse (NO-OP), readiness re-probed;
 * head running with a different fingerprint -> refuse, with the stop command;
 * a worker rank running without a head -> refuse (stale rank), with the stop command;
-* the API port held by something else on the head -> refuse.
+* the API or master port held on any node -> refuse, naming the holder, with the stop command first;
+* the ranks would not load one build (``identity.py``: image, python, vLLM package tree, NCCL, driver, recipe
+  files) -> refuse, naming each rank's value.
 
 While waiting for readiness both ranks' liveness is polled; a dead worker ends the wait within about
 10 s (2 consecutive misses at ~4 s), a dead head at once, each with both log tails. A log-silence hang
@@ -247,9 +249,10 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                      fix=f"{_stop_cmd(profile)} (or: python -m runbook stop worker --profile ...), then start",
                      raise_=raise_)
     if head_st.processes:
-        return _fail(result, "server started", "vLLM processes not started by the runbook run on the head",
-                     node="head", observed="; ".join(head_st.processes[:3]), expected="none",
-                     fix=f"{_stop_cmd(profile)} or kill them", raise_=raise_)
+        return _fail(result, "server started", "vLLM processes run on the head without its server (orphans of an "
+                     "earlier run, or not the runbook's)", node="head", observed="; ".join(head_st.processes[:3]),
+                     expected="none", fix=f"{_stop_cmd(profile)} (it stops orphaned EngineCore/Worker processes too), "
+                                          "or kill them", raise_=raise_)
     # relaunch safety: the API and rendezvous ports closed on EVERY node (a rank of an earlier run that still
     # listens there takes the new worker into the old rendezvous: field report, tonyd2wild fix 6)
     held = _ports_held(cluster, profile)

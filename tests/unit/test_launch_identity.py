@@ -287,3 +287,26 @@ def test_the_report_shows_each_ranks_build_and_drift_compares_it(tmp_path):
     assert {i.key for i in changed} == {"head: vllm_tree", "worker: vllm_tree"}
     page, _ = write_report(after, results_root=tmp_path / "results")
     assert "sha256 bbbb" in page.read_text()
+
+
+@pytest.mark.parametrize("worker_running,first", [
+    (True, "a stale worker rank runs without a head"),
+    (False, "vLLM processes run on the head without its server"),
+])
+def test_a_resume_after_the_head_api_died_prints_runbook_stop_first(lab_start, worker_running, first):
+    """Item 5, the field case: the head's API process was killed during 07; its EngineCore/Worker children (same
+    process group) live on and hold the ports. The resume re-runs 04 (its server is gone), and the first fix it
+    prints is `runbook stop` -- not "change the port", which would leave the orphans running."""
+    profile, plan = lab_start
+    orphans = "   11    10 Sl   VLLM::EngineCore\n   12    10 Sl   python -c from multiprocessing.spawn; VLLM::Worker_TP0\n"
+    worker_ps = "   20    20 Sl   /v/bin/python /r/runbook/lab/vllm_cli.py serve /m --headless\n" if worker_running else ""
+    answers = {"head": f"10\n@@\nfp-1\n@@\n\n@@\n\n@@\n{orphans}", "worker": f"20\n@@\nfp-1\n@@\n\n@@\n\n@@\n{worker_ps}"}
+    ss = {"head": f'LISTEN 0 128 0.0.0.0:{profile.master_port} 0.0.0.0:* users:(("VLLM::EngineCor",pid=11,fd=7))\n'}
+    nodes = _refusing_nodes({"head": _stack("a"), "worker": _stack("a")}, ss=ss, ps="11 VLLM::EngineCore\n")
+    for n in nodes:
+        n.rules.insert(0, (r"^cat \S+/" + n.name + r"\.pid 2>/dev/null; ", answers[n.name]))
+    with pytest.raises(Exception) as exc:
+        server.start(FakeCluster(nodes), profile, plan, api_key="")
+    assert exc.value.what.startswith(first)
+    assert exc.value.fix.startswith(f"python -m runbook stop --profile {profile.source}")
+    assert all(not n.runs() for n in nodes)
