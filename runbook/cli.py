@@ -224,8 +224,8 @@ def cmd_stop(args) -> int:
 
 
 def cmd_status(args) -> int:
-    """Both ranks and the API, then one verdict line (up / stopped / partial, with what to do). Exit 0 when the
-    server is up (every rank running, /health 200), 10 when not."""
+    """Both ranks and the API as JSON (stdout, with ``verdict``), then one verdict line on stderr (up / stopped /
+    partial, with what to do). Exit 0 when the server is up (every rank running, /health 200), 10 when not."""
     from .launch import status
     profile, cluster = _server_cluster(args)
     with cluster:
@@ -233,7 +233,7 @@ def cmd_status(args) -> int:
     word, line = status.verdict(state, profile)
     state["verdict"] = word
     print(json.dumps(state, indent=2, default=str))
-    print(line)
+    print(line, file=sys.stderr)         # stdout stays one JSON document for scripts
     return ExitStatus.OK if status.is_up(state) else ExitStatus.SERVER_DOWN
 
 

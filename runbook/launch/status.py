@@ -46,12 +46,12 @@ def is_up(state: dict[str, Any]) -> bool:
     return bool(nodes) and all(n.get("running") for n in nodes.values()) and state.get("health") == 200
 
 
-def verdict(state: dict[str, Any], profile=None) -> tuple[str, str]:
+def verdict(state: dict[str, Any], profile) -> tuple[str, str]:
     """One word and one line for a :func:`status` answer: ``up`` (every rank running, /health 200), ``stopped``
     (nothing of the server on any node), ``partial`` (anything between: some ranks, orphaned vLLM processes,
     a stopped rank left behind, or every rank running while the API does not answer 200), each with what to do."""
     nodes = state.get("nodes") or {}
-    source = getattr(profile, "source", "") or "<profile>"
+    source = profile.source or "<profile>"
     stop = f"python -m runbook stop --profile {source}"
     if is_up(state):
         return "up", f"verdict: up -- every rank running ({', '.join(nodes)}), /health 200 at {state.get('base_url')}"

@@ -3,6 +3,7 @@
 partial with what to do), and the exit is 10 unless every rank runs and /health is 200."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -31,8 +32,11 @@ def run_status(monkeypatch, capsys):
         monkeypatch.setattr(status, "base_url", lambda p: "http://127.0.0.1:8000")
         monkeypatch.setattr(status, "api_get", lambda url, path, key, timeout: (health, '{"data": []}'))
         code = cli.main(["status", "--profile", "env/lab.env"])
-        lines = capsys.readouterr().out.strip().splitlines()
-        return code, lines[-1]
+        out, err = capsys.readouterr()
+        word = json.loads(out)["verdict"]                # stdout: one JSON document
+        line = err.strip().splitlines()[-1]
+        assert line.startswith(f"verdict: {word}") or (word == "partial" and line.startswith("verdict: unknown"))
+        return code, line
     return profile, go
 
 
