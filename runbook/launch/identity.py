@@ -16,7 +16,8 @@ What is compared (each a field of the table; ``n/a: …`` where the runtime has 
 * ``torch``: its version; ``NCCL``: the version NCCL compiled into the library the rank loads and that file's
   sha256 (the build: vLLM #41725 / #42354, a pip and a system NCCL of different builds hung TP=2 20-26 min into
   load).
-* ``driver / CUDA``: ``nvidia-smi``'s driver and CUDA (``n/a`` where a node has no nvidia-smi: the lab).
+* ``driver / CUDA``: ``nvidia-smi``'s driver and CUDA (``n/a`` where a node has no nvidia-smi: the lab, and in a
+  rehearsal, whose nvidia-smi is the simulator).
 * ``recipe files``: the checkout's commit and the sha256 over the recipe files the ranks mount or run
   (``recipe.checkout_files``): a patch file edited on one node keeps the commit and changes the hash.
 
@@ -100,17 +101,18 @@ def _read_rank(node: Node, profile, plan: LaunchPlan, home: str) -> RankIdentity
             me.values["NCCL"] = f"{nc.get('version') or 'version ?'} build {str(nc.get('sha256', ''))[:16]}"
             me.shown["NCCL"] = f"{nc.get('real') or nc.get('path')} via {nc.get('via')}" + \
                 (f" {nc['pip_version']}" if nc.get("pip_version") else "")
-    # -- the driver (host)
-    smi = node.read(f"command -v nvidia-smi >/dev/null 2>&1 && {{ {residue.NVIDIA_SMI_CMD}; }} || echo 'no nvidia-smi'",
-                    timeout=30).stdout
-    if smi.strip() == "no nvidia-smi":
-        me.values["driver / CUDA"] = "n/a: no nvidia-smi on the node"
+    # -- the driver (host); a rehearsal's nvidia-smi is the simulator: its header is no fact to compare
+    if profile.rehearsal:
+        me.values["driver / CUDA"] = "n/a: rehearsal (nvidia-smi here is the simulator)"
     else:
-        drv = residue.parse_nvidia_smi_header(smi)
-        me.values["driver / CUDA"] = (f"driver {drv.driver} CUDA {drv.cuda}" if drv.driver
-                                      else _unread(smi.strip()[-120:] or "nvidia-smi printed nothing"))
-        if profile.rehearsal:
-            me.shown["driver / CUDA"] = "from the rehearsal's nvidia-smi simulator"
+        smi = node.read(f"command -v nvidia-smi >/dev/null 2>&1 && {{ {residue.NVIDIA_SMI_CMD}; }} "
+                        "|| echo 'no nvidia-smi'", timeout=30).stdout
+        if smi.strip() == "no nvidia-smi":
+            me.values["driver / CUDA"] = "n/a: no nvidia-smi on the node"
+        else:
+            drv = residue.parse_nvidia_smi_header(smi)
+            me.values["driver / CUDA"] = (f"driver {drv.driver} CUDA {drv.cuda}" if drv.driver
+                                          else _unread(smi.strip()[-120:] or "nvidia-smi printed nothing"))
     # -- the recipe files the ranks mount or run
     pin = recipe.recipe_pin(profile)
     if pin is None:

@@ -310,3 +310,39 @@ def test_a_resume_after_the_head_api_died_prints_runbook_stop_first(lab_start, w
     assert exc.value.what.startswith(first)
     assert exc.value.fix.startswith(f"python -m runbook stop --profile {profile.source}")
     assert all(not n.runs() for n in nodes)
+
+
+def test_docker_runtime_reads_the_image_in_a_throwaway_container_and_names_a_driver_difference():
+    """Recipe B on two Sparks: the image's layer chain on each node, the probe inside IMAGE (never a rank's
+    container), and nvidia-smi's header: a worker on another driver is a difference naming both versions."""
+    profile = profile_from("env/dspark-v4.env")
+    plan = render(profile, {"head": NodeFacts(home=HOME), "worker": NodeFacts(home=HOME)})
+    smi = {"head": "| NVIDIA-SMI 580.173.02   Driver Version: 580.173.02   CUDA Version: 13.0     |\n",
+           "worker": "| NVIDIA-SMI 580.95.05    Driver Version: 580.95.05    CUDA Version: 13.0     |\n"}
+    nccl = {"version": "2.28.9+cuda13.0", "sha256": "1" * 64, "via": "system (ldconfig)", "path": "/usr/lib/libnccl.so.2"}
+    nodes = []
+    for rank, name in enumerate(("head", "worker")):
+        nodes.append(FakeNode(name, rank, read_only=True, rules=[
+            (re.escape(stack.image_identity_cmd(profile.image)),
+             'sha256:4c2e|["ghcr.io/anemll/dspark-vllm-gx10@sha256:a839"]|["sha256:1a","sha256:3c"]\n'),
+            (r"^docker run --rm --network none --entrypoint sh " + re.escape(profile.image),
+             stack._MARK + json.dumps(_stack("a", nccl))),
+            (r"^command -v nvidia-smi", smi[name]),
+            (r"^cd .* find ", "commit " + profile.recipe_commit + "\n" + "d" * 64 + "  patches/x.py\n")]))
+    table = identity.gather(FakeCluster(nodes), profile, plan, homes={"head": HOME, "worker": HOME})
+    assert table["head"].values["image"].startswith("layers ") and "sha256:4c2e" in table["head"].shown["image"]
+    assert table["head"].values["NCCL"] == "2.28.9+cuda13.0 build 1111111111111111"
+    assert list(identity.differences(table)) == ["driver / CUDA"]
+    row = identity.identity_check(table, profile)
+    assert row.failed and "head=driver 580.173.02 CUDA 13.0" in row.observed and "worker=driver 580.95.05" in row.observed
+    assert "same NVIDIA driver" in row.fix
+    assert not any(c.startswith("docker run") and "--name" in c for n in nodes for c in n.reads())
+
+
+def test_a_rehearsal_does_not_compare_the_simulators_driver():
+    profile = profile_from("env/dspark-v4.env", LAB=1, REHEARSAL=1)
+    node = FakeNode("head", 0, read_only=True, rules=[(r".", "")])
+    plan = render(profile, {"head": NodeFacts(home=HOME), "worker": NodeFacts(home=HOME)})
+    me = identity._read_rank(node, profile, plan, HOME)
+    assert me.values["driver / CUDA"].startswith("n/a: rehearsal")
+    assert not any("nvidia-smi" in c for c in node.reads())
