@@ -240,13 +240,16 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
     earlier = RunDir(prev, run_dir.redactor)
     sidecar = earlier.read_sidecar(LAUNCH) or {}
     fingerprint = (sidecar.get("data") or {}).get("fingerprint", "")
-    with Cluster.from_profile(profile) as cluster:
-        why = launch.state_left(profile, cluster, sidecar)
-        if not why:
-            now = launch_plan(cluster, profile, earlier.read_sidecar("01_network")).fingerprint
-            if now != fingerprint:
-                why = (f"the profile now renders fingerprint {now[:12]}, the server of run {prev.name} runs "
-                       f"{fingerprint[:12]}")
+    try:
+        with Cluster.from_profile(profile) as cluster:
+            why = launch.state_left(profile, cluster, sidecar)
+            if not why:
+                now = launch_plan(cluster, profile, earlier.read_sidecar("01_network")).fingerprint
+                if now != fingerprint:
+                    why = (f"the profile now renders fingerprint {now[:12]}, the server of run {prev.name} runs "
+                           f"{fingerprint[:12]}")
+    except RunbookError as err:          # a node that does not answer: nothing to reuse; the step says why
+        why = f"cannot read the nodes ({err.what})"
     if why:
         echo(f"not reusing the server of run {prev.name}: {why}; run {LAUNCH} (it starts, or refuses with the stop "
              "command)")

@@ -122,3 +122,17 @@ def test_no_earlier_launch_says_so(tmp_path, earlier):
                           lab_up=None)
     assert run_b.read_sidecar("04_launch") is None
     assert any("no earlier run of lab whose 04_launch passed" in line for line in said), said
+
+
+def test_a_node_that_does_not_answer_means_no_reuse_not_a_crash(earlier, monkeypatch):
+    from runbook.errors import RemoteError
+    _, results, state = earlier
+
+    def unreachable(cluster, profile, sidecar=None):
+        raise RemoteError("ssh: connect to host spark-worker port 22: No route to host", node="worker")
+    monkeypatch.setattr(runbook.launch.plan, "launch_plan", unreachable)
+    said = []
+    run_b, outcomes = runner.run(ROOT / "env/lab.env", only=["smoke"], results_root=results, echo=said.append,
+                                 lab_up=None)
+    assert run_b.read_sidecar("04_launch") is None and outcomes[0].error == "no server to talk to"
+    assert any("cannot read the nodes (ssh: connect to host" in line for line in said), said
