@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import checkout, recipe, render
+from . import checkout, memguard, recipe, render
 from ..facts import ranks
 from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, hang_diagnostics, probe_readiness
 from .stop import stop
@@ -51,7 +51,9 @@ __all__ = [
     "start",
 ]
 
-POLL_S = 4.0
+POLL_S = 4.0                   # the readiness poll; memory is sampled every memguard.MEM_POLL_S on its own thread
+ABORT_GRACE_S = 3.0            # a memory abort's stop: the host is close to wedging, no long SIGTERM grace
+ABORT_SETTLE_S = 20.0          # ... then MemAvailable gets this long to come back before "reboot needed"
 WORKER_DEAD_POLLS = 2          # consecutive "not alive" answers before the worker counts as dead
 TAIL = 40
 
@@ -65,8 +67,11 @@ class StartResult:
     startup: dict[str, dict[str, Any]] = field(default_factory=dict)      # node -> StartupLog dict
     capacity: list[dict[str, Any]] = field(default_factory=list)
     mem_before: dict[str, int] = field(default_factory=dict)            # node -> MemAvailable bytes
-    # node -> [[seconds from launch, MemAvailable bytes], ...] sampled at every readiness poll
+    # node -> [[seconds from launch, MemAvailable bytes], ...]: the memory guard's samples (every 1.5 s) of a
+    # start, the readiness poll's of a reused server
     memory_profile: dict[str, list[list[float]]] = field(default_factory=dict)
+    memory_psi: dict[str, list[list[float | None]]] = field(default_factory=dict)   # [[s, PSI some, full], ...]
+    memory_guard: dict[str, Any] = field(default_factory=dict)     # limits, breach, per-rank minimum (memguard)
     checks: CheckList = field(default_factory=CheckList)
     evidence: list[str] = field(default_factory=list)
     failure_detected_at: float | None = None    # time.monotonic() when the wait ended on a failure
@@ -88,7 +93,8 @@ class StartResult:
                 "first_token_text": self.readiness.first_token_text,
                 "first_token_latency_s": self.readiness.first_token_latency,
                 "startup_log": self.startup, "capacity": self.capacity, "mem_available_before": self.mem_before,
-                "memory_profile": self.memory_profile,
+                "memory_profile": self.memory_profile, "memory_psi": self.memory_psi,
+                "memory_guard": self.memory_guard,
                 "failure_detected_s": self.failure_detected_s}
 
     def timings_frame(self):
@@ -264,9 +270,18 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                      expected=f"{profile.recipe_repo} @ {profile.recipe_commit[:12]} on every node",
                      fix="see the recipe checkout rows", raise_=raise_)
 
+    # -- memory: the baseline the stop compares with; refused into a pool a previous stop left smaller
+    pre = memguard.pre_launch(cluster, profile, homes)
+    result.mem_before = pre.mem_before
+    result.checks.add(pre.rows)
+    if pre.refused:
+        first = pre.refused[0]
+        return _fail(result, first.name, "memory on a node is too low to launch into: nothing was started",
+                     node=",".join(dict.fromkeys(c.node for c in pre.refused)),
+                     observed="; ".join(c.observed for c in pre.refused)[:1500], expected=first.expected,
+                     fix=first.fix, raise_=raise_)
+
     # -- launch: workers first, then the head
-    mem = cluster.each(ranks.mem_available)
-    result.mem_before = {k: v for k, v in mem.items() if isinstance(v, int)}
     env = {"VLLM_API_KEY": api_key} if api_key else None
     if api_key:
         from ..secrets import register_secret
@@ -316,24 +331,56 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
 
 
 def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, cleanup, t0, started):
+    # the ranks this call started: memory sampled every 1.5 s on a thread of its own, stopped at once on a breach
+    guard = memguard.MemoryGuard(cluster, profile, t0, on_breach=lambda own: stop(
+        own, profile, grace=ABORT_GRACE_S, mem_settle_s=ABORT_SETTLE_S)).start() if started else None
+    try:
+        failure, diagnostics = _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard)
+    finally:
+        if guard is not None:
+            guard.close()
+    if guard is not None:
+        result.memory_profile = guard.memory_profile()
+        result.memory_psi = guard.psi_profile()
+        result.memory_guard = guard.record(result.mem_before)
+        result.checks.add(guard.minimum_rows(result.mem_before))
+        if guard.stopped is not None:
+            result.checks.add(guard.stopped.checks)       # the abort's stop: ranks gone, memory back or not
+        if guard.breach is not None:                      # detected when the sample crossed, not after the stop
+            result.failure_detected_at = t0 + guard.breach.t
+    return _after_wait(cluster, profile, plan, result, ev, raise_, t0=t0, started=started, cleanup=cleanup,
+                       failure=failure, diagnostics=diagnostics,
+                       stopped_already=guard is not None and guard.stopped is not None)
+
+
+def _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard):
+    """Poll until ready or a failure: -> (failure (check, what, node, observed, fix) or None, diagnostics)."""
     ready = result.readiness
     deadline = t0 + profile.ready_timeout
     hang_s = profile.hang_seconds
     prev: dict[str, ranks.RankWatch | None] = {r.node: None for r in plan.ranks}
     last_progress = time.monotonic()
     dead_count = {r.node: 0 for r in plan.ranks}
-    failure: tuple[str, str, str, str, str] | None = None    # (check, what, node, observed, fix)
+    failure: tuple[str, str, str, str, str] | None = None
     diagnostics: dict[str, str] = {}
     master_probe = MasterProbe()
+
+    def memory_failure() -> tuple[str, str, str, str, str] | None:
+        if guard is None or guard.breach is None:
+            return None
+        what, node, observed, fix = guard.breach_row_text()
+        return (memguard.GUARD_ROW, what, node, observed, fix)
 
     while True:
         now = time.monotonic()
         watches = cluster.each(lambda n: ranks.watch(n, plan.rank(n.name), fresh=started))
+        if (failure := memory_failure()) is not None:      # before "died": the guard stopped them
+            break
         for name, w in watches.items():
             if isinstance(w, Exception):
                 dead_count[name] += 1
                 continue
-            if w.mem_available is not None:
+            if guard is None and w.mem_available is not None:
                 result.memory_profile.setdefault(name, []).append([round(now - t0, 1), w.mem_available])
             if ranks.log_progressed(prev[name], w):
                 last_progress = now
@@ -360,7 +407,9 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         try:
             probe_readiness(profile, url, api_key, ready, t0)
         except ActionError as exc:
-            failure = ("models served", exc.what, "head", exc.observed, exc.fix)
+            failure = memory_failure() or ("models served", exc.what, "head", exc.observed, exc.fix)
+            break
+        if (failure := memory_failure()) is not None:
             break
         if ready.done:
             break
@@ -376,10 +425,17 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
                        f"reached: {', '.join(p for p in PHASES if getattr(ready, p) is not None) or 'nothing'}",
                        "raise READY_TIMEOUT only if the log shows steady progress; otherwise read the log tails")
             break
-        time.sleep(max(0.5, POLL_S - (time.monotonic() - now)))
+        pause = max(0.5, POLL_S - (time.monotonic() - now))
+        guard.wait(pause) if guard is not None else time.sleep(pause)
+    return failure, diagnostics
 
+
+def _after_wait(cluster, profile, plan, result, ev, raise_, *, t0, started, cleanup, failure, diagnostics,
+                stopped_already):
+    ready = result.readiness
     if failure is not None:
-        result.failure_detected_at = time.monotonic()
+        if result.failure_detected_at is None:
+            result.failure_detected_at = time.monotonic()
         result.failure_detected_s = round(result.failure_detected_at - t0, 1)
     # -- evidence: logs of every rank, parsed
     texts = cluster.each(lambda n: ranks.log_text(n, plan.rank(n.name)))
@@ -401,10 +457,12 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         fatal = [f"{n}: {line}" for n, t in logs.items() for line in recipe.chain_failures(t)]
         if fatal:                            # the recipe's start chain refused: that is the cause
             observed = f"{observed}; recipe start chain: {' | '.join(fatal[:4])}"
-        if started and cleanup:
+        if started and cleanup and not stopped_already:
             stop(cluster, profile, grace=10, mem_settle_s=0)     # a booting vLLM ignores SIGTERM anyway
+        expected = (result.memory_guard.get("expected") if cname == memguard.GUARD_ROW else
+                    "both ranks alive until the API streams a token")
         return _fail(result, cname, what, node=node, observed=f"{observed}\n{tails}",
-                     expected="both ranks alive until the API streams a token", fix=fix, raise_=raise_,
+                     expected=expected, fix=fix, raise_=raise_,
                      evidence=[e for e in result.evidence if e])
 
     # -- readiness checks and startup numbers
