@@ -3,7 +3,7 @@ floor that stops the start before the host wedges, the minimum per rank, and the
 previous stop left smaller.
 
     pre = pre_launch(cluster, profile, homes)     # PreLaunch: rows, refusal, MemAvailable per node before launch
-    guard = MemoryGuard(cluster, profile, t0, on_breach=stop_ranks).start()
+    guard = MemoryGuard(cluster, profile, t0, on_breach=stop_ranks).start()   # stop_ranks(cluster, breach)
     ...; guard.breach                             # Breach | None, set before on_breach runs
     guard.close(); guard.minimum(pre.mem_before)  # per rank: lowest MemAvailable, highest PSI
 
@@ -112,12 +112,12 @@ def _own_connections(cluster: Cluster) -> tuple[Cluster, bool]:
 
 class MemoryGuard:
     """Samples every rank's memory every ``period`` seconds on a thread of its own until ``close()``. The first
-    sample that crosses a limit sets ``breach`` (and ``breached``), then ``on_breach(cluster)`` runs on the guard's
+    sample that crosses a limit sets ``breach`` (and ``breached``), then ``on_breach(cluster, breach)`` runs on the guard's
     own connections (the start stops its ranks there); its return value is kept in ``stopped``, an exception it
     raised in ``stop_error``."""
 
     def __init__(self, cluster: Cluster, profile, t0: float, *, nodes: list[str] | None = None,
-                 on_breach: Callable[[Cluster], Any] | None = None, period: float | None = None):
+                 on_breach: Callable[[Cluster, Breach], Any] | None = None, period: float | None = None):
         self.profile, self.t0, self.period = profile, t0, MEM_POLL_S if period is None else period
         self.cluster, self._owned = _own_connections(cluster)
         self.nodes = [n for n in self.cluster.nodes if nodes is None or n.name in nodes]
@@ -170,7 +170,7 @@ class MemoryGuard:
                 self.breached.set()
                 if self.on_breach is not None:
                     try:
-                        self.stopped = self.on_breach(self.cluster)
+                        self.stopped = self.on_breach(self.cluster, found)
                     except BaseException as exc:  # noqa: BLE001 - the start reports it with the breach
                         self.stop_error = exc
                 return

@@ -17,6 +17,11 @@ detector (``HANG_SECONDS``; periodic lines such as ``shm_broadcast`` excluded) c
 (py-spy if the node has it, ps, log tails) and fails. On any failure the ranks this call started are
 stopped (a half-started cluster holds memory and blocks the next start).
 
+Memory (``memguard.py``): before the launch a node whose MemAvailable a previous stop left below its baseline, or
+that is below ``MEM_FLOOR_GIB`` already, is refused; through the start every rank's MemAvailable and memory PSI
+are sampled every 1.5 s on the guard's own thread, and a crossing of the floor (or of ``MEM_PSI_FULL_MAX``) stops
+the ranks at once and fails the start naming the rank, the value, the limit and the cause.
+
 The recipe (``recipe.py``): before the ranks start, the pinned checkout is brought to every node (clone
 on the head, rsync to the workers over the fabric; ``checkout.py``) and verified at the pinned commit; a
 reused server only has it verified. After readiness every rank's boot log is searched for the lines its start chain declares
@@ -332,8 +337,9 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
 
 def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, cleanup, t0, started):
     # the ranks this call started: memory sampled every 1.5 s on a thread of its own, stopped at once on a breach
-    guard = memguard.MemoryGuard(cluster, profile, t0, on_breach=lambda own: stop(
-        own, profile, grace=ABORT_GRACE_S, mem_settle_s=ABORT_SETTLE_S)).start() if started else None
+    guard = memguard.MemoryGuard(cluster, profile, t0, on_breach=lambda own, breach: stop(
+        own, profile, grace=ABORT_GRACE_S, mem_settle_s=ABORT_SETTLE_S, first=breach.node)).start() \
+        if started else None
     try:
         failure, diagnostics = _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard)
     finally:

@@ -144,12 +144,14 @@ def _our_left(node: Node, pid: int | None) -> list[int]:
 
 
 def stop(cluster: Cluster, profile, nodes: list[str] | None = None, *, grace: float = 30.0,
-         mem_settle_s: float = 20.0) -> StopResult:
+         mem_settle_s: float = 20.0, first: str = "") -> StopResult:
     """Stop the head, then the worker(s) (the headless rank does not exit with the head: it is
     stopped explicitly), and prove teardown on each node. Returns the rows and per-node facts; the step's
-    entry records them."""
+    entry records them. ``first``: a node stopped before the others (the memory guard's: the rank that crossed
+    the floor); memory is checked only once every node is stopped."""
     result = StopResult()
     order = [n for n in cluster.nodes if nodes is None or n.name in nodes]
+    order.sort(key=lambda n: n.name != first)       # stable: rank order otherwise
     if cluster.head.dry_run:
         result.checks.add(not_applicable("server stopped", "dry run: nothing stopped", node="cluster"))
         return result

@@ -121,11 +121,11 @@ def test_the_guard_stops_at_the_first_sample_below_the_floor_and_records_the_min
     cluster = FakeCluster([head, worker])
     calls = []
     guard = memguard.MemoryGuard(cluster, profile(MEM_FLOOR_GIB=4), time.monotonic(), period=0.02,
-                                 on_breach=lambda own: calls.append(own) or "stopped")
+                                 on_breach=lambda own, b: calls.append((own, b.node)) or "stopped")
     guard.start()
     assert guard.breached.wait(10), "the guard never saw the worker cross the floor"
     guard.close()
-    assert calls == [cluster] and guard.stopped == "stopped"
+    assert calls == [(cluster, "worker")] and guard.stopped == "stopped"
     b = guard.breach
     assert b.node == "worker" and b.what == "floor" and b.value == int(3.5 * GIB) // 1024 * 1024
     reads = len(worker.reads())
@@ -177,8 +177,8 @@ def test_a_start_whose_rank_crosses_the_floor_is_aborted_at_once_with_the_cause(
     plan = _plan("lab")
     stopped_at = []
 
-    def fake_stop(cluster, profile, nodes=None, *, grace=30.0, mem_settle_s=20.0):
-        stopped_at.append((time.monotonic(), grace, mem_settle_s))
+    def fake_stop(cluster, profile, nodes=None, *, grace=30.0, mem_settle_s=20.0, first=""):
+        stopped_at.append((time.monotonic(), grace, first))
         out = StopResult()
         out.checks.add(stop.check(MEM_ROW, True, node="worker", observed="9.00 GiB (before launch 9.00 GiB)"))
         return out
@@ -196,7 +196,7 @@ def test_a_start_whose_rank_crosses_the_floor_is_aborted_at_once_with_the_cause(
     with pytest.raises(ActionError) as err:
         server._readiness(cluster, prof, plan, result, "http://x", "", lambda n, t: n, True, cleanup=True, t0=t0,
                           started=True)
-    assert len(stopped_at) == 1 and stopped_at[0][1] == server.ABORT_GRACE_S
+    assert len(stopped_at) == 1 and stopped_at[0][1:] == (server.ABORT_GRACE_S, "worker")   # the crossing rank first
     assert stopped_at[0][0] < probe_returned[0], "the guard waited for the readiness probe"
     row = next(c for c in result.checks if c.name == memguard.GUARD_ROW)
     assert row.failed and row.node == "worker"
@@ -349,3 +349,43 @@ def test_the_guard_aborts_on_memory_pressure_above_the_ceiling_with_memory_still
     assert (b.node, b.what, b.value, b.limit) == ("worker", "psi", 41.5, 25.0)
     assert "41.50 %" in b.observed() and "MemAvailable 20.00 GiB" in b.observed()
     assert guard.minimum({})["worker"]["max_psi_full"] == 41.5
+
+
+def test_the_abort_stops_the_crossing_rank_first_and_checks_memory_once_every_rank_is_stopped(monkeypatch):
+    """On the lab every node reads one host's MemAvailable: a memory check before the last rank is stopped would
+    see its memory still held and call for a reboot."""
+    events = []
+    monkeypatch.setattr(stop, "_stop_node", lambda node, profile, grace: events.append(("stop", node.name)) or ([], {}))
+    monkeypatch.setattr(stop, "_mem_check", lambda node, info, settle: events.append(("mem", node.name)) or (
+        stop.check(MEM_ROW, True, node=node.name), 1))
+    cluster = FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)])
+    stop.stop(cluster, profile(), grace=3, mem_settle_s=20, first="worker")
+    assert events == [("stop", "worker"), ("stop", "head"), ("mem", "worker"), ("mem", "head")]
+    events.clear()
+    stop.stop(cluster, profile(), grace=3, mem_settle_s=20)
+    assert events == [("stop", "head"), ("stop", "worker"), ("mem", "head"), ("mem", "worker")]
+
+
+def test_start_refuses_before_any_rank_runs_when_a_stop_left_the_pool_smaller(monkeypatch):
+    """The whole start path: nothing running, ports free, checkout fine; the worker's record says 110 GiB before
+    the last start and it has 72 now: refused, read-only nodes (a `run` fails the test), the row names it all."""
+    prof = profile()
+    plan = _plan("lab")
+    pin = {"baseline": 110 * GIB, "after": 70 * GIB, "tolerance": 5 * GIB, "stopped_at": 1_764_700_000}
+    nothing = "\n@@\n\n@@\n\n@@\n\n@@\n"
+
+    def node(name, rank, live, rec=None):
+        state = _state_node(name, rank, live_gib=live, pin=rec, refuse_runs=True)[0]
+        return FakeNode(name, rank, read_only=True, rules=[
+            (r'^printf %s "\$HOME"$', HOME),
+            (r"^cat \S+/" + name + r"\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", nothing),
+            (re.escape(system.LISTEN_CMD) + r"\Z", ""), *state.rules])
+    monkeypatch.setattr(server, "base_url", lambda p: "http://127.0.0.1:8888")
+    monkeypatch.setattr(server, "_recipe_checkout", lambda *a, **k: True)
+    cluster = FakeCluster([node("head", 0, 111), node("worker", 1, 72, pin)])
+    result = server.start(cluster, prof, plan, api_key="", raise_on_failure=False)
+    failed = result.checks.failures()
+    assert [(c.name, c.node) for c in failed] == [(memguard.POOL_ROW, "worker")]
+    assert "72.00 GiB" in failed[0].observed and "110.00 GiB" in failed[0].observed
+    assert "reboot worker" in failed[0].fix and result.readiness.head_started is None
+    assert all(not n.runs() for n in cluster)
