@@ -337,8 +337,8 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
 
 def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, cleanup, t0, started):
     # the ranks this call started: memory sampled every 1.5 s on a thread of its own, stopped at once on a breach
-    guard = memguard.MemoryGuard(cluster, profile, t0, on_breach=lambda own, breach: stop(
-        own, profile, grace=ABORT_GRACE_S, mem_settle_s=ABORT_SETTLE_S, first=breach.node)).start() \
+    kept_logs: dict[str, str] = {}
+    guard = memguard.MemoryGuard(cluster, profile, t0, on_breach=_abort(profile, plan, kept_logs)).start() \
         if started else None
     try:
         failure, diagnostics = _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard)
@@ -356,7 +356,18 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
             result.failure_detected_at = t0 + guard.breach.t
     return _after_wait(cluster, profile, plan, result, ev, raise_, t0=t0, started=started, cleanup=cleanup,
                        failure=failure, diagnostics=diagnostics,
-                       stopped_already=guard is not None and guard.stopped is not None)
+                       stopped_already=guard is not None and guard.stopped is not None, kept_logs=kept_logs)
+
+
+def _abort(profile, plan: LaunchPlan, kept_logs: dict[str, str]):
+    """The memory guard's action on a breach, on its own connections: stop every rank, the crossing one first.
+    Docker ranks' logs are read first (``docker rm`` takes them along); a process rank's log stays on disk."""
+    def abort(own: Cluster, breach: memguard.Breach):
+        if plan.runtime == "docker":
+            logs = own.each(lambda n: ranks.log_text(n, plan.rank(n.name), 2000))
+            kept_logs.update({n: t for n, t in logs.items() if isinstance(t, str)})
+        return stop(own, profile, grace=ABORT_GRACE_S, mem_settle_s=ABORT_SETTLE_S, first=breach.node)
+    return abort
 
 
 def _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard):
@@ -437,7 +448,7 @@ def _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard
 
 
 def _after_wait(cluster, profile, plan, result, ev, raise_, *, t0, started, cleanup, failure, diagnostics,
-                stopped_already):
+                stopped_already, kept_logs):
     ready = result.readiness
     if failure is not None:
         if result.failure_detected_at is None:
@@ -445,6 +456,7 @@ def _after_wait(cluster, profile, plan, result, ev, raise_, *, t0, started, clea
         result.failure_detected_s = round(result.failure_detected_at - t0, 1)
     # -- evidence: logs of every rank, parsed
     texts = cluster.each(lambda n: ranks.log_text(n, plan.rank(n.name)))
+    texts.update(kept_logs)             # read before the memory guard's stop removed the containers
     for name, text in texts.items():
         text = text if isinstance(text, str) else f"log unavailable: {text}"
         result.evidence.append(ev(f"{name}.log", text))
