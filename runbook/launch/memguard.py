@@ -70,7 +70,7 @@ class Breach:
     sample: MemSample
 
     def observed(self) -> str:
-        psi = (f"; memory PSI full avg10 {self.sample.psi_full:.2f} %, some {self.sample.psi_some:.2f} %"
+        psi = (f"; memory PSI full avg10 {_pct(self.sample.psi_full)}, some {_pct(self.sample.psi_some)}"
                if self.sample.psi else "; no memory PSI on this kernel")
         if self.what == "floor":
             return (f"{self.node}: MemAvailable {self.value / GIB:.2f} GiB {self.t:.0f} s after launch, below the "
@@ -85,6 +85,10 @@ class Breach:
         return {"node": self.node, "t": self.t, "what": self.what, "value": self.value, "limit": self.limit,
                 "mem_available": self.sample.mem_available, "psi_full": self.sample.psi_full,
                 "psi_some": self.sample.psi_some}
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{x:.2f} %"
 
 
 def limits(profile) -> tuple[int, float]:
@@ -112,9 +116,9 @@ def _own_connections(cluster: Cluster) -> tuple[Cluster, bool]:
 
 class MemoryGuard:
     """Samples every rank's memory every ``period`` seconds on a thread of its own until ``close()``. The first
-    sample that crosses a limit sets ``breach`` (and ``breached``), then ``on_breach(cluster, breach)`` runs on the guard's
-    own connections (the start stops its ranks there); its return value is kept in ``stopped``, an exception it
-    raised in ``stop_error``."""
+    sample that crosses a limit sets ``breach`` (and ``breached``), then ``on_breach(cluster, breach)`` runs on
+    the guard's own connections (the start stops its ranks there); its return value is kept in ``stopped``, an
+    exception it raised in ``stop_error``."""
 
     def __init__(self, cluster: Cluster, profile, t0: float, *, nodes: list[str] | None = None,
                  on_breach: Callable[[Cluster, Breach], Any] | None = None, period: float | None = None):
@@ -223,7 +227,7 @@ class MemoryGuard:
                                   observed=f"no sample answered ({m['misses']} missed)",
                                   expected=f"a sample every {self.period:g} s", fix="check the node answers SSH"))
                 continue
-            psi = (f"; memory PSI full avg10 at most {m['max_psi_full']:.2f} %, some {m['max_psi_some']:.2f} %"
+            psi = (f"; memory PSI full avg10 at most {_pct(m['max_psi_full'])}, some {_pct(m['max_psi_some'])}"
                    if m["psi"] else "; no memory PSI on this kernel (/proc/pressure/memory absent)")
             was = f" (before launch {m['before'] / GIB:.2f} GiB)" if m["before"] else ""
             low = m["min_mem_available"]

@@ -18,13 +18,17 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launch_lab import VENV, _assert_nothing_left, _profile, cluster, stop_after, tiny_model  # noqa: F401
+import test_launch_lab
+from test_launch_lab import VENV, _assert_nothing_left, _profile
 
 from runbook.facts import ranks, system
 from runbook.launch import memguard, server
 from runbook.launch.plan import render_plan
 from runbook.launch.stop import MEM_ROW
 from runbook.remote import quote
+
+# step 04's lab fixtures, shared: the lab cluster with a clean start, the tiny model on every node, the stop after
+cluster, tiny_model, stop_after = test_launch_lab.cluster, test_launch_lab.tiny_model, test_launch_lab.stop_after
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not (VENV / "bin" / "python").exists(),

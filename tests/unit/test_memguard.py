@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from support.doubles import FakeCluster, FakeNode, res
+from support.doubles import FakeCluster, FakeNode
 from test_launch_render import _plan
 
 from runbook.errors import ActionError
@@ -408,3 +407,9 @@ def test_the_abort_keeps_docker_ranks_logs_before_the_stop_removes_the_container
     assert server._abort(profile(), plan, kept)(FakeCluster(nodes), breach) == "s"
     assert kept == {"head": "head: Loading weights", "worker": "worker: Loading weights"}
     assert order[-1] == "stop first=worker" and len(order) == 3
+
+
+def test_a_pressure_file_with_one_line_only_is_read_and_shown_without_the_other():
+    s = system.parse_mem_sample(["2048", "some avg10=3.50 avg60=1.00 avg300=0.20 total=99"])
+    assert (s.psi_some, s.psi_full, s.psi) == (3.5, None, True)
+    assert "some 3.50 %" in memguard.Breach("head", 1.0, "floor", 2 * 1024 ** 2, 4 * GIB, s).observed()
