@@ -212,6 +212,16 @@ class MemoryGuard:
                 "stop_error": str(self.stop_error)[:500] if self.stop_error else "",
                 "minimum": self.minimum(before)}
 
+    def last_seen(self, node: str) -> str:
+        """The node's memory at its last sample and lowest, for a failure row that is not the guard's own (a rank
+        the kernel's OOM killer ended shows as a rank that died): "" before any sample."""
+        rows = self.samples.get(node) or []
+        if not rows:
+            return ""
+        low = min(rows, key=lambda r: r[1])
+        return (f"; MemAvailable {rows[-1][1] / GIB:.2f} GiB at the last sample ({rows[-1][0]:.0f} s), lowest "
+                f"{low[1] / GIB:.2f} GiB ({low[0]:.0f} s)")
+
     def expected(self) -> str:
         floor = f"MemAvailable >= {self.floor / GIB:.2f} GiB (MEM_FLOOR_GIB)" if self.floor else "no floor"
         psi = f"memory PSI full avg10 <= {self.psi_max:g} % (MEM_PSI_FULL_MAX)" if self.psi_max else "no PSI ceiling"

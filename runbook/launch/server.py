@@ -408,8 +408,10 @@ def _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard
         if head_dead or dead_workers:
             who = "head" if head_dead else dead_workers[0]
             failure = ("ranks alive while starting", f"the {who} rank died before the server was ready", who,
-                       f"{who} process/container gone {now - t0:.0f} s after launch",
-                       "read both log tails below; fix the cause, then start again")
+                       f"{who} process/container gone {now - t0:.0f} s after launch"
+                       + (guard.last_seen(who) if guard is not None else ""),
+                       "read both log tails below (a rank the kernel's OOM killer ended leaves no Python error: "
+                       "dmesg | grep -i oom); fix the cause, then start again")
             break
         if master_probe.pending:
             master_probe.poll(cluster, plan)

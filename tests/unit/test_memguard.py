@@ -413,3 +413,11 @@ def test_a_pressure_file_with_one_line_only_is_read_and_shown_without_the_other(
     s = system.parse_mem_sample(["2048", "some avg10=3.50 avg60=1.00 avg300=0.20 total=99"])
     assert (s.psi_some, s.psi_full, s.psi) == (3.5, None, True)
     assert "some 3.50 %" in memguard.Breach("head", 1.0, "floor", 2 * 1024 ** 2, 4 * GIB, s).observed()
+
+
+def test_a_rank_that_died_is_shown_with_its_memory_at_the_last_sample():
+    guard = memguard.MemoryGuard(FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)]), profile(), 0.0)
+    assert guard.last_seen("worker") == ""
+    guard.samples["worker"] = [[1.5, 9 * GIB, None, None], [3.0, int(0.75 * GIB), None, None],
+                               [4.5, 2 * GIB, None, None]]
+    assert guard.last_seen("worker") == ("; MemAvailable 2.00 GiB at the last sample (4 s), lowest 0.75 GiB (3 s)")
