@@ -359,8 +359,8 @@ def test_the_abort_stops_the_crossing_rank_first_and_checks_memory_once_every_ra
     see its memory still held and call for a reboot."""
     events = []
     monkeypatch.setattr(stop, "_stop_node", lambda node, profile, grace: events.append(("stop", node.name)) or ([], {}))
-    monkeypatch.setattr(stop, "_mem_check", lambda node, info, settle: events.append(("mem", node.name)) or (
-        stop.check(MEM_ROW, True, node=node.name), 1))
+    monkeypatch.setattr(stop, "_mem_check", lambda node, info, settle, shared: events.append(
+        ("mem", node.name)) or (stop.check(MEM_ROW, True, node=node.name), 1))
     cluster = FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)])
     stop.stop(cluster, profile(), grace=3, mem_settle_s=20, first="worker")
     assert events == [("stop", "worker"), ("stop", "head"), ("mem", "worker"), ("mem", "head")]
@@ -421,3 +421,21 @@ def test_a_rank_that_died_is_shown_with_its_memory_at_the_last_sample():
     guard.samples["worker"] = [[1.5, 9 * GIB, None, None], [3.0, int(0.75 * GIB), None, None],
                                [4.5, 2 * GIB, None, None]]
     assert guard.last_seen("worker") == ("; MemAvailable 2.00 GiB at the last sample (4 s), lowest 0.75 GiB (3 s)")
+
+
+def test_a_partial_stop_on_the_lab_warns_without_a_record(monkeypatch):
+    """The lab's nodes share one host: stopping the worker alone while the head runs cannot bring MemAvailable
+    back, and that is no leak."""
+    path = f"{HOME}/.cache/spark-runbook/launch/worker{ranks.PIN_SUFFIX}"
+    node, written = _mem_node([80], path)
+    row, _ = stop._mem_check(node, {"mem_available_before": 110 * GIB, "pin_path": path}, 0, shared=True)
+    assert row.status.value == "WARN" and "share one host" in row.observed and not written
+    seen = []
+    monkeypatch.setattr(stop, "_stop_node", lambda node, profile, grace: ([], {}))
+    monkeypatch.setattr(stop, "_mem_check", lambda node, info, settle, shared: seen.append(shared) or (
+        stop.check(MEM_ROW, True, node=node.name), 1))
+    cluster = FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)])
+    stop.stop(cluster, profile(), nodes=["worker"])
+    stop.stop(cluster, profile())
+    stop.stop(cluster, load_profile(REPO_ROOT / "env" / "dspark-v4.env"), nodes=["worker"])
+    assert seen == [True, False, False, False]       # lab worker alone; lab both; a Spark's worker alone
