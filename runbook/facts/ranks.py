@@ -3,7 +3,8 @@ start record and container state, the vLLM processes in the process table, and (
 liveness, log growth and MemAvailable.
 
     st = rank_state(node, profile)      # RankState: running? which runtime, pid, fingerprint, processes
-    w = watch(node, rank)               # RankWatch: alive, log lines, tail, MemAvailable
+    w = watch(node, rank)               # RankWatch: alive, log lines, tail, MemAvailable, memory PSI
+    m = memory_state(node, profile, home)   # MemoryState: live MemAvailable + PSI, a previous stop's record
 
 Used by start (``server.py``), ``stop.py`` and ``status.py``, the failure rows of ``health.py`` and
 resume.
@@ -121,9 +122,10 @@ class RankWatch:
     lines: int
     tail: list[str]
     mem_available: int | None = None     # bytes, read in the same command (the startup memory profile)
+    psi_full: float | None = None        # memory PSI "full" avg10, percent (None: no PSI on this kernel)
 
 
-MEM_LINE = "awk '/^MemAvailable:/{print $2}' /proc/meminfo; "      # kB (mawk's %d overflows past 2 GiB)
+MEM_LINE = system.MEM_SAMPLE_CMD      # two lines: MemAvailable (kB), the memory PSI file on one line
 
 
 def watch_cmd(rank: LaunchedRank, *, fresh: bool = False) -> str:
@@ -149,16 +151,54 @@ def rank_watch_cmd(rank: LaunchedRank, *, fresh: bool = False) -> str:
 
 def watch(node: Node, rank: LaunchedRank, *, fresh: bool = False) -> RankWatch:
     out = node.read(watch_cmd(rank, fresh=fresh), timeout=30).stdout.splitlines()
-    mem = int(out[0]) * 1024 if out and out[0].strip().isdigit() else None
-    out = out[1:]
+    mem = system.parse_mem_sample(out[:2])
+    out = out[2:]
     alive = bool(out) and out[0].strip() == "alive"
     lines = int(out[1].strip()) if len(out) > 1 and out[1].strip().isdigit() else 0
-    return RankWatch(alive, lines, out[2:], mem)
+    return RankWatch(alive, lines, out[2:], mem.mem_available, mem.psi_full)
 
 
 def mem_available(node: Node) -> int:
     """MemAvailable in bytes (0 when unreadable): recorded before the launch, compared after the stop."""
     return system.parse_meminfo(node.read(system.MEMINFO_CMD).stdout).get("MemAvailable", 0)
+
+
+def mem_sample(node: Node, timeout: float = 5.0) -> system.MemSample:
+    """MemAvailable and the memory PSI in one read (the start's memory guard samples it every 1-2 s)."""
+    return system.parse_mem_sample(node.read(system.MEM_SAMPLE_CMD, timeout=timeout).stdout.splitlines())
+
+
+# A stop that found MemAvailable still below its pre-launch value leaves this record in the rank's state dir
+# (<CACHE_DIR>/launch/<node>.memory.json): {"baseline", "after", "tolerance", "stopped_at", "run_id"}. The next
+# start reads it and refuses to launch into the smaller pool until the memory is back (or the record is removed).
+PIN_SUFFIX = ".memory.json"
+
+
+def pin_path(profile, home: str, node_name: str) -> str:
+    return f"{state_dir(profile, home)}/{node_name}{PIN_SUFFIX}"
+
+
+@dataclass
+class MemoryState:
+    """A node's memory before a start: the live sample and the record a previous stop left (None: none)."""
+    node: str
+    sample: system.MemSample
+    pin: dict[str, Any] | None = None
+    pin_path: str = ""
+
+
+def memory_state(node: Node, profile, home: str) -> MemoryState:
+    """The previous stop's record (if any) and a live sample, in one read."""
+    path = pin_path(profile, home, node.name)
+    out = node.read(f"cat {quote(path)} 2>/dev/null; echo; echo '@@'; {system.MEM_SAMPLE_CMD}",
+                    timeout=15).stdout
+    rec_s, _, mem_s = out.partition("@@\n")
+    try:
+        pin = json.loads(rec_s) if rec_s.strip() else None
+    except ValueError:
+        pin = {"unreadable": rec_s.strip()[:200]}
+    return MemoryState(node.name, system.parse_mem_sample(mem_s.splitlines()),
+                       pin if isinstance(pin, dict) else None, path)
 
 
 def log_progressed(prev: RankWatch | None, cur: RankWatch) -> bool:

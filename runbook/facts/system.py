@@ -57,6 +57,61 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
+PSI_MEMORY = "/proc/pressure/memory"
+# one read of both memory signals, two lines: MemAvailable in kB (mawk's %d overflows past 2 GiB), then the PSI
+# file on one line (empty when the kernel has no PSI: the file is absent, or present and unreadable with psi=0)
+MEM_SAMPLE_CMD = (f"awk '/^MemAvailable:/{{print $2}}' /proc/meminfo; "
+                  f"tr '\\n' ' ' 2>/dev/null < {PSI_MEMORY}; echo; ")
+
+
+@dataclass
+class Psi:
+    """One line of a ``/proc/pressure/*`` file: the share of wall time (percent) some / all non-idle tasks were
+    stalled, averaged over 10, 60 and 300 s, and the total stall in microseconds."""
+    avg10: float
+    avg60: float
+    avg300: float
+    total_us: int
+
+
+_PSI_LINE = re.compile(r"\b(some|full)\s+avg10=(\d+(?:\.\d+)?)\s+avg60=(\d+(?:\.\d+)?)\s+"
+                       r"avg300=(\d+(?:\.\d+)?)\s+total=(\d+)")
+
+
+def parse_psi(text: str) -> dict[str, Psi] | None:
+    """A pressure file (``/proc/pressure/memory``), as the kernel writes it or joined on one line::
+
+        some avg10=0.00 avg60=0.00 avg300=0.00 total=0
+        full avg10=0.87 avg60=1.48 avg300=1.02 total=95388065
+
+    -> ``{"some": Psi, "full": Psi}``; None when the text has no such line (no PSI on this kernel)."""
+    out = {m.group(1): Psi(float(m.group(2)), float(m.group(3)), float(m.group(4)), int(m.group(5)))
+           for m in _PSI_LINE.finditer(text or "")}
+    return out or None
+
+
+@dataclass
+class MemSample:
+    """MemAvailable (bytes) and the memory pressure (PSI avg10, percent) of one node at one moment; each None
+    when unreadable / absent (``psi`` False: the kernel has no /proc/pressure/memory)."""
+    mem_available: int | None = None
+    psi_some: float | None = None
+    psi_full: float | None = None
+
+    @property
+    def psi(self) -> bool:
+        return self.psi_some is not None or self.psi_full is not None
+
+
+def parse_mem_sample(lines: list[str]) -> MemSample:
+    """The two lines of ``MEM_SAMPLE_CMD`` (``["19873412", "some avg10=0.00 ... full avg10=0.00 ..."]``)."""
+    mem_kb = lines[0].strip() if lines else ""
+    psi = parse_psi(lines[1]) if len(lines) > 1 else None
+    return MemSample(mem_available=int(mem_kb) * 1024 if mem_kb.isdigit() else None,
+                     psi_some=psi["some"].avg10 if psi and "some" in psi else None,
+                     psi_full=psi["full"].avg10 if psi and "full" in psi else None)
+
+
 def disk_free_cmd(path: str) -> str:
     """Free bytes on the filesystem holding ``path`` (or its nearest existing parent)."""
     q = shlex.quote(path)

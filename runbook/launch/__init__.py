@@ -11,6 +11,7 @@ and its boot-log markers), ``checkout`` (the recipe checkout at the pinned commi
 and log growth while a start is watched), ``server`` (start and its watch until the first token), ``readiness``
 (the API's readiness phases, the master-port probe, hang diagnostics), ``identity`` (every rank one build before
 launch: image, python, vLLM package tree, torch, NCCL, driver, recipe files), ``stop`` (stop, teardown proven),
+``memguard`` (memory before a launch and through a start: the refusal, the abort floor, the minimum per rank),
 ``status`` (read-only: status, logs), ``exposure`` (the key a bind beyond loopback needs; what listens on
 each node), ``warmup`` (the recipe's boot-shape warm-up after readiness), ``selfcheck`` (seed A's image stamp and GPU
 self-check before the launch), ``parity`` (the parity tables of docs/parity: what the recipes' scripts set beside what
@@ -18,8 +19,9 @@ render renders). Where the API is and the SSH forward that reaches a loopback bi
 Check names → code: "runtime image …" rows in ``image.py``; "api exposure", "ports exposed" in
 ``exposure.py``; "recipe checkout at the pinned commit" in ``checkout.py``; "ranks run one build (identity
 before launch)" in ``identity.py``; "no vLLM process or container
-left", "MemAvailable back to its pre-launch value", "server stopped" in ``stop.py``; every other row
-(start, readiness, KV cache, recipe markers) in ``server.py``.
+left", "MemAvailable back to its pre-launch value", "server stopped" in ``stop.py``; "memory back since the last
+stop", "MemAvailable above the floor before launch", "memory above the floor while starting", "minimum MemAvailable
+through the start" in ``memguard.py``; every other row (start, readiness, KV cache, recipe markers) in ``server.py``.
 """
 from __future__ import annotations
 

@@ -19,6 +19,11 @@ detector (``HANG_SECONDS``; periodic lines such as ``shm_broadcast`` excluded) c
 (py-spy if the node has it, ps, log tails) and fails. On any failure the ranks this call started are
 stopped (a half-started cluster holds memory and blocks the next start).
 
+Memory (``memguard.py``): before the launch a node whose MemAvailable a previous stop left below its baseline, or
+that is below ``MEM_FLOOR_GIB`` already, is refused; through the start every rank's MemAvailable and memory PSI
+are sampled every 1.5 s on the guard's own thread, and a crossing of the floor (or of ``MEM_PSI_FULL_MAX``) stops
+the ranks at once and fails the start naming the rank, the value, the limit and the cause.
+
 The recipe (``recipe.py``): before the ranks start, the pinned checkout is brought to every node (clone
 on the head, rsync to the workers over the fabric; ``checkout.py``) and verified at the pinned commit; a
 reused server only has it verified. After readiness every rank's boot log is searched for the lines its start chain declares
@@ -34,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import checkout, identity, recipe, render
+from . import checkout, identity, memguard, recipe, render
 from ..facts import ranks
 from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, hang_diagnostics, probe_readiness
 from .stop import stop
@@ -54,7 +59,9 @@ __all__ = [
     "start",
 ]
 
-POLL_S = 4.0
+POLL_S = 4.0                   # the readiness poll; memory is sampled every memguard.MEM_POLL_S on its own thread
+ABORT_GRACE_S = 3.0            # a memory abort's stop: the host is close to wedging, no long SIGTERM grace
+ABORT_SETTLE_S = 20.0          # ... then MemAvailable gets this long to come back before "reboot needed"
 WORKER_DEAD_POLLS = 2          # consecutive "not alive" answers before the worker counts as dead
 TAIL = 40
 
@@ -68,8 +75,11 @@ class StartResult:
     startup: dict[str, dict[str, Any]] = field(default_factory=dict)      # node -> StartupLog dict
     capacity: list[dict[str, Any]] = field(default_factory=list)
     mem_before: dict[str, int] = field(default_factory=dict)            # node -> MemAvailable bytes
-    # node -> [[seconds from launch, MemAvailable bytes], ...] sampled at every readiness poll
+    # node -> [[seconds from launch, MemAvailable bytes], ...]: the memory guard's samples (every 1.5 s) of a
+    # start, the readiness poll's of a reused server
     memory_profile: dict[str, list[list[float]]] = field(default_factory=dict)
+    memory_psi: dict[str, list[list[float | None]]] = field(default_factory=dict)   # [[s, PSI some, full], ...]
+    memory_guard: dict[str, Any] = field(default_factory=dict)     # limits, breach, per-rank minimum (memguard)
     checks: CheckList = field(default_factory=CheckList)
     evidence: list[str] = field(default_factory=list)
     failure_detected_at: float | None = None    # time.monotonic() when the wait ended on a failure
@@ -91,7 +101,8 @@ class StartResult:
                 "first_token_text": self.readiness.first_token_text,
                 "first_token_latency_s": self.readiness.first_token_latency,
                 "startup_log": self.startup, "capacity": self.capacity, "mem_available_before": self.mem_before,
-                "memory_profile": self.memory_profile,
+                "memory_profile": self.memory_profile, "memory_psi": self.memory_psi,
+                "memory_guard": self.memory_guard,
                 "failure_detected_s": self.failure_detected_s}
 
     def timings_frame(self):
@@ -281,9 +292,18 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
         return _fail(result, "launch refused", "the ranks would not run one build: nothing was started",
                      node=bad.node, observed=bad.observed, expected=bad.expected, fix=bad.fix, raise_=raise_)
 
+    # -- memory: the baseline the stop compares with; refused into a pool a previous stop left smaller
+    pre = memguard.pre_launch(cluster, profile, homes)
+    result.mem_before = pre.mem_before
+    result.checks.add(pre.rows)
+    if pre.refused:
+        first = pre.refused[0]
+        return _fail(result, first.name, "memory on a node is too low to launch into: nothing was started",
+                     node=",".join(dict.fromkeys(c.node for c in pre.refused)),
+                     observed="; ".join(c.observed for c in pre.refused)[:1500], expected=first.expected,
+                     fix=first.fix, raise_=raise_)
+
     # -- launch: workers first, then the head
-    mem = cluster.each(ranks.mem_available)
-    result.mem_before = {k: v for k, v in mem.items() if isinstance(v, int)}
     env = {"VLLM_API_KEY": api_key} if api_key else None
     if api_key:
         from ..secrets import register_secret
@@ -333,24 +353,68 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
 
 
 def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, cleanup, t0, started):
+    # the ranks this call started: memory sampled every 1.5 s on a thread of its own, stopped at once on a breach
+    kept_logs: dict[str, str] = {}
+    guard = memguard.MemoryGuard(cluster, profile, t0, on_breach=_abort(profile, plan, kept_logs)).start() \
+        if started else None
+    try:
+        failure, diagnostics = _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard)
+    finally:
+        if guard is not None:
+            guard.close()
+    if guard is not None:
+        result.memory_profile = guard.memory_profile()
+        result.memory_psi = guard.psi_profile()
+        result.memory_guard = guard.record(result.mem_before)
+        result.checks.add(guard.minimum_rows(result.mem_before))
+        if guard.stopped is not None:
+            result.checks.add(guard.stopped.checks)       # the abort's stop: ranks gone, memory back or not
+        if guard.breach is not None:                      # detected when the sample crossed, not after the stop
+            result.failure_detected_at = t0 + guard.breach.t
+    return _after_wait(cluster, profile, plan, result, ev, raise_, t0=t0, started=started, cleanup=cleanup,
+                       failure=failure, diagnostics=diagnostics,
+                       stopped_already=guard is not None and guard.stopped is not None, kept_logs=kept_logs)
+
+
+def _abort(profile, plan: LaunchPlan, kept_logs: dict[str, str]):
+    """The memory guard's action on a breach, on its own connections: stop every rank, the crossing one first.
+    Docker ranks' logs are read first (``docker rm`` takes them along); a process rank's log stays on disk."""
+    def abort(own: Cluster, breach: memguard.Breach):
+        if plan.runtime == "docker":
+            logs = own.each(lambda n: ranks.log_text(n, plan.rank(n.name), 2000))
+            kept_logs.update({n: t for n, t in logs.items() if isinstance(t, str)})
+        return stop(own, profile, grace=ABORT_GRACE_S, mem_settle_s=ABORT_SETTLE_S, first=breach.node)
+    return abort
+
+
+def _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard):
+    """Poll until ready or a failure: -> (failure (check, what, node, observed, fix) or None, diagnostics)."""
     ready = result.readiness
     deadline = t0 + profile.ready_timeout
     hang_s = profile.hang_seconds
     prev: dict[str, ranks.RankWatch | None] = {r.node: None for r in plan.ranks}
     last_progress = time.monotonic()
     dead_count = {r.node: 0 for r in plan.ranks}
-    failure: tuple[str, str, str, str, str] | None = None    # (check, what, node, observed, fix)
+    failure: tuple[str, str, str, str, str] | None = None
     diagnostics: dict[str, str] = {}
     master_probe = MasterProbe()
+
+    def memory_failure() -> tuple[str, str, str, str, str] | None:
+        if guard is None or guard.breach is None:
+            return None
+        what, node, observed, fix = guard.breach_row_text()
+        return (memguard.GUARD_ROW, what, node, observed, fix)
 
     while True:
         now = time.monotonic()
         watches = cluster.each(lambda n: ranks.watch(n, plan.rank(n.name), fresh=started))
+        if (failure := memory_failure()) is not None:      # before "died": the guard stopped them
+            break
         for name, w in watches.items():
             if isinstance(w, Exception):
                 dead_count[name] += 1
                 continue
-            if w.mem_available is not None:
+            if guard is None and w.mem_available is not None:
                 result.memory_profile.setdefault(name, []).append([round(now - t0, 1), w.mem_available])
             if ranks.log_progressed(prev[name], w):
                 last_progress = now
@@ -361,8 +425,10 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         if head_dead or dead_workers:
             who = "head" if head_dead else dead_workers[0]
             failure = ("ranks alive while starting", f"the {who} rank died before the server was ready", who,
-                       f"{who} process/container gone {now - t0:.0f} s after launch",
-                       "read both log tails below; fix the cause, then start again")
+                       f"{who} process/container gone {now - t0:.0f} s after launch"
+                       + (guard.last_seen(who) if guard is not None else ""),
+                       "read both log tails below (a rank the kernel's OOM killer ended leaves no Python error: "
+                       "dmesg | grep -i oom); fix the cause, then start again")
             break
         if master_probe.pending:
             master_probe.poll(cluster, plan)
@@ -377,7 +443,9 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         try:
             probe_readiness(profile, url, api_key, ready, t0)
         except ActionError as exc:
-            failure = ("models served", exc.what, "head", exc.observed, exc.fix)
+            failure = memory_failure() or ("models served", exc.what, "head", exc.observed, exc.fix)
+            break
+        if (failure := memory_failure()) is not None:
             break
         if ready.done:
             break
@@ -393,13 +461,21 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
                        f"reached: {', '.join(p for p in PHASES if getattr(ready, p) is not None) or 'nothing'}",
                        "raise READY_TIMEOUT only if the log shows steady progress; otherwise read the log tails")
             break
-        time.sleep(max(0.5, POLL_S - (time.monotonic() - now)))
+        pause = max(0.5, POLL_S - (time.monotonic() - now))
+        guard.wait(pause) if guard is not None else time.sleep(pause)
+    return failure, diagnostics
 
+
+def _after_wait(cluster, profile, plan, result, ev, raise_, *, t0, started, cleanup, failure, diagnostics,
+                stopped_already, kept_logs):
+    ready = result.readiness
     if failure is not None:
-        result.failure_detected_at = time.monotonic()
+        if result.failure_detected_at is None:
+            result.failure_detected_at = time.monotonic()
         result.failure_detected_s = round(result.failure_detected_at - t0, 1)
     # -- evidence: logs of every rank, parsed
     texts = cluster.each(lambda n: ranks.log_text(n, plan.rank(n.name)))
+    texts.update(kept_logs)             # read before the memory guard's stop removed the containers
     for name, text in texts.items():
         text = text if isinstance(text, str) else f"log unavailable: {text}"
         result.evidence.append(ev(f"{name}.log", text))
@@ -418,10 +494,12 @@ def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, clea
         fatal = [f"{n}: {line}" for n, t in logs.items() for line in recipe.chain_failures(t)]
         if fatal:                            # the recipe's start chain refused: that is the cause
             observed = f"{observed}; recipe start chain: {' | '.join(fatal[:4])}"
-        if started and cleanup:
+        if started and cleanup and not stopped_already:
             stop(cluster, profile, grace=10, mem_settle_s=0)     # a booting vLLM ignores SIGTERM anyway
+        expected = (result.memory_guard.get("expected") if cname == memguard.GUARD_ROW else
+                    "both ranks alive until the API streams a token")
         return _fail(result, cname, what, node=node, observed=f"{observed}\n{tails}",
-                     expected="both ranks alive until the API streams a token", fix=fix, raise_=raise_,
+                     expected=expected, fix=fix, raise_=raise_,
                      evidence=[e for e in result.evidence if e])
 
     # -- readiness checks and startup numbers

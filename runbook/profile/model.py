@@ -151,6 +151,10 @@ class Profile(BaseModel):
     # --- memory and disk
     weight_budget_gib: Float(0) = Field(0.0, description="weights per rank, GiB; 0 = unknown")
     boot_margin_gib: Float(0) = Field(12.0, description="MemAvailable margin above weights at boot, GiB")
+    mem_floor_gib: Float(0) = Field(1.5, description="MemAvailable floor on every rank while starting, GiB: below "
+                                    "it the start is aborted and its ranks stopped; 0 = off")
+    mem_psi_full_max: Float(0, 100) = Field(0.0, description="memory PSI 'full' avg10 ceiling on every rank while "
+                                            "starting, percent: above it the start is aborted; 0 = off (recorded)")
     cache_dir: NodePath = Field("~/.cache/spark-runbook", description="node-local JIT caches")
 
     # --- bench

@@ -102,7 +102,16 @@ def launch(model: ReportModel, e: Escape, plots: bool) -> list[str]:
         parts.append(table(FIGURE_HEAD, figure_rows(rf, e)))
     mf = [f for f in model.figures_of("launch") if f.group == "memory"]
     if mf:
-        parts.append("<h3>Startup memory (MemAvailable on every node through the start)</h3>")
+        guard = L.get("memory_guard") or {}
+        breach = guard.get("breach") or {}
+        parts.append("<h3>Startup memory: minimum MemAvailable through the start, per rank</h3>")
+        if guard:
+            parts.append(f'<p class="small">sampled every {e(guard.get("period_s"))} s on every rank; floor '
+                         f'{e(guard.get("floor_gib"))} GiB (MEM_FLOOR_GIB), memory PSI full ceiling '
+                         f'{e(guard.get("psi_full_max"))} % (MEM_PSI_FULL_MAX); 0 = off'
+                         + (f'; <b>the start was aborted</b>: {e(breach.get("node"))} crossed the '
+                            f'{e(breach.get("what"))} limit {e(breach.get("t"))} s after launch' if breach else "")
+                         + "</p>")
         if plots:
             parts.append(img(plot_memory(L.get("memory_profile") or {}), "startup memory"))
         parts.append(table(FIGURE_HEAD, figure_rows(mf, e)))

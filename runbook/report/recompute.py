@@ -324,12 +324,31 @@ def launch(model: ReportModel, run: Path, sidecars: Sidecars) -> None:
                     "head_started_s": number(launch_data.get("head_started_s")),
                     "first_token_latency_s": number(launch_data.get("first_token_latency_s")),
                     "capacity": launch_data.get("capacity") or [],
-                    "memory_profile": launch_data.get("memory_profile") or {}}
-    # the startup memory profile: the lowest MemAvailable each node reached while the server started
+                    "memory_profile": launch_data.get("memory_profile") or {},
+                    "memory_guard": launch_data.get("memory_guard") or {}}
+    # the startup memory profile: the minimum MemAvailable each rank reached through the start (the memory guard's
+    # samples), against the floor, beside the minimum the start recorded; the highest memory PSI the same way
+    guard = launch_data.get("memory_guard") if isinstance(launch_data.get("memory_guard"), dict) else {}
+    minimum = guard.get("minimum") if isinstance(guard.get("minimum"), dict) else {}
+    floor = number(guard.get("floor_gib"))
     for node, samples in (launch_data.get("memory_profile") or {}).items():
         if samples:
             t_low, low = min(samples, key=lambda s: s[1])
+            rec = minimum.get(node) if isinstance(minimum.get(node), dict) else {}
+            recorded = number(rec.get("min_mem_available"))
             model.figures.append(ReportFigure(key=f"{name}/memory/{node}/min_available", step=name,
-                                        label=f"lowest MemAvailable during start ({t_low:.0f} s from launch)",
+                                        label=f"minimum MemAvailable through the start ({t_low:.0f} s from launch)",
                                         value=low / 2**30, unit="GiB", source=f"steps/{name}.json memory_profile",
-                                        higher_is_better=True, node=node, group="memory"))
+                                        recorded=recorded / 2**30 if recorded is not None else None,
+                                        threshold=floor or None, higher_is_better=True, node=node, group="memory"))
+    for node, samples in (launch_data.get("memory_psi") or {}).items():
+        full = [number(s[2]) for s in samples or [] if isinstance(s, list) and len(s) > 2]
+        full = [v for v in full if v is not None]
+        if full:
+            rec = minimum.get(node) if isinstance(minimum.get(node), dict) else {}
+            model.figures.append(ReportFigure(key=f"{name}/memory/{node}/max_psi_full", step=name,
+                                        label="highest memory PSI full avg10 through the start", value=max(full),
+                                        unit="%", source=f"steps/{name}.json memory_psi",
+                                        recorded=number(rec.get("max_psi_full")),
+                                        threshold=number(guard.get("psi_full_max")) or None,
+                                        higher_is_better=False, node=node, group="memory"))

@@ -485,7 +485,9 @@ def test_workers_not_running_before_the_head_starts(monkeypatch, answers, expect
     replies = iter(answers)
     watch = re.escape(ranks.rank_watch_cmd(plan.rank("worker")))
     worker = FakeNode("worker", 1, read_only=True,
-                      rules=[(watch, lambda cmd: f"1000\n{next(replies)}\n2\nstarting\nenv: 'vllm': No such file")])
+                      rules=[(watch, lambda cmd: f"1000\nsome avg10=0.00 avg60=0.00 avg300=0.00 total=0 full avg10=0.00 "
+                                                f"avg60=0.00 avg300=0.00 total=0 \n{next(replies)}\n2\nstarting\n"
+                                                "env: 'vllm': No such file")])
     gone = server._workers_not_running(FakeCluster([FakeNode("head", 0, read_only=True), worker]), plan)
     assert set(gone) == expected
     assert len(worker.reads()) == len(answers)

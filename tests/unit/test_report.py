@@ -300,7 +300,40 @@ def test_startup_memory_profile_is_plotted_with_each_nodes_lowest_point(tmp_path
     assert lows["head"].value == 14 and "8 s from launch" in lows["head"].label
     assert lows["worker"].value == 19
     html = html_page.render_html(model, redactor=RED)
-    assert "Startup memory" in html and "lowest MemAvailable during start" in html
+    assert "Startup memory" in html and "minimum MemAvailable through the start" in html
+
+
+def test_the_minimum_memavailable_per_rank_is_recomputed_from_the_samples_against_the_floor(tmp_path):
+    """Issue 25: the report shows every rank's minimum MemAvailable through the start (and the highest memory PSI)
+    recomputed from the guard's stored samples, beside what the start recorded and the floor; an edited record
+    shows as a disagreement; an aborted start says which rank crossed which limit."""
+    run = build_run(tmp_path / "results", "20261203-050000-lab")
+    sidecar = run / "steps" / "04_launch.json"
+    doc = json.loads(sidecar.read_text())
+    gib = 2 ** 30
+    launch = doc["data"]["launch"]
+    launch["memory_profile"] = {"head": [[0.0, 20 * gib], [1.5, 15 * gib], [3.0, 16 * gib]],
+                                "worker": [[0.0, 21 * gib], [1.5, 3.5 * gib]]}
+    launch["memory_psi"] = {"head": [[0.0, 0.0, 0.0], [1.5, 4.2, 1.25], [3.0, 0.5, 0.0]]}
+    launch["memory_guard"] = {"period_s": 1.5, "floor_gib": 4.0, "psi_full_max": 25.0,
+                              "breach": {"node": "worker", "what": "floor", "t": 1.5},
+                              "minimum": {"head": {"min_mem_available": 15 * gib, "max_psi_full": 1.25},
+                                          "worker": {"min_mem_available": int(3.5 * gib), "max_psi_full": None}}}
+    sidecar.write_text(json.dumps(doc))
+    model = collector.collect(run, drift=False, redactor=RED)
+    mins = {f.node: f for f in model.figures if f.key.endswith("/min_available")}
+    assert sorted(mins) == ["head", "worker"]
+    assert (mins["head"].value, mins["head"].recorded, mins["head"].threshold) == (15, 15, 4.0)
+    assert mins["worker"].value == 3.5 and mins["worker"].consistent
+    psi = [f for f in model.figures if f.key.endswith("/max_psi_full")]
+    assert [(f.node, f.value, f.recorded, f.threshold) for f in psi] == [("head", 1.25, 1.25, 25.0)]
+    html = html_page.render_html(model, redactor=RED)
+    assert "minimum MemAvailable through the start" in html and "the start was aborted" in html
+    assert "highest memory PSI full avg10" in html
+    launch["memory_guard"]["minimum"]["head"]["min_mem_available"] = 18 * gib      # a record that was edited
+    sidecar.write_text(json.dumps(doc))
+    model = collector.collect(run, drift=False, redactor=RED)
+    assert [f.node for f in model.inconsistent() if f.key.endswith("/min_available")] == ["head"]
 
 
 def test_a_rehearsal_lists_its_substitutions_by_class_with_counts(results):
