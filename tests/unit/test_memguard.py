@@ -385,6 +385,7 @@ def test_start_refuses_before_any_rank_runs_when_a_stop_left_the_pool_smaller(mo
             (re.escape(system.LISTEN_CMD) + r"\Z", ""), *state.rules])
     monkeypatch.setattr(server, "base_url", lambda p: "http://127.0.0.1:8888")
     monkeypatch.setattr(server, "_recipe_checkout", lambda *a, **k: True)
+    monkeypatch.setattr(server, "_identity", lambda *a, **k: True)      # its own tests: test_launch_identity.py
     cluster = FakeCluster([node("head", 0, 111), node("worker", 1, 72, pin)])
     result = server.start(cluster, prof, plan, api_key="", raise_on_failure=False)
     failed = result.checks.failures()
