@@ -266,16 +266,45 @@ def test_a_worker_with_another_vllm_build_is_refused_before_the_start(cluster, t
 
 # ----------------------------------------------------------------------------- docker runtime
 
-def test_docker_runtime_start_and_stop(cluster, tiny_model, stop_after):
-    profile = _profile(RUNTIME="docker")
+def test_docker_runtime_start_api_key_status_and_stop(cluster, tiny_model, stop_after):
+    """One docker-runtime start serves every assertion (a CPU vLLM boot costs over a minute on 2 cores): it starts
+    and streams; the API key reaches the server (401 without it, 200 with it) but never a node's process table
+    during the launch (every node's `ps -eo args` sampled every 0.2 s from before the first start command until
+    the server answers) nor the ranks' logs, start records or generated entrypoints; status sees the containers;
+    stop leaves nothing."""
+    import httpx
+    from runbook.secrets import Secrets
+    planted = "sk-planted-" + "9f3c" * 6
+    profile = _profile(RUNTIME="docker", API_HOST="0.0.0.0")      # reached directly: the key guards it
     checks = image.ensure_image(cluster, profile)
     assert not checks.failures(), checks.to_text()
-    plan = render_plan(cluster, profile)
+    plan = render_plan(cluster, profile, secrets=Secrets(api_key=planted))
     assert plan.head.docker_argv[:3] == ["docker", "run", "-d"]
-    result = server.start(cluster, profile, plan)
+    sampler = ("rm -f /tmp/ps-samples; for i in $(seq 1 1500); do ps -eo args >> /tmp/ps-samples 2>/dev/null; "
+               "[ -e /tmp/ps-stop ] && break; sleep 0.2; done")
+    for node in cluster:
+        node.run("rm -f /tmp/ps-stop; (setsid nohup sh -c " + quote(sampler) + " >/dev/null 2>&1 &)", timeout=30)
+    try:
+        result = server.start(cluster, profile, plan, api_key=planted)
+    finally:
+        for node in cluster:
+            node.run("touch /tmp/ps-stop", timeout=30)
     _record("docker", result)
     assert result.ok, result.checks.to_text()
     assert result.startup["head"]["kv_tokens"] and result.readiness.first_token is not None
+    url = endpoint.base_url(profile)
+    assert url == "http://10.77.0.11:8000"
+    assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
+    assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {planted}"}, timeout=10).status_code == 200
+    time.sleep(0.5)
+    for node in cluster:
+        samples = node.read("cat /tmp/ps-samples", timeout=60).stdout
+        assert samples.count("\n") > 100, (node.name, "the sampler did not run through the launch")
+        assert planted not in samples, f"{node.name}: the key in the process table"
+        rank = plan.rank(node.name)
+        logs = node.read(f"docker logs {quote(rank.container)} 2>&1; cat {quote(rank.state_dir)}/* 2>/dev/null",
+                         timeout=60).stdout
+        assert logs.strip() and planted not in logs, f"{node.name}: the key in a log or a state file"
     st = status.status(cluster, profile)
     assert st["nodes"]["head"]["runtime"] == "docker" and st["nodes"]["worker"]["container"] == "running"
     stopped = stop.stop(cluster, profile)
@@ -299,41 +328,6 @@ def test_a_docker_run_failing_after_create_leaves_no_container_behind(cluster, t
     assert failed and failed[0].name == "server started" and "no-such-device" in failed[0].observed, \
         result.checks.to_text()
     _assert_nothing_left(cluster, profile)
-
-
-def test_docker_runtime_api_key_never_in_a_process_table_or_node_log(cluster, tiny_model, stop_after):
-    """The API key reaches the server (401 without it, 200 with it) but never a node's process table during
-    the launch (every node's `ps -eo args` sampled every 0.2 s from before the first start command until the
-    server answers) nor the ranks' logs, start records or generated entrypoints on the nodes."""
-    import httpx
-    from runbook.secrets import Secrets
-    planted = "sk-planted-" + "9f3c" * 6
-    profile = _profile(RUNTIME="docker", API_HOST="0.0.0.0")      # reached directly: the key guards it
-    assert not image.ensure_image(cluster, profile).failures()
-    plan = render_plan(cluster, profile, secrets=Secrets(api_key=planted))
-    sampler = ("rm -f /tmp/ps-samples; for i in $(seq 1 1500); do ps -eo args >> /tmp/ps-samples 2>/dev/null; "
-               "[ -e /tmp/ps-stop ] && break; sleep 0.2; done")
-    for node in cluster:
-        node.run("rm -f /tmp/ps-stop; (setsid nohup sh -c " + quote(sampler) + " >/dev/null 2>&1 &)", timeout=30)
-    try:
-        result = server.start(cluster, profile, plan, api_key=planted)
-    finally:
-        for node in cluster:
-            node.run("touch /tmp/ps-stop", timeout=30)
-    assert result.ok, result.checks.to_text()
-    url = endpoint.base_url(profile)
-    assert url == "http://10.77.0.11:8000"
-    assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
-    assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {planted}"}, timeout=10).status_code == 200
-    time.sleep(0.5)
-    for node in cluster:
-        samples = node.read("cat /tmp/ps-samples", timeout=60).stdout
-        assert samples.count("\n") > 100, (node.name, "the sampler did not run through the launch")
-        assert planted not in samples, f"{node.name}: the key in the process table"
-        rank = plan.rank(node.name)
-        logs = node.read(f"docker logs {quote(rank.container)} 2>&1; cat {quote(rank.state_dir)}/* 2>/dev/null",
-                         timeout=60).stdout
-        assert logs.strip() and planted not in logs, f"{node.name}: the key in a log or a state file"
 
 
 def test_image_is_shipped_head_to_worker_when_the_worker_lacks_it(cluster):
