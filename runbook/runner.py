@@ -173,7 +173,7 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
             lock.release()
 
 
-def set_lab_server_aside(profile, *, echo: Callable[[str], None] = print) -> str:
+def set_lab_server_aside(profile, *, echo: Callable[[str], None] = print, needed_by: str = "the rehearsal") -> str:
     """A rehearsal runs on the lab's nodes and ports: the lab profile's own server (``make runbook`` leaves it
     up) is stopped first, as ``make test`` does, and the command that starts it again is said. Returns the
     fingerprint it ran with ('' when none ran). The rehearsal's own server then stays up like a real one."""
@@ -188,7 +188,7 @@ def set_lab_server_aside(profile, *, echo: Callable[[str], None] = print) -> str
         before = ranks.rank_state(cluster.head, lab)
         if not before.running:
             return ""
-        echo(f"lab: the lab's own server ({lab_path.name}, {before.describe()}) holds the ports the rehearsal "
+        echo(f"lab: the lab's own server ({lab_path.name}, {before.describe()}) holds the ports {needed_by} "
              f"needs: stopping it; start it again with `python -m runbook start --profile "
              f"{_repo_relative(str(lab_path))}` after `python -m runbook stop --rehearse --profile {profile.source}`")
         result = stop.stop(cluster, lab, mem_settle_s=0)

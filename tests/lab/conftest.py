@@ -44,29 +44,26 @@ def users_server_set_aside(lab_reused: bool):
     if not lab_reused:
         yield
         return
-    from runbook.facts import ranks
+    from runbook import runner
     from runbook.launch import server, stop
     from runbook.launch.plan import render_plan
     from runbook.profile import load_profile
     from runbook.remote import Cluster
     profile = load_profile(USER_PROFILE)
-    with Cluster.from_profile(profile) as cluster:
-        before = ranks.rank_state(cluster.head, profile)
-        if before.running:
-            print(f"\n[lab] the runbook's server is up ({before.describe()}): set aside for the tests")
-            stop.stop(cluster, profile, mem_settle_s=0)
+    # the runbook's own way (a rehearsal sets the lab's server aside the same way): stopped, its fingerprint kept
+    before = runner.set_lab_server_aside(profile, echo=lambda m: print(f"\n[lab] {m}"), needed_by="the lab tests")
     try:
         yield
     finally:
-        if before.running:
+        if before:
             with Cluster.from_profile(profile) as cluster:
                 stop.stop(cluster, profile, mem_settle_s=0)      # whatever a test left on these ports
                 plan = render_plan(cluster, profile)
                 restored = server.start(cluster, profile, plan, raise_on_failure=False)
             print(f"[lab] the runbook's server started again: ok={restored.ok} fingerprint {plan.fingerprint[:12]}")
-            assert restored.ok and plan.fingerprint == before.fingerprint, (
+            assert restored.ok and plan.fingerprint == before, (
                 "the user's server was not restored as it was: "
-                + restored.checks.to_text() + f"\nfingerprint before {before.fingerprint} after {plan.fingerprint}")
+                + restored.checks.to_text() + f"\nfingerprint before {before} after {plan.fingerprint}")
 
 
 @pytest.fixture(scope="session")
