@@ -65,6 +65,29 @@ GROUP_CLASS = {"gpu": HARDWARE, "sizes": HARDWARE, "link": HARDWARE,
                "model": LAB_CLASS, "rehearsal": LAB_CLASS}
 
 
+# The programs a rehearsal runs in place of a Spark's (runbook.lab.sim; all *hardware*: each needs the GPU or the
+# CX-7/RDMA device), and the ones around them that run for real (rehearsal.json "tools", the report).
+SIMULATED_TOOLS = {
+    "nvidia-smi": "no GPU", "ibdev2netdev": "no ConnectX-7", "ibv_devinfo": "no RDMA device",
+    "ib_write_bw": "no RDMA device (perftest's real binary is installed and is what the tools row names)",
+    "ib_write_lat": "no RDMA device (perftest's real binary is installed and is what the tools row names)",
+    "all_reduce_perf": "nccl-tests needs a GPU and NCCL; each rank still checks the per-rank environment it receives",
+}
+REAL_TOOLS = {
+    "mpirun": "OpenMPI (openmpi-bin): the step's MPMD line starts each all_reduce_perf rank on its node over ssh to "
+              "its fabric address, with its -x environment; the ranks meet through libmpi (MPI_Allgather over "
+              "btl_tcp_if_include)",
+    "perftest": "the tools row finds perftest's own ib_write_bw/ib_write_lat (the simulators left off PATH)",
+    "ping, iperf3, ethtool, ip, sysctl": "the lab's fabric veth",
+    "gloo all-reduce sweep": "torch on every node over the fabric",
+}
+
+
+def tools_record() -> dict[str, dict[str, str]]:
+    """What rehearsal.json says about the tools: ``simulated`` (class hardware) and ``real``, each tool -> why."""
+    return {"simulated": dict(SIMULATED_TOOLS), "real": dict(REAL_TOOLS)}
+
+
 @dataclass(frozen=True)
 class Substitution:
     key: str

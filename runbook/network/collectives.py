@@ -5,8 +5,8 @@ nccl-tests runs one rank per node, each with its own node's NCCL env; the sweep 
 ``runbook/facts/allreduce_sweep.py``, one rank per node.
 
 Check rows: ``net.nccl.busbw``, ``net.nccl.transport``, ``net.nccl.hcas`` (N/A without GPU or RDMA; SIMULATED
-in a rehearsal, where mpirun and nccl-tests are the simulators of ``runbook.lab.sim``) and ``net.allreduce``
-(real in a rehearsal too; N/A without a python with torch).
+in a rehearsal, where OpenMPI's real mpirun starts nccl-tests' simulator of ``runbook.lab.sim`` on every node)
+and ``net.allreduce`` (real in a rehearsal too; N/A without a python with torch).
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from .rdma import GidPlan
 
 SWEEP_PORT = 29531
 SWEEP_MAX_BYTES = 16 << 20
-SIM_NCCL = ("mpirun + all_reduce_perf simulators started every rank on its own node over ssh and checked its "
-            "NCCL_SOCKET_IFNAME, NCCL_IB_HCA and NCCL_IB_GID_INDEX there; busbw is the published figure for the "
-            "HCAs used (manifest.json)")
+SIM_NCCL = ("OpenMPI's mpirun (real) started every rank on its own node over ssh; all_reduce_perf is the simulator: "
+            "it checked the NCCL_SOCKET_IFNAME, NCCL_IB_HCA and NCCL_IB_GID_INDEX its rank received there; busbw "
+            "is the published figure for the HCAs used (manifest.json)")
 
 
 @dataclass
@@ -90,6 +90,27 @@ def rank_logs(text: str, nodes) -> dict[str, str]:
     return out
 
 
+def rank_failures(ranks: list[NcclRank], logs: dict[str, str]) -> list[str]:
+    """What each failing rank's own NCCL log says, with the setting of that rank it points at: an
+    ``NCCL_SOCKET_IFNAME`` naming no interface of the node, an ``NCCL_IB_GID_INDEX`` the HCA cannot use, or
+    the rank's first ``NCCL WARN`` line. Ranks whose log shows no failure are not listed."""
+    out = []
+    for r in ranks:
+        log = logs.get(r.node, "")
+        warns = [l.split("NCCL WARN", 1)[1].strip() for l in log.splitlines() if "NCCL WARN" in l]
+        if not warns:
+            continue
+        if any("no socket interface found" in w for w in warns):
+            out.append(f"{r.node}: NCCL_SOCKET_IFNAME={r.socket_if} names no interface of {r.node} "
+                       "(NCCL: Bootstrap : no socket interface found)")
+        elif any("ibv_modify_qp failed" in w for w in warns):
+            out.append(f"{r.node}: NCCL_IB_GID_INDEX={'unset' if r.gid_index is None else r.gid_index} on "
+                       f"{','.join(r.hcas)}: {next(w for w in warns if 'ibv_modify_qp' in w)}")
+        else:
+            out.append(f"{r.node}: {warns[0]}")
+    return out
+
+
 def nccl_checks(ctx: Verification, gid: GidPlan) -> None:
     """nccl-tests' all_reduce_perf across all nodes: bus bandwidth, NET/IB on every rank, each rank's HCAs."""
     if not ctx.expect_gpu:
@@ -105,12 +126,18 @@ def nccl_checks(ctx: Verification, gid: GidPlan) -> None:
     text = text_of(r)
     ev = [ctx.save("nccl_all_reduce_perf.txt", text)]
     res = fn.parse_nccl_tests(text)
-    per_rank = {name: fn.parse_nccl_log(log) for name, log in rank_logs(text, ctx.nodes).items()}
+    logs = rank_logs(text, ctx.nodes)
+    per_rank = {name: fn.parse_nccl_log(log) for name, log in logs.items()}
     min_bus = ctx.profile.min_nccl_busbw_gbs
     if res.avg_busbw_gbs is None:
-        ctx.add_hw(check("net.nccl.busbw", False, node="cluster", observed=f"nccl-tests: {res.error}", expected=f">= {min_bus} GB/s",
-                         fix="see net.tools for nccl-tests on every node; the log's NCCL WARN / Test NCCL failure lines name the rank",
-                         evidence=ev), SIM_NCCL)
+        failures = rank_failures(ranks, logs)
+        ctx.add_hw(check("net.nccl.busbw", False, node="cluster",
+                         observed="; ".join([f"nccl-tests: {res.error}", *failures]), expected=f">= {min_bus} GB/s",
+                         fix=("fix the named rank's setting (<NODE>_CX7_IF / BOOTSTRAP_IF for NCCL_SOCKET_IFNAME, "
+                              "<NODE>_GID for NCCL_IB_GID_INDEX) and run 01 again" if failures else
+                              "see net.tools for nccl-tests on every node; the log's NCCL WARN / Test NCCL failure "
+                              "lines name the rank"),
+                         evidence=ev, data={"rank_failures": failures}), SIM_NCCL)
     else:
         ctx.add_hw(check("net.nccl.busbw", res.avg_busbw_gbs >= min_bus and not res.wrong, node="cluster",
                          observed=f"avg busbw {res.avg_busbw_gbs} GB/s (max {res.max_busbw_gbs}), #wrong {'>0' if res.wrong else '0'}",

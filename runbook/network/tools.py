@@ -10,6 +10,10 @@ the NCCL headers found, ``NCCL_HOME``) -- and checks again; otherwise the row FA
 for that node and names the key. nccl-tests is looked for in ``CACHE_DIR/nccl-tests/build`` and then ``~/nccl-tests/build`` (where
 NVIDIA's NCCL playbook builds it); in a rehearsal the simulators' directory is the only place.
 
+In a rehearsal the other tools are the lab's real packages (perftest, OpenMPI, iperf3, ethtool): the probe
+looks them up with the simulators' directory left off PATH, so the row names the package's binary, and says
+which of them a simulator shadows when the tests run (perftest's ``ib_write_bw``/``ib_write_lat``).
+
 Check rows: ``net.tools`` (one per node, before any traffic).
 """
 from __future__ import annotations
@@ -36,7 +40,10 @@ APT_PACKAGES = {"ib_write_bw": "perftest", "ib_write_lat": "perftest", "mpirun":
                 "iperf3": "iperf3", "ethtool": "ethtool", "nccl.h": "libnccl-dev"}
 APT_INSTALL = "sudo -n apt-get install -y"
 NCCL_HOMES = ("nccl/build", "/usr")       # NVIDIA's Spark NCCL playbook builds ~/nccl/build; libnccl-dev: /usr
-SIM_TOOLS = f"the rehearsal's simulators ({sim.SIM_DIR}, runbook.lab.sim) stand in for perftest and nccl-tests"
+SIM_BIN = f"{sim.SIM_DIR}/bin"
+SIM_TOOLS = (f"perftest, OpenMPI, iperf3 and ethtool were found as the lab's own packages ({SIM_BIN} left off PATH); "
+             f"the tests then run the simulators of runbook.lab.sim that shadow ib_write_bw/ib_write_lat, and "
+             f"all_reduce_perf is the simulator ({sim.NCCL_TESTS_DIR}: nccl-tests needs a GPU)")
 
 
 @dataclass
@@ -48,6 +55,7 @@ class NodeTools:
     src_dir: str = ""                                         # where the step builds nccl-tests
     nccl_homes: list[str] = field(default_factory=list)       # where nccl.h was looked for (NCCL_HOME)
     nccl_home: str = ""                                       # the first of them holding include/nccl.h
+    shadowed: dict[str, str] = field(default_factory=dict)    # rehearsal: tool -> the simulator run instead
 
     def missing(self, need_perftest: bool, need_nccl: bool) -> list[str]:
         want = [*BASE_TOOLS, *(PERFTEST if need_perftest else ()), *(("mpirun",) if need_nccl else ())]
@@ -60,13 +68,17 @@ class NodeTools:
 
 
 def probe_cmd(dirs: list[str], *, tools: tuple[str, ...] = (*PERFTEST, "mpirun", *BASE_TOOLS),
-              nccl_homes: list[str] = ()) -> str:
+              nccl_homes: list[str] = (), hide: str = "") -> str:
     """One read-only probe: ``tool <name> <path>`` / ``missing <name>`` lines (sbin included: ethtool lives
-    there), ``nccl <dir>`` when all_reduce_perf is found, ``ncclhome <dir>`` for the first dir with nccl.h."""
+    there), ``nccl <dir>`` when all_reduce_perf is found, ``ncclhome <dir>`` for the first dir with nccl.h.
+    ``hide`` (a rehearsal's simulator bin, first on PATH) is left off PATH for the lookup, and each tool it
+    holds is named in a ``shadow <name> <path>`` line."""
     looks = " ".join(shlex.quote(d) for d in dirs)
     homes = " ".join(shlex.quote(d) for d in nccl_homes)
-    cmd = (f"for t in {' '.join(tools)}; do p=$(PATH=\"$PATH:/usr/sbin:/sbin\" command -v $t 2>/dev/null) && "
-           f"echo \"tool $t $p\" || echo \"missing $t\"; done; ")
+    path = f'${{PATH#{hide}:}}' if hide else "$PATH"
+    shadow = f'; [ -x {shlex.quote(hide)}/$t ] && echo "shadow $t {hide}/$t"' if hide else ""
+    cmd = (f"for t in {' '.join(tools)}; do p=$(PATH=\"{path}:/usr/sbin:/sbin\" command -v $t 2>/dev/null) && "
+           f"echo \"tool $t $p\" || echo \"missing $t\"{shadow}; done; ")
     if looks:
         cmd += f"for d in {looks}; do [ -x \"$d/all_reduce_perf\" ] && echo \"nccl $d\"; done; "
     if homes:
@@ -74,11 +86,15 @@ def probe_cmd(dirs: list[str], *, tools: tuple[str, ...] = (*PERFTEST, "mpirun",
     return cmd + "true"
 
 
-def parse_probe(text: str, out: NodeTools) -> NodeTools:
+def parse_probe(text: str, out: NodeTools, hide: str = "") -> NodeTools:
+    """The probe's lines into ``out``; a tool found only under ``hide`` (the simulators) is not found."""
     for line in (text or "").splitlines():
         parts = line.split(maxsplit=2)
         if len(parts) == 3 and parts[0] == "tool":
-            out.found[parts[1]] = parts[2]
+            if not (hide and parts[2].startswith(hide.rstrip("/") + "/")):
+                out.found[parts[1]] = parts[2]
+        elif len(parts) == 3 and parts[0] == "shadow":
+            out.shadowed[parts[1]] = parts[2]
         elif len(parts) >= 2 and parts[0] == "nccl" and not out.nccl_dir:
             out.nccl_dir = line.split(maxsplit=1)[1]
         elif len(parts) >= 2 and parts[0] == "ncclhome" and not out.nccl_home:
@@ -119,6 +135,7 @@ def locate(node, profile, *, rehearsal_dir: str = "", tests_dir: str = "", need_
            need_nccl: bool = True) -> NodeTools:
     """Where the tools are on ``node`` (reads its home once for ``~`` in CACHE_DIR, when nccl-tests is needed)."""
     t = NodeTools(node=node.name)
+    hide = SIM_BIN if rehearsal_dir else ""
     if rehearsal_dir:
         t.candidates = [rehearsal_dir]
     elif need_nccl:
@@ -128,9 +145,9 @@ def locate(node, profile, *, rehearsal_dir: str = "", tests_dir: str = "", need_
                         list(dict.fromkeys([posixpath.join(t.src_dir, "build"),
                                             posixpath.join(home, "nccl-tests", "build")])))
         t.nccl_homes = [posixpath.join(home, d) for d in NCCL_HOMES]
-    res = node.read(probe_cmd(t.candidates, tools=wanted_tools(need_perftest, need_nccl), nccl_homes=t.nccl_homes),
-                    timeout=20)
-    return parse_probe(getattr(res, "stdout", ""), t)
+    res = node.read(probe_cmd(t.candidates, tools=wanted_tools(need_perftest, need_nccl), nccl_homes=t.nccl_homes,
+                              hide=hide), timeout=20)
+    return parse_probe(getattr(res, "stdout", ""), t, hide)
 
 
 def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, install: bool,
@@ -142,12 +159,14 @@ def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, ins
     expected = f"{want} on {node.name}"
     if not missing:
         return check("net.tools", True, node=node.name, expected=expected,
-                     observed="; ".join([f"{k} {v}" for k, v in sorted(t.found.items())] +
+                     observed="; ".join([f"{k} {v}" + (f" (the tests run the simulator {t.shadowed[k]})"
+                                                       if k in t.shadowed else "")
+                                         for k, v in sorted(t.found.items())] +
                                         ([f"all_reduce_perf in {t.nccl_dir}"] if need_nccl else [])))
     cmds = install_commands(t, need_perftest, need_nccl)
     what = ", ".join(missing) + (f" (looked in {', '.join(t.candidates)})" if "all_reduce_perf" in missing else "")
     if rehearsal or not install:
-        how = ("reinstall the rehearsal simulators (they are installed by 00_preflight / 01_network)" if rehearsal
+        how = (rehearsal_fix(missing) if rehearsal
                else f"on {node.name} run: " + " && ".join(cmds) +
                " -- or set INSTALL_NET_TOOLS=1 in the profile and 01_network installs them (sudo -n apt-get; "
                "runbook.network.run(step, install_tools=True) for one run)")
@@ -174,6 +193,17 @@ def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, ins
                  observed=(f"installed {', '.join(missing)}: {'; '.join(done)}" if not left
                            else f"still missing after install: {', '.join(left)}"),
                  fix="read the install output in commands.jsonl", data={"install_commands": cmds})
+
+
+def rehearsal_fix(missing: list[str]) -> str:
+    """How a rehearsal gets what it lacks: the lab host's packages (the lab nodes share its /usr), and the
+    simulators for all_reduce_perf (there is no nccl-tests without CUDA)."""
+    pkgs = [p for tool, pkg in APT_PACKAGES.items() if tool in missing and tool != "nccl.h" for p in pkg.split()]
+    out = [f"install the lab's packages on the lab host: apt-get install -y {' '.join(dict.fromkeys(pkgs))} "
+           "(make lab-deps; the lab nodes share its /usr)"] if pkgs else []
+    if "all_reduce_perf" in missing:
+        out.append("reinstall the rehearsal simulators (they are installed by 00_preflight / 01_network)")
+    return "; ".join(out)
 
 
 def locate_again(node, t: NodeTools, tools: tuple[str, ...]) -> NodeTools:

@@ -17,9 +17,9 @@ Checks that cannot apply to the profile (RDMA on the lab, NCCL without GPU, link
 ``EXPECT_LINK_GBPS=0``) are N/A, never PASS.
 
 Rehearsal (``REHEARSAL=1``): the recipe's RDMA/GPU rows run against the simulators of ``runbook.lab.sim``
-(GID tables from its simulated sysfs, perftest, mpirun + nccl-tests), which check every invocation on the
-node that receives it; their passing rows say SIMULATED, never PASS. ping, iperf3, ethtool, ip and the gloo
-sweep stay real.
+(GID tables from its simulated sysfs, perftest, nccl-tests' all_reduce_perf), which check every invocation on
+the node that receives it; their passing rows say SIMULATED, never PASS. ping, iperf3, ethtool, ip, the gloo
+sweep and OpenMPI's mpirun (which starts the all_reduce_perf ranks on their nodes) stay real.
 """
 from __future__ import annotations
 

@@ -161,10 +161,18 @@ def substitutions(model: ReportModel, e: Escape) -> list[str]:
     rows = [[f"<td>{e(kind)}</td>", f"<td>{e(sub.get('key'))}</td>", f"<td>{e(sub.get('recipe'))}</td>",
              f"<td>{e(sub.get('lab'))}</td>", f"<td class='small'>{e(sub.get('group'))}: {e(sub.get('why'))}</td>"]
             for kind, items in sorted(kinds.items()) for sub in items]
+    tools = model.rehearsal.get("tools") or {}
+    tool_rows = [[f"<td>{e(kind)}</td>", f"<td>{e(name)}</td>", f"<td class='small'>{e(why)}</td>"]
+                 for kind in ("simulated", "real") for name, why in (tools.get(kind) or {}).items()]
     return [f'<h2 id="rehearsal">Rehearsal substitutions</h2><p>{len(subs)} key(s) substituted ({e(counts)}); '
             "every other key of the recipe profile ran as written.</p>",
             "<details><summary>every substituted key</summary>"
-            + table(["class", "key", "recipe", "rehearsal", "why"], rows) + "</details>"]
+            + table(["class", "key", "recipe", "rehearsal", "why"], rows) + "</details>"] + (
+            [f"<p>Tools: {len(tools.get('simulated') or {})} simulated (hardware: "
+             f"{e(', '.join(tools.get('simulated') or {}))}), the rest real "
+             f"({e(', '.join(tools.get('real') or {}))}).</p>",
+             "<details><summary>simulated and real tools</summary>" + table(["", "tool", "why"], tool_rows)
+             + "</details>"] if tools else [])
 
 
 def profile(model: ReportModel, e: Escape) -> list[str]:

@@ -75,3 +75,83 @@ def test_wrong_interface_name_is_named_before_any_traffic(cluster):
         failed = _failed(checks)
         assert failed and failed[0].node == "worker" and "enp1s0f1np1" in failed[0].observed
         assert not any(name.startswith(("iperf3_", "ping_")) for name in raw)   # stopped before traffic
+
+
+# --------------------------------------------------------------------------- a rehearsal's nccl-tests under real mpirun
+
+
+@pytest.fixture()
+def rehearsed(lab):
+    """Recipe A's profile as a rehearsal runs it, with the simulated Sparks installed on the lab nodes."""
+    from runbook.lab import sim
+    from runbook.lab.rehearsal import load_rehearsal
+    profile, _, _ = load_rehearsal("env/exl3-v41.env")
+    with Cluster.from_profile(profile) as c:
+        rows = sim.install(c, profile)
+        assert rows and all(r.status in (Status.PASS, Status.NOOP) for r in rows), [(r.node, r.observed) for r in rows]
+        yield profile, c
+
+
+def _tools_and_nccl(profile, c, tweak=None):
+    """01_network's own path up to nccl-tests (facts, validation, GID plan, tools row, nccl rows), without the
+    ping/iperf3/perftest traffic; ``tweak(ranks)`` changes the ranks the step renders."""
+    from runbook.network import collectives, rails as rl, rdma, tools
+    from runbook.network.context import Verification
+    ctx = Verification(profile, c, None)
+    rl.collect_base(ctx)
+    assert rl.early_validation(ctx), ctx.checks.to_text()
+    built = rl.build_rails(ctx)
+    rl.collect_rail_facts(ctx, built)
+    gid = rdma.gid_checks(ctx)
+    tools.tools_checks(ctx, "", False)
+    if tweak is None:
+        collectives.nccl_checks(ctx, gid)
+    else:
+        original = collectives.nccl_ranks
+        try:
+            collectives.nccl_ranks = lambda ctx_, gid_: tweak(*original(ctx_, gid_))
+            collectives.nccl_checks(ctx, gid)
+        finally:
+            collectives.nccl_ranks = original
+    return ctx.checks, ctx.raw
+
+
+def test_rehearsal_runs_the_real_mpirun_and_the_real_package_tools(rehearsed):
+    """In a rehearsal `mpirun` is OpenMPI's (no simulator on PATH), it starts one all_reduce_perf rank on each
+    node over ssh, and the tools row names perftest's and OpenMPI's own binaries."""
+    from runbook.facts import nccl as fn
+    from runbook.lab import sim
+    profile, c = rehearsed
+    where = c.head.read("command -v mpirun; mpirun --version 2>&1 | head -1", timeout=30).stdout.split("\n")
+    assert where[0] == "/usr/bin/mpirun" and "Open MPI" in where[1], where
+    assert not c.head.read(f"test -e {sim.SIM_DIR}/bin/mpirun", timeout=20).ok      # no simulator of it
+    checks, raw = _tools_and_nccl(profile, c)
+    rows = [ch for ch in checks if ch.name == "net.tools"]
+    assert [r.node for r in rows] == ["head", "worker"]
+    for r in rows:
+        assert r.status is Status.SIMULATED, (r.node, r.observed)
+        assert f"ib_write_bw /usr/bin/ib_write_bw (the tests run the simulator {sim.SIM_DIR}/bin/ib_write_bw)" in r.observed
+        assert "mpirun /usr/bin/mpirun" in r.observed
+    text = raw["nccl_all_reduce_perf.txt"]
+    out = fn.parse_nccl_tests(text)
+    assert out.ranks == 2 and out.rows and out.avg_busbw_gbs, text[-3000:]
+    assert "on spark-head" in text and "on spark-worker" in text      # each rank read its own node's private tree
+    assert [ch.status for ch in checks if ch.name == "net.nccl.transport"] == [Status.SIMULATED]
+
+
+def test_real_mpirun_catches_a_rank_given_an_interface_it_does_not_have(rehearsed):
+    """The worker's rank gets the head's NCCL_SOCKET_IFNAME (recipe A: enp1s0f1np1, an interface the worker does
+    not have): OpenMPI starts it on the worker, NCCL's bootstrap there finds no such interface, OpenMPI aborts
+    the job, and the step's busbw row FAILs naming the worker and the interface."""
+    profile, c = rehearsed
+
+    def head_if_on_worker(ranks, include):
+        ranks[1].socket_if = "enp1s0f1np1"
+        return ranks, include
+    checks, raw = _tools_and_nccl(profile, c, head_if_on_worker)
+    text = raw["nccl_all_reduce_perf.txt"]
+    assert "mpirun detected that one or more processes exited with non-zero status" in text, text[-3000:]  # OpenMPI's
+    row = next(ch for ch in checks if ch.name == "net.nccl.busbw")
+    assert row.status is Status.FAIL
+    assert "worker: NCCL_SOCKET_IFNAME=enp1s0f1np1 names no interface of worker" in row.observed, row.observed
+    assert "[simulated:" in row.observed

@@ -426,3 +426,80 @@ def test_install_net_tools_is_a_real_profile_key(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="stop after the call"):
         step01.run(step)
     assert seen["install_tools"] is True
+
+
+def test_rank_failures_name_the_setting_of_the_failing_rank():
+    from runbook.network import collectives
+    ranks = [collectives.NcclRank("head", "169.254.77.1", "enp1s0f0np0", ["rocep1s0f1"], 3, "b"),
+             collectives.NcclRank("worker", "169.254.77.2", "enp1s0f1np1", ["rocep1s0f0"], None, "b")]
+    logs = {"head": "spark-head:1:1 [0] NCCL INFO Bootstrap : Using enp1s0f0np0:169.254.77.1<0>",
+            "worker": "spark-worker:2:2 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to enp1s0f1np1\n"
+                      "spark-worker:2:2 [0] NCCL WARN Bootstrap : no socket interface found"}
+    assert collectives.rank_failures(ranks, logs) == [
+        "worker: NCCL_SOCKET_IFNAME=enp1s0f1np1 names no interface of worker (NCCL: Bootstrap : no socket interface found)"]
+    logs["worker"] = ("spark-worker:2:2 [0] NCCL WARN Call to ibv_modify_qp failed with 61 No data available, on dev "
+                      "rocep1s0f0:1, curr state INIT")
+    logs["head"] = "spark-head:1:1 [0] NCCL WARN NET/IB : peer rank failed"
+    out = collectives.rank_failures(ranks, logs)
+    assert out[0] == "head: NET/IB : peer rank failed"
+    assert out[1].startswith("worker: NCCL_IB_GID_INDEX=unset on rocep1s0f0: Call to ibv_modify_qp failed with 61")
+    assert collectives.rank_failures(ranks, {"head": "", "worker": ""}) == []
+
+
+def test_nccl_failure_row_names_the_rank_and_its_interface():
+    cluster = spark_cluster()
+    log = ("#  Rank  0 Group  0 Pid   4242 on spark-head device  0 [000f:01:00] NVIDIA GB10\n"
+           "#  Rank  1 Group  0 Pid   3131 on spark-worker device  0 [000f:01:00] NVIDIA GB10\n"
+           "spark-worker:3131:3131 [0] NCCL WARN Bootstrap : no socket interface found\n"
+           "spark-worker: Test NCCL failure common.cu:1279 'invalid usage'\n")
+    cluster.nodes[0].rules.insert(0, (r"mpirun", res(1, log)))
+    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    c = by(checks, "net.nccl.busbw")
+    assert c.status is Status.FAIL
+    assert "worker: NCCL_SOCKET_IFNAME=enp1s0f0np0 names no interface of worker" in c.observed
+    assert c.data["rank_failures"] and "<NODE>_CX7_IF" in c.fix
+
+
+def test_tools_probe_in_a_rehearsal_finds_the_package_binary_behind_the_simulator(tmp_path):
+    """The probe runs in bash with the simulators' bin first on PATH (as a rehearsal does): the row names the real
+    binary and the simulator that shadows it; a tool only the simulators have is missing."""
+    import subprocess
+    from runbook.network import tools
+    sim_bin, real_bin = tmp_path / "mnt/nvme/.rehearsal/sim/bin", tmp_path / "usr/bin"
+    for d, names in ((sim_bin, ("ib_write_bw", "ib_write_lat")), (real_bin, ("ib_write_bw", "mpirun", "iperf3"))):
+        d.mkdir(parents=True)
+        for n in names:
+            (d / n).write_text("#!/bin/sh\n")
+            (d / n).chmod(0o755)
+    cmd = tools.probe_cmd([], tools=("ib_write_bw", "ib_write_lat", "mpirun", "iperf3"), hide=str(sim_bin))
+    out = subprocess.run(["/bin/bash", "-c", f'export PATH={sim_bin}:"$PATH"; {cmd}'], capture_output=True, text=True,
+                         timeout=20, env={"PATH": f"{real_bin}:/nonexistent"}).stdout
+    t = tools.parse_probe(out, tools.NodeTools(node="head"), str(sim_bin))
+    assert t.found == {"ib_write_bw": f"{real_bin}/ib_write_bw", "mpirun": f"{real_bin}/mpirun",
+                       "iperf3": f"{real_bin}/iperf3"}
+    assert t.shadowed == {"ib_write_bw": f"{sim_bin}/ib_write_bw", "ib_write_lat": f"{sim_bin}/ib_write_lat"}
+    # without hiding, the simulator is what a plain lookup finds, and parse_probe refuses it as the package
+    plain = subprocess.run(["/bin/bash", "-c", f'export PATH={sim_bin}:"$PATH"; {tools.probe_cmd([], tools=("ib_write_lat",))}'],
+                           capture_output=True, text=True, timeout=20, env={"PATH": str(real_bin)}).stdout
+    assert plain.strip() == f"tool ib_write_lat {sim_bin}/ib_write_lat"
+    assert tools.parse_probe(plain, tools.NodeTools(node="head"), str(sim_bin)).found == {}
+
+
+def test_tools_row_of_a_rehearsal():
+    from runbook.network import tools
+    t = tools.NodeTools(node="head", found={"ib_write_bw": "/usr/bin/ib_write_bw", "ib_write_lat": "/usr/bin/ib_write_lat",
+                                            "mpirun": "/usr/bin/mpirun", "iperf3": "/usr/bin/iperf3",
+                                            "ethtool": "/usr/sbin/ethtool"},
+                        shadowed={"ib_write_bw": "/sim/bin/ib_write_bw"}, nccl_dir="/sim/nccl-tests/build")
+    node = FakeNode("head", 0, read_only=True)
+    row = tools.tools_check(node, t, need_perftest=True, need_nccl=True, install=False, rehearsal=True)
+    assert row.status is Status.PASS
+    assert "ib_write_bw /usr/bin/ib_write_bw (the tests run the simulator /sim/bin/ib_write_bw)" in row.observed
+    assert "mpirun /usr/bin/mpirun;" in row.observed and "all_reduce_perf in /sim/nccl-tests/build" in row.observed
+    del t.found["mpirun"], t.found["ib_write_lat"]
+    t.nccl_dir = ""
+    row = tools.tools_check(node, t, need_perftest=True, need_nccl=True, install=True, rehearsal=True)
+    assert row.status is Status.FAIL and node.runs() == []          # a rehearsal never installs
+    assert row.fix == ("install the lab's packages on the lab host: apt-get install -y perftest openmpi-bin libopenmpi-dev "
+                       "(make lab-deps; the lab nodes share its /usr); reinstall the rehearsal simulators (they are "
+                       "installed by 00_preflight / 01_network)")

@@ -5,15 +5,18 @@ Every "lab node" here is a directory holding the tree the installer puts in the 
 /mnt/nvme/.rehearsal/sim; :func:`sim_node` (a support.doubles FakeNode) stands in for runbook.remote.Node: it runs the simulator-bound
 commands for real (bash, the rehearsal PATH prefix of runbook.remote, the node's directory in place of the
 lab path) and answers the lab's real-tool facts (ip, ethtool, ping, iperf3, the gloo sweep) from the captured
-lab fixtures; any other command is refused. mpirun reaches the other "nodes" through a stand-in ``ssh`` (its
-plm_rsh_agent) that refuses hosts it does not know; perftest's TCP exchange runs over one loopback address
-per node (RUNBOOK_SIM_ADDRESS_MAP).
+lab fixtures; any other command is refused. ``mpirun`` is OpenMPI's own (no simulator): the rendered MPMD
+line runs with every rank on this host (:func:`local_mpirun` points each app context at its node's tree and
+OpenMPI's TCP at the loopback); those tests skip where OpenMPI is not installed. perftest's TCP exchange runs
+over one loopback address per node (RUNBOOK_SIM_ADDRESS_MAP).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,24 +38,9 @@ from support.doubles import SHELL, FakeCluster, FakeNode, LocalShell, exact, res
 from support.net import by, fx, lab_addr, lab_rules, mpirun_apps
 
 SIM_ROWS = ("net.gid", "net.gid.plan", "net.tools", "net.rdma.bw.rail0.", "net.rdma.lat.rail0.", "net.nccl.")
-FAKE_SSH = """#!/usr/bin/env python3
-# plm_rsh_agent stand-in: "ssh [-o X] HOST CMD" runs CMD in HOST's node directory; unknown hosts are refused.
-import json, os, subprocess, sys
-hosts = json.load(open(os.environ["SIM_TEST_HOSTS"]))
-args = sys.argv[1:]
-while args and args[0].startswith("-"):
-    if args.pop(0) in ("-o", "-i", "-p", "-F", "-l"):
-        args.pop(0)
-host, cmd = args[0], " ".join(args[1:])
-if host not in hosts:
-    print(f"ssh: connect to host {host} port 22: No route to host", file=sys.stderr)
-    sys.exit(255)
-root = hosts[host]
-for other in hosts.values():
-    cmd = cmd.replace(other, root)
-env = dict(os.environ, PATH=root + "/bin:" + os.environ["PATH"])
-sys.exit(subprocess.run(["bash", "-c", cmd], env=env).returncode)
-"""
+MPIRUN = shutil.which("mpirun")
+needs_openmpi = pytest.mark.skipif(MPIRUN is None, reason="OpenMPI's mpirun is not installed (apt-get install "
+                                                           "openmpi-bin; make lab-deps and .ci/run install it)")
 
 
 def load(path):
@@ -76,7 +64,7 @@ def sim_node(spec, root: Path, profile, env: dict[str, str], hostname: str) -> F
     rules = [*lab_rules(ip_last),
              (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', res(0, "/root\n0\nroot\n")),     # the lab runs as root
              (r"RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"))),
-             (re.escape(REHEARSAL_SIM_DIR) + r"|\b(ibdev2netdev|nvidia-smi|ibv_devinfo|ib_write_\w+|mpirun)\b", SHELL)]
+             (re.escape(REHEARSAL_SIM_DIR) + r"|\b(ibdev2netdev|nvidia-smi|ibv_devinfo|ib_write_\w+)\b", SHELL)]
     shell = LocalShell(env=env, rewrite={REHEARSAL_SIM_DIR: str(root)}, prefix=rehearsal_path_prefix(profile))
     return FakeNode(spec=spec, rules=rules, shell=shell, read_only=True)
 
@@ -87,15 +75,39 @@ def sh(node: FakeNode, command: str, timeout: float = 60):
 
 
 def sim_cluster(profile, tmp_path) -> FakeCluster:
-    fakebin = tmp_path / "fakebin"
-    fakebin.mkdir()
-    (fakebin / "ssh").write_text(FAKE_SSH)
-    (fakebin / "ssh").chmod(0o755)
     roots = {str(n.fabric_ip): tmp_path / f"n{n.rank}-{n.name}" for n in profile.nodes}
-    (tmp_path / "hosts.json").write_text(json.dumps({ip: str(r) for ip, r in roots.items()}))
-    env = dict(os.environ, PATH=f"{fakebin}:{os.environ['PATH']}", SIM_TEST_HOSTS=str(tmp_path / "hosts.json"),
+    env = dict(os.environ,
                RUNBOOK_SIM_ADDRESS_MAP=",".join(f"{n.fabric_ip}=127.0.1.{n.rank + 1}" for n in profile.nodes))
-    return FakeCluster([sim_node(n, roots[str(n.fabric_ip)], profile, env, f"spark-{n.name}") for n in profile.nodes])
+    nodes = [sim_node(n, roots[str(n.fabric_ip)], profile, env, f"spark-{n.name}") for n in profile.nodes]
+    head = nodes[0]
+    # the step's mpirun line, run by OpenMPI with every rank here (refused where OpenMPI is absent)
+    head.rules.insert(0, (r"^timeout \d+ mpirun ", lambda cmd: sh(head, local_mpirun(cmd, roots), 200)))
+    return FakeCluster(nodes)
+
+
+def local_mpirun(cmd: str, roots: dict[str, Path]) -> str:
+    """The rendered mpirun line with every rank on this host: each app context's ``-H <fabric ip>`` becomes
+    localhost and its binary that node's simulator tree (so each rank still reads ITS node's node.json and
+    gets ITS ``-x`` environment); OpenMPI's TCP is limited to the loopback instead of the fabric subnet."""
+    if MPIRUN is None:
+        raise AssertionError("OpenMPI's mpirun is not installed: this test cannot run the step's mpirun line")
+    argv = shlex.split(cmd.replace(" 2>&1", ""))
+    out, host = [], None
+    for k, a in enumerate(argv):
+        prev = argv[k - 1] if k else ""
+        if prev == "-H":
+            host = a.split(":")[0]
+            if host not in roots:
+                raise AssertionError(f"mpirun -H {a}: not a node of this cluster ({sorted(roots)})")
+            a = "localhost:1"
+        elif prev in ("btl_tcp_if_include", "oob_tcp_if_include"):
+            a = "127.0.0.0/8"
+        elif a.startswith(REHEARSAL_SIM_DIR) and host:
+            a = str(roots[host]) + a[len(REHEARSAL_SIM_DIR):]
+        out.append(a)
+    at = out.index("mpirun") + 1
+    out[at:at] = ["--oversubscribe"]           # every rank on one host: one slot per app context is not enough
+    return " ".join(shlex.quote(a) for a in out) + " 2>&1"
 
 
 # --------------------------------------------------------------------------- the installer's tree
@@ -237,14 +249,14 @@ def _ranks(profile, **worker):
 def _mpirun(cluster, profile, **worker):
     cmd = collectives.nccl_tests_cmd(_ranks(profile, **worker), mpi_include=["169.254.77.0/24"],
                                      as_root=os.geteuid() == 0)
-    return cmd, sh(cluster.nodes[0], cmd, 120)
+    return cmd, cluster.nodes[0].read(cmd, timeout=200)
 
 
-def test_all_reduce_perf_per_rank(exl3, tmp_path):
+@needs_openmpi
+def test_all_reduce_perf_per_rank_under_openmpi(exl3, tmp_path):
     cluster = sim_cluster(exl3, tmp_path)
     cmd, res = _mpirun(cluster, exl3)
     assert res.exit_code == 0, res.stdout + res.stderr
-    assert "RUNBOOK-SIM-PMIX" not in res.stdout + res.stderr      # the launch channel never leaks
     out = fn.parse_nccl_tests(res.stdout)
     assert out.ranks == 2 and len(out.rows) == 5 and not out.wrong
     assert out.avg_busbw_gbs == sim.FIGURES["nccl_busbw_gbs"]["1"]       # one twin per node in recipe A
@@ -254,17 +266,17 @@ def test_all_reduce_perf_per_rank(exl3, tmp_path):
     assert all(fn.parse_nccl_log(log).transport == "IB" for log in logs.values())
 
 
-@pytest.mark.parametrize("case", ["worker_gets_head_interface", "hca_typo", "gid_zero_slot", "unknown_host"])
-def test_all_reduce_perf_bad_invocations(exl3, tmp_path, case):
+@needs_openmpi
+@pytest.mark.parametrize("case", ["worker_gets_head_interface", "hca_typo", "gid_zero_slot"])
+def test_all_reduce_perf_bad_invocations_under_openmpi(exl3, tmp_path, case):
     cluster = sim_cluster(exl3, tmp_path)
     change = {"worker_gets_head_interface": {"socket_if": "enp1s0f1np1"},   # recipe A's head IF, as before defect 5
-              "hca_typo": {"hcas": ["roce1s0f0"]}, "gid_zero_slot": {"gid_index": 4},
-              "unknown_host": {"host": "169.254.77.9"}}[case]
+              "hca_typo": {"hcas": ["roce1s0f0"]}, "gid_zero_slot": {"gid_index": 4}}[case]
     _, res = _mpirun(cluster, exl3, **change)
     text = res.stdout + res.stderr
     logs = collectives.rank_logs(res.stdout, cluster.nodes)
     if case == "hca_typo":        # not fatal in NCCL: the worker falls back to sockets, and the step FAILs on it
-        assert res.exit_code == 0
+        assert res.exit_code == 0, text
         worker = fn.parse_nccl_log(logs["worker"])
         assert worker.transport == "Socket" and "NET/IB : No device found." in logs["worker"]
         assert fn.parse_nccl_tests(res.stdout).avg_busbw_gbs == sim.FIGURES["nccl_busbw_gbs"]["socket"]
@@ -273,19 +285,41 @@ def test_all_reduce_perf_bad_invocations(exl3, tmp_path, case):
     parsed = fn.parse_nccl_tests(res.stdout)
     assert parsed.avg_busbw_gbs is None and parsed.error
     expected = {"worker_gets_head_interface": "spark-worker: Test NCCL failure common.cu:1279 'invalid usage",
-                "gid_zero_slot": "Call to ibv_modify_qp failed with 61 No data available, on dev rocep1s0f0:1",
-                "unknown_host": "ORTE was unable to reliably start one or more daemons"}[case]
+                "gid_zero_slot": "Call to ibv_modify_qp failed with 61 No data available, on dev rocep1s0f0:1"}[case]
     assert expected in text
+    assert "mpirun detected that one or more processes exited with non-zero status" in text   # OpenMPI's own
     if case == "worker_gets_head_interface":
         assert "NCCL WARN Bootstrap : no socket interface found" in logs["worker"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="OpenMPI's root refusal applies to root only")
-def test_mpirun_refuses_root_without_the_flag(exl3, tmp_path):
-    cluster = sim_cluster(exl3, tmp_path)
-    cmd = collectives.nccl_tests_cmd(_ranks(exl3), mpi_include=["169.254.77.0/24"], as_root=False)
-    res = sh(cluster.nodes[0], cmd, 60)
-    assert res.exit_code != 0 and "mpirun has detected an attempt to run as root" in res.stdout
+def _rank_alone(node, **env):
+    """One rank's all_reduce_perf as the node runs it, without mpirun (a world of one: no MPI needed)."""
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return sh(node, f"env {exports} {REHEARSAL_SIM_DIR}/nccl-tests/build/all_reduce_perf -b 8M -e 16M -f 2 -g 1", 60)
+
+
+def test_all_reduce_perf_checks_the_environment_it_receives(exl3, tmp_path):
+    worker = sim_cluster(exl3, tmp_path).nodes[1]
+    ok = _rank_alone(worker, NCCL_SOCKET_IFNAME="enp1s0f0np0", NCCL_IB_HCA="rocep1s0f0", NCCL_IB_GID_INDEX="3")
+    assert ok.exit_code == 0, ok.stdout + ok.stderr
+    assert fn.parse_nccl_tests(ok.stdout).rows and fn.parse_nccl_log(ok.stdout).hca_names == ["rocep1s0f0"]
+    bad = _rank_alone(worker, NCCL_SOCKET_IFNAME="enp1s0f1np1", NCCL_IB_HCA="rocep1s0f0")
+    assert bad.exit_code == 1
+    assert "NCCL_SOCKET_IFNAME set by environment to enp1s0f1np1" in bad.stdout
+    assert "NCCL WARN Bootstrap : no socket interface found" in bad.stdout
+    assert not fn.parse_nccl_tests(bad.stdout).rows
+
+
+def test_all_reduce_perf_without_libmpi_says_so(exl3, tmp_path):
+    """A rank of a world of two that cannot load OpenMPI's libmpi fails like a binary whose library is missing."""
+    head = sim_cluster(exl3, tmp_path).nodes[0]
+    root = Path(head.shell.rewrite[REHEARSAL_SIM_DIR])
+    env = dict(os.environ, OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_RANK="1", NCCL_SOCKET_IFNAME="enp1s0f0np0",
+               LD_LIBRARY_PATH="", RUNBOOK_SIM_NODE=str(root / "node.json"))
+    code = ("import runpy, sys, ctypes; ctypes.CDLL = lambda *a, **k: (_ for _ in ()).throw(OSError('absent')); "
+            f"sys.argv = ['simtools.py', 'all_reduce_perf', '-b', '8M']; runpy.run_path({str(sim.SIMTOOLS)!r}, run_name='__main__')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=30)
+    assert res.returncode == 127 and "libmpi.so.40" in res.stderr
 
 
 # --------------------------------------------------------------------------- 01_network, rehearsed
@@ -311,6 +345,9 @@ def _expected_failures(profile, checks):
 
 
 @pytest.mark.slow
+@needs_openmpi
+@pytest.mark.skipif(shutil.which("ib_write_bw") is None, reason="perftest is not installed (the tools row looks for "
+                                                                "its real binaries; make lab-deps installs it)")
 @pytest.mark.parametrize("path", ["env/exl3-v41.env", "env/tp3-dspark.env"])
 def test_network_step_rehearsed(path, tmp_path):
     profile, cluster, checks, raw = _rehearse(path, tmp_path)
@@ -404,3 +441,21 @@ def test_simtools_is_standard_library_only():
     res = subprocess.run([sys.executable, str(sim.SIMTOOLS), "no-such-tool"], capture_output=True, text=True,
                          timeout=20)
     assert res.returncode == 127 and "unknown tool" in res.stderr
+
+
+def test_the_labs_apt_lists_agree():
+    """The lab's packages are named in three places (make lab-deps, .ci/run, `lab up`): each holds all of
+    runbook.lab.netlab.packages, OpenMPI and perftest included (a rehearsal's step 01 runs them for real)."""
+    from runbook.evidence import REPO_ROOT
+    from runbook.lab.netlab import packages
+    wanted = set(packages.APT_PACKAGES)
+    assert {"openmpi-bin", "perftest"} <= wanted
+    assert {packages.REQUIRED_BINARIES[b] for b in ("mpirun", "ib_write_bw", "ib_write_lat")} <= wanted
+    make = (REPO_ROOT / "Makefile").read_text()
+    make_pkgs = set(re.search(r"^APT_PACKAGES := (.*?)(?<!\\)\n", make, re.S | re.M).group(1).replace("\\\n", " ").split())
+    assert make_pkgs == set(packages.APT_PACKAGES)
+    binaries = re.search(r"for b in ([^;]*); do", make).group(1).split()
+    assert {"mpirun", "ib_write_bw"} <= set(binaries)
+    ci = re.search(r"apt-get install -y -qq --no-install-recommends (.*?)>/dev/null",
+                   (REPO_ROOT / ".ci" / "run").read_text(), re.S).group(1).replace("\\\n", " ").split()
+    assert wanted <= set(ci)

@@ -361,3 +361,20 @@ def test_a_run_that_is_not_a_rehearsal_has_no_substitution_section(results):
     model = collector.collect(build_run(results, "20261201-040000-lab"), redactor=RED)
     assert model.rehearsal == {}
     assert 'id="rehearsal"' not in html_page.render_html(model, redactor=RED)
+
+
+def test_a_rehearsal_lists_its_simulated_and_real_tools(results):
+    """rehearsal.json's tools (runbook.lab.rehearsal.tools_record): the report says mpirun runs for real and which
+    hardware-only tools are simulators."""
+    from runbook.lab import sim
+    from runbook.lab.rehearsal import tools_record
+    record = tools_record()
+    assert "mpirun" in record["real"] and "mpirun" not in record["simulated"]
+    assert set(record["simulated"]) == {*sim.TOOLS, "all_reduce_perf"}      # every simulator installed, no other
+    run = build_run(results, "20261201-050000-exl3-v41")
+    (run / "rehearsal.json").write_text(json.dumps({"profile": "env/exl3-v41.env", "substituted": [], "counts": {},
+                                                    "tools": record}))
+    html = html_page.render_html(collector.collect(run, redactor=RED), redactor=RED)
+    assert (f"Tools: {len(record['simulated'])} simulated (hardware: nvidia-smi, ibdev2netdev, ibv_devinfo, "
+            "ib_write_bw, ib_write_lat, all_reduce_perf), the rest real (mpirun, perftest,") in html
+    assert "<td>real</td><td>mpirun</td>" in html

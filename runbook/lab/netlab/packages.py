@@ -17,9 +17,12 @@ REQUIRED_BINARIES = {
     "unshare": "util-linux", "nsenter": "util-linux",
     # the weights step's nfs mode in the lab: userspace NFS server (head) and client (worker)
     "ganesha.nfsd": "nfs-ganesha", "nfs-cat": "libnfs-utils",
+    # step 01 in a rehearsal: OpenMPI's real mpirun (and libmpi, which the all_reduce_perf simulator's ranks meet
+    # through) and perftest's real binaries for the tools row (the nodes share this machine's /usr)
+    "mpirun": "openmpi-bin", "ib_write_bw": "perftest", "ib_write_lat": "perftest",
 }
 APT_PACKAGES = ("openssh-server", "iperf3", "ethtool", "iputils-ping", "sshfs", "busybox-static",
-                "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils")
+                "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils", "openmpi-bin", "perftest")
 SBIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 

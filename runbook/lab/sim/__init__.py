@@ -4,10 +4,11 @@
 
 A rehearsal (``run --rehearse``) runs a recipe profile on the lab, whose nodes have no GPU, no ConnectX-7 and
 no RDMA. The tools that need that hardware -- ``nvidia-smi``, ``ibdev2netdev``, ``ibv_devinfo``, perftest's
-``ib_write_bw``/``ib_write_lat``, ``mpirun`` + nccl-tests' ``all_reduce_perf`` -- are stood in for by
-``simtools.py`` (this folder), which checks every invocation against what the real tool needs on a DGX Spark
-and prints the real output format. Each node gets, under :data:`SIM_DIR` (node-private ``/mnt/nvme`` in the
-lab):
+``ib_write_bw``/``ib_write_lat`` and nccl-tests' ``all_reduce_perf`` -- are stood in for by ``simtools.py``
+(this folder), which checks every invocation against what the real tool needs on a DGX Spark and prints the
+real output format. ``mpirun`` is not simulated: the lab has OpenMPI (``openmpi-bin``), which starts the
+``all_reduce_perf`` ranks on their nodes over ssh, and the ranks meet through its libmpi. Each node gets,
+under :data:`SIM_DIR` (node-private ``/mnt/nvme`` in the lab):
 
 * ``bin/<tool>`` -> ``bin/simtools.py`` (first on PATH through ``runbook.remote.rehearsal_path_prefix``),
 * ``nccl-tests/build/all_reduce_perf`` (where the network step looks for nccl-tests in a rehearsal),
@@ -42,7 +43,7 @@ SYSFS_ROOT = f"{SIM_DIR}/sys"
 NCCL_TESTS_DIR = f"{SIM_DIR}/nccl-tests/build"
 MANIFEST = f"{SIM_DIR}/manifest.json"
 SIMTOOLS = Path(__file__).with_name("simtools.py")
-TOOLS = ("nvidia-smi", "ibdev2netdev", "ibv_devinfo", "ib_write_bw", "ib_write_lat", "mpirun")
+TOOLS = ("nvidia-smi", "ibdev2netdev", "ibv_devinfo", "ib_write_bw", "ib_write_lat")
 LAB_MARK_CMD = "cat /mnt/nvme/WHOAMI 2>/dev/null"     # written by runbook.lab.netlab on every lab node
 
 # A DGX Spark's four RoCE HCAs (two per QSFP port, one per PCIe Gen5 x4 controller): name -> (netdev, PCI).

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Rehearsal simulators of the hardware-only tools: nvidia-smi, ibdev2netdev, ibv_devinfo, ib_write_bw,
-ib_write_lat, mpirun and nccl-tests' all_reduce_perf.
+ib_write_lat and nccl-tests' all_reduce_perf.
 
-One file, standard library only, installed on every lab node by ``runbook.lab.sim`` (bin/<tool> are
+One file, standard library only (all_reduce_perf under mpirun loads OpenMPI's libmpi with ctypes, as the real
+binary links it), installed on every lab node by ``runbook.lab.sim`` (bin/<tool> are
 symlinks to this file; the tool is chosen by the name it was called as). Each simulator reads its node's
 ``node.json`` (written by the installer: this node's simulated DGX Spark -- its HCAs, which netdev each is
 cabled to, its interfaces as ``ip -j addr`` reported them at install time, the GPU, the published figures)
@@ -12,8 +13,10 @@ names, GID indexes, interfaces, per-rank environment -- answers with the real to
 non-zero exit when it is wrong, and otherwise prints output in the real format with the published figures.
 
 Nothing here moves RDMA data or touches a GPU. What is real: the TCP exchange perftest does before its
-test (client -> server address:port over the lab fabric), mpirun's remote launch through its
-``plm_rsh_agent`` (ssh) and the per-rank environment each rank sees on its own node.
+test (client -> server address:port over the lab fabric) and everything around all_reduce_perf: OpenMPI's
+``mpirun`` (not simulated) starts each rank on its node through its ``plm_rsh_agent`` (ssh over the fabric)
+with the per-rank ``-x`` environment, and the ranks meet with MPI_Init/MPI_Allgather over OpenMPI's TCP
+(``btl_tcp_if_include``), as nccl-tests' ranks do before NCCL starts.
 
 Unit tests only (they run every "node" on one host): ``RUNBOOK_SIM_NODE`` points a process at another node's
 node.json, and ``RUNBOOK_SIM_ADDRESS_MAP`` (``fabric-ip=local-ip,...``) gives each node's addresses a local
@@ -27,18 +30,13 @@ import json
 import os
 import random
 import re
-import select
-import shlex
 import socket
-import subprocess
 import sys
 import time
 
 NODE_ENV = "RUNBOOK_SIM_NODE"
 ADDRESS_MAP_ENV = "RUNBOOK_SIM_ADDRESS_MAP"
-PMIX_TAG = "RUNBOOK-SIM-PMIX "      # rank <-> mpirun exchange on the launch channel; never printed by mpirun
-TOOLS = ("nvidia-smi", "ibdev2netdev", "ibv_devinfo", "ib_write_bw", "ib_write_lat", "mpirun",
-         "all_reduce_perf")
+TOOLS = ("nvidia-smi", "ibdev2netdev", "ibv_devinfo", "ib_write_bw", "ib_write_lat", "all_reduce_perf")
 DASHES = "-" * 87
 
 
@@ -417,219 +415,54 @@ def perftest(tool: str, argv: list[str]) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- mpirun
+# --------------------------------------------------------------------------- MPI (OpenMPI's libmpi)
+
+MPI_REPORT_BYTES = 1024          # one rank's report in the allgather, JSON padded with NULs
 
 
-class MpiUsage(Exception):
-    pass
-
-
-def parse_mpirun(argv: list[str]) -> tuple[dict, list[dict]]:
-    """OpenMPI's command line: global options, then app contexts separated by ':'."""
-    mca: dict[str, str] = {}
-    flags: set[str] = set()
-    apps: list[dict] = []
-    cur: dict = {"np": 1, "hosts": [], "env": [], "argv": []}
-    rest = list(argv)
-    while rest:
-        a = rest.pop(0)
-        if cur["argv"]:
-            if a == ":":
-                apps.append(cur)
-                cur = {"np": 1, "hosts": [], "env": [], "argv": []}
-            else:
-                cur["argv"].append(a)
+def load_libmpi():
+    """OpenMPI's ``libmpi.so.40`` (what nccl-tests built with ``MPI=1`` links), loaded globally: OpenMPI's
+    plugins resolve libmpi's symbols from the global namespace. None when it is not installed."""
+    import ctypes
+    import ctypes.util
+    for name in ("libmpi.so.40", ctypes.util.find_library("mpi")):
+        if not name:
             continue
-        if a in ("--mca", "-mca"):
-            if len(rest) < 2:
-                raise MpiUsage(f'mpirun: Error: option "{a}" requires two arguments')
-            k, v = rest.pop(0), rest.pop(0)
-            mca[k] = v
-        elif a in ("-np", "-n", "--np", "-c"):
-            if not rest or not rest[0].isdigit():
-                raise MpiUsage(f'mpirun: Error: option "{a}" requires a number')
-            cur["np"] = int(rest.pop(0))
-        elif a in ("-H", "--host", "-host"):
-            if not rest:
-                raise MpiUsage(f'mpirun: Error: option "{a}" requires an argument')
-            cur["hosts"] += [h.split(":")[0] for h in rest.pop(0).split(",") if h]
-        elif a == "-x":
-            if not rest:
-                raise MpiUsage('mpirun: Error: option "-x" requires an argument')
-            cur["env"].append(rest.pop(0))
-        elif a in ("--allow-run-as-root", "--oversubscribe", "--tag-output"):
-            flags.add(a)
-        elif a in ("--bind-to", "--map-by"):
-            rest.pop(0) if rest else None
-        elif a.startswith("-"):
-            raise MpiUsage(f'mpirun: Error: unknown option "{a}"\nType \'mpirun --help\' for usage.')
-        else:
-            cur["argv"].append(a)
-    if cur["argv"]:
-        apps.append(cur)
-    if not apps:
-        raise MpiUsage("No executable was specified on the mpirun command line.\n\nAborting.")
-    return {"mca": mca, "flags": flags}, apps
-
-
-_ROOT_TEXT = """--------------------------------------------------------------------------
-mpirun has detected an attempt to run as root.
-
-Running as root is *strongly* discouraged as any mistake (e.g., in
-defining TMPDIR) or bug can result in catastrophic damage to the OS
-file system, leaving your system in an unusable state.
-
-We strongly suggest that you run mpirun as a non-root user.
-
-You can override this protection by adding the --allow-run-as-root option
-to the cmd line or by setting two environment variables in the following way:
-the variable OMPI_ALLOW_RUN_AS_ROOT=1 to indicate the desire to override this
-protection, and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 to confirm the choice and
-add one more layer of certainty that you want to do so.
-We reiterate our advice against doing so - please proceed at your own risk.
---------------------------------------------------------------------------"""
-
-_DAEMON_TEXT = """--------------------------------------------------------------------------
-ORTE was unable to reliably start one or more daemons.
-This usually is caused by:
-
-* not finding the required libraries and/or binaries on
-  one or more nodes. Please check your PATH and LD_LIBRARY_PATH
-  settings, or configure OMPI with --enable-orterun-prefix-by-default
-
-* lack of authority to execute on one or more specified nodes.
-  Please verify your allocation and authorities.
-
-* the inability to write startup files into /tmp (--tmpdir/orte_tmpdir_base).
-  Please check with your sys admin to determine the correct location to use.
-
-*  compilation of the orted with dynamic libraries when static are required
-  (e.g., on Cray). Please check your configure cmd line and consider using
-  one of the contrib/platform definitions for your system type.
-
-* an inability to create a connection back to mpirun due to a
-  lack of common network interfaces and/or no route found between
-  them. Please check network connectivity (including firewalls
-  and network routing requirements).
---------------------------------------------------------------------------"""
-
-
-def _allgather(procs: list, timeout: float) -> tuple[list, list[int], list[str], list[str]]:
-    """PMIx-style allgather over the launch channel: each rank writes one tagged report line on stderr and
-    then reads everyone's reports from stdin. Returns (reports, exit codes, stdout, stderr without the tags)."""
-    size = len(procs)
-    reports: list = [None] * size
-    errbuf = [b"" for _ in procs]
-    outbuf = [b"" for _ in procs]
-    open_err = {p.stderr.fileno(): k for k, p in enumerate(procs)}
-    open_out = {p.stdout.fileno(): k for k, p in enumerate(procs)}
-    deadline = time.monotonic() + timeout
-    sent = False
-    while (open_err or open_out) and time.monotonic() < deadline:
-        if not sent and all(r is not None or procs[k].stderr.fileno() not in open_err for k, r in enumerate(reports)):
-            gathered = (json.dumps({"ranks": reports}) + "\n").encode()
-            for p in procs:
-                try:
-                    p.stdin.write(gathered)
-                    p.stdin.close()
-                except OSError:
-                    pass
-            sent = True
-        ready, _, _ = select.select(list(open_err) + list(open_out), [], [], 0.5)
-        for fd in ready:
-            chunk = os.read(fd, 65536)
-            if fd in open_out:
-                k = open_out[fd]
-                outbuf[k] += chunk
-                if not chunk:
-                    del open_out[fd]
-                continue
-            k = open_err[fd]
-            if not chunk:
-                del open_err[fd]
-                continue
-            errbuf[k] += chunk
-            if reports[k] is None and PMIX_TAG.encode() in errbuf[k]:
-                head, _, tail = errbuf[k].partition(PMIX_TAG.encode())
-                if b"\n" in tail:
-                    line, _, after = tail.partition(b"\n")
-                    reports[k] = json.loads(line)
-                    errbuf[k] = head + after
-    codes = []
-    for p in procs:
         try:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes.append(p.wait())
-    return (reports, codes, [b.decode(errors="replace") for b in outbuf],
-            [b.decode(errors="replace") for b in errbuf])
+            return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+    return None
 
 
-def mpirun(argv: list[str]) -> int:
-    try:
-        opts, apps = parse_mpirun(argv)
-    except MpiUsage as exc:
-        print(str(exc), file=sys.stderr)
-        return 1
-    if os.geteuid() == 0 and "--allow-run-as-root" not in opts["flags"] and not (
-            os.environ.get("OMPI_ALLOW_RUN_AS_ROOT") == "1" and os.environ.get("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM") == "1"):
-        print(_ROOT_TEXT, file=sys.stderr)
-        return 1
-    node = load_node()
-    agent = shlex.split(opts["mca"].get("plm_rsh_agent", "ssh"))
-    ranks = []
-    for app in apps:
-        hosts = app["hosts"] or ["localhost"]
-        for k in range(app["np"]):
-            ranks.append((hosts[k % len(hosts)], app))
-    size = len(ranks)
-    mine = node_ipv4s(node) | {"localhost", "127.0.0.1", node.get("hostname") or socket.gethostname()}
-    procs = []
-    for rank, (host, app) in enumerate(ranks):
-        env = {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(size), "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
-        env.update({f"OMPI_MCA_{k}": v for k, v in opts["mca"].items()})
-        for item in app["env"]:
-            name, eq, value = item.partition("=")
-            env[name] = value if eq else os.environ.get(name, "")
-        if host in mine:
-            cmd, run_env = app["argv"], {**os.environ, **env}
-        else:
-            remote = " ".join(["env"] + [shlex.quote(f"{k}={v}") for k, v in env.items()]
-                              + [shlex.quote(a) for a in app["argv"]])
-            cmd, run_env = agent + [host, remote], dict(os.environ)
-        try:
-            p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 env=run_env, bufsize=0)
-        except OSError as exc:
-            for q in procs:
-                q.kill()
-            print(f"mpirun was unable to launch the specified application as it could not access\nor execute an "
-                  f"executable:\n\nExecutable: {cmd[0]}\nNode: {socket.gethostname()}\n\nwhile attempting to start "
-                  f"process rank {rank}.\n({exc.strerror})", file=sys.stderr)
-            return 1
-        procs.append(p)
-    reports, codes, outs, errs = _allgather(procs, timeout=120)
+def mpi_allgather(lib, report: dict, size: int) -> list:
+    """MPI_Init, MPI_Allgather of every rank's report (as nccl-tests gathers its ranks' host hashes and
+    devices before NCCL starts), MPI_Finalize. Returns one report per rank (None for an unreadable one);
+    raises OSError when an MPI call fails (OpenMPI has printed why)."""
+    import ctypes
+    lib.MPI_Init.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.MPI_Allgather.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_void_p]
+    # OpenMPI's handles are the addresses of its predefined objects (mpi.h: &ompi_mpi_comm_world, &ompi_mpi_byte)
+    world = ctypes.addressof(ctypes.c_char.in_dll(lib, "ompi_mpi_comm_world"))
+    byte = ctypes.addressof(ctypes.c_char.in_dll(lib, "ompi_mpi_byte"))
+    if lib.MPI_Init(None, None) != 0:
+        raise OSError("MPI_Init failed")
+    raw = json.dumps(report).encode()[:MPI_REPORT_BYTES]
+    send = ctypes.create_string_buffer(raw, MPI_REPORT_BYTES)
+    recv = ctypes.create_string_buffer(MPI_REPORT_BYTES * size)
+    rc = lib.MPI_Allgather(send, MPI_REPORT_BYTES, byte, recv, MPI_REPORT_BYTES, byte, world)
+    lib.MPI_Finalize()
+    if rc != 0:
+        raise OSError(f"MPI_Allgather failed ({rc})")
+    out = []
     for k in range(size):
-        sys.stdout.write(outs[k])
-        sys.stderr.write(errs[k])
-    sys.stdout.flush()
-    if any(r is None for r in reports):
-        print(_DAEMON_TEXT)
-        return 1
-    bad = next((k for k, c in enumerate(codes) if c != 0), None)
-    if bad is not None:
-        print("-------------------------------------------------------\n"
-              "Primary job  terminated normally, but 1 process returned\n"
-              "a non-zero exit code. Per user-direction, the job has been aborted.\n"
-              "-------------------------------------------------------\n"
-              "--------------------------------------------------------------------------\n"
-              "mpirun detected that one or more processes exited with non-zero status, thus causing\n"
-              "the job to be terminated. The first process to do so was:\n\n"
-              f"  Process name: [[{os.getpid() % 60000},1],{bad}]\n  Exit code:    {codes[bad]}\n"
-              "--------------------------------------------------------------------------")
-        return codes[bad]
-    return 0
+        chunk = recv.raw[k * MPI_REPORT_BYTES:(k + 1) * MPI_REPORT_BYTES].rstrip(b"\0")
+        try:
+            out.append(json.loads(chunk))
+        except ValueError:
+            out.append(None)
+    return out
 
 
 # --------------------------------------------------------------------------- all_reduce_perf
@@ -702,35 +535,6 @@ def all_reduce_perf(argv: list[str]) -> int:
             out.append(f"{tag} NCCL INFO cudaDriverVersion {node['gpu']['cuda_driver']}")
             if rank == 0:
                 out.append(f"NCCL version {node['figures']['nccl_version']}")
-    btl = os.environ.get("OMPI_MCA_btl_tcp_if_include")
-    if not error and btl is not None:
-        ok = []
-        for item in (i.strip() for i in btl.split(",") if i.strip()):
-            if "/" in item:
-                net = ipaddress.ip_network(item, strict=False)
-                ok += [n for n in ifaces if any(ipaddress.ip_interface(a).ip in net
-                                                for a in node["interfaces"][n]["ipv4"])]
-            elif item in node["interfaces"]:
-                ok.append(item)
-            else:
-                out.append("--------------------------------------------------------------------------\n"
-                           "WARNING: An invalid value was given for btl_tcp_if_include.  This\n"
-                           "value will be ignored.\n\n"
-                           f"  Local host: {host}\n  Value:      {item}\n  Message:    Unknown interface name\n"
-                           "--------------------------------------------------------------------------")
-        if not ok:
-            out.append("--------------------------------------------------------------------------\n"
-                       "At least one pair of MPI processes are unable to reach each other for\n"
-                       "MPI communications.  This means that no Open MPI device has indicated\n"
-                       "that it can be used to communicate between these processes.  This is\n"
-                       "an error; Open MPI requires that all MPI processes be able to reach\n"
-                       "each other.  This error can sometimes be the result of forgetting to\n"
-                       "specify the \"self\" BTL.\n\n"
-                       f"  Process 1 ([[0,1],{rank}]) is on host: {host}\n"
-                       "  BTLs attempted: self tcp\n\n"
-                       "Your MPI job is now going to abort; sorry.\n"
-                       "--------------------------------------------------------------------------")
-            error = f"{host}: MPI_Init failed (no usable btl_tcp_if_include entry: {btl})"
     ib_devs: list[str] = []
     if not error:
         active = [h["name"] for h in node["hcas"] if port_active(node, h["name"])]
@@ -766,12 +570,17 @@ def all_reduce_perf(argv: list[str]) -> int:
                              f"NCCL_DEBUG=INFO for details) / {msg}'")
                     break
     report = {"rank": rank, "host": host, "pid": pid, "ok": not error, "n_ib": n_ib, "transport": transport}
-    sys.stderr.write(PMIX_TAG + json.dumps(report) + "\n")
-    sys.stderr.flush()
-    if size > 1:
-        ready, _, _ = select.select([sys.stdin], [], [], 120)
-        line = sys.stdin.readline() if ready else ""
-        ranks = (json.loads(line) if line else {}).get("ranks") or []
+    if size > 1:                # started by OpenMPI's mpirun: the ranks meet through real MPI
+        lib = load_libmpi()
+        if lib is None:
+            print(f"{sys.argv[0]}: error while loading shared libraries: libmpi.so.40: cannot open shared object "
+                  "file: No such file or directory (install openmpi-bin)", file=sys.stderr)
+            return 127
+        try:
+            ranks = mpi_allgather(lib, report, size)
+        except OSError as exc:
+            print(f"{host}: MPI failure: {exc}")
+            return 1
     else:
         ranks = [report]
     if rank == 0:
@@ -839,8 +648,6 @@ def main() -> int:
         return ibv_devinfo(argv)
     if tool in ("ib_write_bw", "ib_write_lat"):
         return perftest(tool, argv)
-    if tool == "mpirun":
-        return mpirun(argv)
     if tool == "all_reduce_perf":
         return all_reduce_perf(argv)
     print(f"simtools: unknown tool {tool!r} (one of {', '.join(TOOLS)})", file=sys.stderr)
