@@ -143,7 +143,7 @@ MEM_AVAILABLE_LOW = Entry(
     fix="lower GPU_MEM_UTIL or KV size; `sync; echo 1 | sudo tee /proc/sys/vm/drop_caches` before start",
     proof="grep -E 'MemTotal|MemAvailable' /proc/meminfo",
     signature=_sig_mem_floor, source="anchors-2026-12 seed B; bringup-anchors §5.17",
-    lab="none yet: a balloon process on a lab node would produce it (issue 25 item 4)",
+    lab="tests/lab/test_memory_guard_lab.py::test_memory_pressure_during_a_start_aborts_it_before_the_node_stops_answering (a balloon process on a lab node; the start's guard aborts)",
     words=(r"memavailable|available memory",
            r"(only|just|down to) \d+(\.\d+)? ?(gb|gib|%)",
            r"sluggish|ssh (banner|login|session)s? (slow|time)|swap(ping)?|kills? (are|is) next",))

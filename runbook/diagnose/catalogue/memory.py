@@ -64,7 +64,7 @@ UMA_POOL_EXHAUSTED = Entry(
     words=(r"hard[- ]?reset|power[- ]?cycl\w*|froze|freez\w*|wedge\w*|unresponsive|ssh (dies|died|dead|stops|stopped|drops)|stops? answering|whole (host|machine|box)|rebooted (itself|on its own)",
            r"memavailable|available memory|gpu_memory_utilization|memory utili[sz]ation|\bgmu\b|unified memory|\buma\b|\d+ ?gib (still )?(free|available)",
            r"(during|at|in) (the )?(startup|start|profil\w*|graph capture|long prefill|prefill|warm-?up|kv[- ]cache)|\b(128|131|256)k\b|long (prompt|context)|autotune"),
-    lab="none yet: memory pressure from a balloon process during a lab start would stand in (issue 25 item 4)")
+    lab="prevented by the start's memory guard (launch/memguard.py: MemAvailable/PSI every 1.5 s, abort floor): tests/lab/test_memory_guard_lab.py::test_memory_pressure_during_a_start_aborts_it_before_the_node_stops_answering")
 
 
 _MIN_PINNED_FRACTION = 0.40      # of MemTotal not available with no rank running: a failed start left it pinned
@@ -109,7 +109,7 @@ MEMORY_PINNED_AFTER_FAILED_START = Entry(
     words=(r"only (a |the )?(full )?(host )?reboot|reboot(ing)? (is the only|fixes|clears|frees|helps)|until (a |i |we )?reboot|(needs?|required?) a reboot|reboot (the|each) (node|host|box)",
            r"(memory|ram|\bgb\b|\bgib\b|uma|uvm).{0,60}(not|never|isn'?t|wasn'?t|stays?|remain\w*|still).{0,25}(freed|released|return\w*|come back|reclaimed|pinned|held|allocated|used|trapped)|leak\w*|trapped",
            r"fail\w* (start|launch|boot|load|attempt|run|init)|crash\w*|killed|ctrl[+-]c|each (retry|attempt|failed)|no process(es)? (is |are )?(left|running|alive)|nothing (is )?running"),
-    lab="none yet: needs the driver's UVM; the lab check is the baseline comparison after stop (issue 25 item 4)")
+    lab="none: needs the driver's UVM; prevented by the stop's baseline row (\"reboot needed\") and the next start's refusal to launch into a smaller pool (launch/memguard.py; tests/unit/test_memguard.py)")
 
 
 JIT_BUILD_MEMORY_WEDGE = Entry(

@@ -199,7 +199,7 @@ RENDEZVOUS_PORT_IN_USE = Entry(
     words=(r"rendezvous|master[_ ]port|29\d{3}|joined the (old|previous|stale)|port (is )?(still )?(in use|held|busy|taken|open)|address already in use",
            r"relaunch\w*|restart\w*|re-?start\w*|previous (run|launch|instance|start)|old (head|run|server|rank|worker)|leftover|stale|orphan\w*",
            r"worker|rank|head"),
-    lab="tests/lab/test_launch_lab.py::test_master_port_in_use_on_the_head_is_refused_before_anything_runs")
+    lab="tests/lab/test_launch_lab.py::test_a_leftover_holding_the_master_port_on_the_worker_is_named_before_the_start (and ::test_master_port_in_use_on_the_head_is_refused_before_anything_runs)")
 
 
 API_PORT_IN_USE = Entry(
@@ -217,7 +217,7 @@ API_PORT_IN_USE = Entry(
            r"\[Errno 98\] Address already in use"),
     words=(r"port (8000|\d{4,5}) (is )?(already )?(in use|taken|busy)|address already in use|errno 98",
            r"\bapi\b|server|vllm serve|uvicorn|openai|endpoint"),
-    lab="none yet: a leftover listener on the API port (issue 25 item 4)")
+    lab="prevented before a start: PORT checked closed on every node (launch/server.py `_ports_held`, the same check as the master port's lab tests)")
 
 
 SEMLOCK_BACKEND_MISMATCH = Entry(

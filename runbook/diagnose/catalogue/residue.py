@@ -53,7 +53,7 @@ NCCL_BUILD_MISMATCH = Entry(
            r"hang\w*|hung|wedge\w*|stall\w*|freez\w*|stuck|spinning|spin-wait",
            r"nccl|all_?reduce|allgather|all-gather|libnccl|collective",
            r"\bpip\b|wheel|system (nccl|libnccl)|libnccl2|build[- ]?id|different (build|binar)\w*|nvidia-nccl-cu1\d|symlink|96 ?%"),
-    lab="none: the lab's CPU vLLM uses gloo, not NCCL")
+    lab="none: the lab's CPU vLLM uses gloo, not NCCL; prevented before a start where ranks differ: the identity row compares each rank's NCCL library (launch/identity.py; tests/lab/test_launch_lab.py::test_a_worker_with_another_vllm_build_is_refused_before_the_start shows the refusal)")
 
 
 def _sig_cma(b: B.Bundle) -> list[Hit]:
