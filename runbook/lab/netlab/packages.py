@@ -17,9 +17,11 @@ REQUIRED_BINARIES = {
     "unshare": "util-linux", "nsenter": "util-linux",
     # the weights step's nfs mode in the lab: userspace NFS server (head) and client (worker)
     "ganesha.nfsd": "nfs-ganesha", "nfs-cat": "libnfs-utils",
+    # the lab's container registry (a rehearsal's image is pulled from it)
+    "docker-registry": "docker-registry",
 }
 APT_PACKAGES = ("openssh-server", "iperf3", "ethtool", "iputils-ping", "sshfs", "busybox-static",
-                "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils")
+                "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils", "docker-registry")
 SBIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
