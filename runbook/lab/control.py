@@ -1,7 +1,9 @@
-"""Glue between a profile and the lab: the nodes, the tiny model and the lab's Hub endpoint.
+"""Glue between a profile and the lab: the nodes, the tiny model, the lab's Hub endpoint and a rehearsal's image
+in the lab registry.
 
 The lab stands in for what cannot exist here. Its Hub endpoint is a clearly labelled fixture: the
-real huggingface_hub client downloads from it exactly as it would from the Hub.
+real huggingface_hub client downloads from it exactly as it would from the Hub. Its registry is Debian's
+Distribution registry: the nodes' dockerd pull a rehearsal's image from it as they would from ghcr.io.
 """
 from __future__ import annotations
 

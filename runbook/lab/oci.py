@@ -214,11 +214,15 @@ def upload_url(base: str, location: str, digest: str) -> str:
     return url + ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": digest})
 
 
+#: the lab registry is on this machine's lab bridge: never through a proxy the environment names
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _request(method: str, url: str, *, data: bytes | None = None, headers: dict[str, str] | None = None,
              timeout: float) -> tuple[int, dict[str, str], bytes]:
     req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with DIRECT.open(req, timeout=timeout) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()

@@ -5,8 +5,11 @@ what the hardware forces.
     overrides = rehearsal_overrides(subs)                      # -> load_profile(..., overrides=overrides)
 
 The substituted values come from the lab profile with the same node count (``env/lab.env`` for two nodes,
-``env/lab-tp3.env`` for three), so a rehearsal lands on the nodes, addresses, image and scaled sizes the
-lab is known to run. Everything not listed in ``GROUPS`` is kept exactly as the recipe has it: paths
+``env/lab-tp3.env`` for three), so a rehearsal lands on the nodes, addresses and scaled sizes the lab is
+known to run. The image keeps the recipe's repository path and tag: only its registry host becomes the lab
+registry's (and a pinned digest the lab image's, :data:`DIGEST_WHY`), the lab image is pushed there under
+them (:func:`runbook.lab.control.ensure_rehearsal_image`) and step 04 pulls it for real. Everything not
+listed in ``GROUPS`` is kept exactly as the recipe has it: paths
 (``~/…`` expanded per node), the weight-sync mode, the runtime and its flags, ports, container names,
 HCAs and GID indexes, ``EXPECT_*`` (the hardware rows then run against simulators and say SIMULATED),
 the pinned revisions, the Engram settings, the readiness rules.

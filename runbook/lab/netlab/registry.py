@@ -65,7 +65,8 @@ def config_text(data_dir: Path, addr: str = REGISTRY) -> str:
 def answers(addr: str = REGISTRY, timeout: float = 3) -> bool:
     """Whether a Distribution registry answers ``GET /v2/`` at ``addr`` (200 with its API version header)."""
     try:
-        with urllib.request.urlopen(f"http://{addr}/v2/", timeout=timeout) as resp:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))    # the lab bridge: no proxy
+        with opener.open(f"http://{addr}/v2/", timeout=timeout) as resp:
             return resp.status == 200 and resp.headers.get(API_VERSION_HEADER, "").startswith("registry/2")
     except (urllib.error.URLError, OSError):
         return False
