@@ -344,3 +344,27 @@ def test_a_refused_connection_to_the_registry_is_its_own_kind():
     # a rank's own refused connection (PyTorch's store, NCCL's socket) is not a pull
     assert docker_pull.classify_pull("The client socket has failed to connect to [spark-head]:29501 "
                                      "(errno: 111 - Connection refused)") is None
+
+
+def test_publish_pins_the_lab_images_digest_only_where_the_recipe_pins_one(monkeypatch):
+    from runbook.lab import control, rehearsal
+    index = oci.lab_index(ROOTFS, "linux/amd64")
+    monkeypatch.setattr(control, "lab_image", lambda **_k: index)
+    (row,) = rehearsal.publish_image(load_profile(ENV / "dspark-v4.env"))
+    assert (row.part, row.recipe, row.lab) == ("digest", DIGEST_B, index.digest)
+    assert row.override == f"{REGISTRY}/anemll/dspark-vllm-gx10:0.1.1@{index.digest}"
+    assert rehearsal.publish_image(load_profile(ENV / "exl3-v41.env")) == []      # a moving tag: nothing to pin
+
+
+def test_the_rehearsal_image_is_refused_before_any_push_when_it_is_not_the_lab_registrys(monkeypatch):
+    from runbook.lab import control
+    index = oci.lab_index(ROOTFS, "linux/amd64")
+    monkeypatch.setattr(control, "lab_image", lambda **_k: index)
+    monkeypatch.setattr(oci, "push", lambda *a, **k: pytest.fail("pushed"))
+    with pytest.raises(LabError) as err:                                    # the recipe's own registry
+        control.ensure_rehearsal_image(load_profile(ENV / "dspark-v4.env"), info=None)
+    assert "lab registry" in err.value.what and "load_rehearsal" in err.value.fix
+    rehearsed, _, _ = load_rehearsal(ENV / "dspark-v4.env")                 # not published: the recipe's digest
+    with pytest.raises(LabError) as err:
+        control.ensure_rehearsal_image(rehearsed, info=None)
+    assert err.value.observed == DIGEST_B and err.value.expected == index.digest
