@@ -101,7 +101,7 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
             record(step, profile, err.outcome)
             raise
         record(step, profile, outcome)
-        pulls = (outcome.image.data.get("pull_failed") if outcome.image is not None else None) or {}
+        pulls = diagnosis.failed_pulls(outcome.image)
         if ((outcome.started is not None and not outcome.started.ok) or pulls) and not step.dry_run:
             # say why, not only that: collect from every node and match the known failures (a failed pull's
             # output goes into the node's bundle as docker_pull.txt)

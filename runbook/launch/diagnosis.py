@@ -62,6 +62,15 @@ def diagnose_server(cluster, profile, run_dir: str | Path, redactor: Redactor, *
                     extra={node: {B.DOCKER_PULL: text} for node, text in (pulls or {}).items()})
 
 
+def failed_pulls(image_checks) -> dict[str, str]:
+    """node -> the output of each ``docker pull`` that stopped the image step (what the catalogue's docker-pull
+    rows match); {} when the image step passed, also when a worker's failed pull was made up for by shipping the
+    head's image (its WARN row says so)."""
+    if image_checks is None or not image_checks.failures():
+        return {}
+    return dict(image_checks.data.get("pull_failed") or {})
+
+
 def finding_checks(findings: list[Finding], archive: Path, run_dir: str | Path) -> list[Check]:
     """One WARN row per matched catalogue entry (the step already failed or this is a report; a match is
     an explanation for a human, named by its catalogue id)."""

@@ -113,3 +113,15 @@ def test_a_failed_pull_keeps_its_output_for_the_catalogue():
     assert sorted(out.data["pull_failed"]) == ["worker"]
     assert docker_pull.classify_pull(out.data["pull_failed"]["worker"]).kind == "dns"
     assert out.data["shipped"]["head"]["pulled"] is True and out.data["shipped"]["head"]["seconds"] >= 0
+
+
+def test_only_a_pull_that_stopped_the_image_step_goes_to_the_catalogue():
+    from runbook.launch.diagnosis import failed_pulls
+    profile = load_profile(ENV / "dspark-v4.env")
+    head, worker = _nodes(worker_pull_ok=False)
+    shipped = ensure_image(FakeCluster([head, worker]), profile)          # the worker's pull failed, the ship worked
+    assert shipped.data["pull_failed"] and failed_pulls(shipped) == {}
+    head, worker = _nodes(worker_pull_ok=False, load_err="no space left on device")   # the ship fails too
+    stopped = ensure_image(FakeCluster([head, worker]), profile)
+    assert stopped.failures() and sorted(failed_pulls(stopped)) == ["worker"]
+    assert failed_pulls(None) == {}
