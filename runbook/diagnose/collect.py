@@ -42,11 +42,15 @@ def collect(cluster, profile, *, state_dirs: Mapping[str, str] | None = None) ->
 
 def diagnose(cluster, profile, run_dir: str | Path, redactor: Redactor, *,
              local: Mapping[str, str] | None = None, state_dirs: Mapping[str, str] | None = None,
-             timings: Mapping[str, float] | None = None) -> tuple[Path, list[Finding]]:
+             timings: Mapping[str, float] | None = None,
+             extra: Mapping[str, Mapping[str, str]] | None = None) -> tuple[Path, list[Finding]]:
     """Collect from every node, write ``<run_dir>/diagnose/diagnose-<stamp>.tar.gz`` with its pages, and
-    return the archive and the catalogue entries that match (most severe first)."""
+    return the archive and the catalogue entries that match (most severe first). ``extra``: node -> texts the
+    caller already has for that node (a failed ``docker pull``'s output), added to what is collected."""
     started = time.monotonic()
     texts = collect(cluster, profile, state_dirs=state_dirs)
+    for node, items in (extra or {}).items():
+        texts.setdefault(node, {}).update(items)
     if local:
         texts[LOCAL] = dict(local)
     timings = {**(timings or {}), "collected_at": time.time()}

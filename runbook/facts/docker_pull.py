@@ -2,7 +2,8 @@
 
 ``unexpected EOF`` is a dropped connection mid-layer: the pull resumes from the layers it has, so
 retrying is right. ``manifest unknown`` means the tag or digest does not exist in that registry:
-retrying never helps. ``no such host`` is name resolution on the node, not the registry.
+retrying never helps. ``no such host`` is name resolution on the node, not the registry. ``connection
+refused`` is the registry's address: nothing listens there (the registry is down, or the port is wrong).
 """
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ PULL_ERRORS: tuple[tuple[str, str, str, str], ...] = (
      "the tag or digest does not exist in that registry (typo, or the tag was never pushed / was deleted)"),
     ("dns", "fix-dns", r"no such host|Temporary failure in name resolution|server misbehaving",
      "the node cannot resolve the registry's host name"),
+    ("unreachable", "fix-registry",
+     r"dial tcp \S+: connect: (?:connection refused|no route to host|network is unreachable)",
+     "nothing answers at the registry's address: the registry is down, or the host or port is wrong, or a "
+     "firewall rejects the connection"),
     ("unexpected-eof", "retry", r"unexpected EOF|connection reset by peer|http2: server sent GOAWAY",
      "the connection dropped mid-download; a new pull resumes from the layers already fetched"),
     ("timeout", "retry", r"i/o timeout|TLS handshake timeout|context deadline exceeded|"
@@ -29,7 +34,7 @@ PULL_ERRORS: tuple[tuple[str, str, str, str], ...] = (
 @dataclass
 class PullError:
     kind: str
-    action: str       # retry | stop | fix-dns | wait
+    action: str       # retry | stop | fix-dns | fix-registry | wait
     meaning: str
     line: str
 

@@ -241,9 +241,10 @@ def plan_image(profile, infos: dict[str, ImageInfo | None]) -> ImagePlan:
     others = {n: i for n, i in infos.items() if n != "head"}
     pinned = "@sha256:" in profile.image
     if head is None:
-        if profile.is_lab or profile.rehearsal:
-            return ImagePlan("fail", f"{profile.image} is missing on the head (the lab never pulls: its nodes "
-                                     "have no route out; `python -m runbook lab up` imports the lab image)")
+        # a lab profile's image is imported by `lab up`; a rehearsal pulls the recipe's from the lab registry
+        if profile.is_lab:
+            return ImagePlan("fail", f"{profile.image} is missing on the head (a lab profile never pulls: "
+                                     "`python -m runbook lab up` imports the lab image)")
         if pinned:
             return ImagePlan("pull", f"{profile.image} is missing on the head; digest-pinned: pull it",
                              targets=sorted(infos))
@@ -256,7 +257,7 @@ def plan_image(profile, infos: dict[str, ImageInfo | None]) -> ImagePlan:
     if not differ:
         return ImagePlan("none", "same layer digests on every node")
     why = ", ".join(f"{n}: {'missing' if others[n] is None else 'different layers'}" for n in differ)
-    if pinned and not profile.lab:
+    if pinned and not profile.is_lab:
         return ImagePlan("pull", f"{why}; digest-pinned: pull on those nodes (falls back to shipping)",
                          targets=differ)
     return ImagePlan("ship", f"{why}; ship the head's image over the fabric", targets=differ)

@@ -1,7 +1,9 @@
-"""Glue between a profile and the lab: the nodes, the tiny model and the lab's Hub endpoint.
+"""Glue between a profile and the lab: the nodes, the tiny model, the lab's Hub endpoint and a rehearsal's image
+in the lab registry.
 
 The lab stands in for what cannot exist here. Its Hub endpoint is a clearly labelled fixture: the
-real huggingface_hub client downloads from it exactly as it would from the Hub.
+real huggingface_hub client downloads from it exactly as it would from the Hub. Its registry is Debian's
+Distribution registry: the nodes' dockerd pull a rehearsal's image from it as they would from ghcr.io.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from urllib.parse import urlparse
 from ..errors import LabError
 from ..evidence import REPO_ROOT
 from ..api.server_info import ApiClient, ServerInfo
-from . import hub
+from ..remote import quote
+from . import hub, oci
 
 LAB_DIR = REPO_ROOT / ".lab"
 VLLM_PYTHON = LAB_DIR / "vllm-venv" / "bin" / "python"
@@ -64,7 +67,48 @@ def ensure_lab(profile, *, echo=print):
                            fix=f"set HF_REVISION={revision} in {profile.source} (the tiny model's "
                                "content changed) or rebuild .lab/models/tiny")
         ensure_hub(profile.hf_endpoint, echo=echo)
+    if profile.rehearsal and profile.runtime == "docker":
+        ensure_rehearsal_image(profile, info, echo=echo)
     return info
+
+
+def lab_image(*, native: str = "") -> oci.IndexImage:
+    """The image a rehearsal pushes to the lab registry: the lab's busybox runtime as a two-platform index
+    (this machine's platform and one other). Deterministic, so its digest is known before the push."""
+    from .netlab.dockerd import runtime_rootfs_tar
+    return oci.lab_index(runtime_rootfs_tar(), native or oci.native_platform())
+
+
+#: on a node: remove every reference to the image unless a running container uses it; prints what it did
+CLEAR_IMAGE = """id=$(docker image inspect --format '{{{{.Id}}}}' {ref} 2>/dev/null) || {{ echo absent; exit 0; }}
+if [ -n "$(docker ps -q --filter ancestor="$id")" ]; then echo "in use by a running container"; exit 0; fi
+docker rmi -f "$id" >/dev/null && echo removed"""
+
+
+def ensure_rehearsal_image(profile, info, *, echo=print) -> oci.PushResult:
+    """A rehearsal's IMAGE (the recipe's repository path and tag at the lab registry, pinned to the lab image's
+    digest when the recipe pins one) pushed to the lab registry, and removed from the nodes so that step 04's
+    image plan is a real pull (by digest on every node, or on the head and shipped to the workers)."""
+    from .netlab.host import ssh
+    from .netlab.spec import REGISTRY
+    ref = oci.parse_reference(profile.image)
+    if ref.host != REGISTRY:
+        raise LabError("a rehearsal's image is pulled from the lab registry", observed=profile.image,
+                       expected=f"{REGISTRY}/<the recipe's repository path>", fix="load the profile with "
+                       "runbook.lab.rehearsal.load_rehearsal (run --rehearse does)")
+    index = lab_image()
+    if ref.digest and ref.digest != index.digest:
+        raise LabError("the rehearsal pins a digest the lab image does not have", observed=ref.digest,
+                       expected=index.digest, fix="load the rehearsal again (load_rehearsal(..., publish=True) pins "
+                       "the lab image's digest)")
+    pushed = oci.push(REGISTRY, ref.path, ref.tag, index)
+    echo(f"lab registry: pushed {pushed.reference} ({', '.join(pushed.platforms)}; {pushed.blobs_sent} blob(s), "
+         f"{pushed.bytes_sent} B sent, {pushed.blobs_present} present) in {pushed.seconds:.2f} s")
+    for node in info.nodes:
+        res = ssh(info.ssh_config, node.alias, CLEAR_IMAGE.format(ref=quote(str(ref))), timeout=60,
+                  what=f"removing {ref} on {node.alias} (so the rehearsal pulls it)")
+        echo(f"lab: {node.name}: {ref.path}: {res.stdout.strip() or 'done'}")
+    return pushed
 
 
 def ensure_tiny_model(*, echo=print, module: str = TINY_MODULE, out: Path = TINY_MODEL_DIR) -> Path:

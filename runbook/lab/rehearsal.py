@@ -5,8 +5,11 @@ what the hardware forces.
     overrides = rehearsal_overrides(subs)                      # -> load_profile(..., overrides=overrides)
 
 The substituted values come from the lab profile with the same node count (``env/lab.env`` for two nodes,
-``env/lab-tp3.env`` for three), so a rehearsal lands on the nodes, addresses, image and scaled sizes the
-lab is known to run. Everything not listed in ``GROUPS`` is kept exactly as the recipe has it: paths
+``env/lab-tp3.env`` for three), so a rehearsal lands on the nodes, addresses and scaled sizes the lab is
+known to run. The image keeps the recipe's repository path and tag: only its registry host becomes the lab
+registry's (and a pinned digest the lab image's, :data:`DIGEST_WHY`), the lab image is pushed there under
+them (:func:`runbook.lab.control.ensure_rehearsal_image`) and step 04 pulls it for real. Everything not
+listed in ``GROUPS`` is kept exactly as the recipe has it: paths
 (``~/…`` expanded per node), the weight-sync mode, the runtime and its flags, ports, container names,
 HCAs and GID indexes, ``EXPECT_*`` (the hardware rows then run against simulators and say SIMULATED),
 the pinned revisions, the Engram settings, the readiness rules.
@@ -20,7 +23,8 @@ from pathlib import Path
 from ..errors import ProfileError, ProfileIssue
 from ..evidence import REPO_ROOT
 from ..profile import Profile, load_profile
-from . import control, hub
+from . import control, hub, oci
+from .netlab.spec import REGISTRY
 
 LAB_PROFILES = {2: REPO_ROOT / "env" / "lab.env", 3: REPO_ROOT / "env" / "lab-tp3.env"}
 
@@ -35,8 +39,12 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "link": ("a veth carries the real pings and iperf3 of a rehearsal, but not a CX-7's speed: TCP/RTT thresholds "
              "and the link speed are the lab's (RDMA and NCCL thresholds stay: their tools are simulated)",
              ("EXPECT_LINK_GBPS", "MIN_TCP_GBPS", "MAX_RTT_MS")),
-    "registries": ("no registry or Hub is reachable: the lab's Hub endpoint and runtime image stand in",
-                   ("HF_ENDPOINT", "IMAGE", "VLLM_BIN")),
+    "registries": ("no registry or Hub is reachable: the lab's Hub endpoint stands in for the Hub, and the lab's "
+                   "registry for the image's registry host (the recipe's repository path, tag and digest are kept: "
+                   "the lab's image is pushed there under them)",
+                   ("HF_ENDPOINT", "IMAGE")),
+    "engine": ("the recipe's image carries vLLM's GPU build; the lab runs vLLM's CPU build from the lab's venv, "
+               "mounted into the container", ("VLLM_BIN",)),
     "recipe": ("the recipe's repository is not reachable here and its patches target vLLM's GPU build: the lab's "
                "recipe carries the same contract (pinned checkout shipped to every node, files mounted where the "
                "recipe mounts them, a fail-closed start script, boot-log markers checked on every rank)",
@@ -60,7 +68,7 @@ SET_BY_REHEARSAL = {"LAB": "1", "REHEARSAL": "1"}
 # stands in for a model no CPU can serve); *lab* is everything else the lab still changes. A rehearsal is worth as
 # much as its *lab* class is small: each *lab* key is a place where the rehearsal does not run what the Sparks run.
 HARDWARE, LAB_CLASS = "hardware", "lab"
-GROUP_CLASS = {"gpu": HARDWARE, "sizes": HARDWARE, "link": HARDWARE,
+GROUP_CLASS = {"gpu": HARDWARE, "sizes": HARDWARE, "link": HARDWARE, "engine": HARDWARE,
                "nodes": LAB_CLASS, "fabric": LAB_CLASS, "registries": LAB_CLASS, "recipe": LAB_CLASS,
                "model": LAB_CLASS, "rehearsal": LAB_CLASS}
 
@@ -91,15 +99,22 @@ def tools_record() -> dict[str, dict[str, str]]:
 @dataclass(frozen=True)
 class Substitution:
     key: str
-    recipe: str        # the recipe profile's value
-    lab: str           # what the rehearsal runs with
+    recipe: str        # the recipe profile's value (of ``part`` only, when set)
+    lab: str           # what the rehearsal runs with (of ``part`` only, when set)
     group: str
     why: str
+    part: str = ""     # one part of the key's value: "registry host" or "digest" of IMAGE; "" = the whole value
+    value: str = ""    # with ``part``: the key's whole value as the rehearsal runs it
 
     @property
     def kind(self) -> str:
         """``hardware`` or ``lab`` (:data:`GROUP_CLASS`)."""
         return GROUP_CLASS[self.group]
+
+    @property
+    def override(self) -> str:
+        """The key's value as the rehearsal runs it."""
+        return self.value if self.part else self.lab
 
     def to_dict(self) -> dict[str, str]:
         return {**asdict(self), "kind": self.kind}
@@ -143,6 +158,9 @@ def substitutions(profile: Profile) -> list[Substitution]:
     out = []
     for group, (why, keys) in GROUPS.items():
         for key in keys:
+            if key == "IMAGE":
+                out += image_substitutions(profile)
+                continue
             recipe_value, lab_value = env_text(profile.value(key)), env_text(lab.value(key))
             if recipe_value != lab_value:
                 out.append(Substitution(key, recipe_value, lab_value, group, why))
@@ -168,8 +186,30 @@ def substitutions(profile: Profile) -> list[Substitution]:
     return out
 
 
+def image_substitutions(profile: Profile, digest: str = "") -> list[Substitution]:
+    """IMAGE on the lab: only the registry host becomes the lab registry's (path and tag kept); with ``digest``
+    (the lab image's, known once it is built) the recipe's digest too, which is content-addressed: no other
+    content can carry it. Nothing for a process runtime (no image is used)."""
+    if profile.runtime != "docker" or not profile.image:
+        return []
+    ref = oci.parse_reference(profile.image)
+    moved = ref.replace(host=REGISTRY)
+    out = [Substitution("IMAGE", ref.host or "(docker's default registry)", REGISTRY, "registries",
+                        GROUPS["registries"][0], part="registry host", value=str(moved))]
+    if digest and ref.digest and digest != ref.digest:
+        out.append(Substitution("IMAGE", ref.digest, digest, "registries", DIGEST_WHY, part="digest",
+                                value=str(moved.replace(digest=digest))))
+    return out
+
+
+DIGEST_WHY = ("a digest is content-addressed and cannot be forged: the lab's image (its busybox runtime as a "
+              "two-platform index) pushed under the recipe's repository path and tag has its own digest, which "
+              "the rehearsal pins and every node pulls by")
+
+
 def rehearsal_overrides(subs: list[Substitution]) -> dict[str, str]:
-    return {s.key: s.lab for s in subs}
+    """key -> value as the rehearsal runs it (a key substituted in parts takes its last part's whole value)."""
+    return {s.key: s.override for s in subs}
 
 
 MODEL_WHY = ("the checkpoint is the lab's tiny model (and a scaled synthetic Engram source), published on the lab "
@@ -188,13 +228,21 @@ def publish_models(profile: Profile, *, echo=print) -> list[Substitution]:
     return out
 
 
+def publish_image(profile: Profile) -> list[Substitution]:
+    """The IMAGE digest substitution of a digest-pinned recipe image: the lab image's digest (the push itself
+    happens once the lab is up: :func:`runbook.lab.control.ensure_lab`)."""
+    if profile.runtime != "docker" or "@sha256:" not in profile.image:
+        return []
+    return [s for s in image_substitutions(profile, control.lab_image().digest) if s.part == "digest"]
+
+
 def load_rehearsal(profile_path: str | Path, overrides: dict[str, str] | None = None, *, publish: bool = False,
                    echo=print) -> tuple[Profile, dict[str, str], list[Substitution]]:
     """The recipe profile as the rehearsal runs it, the overrides that make it so (the user's ``-p`` keys
     first; a key the rehearsal must substitute cannot be overridden), and the substitutions. ``publish``
     puts the stand-in checkpoints on the lab Hub and pins their revisions (what a real rehearsal does)."""
     recipe = load_profile(profile_path, overrides=overrides)
-    subs = substitutions(recipe) + (publish_models(recipe, echo=echo) if publish else [])
+    subs = substitutions(recipe) + (publish_models(recipe, echo=echo) + publish_image(recipe) if publish else [])
     mapped = rehearsal_overrides(subs)
     clash = sorted(set(overrides or {}) & set(mapped))
     if clash:

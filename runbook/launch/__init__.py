@@ -105,10 +105,12 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
             record(step, profile, err.outcome)
             raise
         record(step, profile, outcome)
-        if outcome.started is not None and not outcome.started.ok and not step.dry_run:
-            # say why, not only that: collect from every node and match the known failures
+        pulls = diagnosis.failed_pulls(outcome.image)
+        if ((outcome.started is not None and not outcome.started.ok) or pulls) and not step.dry_run:
+            # say why, not only that: collect from every node and match the known failures (a failed pull's
+            # output goes into the node's bundle as docker_pull.txt)
             archive, findings = diagnosis.diagnose_server(step.cluster, profile, step.run.path, step.run.redactor,
-                                                          plan=plan)
+                                                          plan=plan, pulls=pulls)
             step.add(diagnosis.finding_checks(findings, archive, step.run.path))
             step.data["diagnose"] = {"archive": str(archive.relative_to(step.run.path)),
                                      "findings": [f.id for f in findings]}

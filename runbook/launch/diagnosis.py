@@ -49,7 +49,8 @@ def api_texts(profile, *, interval_s: float = METRICS_INTERVAL_S) -> tuple[dict[
 
 
 def diagnose_server(cluster, profile, run_dir: str | Path, redactor: Redactor, *,
-                    plan: LaunchPlan | None = None) -> tuple[Path, list[Finding]]:
+                    plan: LaunchPlan | None = None, pulls: dict[str, str] | None = None) -> tuple[Path, list[Finding]]:
+    """``pulls``: node -> the output of its failed ``docker pull`` (the image step's), into that node's bundle."""
     local, timings = api_texts(profile)
     if plan is not None:
         local[B.LOCAL_LAUNCH_PLAN] = plan.to_text()
@@ -57,7 +58,17 @@ def diagnose_server(cluster, profile, run_dir: str | Path, redactor: Redactor, *
     if commands.is_file():
         local[B.LOCAL_COMMANDS] = commands.read_text(errors="replace")[-(4 << 20):]
     state_dirs = {r.node: r.state_dir for r in plan.ranks} if plan is not None else None
-    return diagnose(cluster, profile, run_dir, redactor, local=local, state_dirs=state_dirs, timings=timings)
+    return diagnose(cluster, profile, run_dir, redactor, local=local, state_dirs=state_dirs, timings=timings,
+                    extra={node: {B.DOCKER_PULL: text} for node, text in (pulls or {}).items()})
+
+
+def failed_pulls(image_checks) -> dict[str, str]:
+    """node -> the output of each ``docker pull`` that stopped the image step (what the catalogue's docker-pull
+    rows match); {} when the image step passed, also when a worker's failed pull was made up for by shipping the
+    head's image (its WARN row says so)."""
+    if image_checks is None or not image_checks.failures():
+        return {}
+    return dict(image_checks.data.get("pull_failed") or {})
 
 
 def finding_checks(findings: list[Finding], archive: Path, run_dir: str | Path) -> list[Check]:

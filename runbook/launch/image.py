@@ -8,8 +8,10 @@ Identity is the digest of ``RootFS.Layers`` (seed A: overlay2 and containerd dis
 over the fabric: ``docker save -o`` into a staging dir on the head (free space checked first on both
 ends: tar size x 2 + margin on the worker), a resumable copy (``rsync --partial --inplace`` over
 ssh to the worker's fabric address; re-running resumes), ``docker load -i`` on the worker, then the
-layer digests are compared again and the staging files removed. Pulling happens only for a
-digest-pinned IMAGE and never in the lab (its nodes have no route out).
+layer digests are compared again and the staging files removed. A digest-pinned IMAGE is pulled on every
+node that lacks it; a moving tag is pulled on the head only and shipped. A lab profile never pulls (``lab up``
+imports its image); a rehearsal pulls the recipe's image from the lab registry (``runbook.lab.oci``). A failed
+pull's output is kept in ``data["pull_failed"]`` for the diagnose catalogue's ``docker-pull-*`` rows.
 
 The tar holds the *target node's platform* only: ``docker save --platform <os/arch of the node's
 daemon>`` where both docker CLI and daemon speak API 1.48+ (Docker 28). A multi-arch index saved whole
@@ -202,9 +204,11 @@ def ensure_image(cluster: Cluster, profile) -> "ImageChecks":
         node = cluster[name]
         if plan.action == "pull" or (plan.action == "pull-head" and name == "head"):
             r = node.run(f"docker pull {quote(profile.image)}", timeout=7200, warn=True)
-            shipped[name] = {"pulled": r.ok}
+            shipped[name] = {"pulled": r.ok, "seconds": round(r.duration_s, 2)}
             if r.ok:
                 continue
+            # the pull's own words, for the diagnose catalogue's docker-pull rows (launch.run matches them)
+            data.setdefault("pull_failed", {})[name] = (r.stdout + "\n" + r.stderr).strip()[-4000:]
             if name == "head":
                 checks.add(check("image pulled", False, node="head", observed=r.stderr.strip()[-500:],
                                  expected=f"docker pull {profile.image} succeeds",

@@ -158,7 +158,7 @@ def substitutions(model: ReportModel, e: Escape) -> list[str]:
     for sub in subs:
         kinds.setdefault(str(sub.get("kind") or "unclassified"), []).append(sub)
     counts = ", ".join(f"{kind}: {len(items)}" for kind, items in sorted(kinds.items())) or "none"
-    rows = [[f"<td>{e(kind)}</td>", f"<td>{e(sub.get('key'))}</td>", f"<td>{e(sub.get('recipe'))}</td>",
+    rows = [[f"<td>{e(kind)}</td>", f"<td>{e(sub.get('key'))}{e(' (' + sub['part'] + ')' if sub.get('part') else '')}</td>", f"<td>{e(sub.get('recipe'))}</td>",
              f"<td>{e(sub.get('lab'))}</td>", f"<td class='small'>{e(sub.get('group'))}: {e(sub.get('why'))}</td>"]
             for kind, items in sorted(kinds.items()) for sub in items]
     tools = model.rehearsal.get("tools") or {}

@@ -282,6 +282,26 @@ def test_status_reports_healthy(lab):
         node = st["nodes"][n.name]
         assert node["netns_exists"] and node["sshd_alive"] and node["ssh_ok"] and node["dockerd_alive"]
         assert (node["fabric_state"], node["fabric_mtu"]) == ("UP", 9000)
+        assert node["registry_insecure"], node          # its dockerd pulls from the lab registry over plain HTTP
+    assert st["registry"]["healthy"] and st["registry"]["address"] == "10.77.0.1:5077", st["registry"]
+
+
+def test_a_dockerd_that_does_not_trust_the_registry_makes_up_rebuild(lab):
+    """The insecure-registry flag is given when the lab is built (a running dockerd cannot learn it): a node whose
+    dockerd runs without it (a lab built by older code) is unhealthy, and `up` rebuilds the lab."""
+    from runbook.lab.netlab.spec import REGISTRY
+    restart = ("kill $(cat /run/docker.pid); i=0; while [ -e /run/docker.pid ] && [ $i -lt 100 ]; do sleep 0.2; "
+               "i=$((i+1)); done; nohup setsid dockerd --cgroup-parent /nl-worker > /run/dockerd.log 2>&1 < /dev/null & "
+               "i=0; while ! docker info >/dev/null 2>&1 && [ $i -lt 150 ]; do sleep 0.2; i=$((i+1)); done; "
+               "docker info --format '{{json .RegistryConfig.IndexConfigs}}'")
+    seen = ok(lab, "spark-worker", restart, timeout=90)
+    assert REGISTRY not in seen, seen
+    st = netlab.status(lab.lab_dir)
+    assert not st["nodes"]["worker"]["registry_insecure"] and not st["nodes_healthy"] and st["nodes"]["head"]["healthy"]
+    rebuilt = netlab.up(lab.lab_dir)
+    assert not rebuilt.reused and "clean" in rebuilt.timings
+    after = netlab.status(lab.lab_dir)
+    assert after["healthy"] and all(n["registry_insecure"] for n in after["nodes"].values()), after
 
 
 def _nothing_left() -> list[str]:
@@ -311,6 +331,8 @@ def test_up_down_idempotence_and_stale_recovery(lab):   # keep last: it restarts
     netlab.down(lab.lab_dir)
     down_s = time.monotonic() - t
     assert _nothing_left() == [] and not state_file.exists()
+    from runbook.lab.netlab import registry
+    assert registry.registry_pid(lab.lab_dir) is None          # down ended the lab's registry too
     netlab.down(lab.lab_dir)
     # 4. stale leftovers of a crashed run (state file with dead pids, netns, bridge, guard route,
     #    a docker cgroup dir): up cleans them and comes up healthy

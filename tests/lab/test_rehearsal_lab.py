@@ -264,3 +264,35 @@ def test_recipe_cabling_reaches_the_simulated_tools(rehearsal):
         assert {c.node: c.data.get("pinned") for c in net if c.name == "net.gid"} == {"head": 3, "worker": 3}
     if profile.tp == 3:
         assert "rocep1s0f0" in hcas["head"] and "rocep1s0f1" in hcas["head"]
+
+
+def test_the_image_came_from_the_lab_registry(rehearsal):
+    """Issue 23 item 1: the recipe's image path and tag at the lab registry, pulled for real: recipe B by digest on
+    every node, recipe A on the head and shipped to the worker(s) with the node's platform of a two-platform index;
+    rehearsal.json lists only the registry host (and the digest, with its reason) as IMAGE's substitutions."""
+    from runbook.lab import oci
+    from runbook.lab.netlab.spec import REGISTRY
+    path, profile, run_dir, _ = rehearsal
+    data = _sidecar(run_dir, "04_launch")["data"]["image"]
+    ref = oci.parse_reference(profile.image)
+    recipe = oci.parse_reference(load_profile_from(path).image)
+    assert (ref.host, ref.path, ref.tag) == (REGISTRY, recipe.path, recipe.tag), profile.image
+    names = sorted(n.name for n in profile.nodes)
+    if ref.digest:
+        assert data["plan"] == "pull" and sorted(data["shipped"]) == names, data
+        assert all(v["pulled"] for v in data["shipped"].values()), data
+    else:
+        assert data["plan"] == "pull-head" and data["shipped"]["head"]["pulled"], data
+        for name in [n for n in names if n != "head"]:
+            assert data["shipped"][name]["platform"] == oci.native_platform(), data
+    assert oci.manifest_platforms(REGISTRY, ref.path, ref.digest or ref.tag) == [
+        oci.native_platform(), oci.other_platform(oci.native_platform())]
+    image_rows = [s for s in json.loads((run_dir.path / "rehearsal.json").read_text())["substituted"]
+                  if s["key"] == "IMAGE"]
+    assert [s["part"] for s in image_rows] == (["registry host", "digest"] if ref.digest else ["registry host"])
+    assert all(s["kind"] == "lab" for s in image_rows)
+
+
+def load_profile_from(path: str):
+    from runbook.profile import load_profile
+    return load_profile(REPO_ROOT / path)

@@ -101,3 +101,27 @@ def test_load_of_missing_index_blobs_names_the_fix():
     shipped = [c for c in out if c.name == "image shipped"]
     assert shipped and shipped[0].failed
     assert "multi-arch index" in shipped[0].fix and "--platform" in shipped[0].fix
+
+
+def test_a_failed_pull_keeps_its_output_for_the_catalogue():
+    """Issue 23: the worker's failed pull is kept (``data["pull_failed"]``) for the diagnose catalogue's
+    docker-pull rows, which 04 matches; the pull times are recorded per node."""
+    from runbook.facts import docker_pull
+    profile = load_profile(ENV / "dspark-v4.env")
+    head, worker = _nodes(worker_pull_ok=False)
+    out = ensure_image(FakeCluster([head, worker]), profile)
+    assert sorted(out.data["pull_failed"]) == ["worker"]
+    assert docker_pull.classify_pull(out.data["pull_failed"]["worker"]).kind == "dns"
+    assert out.data["shipped"]["head"]["pulled"] is True and out.data["shipped"]["head"]["seconds"] >= 0
+
+
+def test_only_a_pull_that_stopped_the_image_step_goes_to_the_catalogue():
+    from runbook.launch.diagnosis import failed_pulls
+    profile = load_profile(ENV / "dspark-v4.env")
+    head, worker = _nodes(worker_pull_ok=False)
+    shipped = ensure_image(FakeCluster([head, worker]), profile)          # the worker's pull failed, the ship worked
+    assert shipped.data["pull_failed"] and failed_pulls(shipped) == {}
+    head, worker = _nodes(worker_pull_ok=False, load_err="no space left on device")   # the ship fails too
+    stopped = ensure_image(FakeCluster([head, worker]), profile)
+    assert stopped.failures() and sorted(failed_pulls(stopped)) == ["worker"]
+    assert failed_pulls(None) == {}

@@ -351,8 +351,9 @@ def test_a_rehearsal_lists_its_substitutions_by_class_with_counts(results):
     html = html_page.render_html(model, redactor=RED)
     counts = f"hardware: {len(classes['hardware'])}, lab: {len(classes['lab'])}"
     assert f"{len(subs)} key(s) substituted ({counts})" in html
-    for sub in subs:
-        assert f"<td>{sub.key}</td>" in html
+    for sub in subs:           # a key substituted in part (IMAGE's registry host) says which part
+        assert f"<td>{sub.key}{f' ({sub.part})' if sub.part else ''}</td>" in html
+    assert "<td>IMAGE (registry host)</td>" in html
     assert model.to_dict()["rehearsal"]["counts"] == {"hardware": len(classes["hardware"]),
                                                       "lab": len(classes["lab"])}
 

@@ -38,6 +38,7 @@ ENTRIES: tuple[Entry, ...] = (
     runtime.DOCKER_PULL_EOF,
     runtime.DOCKER_PULL_MANIFEST_UNKNOWN,
     runtime.DOCKER_PULL_DNS,
+    runtime.DOCKER_PULL_UNREACHABLE,
     host.OOM_KILLED,
     host.MEM_AVAILABLE_LOW,
     runtime.SERVING_WEDGE,

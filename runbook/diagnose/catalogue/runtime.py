@@ -68,6 +68,22 @@ DOCKER_PULL_DNS = Entry(
     lab="capture_netns docker_pull_dns")
 
 
+DOCKER_PULL_UNREACHABLE = Entry(
+    "docker-pull-unreachable", "docker pull: the registry does not answer", FATAL,
+    symptom="`docker pull` fails with `connect: connection refused`",
+    detect="`connection refused` / `no route to host` / `network is unreachable` on the registry's address in "
+           "docker pull output",
+    cause="nothing answers at the registry's address: the registry is down, the IMAGE's host or port is wrong, "
+          "or a firewall rejects the connection; the node's name resolution worked",
+    fix="check that the registry runs and listens on that address (`curl -s http://<host:port>/v2/` from the "
+        "node answers with HTTP 200); fix the host:port in IMAGE; or pull on a connected node and ship the image",
+    proof="curl -sS -m 5 http://<registry host:port>/v2/   # on the node",
+    signature=_pull_sig("unreachable"), source="lab registry (issue 23): a registry that was stopped",
+    words=(r"docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image",
+           r"connection refused|refused|no route to host|registry (is )?(down|stopped|not running)",),
+    lab="tests/lab/test_registry_lab.py::test_failed_pulls_reach_the_catalogue")
+
+
 _ENGINE_DEATH = re.compile(r"EngineDeadError|EngineCore encountered a fatal error|Engine core proc \S+ died unexpectedly|"
                            r"engine core exited unexpectedly|"
                            r"[Ii]llegal instruction|SIGILL|core dumped|Fatal Python error|"

@@ -15,7 +15,9 @@ PID namespaces; see that file), which becomes the node's sshd. Topology::
 
 Nodes have no default route. After sshd answers, ``dockerd`` is started in each node over SSH (as a
 runbook would on a real node) and a tiny busybox image ``spark-runbook/lab-runtime:1`` is imported on
-the head and shipped to the workers with ``docker save | docker load``.
+the head and shipped to the workers with ``docker save | docker load``. The lab's registry (Debian's
+``docker-registry``) listens on the bridge's host address, 10.77.0.1:5077, plain HTTP; every node's dockerd
+starts with ``--insecure-registry`` for it (a rehearsal pushes its image there and the nodes pull it).
 
 Public API: :func:`up`, :func:`down`, :func:`status`, :func:`info`, :class:`LabInfo`, :class:`LabNode`.
 Everything here needs root; every subprocess has a timeout; every failure is a :class:`LabError`.
@@ -24,7 +26,7 @@ This module holds the public entries and the order ``up`` follows; each part liv
 ``spec`` (names, addresses, LabInfo, the state file), ``host`` (local commands, ssh, process and netns
 lookups), ``packages`` (apt), ``files`` (keys, ssh and sshd configs, node dirs), ``network`` (netns, veth,
 bridges, routes), ``nodes`` (PID 1 of each node), ``dockerd`` (docker and the runtime image),
-``health`` (status) and ``teardown`` (down).
+``registry`` (the lab's container registry), ``health`` (status) and ``teardown`` (down).
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ from .host import node_pid1, ssh
 from .network import create_network, wait_carrier
 from .nodes import cgroup_mounts, start_node, wait_port
 from .packages import ensure_packages
+from .registry import start_registry
 from .spec import (DEFAULT_LAB_DIR, IMAGE, MARKER, NODEINIT, LabInfo, LabNode, Log, node_specs, read_state,
                    write_state)
 from .teardown import lab_present, teardown
@@ -154,7 +157,10 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
         if state and state.get("node_count") == nodes and "info" in state:
             with timer.phase("check"):
                 st = lab_status(lab_dir)
-            if st["healthy"]:
+            if st["nodes_healthy"]:
+                if not st["registry"]["healthy"]:
+                    with timer.phase("registry"):
+                        start_registry(lab_dir, log)
                 lab = LabInfo.from_dict(state["info"])
                 lab.reused = True
                 lab.image_ids = {k: v["image_id"] for k, v in st["nodes"].items()}
@@ -168,7 +174,8 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                                expected="every running node answers the lab's SSH with its pinned host key",
                                fix="find out why (e.g. `ssh -F " + str(lab_paths(lab_dir)[0]) + " spark-<node> true`); "
                                    "to rebuild the lab on purpose: `python -m runbook lab down`, then run again")
-            bad = {k: [f for f in ("netns_exists", "sshd_alive", "ssh_ok", "dockerd_alive") if not v.get(f)]
+            bad = {k: [f for f in ("netns_exists", "sshd_alive", "ssh_ok", "dockerd_alive", "registry_insecure")
+                       if not v.get(f)]
                    for k, v in st["nodes"].items() if not v["healthy"]}
             log(f"existing lab is not healthy ({bad or 'bridge/routes'}); rebuilding")
         if lab_present() or state:
@@ -193,6 +200,8 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
 
         with timer.phase("network"):
             create_network(specs)
+        with timer.phase("registry"):        # on the bridge's host address, which exists from here on
+            state["registry_pid"] = start_registry(lab_dir, log)
         with timer.phase("nodes"):
             cg = cgroup_mounts()
             for n in specs:

@@ -3,6 +3,7 @@ image imported on the head and shipped to the workers with ``docker save | docke
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import tarfile
 from pathlib import Path
@@ -11,16 +12,23 @@ from runbook.errors import LabError
 
 from .files import lab_paths
 from .host import run_local, ssh, tail_text
-from .spec import IMAGE, LabNode, Log
+from .spec import IMAGE, REGISTRY, LabNode, Log
+
+#: what the node's dockerd prints for its registries (``docker info``): the lab registry must be insecure there
+REGISTRIES_FORMAT = "{{json .RegistryConfig.IndexConfigs}}"
 
 
 def dockerd_script(n: LabNode) -> str:
-    """Shell run in a node over ssh: start its dockerd if it does not answer; print its version and image ID."""
+    """Shell run in a node over ssh: start its dockerd if it does not answer; print its version and image ID.
+
+    dockerd learns the lab registry (plain HTTP) as insecure from its command line: a flag a running dockerd
+    cannot take, so it is given when the lab is built (``health`` finds a dockerd without it unhealthy, and
+    ``up`` then rebuilds the lab)."""
     return f"""
 if ! docker info >/dev/null 2>&1; then
   if ! pgrep -x dockerd >/dev/null; then
     rm -f /run/docker.pid /run/docker.sock
-    nohup setsid dockerd --cgroup-parent /{n.netns} > /run/dockerd.log 2>&1 < /dev/null &
+    nohup setsid dockerd --cgroup-parent /{n.netns} --insecure-registry {REGISTRY} > /run/dockerd.log 2>&1 < /dev/null &
   fi
   i=0; while [ $i -lt 150 ]; do docker info >/dev/null 2>&1 && break; sleep 0.2; i=$((i+1)); done
 fi
@@ -42,7 +50,20 @@ def parse_kv(text: str) -> dict[str, str]:
     return out
 
 
-def _runtime_rootfs_tar() -> bytes:
+def insecure_registry_known(text: str, registry: str = REGISTRY) -> bool:
+    """Whether ``docker info``'s registry configs (:data:`REGISTRIES_FORMAT`, JSON) hold ``registry`` as insecure::
+
+        {"10.77.0.1:5077":{"Name":"10.77.0.1:5077","Mirrors":[],"Secure":false,"Official":false},"docker.io":{…}}
+    """
+    try:
+        configs = json.loads(text or "{}")
+    except ValueError:
+        return False
+    entry = configs.get(registry) if isinstance(configs, dict) else None
+    return isinstance(entry, dict) and entry.get("Secure") is False
+
+
+def runtime_rootfs_tar() -> bytes:
     """A deterministic busybox-static rootfs for `docker import`."""
     busybox = Path("/bin/busybox")
     if not busybox.exists():
@@ -84,7 +105,7 @@ def ensure_image(lab_dir: Path, specs: list[LabNode], ids: dict[str, str], log: 
     if not ids.get(head.name):
         log(f"importing {IMAGE} on {head.alias} (busybox-static rootfs)")
         ssh(cfg, head.alias, f"docker import --change 'CMD [\"/bin/sh\"]' - {IMAGE}",
-            input=_runtime_rootfs_tar(), text=False, timeout=120, what=f"docker import {IMAGE}")
+            input=runtime_rootfs_tar(), text=False, timeout=120, what=f"docker import {IMAGE}")
         ids[head.name] = _image_id(cfg, head)
     for w in specs[1:]:
         if ids.get(w.name) == ids[head.name]:

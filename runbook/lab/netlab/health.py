@@ -1,5 +1,5 @@
 """The lab's health: per node netns, sshd PID 1, an ssh answer, fabric link, dockerd and image, plus the
-bridge and the guard routes (``python -m runbook lab status``)."""
+bridge, the guard routes and the lab registry (``python -m runbook lab status``)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,10 +10,11 @@ from pathlib import Path
 
 from runbook.errors import LabError
 
-from .dockerd import parse_kv
+from .dockerd import REGISTRIES_FORMAT, insecure_registry_known, parse_kv
 from .files import lab_paths
 from .host import link_exists, netns_exists, node_pid1, pid_alive, proc_comm, run_local, ssh, tail_text
 from .network import link_states
+from .registry import registry_status
 from .spec import BRIDGE, FABRIC_IF, FABRIC_MTU, GUARD_ROUTES, IMAGE, STATE_FILE, LabNode, node_specs, read_state
 
 
@@ -35,10 +36,12 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
     d["dockerd_alive"] = False
     d["docker_version"] = None
     d["image_id"] = None
+    d["registry_insecure"] = False
     if d["sshd_alive"] and cfg is not None and cfg.exists():
         cmd = ("hostname; if v=$(docker version --format '{{.Server.Version}}' 2>/dev/null); then "
                "echo docker=1; echo version=$v; "
                f"echo image=$(docker image inspect --format '{{{{.Id}}}}' {IMAGE} 2>/dev/null); "
+               f"echo registries=$(docker info --format '{REGISTRIES_FORMAT}' 2>/dev/null); "
                "else echo docker=0; fi")
         try:
             res = ssh(cfg, n.alias, cmd, timeout=20, check=False)
@@ -53,11 +56,12 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
                 d["dockerd_alive"] = kv.get("docker") == "1"
                 d["docker_version"] = kv.get("version") or None
                 d["image_id"] = kv.get("image") or None
+                d["registry_insecure"] = insecure_registry_known(kv.get("registries", ""))
             else:
                 d["ssh_error"] = tail_text(res.stderr, 300)
     d["healthy"] = bool(d["netns_exists"] and d["sshd_alive"] and d["ssh_ok"] and d["hostname"] == n.alias
                         and d["fabric_state"] == "UP" and d["fabric_mtu"] == FABRIC_MTU
-                        and d["dockerd_alive"] and d["image_id"])
+                        and d["dockerd_alive"] and d["image_id"] and d["registry_insecure"])
     return d
 
 
@@ -86,8 +90,11 @@ def lab_status(lab_dir: Path) -> dict:
         "running": any(p["netns_exists"] for p in probes),
         "as_root": os.geteuid() == 0,   # without root: no fabric link / PID 1 lookup, and no ssh key
     }
-    out["healthy"] = (out["state_file"] and out["bridge_up"] and all(out["guard_routes"].values())
-                      and all(p["healthy"] for p in probes) and out["image_id_identical"])
+    # the nodes decide whether `up` may reuse the lab; the registry is started again on its own when it is down
+    out["nodes_healthy"] = (out["state_file"] and out["bridge_up"] and all(out["guard_routes"].values())
+                            and all(p["healthy"] for p in probes) and out["image_id_identical"])
+    out["registry"] = registry_status(lab_dir)
+    out["healthy"] = out["nodes_healthy"] and out["registry"]["healthy"]
     return out
 
 

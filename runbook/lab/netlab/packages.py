@@ -20,9 +20,12 @@ REQUIRED_BINARIES = {
     # step 01 in a rehearsal: OpenMPI's real mpirun (and libmpi, which the all_reduce_perf simulator's ranks meet
     # through) and perftest's real binaries for the tools row (the nodes share this machine's /usr)
     "mpirun": "openmpi-bin", "ib_write_bw": "perftest", "ib_write_lat": "perftest",
+    # the lab's container registry (a rehearsal's image is pulled from it)
+    "docker-registry": "docker-registry",
 }
 APT_PACKAGES = ("openssh-server", "iperf3", "ethtool", "iputils-ping", "sshfs", "busybox-static",
-                "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils", "openmpi-bin", "perftest")
+                "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils", "openmpi-bin", "perftest",
+                "docker-registry")
 SBIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 

@@ -23,6 +23,11 @@ FABRIC_PREFIX = "169.254.77"
 FABRIC_MTU = 9000
 GUARD_ROUTES = ("10.77.0.0/16", "169.254.77.0/24")
 IMAGE = "spark-runbook/lab-runtime:1"
+# the lab's registry (Debian's docker-registry): on the management bridge's host address, plain HTTP, which the
+# nodes' dockerd are told is an insecure registry; a rehearsal's IMAGE gets this host instead of the recipe's
+REGISTRY_PORT = 5077
+REGISTRY = f"{BRIDGE_IP}:{REGISTRY_PORT}"
+REGISTRY_BINARY = "docker-registry"
 STATE_FILE = "lab.json"
 MARKER = Path("/run/spark-runbook-lab.json")   # which lab_dir owns the (machine-wide) nl-* names
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

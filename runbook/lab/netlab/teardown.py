@@ -1,4 +1,4 @@
-"""Tear a lab down: end its node processes, then remove its namespaces, links, bridges, guard routes,
+"""Tear a lab down: end its registry and node processes, then remove its namespaces, links, bridges, guard routes,
 cgroups, mounts and state file, whatever run made them."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from runbook.errors import LabError
 
 from .host import link_exists, netns_exists, run_local, tail_text
 from .nodes import kill_node
+from .registry import stop_registry
 from .spec import BRIDGE, FABRIC_BRIDGE, GUARD_ROUTES, MARKER, NODE_NAMES, STATE_FILE, Log, read_state
 
 
@@ -40,8 +41,9 @@ def _rm_cgroups(names: list[str]) -> int:
 
 
 def teardown(lab_dir: Path, log: Log | None) -> list[str]:
-    """Remove every trace of a lab (of any lab dir: the nl-* names are machine-wide); notes on what was done."""
-    notes: list[str] = []
+    """Remove every trace of a lab (of any lab dir: the nl-* names are machine-wide; the registry of this one);
+    notes on what was done. The registry's storage stays (pushed images survive a rebuild)."""
+    notes: list[str] = [n for n in [stop_registry(lab_dir)] if n]
     for name in NODE_NAMES:
         ns = f"nl-{name}"
         if netns_exists(ns):
