@@ -17,9 +17,13 @@ REQUIRED_BINARIES = {
     "unshare": "util-linux", "nsenter": "util-linux",
     # the weights step's nfs mode in the lab: userspace NFS server (head) and client (worker)
     "ganesha.nfsd": "nfs-ganesha", "nfs-cat": "libnfs-utils",
+    # the non-root operator's sudo (and visudo, which checks its drop-in) and the kernel NFS server's exportfs
+    # (its package and the exports file are real in a rehearsal; the kernel server itself cannot start here)
+    "sudo": "sudo", "visudo": "sudo", "exportfs": "nfs-kernel-server",
 }
 APT_PACKAGES = ("openssh-server", "iperf3", "ethtool", "iputils-ping", "sshfs", "busybox-static",
-                "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils")
+                "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils", "sudo",
+                "nfs-kernel-server")
 SBIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
