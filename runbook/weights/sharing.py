@@ -165,7 +165,8 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
                                    observed=f"no {MANIFEST_NAME} in {src_tree}",
                                    expected="a verified head tree", fix="run the download/verify on the head first"))
         return result
-    target = target or f"root@{worker.spec.fabric_ip}"
+    # as the SSH user the runbook logs in with on the worker (root there only when the profile says so)
+    target = target or f"{node_user(worker).name}@{worker.spec.fabric_ip}"
     cmd = render_rsync(src_dir, dst_dir, target, ssh=ssh)
     t0 = time.monotonic()
     res = head.run(cmd, timeout=timeout, warn=True)

@@ -45,7 +45,7 @@ def test_the_operator_exists_only_in_the_nodes_and_uses_docker_through_its_group
         assert "docker" in groups.split() and "sudo" not in groups.split()
         docker = node.read("docker version --format '{{.Server.Version}}'", timeout=30)
         assert docker.ok and docker.stdout.strip(), docker.stderr
-        assert not node.read("touch /etc/spark-runbook-probe", timeout=20).ok      # not root
+        assert not node.read("test -w /etc/sudoers.d", timeout=20).ok               # not root
 
 
 def test_sudoers_d_holds_exactly_the_runbooks_drop_in(clusters):
@@ -59,9 +59,9 @@ def test_sudoers_d_holds_exactly_the_runbooks_drop_in(clusters):
     for node in op:                              # what sudo itself says the operator may do
         listed = node.read("sudo -n -l", timeout=20)
         assert listed.ok, listed.stderr
-        allowed = listed.stdout.split("NOPASSWD:", 1)[1].split(",")
-        assert [a.strip() for a in " ".join(allowed).split(", ")] and len(allowed) == len(nfs.SUDO_RULES), listed.stdout
-        assert "ALL" not in listed.stdout.split("NOPASSWD:", 1)[1], listed.stdout
+        allowed = listed.stdout.split("NOPASSWD:", 1)[1]
+        assert [a.strip() for a in allowed.split(",")] == [f"{p} {a}".strip() for p, a in nfs.SUDO_RULES], listed.stdout
+        assert listed.stdout.count("NOPASSWD:") == 1 and "ALL" not in allowed, listed.stdout
 
 
 def test_sudo_n_true_is_the_wrong_probe_and_the_runbooks_probe_is_right(clusters):

@@ -230,3 +230,13 @@ def test_docker_fix_names_the_group_for_a_refused_socket():
     assert re.search(r"usermod -aG docker", docker_fix(said, "worker")) and "on worker" in docker_fix(said, "worker")
     assert "start dockerd" in docker_fix("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
                                          "Is the docker daemon running?", "head")
+
+
+def test_rsync_goes_to_the_workers_login_not_root():
+    """Before: ``root@<WORKER_IP>`` whoever the profile logs in as; a non-root operator's key is not root's."""
+    manifest = {"revision": "r", "files": [{"path": "config.json", "size": 2, "sha256": "0" * 64}]}
+    head = FakeNode("head", 0, ssh="spark@spark-head", rules=[(r"^rsync ", res(23, "", "rsync error"), "run")])
+    worker = FakeNode("worker", 1, ssh="spark@spark-worker", rules=[(r'^printf "%s', OPERATOR, "read")])
+    out = W.rsync_to_worker(head, worker, "/home/spark/m", "/home/spark/m", head_manifest=manifest)
+    assert out.data["command"].endswith(" spark@10.0.0.2:/home/spark/m/") and "root@" not in out.data["command"]
+    assert out.checks[-1].failed           # the rsync's own exit is still the row
