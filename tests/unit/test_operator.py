@@ -240,3 +240,30 @@ def test_rsync_goes_to_the_workers_login_not_root():
     out = W.rsync_to_worker(head, worker, "/home/spark/m", "/home/spark/m", head_manifest=manifest)
     assert out.data["command"].endswith(" spark@10.0.0.2:/home/spark/m/") and "root@" not in out.data["command"]
     assert out.checks[-1].failed           # the rsync's own exit is still the row
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="chowns the operator's home")
+@pytest.mark.skipif(__import__("shutil").which("visudo", path="/usr/sbin:/usr/bin") is None,
+                    reason="visudo (Debian package sudo, make lab-deps) checks the drop-in")
+def test_write_operator_makes_exactly_the_drop_in_and_a_private_home(tmp_path):
+    import subprocess
+    lab_dir, node_dir = tmp_path, tmp_path / "nodes" / "head"
+    (node_dir / "etc").mkdir(parents=True)
+    key = lab_dir / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
+    (node_dir / "etc" / "sudoers.d").mkdir()
+    (node_dir / "etc" / "sudoers.d" / "left-over").write_text("spark ALL=(ALL) NOPASSWD: ALL\n")
+    files.write_operator(lab_dir, node_dir, key)
+    sudoers = node_dir / "etc" / "sudoers.d"
+    assert [p.name for p in sudoers.iterdir()] == ["spark-runbook"]          # nothing more than the drop-in
+    drop_in = sudoers / "spark-runbook"
+    assert drop_in.read_text() == nfs.sudoers_line("spark") + "\n" and oct(drop_in.stat().st_mode & 0o777) == "0o440"
+    home = node_dir / "users" / "spark"
+    assert (home.stat().st_uid, oct(home.stat().st_mode & 0o777)) == (spec.OPERATOR_UID, "0o700")
+    auth = (home / ".ssh" / "authorized_keys").read_text().splitlines()
+    assert auth[0] == key.with_suffix(".pub").read_text().strip() and len(auth) == 2
+    assert (home / ".ssh" / "id_ed25519").read_bytes() == (lab_dir / "operator_ed25519").read_bytes()
+    assert all(p.stat().st_uid == spec.OPERATOR_UID for p in home.rglob("*"))
+    assert "spark:*:2626:2626:" in (node_dir / "etc" / "passwd").read_text()
+    assert any(line.startswith("docker:") and line.endswith("spark")
+               for line in (node_dir / "etc" / "group").read_text().splitlines())
