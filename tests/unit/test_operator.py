@@ -267,3 +267,18 @@ def test_write_operator_makes_exactly_the_drop_in_and_a_private_home(tmp_path):
     assert "spark:*:2626:2626:" in (node_dir / "etc" / "passwd").read_text()
     assert any(line.startswith("docker:") and line.endswith("spark")
                for line in (node_dir / "etc" / "group").read_text().splitlines())
+
+
+def test_engram_tools_live_in_the_ssh_users_home_not_a_shared_tmp_dir():
+    """Before: /tmp/spark-runbook-engram, made by whoever ran first; the next user was refused ("belongs to uid
+    0, not to spark"), measured on the lab when the operator rehearsed after root."""
+    from runbook.engram import packing, read_probe, tools
+    profile = load_profile(ENV / "exl3-v41.env")
+    plans = packing.plan_pack(profile)
+    assert plans["head"][0] == 'mkdir -p "$HOME"/.cache/spark-runbook/engram-tools/head'
+    assert plans["worker"][1].startswith('python3 "$HOME"/.cache/spark-runbook/engram-tools/worker/pack.py ')
+    assert '"$HOME"/.cache/spark-runbook/engram-tools/head/probe.py' in read_probe.plan_probe(profile)["head"]
+    node = FakeNode("head", 0, rules=[(r'^printf "%s', OPERATOR, "read"), (r"", res(0, ""), "run")], dry_run=True)
+    tdir = tools.ship_tools(node, files=())
+    assert tdir == "/home/spark/.cache/spark-runbook/engram-tools/head"
+    assert "/home/spark/.cache/spark-runbook/engram-tools/head" in node.runs()[0] and "~" not in node.runs()[0]

@@ -11,6 +11,7 @@ from runbook.errors import LabError
 from runbook.weights_tools.nfs import SUDOERS_FILE, sudoers_line
 
 from .host import run_local
+from .nodes import home_shares
 from .spec import FABRIC_PREFIX, MGMT_PREFIX, OPERATOR, OPERATOR_UID, LabNode
 
 
@@ -117,11 +118,14 @@ def write_files(lab_dir: Path, specs: list[LabNode]) -> None:
     hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
     hosts += [f"{n.fabric_ip}\t{n.alias}" for n in specs]
     kh_lines = []
+    # root's node-private home; when the lab venvs' Python lives under the host's /root (bound in read-only,
+    # nodes.home_shares), other users may pass through it (0711: no listing) so the non-root operator runs them too
+    root_home_mode = 0o711 if home_shares(lab_dir) else 0o700
     for n in specs:
         nd = lab_dir / "nodes" / n.name
         for sub in ("nvme", "docker", "sbin", "etc", "home"):
             (nd / sub).mkdir(parents=True, exist_ok=True)
-        (nd / "home").chmod(0o700)
+        (nd / "home").chmod(root_home_mode)
         hk = nd / "ssh_host_ed25519_key"
         _keygen(hk, n.alias)
         hk.chmod(0o600)
