@@ -38,10 +38,12 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
              ("EXPECT_LINK_GBPS", "MIN_TCP_GBPS", "MAX_RTT_MS")),
     "registries": ("no registry or Hub is reachable: the lab's Hub endpoint and runtime image stand in",
                    ("HF_ENDPOINT", "IMAGE", "VLLM_BIN")),
+    # RECIPE_DIR is kept: the lab's recipe is checked out where the recipe's goes (`~/recipes/…` in the SSH user's
+    # own home on every node), not in a lab path an earlier rehearsal as another user may own
     "recipe": ("the recipe's repository is not reachable here and its patches target vLLM's GPU build: the lab's "
                "recipe carries the same contract (pinned checkout shipped to every node, files mounted where the "
                "recipe mounts them, a fail-closed start script, boot-log markers checked on every rank)",
-               ("RECIPE_REPO", "RECIPE_COMMIT", "RECIPE_DIR")),
+               ("RECIPE_REPO", "RECIPE_COMMIT")),
     "gpu": ("vLLM's CPU build serves a tiny model: GPU-only quantisation, KV layouts, speculative decoding, "
             "DeepSeek parsers and vision cannot run",
             ("QUANTIZATION", "KV_CACHE_DTYPE", "KV_CACHE_MEMORY_BYTES", "KV_BLOCK_SIZE", "GPU_MEM_UTIL",
