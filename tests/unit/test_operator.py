@@ -264,6 +264,7 @@ def test_write_operator_makes_exactly_the_drop_in_and_a_private_home(tmp_path):
     assert auth[0] == key.with_suffix(".pub").read_text().strip() and len(auth) == 2
     assert (home / ".ssh" / "id_ed25519").read_bytes() == (lab_dir / "operator_ed25519").read_bytes()
     assert all(p.stat().st_uid == spec.OPERATOR_UID for p in home.rglob("*"))
+    assert "directory = *" in (home / ".gitconfig").read_text()        # the lab recipe's root-owned upstream
     assert "spark:*:2626:2626:" in (node_dir / "etc" / "passwd").read_text()
     assert any(line.startswith("docker:") and line.endswith("spark")
                for line in (node_dir / "etc" / "group").read_text().splitlines())

@@ -85,6 +85,11 @@ def write_operator(lab_dir: Path, node_dir: Path, lab_key: Path) -> None:
     shutil.copyfile(op_key, home / ".ssh" / "id_ed25519")
     shutil.copyfile(op_key.with_suffix(".pub"), home / ".ssh" / "id_ed25519.pub")
     (home / ".bashrc").write_text("# ~/.bashrc of the lab's non-root operator (runbook.lab.netlab)\n")
+    # the lab's stand-in for the recipe's GitHub repository is a root-owned local repository, which git refuses to
+    # another user ("dubious ownership"; git 2.39 reads safe.directory only from the global or system config):
+    # the operator trusts it as a head trusts github.com
+    (home / ".gitconfig").write_text("# lab operator (runbook.lab.netlab): the lab recipe's local upstream is root's\n"
+                                     "[safe]\n\tdirectory = *\n")
     for path in [home, *home.rglob("*")]:
         os.lchown(path, OPERATOR_UID, OPERATOR_UID)
     home.chmod(0o700)
