@@ -325,6 +325,25 @@ def sudo_allowed_row(node, commands: list[str]) -> Check:
                  data={"user": user.name, "sudo": [" ".join(a) for a in argvs]})
 
 
+def exported_to(listing: str, export_dir: str) -> str:
+    """``client(options)`` of ``export_dir`` in ``exportfs -v`` output (a long path puts it on the next line), or "".
+
+    >>> exported_to("/srv/m \\n\\t\\t10.0.0.2(sync,wdelay,ro,root_squash)\\n", "/srv/m")
+    '10.0.0.2(sync,wdelay,ro,root_squash)'
+    """
+    tokens = (listing or "").split()
+    for i, token in enumerate(tokens[:-1]):
+        if token == export_dir:
+            return tokens[i + 1]
+    return ""
+
+
+def _last(res) -> str:
+    """The last line a command said (stderr first), for a row."""
+    lines = (res.stderr or res.stdout or "").strip().splitlines()
+    return lines[-1][-200:] if lines else "no output"
+
+
 def kernel_nfs_until_server(head, worker, export_dir: str, mountpoint: str, *, name: str = "weights",
                             probe: str = "config.json") -> list[Check]:
     """Where nfsd and the kernel's NFS client cannot run (the lab), the kernel NFS mode up to them, for real and
@@ -349,13 +368,19 @@ def kernel_nfs_until_server(head, worker, export_dir: str, mountpoint: str, *, n
                       expected=f"{exports} holds exactly: {line}",
                       fix=f"check the sudo rule for tee {exports} on {head.name}"))
     ra = head.run(exportfs_ra, timeout=60, warn=True)
-    listed = head.read(exportfs_v.split(" | ")[0], timeout=30)
+    listed = head.read(exportfs_v.split(" | ")[0], timeout=30)      # the export table exportfs keeps (etab)
+    entry = exported_to(listed.stdout, export_dir)
+    good = entry.startswith(f"{worker.spec.fabric_ip}(") and {"ro", "root_squash"} <= set(entry[:-1].split("(", 1)[-1].split(","))
+    rows.append(check("weights.nfs.exportfs", ra.ok and good, node=head.name,
+                      observed=(f"`{exportfs_ra}` exit {ra.exit_code}" + ("" if ra.ok else f": {_last(ra)}")
+                                + f"; `exportfs -v`: {export_dir} " + (entry or "not listed")),
+                      expected=f"exportfs takes the exports file: {export_dir} to {worker.spec.fabric_ip}, ro, root_squash",
+                      fix=f"read {exports} and exportfs's message on {head.name}"))
     server = head.read(rpcinfo, timeout=30)
-    said = " ".join((r.stderr or r.stdout or "").strip().replace("\n", " ")[-200:] for r in (ra, listed, server))
     rows.append(not_applicable(
-        "weights.nfs.kernel_server", f"the lab kernel has no nfsd: `{exportfs_ra}` exit {ra.exit_code}, "
-        f"`{rpcinfo}` exit {server.exit_code} ({said.strip() or 'no output'}); the userspace server stands in",
-        node=head.name, expected="exportfs -ra exports the line; rpcinfo finds nfs 4 on HEAD_IP"))
+        "weights.nfs.kernel_server", f"the lab kernel has no nfsd: `{rpcinfo}` exit {server.exit_code}: "
+        f"{_last(server)}; the userspace server stands in", node=head.name,
+        expected="rpcinfo finds nfs 4 on HEAD_IP (nfsd serving the export)"))
     made = worker.run(cmds["worker"][0], timeout=60, warn=True)
     rows.append(check("weights.nfs.mountpoint", made.ok, node=worker.name,
                       observed=f"{mountpoint} made as {node_user(worker).name}" if made.ok

@@ -301,7 +301,7 @@ def test_non_root_operator_runs_the_kernel_nfs_steps_through_sudo(rehearsal):
         assert rows[("nfs packages", node)].status is Status.PASS
         assert rows[("docker engine", node)].status is Status.PASS
     weights = _checks(run_dir, "02_weights")
-    for name in ("weights.nfs.sudo", "weights.nfs.exports", "weights.nfs.mountpoint", "weights.nfs.server",
+    for name in ("weights.nfs.sudo", "weights.nfs.exports", "weights.nfs.exportfs", "weights.nfs.mountpoint", "weights.nfs.server",
                  "weights.nfs.lab_mount"):
         passed = [c for c in weights if c.name == name and c.status is Status.PASS]
         assert passed, (name, weights.to_text())

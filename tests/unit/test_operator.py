@@ -144,6 +144,15 @@ def _allowed(argv):
                for p, a in nfs.SUDO_RULES)
 
 
+def etab(exports_text):
+    """What `exportfs -v` prints for an exports file's lines (path, then client(options) on the next line)."""
+    out = []
+    for line in exports_text.splitlines():
+        path, client = shlex.split(line)
+        out.append(f"{path}\n\t\t{client.replace('(', '(wdelay,hide,sec=sys,', 1)}")
+    return "\n".join(out) + "\n"
+
+
 def _lab_node(name, rank, user, *, refuse=(), exports=None):
     def probe(command):
         argv = shlex.split(command)[3:]
@@ -159,7 +168,7 @@ def _lab_node(name, rank, user, *, refuse=(), exports=None):
         (r"mkdir -p /etc/exports\.d && printf", tee, "run"),
         (r"^cat /etc/exports\.d/", lambda c: exports if exports is not None else written.get("line", "") + "\n", "read"),
         (r"exportfs -ra$", res(0, "", "exportfs: could not open /proc/fs/nfs/exports for locking"), "run"),
-        (r"exportfs -v$", res(0, ""), "read"),
+        (r"exportfs -v$", lambda c: res(0, etab(exports if exports is not None else written.get("line", ""))), "read"),
         (r"^rpcinfo -t ", res(1, "", "rpcinfo: RPC: Program not registered\nprogram 100003 version 4 is not available"),
          "read"),
         (r"^mkdir -p .* \|\| ", res(0, ""), "run"),
@@ -171,13 +180,15 @@ def test_kernel_nfs_runs_as_the_operator_up_to_nfsd_and_never_passes_the_server(
     rows = W.kernel_nfs_until_server(head, worker, "/home/spark/.cache/m", "/home/spark/.cache/m", name="weights")
     got = {(c.name, c.node): c for c in rows}
     assert [c.name for c in rows] == ["weights.nfs.sudo", "weights.nfs.sudo", "weights.nfs.exports",
-                                      "weights.nfs.kernel_server", "weights.nfs.mountpoint"]
+                                      "weights.nfs.exportfs", "weights.nfs.kernel_server", "weights.nfs.mountpoint"]
+    exportfs = got[("weights.nfs.exportfs", "head")]
+    assert exportfs.status is Status.PASS and "/home/spark/.cache/m 10.0.0.2(wdelay,hide,sec=sys,ro," in exportfs.observed
     assert got[("weights.nfs.sudo", "head")].status is Status.PASS
     assert "as spark" in got[("weights.nfs.sudo", "head")].observed
     assert got[("weights.nfs.exports", "head")].status is Status.PASS
     assert "10.0.0.2(ro,sync,no_subtree_check,root_squash)" in got[("weights.nfs.exports", "head")].observed
     server = got[("weights.nfs.kernel_server", "head")]
-    assert server.status is Status.NA and "no nfsd" in server.observed and "exit 1" in server.observed
+    assert server.status is Status.NA and "no nfsd" in server.observed and "exit 1: program 100003" in server.observed
     assert got[("weights.nfs.mountpoint", "worker")].status is Status.PASS
     # as the operator every root command went through sudo -n, and what it ran is what the probe asked about
     assert [c for c in head.runs()] == [
@@ -202,6 +213,7 @@ def test_kernel_nfs_exports_row_fails_on_a_different_line_and_root_needs_no_sudo
     rows = W.kernel_nfs_until_server(head, worker, "/w", "/m")
     got = {c.name: c for c in rows}
     assert got["weights.nfs.exports"].failed and "*(rw)" in got["weights.nfs.exports"].observed
+    assert got["weights.nfs.exportfs"].failed and "/w *(wdelay,hide,sec=sys,rw)" in got["weights.nfs.exportfs"].observed
     assert "no sudo needed" in rows[0].observed and not any("sudo" in c for c in head.runs() + worker.runs())
 
 
