@@ -7,7 +7,7 @@ PROFILE ?= env/lab.env
 ARGS    ?=
 LAB_VLLM_VENV := .lab/vllm-venv
 APT_PACKAGES := openssh-server iperf3 ethtool iputils-ping sshfs busybox-static docker.io rsync \
-  nfs-ganesha nfs-ganesha-vfs libnfs-utils openmpi-bin perftest docker-registry
+  nfs-ganesha nfs-ganesha-vfs libnfs-utils openmpi-bin perftest docker-registry sudo nfs-kernel-server
 
 .PHONY: install runbook rehearse test check test-unit test-lab lab-up lab-down lab-status lab-deps lab-vllm jupyter browser-deps test-browser clean-results
 
@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 
 # Debian packages the lab needs inside its nodes (root). Real Sparks need none of this.
 lab-deps:
-	@missing=""; for b in sshd iperf3 ethtool ping sshfs busybox dockerd rsync ganesha.nfsd nfs-cat mpirun ib_write_bw docker-registry; do \
+	@missing=""; for b in sshd iperf3 ethtool ping sshfs busybox dockerd rsync ganesha.nfsd nfs-cat mpirun ib_write_bw docker-registry sudo visudo exportfs; do \
 	  command -v $$b >/dev/null 2>&1 || [ -x /usr/sbin/$$b ] || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then echo "lab-deps: installing (missing:$$missing)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES) >/dev/null; fi

@@ -37,9 +37,10 @@ def cmd_run(args) -> int:
     from .lab.control import ensure_lab
     only = [s for s in (args.only or "").split(",") if s]
     overrides, rehearsal = _overrides(args.param), None
+    _rehearsal_only(args)
     if args.rehearse:
         from .lab.rehearsal import by_kind, load_rehearsal
-        _, overrides, subs = load_rehearsal(args.profile, overrides, publish=True)
+        _, overrides, subs = load_rehearsal(args.profile, overrides, publish=True, ssh_user=args.ssh_user or "")
         rehearsal = [s.to_dict() for s in subs]
         counts = ", ".join(f"{kind} {len(items)}" for kind, items in by_kind(subs).items())
         print(f"rehearsal of {args.profile} on the lab: {len(subs)} key(s) substituted ({counts}; "
@@ -89,21 +90,35 @@ def cmd_lab(args) -> int:
     return ExitStatus.OK
 
 
+def _rehearsal_only(args) -> None:
+    if getattr(args, "ssh_user", None) and not args.rehearse:
+        raise UsageError("--ssh-user chooses who logs in to the lab's nodes in a rehearsal",
+                         fix="add --rehearse, or set the user in HEAD_SSH/WORKER_SSH (user@host) of your profile")
+
+
+def _ssh_user_arg(parser) -> None:
+    parser.add_argument("--ssh-user", metavar="USER",
+                        help="with --rehearse: log in to the lab's nodes as USER: root (default) or spark, the lab's "
+                             "non-root operator with exactly the runbook's sudoers drop-in")
+
+
 def _server_profile_args(parser) -> None:
     """--profile, -p and --rehearse of the commands that reach a profile's server (see _server_cluster)."""
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
     parser.add_argument("--rehearse", action="store_true",
                         help="the recipe profile as `run --rehearse` runs it on the lab")
+    _ssh_user_arg(parser)
 
 
 def _server_cluster(args):
     from .profile import load_profile
     from .remote import Cluster
+    _rehearsal_only(args)
     if args.rehearse:      # the rehearsed server of a recipe profile, as `run --rehearse` ran it
         from .lab.rehearsal import load_rehearsal
         profile, _, _ = load_rehearsal(args.profile, _overrides(args.param), publish=True,
-                                       echo=lambda line: print(line, file=sys.stderr))
+                                       echo=lambda line: print(line, file=sys.stderr), ssh_user=args.ssh_user or "")
     else:
         profile = load_profile(args.profile, overrides=_overrides(args.param))
     return profile, Cluster.from_profile(profile)
@@ -294,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rehearse", action="store_true",
                      help="run a recipe profile on the embedded lab: only the hardware is substituted "
                           "(listed in rehearsal.json; hardware-only rows say SIMULATED)")
+    _ssh_user_arg(run)
     run.add_argument("--step-timeout", type=int, default=0,
                      help="seconds one notebook may run (default: sized from the profile's downloads)")
     run.set_defaults(func=cmd_run)

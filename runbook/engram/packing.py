@@ -113,11 +113,11 @@ def plan_pack(profile, facts: Mapping[str, Any] | None = None, *, tools_dir: str
         src, out = shell_path(src_of(profile, nf)), shell_path(packed_of(profile, nf))
         tdir = node_tools_dir(tools_dir, name)
         common = ["--tp", str(tp), "--rank", str(spec.rank), *_layers_arg(layers)]
-        pack_py, check_py = (shlex.quote(f"{tdir}/{f}") for f in ("pack.py", "check.py"))
+        pack_py, check_py = (shell_path(f"{tdir}/{f}") for f in ("pack.py", "check.py"))
         pack_extra = (["--progress-every", str(int(progress_every))] if progress_every is not None else [])
         pack_extra += [shlex.quote(str(a)) for a in extra_args]
         plans[name] = [
-            f"mkdir -p {shlex.quote(tdir)}",
+            f"mkdir -p {shell_path(tdir)}",
             " ".join([py, pack_py, "--src", src, "--out", out, *common, *pack_extra]),
             " ".join([py, check_py, "--src", src, "--packed", out, *common,
                       "--samples", str(int(check_samples))]),

@@ -3,7 +3,6 @@ and 64, read-only) and its WARN-only ``engram read probe …`` rows.
 """
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -28,7 +27,7 @@ def plan_probe(profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR, layer
         packed = packed_of(profile, nf).rstrip("/")
         f = shell_path(f"{packed}/{L.packed_name(layer, spec.rank, tp)}")
         out[name] = " ".join([str(nf.get("python", "python3")),
-                              shlex.quote(f"{node_tools_dir(tools_dir, name)}/probe.py"),
+                              shell_path(f"{node_tools_dir(tools_dir, name)}/probe.py"),
                               "--file", f, "--qd", "1,64", "--seconds", str(seconds)])
     return out
 

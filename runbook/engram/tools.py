@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import engram_tools
+from ..facts.node_paths import on_node
 from ..remote import private_dir_command
 
 HERE = Path(engram_tools.__file__).resolve().parent      # the scripts shipped to the nodes
 TOOL_FILES = ("layout.py", "pack.py", "pack_partial.py", "pack_writer.py", "check.py", "probe.py", "slim.py")
 LAB_TOOL_FILES = ("layout.py", "synth.py")
-DEFAULT_TOOLS_DIR = "/tmp/spark-runbook-engram"
+# under the SSH user's own home (like step 02's tools): a dir in /tmp is the first user's, and refused to the next
+# (root rehearsed first, then the non-root operator: "belongs to uid 0, not to spark")
+DEFAULT_TOOLS_DIR = "~/.cache/spark-runbook/engram-tools"
 
 
 def tool_paths(files: Iterable[str] = TOOL_FILES) -> list[Path]:
@@ -41,7 +44,7 @@ def shell_path(path: str) -> str:
 
 
 def node_tools_dir(tools_dir: str, name: str) -> str:
-    """One tools dir per node: two nodes may share /tmp (the lab does), and a file being replaced
+    """One tools dir per node: two nodes may share a directory (the lab's share /tmp), and a file being replaced
     by one node's ``put`` must never be the script the other node is running."""
     return f"{tools_dir.rstrip('/')}/{name}"
 
@@ -69,6 +72,7 @@ def packed_of(profile, nf: Mapping[str, Any]) -> str:
 def ship_tools(node, tools_dir: str = DEFAULT_TOOLS_DIR, files: Iterable[str] = TOOL_FILES) -> str:
     """Copy the standalone scripts into this node's own tools dir (private: 0700 and ours, parent included);
     returns that dir."""
+    tools_dir = on_node(node, tools_dir, key="the Engram tools dir")        # `~/…`: this node's home
     tdir = node_tools_dir(tools_dir, node.name)
     node.run(private_dir_command(tools_dir, tdir), timeout=30)
     for path in tool_paths(files):

@@ -7,12 +7,15 @@ Distribution registry: the nodes' dockerd pull a rehearsal's image from it as th
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlparse
 
 from ..errors import LabError
@@ -52,6 +55,26 @@ def stand_in_model_dir(profile) -> Path:
     if profile.rehearsal:
         return tiny_for_tp(profile.tp)[1]
     return tiny_variant(profile.hf_model_repo)[1]
+
+
+@contextlib.contextmanager
+def lab_root(node) -> Iterator:
+    """The same lab node logged in as root (the lab's ssh_config alias, whose user is root), for what the lab
+    itself puts on or runs on a node in place of hardware or the kernel -- the simulated Spark, the userspace
+    NFS server and mount that stand in for nfsd and the kernel's NFS client -- when the rehearsal's SSH user is
+    the non-root operator. What the runbook does stays with the profile's user. The node itself when it is
+    root already; a new connection, closed on exit, otherwise."""
+    from ..remote import Node
+    user, _, alias = node.spec.ssh.rpartition("@")
+    if user in ("", "root"):
+        yield node
+        return
+    root = Node(dataclasses.replace(node.spec, ssh=alias), node.ssh, log=node.log, dry_run=node.dry_run,
+                command_prefix=node.command_prefix)
+    try:
+        yield root
+    finally:
+        root.close()
 
 
 def ensure_lab(profile, *, echo=print):

@@ -9,6 +9,7 @@
 #   NL_HOSTNAME       e.g. spark-head
 #   NL_NODE_DIR       <lab_dir>/nodes/<name>  (holds nvme/ docker/ sbin/ etc/ sshd_config)
 #   NL_CGROUP_MOUNTS  lines "fstype mountpoint options" copied from the host's /proc/mounts
+#   NL_PRIVATE        lines "<path under NL_NODE_DIR> <host path>" bound over the host's (users, groups, /home, ...)
 set -eu
 
 : "${NL_HOSTNAME:?}" "${NL_NODE_DIR:?}"
@@ -57,6 +58,13 @@ for entry in $NL_HOME_SHARE; do
     mount -o remount,bind,ro "/root/$entry"
 done
 umount -l /run/host-home
+# Node-private users and groups (the lab's non-root operator exists only inside the nodes), its home under
+# /home, its sudoers drop-in and the kernel NFS export files (NL_PRIVATE: "<path under NL_NODE_DIR> <target>"
+# lines, from runbook/lab/netlab/spec.py NODE_PRIVATE; every target exists on the host).
+printf '%s\n' "${NL_PRIVATE:-}" | while read -r src dst; do
+    [ -n "$src" ] || continue
+    mount --bind "$NL_NODE_DIR/$src" "$dst"
+done
 # node-to-node ssh over the fabric (lab key, pinned host keys) without touching the host's file
 if [ -f "$NL_NODE_DIR/etc/ssh_config" ] && [ -f /etc/ssh/ssh_config ]; then
     mount --bind "$NL_NODE_DIR/etc/ssh_config" /etc/ssh/ssh_config

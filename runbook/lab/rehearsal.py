@@ -24,7 +24,7 @@ from ..errors import ProfileError, ProfileIssue
 from ..evidence import REPO_ROOT
 from ..profile import Profile, load_profile
 from . import control, hub, oci
-from .netlab.spec import REGISTRY
+from .netlab.spec import OPERATOR, REGISTRY
 
 LAB_PROFILES = {2: REPO_ROOT / "env" / "lab.env", 3: REPO_ROOT / "env" / "lab-tp3.env"}
 
@@ -45,10 +45,12 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
                    ("HF_ENDPOINT", "IMAGE")),
     "engine": ("the recipe's image carries vLLM's GPU build; the lab runs vLLM's CPU build from the lab's venv, "
                "mounted into the container", ("VLLM_BIN",)),
+    # RECIPE_DIR is kept: the lab's recipe is checked out where the recipe's goes (`~/recipes/…` in the SSH user's
+    # own home on every node), not in a lab path an earlier rehearsal as another user may own
     "recipe": ("the recipe's repository is not reachable here and its patches target vLLM's GPU build: the lab's "
                "recipe carries the same contract (pinned checkout shipped to every node, files mounted where the "
                "recipe mounts them, a fail-closed start script, boot-log markers checked on every rank)",
-               ("RECIPE_REPO", "RECIPE_COMMIT", "RECIPE_DIR")),
+               ("RECIPE_REPO", "RECIPE_COMMIT")),
     "gpu": ("vLLM's CPU build serves a tiny model: GPU-only quantisation, KV layouts, speculative decoding, "
             "DeepSeek parsers and vision cannot run",
             ("QUANTIZATION", "KV_CACHE_DTYPE", "KV_CACHE_MEMORY_BYTES", "KV_BLOCK_SIZE", "GPU_MEM_UTIL",
@@ -62,6 +64,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
                "READY_TIMEOUT", "HANG_SECONDS")),
 }
 SET_BY_REHEARSAL = {"LAB": "1", "REHEARSAL": "1"}
+NON_ROOT_WHY = (GROUPS["nodes"][0] + ", as the lab's non-root operator {user} (its own home, the docker group "
+                "and exactly the sudoers drop-in the runbook prescribes)")
 
 # Two classes of substitution (issue "rehearsal substitutes less"): *hardware* is what the lab cannot have (a GPU,
 # the CX-7/RDMA link, the GPU-only serving flags and the sizes that follow from GPU memory and the tiny model that
@@ -147,8 +151,35 @@ def lab_profile_for(profile: Profile) -> Profile:
     return load_profile(path)
 
 
-def substitutions(profile: Profile) -> list[Substitution]:
-    """Every key whose value the rehearsal changes (unchanged keys are not listed)."""
+#: who a rehearsal may log in as on the lab's nodes: root (the default) or the lab's non-root operator
+LAB_USERS = ("root", OPERATOR)
+SSH_KEYS = {"HEAD_SSH": "head", "WORKER_SSH": "worker", "WORKER2_SSH": "worker2"}
+
+
+def as_user(target: str, ssh_user: str) -> str:
+    """A lab ssh target (an alias of the lab's ssh_config, whose default user is root) for ``ssh_user``: as is
+    for root or none, ``user@alias`` otherwise.
+
+    >>> as_user("spark-head", "spark"), as_user("spark-head", "root"), as_user("", "spark")
+    ('spark@spark-head', 'spark-head', '')
+    """
+    if not target or ssh_user in ("", "root"):
+        return target
+    return f"{ssh_user}@{target.split('@', 1)[-1]}"
+
+
+def check_ssh_user(ssh_user: str) -> None:
+    if ssh_user and ssh_user not in LAB_USERS:
+        raise ProfileError([ProfileIssue("HEAD_SSH", f"--ssh-user {ssh_user}: the lab's nodes have the users "
+                                         f"{' and '.join(LAB_USERS)} only",
+                                         fix=f"--ssh-user {OPERATOR} (the non-root operator with the runbook's "
+                                             "sudoers drop-in) or leave it out (root)")])
+
+
+def substitutions(profile: Profile, *, ssh_user: str = "") -> list[Substitution]:
+    """Every key whose value the rehearsal changes (unchanged keys are not listed). ``ssh_user``: log in to
+    the lab's nodes as this user (``root`` by default, or :data:`OPERATOR`, the lab's non-root operator)."""
+    check_ssh_user(ssh_user)
     if profile.is_lab:
         raise ProfileError([ProfileIssue("RECIPE", f"{profile.source} is a lab profile already",
                                          fix="rehearse a recipe profile (env/exl3-v41.env, env/dspark-v4.env, "
@@ -156,12 +187,17 @@ def substitutions(profile: Profile) -> list[Substitution]:
                                          path=str(profile.source))])
     lab = lab_profile_for(profile)
     out = []
-    for group, (why, keys) in GROUPS.items():
+    for group, (_, keys) in GROUPS.items():
         for key in keys:
             if key == "IMAGE":
                 out += image_substitutions(profile)
                 continue
             recipe_value, lab_value = env_text(profile.value(key)), env_text(lab.value(key))
+            if key in SSH_KEYS and ssh_user not in ("", "root"):
+                lab_value = as_user(lab_value, ssh_user)
+                why = NON_ROOT_WHY.format(user=ssh_user)
+            else:
+                why = GROUPS[group][0]
             if recipe_value != lab_value:
                 out.append(Substitution(key, recipe_value, lab_value, group, why))
     if profile.bootstrap_if:
@@ -237,12 +273,14 @@ def publish_image(profile: Profile) -> list[Substitution]:
 
 
 def load_rehearsal(profile_path: str | Path, overrides: dict[str, str] | None = None, *, publish: bool = False,
-                   echo=print) -> tuple[Profile, dict[str, str], list[Substitution]]:
+                   echo=print, ssh_user: str = "") -> tuple[Profile, dict[str, str], list[Substitution]]:
     """The recipe profile as the rehearsal runs it, the overrides that make it so (the user's ``-p`` keys
     first; a key the rehearsal must substitute cannot be overridden), and the substitutions. ``publish``
-    puts the stand-in checkpoints on the lab Hub and pins their revisions (what a real rehearsal does)."""
+    puts the stand-in checkpoints on the lab Hub and pins their revisions (what a real rehearsal does).
+    ``ssh_user``: who logs in to the lab's nodes (:func:`substitutions`)."""
+    check_ssh_user(ssh_user)
     recipe = load_profile(profile_path, overrides=overrides)
-    subs = substitutions(recipe) + (publish_models(recipe, echo=echo) + publish_image(recipe) if publish else [])
+    subs = substitutions(recipe, ssh_user=ssh_user) + (publish_models(recipe, echo=echo) + publish_image(recipe) if publish else [])
     mapped = rehearsal_overrides(subs)
     clash = sorted(set(overrides or {}) & set(mapped))
     if clash:

@@ -177,11 +177,20 @@ def parity_checks(facts: dict[str, dict[str, Any]], rehearsal: bool = False) -> 
     return out
 
 
+def docker_fix(error: str, node: str) -> str:
+    """The fix of a ``docker engine`` FAIL from what ``docker version`` said: a socket the SSH user may not open is
+    the docker group, not a missing daemon."""
+    if "permission denied" in error.lower() and "docker.sock" in error:
+        return (f"on {node}: sudo usermod -aG docker <the SSH user>, then log in again (every docker command of "
+                "the runbook runs as the SSH user, through the docker group)")
+    return "install docker and start dockerd (lab: make lab-up starts it in each node)"
+
+
 def _docker(name: str, f: dict[str, Any], profile) -> list[Check]:
     out = [check("docker engine", f["docker"] is not None, node=name,
                  observed=f"server {f['docker']}" if f["docker"] else f["docker_error"][:200],
-                 expected="docker daemon answering",
-                 fix="install docker and start dockerd (lab: make lab-up starts it in each node)")]
+                 expected="docker daemon answering the SSH user",
+                 fix=docker_fix(f["docker_error"], name))]
     if f["docker"] is not None and f["image"] is not None:
         out.append(check("runtime image present", True, node=name, observed=f["image"].image_id[:19],
                          expected=profile.image))

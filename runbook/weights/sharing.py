@@ -26,7 +26,8 @@ from ..errors import RemoteError
 from ..facts import system
 from ..remote import private_dir_command
 from ..weights_tools import node_download, verify_manifest
-from ..weights_tools.nfs import SUDO_RULES, render_nfs, single_ipv4, sudo_argvs, sudo_check, sudo_probe_cmd, sudoers_fix
+from ..weights_tools.nfs import (SUDO_RULES, export_line, exports_file, render_nfs, single_ipv4, sudo_argvs, sudo_check,
+                                 sudo_probe_cmd, sudoers_fix)
 from .download import fetched_check, hf_token, require_pinned, verify_checks
 from ..facts.node_paths import node_user, on_node
 from .verify import manifest_to_expected, parity
@@ -164,7 +165,8 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
                                    observed=f"no {MANIFEST_NAME} in {src_tree}",
                                    expected="a verified head tree", fix="run the download/verify on the head first"))
         return result
-    target = target or f"root@{worker.spec.fabric_ip}"
+    # as the SSH user the runbook logs in with on the worker (root there only when the profile says so)
+    target = target or f"{node_user(worker).name}@{worker.spec.fabric_ip}"
     cmd = render_rsync(src_dir, dst_dir, target, ssh=ssh)
     t0 = time.monotonic()
     res = head.run(cmd, timeout=timeout, warn=True)
@@ -306,6 +308,86 @@ def nfs_share(head, worker, export_dir: str, mountpoint: str, *, execute: bool,
                                 python=python, workers=workers, reuse=False, write=False)
         result.checks.extend(verify_checks(report, node=worker.name))
     return result
+
+
+def sudo_allowed_row(node, commands: list[str]) -> Check:
+    """``weights.nfs.sudo`` for one node: a FAIL naming the first command sudo refuses (:func:`sudo_check`), or a
+    PASS saying what was proven (every ``sudo -n`` command of ``commands`` allowed, or root: none needed)."""
+    refused = sudo_check(node, commands)
+    if refused is not None:
+        return refused
+    user = node_user(node)
+    argvs = sudo_argvs(commands)
+    return check("weights.nfs.sudo", True, node=node.name,
+                 observed=(f"`sudo -n -l` allows each of the {len(argvs)} commands that need root, as {user.name}"
+                           if argvs else f"the SSH user is {user.name}: no sudo needed"),
+                 expected="every command that needs root allowed by sudo without a password (or root)",
+                 data={"user": user.name, "sudo": [" ".join(a) for a in argvs]})
+
+
+def exported_to(listing: str, export_dir: str) -> str:
+    """``client(options)`` of ``export_dir`` in ``exportfs -v`` output (a long path puts it on the next line), or "".
+
+    >>> exported_to("/srv/m \\n\\t\\t10.0.0.2(sync,wdelay,ro,root_squash)\\n", "/srv/m")
+    '10.0.0.2(sync,wdelay,ro,root_squash)'
+    """
+    tokens = (listing or "").split()
+    for i, token in enumerate(tokens[:-1]):
+        if token == export_dir:
+            return tokens[i + 1]
+    return ""
+
+
+def _last(res) -> str:
+    """The last line a command said (stderr first), for a row."""
+    lines = (res.stderr or res.stdout or "").strip().splitlines()
+    return lines[-1][-200:] if lines else "no output"
+
+
+def kernel_nfs_until_server(head, worker, export_dir: str, mountpoint: str, *, name: str = "weights",
+                            probe: str = "config.json") -> list[Check]:
+    """Where nfsd and the kernel's NFS client cannot run (the lab), the kernel NFS mode up to them, for real and
+    as the profile's SSH user: the sudo probe on both nodes (stops here on a refusal), the exports file written
+    with the rendered line (``sudo -n tee`` for a non-root user) and read back, ``exportfs -ra`` and
+    ``exportfs -v`` on the head, the mount point made on the worker. The server and the mount rows say N/A
+    with what the node answered, never PASS."""
+    head_sudo, worker_sudo = not node_user(head).is_root, not node_user(worker).is_root
+    cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint, name=name,
+                      head_sudo=head_sudo, worker_sudo=worker_sudo, probe=probe)
+    rows = [sudo_allowed_row(head, cmds["head"]), sudo_allowed_row(worker, cmds["worker"])]
+    if any(r.failed for r in rows):
+        return rows
+    mkdir, tee, exportfs_ra, exportfs_v, rpcinfo = cmds["head"]
+    exports = exports_file(name)
+    wrote = head.run(f"{mkdir} && {tee}", timeout=60, warn=True)
+    line = export_line(export_dir, worker.spec.fabric_ip)
+    back = head.read(f"cat {_q(exports)}", timeout=20)
+    rows.append(check("weights.nfs.exports", wrote.ok and back.stdout.strip() == line, node=head.name,
+                      observed=(f"{exports}: {back.stdout.strip()}" if wrote.ok and back.ok else
+                                f"exit {wrote.exit_code}: {(wrote.stderr or wrote.stdout).strip()[-300:]}"),
+                      expected=f"{exports} holds exactly: {line}",
+                      fix=f"check the sudo rule for tee {exports} on {head.name}"))
+    ra = head.run(exportfs_ra, timeout=60, warn=True)
+    listed = head.read(exportfs_v.split(" | ")[0], timeout=30)      # the export table exportfs keeps (etab)
+    entry = exported_to(listed.stdout, export_dir)
+    good = entry.startswith(f"{worker.spec.fabric_ip}(") and {"ro", "root_squash"} <= set(entry[:-1].split("(", 1)[-1].split(","))
+    rows.append(check("weights.nfs.exportfs", ra.ok and good, node=head.name,
+                      observed=(f"`{exportfs_ra}` exit {ra.exit_code}" + ("" if ra.ok else f": {_last(ra)}")
+                                + f"; `exportfs -v`: {export_dir} " + (entry or "not listed")),
+                      expected=f"exportfs takes the exports file: {export_dir} to {worker.spec.fabric_ip}, ro, root_squash",
+                      fix=f"read {exports} and exportfs's message on {head.name}"))
+    server = head.read(rpcinfo, timeout=30)
+    rows.append(not_applicable(
+        "weights.nfs.kernel_server", f"the lab kernel has no nfsd: `{rpcinfo}` exit {server.exit_code}: "
+        f"{_last(server)}; the userspace server stands in", node=head.name,
+        expected="rpcinfo finds nfs 4 on HEAD_IP (nfsd serving the export)"))
+    made = worker.run(cmds["worker"][0], timeout=60, warn=True)
+    rows.append(check("weights.nfs.mountpoint", made.ok, node=worker.name,
+                      observed=f"{mountpoint} made as {node_user(worker).name}" if made.ok
+                      else f"exit {made.exit_code}: {(made.stderr or made.stdout).strip()[-300:]}",
+                      expected="the mount point exists on the worker",
+                      fix=f"check the sudo rule for mkdir on {worker.name}"))
+    return rows
 
 
 # The lab's NFS: the kernel there has neither nfsd nor an nfs4 client, so the export is served by
@@ -480,7 +562,7 @@ def sshfs_stand_in(head, worker, export_dir: str, mountpoint: str, *, probe: str
     source = f"{head.spec.fabric_ip}:{export_dir}"
     mounted = f"{source} {mountpoint} fuse.sshfs "
     res = worker.run(f"mkdir -p {_q(mountpoint)} && {{ grep -qF {_q(mounted)} /proc/mounts || "
-                     f"timeout 60 sshfs -o ro,reconnect,ServerAliveInterval=15 {_q(source)} {_q(mountpoint)}; }} && "
+                     f"timeout 60 sshfs -o ro,allow_other,reconnect,ServerAliveInterval=15 {_q(source)} {_q(mountpoint)}; }} && "
                      f"test -e {_q(posixpath.join(mountpoint, probe))}", timeout=90, warn=True)
     return check("weights.nfs.lab_mount", res.ok, node=worker.name,
                  observed=(f"{source} mounted read-only at {mountpoint} with sshfs over the fabric; {probe} readable"

@@ -23,8 +23,9 @@ from ..facts import system
 from .download import RepoSnapshot, fetch_metadata, hf_token_for, require_pinned
 from ..weights_tools.layout import weights_layout
 from ..facts.node_paths import on_node
-from .sharing import (ShareResult, cache_dir_is_local, download_on_node, nfs_share, nfs_userspace_share,
-                      read_node_manifest, rsync_to_worker, verify_on_node)
+from .sharing import (ShareResult, cache_dir_is_local, download_on_node, kernel_nfs_until_server, nfs_share,
+                      nfs_userspace_share, read_node_manifest, rsync_to_worker, verify_on_node)
+from ..lab.control import lab_root
 from .verify import manifest_to_expected, parity
 from ..engram_tools.layout import engram_shards
 
@@ -150,9 +151,17 @@ def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, 
         share.checks.insert(0, room)
         share.checks.append(parity(head_manifest, read_node_manifest(worker, worker_tree), node=worker.name))
         return share
-    if on_lab(profile):     # no kernel NFS here: userspace server and client, kernel mount rendered
-        return nfs_userspace_share(head, worker, src, dst, head_manifest=head_manifest, name=name, tree=tree,
-                                   probe=probe, worker_ips=[w.spec.fabric_ip for w in cluster.workers])
+    if on_lab(profile):
+        # no nfsd or kernel NFS client here: the kernel mode runs as the profile's user up to them (sudo probe,
+        # exports file, exportfs), then the lab's userspace server and mount stand in for the kernel's, as root
+        kernel = kernel_nfs_until_server(head, worker, src, dst, name=name, probe=probe)
+        if any(c.failed for c in kernel):
+            return ShareResult("nfs", checks=kernel)
+        with lab_root(head) as head_root, lab_root(worker) as worker_root:
+            share = nfs_userspace_share(head_root, worker_root, src, dst, head_manifest=head_manifest, name=name,
+                                        tree=tree, probe=probe, worker_ips=[w.spec.fabric_ip for w in cluster.workers])
+        share.checks[:0] = kernel
+        return share
     return nfs_share(head, worker, src, dst, execute=True, head_manifest=head_manifest, python=python,
                      name=name, tree=tree, probe=probe)
 

@@ -37,6 +37,16 @@ def _export_path(path: str) -> str:
     return f'"{path}"'
 
 
+def exports_file(name: str) -> str:
+    """The share's own exports file, ``/etc/exports.d/spark-runbook-<name>.exports`` (what the sudo rule allows)."""
+    return f"{EXPORTS_DIR}/spark-runbook-{name}.exports"
+
+
+def export_line(export_dir: str, worker_ip: str) -> str:
+    """The one exports line: ``export_dir`` read-only to the worker's fabric address only, root squashed."""
+    return f"{_export_path(export_dir)} {single_ipv4(worker_ip, 'WORKER_IP')}({NFS_EXPORT_OPTS})"
+
+
 def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *,
                name: str = "weights", head_sudo: bool = False, worker_sudo: bool = False,
                probe: str = "config.json", volume: str = "spark-weights") -> dict[str, list[str]]:
@@ -50,18 +60,17 @@ def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *
     ``probe``: a file (relative to the export) the worker must see through the mount."""
     head_ip = single_ipv4(head_ip, "HEAD_IP")
     worker_ip = single_ipv4(worker_ip, "WORKER_IP")
-    quoted = _export_path(export_dir)
     if not posixpath.isabs(mountpoint):
         raise RunbookError("the NFS mount point must be absolute", observed=repr(mountpoint),
                            fix="expand ~ on the worker first (node_paths.on_node)")
     sh, sw = ("sudo -n " if head_sudo else ""), ("sudo -n " if worker_sudo else "")
-    exports_file = f"{EXPORTS_DIR}/spark-runbook-{name}.exports"
-    line = f"{quoted} {worker_ip}({NFS_EXPORT_OPTS})"
+    exports = exports_file(name)
+    line = export_line(export_dir, worker_ip)
     mnt = quote(mountpoint)
     return {
         "head": [
             f"{sh}mkdir -p {EXPORTS_DIR}",
-            f"printf '%s\\n' {quote(line)} | {sh}tee {exports_file} >/dev/null",
+            f"printf '%s\\n' {quote(line)} | {sh}tee {exports} >/dev/null",
             f"{sh}exportfs -ra",
             f"{sh}exportfs -v | grep -F {quote(export_dir)}",
             f"rpcinfo -t {head_ip} nfs 4",
@@ -77,7 +86,7 @@ def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *
              f"--opt o=addr={head_ip},{NFS_MOUNT_OPTS.replace('vers=', 'nfsvers=')} "
              f"--opt {quote('device=:' + export_dir)} {volume}"),
         ],
-        "undo_head": [f"{sh}rm -f {exports_file}", f"{sh}exportfs -ra"],
+        "undo_head": [f"{sh}rm -f {exports}", f"{sh}exportfs -ra"],
         "undo_worker": [f"{sw}umount {mnt}"],
     }
 
@@ -98,9 +107,18 @@ SUDOERS_PROGRAMS = ", ".join(f"{prog} {args}".strip() for prog, args in SUDO_RUL
 SUDOERS_FILE = "/etc/sudoers.d/spark-runbook"
 
 
+def sudoers_line(user: str) -> str:
+    """The one line of the drop-in: ``user`` may run :data:`SUDO_RULES` as root without a password, nothing
+    else (the lab installs exactly this line for its non-root operator)."""
+    if not user or not all(c.isalnum() or c in "._-" for c in user) or user[0] in "-.":
+        raise RunbookError("a sudoers user name is letters, digits, '.', '_' and '-' only", observed=repr(user),
+                           expected="e.g. spark", fix="use the node's login name (id -un on the node)")
+    return f"{user} ALL=(root) NOPASSWD: {SUDOERS_PROGRAMS}"
+
+
 def sudoers_fix(user: str, node: str) -> str:
     """The exact commands that install the drop-in allowing :data:`SUDO_RULES` for ``user``."""
-    return (f"on {node}: echo '{user} ALL=(root) NOPASSWD: {SUDOERS_PROGRAMS}' | sudo tee {SUDOERS_FILE} "
+    return (f"on {node}: echo '{sudoers_line(user)}' | sudo tee {SUDOERS_FILE} "
             f"&& sudo chmod 0440 {SUDOERS_FILE} && sudo visudo -cf {SUDOERS_FILE}; or set HEAD_SSH/WORKER_SSH "
             "to root@…")
 

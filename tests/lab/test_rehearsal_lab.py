@@ -31,6 +31,7 @@ import pytest
 from runbook import runner
 from runbook.checks import CheckList, Status
 from runbook.lab import sim
+from runbook.lab.netlab.spec import OPERATOR
 from runbook.lab.rehearsal import load_rehearsal
 from runbook.profile import REPO_ROOT
 from runbook.remote import REHEARSAL_SIM_DIR, Cluster, expand_home, quote
@@ -41,6 +42,9 @@ pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
                                  reason=f"{VENV} missing: make lab-vllm installs the lab's CPU vLLM")]
 PROFILES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env"]
+# exl3-v41 (kernel NFS, Engram, docker) rehearses as the lab's non-root operator with exactly the runbook's sudoers
+# drop-in (`run --rehearse --ssh-user spark`); the others as root
+SSH_USER = {"env/exl3-v41.env": OPERATOR}
 # rows whose tool cannot exist on the lab (GPU, RDMA, nccl-tests, perftest): the only ones allowed to say SIMULATED
 # the rows whose tool cannot exist on the lab: the GPU (nvidia-smi: presence, driver parity, the driver's CUDA against
 # the image's) and RDMA / NCCL
@@ -68,7 +72,7 @@ def rehearsal(request, lab, tmp_path_factory):
     """One full rehearsal per profile; the server it leaves is stopped with `stop --rehearse` at the end."""
     from runbook.lab import control, netlab
     path = request.param
-    profile, overrides, subs = load_rehearsal(REPO_ROOT / path, publish=True)
+    profile, overrides, subs = load_rehearsal(REPO_ROOT / path, publish=True, ssh_user=SSH_USER.get(path, ""))
     overrides = {**overrides, **BENCH_IN_TESTS}
     nodes = len(profile.nodes)
     if nodes != 2:
@@ -84,13 +88,22 @@ def rehearsal(request, lab, tmp_path_factory):
         yield path, profile, run_dir, outcomes
     finally:
         try:
-            stopped = _cli("stop", "--rehearse", "--profile", path)
+            stopped = _cli("stop", "--rehearse", "--profile", path, *_as_user(path))
             assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
         finally:
             if nodes != 2:
                 control.stop_hub()
                 netlab.down(_lab_dir())
                 netlab.up(_lab_dir(), nodes=2)          # the 2-node lab the rest of the suite expects
+
+
+def _as_user(path: str) -> list[str]:
+    return ["--ssh-user", SSH_USER[path]] if path in SSH_USER else []
+
+
+def _node_dir(lab: Path, node: str, home: str) -> Path:
+    """This machine's folder of a node's home: root's private home, or the operator's under the node's /home."""
+    return lab / "nodes" / node / ("home" if home == "/root" else "users/" + home.removeprefix("/home/"))
 
 
 def _checks(run_dir, step: str) -> CheckList:
@@ -182,7 +195,7 @@ def test_weights_at_the_expanded_path_on_every_node(rehearsal):
                 assert any(line.startswith(f"{cluster.head.spec.fabric_ip}:{share} {data['paths'][node.name]['shared']} ")
                            for line in mounts.splitlines()), (node.name, mounts)
             elif tree.startswith(home + "/"):            # in the node's own home, not the host's or a peer's
-                assert (lab / "nodes" / node.name / "home" / tree[len(home) + 1:] / "config.json").exists(), tree
+                assert (_node_dir(lab, node.name, home) / tree[len(home) + 1:] / "config.json").exists(), tree
 
 
 def test_engram_fetched_packed_and_mounted(rehearsal):
@@ -231,7 +244,7 @@ def test_recipe_checkout_markers_rendered_ranks_and_second_start(rehearsal):
             head = node.read(f"git -C {quote(checkout)} rev-parse HEAD", timeout=30).stdout.strip()
             assert head == profile.recipe_commit, (node.name, checkout, head)
     # the CLI, as a boot script would call it while the ranks run
-    done = _cli("start", "--rehearse", "--profile", path, timeout=300)
+    done = _cli("start", "--rehearse", "--profile", path, *_as_user(path), timeout=300)
     assert done.returncode == 3, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
 
 
@@ -296,3 +309,41 @@ def test_the_image_came_from_the_lab_registry(rehearsal):
 def load_profile_from(path: str):
     from runbook.profile import load_profile
     return load_profile(REPO_ROOT / path)
+
+
+def test_non_root_operator_runs_the_kernel_nfs_steps_through_sudo(rehearsal):
+    """exl3-v41 as the lab's non-root operator: every command ran as that user (its home, the docker group), the
+    kernel NFS mode's root commands through `sudo -n` after the runbook's probe said the drop-in allows them;
+    the exports file is real and read back; the kernel server and mount say N/A (the lab kernel has neither), the
+    userspace server and mount stand in for them."""
+    path, profile, run_dir, _ = rehearsal
+    if path not in SSH_USER:
+        pytest.skip("rehearsed as root")
+    user = SSH_USER[path]
+    assert [n.ssh for n in profile.nodes] == [f"{user}@spark-{n.name}" for n in profile.nodes]
+    record = json.loads((run_dir.path / "rehearsal.json").read_text())
+    ssh = {s["key"]: s for s in record["substituted"] if s["key"] in ("HEAD_SSH", "WORKER_SSH")}
+    assert {k: v["lab"] for k, v in ssh.items()} == {"HEAD_SSH": f"{user}@spark-head", "WORKER_SSH": f"{user}@spark-worker"}
+    assert all("non-root operator" in v["why"] for v in ssh.values())
+    pre = _checks(run_dir, "00_preflight")
+    rows = {(c.name, c.node): c for c in pre}
+    for node in ("head", "worker"):
+        assert rows[("nfs sudo rules", node)].status is Status.PASS, pre.to_text()
+        assert rows[("nfs sudo rules", node)].observed.startswith("sudo -n -l allows every NFS command")
+        assert rows[("nfs packages", node)].status is Status.PASS
+        assert rows[("docker engine", node)].status is Status.PASS
+    weights = _checks(run_dir, "02_weights")
+    for name in ("weights.nfs.sudo", "weights.nfs.exports", "weights.nfs.exportfs", "weights.nfs.mountpoint", "weights.nfs.server",
+                 "weights.nfs.lab_mount"):
+        passed = [c for c in weights if c.name == name and c.status is Status.PASS]
+        assert passed, (name, weights.to_text())
+    assert all(f"as {user}" in c.observed for c in weights if c.name == "weights.nfs.sudo")
+    kernel = [c for c in weights if c.name in ("weights.nfs.kernel_server", "weights.nfs.mount")]
+    assert kernel and all(c.status is Status.NA for c in kernel), [(c.name, c.status) for c in kernel]
+    cmds = [json.loads(line) for line in (run_dir.path / "commands.jsonl").read_text().splitlines()]
+    sudo = [c for c in cmds if "sudo -n tee /etc/exports.d/spark-runbook-" in c["command"]]
+    assert sudo and all(c["exit_code"] == 0 for c in sudo), sudo
+    with Cluster.from_profile(profile) as cluster:
+        for node in cluster.nodes:
+            who = node.read("id -un; id -nG", timeout=20).stdout.split()
+            assert who[0] == user and "docker" in who[1:] and "root" not in who

@@ -155,17 +155,22 @@ def stub_sudo_dir():
     shutil.rmtree(bindir)
 
 
-@pytest.mark.parametrize("sudo", ["wants a password", "not installed"])
+@pytest.mark.parametrize("sudo", ["wants a password", "not installed", "installed, no rule"])
 def test_nfs_refuses_before_changing_anything_when_sudo_cannot_run(tmp_path, stub_sudo_dir, sudo):
-    """A real non-root login (setpriv to nobody) whose sudo needs a password (or is absent): one FAIL
-    per node naming what sudo said, the first command that needs root and the sudoers drop-in; no
-    command changed anything."""
+    """A real non-root login (setpriv to nobody) whose sudo needs a password (a stub, or the real sudo without a
+    rule for it) or is absent: one FAIL per node naming what sudo said, the first command that needs root and the
+    sudoers drop-in; no command changed anything."""
+    installed = shutil.which("sudo", path="/usr/local/bin:/usr/bin:/bin") is not None
+    if sudo == "not installed" and installed:
+        pytest.skip("sudo is installed here (the lab installs it): the case 'installed, no rule' runs instead")
+    if sudo == "installed, no rule" and not installed:
+        pytest.skip("sudo is not installed here: the case 'not installed' runs instead")
     first = [stub_sudo_dir] if sudo == "wants a password" else []
     head, worker = local_pair(tmp_path, path_first=first, as_user=(65534, 65534))
     res = W.nfs_share(head, worker, "~/weights", "~/weights", execute=True, head_manifest={"files": []})
     fails = [c for c in res.checks if c.failed]
     assert [(c.name, c.node) for c in fails] == [("weights.nfs.sudo", "head"), ("weights.nfs.sudo", "worker")]
-    said = "sudo: a password is required" if sudo == "wants a password" else "sudo: command not found"
+    said = "sudo: command not found" if sudo == "not installed" else "sudo: a password is required"
     assert said in fails[0].observed and "as nobody" in fails[0].observed
     assert "`sudo -n -l mkdir -p /etc/exports.d` as nobody" in fails[0].observed
     assert "/etc/sudoers.d/spark-runbook" in fails[0].fix and "nobody ALL=(root) NOPASSWD:" in fails[0].fix

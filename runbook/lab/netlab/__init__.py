@@ -51,8 +51,8 @@ from .network import create_network, wait_carrier
 from .nodes import cgroup_mounts, start_node, wait_port
 from .packages import ensure_packages
 from .registry import start_registry
-from .spec import (DEFAULT_LAB_DIR, IMAGE, MARKER, NODEINIT, LabInfo, LabNode, Log, node_specs, read_state,
-                   write_state)
+from .spec import (DEFAULT_LAB_DIR, IMAGE, MARKER, NODE_PRIVATE, NODEINIT, LabInfo, LabNode, Log, node_specs,
+                   read_state, write_state)
 from .teardown import lab_present, teardown
 
 __all__ = ["LabInfo", "LabNode", "default_lab_dir", "down", "info", "status", "up"]
@@ -174,7 +174,8 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                                expected="every running node answers the lab's SSH with its pinned host key",
                                fix="find out why (e.g. `ssh -F " + str(lab_paths(lab_dir)[0]) + " spark-<node> true`); "
                                    "to rebuild the lab on purpose: `python -m runbook lab down`, then run again")
-            bad = {k: [f for f in ("netns_exists", "sshd_alive", "ssh_ok", "dockerd_alive", "registry_insecure")
+            bad = {k: [f for f in ("netns_exists", "sshd_alive", "ssh_ok", "dockerd_alive", "registry_insecure",
+                                  "operator")
                        if not v.get(f)]
                    for k, v in st["nodes"].items() if not v["healthy"]}
             log(f"existing lab is not healthy ({bad or 'bridge/routes'}); rebuilding")
@@ -187,7 +188,9 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
         created: list[str] = []
         with timer.phase("files"):
             write_files(lab_dir, specs)
-            for mp in ("/mnt/nvme", "/var/lib/docker"):   # bind targets must exist on the shared root fs
+            # bind targets must exist on the shared root fs (the node-private files /etc/passwd and /etc/group do)
+            dirs = [t for t in NODE_PRIVATE.values() if t not in ("/etc/passwd", "/etc/group")]
+            for mp in ("/mnt/nvme", "/var/lib/docker", *dirs):
                 if not Path(mp).exists():
                     Path(mp).mkdir(parents=True)
                     created.append(mp)

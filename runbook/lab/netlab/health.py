@@ -1,5 +1,5 @@
-"""The lab's health: per node netns, sshd PID 1, an ssh answer, fabric link, dockerd and image, plus the
-bridge, the guard routes and the lab registry (``python -m runbook lab status``)."""
+"""The lab's health: per node netns, sshd PID 1, an ssh answer, fabric link, dockerd and image, its non-root
+operator, plus the bridge, the guard routes and the lab registry (``python -m runbook lab status``)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +15,8 @@ from .files import lab_paths
 from .host import link_exists, netns_exists, node_pid1, pid_alive, proc_comm, run_local, ssh, tail_text
 from .network import link_states
 from .registry import registry_status
-from .spec import BRIDGE, FABRIC_IF, FABRIC_MTU, GUARD_ROUTES, IMAGE, STATE_FILE, LabNode, node_specs, read_state
+from .spec import (BRIDGE, FABRIC_IF, FABRIC_MTU, GUARD_ROUTES, IMAGE, OPERATOR, OPERATOR_UID, STATE_FILE, LabNode,
+                   node_specs, read_state)
 
 
 def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
@@ -37,8 +38,10 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
     d["docker_version"] = None
     d["image_id"] = None
     d["registry_insecure"] = False
+    d["operator"] = False
     if d["sshd_alive"] and cfg is not None and cfg.exists():
-        cmd = ("hostname; if v=$(docker version --format '{{.Server.Version}}' 2>/dev/null); then "
+        cmd = (f"hostname; echo operator=$(id -u {OPERATOR} 2>/dev/null); "
+               "if v=$(docker version --format '{{.Server.Version}}' 2>/dev/null); then "
                "echo docker=1; echo version=$v; "
                f"echo image=$(docker image inspect --format '{{{{.Id}}}}' {IMAGE} 2>/dev/null); "
                f"echo registries=$(docker info --format '{REGISTRIES_FORMAT}' 2>/dev/null); "
@@ -57,11 +60,13 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
                 d["docker_version"] = kv.get("version") or None
                 d["image_id"] = kv.get("image") or None
                 d["registry_insecure"] = insecure_registry_known(kv.get("registries", ""))
+                d["operator"] = kv.get("operator") == str(OPERATOR_UID)     # a lab built before it had no operator
             else:
                 d["ssh_error"] = tail_text(res.stderr, 300)
     d["healthy"] = bool(d["netns_exists"] and d["sshd_alive"] and d["ssh_ok"] and d["hostname"] == n.alias
                         and d["fabric_state"] == "UP" and d["fabric_mtu"] == FABRIC_MTU
-                        and d["dockerd_alive"] and d["image_id"] and d["registry_insecure"])
+                        and d["dockerd_alive"] and d["image_id"] and d["registry_insecure"]
+                        and d["operator"])
     return d
 
 

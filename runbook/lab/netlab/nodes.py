@@ -14,7 +14,7 @@ from pathlib import Path
 from runbook.errors import LabError
 
 from .host import netns_pids, node_pid1, pid_alive, proc_comm, tail_text
-from .spec import NODE_PATH, NODEINIT, LabNode
+from .spec import NODE_PATH, NODE_PRIVATE, NODEINIT, LabNode
 
 
 def home_shares(lab_dir: Path, home: Path = Path("/root")) -> list[str]:
@@ -54,7 +54,8 @@ def start_node(lab_dir: Path, n: LabNode, cgroups: str) -> int:
     """Start the node: nodeinit.sh as PID 1 of new UTS/IPC/mount/PID namespaces inside its netns."""
     nd = lab_dir / "nodes" / n.name
     env = {"PATH": NODE_PATH, "HOME": "/root", "LANG": "C.UTF-8", "NL_HOSTNAME": n.alias,
-           "NL_NODE_DIR": str(nd), "NL_CGROUP_MOUNTS": cgroups, "NL_HOME_SHARE": " ".join(home_shares(lab_dir))}
+           "NL_NODE_DIR": str(nd), "NL_CGROUP_MOUNTS": cgroups, "NL_HOME_SHARE": " ".join(home_shares(lab_dir)),
+           "NL_PRIVATE": "\n".join(f"{src} {dst}" for src, dst in NODE_PRIVATE.items())}
     with open(nd / "node.log", "ab") as logf:
         proc = subprocess.Popen(
             ["ip", "netns", "exec", n.netns, "unshare", "--uts", "--ipc", "--mount", "--pid", "--fork",

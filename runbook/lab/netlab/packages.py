@@ -22,10 +22,13 @@ REQUIRED_BINARIES = {
     "mpirun": "openmpi-bin", "ib_write_bw": "perftest", "ib_write_lat": "perftest",
     # the lab's container registry (a rehearsal's image is pulled from it)
     "docker-registry": "docker-registry",
+    # the non-root operator's sudo (and visudo, which checks its drop-in) and the kernel NFS server's exportfs
+    # (its package and the exports file are real in a rehearsal; the kernel server itself cannot start here)
+    "sudo": "sudo", "visudo": "sudo", "exportfs": "nfs-kernel-server",
 }
 APT_PACKAGES = ("openssh-server", "iperf3", "ethtool", "iputils-ping", "sshfs", "busybox-static",
                 "docker.io", "rsync", "nfs-ganesha", "nfs-ganesha-vfs", "libnfs-utils", "openmpi-bin", "perftest",
-                "docker-registry")
+                "docker-registry", "sudo", "nfs-kernel-server")
 SBIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 

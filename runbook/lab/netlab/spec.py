@@ -31,6 +31,14 @@ REGISTRY_BINARY = "docker-registry"
 STATE_FILE = "lab.json"
 MARKER = Path("/run/spark-runbook-lab.json")   # which lab_dir owns the (machine-wide) nl-* names
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The lab's non-root operator on every node (a rehearsal logs in as it with `run --rehearse --ssh-user spark`):
+# its own home, its SSH key authorised, the docker group, and exactly the sudoers drop-in the runbook prescribes.
+OPERATOR = "spark"
+OPERATOR_UID = 2626        # uid = gid; above the host's system and login ranges, files in the lab dir show it
+# host paths each node binds its own copy over (files.py writes them, nodeinit.sh binds them): the users and
+# groups (the operator exists only inside the nodes), its home, its sudo rules and the kernel NFS export files
+NODE_PRIVATE = {"etc/passwd": "/etc/passwd", "etc/group": "/etc/group", "etc/sudoers.d": "/etc/sudoers.d",
+                "etc/exports.d": "/etc/exports.d", "users": "/home", "nfs": "/var/lib/nfs"}
 
 Log = Callable[[str], None]
 

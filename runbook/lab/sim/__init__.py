@@ -37,6 +37,7 @@ from ...checks import Check, Status, check
 from ...errors import LabError
 from ...facts import net as fnet
 from ...remote import REHEARSAL_SIM_DIR
+from ..control import lab_root
 
 SIM_DIR = REHEARSAL_SIM_DIR
 SYSFS_ROOT = f"{SIM_DIR}/sys"
@@ -251,13 +252,15 @@ def install(cluster, profile) -> list[Check]:
                          observed=f"dry run: would install at {where}, digest {want[:12]} (installed has "
                                   f"{have[:12] or 'none'})", expected="the simulated Spark of this profile's node")
         tar_path = posixpath.join(posixpath.dirname(SIM_DIR), "sim-install.tar.gz")
-        with tempfile.NamedTemporaryFile(suffix=".tar.gz") as tmp:
+        # the simulated hardware is the lab's, installed as root whoever the rehearsal logs in as (/mnt/nvme is root's)
+        with lab_root(node) as root, tempfile.NamedTemporaryFile(suffix=".tar.gz") as tmp:
             tmp.write(_tarball(files))
             tmp.flush()
-            node.run(f"mkdir -p {posixpath.dirname(SIM_DIR)}", timeout=20)
-            node.put(tmp.name, tar_path)
-        node.run(f"set -e; rm -rf {SIM_DIR}.new; mkdir {SIM_DIR}.new; tar -xzf {tar_path} -C {SIM_DIR}.new; "
-                 f"rm -rf {SIM_DIR}; mv {SIM_DIR}.new {SIM_DIR}; rm -f {tar_path}", timeout=60)
+            root.run(f"mkdir -p {posixpath.dirname(SIM_DIR)}", timeout=20)
+            root.put(tmp.name, tar_path)
+            root.run(f"set -e; rm -rf {SIM_DIR}.new; mkdir {SIM_DIR}.new; tar -xzf {tar_path} -C {SIM_DIR}.new; "
+                     f"chmod -R a+rX {SIM_DIR}.new; rm -rf {SIM_DIR}; mv {SIM_DIR}.new {SIM_DIR}; rm -f {tar_path}",
+                     timeout=60)
         return check("rehearsal simulators", True, node=node.name,
                      observed=f"installed at {where}, digest {want[:12]}",
                      expected="the simulated Spark of this profile's node")
