@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from runbook.errors import RemoteError
+from runbook.facts import ranks
 from runbook.profile import NodeSpec
 from runbook.remote import DEFAULT_READ_TIMEOUT, DEFAULT_RUN_TIMEOUT, Cluster, CommandLog, CommandResult
 
@@ -277,3 +278,12 @@ class FakeCluster(Cluster):
 
     def __init__(self, nodes: Iterable[FakeNode]):
         super().__init__(list(nodes), log=CommandLog(None))
+
+
+def rank_node(name: str, rank: int, *, pid: str | int = "", fingerprint: str = "", ps: str = "") -> FakeNode:
+    """A read-only node that answers only what ``ranks.rank_state`` reads: ``$HOME`` and the one command with the
+    rank's pid file, its start record's fingerprint and the process table (``ps``: lines of ``ranks.PS_CMD``)."""
+    answer = f"{pid}\n@@\n{fingerprint}\n@@\n\n@@\n\n@@\n{ps}"
+    return FakeNode(name, rank, read_only=True, rules=[
+        (r'^printf %s "\$HOME"$', "/root"),
+        (rf"^cat \S+/{name}\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", answer)])

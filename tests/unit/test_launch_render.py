@@ -18,7 +18,7 @@ import pytest
 from runbook.launch import render as launch
 from runbook.launch.render import NodeFacts, check_consistency, render
 from runbook.profile import REPO_ROOT, load_profile
-from support.doubles import FakeNode
+from support.doubles import FakeNode, rank_node
 
 ENV = REPO_ROOT / "env"
 GOLDEN = Path(__file__).parent / "golden" / "launch"
@@ -499,18 +499,13 @@ def test_server_rows_name_a_heads_orphaned_children_and_the_ranks_left_running()
     """The head's API server died (its pid gone) but its EngineCore / TP worker processes did not, and the
     worker's rank still runs: each rank's row, and one "no orphaned ranks" row naming both with the stop command."""
     from runbook.api import health
-    from runbook.facts import ranks
     from support.doubles import FakeCluster
     profile = load_profile(ENV / "lab.env", {"PORT": "1", "API_HOST": "0.0.0.0"})   # nothing answers there
     head_ps = ("  11    10 Sl   VLLM::EngineCore\n"
                "  12    10 Sl   /v/bin/python -c from multiprocessing.spawn import spawn_main; VLLM::Worker_TP0\n")
     worker_ps = "  20    20 Sl   /v/bin/python /repo/runbook/lab/vllm_cli.py serve /m --headless\n"
-    def node(name, rank, pid, ps):
-        answer = f"{pid}\n@@\nfp-1\n@@\n\n@@\n\n@@\n{ps}"
-        return FakeNode(name, rank, read_only=True, rules=[
-            (r'^printf %s "\$HOME"$', "/root"),
-            (rf"^cat \S+/{name}\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", answer)])
-    cluster = FakeCluster([node("head", 0, 10, head_ps), node("worker", 1, 20, worker_ps)])
+    cluster = FakeCluster([rank_node("head", 0, pid=10, fingerprint="fp-1", ps=head_ps),
+                           rank_node("worker", 1, pid=20, fingerprint="fp-1", ps=worker_ps)])
     rows = {(r.name, r.node): r for r in health.server_rows(cluster, profile)}
     assert rows[("server answers /health", "head")].failed
     assert rows[("rank running", "head")].failed and not rows[("rank running", "worker")].failed

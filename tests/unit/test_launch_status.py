@@ -4,23 +4,18 @@ partial with what to do), and the exit is 10 unless every rank runs and /health 
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
 from runbook import cli
 from runbook.errors import ExitStatus
-from runbook.facts import ranks
 from runbook.launch import status
-from support.doubles import FakeCluster, FakeNode
+from support.doubles import FakeCluster, FakeNode, rank_node
 from support.profiles import profile_from
 
 
 def _node(name: str, rank: int, *, pid: str = "", ps: str = "") -> FakeNode:
-    answer = f"{pid}\n@@\n{'fp-1' if pid else ''}\n@@\n\n@@\n\n@@\n{ps}"
-    return FakeNode(name, rank, read_only=True, rules=[
-        (r'^printf %s "\$HOME"$', "/root"),
-        (rf"^cat \S+/{name}\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", answer)])
+    return rank_node(name, rank, pid=pid, fingerprint="fp-1" if pid else "", ps=ps)
 
 
 @pytest.fixture

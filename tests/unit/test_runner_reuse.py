@@ -4,7 +4,6 @@ when its ranks still run that fingerprint and the profile renders the same one, 
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
@@ -13,8 +12,7 @@ from runbook import runner
 from runbook.api.server_info import find_server
 from runbook.errors import RunbookError
 from runbook.evidence import RunDir
-from runbook.facts import ranks
-from support.doubles import FakeCluster, FakeNode
+from support.doubles import FakeCluster, FakeNode, rank_node
 from support.profiles import ROOT, profile_from
 
 FP = "f" * 64
@@ -23,10 +21,7 @@ FP = "f" * 64
 def _rank_node(name: str, rank: int, *, running: bool, fingerprint: str = FP) -> FakeNode:
     pid = 100 + rank
     ps = f"  {pid}  {pid} Sl   /v/bin/python /r/runbook/lab/vllm_cli.py serve /m\n" if running else ""
-    answer = f"{pid}\n@@\n{fingerprint}\n@@\n\n@@\n\n@@\n{ps}"
-    return FakeNode(name, rank, read_only=True, rules=[
-        (r'^printf %s "\$HOME"$', "/root"),
-        (rf"^cat \S+/{name}\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", answer)])
+    return rank_node(name, rank, pid=pid, fingerprint=fingerprint, ps=ps)
 
 
 @pytest.fixture

@@ -2,14 +2,12 @@
 state T) is named instead of "every rank running" (issue 25, lab runs of test_watchdog_lab.py)."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from runbook.checks import check
 from runbook.api import health, watchdog
-from runbook.facts import ranks
 from runbook.profile import load_profile
-from support.doubles import FakeCluster, FakeNode
+from support.doubles import FakeCluster, rank_node
 
 ENV = Path(__file__).resolve().parents[2] / "env"
 
@@ -72,12 +70,8 @@ def test_a_frozen_rank_is_named_in_its_row_and_in_the_alert():
     worker_ps = ("  20    20 Tl   /v/bin/python /repo/runbook/lab/vllm_cli.py serve /m --headless\n"
                  "  21    20 Tl   VLLM::Worker_TP1\n")
 
-    def node(name, rank, pid, ps):
-        answer = f"{pid}\n@@\nfp-1\n@@\n\n@@\n\n@@\n{ps}"
-        return FakeNode(name, rank, read_only=True, rules=[
-            (r'^printf %s "\$HOME"$', "/root"),
-            (rf"^cat \S+/{name}\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", answer)])
-    cluster = FakeCluster([node("head", 0, 10, head_ps), node("worker", 1, 20, worker_ps)])
+    cluster = FakeCluster([rank_node("head", 0, pid=10, fingerprint="fp-1", ps=head_ps),
+                           rank_node("worker", 1, pid=20, fingerprint="fp-1", ps=worker_ps)])
     rows = health.server_rows(cluster, profile)
     frozen = [r for r in rows if r.name == "rank not frozen"]
     assert len(frozen) == 1 and frozen[0].node == "worker" and frozen[0].failed
