@@ -55,7 +55,7 @@ rehearse: install lab-deps lab-vllm
 # Both print diagnose's measured accuracy on the tests' corpus first (its floor is a unit test).
 test: install lab-deps lab-vllm browser-deps
 	$(PY) -m runbook diagnose --accuracy
-	$(PY) -m pytest tests $(ARGS)
+	$(PY) -m pytest tests -n 2 --dist loadgroup $(ARGS)
 
 test-unit: install
 	$(PY) -m runbook diagnose --accuracy

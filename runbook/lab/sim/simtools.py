@@ -489,6 +489,9 @@ def _parse_size(v: str) -> int:
 
 
 def all_reduce_perf(argv: list[str]) -> int:
+    # one write per line, as NCCL's logger flushes each line: mpirun merges the ranks' output as it reads it, and
+    # one block written at exit can be cut mid-line there, gluing one rank's line to another's
+    sys.stdout.reconfigure(line_buffering=True)
     node = load_node()
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
