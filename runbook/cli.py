@@ -39,12 +39,12 @@ def cmd_run(args) -> int:
     overrides, rehearsal = _overrides(args.param), None
     _rehearsal_only(args)
     if args.rehearse:
-        from .lab.rehearsal import by_kind, load_rehearsal
+        from .lab.rehearsal import count, count_text, load_rehearsal
         _, overrides, subs = load_rehearsal(args.profile, overrides, publish=True, ssh_user=args.ssh_user or "")
         rehearsal = [s.to_dict() for s in subs]
-        counts = ", ".join(f"{kind} {len(items)}" for kind, items in by_kind(subs).items())
-        print(f"rehearsal of {args.profile} on the lab: {len(subs)} key(s) substituted ({counts}; "
-              f"see rehearsal.json in the run folder); every other key runs as the recipe has it")
+        print(f"rehearsal of {args.profile} on the lab: {len(subs)} key(s) substituted "
+              f"({count_text(count(rehearsal))}; see rehearsal.json in the run folder); every other key runs as "
+              "the recipe has it")
     run_dir, outcomes = runner.run(args.profile, start=args.start or "", stop=args.stop or "", only=only,
                                    resume=args.resume or "", dry_run=args.dry_run,
                                    overrides=overrides, step_timeout=args.step_timeout,
@@ -307,8 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true", help="record every command without running actions")
     run.add_argument("--no-lab", action="store_true", help="do not bring the lab up (it is already up)")
     run.add_argument("--rehearse", action="store_true",
-                     help="run a recipe profile on the embedded lab: only the hardware is substituted "
-                          "(listed in rehearsal.json; hardware-only rows say SIMULATED)")
+                     help="run a recipe profile on the embedded lab: what the lab cannot run as written is "
+                          "substituted (listed in rehearsal.json by class; hardware-only rows say SIMULATED)")
     _ssh_user_arg(run)
     run.add_argument("--step-timeout", type=int, default=0,
                      help="seconds one notebook may run (default: sized from the profile's downloads)")

@@ -129,11 +129,8 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
             run_dir.write_json("profile.json", profile.redacted())
             run_dir.write_json("provenance.json", provenance(profile))
             if rehearsal is not None:
-                from .lab.rehearsal import tools_record
-                kinds = [str(sub.get("kind") or "unclassified") for sub in rehearsal]
-                run_dir.write_json("rehearsal.json", {"profile": str(profile.source), "substituted": rehearsal,
-                                                      "counts": {k: kinds.count(k) for k in sorted(set(kinds))},
-                                                      "tools": tools_record()})
+                from .lab.rehearsal import record
+                run_dir.write_json("rehearsal.json", record(profile, rehearsal))
         run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
                                 profile_source=str(profile.source), selection=selection)
         if not resume and not dry_run:

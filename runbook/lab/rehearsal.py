@@ -13,6 +13,11 @@ listed in ``GROUPS`` is kept exactly as the recipe has it: paths
 (``~/…`` expanded per node), the weight-sync mode, the runtime and its flags, ports, container names,
 HCAs and GID indexes, ``EXPECT_*`` (the hardware rows then run against simulators and say SIMULATED),
 the pinned revisions, the Engram settings, the readiness rules.
+
+Each substitution has a class (:data:`GROUP_CLASS`: *hardware*, what the lab cannot have, or *lab*) and a *lab*
+one a goal group (:data:`GOAL_OF_KEY`: node addresses, Hub endpoint and model, registry host, recipe repository,
+or "none"); :func:`count` is the one count of them. ``LAB`` and ``REHEARSAL`` are the run's mode
+(:data:`SET_BY_REHEARSAL`), set on top and recorded as such (:func:`record`), not substitutions.
 """
 from __future__ import annotations
 
@@ -30,9 +35,9 @@ LAB_PROFILES = {2: REPO_ROOT / "env" / "lab.env", 3: REPO_ROOT / "env" / "lab-tp
 
 # key groups the lab cannot keep, and why (shown in every rehearsal's evidence and report)
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # the lab has as many nodes as the profile names, and binds their CPU ranks itself (Profile.cpu_bind)
     "nodes": ("the Sparks are the lab's network-namespace nodes, reached with the lab's key and host keys",
-              ("HEAD_SSH", "WORKER_SSH", "WORKER2_SSH", "SSH_CONFIG", "SSH_KEY", "KNOWN_HOSTS", "LAB_NODES",
-               "LAB_CPU_BIND")),
+              ("HEAD_SSH", "WORKER_SSH", "WORKER2_SSH", "SSH_CONFIG", "SSH_KEY", "KNOWN_HOSTS")),
     "fabric": ("the CX-7 link is the lab's veth (one /24, MTU 9000, interface enp1s0f0np0 on every node)",
                ("HEAD_IP", "WORKER_IP", "WORKER2_IP", "HEAD_CX7_IF", "WORKER_CX7_IF", "WORKER2_CX7_IF",
                 "BOOTSTRAP_IF", "HEAD_BOOTSTRAP_IP", "WORKER_BOOTSTRAP_IP", "WORKER2_BOOTSTRAP_IP")),
@@ -63,7 +68,12 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
                "BENCH_DECODE_TOKENS", "BENCH_CONCURRENCY", "BENCH_PREFILL_TOKENS", "BENCH_REPEATS", "SOAK_SECONDS",
                "READY_TIMEOUT", "HANG_SECONDS")),
 }
+# The run's mode, not a recipe value: `run --rehearse` sets it on top of the recipe profile (each step's notebook
+# reads the profile, so the mode reaches it as these two keys). Recorded as the mode in rehearsal.json and on the
+# report, not counted as a substitution: no recipe chooses whether it is rehearsed.
 SET_BY_REHEARSAL = {"LAB": "1", "REHEARSAL": "1"}
+MODE_WHY = ("the run's mode, set by `run --rehearse` on top of the recipe profile (no recipe value: the recipe's "
+            "LAB=0 and REHEARSAL=0 say it is not rehearsed by default)")
 NON_ROOT_WHY = (GROUPS["nodes"][0] + ", as the lab's non-root operator {user} (its own home, the docker group "
                 "and exactly the sudoers drop-in the runbook prescribes)")
 
@@ -74,7 +84,35 @@ NON_ROOT_WHY = (GROUPS["nodes"][0] + ", as the lab's non-root operator {user} (i
 HARDWARE, LAB_CLASS = "hardware", "lab"
 GROUP_CLASS = {"gpu": HARDWARE, "sizes": HARDWARE, "link": HARDWARE, "engine": HARDWARE,
                "nodes": LAB_CLASS, "fabric": LAB_CLASS, "registries": LAB_CLASS, "recipe": LAB_CLASS,
-               "model": LAB_CLASS, "rehearsal": LAB_CLASS}
+               "model": LAB_CLASS}
+
+# The goal of issue #23 item 6: a *lab* substitution is one of these four, everything else runs as written. A *lab*
+# key without a goal group ("none") is a place where a rehearsal changes the recipe although it need not.
+NODE_ADDRESSES, HUB, REGISTRY_HOST, RECIPE_REPOSITORY, NO_GOAL = (
+    "node addresses", "Hub endpoint and model", "registry host", "recipe repository", "none")
+GOALS = (NODE_ADDRESSES, HUB, REGISTRY_HOST, RECIPE_REPOSITORY)
+GOAL_OF_KEY: dict[str, str] = {
+    # where the nodes are and how the runbook reaches them (SSH targets, the files that resolve and authenticate
+    # them, the fabric and bootstrap addresses, the head address the API binds)
+    **dict.fromkeys(("HEAD_SSH", "WORKER_SSH", "WORKER2_SSH", "SSH_CONFIG", "SSH_KEY", "KNOWN_HOSTS", "API_HOST",
+                     "HEAD_IP", "WORKER_IP", "WORKER2_IP", "HEAD_BOOTSTRAP_IP", "WORKER_BOOTSTRAP_IP",
+                     "WORKER2_BOOTSTRAP_IP"), NODE_ADDRESSES),
+    **dict.fromkeys(("HF_ENDPOINT", "HF_REVISION", "HF_ENGRAM_REVISION"), HUB),
+    "IMAGE": REGISTRY_HOST,              # its registry host; a pinned digest too (DIGEST_WHY: cannot be kept)
+    **dict.fromkeys(("RECIPE_REPO", "RECIPE_COMMIT"), RECIPE_REPOSITORY),   # the commit cannot be kept: COMMIT_WHY
+}
+# the reasons of keys whose group's reason does not say it all
+SSH_FILES_WHY = ("how the runbook reaches the site's nodes, so grouped with the node addresses: the recipe profiles "
+                 "leave SSH_CONFIG, SSH_KEY and KNOWN_HOSTS empty because they are the site's own (empty = the "
+                 "operator's ~/.ssh config, keys and known_hosts); the lab's nodes are reached through the lab's "
+                 "ssh_config (its aliases name the nodes' addresses), its key and its nodes' host keys, and the "
+                 "operator's own ~/.ssh is left alone")
+COMMIT_WHY = ("a commit id is content-addressed: the lab's recipe repository (the same contract, see RECIPE_REPO) "
+              "cannot hold the recipe's pinned commit, and the recipe's repository is not reachable here, so the "
+              "lab recipe's commit is pinned and checked out on every node in its place; this part of the goal "
+              "(the recipe's pinned commit kept) cannot be met on the lab")
+KEY_WHY = {"SSH_CONFIG": SSH_FILES_WHY, "SSH_KEY": SSH_FILES_WHY, "KNOWN_HOSTS": SSH_FILES_WHY,
+           "RECIPE_COMMIT": COMMIT_WHY}
 
 
 # The programs a rehearsal runs in place of a Spark's (runbook.lab.sim; all *hardware*: each needs the GPU or the
@@ -116,20 +154,53 @@ class Substitution:
         return GROUP_CLASS[self.group]
 
     @property
+    def goal(self) -> str:
+        """A *lab* substitution's goal group (:data:`GOALS`, or :data:`NO_GOAL`); "" for a *hardware* one."""
+        return GOAL_OF_KEY.get(self.key, NO_GOAL) if self.kind == LAB_CLASS else ""
+
+    @property
     def override(self) -> str:
         """The key's value as the rehearsal runs it."""
         return self.value if self.part else self.lab
 
     def to_dict(self) -> dict[str, str]:
-        return {**asdict(self), "kind": self.kind}
+        return {**asdict(self), "kind": self.kind, "goal": self.goal}
 
 
-def by_kind(subs: list[Substitution]) -> dict[str, list[Substitution]]:
-    """The substitutions split into the two classes, hardware first (both keys always present)."""
-    out: dict[str, list[Substitution]] = {HARDWARE: [], LAB_CLASS: []}
-    for sub in subs:
-        out[sub.kind].append(sub)
-    return out
+def count(records: list[dict]) -> dict[str, dict[str, int]]:
+    """The one count of a rehearsal's substitutions (:meth:`Substitution.to_dict` records, as rehearsal.json holds
+    them; the CLI, the runner and the report all call this): ``classes`` (hardware, lab; a record of an older run
+    without a class counts as "unclassified") and ``lab_by_goal`` (the lab class by :data:`GOALS`, then
+    :data:`NO_GOAL`; every group present, 0 where empty).
+
+    >>> count([{"kind": "hardware"}, {"kind": "lab", "goal": "registry host"}, {"kind": "lab"}])["lab_by_goal"]
+    {'node addresses': 0, 'Hub endpoint and model': 0, 'registry host': 1, 'recipe repository': 0, 'none': 1}
+    """
+    classes = {HARDWARE: 0, LAB_CLASS: 0}
+    goals = dict.fromkeys((*GOALS, NO_GOAL), 0)
+    for rec in records:
+        kind = str(rec.get("kind") or "unclassified")
+        classes[kind] = classes.get(kind, 0) + 1
+        if kind == LAB_CLASS:
+            goal = str(rec.get("goal") or NO_GOAL)
+            goals[goal] = goals.get(goal, 0) + 1
+    return {"classes": classes, "lab_by_goal": goals}
+
+
+def count_text(counts: dict[str, dict[str, int]]) -> str:
+    """:func:`count`'s answer in one line, e.g. ``hardware: 33, lab: 10 (node addresses: 7, …, none: 0)``."""
+    classes = ", ".join(f"{kind}: {n}" for kind, n in counts["classes"].items())
+    goals = ", ".join(f"{goal}: {n}" for goal, n in counts["lab_by_goal"].items())
+    return f"{classes} ({goals})"
+
+
+def record(profile: Profile, substituted: list[dict]) -> dict:
+    """rehearsal.json: the recipe profile, the run's mode (:data:`SET_BY_REHEARSAL`, not a substitution), every
+    substituted key with its class, goal group and reason, their :func:`count`, and the tools
+    (:func:`tools_record`)."""
+    return {"profile": str(profile.source),
+            "mode": {"keys": {k: env_text(profile.value(k)) for k in SET_BY_REHEARSAL}, "why": MODE_WHY},
+            "substituted": substituted, **count(substituted), "tools": tools_record()}
 
 
 def env_text(value) -> str:
@@ -197,7 +268,7 @@ def substitutions(profile: Profile, *, ssh_user: str = "") -> list[Substitution]
                 lab_value = as_user(lab_value, ssh_user)
                 why = NON_ROOT_WHY.format(user=ssh_user)
             else:
-                why = GROUPS[group][0]
+                why = KEY_WHY.get(key, GROUPS[group][0])
             if recipe_value != lab_value:
                 out.append(Substitution(key, recipe_value, lab_value, group, why))
     if profile.bootstrap_if:
@@ -217,8 +288,6 @@ def substitutions(profile: Profile, *, ssh_user: str = "") -> list[Substitution]
         on_fabric = profile.api_host in (profile.head_ip, profile.head_bootstrap_ip)
         out.append(Substitution("API_HOST", profile.api_host, lab.head_ip if on_fabric else "0.0.0.0", "nodes",
                                 "the API binds an address of the head, which is the lab's head node"))
-    for key, value in SET_BY_REHEARSAL.items():
-        out.append(Substitution(key, env_text(profile.value(key)), value, "rehearsal", "set by `run --rehearse`"))
     return out
 
 
@@ -240,7 +309,8 @@ def image_substitutions(profile: Profile, digest: str = "") -> list[Substitution
 
 DIGEST_WHY = ("a digest is content-addressed and cannot be forged: the lab's image (its busybox runtime as a "
               "two-platform index) pushed under the recipe's repository path and tag has its own digest, which "
-              "the rehearsal pins and every node pulls by")
+              "the rehearsal pins and every node pulls by; this part of the goal (the recipe's digest kept) cannot "
+              "be met on the lab")
 
 
 def rehearsal_overrides(subs: list[Substitution]) -> dict[str, str]:
@@ -252,16 +322,21 @@ MODEL_WHY = ("the checkpoint is the lab's tiny model (and a scaled synthetic Eng
              "Hub under the recipe's repository ids; their revisions are the lab Hub's commits")
 
 
+def model_substitutions(profile: Profile, revision: str, engram_revision: str = "") -> list[Substitution]:
+    """HF_REVISION (and HF_ENGRAM_REVISION when ENGRAM=1) pinned to the lab Hub's commits of the stand-ins."""
+    out = [Substitution("HF_REVISION", profile.hf_revision, revision, "model", MODEL_WHY)]
+    if profile.engram and profile.hf_engram_repo:
+        out.append(Substitution("HF_ENGRAM_REVISION", profile.hf_engram_revision, engram_revision, "model", MODEL_WHY))
+    return out
+
+
 def publish_models(profile: Profile, *, echo=print) -> list[Substitution]:
     """Publish the tiny model under HF_MODEL_REPO (and the synthetic Engram source under HF_ENGRAM_REPO when
-    ENGRAM=1) on the lab Hub; the revisions to pin instead of the recipe's."""
-    out = [Substitution("HF_REVISION", profile.hf_revision, control.ensure_tiny_repo(profile.hf_model_repo, tp=profile.tp,
-                                                                            echo=echo),
-                        "model", MODEL_WHY)]
-    if profile.engram and profile.hf_engram_repo:
-        revision = hub.publish_engram_source(control.HUB_ROOT, profile.hf_engram_repo)
-        out.append(Substitution("HF_ENGRAM_REVISION", profile.hf_engram_revision, revision, "model", MODEL_WHY))
-    return out
+    ENGRAM=1) on the lab Hub; the revisions to pin instead of the recipe's (:func:`model_substitutions`)."""
+    revision = control.ensure_tiny_repo(profile.hf_model_repo, tp=profile.tp, echo=echo)
+    engram = (hub.publish_engram_source(control.HUB_ROOT, profile.hf_engram_repo)
+              if profile.engram and profile.hf_engram_repo else "")
+    return model_substitutions(profile, revision, engram)
 
 
 def publish_image(profile: Profile) -> list[Substitution]:
@@ -281,11 +356,11 @@ def load_rehearsal(profile_path: str | Path, overrides: dict[str, str] | None = 
     check_ssh_user(ssh_user)
     recipe = load_profile(profile_path, overrides=overrides)
     subs = substitutions(recipe, ssh_user=ssh_user) + (publish_models(recipe, echo=echo) + publish_image(recipe) if publish else [])
-    mapped = rehearsal_overrides(subs)
+    mapped = {**rehearsal_overrides(subs), **SET_BY_REHEARSAL}
     clash = sorted(set(overrides or {}) & set(mapped))
     if clash:
+        why = {**{s.key: s.why for s in subs}, **dict.fromkeys(SET_BY_REHEARSAL, MODE_WHY)}
         raise ProfileError([ProfileIssue(k, f"-p {k}=… cannot be combined with --rehearse: the rehearsal "
-                                            f"substitutes {k} ({next(s.why for s in subs if s.key == k)})",
-                                         fix=f"drop -p {k}") for k in clash])
+                                            f"sets {k} ({why[k]})", fix=f"drop -p {k}") for k in clash])
     merged = {**(overrides or {}), **mapped}
     return load_profile(profile_path, overrides=merged), merged, subs

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -507,7 +508,8 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
     if p.lab:                # the lab's CPU vLLM (also under a rehearsed recipe)
         if not p.kv_cache_memory_bytes:
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"      # GiB; the env var would override the flag
-        env["VLLM_CPU_OMP_THREADS_BIND"] = p.cpu_bind(rank)     # LAB_CPU_BIND (3 ranks on 2 cores: 0,1,1)
+        # LAB_CPU_BIND, or derived from the CPUs the lab's nodes share with this host (3 ranks on 2 cores: 0,1,1)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = p.cpu_bind(rank, cpus=len(os.sched_getaffinity(0)))
     return env
 
 

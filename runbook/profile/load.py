@@ -194,6 +194,11 @@ SEED_ALIASES: dict[str, str] = {
     "WORKER2_HF_CACHE": "WORKER_WEIGHTS_DIR", "WORKER2_NCCL_IB_GID_INDEX": "WORKER2_GID",
 }
 
+#: keys this runbook no longer reads -> why (a copied profile that still has one is told to delete the line)
+RETIRED_KEYS: dict[str, str] = {
+    "LAB_NODES": "the lab has as many nodes as the profile names (WORKER2_SSH set = 3)",
+}
+
 _SECRET_EXACT = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "DSPARK_API_KEYS", "GHCR_TOKEN"}
 
 
@@ -214,6 +219,9 @@ def _unknown_issue(e: EnvEntry) -> ProfileIssue:
                             path=e.path, line=e.line)
     if key.upper() in KEYS:
         return ProfileIssue(key, "keys are upper case", fix=f"write {key.upper()}", path=e.path, line=e.line)
+    if key in RETIRED_KEYS:
+        return ProfileIssue(key, f"retired key: {RETIRED_KEYS[key]}", fix=f"delete line {e.line}" if e.line
+                            else f"drop -p {key}", path=e.path, line=e.line)
     if key in SEED_ALIASES:
         target = SEED_ALIASES[key]
         return ProfileIssue(key, f"unknown key (a seed-recipe name); did you mean {target}?",

@@ -42,11 +42,12 @@ class Profile(BaseModel):
     ssh_connect_timeout: Int(1, 600) = Field(15, description="ssh connect timeout, s")
     command_timeout: Int(1, 86400) = Field(120, description="default timeout per remote command, s")
     lab: Bool = Field(False, description="bring up the embedded lab before running")
-    lab_nodes: Int(2, 3) = Field(2, description="number of lab nodes (2 or 3)")
     rehearsal: Bool = Field(False, description="rehearse this recipe profile on the lab (set by `run --rehearse`: "
-                                               "only the hardware is substituted, and its rows say SIMULATED)")
+                                               "its substitutions are listed in rehearsal.json; hardware-only rows "
+                                               "say SIMULATED)")
     lab_cpu_bind: CpuBind = Field("", description="lab CPU vLLM: VLLM_CPU_OMP_THREADS_BIND per rank, "
-                                  "comma-separated (e.g. 0,1,1); empty = the rank number")
+                                  "comma-separated (e.g. 0,1,1); empty = the head alone on CPU 0, the "
+                                  "other ranks in turn on the host's other CPUs")
 
     # --- fabric
     head_ip: IPv4 = Field("", description="head fabric IPv4 (VLLM_HOST_IP, master address)")
@@ -225,10 +226,20 @@ class Profile(BaseModel):
         the head's fabric address on one link is not reachable from the node on the other), else HEAD_IP."""
         return self.head_bootstrap_ip if self.bootstrap_if else self.head_ip
 
-    def cpu_bind(self, rank: int) -> str:
-        """The lab CPU vLLM's VLLM_CPU_OMP_THREADS_BIND for a rank: LAB_CPU_BIND's item, else the rank."""
+    def cpu_bind(self, rank: int, *, cpus: int) -> str:
+        """The lab CPU vLLM's VLLM_CPU_OMP_THREADS_BIND for a rank: LAB_CPU_BIND's item; empty (every recipe
+        profile, so a rehearsal keeps it) = derived from the ``cpus`` CPUs the lab's nodes share: the head alone
+        on CPU 0, the other ranks in turn on the others (the rank number while ranks <= CPUs).
+
+        >>> from runbook.profile import load_profile
+        >>> p = load_profile("env/tp3-dspark.env")
+        >>> [p.cpu_bind(r, cpus=2) for r in range(3)], [p.cpu_bind(r, cpus=16) for r in range(3)]
+        (['0', '1', '1'], ['0', '1', '2'])
+        """
         items = [x for x in self.lab_cpu_bind.split(",") if x]
-        return items[rank] if rank < len(items) else str(rank)
+        if rank < len(items):
+            return items[rank]
+        return "0" if rank == 0 or cpus < 2 else str(1 + (rank - 1) % (cpus - 1))
 
     @property
     def spec_k(self) -> int:

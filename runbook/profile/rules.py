@@ -120,9 +120,6 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
         yield Conflict(("NNODES", "TP"),
                         f"TP={p.tp} but NNODES={p.nnodes}: each Spark has one GPU, so TP = nodes x 1",
                         f"set TP={p.nnodes}")
-    if p.lab and p.lab_nodes != n:
-        yield Conflict(("LAB_NODES", "WORKER2_SSH"), f"LAB_NODES={p.lab_nodes} but {n} nodes are configured",
-                        f"set LAB_NODES={n}", at="LAB_NODES")
     if p.lab and not p.is_lab and not p.rehearsal:
         yield Conflict(("RECIPE", "LAB"), f"LAB=1 brings up the embedded lab, but RECIPE={p.recipe}",
                         "use RECIPE=lab with LAB=1, or LAB=0 for real Sparks (or rehearse the recipe on the lab: "

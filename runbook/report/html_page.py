@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from ..lab.rehearsal import count, count_text
 from ..secrets import Redactor, default_redactor
 from . import html_sections as sections
 from .html_parts import COLOURS, CSS, escaper, fmt, status_cell, table
@@ -150,24 +151,27 @@ def all_figures(model: ReportModel, e: Escape) -> list[str]:
 
 def substitutions(model: ReportModel, e: Escape) -> list[str]:
     """A rehearsal's substituted keys by class: *hardware* (what the lab cannot have) and *lab* (what it still
-    changes), with the count of each; nothing for a run that is not a rehearsal."""
-    subs = model.rehearsal.get("substituted") or []
+    changes, by goal group), with the counts (``lab.rehearsal.count``, the one count); the run's mode; nothing for a
+    run that is not a rehearsal."""
     if not model.rehearsal:
         return []
-    kinds: dict[str, list[dict[str, Any]]] = {}
-    for sub in subs:
-        kinds.setdefault(str(sub.get("kind") or "unclassified"), []).append(sub)
-    counts = ", ".join(f"{kind}: {len(items)}" for kind, items in sorted(kinds.items())) or "none"
-    rows = [[f"<td>{e(kind)}</td>", f"<td>{e(sub.get('key'))}{e(' (' + sub['part'] + ')' if sub.get('part') else '')}</td>", f"<td>{e(sub.get('recipe'))}</td>",
-             f"<td>{e(sub.get('lab'))}</td>", f"<td class='small'>{e(sub.get('group'))}: {e(sub.get('why'))}</td>"]
-            for kind, items in sorted(kinds.items()) for sub in items]
+    subs = model.rehearsal.get("substituted") or []
+    counts = count_text(count(subs))
+    rows = [[f"<td>{e(sub.get('kind') or 'unclassified')}</td>", f"<td>{e(sub.get('goal') or '')}</td>",
+             f"<td>{e(sub.get('key'))}{e(' (' + sub['part'] + ')' if sub.get('part') else '')}</td>",
+             f"<td>{e(sub.get('recipe'))}</td>", f"<td>{e(sub.get('lab'))}</td>",
+             f"<td class='small'>{e(sub.get('group'))}: {e(sub.get('why'))}</td>"]
+            for sub in sorted(subs, key=lambda s: (str(s.get("kind") or "unclassified"), str(s.get("goal") or "")))]
+    mode = model.rehearsal.get("mode") or {}
+    mode_line = ([f"<p>Mode: {e(', '.join(f'{k}={v}' for k, v in (mode.get('keys') or {}).items()))}: "
+                  f"{e(mode.get('why') or '')}; not counted as substitutions.</p>"] if mode else [])
     tools = model.rehearsal.get("tools") or {}
     tool_rows = [[f"<td>{e(kind)}</td>", f"<td>{e(name)}</td>", f"<td class='small'>{e(why)}</td>"]
                  for kind in ("simulated", "real") for name, why in (tools.get(kind) or {}).items()]
     return [f'<h2 id="rehearsal">Rehearsal substitutions</h2><p>{len(subs)} key(s) substituted ({e(counts)}); '
-            "every other key of the recipe profile ran as written.</p>",
+            "every other key of the recipe profile ran as written.</p>", *mode_line,
             "<details><summary>every substituted key</summary>"
-            + table(["class", "key", "recipe", "rehearsal", "why"], rows) + "</details>"] + (
+            + table(["class", "goal group", "key", "recipe", "rehearsal", "why"], rows) + "</details>"] + (
             [f"<p>Tools: {len(tools.get('simulated') or {})} simulated (hardware: "
              f"{e(', '.join(tools.get('simulated') or {}))}), the rest real "
              f"({e(', '.join(tools.get('real') or {}))}).</p>",

@@ -32,9 +32,10 @@ from runbook import runner
 from runbook.checks import CheckList, Status
 from runbook.lab import sim
 from runbook.lab.netlab.spec import OPERATOR
-from runbook.lab.rehearsal import load_rehearsal
+from runbook.lab.rehearsal import GOALS, count, count_text, load_rehearsal
 from runbook.profile import REPO_ROOT
 from runbook.remote import REHEARSAL_SIM_DIR, Cluster, expand_home, quote
+from support.rehearsal import PENDING_INTERFACE_KEYS      # #23 item 5: the interface keys, still substituted
 
 VENV = REPO_ROOT / ".lab" / "vllm-venv"
 pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow,
@@ -140,12 +141,21 @@ def test_every_step_passed_and_only_hardware_rows_are_simulated(rehearsal):
     # the substitutions and the simulated rows are in the evidence and on the report
     record = json.loads((run_dir.path / "rehearsal.json").read_text())
     substituted = record["substituted"]
-    assert {s["key"] for s in substituted} >= {"HEAD_SSH", "IMAGE", "HF_REVISION", "REHEARSAL"}
-    kinds = [s["kind"] for s in substituted]
-    assert record["counts"] == {k: kinds.count(k) for k in set(kinds)} and set(kinds) == {"hardware", "lab"}
+    keys = {s["key"] for s in substituted}
+    assert keys >= {"HEAD_SSH", "IMAGE", "HF_REVISION"}
+    # the run's mode is recorded as such, not substituted; the lab's node count and CPU binding are derived
+    assert record["mode"]["keys"] == {"LAB": "1", "REHEARSAL": "1"}
+    assert not keys & {"LAB", "REHEARSAL", "LAB_NODES", "LAB_CPU_BIND"}, keys
+    counts = count(substituted)
+    assert (record["classes"], record["lab_by_goal"]) == (counts["classes"], counts["lab_by_goal"])
+    assert list(counts["classes"]) == ["hardware", "lab"] and all(counts["classes"].values()), counts
+    # #23 item 6: every lab-class substitution in one of the goal groups, but the interface keys of item 5
+    outside = {s["key"] for s in substituted if s["kind"] == "lab" and s["goal"] not in GOALS}
+    assert outside <= PENDING_INTERFACE_KEYS, outside
     html = (run_dir.path / "report.html").read_text()
     assert "SIMULATED" in html and "rehears" in html.lower()
-    assert f"{len(substituted)} key(s) substituted (hardware: {kinds.count('hardware')}, lab: {kinds.count('lab')})" in html
+    assert f"{len(substituted)} key(s) substituted ({count_text(counts)})" in html
+    assert "Mode: LAB=1, REHEARSAL=1" in html
     for _, name, _ in simulated[:5]:
         assert escape(name) in html or name.replace(">", "&gt;") in html or name in html, name
 

@@ -251,14 +251,12 @@ CROSS = {
     "tp_nnodes": ({"TP": "2"}, {"TP": "1"}, "NNODES"),  # NNODES is the later line: the second key
     "nnodes_count": ({"NNODES": "2", "TP": "2"}, {"NNODES": "3", "TP": "3"}, "NNODES"),
     "three_nodes": ({"WORKER2_SSH": "spark-worker2", "WORKER2_IP": "169.254.77.3", "WORKER2_CX7_IF": "enp1s0f0np0",
-                     "NNODES": "3", "TP": "3", "LAB_NODES": "3"},
-                    {"WORKER2_SSH": "spark-worker2", "WORKER2_IP": "169.254.77.3", "WORKER2_CX7_IF": "enp1s0f0np0",
-                     "LAB_NODES": "3"}, "NNODES"),
+                     "NNODES": "3", "TP": "3"},
+                    {"WORKER2_SSH": "spark-worker2", "WORKER2_IP": "169.254.77.3", "WORKER2_CX7_IF": "enp1s0f0np0"}, "NNODES"),
     "worker2_needs_ip": ({"WORKER2_SSH": "w2", "WORKER2_IP": "169.254.77.3", "WORKER2_CX7_IF": "eth1",
-                          "NNODES": "3", "TP": "3", "LAB_NODES": "3"},
-                         {"WORKER2_SSH": "w2", "WORKER2_CX7_IF": "eth1", "NNODES": "3", "TP": "3", "LAB_NODES": "3"},
+                          "NNODES": "3", "TP": "3"},
+                         {"WORKER2_SSH": "w2", "WORKER2_CX7_IF": "eth1", "NNODES": "3", "TP": "3"},
                          "WORKER2_SSH"),
-    "lab_nodes": ({"LAB_NODES": "2"}, {"LAB_NODES": "3"}, "LAB_NODES"),
     "long_prefill": ({"MAX_NUM_BATCHED_TOKENS": "1536", "LONG_PREFILL_TOKEN_THRESHOLD": "1280"},
                      {"MAX_NUM_BATCHED_TOKENS": "1536", "LONG_PREFILL_TOKEN_THRESHOLD": "1281"},
                      "LONG_PREFILL_TOKEN_THRESHOLD"),
@@ -386,7 +384,7 @@ def test_nodes_ordered(tmp_path):
     assert a.nodes == [NodeSpec("head", 0, "spark1", "10.0.0.1", "enp1s0f1np1", ["rocep1s0f1"], 3),
                        NodeSpec("worker", 1, "spark2", "10.0.0.2", "enp1s0f0np0", ["rocep1s0f0"], 3)]
     three = load_profile(lab_with(tmp_path, WORKER2_SSH="spark-worker2", WORKER2_IP="169.254.77.3",
-                                  WORKER2_CX7_IF="enp1s0f0np0", NNODES="3", TP="3", LAB_NODES="3"), environ=NO_ENV)
+                                  WORKER2_CX7_IF="enp1s0f0np0", NNODES="3", TP="3"), environ=NO_ENV)
     assert [(n.name, n.rank, n.fabric_ip) for n in three.nodes] == [
         ("head", 0, "169.254.77.1"), ("worker", 1, "169.254.77.2"), ("worker2", 2, "169.254.77.3")]
     assert three.node_count == 3 and three.node("worker2").rank == 2
@@ -439,7 +437,7 @@ def test_repo_relative_profile_path_works_from_another_directory(tmp_path, monke
 
 def test_bootstrap_keys_drive_host_ip_socket_if_and_master_addr(tmp_path):
     p = load_profile(lab_with(tmp_path, WORKER2_SSH="spark-worker2", WORKER2_IP="169.254.77.3",
-                              WORKER2_CX7_IF="enp1s0f0np0", LAB_NODES="3", TP="3", NNODES="3",
+                              WORKER2_CX7_IF="enp1s0f0np0", TP="3", NNODES="3",
                               BOOTSTRAP_IF="eth0", HEAD_BOOTSTRAP_IP="10.77.0.11",
                               WORKER_BOOTSTRAP_IP="10.77.0.12", WORKER2_BOOTSTRAP_IP="10.77.0.13"), environ=NO_ENV)
     assert p.master_addr == "10.77.0.11"
@@ -465,7 +463,18 @@ def test_lab_cpu_bind_validated_per_rank(tmp_path):
     with pytest.raises(ProfileError) as ei:
         load_profile(lab_with(tmp_path, LAB_CPU_BIND="0,1,1"), environ=NO_ENV)
     assert [i.key for i in ei.value.issues] == ["LAB_CPU_BIND"] and "3 item(s) for 2 ranks" in ei.value.issues[0].message
-    assert load_profile(lab_with(tmp_path, LAB_CPU_BIND="1,0"), environ=NO_ENV).cpu_bind(0) == "1"
+    assert load_profile(lab_with(tmp_path, LAB_CPU_BIND="1,0"), environ=NO_ENV).cpu_bind(0, cpus=2) == "1"
+
+
+def test_lab_nodes_is_a_retired_key_named_at_its_line(tmp_path):
+    """The lab has as many nodes as the profile names; a copied profile that still sets LAB_NODES is told so."""
+    path = tmp_path / "old.env"
+    path.write_text((REPO / "env" / "lab.env").read_text().replace("LAB=1\n", "LAB=1\n# old\nLAB_NODES=2\n"))
+    with pytest.raises(ProfileError) as ei:
+        load_profile(path, environ=NO_ENV)
+    (issue,) = ei.value.issues
+    assert (issue.key, issue.line) == ("LAB_NODES", line_of(path, "LAB_NODES"))
+    assert "retired key" in issue.message and "WORKER2_SSH" in issue.message and "delete line" in issue.fix
 
 
 # ----------------------------------------------------------------------------- EXTRA_ARGS managed flags

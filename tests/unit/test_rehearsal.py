@@ -4,11 +4,12 @@ from __future__ import annotations
 import pytest
 
 from runbook.errors import ProfileError
-from runbook.lab.rehearsal import GROUP_CLASS, GROUPS, HARDWARE, LAB_CLASS, by_kind, load_rehearsal, substitutions
+from runbook.lab.rehearsal import (GOALS, GROUP_CLASS, GROUPS, HARDWARE, LAB_CLASS, NO_GOAL, SET_BY_REHEARSAL,
+                                   count, load_rehearsal, substitutions)
 from runbook.profile import KEYS, load_profile
 
 RECIPES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env"]
-SUBSTITUTABLE = {k for _, keys in GROUPS.values() for k in keys} | {"LAB", "REHEARSAL"}
+SUBSTITUTABLE = {k for _, keys in GROUPS.values() for k in keys}
 
 
 @pytest.mark.parametrize("path", RECIPES)
@@ -17,9 +18,9 @@ def test_rehearsal_keeps_every_key_it_does_not_list(path):
     rehearsed, overrides, subs = load_rehearsal(path)
     assert subs, "a rehearsal substitutes at least the nodes"
     listed = {s.key for s in subs}
-    assert listed == set(overrides)
+    assert set(overrides) == listed | set(SET_BY_REHEARSAL)         # the run's mode is set, not substituted
     assert listed <= SUBSTITUTABLE, listed - SUBSTITUTABLE
-    kept = [k for k in KEYS if k not in listed]
+    kept = [k for k in KEYS if k not in listed | set(SET_BY_REHEARSAL)]
     assert kept
     assert {k: rehearsed.value(k) for k in kept} == {k: recipe.value(k) for k in kept}
     assert rehearsed.recipe == recipe.recipe and rehearsed.rehearsal and rehearsed.lab
@@ -80,20 +81,20 @@ def test_lab_home_shares_only_the_python_installs_under_the_home(tmp_path):
 @pytest.mark.parametrize("path", RECIPES)
 def test_every_substitution_has_a_class_and_the_classes_add_up(path):
     subs = substitutions(load_profile(path))
-    classes = by_kind(subs)
-    assert set(classes) == {HARDWARE, LAB_CLASS}
-    assert sum(len(v) for v in classes.values()) == len(subs) > 0
+    classes = count([s.to_dict() for s in subs])["classes"]
+    assert set(classes) == {HARDWARE, LAB_CLASS} and all(classes.values())
+    assert sum(classes.values()) == len(subs) > 0
     assert {s.to_dict()["kind"] for s in subs} <= {HARDWARE, LAB_CLASS}
     # the GPU-only serving keys are forced by the hardware; where the nodes are and who runs them is not
     kinds = {s.key: s.kind for s in subs}
     gpu_keys = [s.key for s in subs if s.group == "gpu"]
     assert gpu_keys and {kinds[k] for k in gpu_keys} == {HARDWARE}
     assert kinds["HEAD_SSH"] == LAB_CLASS and kinds["HEAD_IP"] == LAB_CLASS
-    assert kinds["REHEARSAL"] == LAB_CLASS
+    assert not {"LAB", "REHEARSAL", "LAB_NODES", "LAB_CPU_BIND"} & set(kinds)
 
 
 def test_every_group_has_a_class():
-    assert set(GROUPS) | {"model", "rehearsal"} == set(GROUP_CLASS)
+    assert set(GROUPS) | {"model"} == set(GROUP_CLASS)
 
 
 def test_a_live_node_that_fails_ssh_is_named_and_a_dead_one_is_not():

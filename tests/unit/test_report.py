@@ -337,25 +337,35 @@ def test_the_minimum_memavailable_per_rank_is_recomputed_from_the_samples_agains
 
 
 def test_a_rehearsal_lists_its_substitutions_by_class_with_counts(results):
-    from runbook.lab.rehearsal import by_kind, substitutions
+    """The classes with their counts, the lab class by goal group (one count: lab.rehearsal.count), every key with
+    its class and goal group, and the run's mode (not a substitution)."""
+    from runbook.lab import rehearsal
+    from runbook.lab.rehearsal import substitutions
     from runbook.profile import load_profile
-    subs = substitutions(load_profile("env/dspark-v4.env"))
-    classes = by_kind(subs)
+    profile, _, subs = rehearsal.load_rehearsal("env/dspark-v4.env")
+    classes = {kind: [s for s in subs if s.kind == kind] for kind in ("hardware", "lab")}
     assert classes["hardware"] and classes["lab"]
     run = build_run(results, "20261201-040000-dspark-v4")
-    kinds = [s.kind for s in subs]
-    (run / "rehearsal.json").write_text(json.dumps({"profile": "env/dspark-v4.env",
-                                                    "substituted": [s.to_dict() for s in subs],
-                                                    "counts": {k: kinds.count(k) for k in set(kinds)}}))
+    (run / "rehearsal.json").write_text(json.dumps(rehearsal.record(profile, [s.to_dict() for s in subs])))
     model = collector.collect(run, redactor=RED)
     html = html_page.render_html(model, redactor=RED)
-    counts = f"hardware: {len(classes['hardware'])}, lab: {len(classes['lab'])}"
+    goals = rehearsal.count([s.to_dict() for s in subs])["lab_by_goal"]
+    counts = (f"hardware: {len(classes['hardware'])}, lab: {len(classes['lab'])} ("
+              + ", ".join(f"{goal}: {n}" for goal, n in goals.items()) + ")")
     assert f"{len(subs)} key(s) substituted ({counts})" in html
+    assert "node addresses: 7, Hub endpoint and model: 1, registry host: 1, recipe repository: 2, none: 1" in counts
     for sub in subs:           # a key substituted in part (IMAGE's registry host) says which part
-        assert f"<td>{sub.key}{f' ({sub.part})' if sub.part else ''}</td>" in html
-    assert "<td>IMAGE (registry host)</td>" in html
-    assert model.to_dict()["rehearsal"]["counts"] == {"hardware": len(classes["hardware"]),
-                                                      "lab": len(classes["lab"])}
+        assert f"<td>{sub.kind}</td><td>{sub.goal}</td><td>{sub.key}{f' ({sub.part})' if sub.part else ''}</td>" in html
+    assert "<td>lab</td><td>registry host</td><td>IMAGE (registry host)</td>" in html
+    assert "Mode: LAB=1, REHEARSAL=1: the run&#x27;s mode, set by `run --rehearse`" in html
+    assert model.to_dict()["rehearsal"]["classes"] == {"hardware": len(classes["hardware"]),
+                                                       "lab": len(classes["lab"])}
+    # an older run's rehearsal.json (no goal groups, no mode) still renders, counted by the same function
+    old = [{k: v for k, v in s.to_dict().items() if k != "goal"} for s in substitutions(load_profile("env/dspark-v4.env"))]
+    (run / "rehearsal.json").write_text(json.dumps({"profile": "env/dspark-v4.env", "substituted": old}))
+    html = html_page.render_html(collector.collect(run, redactor=RED), redactor=RED)
+    assert f"lab: {len(classes['lab'])} (node addresses: 0, " in html and f"none: {len(classes['lab'])})" in html
+    assert "Mode:" not in html
 
 
 def test_a_run_that_is_not_a_rehearsal_has_no_substitution_section(results):

@@ -85,11 +85,11 @@ def test_tp3_dspark_values_follow_the_seed_lane():
 
 def test_lab_tp3_values():
     p = labtp3()
-    assert p.lab and p.lab_nodes == 3 and p.worker2_ssh == "spark-worker2" and p.worker2_ip == "169.254.77.3"
-    assert [p.cpu_bind(r) for r in range(3)] == ["0", "1", "1"]
+    assert p.lab and len(p.nodes) == 3 and p.worker2_ssh == "spark-worker2" and p.worker2_ip == "169.254.77.3"
+    assert [p.cpu_bind(r, cpus=16) for r in range(3)] == ["0", "1", "1"]       # pinned: whatever the host has
     assert p.hf_model_repo == "spark-runbook/tiny-tp3" and p.master_addr == "169.254.77.1"
     two = load_profile(ENV / "lab.env", environ=NO_ENV)
-    assert [two.cpu_bind(r) for r in range(2)] == ["0", "1"]                  # default: the rank
+    assert [two.cpu_bind(r, cpus=2) for r in range(2)] == ["0", "1"]          # derived: the rank, ranks <= CPUs
 
 
 # ----------------------------------------------------------------------------- validation rules
@@ -138,7 +138,7 @@ def test_lab_cpu_bind_needs_one_item_per_rank_and_the_lab():
     assert [i.key for i in iss] == ["LAB_CPU_BIND"]
     iss = issues(ENV / "lab-tp3.env", LAB_CPU_BIND="0;1;1")
     assert [i.key for i in iss] == ["LAB_CPU_BIND"]
-    assert labtp3(LAB_CPU_BIND="0-1,0,1").cpu_bind(0) == "0-1"
+    assert labtp3(LAB_CPU_BIND="0-1,0,1").cpu_bind(0, cpus=2) == "0-1"
 
 
 def test_seed_tp3_names_point_at_runbook_keys(tmp_path):
