@@ -134,26 +134,26 @@ def _split_url(url: str) -> tuple[str, str]:
 
 
 def http_json(
-    url: str, payload: dict | None = None, timeout: float = 120.0
+    url: str, payload: dict | None = None, timeout: float = 120.0, api_key: str = ""
 ) -> tuple[int, dict | str]:
     """GET (payload None) or POST JSON through the runbook's API client; returns (status, parsed JSON or
     text). Never raises on HTTP errors; a transport error raises (there is no status to return)."""
     base, path = _split_url(url)
-    with ApiClient(ServerInfo(base, ""), timeout=timeout) as api:
+    with ApiClient(ServerInfo(base, "", api_key=api_key), timeout=timeout) as api:
         ex = api.get(path) if payload is None else api.post(path, payload)
     if ex.status is None:
         raise ConnectionError(f"{url}: {ex.error}")
     return ex.status, ex.body
 
 
-def sse_events(url: str, payload: dict, timeout: float = 120.0) -> list[dict]:
+def sse_events(url: str, payload: dict, timeout: float = 120.0, api_key: str = "") -> list[dict]:
     """POST a chat with stream=true through the runbook's API client (its one SSE parser); returns the
     parsed events (without the final [DONE])."""
     base, path = _split_url(url)
     if path != "/v1/chat/completions":
         raise ValueError(f"sse_events streams chat completions only, not {path}")
     body = {k: v for k, v in payload.items() if k != "stream"}
-    with ApiClient(ServerInfo(base, str(payload.get("model", ""))), timeout=timeout) as api:
+    with ApiClient(ServerInfo(base, str(payload.get("model", "")), api_key=api_key), timeout=timeout) as api:
         ex = api.stream_chat(body, timeout=timeout)
     if ex.status != 200:
         raise ConnectionError(f"{url}: HTTP {ex.status} {ex.error or ex.error_message()[:200]}")

@@ -318,7 +318,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                 # a worker that never came up (bad binary, quoting that split its environment, a crash on
                 # start): the head would wait for it until vLLM's rendezvous timeout; never start it then
                 if cleanup:
-                    stop(cluster, profile, nodes=attempted, grace=10, mem_settle_s=0)
+                    stop(cluster, profile, nodes=attempted, grace=10, mem_settle_s=0, together=True)
                 return _fail(result, "workers running before the head starts",
                              "a worker rank is not running a moment after its start: the head was not started",
                              node=",".join(gone),
@@ -339,7 +339,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                 result.readiness.head_started = round(time.monotonic() - t0, 3)
     except Exception as exc:  # noqa: BLE001 - any start failure: clean up, then report
         if cleanup and attempted:
-            stop(cluster, profile, nodes=attempted, grace=10, mem_settle_s=0)
+            stop(cluster, profile, nodes=attempted, grace=10, mem_settle_s=0, together=True)
         return _fail(result, "server started", "a start command failed", node="cluster",
                      observed=str(exc)[:1500], expected="both ranks started",
                      fix="see the error; every rank started or tried was stopped and removed", raise_=raise_)
@@ -495,7 +495,7 @@ def _after_wait(cluster, profile, plan, result, ev, raise_, *, t0, started, clea
         if fatal:                            # the recipe's start chain refused: that is the cause
             observed = f"{observed}; recipe start chain: {' | '.join(fatal[:4])}"
         if started and cleanup and not stopped_already:
-            stop(cluster, profile, grace=10, mem_settle_s=0)     # a booting vLLM ignores SIGTERM anyway
+            stop(cluster, profile, grace=10, mem_settle_s=0, together=True)     # a booting vLLM ignores SIGTERM anyway
         expected = (result.memory_guard.get("expected") if cname == memguard.GUARD_ROW else
                     "both ranks alive until the API streams a token")
         return _fail(result, cname, what, node=node, observed=f"{observed}\n{tails}",

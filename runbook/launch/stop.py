@@ -51,12 +51,18 @@ def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str
     if st.container_status:
         node.run(f"docker stop -t {int(grace)} {quote(container)} >/dev/null 2>&1; "
                  f"docker rm -f {quote(container)} >/dev/null 2>&1; true", timeout=grace + 60)
-    # process runtime: SIGTERM the main pid (the headless rank does not exit on its own), then the group
+    # process runtime: SIGTERM the rank's process group (the headless rank does not exit on its own), as Ctrl-C
+    # does in a terminal: every process gets it at once, so the executor does not spend its shutdown grace waiting
+    # for workers nobody told to stop, and what a killed main pid left (EngineCore, workers) gets it too
     pid = st.pid or (st.record.get("pid") if st.record else None)
-    if pid:
-        node.run(f"kill -TERM {int(pid)} 2>/dev/null; true", timeout=30)
-    deadline = time.monotonic() + grace
+    signalled = bool(pid) and "sent" in node.run(f"kill -TERM -- -{int(pid)} 2>/dev/null && echo sent; true",
+                                                 timeout=30).stdout
     left = _our_left(node, pid)
+    if left and not signalled:
+        # no group to signal (no pid file, or every member gone but strays): those get theirs now, not after a
+        # grace spent waiting for processes that were never told to stop
+        node.run(f"kill -TERM {' '.join(str(p) for p in left)} 2>/dev/null; true", timeout=30)
+    deadline = time.monotonic() + grace
     while left and time.monotonic() < deadline:
         time.sleep(1.0)
         left = _our_left(node, pid)
@@ -151,20 +157,25 @@ def _our_left(node: Node, pid: int | None) -> list[int]:
 
 
 def stop(cluster: Cluster, profile, nodes: list[str] | None = None, *, grace: float = 30.0,
-         mem_settle_s: float = 20.0, first: str = "") -> StopResult:
+         mem_settle_s: float = 20.0, first: str = "", together: bool = False) -> StopResult:
     """Stop the head, then the worker(s) (the headless rank does not exit with the head: it is
     stopped explicitly), and prove teardown on each node. Returns the rows and per-node facts; the step's
     entry records them. ``first``: a node stopped before the others (the memory guard's: the rank that crossed
-    the floor); memory is checked only once every node is stopped."""
+    the floor); memory is checked only once every node is stopped. ``together``: every node at once (a failed
+    start's cleanup: booting ranks ignore SIGTERM, so one node after the other costs one grace per node)."""
     result = StopResult()
     order = [n for n in cluster.nodes if nodes is None or n.name in nodes]
     order.sort(key=lambda n: n.name != first)       # stable: rank order otherwise
     if cluster.head.dry_run:
         result.checks.add(not_applicable("server stopped", "dry run: nothing stopped", node="cluster"))
         return result
+    at_once = cluster.each(lambda n: _stop_node(n, profile, grace), order) if together else {}
     for node in order:        # head first (rank order), one at a time like the seeds
         try:
-            checks, info = _stop_node(node, profile, grace)
+            got = at_once[node.name] if together else _stop_node(node, profile, grace)
+            if isinstance(got, Exception):
+                raise got
+            checks, info = got
         except Exception as exc:  # noqa: BLE001 - report per node, keep stopping the others
             checks, info = [check("no vLLM process or container left", False, node=node.name,
                                   observed=f"stop failed: {exc}"[:500], expected="nothing",

@@ -1,4 +1,5 @@
-"""Failures injected for real on the lab, each detected and explained (issue 16)."""
+"""Failures injected for real on the lab, each detected and explained (issue 16). The two diagnose runs against a
+healthy server share the lab profile's server (``lab_server``: the user's when `make runbook` left it up)."""
 from __future__ import annotations
 
 import time
@@ -30,7 +31,7 @@ def test_firewall_dropping_the_master_port_is_named_within_a_minute(lab, vllm_ve
             cluster.head.run(f"iptables -D {rule}", timeout=20, warn=True)
             stop.stop(cluster, profile, mem_settle_s=0)
     failed = result.checks.failures()
-    print(f"\n[diagnose] master port firewalled: start ended after {took:.1f} s: "
+    print(f"\n[diagnose] master port firewalled: start ended after {took:.1f} s (failure seen at {result.failure_detected_s} s): "
           + "; ".join(f"{c.name}: {c.observed}" for c in failed))
     assert [c.name for c in failed] == ["workers reach the master port"], result.checks.to_text()
     assert "firewall" in failed[0].fix and str(profile.master_port) in failed[0].observed
@@ -62,7 +63,7 @@ def test_rendezvous_on_the_management_address_is_named(lab, vllm_venv, tmp_path)
             cluster.worker.run(f"iptables -D {rule}", timeout=20, warn=True)
             stop.stop(cluster, profile, mem_settle_s=0)
     failed = result.checks.failures()
-    print(f"\n[diagnose] rendezvous on {mgmt}: start ended after {took:.1f} s: "
+    print(f"\n[diagnose] rendezvous on {mgmt}: start ended after {took:.1f} s (failure seen at {result.failure_detected_s} s): "
           + "; ".join(f"{c.name}: {c.observed}" for c in failed)
           + "\n" + "\n".join(f.to_text() for f in findings))
     assert failed and failed[0].name == "workers reach the master port", result.checks.to_text()
@@ -74,17 +75,7 @@ def test_rendezvous_on_the_management_address_is_named(lab, vllm_venv, tmp_path)
     assert archive.is_file()
 
 
-@pytest.fixture(scope="module")
-def running(lab, vllm_venv):
-    profile = load_profile(PROFILE)
-    with Cluster.from_profile(profile) as cluster:
-        result = server.start(cluster, profile, render_plan(cluster, profile))
-        assert result.ok, result.checks.to_text()
-        yield profile
-        stop.stop(cluster, profile, mem_settle_s=0)
-
-
-def test_diagnose_names_a_port_answering_for_another_model(running, tmp_path):
+def test_diagnose_names_a_port_answering_for_another_model(lab_server, tmp_path):
     """The profile expects one model id; the port serves another: `python -m runbook diagnose` says so."""
     import subprocess
     import sys
@@ -99,7 +90,7 @@ def test_diagnose_names_a_port_answering_for_another_model(running, tmp_path):
     assert "curl -s http://127.0.0.1:" in done.stdout        # the proof reaches the API where it binds
 
 
-def test_diagnose_of_a_healthy_lab_matches_nothing(running):
+def test_diagnose_of_a_healthy_lab_matches_nothing(lab_server):
     import subprocess
     import sys
     done = subprocess.run([sys.executable, "-m", "runbook", "diagnose", "--profile", PROFILE],

@@ -4,10 +4,12 @@
 Marked `vllm`; skipped when the lab venv (<repo>/.lab/vllm-venv or $LAB_VLLM_VENV) is absent. One server at
 a time, always stopped (whole process tree checked gone).
 
-- text server (the lab profile's model: served name `tiny`, max_model_len 4096, hermes tools with
-  `--tool-strict-level parameter`, and `--api-key` with a generated key exported as VLLM_API_KEY): every
+- text server (the session's loopback server, tests/lab/conftest.py ``tiny_tp1_server``, which test_vllm_cpu's
+  TP=1 test then checks and stops: the lab profile's model, served name `tiny`, max_model_len 4096, hermes tools
+  with `--tool-strict-level parameter`, and `--api-key` with a generated key exported as VLLM_API_KEY): every
   smoke case, the 7-case tool battery and `vision.disabled` (VISION=0) must PASS; N/A only where the lab
-  cannot judge (answers on random weights, speculative decoding, the vision cases of a text model).
+  cannot judge (answers on random weights, speculative decoding, the vision cases of a text model). The
+  LLaVA test runs first, so the two servers never run at once.
 - a tiny LLaVA (runbook.lab.tinymodel --arch llava) with `--limit-mm-per-prompt {"image": 2}`: the
   data-URL PNG/JPEG/GIF requests reach the model through vLLM's real multimodal path (image tokens in
   usage) and the image cap is enforced (about 1 min on an idle box; needs the venv made by `make lab-vllm`,
@@ -20,7 +22,6 @@ test-artifacts/smoke-vllm-<server>.txt.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import subprocess
 import time
@@ -36,7 +37,6 @@ import runbook.vision_tools.vision
 from runbook.checks import Status
 from runbook.lab import vllm_lab
 from runbook.lab.vllm_lab import VllmServer, serve_command, serve_env
-from runbook.secrets import register_secret
 
 pytestmark = pytest.mark.vllm
 
@@ -109,56 +109,6 @@ def _assert_applicable_pass(checks, allowed_na: dict[str, str]) -> None:
     assert not bad, bad
 
 
-def test_smoke_and_tools_against_real_vllm(tmp_path, tmp_path_factory, monkeypatch):
-    model = _model(tmp_path_factory, "LAB_TINY_MODEL_DIR", "llama")
-    key = "lab-" + secrets.token_urlsafe(18)
-    register_secret(key)
-    monkeypatch.setenv("VLLM_API_KEY", key)
-    t0 = time.monotonic()
-    srv, ready = _serve(model, tmp_path / "vllm-text.log", ["--api-key", key])
-    try:
-        base = f"http://127.0.0.1:{PORT}"
-        smoke_step = runbook.step.begin("05_smoke", LAB_ENV, results_root=tmp_path / "results")
-        client = runbook.api.server_info.connect(smoke_step.profile, smoke_step.run.path, base_url=base)
-        assert client.server.api_key == key
-        t1 = time.monotonic()
-        smoke_rec = runbook.api.server_info.Archive("raw/05_smoke")
-        smoke_rows = runbook.smoke.cases.run_smoke(client, smoke_step.profile, smoke_rec)
-        smoke_s = time.monotonic() - t1
-        smoke_step.archive(smoke_rec.files)        # as smoke.run records them
-
-        vt_step = runbook.step.begin("06_vision_tools", LAB_ENV, run_dir=smoke_step.run.path)
-        client2 = runbook.api.server_info.connect(vt_step.profile, vt_step.run.path, base_url=base)
-        t2 = time.monotonic()
-        vt_rec = runbook.api.server_info.Archive("raw/06_vision_tools")
-        vt_rows = runbook.vision_tools.vision.run_vision(client2, vt_step.profile, vt_rec)
-        vt_rows.add(runbook.vision_tools.battery.run_battery(client2, vt_step.profile, vt_rec))
-        vt_s = time.monotonic() - t2
-        vt_step.archive(vt_rec.files)
-    finally:
-        stop_s = srv.stop()
-    _report("text", smoke_rows, f"ready {ready:.0f} s, smoke {smoke_s:.0f} s, stop {stop_s:.1f} s\n")
-    _report("text-06", vt_rows, f"vision+tools {vt_s:.0f} s, total {time.monotonic() - t0:.0f} s\n")
-
-    rows = {c.name: c for c in smoke_rows}
-    _assert_applicable_pass(smoke_rows, LAB_NA)
-    for name in ("health", "version", "models.served_name", "models.max_model_len", "metrics", "chat.response",
-                 "chat.stream", "concurrency", "context.near_max", "context.past_max", "auth.api_key"):
-        assert rows[name].status is Status.PASS, (name, rows[name].observed)
-    assert rows["chat.answer"].status is Status.NA
-    assert [n for n in rows if n.startswith("context.needle.")] == [
-        "context.needle.512", "context.needle.1024", "context.needle.2048", "context.needle.4032"]
-    _assert_applicable_pass(vt_rows, {})
-    vt = {c.name: c for c in vt_rows}
-    assert vt["vision.disabled"].status is Status.PASS
-    assert all(vt[n].status is Status.PASS for n in runbook.vision_tools.battery.CASES)
-    # the evidence never holds the key
-    assert smoke_rec.files and vt_rec.files and (smoke_step.run.path / "raw" / "05_smoke").is_dir()
-    for path in smoke_step.run.path.rglob("*"):
-        if path.is_file():
-            assert key not in path.read_text(errors="replace"), path
-
-
 @pytest.mark.skipif(os.environ.get("LAB_VLLM_VISION") == "0", reason="LAB_VLLM_VISION=0 (a second server)")
 def test_vision_against_real_llava(tmp_path, tmp_path_factory, monkeypatch):
     tv = subprocess.run([str(LAB_PY), "-c", "import torchvision"], capture_output=True, text=True, timeout=120)
@@ -182,3 +132,53 @@ def test_vision_against_real_llava(tmp_path, tmp_path_factory, monkeypatch):
         assert by[name].status is Status.PASS, (name, by[name].observed)
     assert by["vision.png_data_url"].data["image_tokens"] > 0
     assert not [c for c in rows if c.failed]
+
+
+def test_smoke_and_tools_against_real_vllm(tmp_path, tiny_tp1_server, monkeypatch):
+    """On the session's loopback server (tests/lab/conftest.py ``tiny_tp1_server``, shared with test_vllm_cpu's TP=1
+    test, which stops it): every smoke case, the tool battery and vision.disabled, the key never in the evidence."""
+    key = tiny_tp1_server.key
+    monkeypatch.setenv("VLLM_API_KEY", key)
+    t0 = time.monotonic()
+    ready = tiny_tp1_server.ready_s
+    base = tiny_tp1_server.base
+    smoke_step = runbook.step.begin("05_smoke", LAB_ENV, results_root=tmp_path / "results")
+    client = runbook.api.server_info.connect(smoke_step.profile, smoke_step.run.path, base_url=base)
+    assert client.server.api_key == key
+    t1 = time.monotonic()
+    smoke_rec = runbook.api.server_info.Archive("raw/05_smoke")
+    smoke_rows = runbook.smoke.cases.run_smoke(client, smoke_step.profile, smoke_rec)
+    smoke_s = time.monotonic() - t1
+    smoke_step.archive(smoke_rec.files)        # as smoke.run records them
+
+    vt_step = runbook.step.begin("06_vision_tools", LAB_ENV, run_dir=smoke_step.run.path)
+    client2 = runbook.api.server_info.connect(vt_step.profile, vt_step.run.path, base_url=base)
+    t2 = time.monotonic()
+    vt_rec = runbook.api.server_info.Archive("raw/06_vision_tools")
+    vt_rows = runbook.vision_tools.vision.run_vision(client2, vt_step.profile, vt_rec)
+    vt_rows.add(runbook.vision_tools.battery.run_battery(client2, vt_step.profile, vt_rec))
+    vt_s = time.monotonic() - t2
+    vt_step.archive(vt_rec.files)
+    _report("text", smoke_rows, f"ready {ready:.0f} s, smoke {smoke_s:.0f} s\n")
+    _report("text-06", vt_rows, f"vision+tools {vt_s:.0f} s, total {time.monotonic() - t0:.0f} s\n")
+
+    rows = {c.name: c for c in smoke_rows}
+    _assert_applicable_pass(smoke_rows, LAB_NA)
+    for name in ("health", "version", "models.served_name", "models.max_model_len", "metrics", "chat.response",
+                 "chat.stream", "concurrency", "context.near_max", "context.past_max", "auth.api_key"):
+        assert rows[name].status is Status.PASS, (name, rows[name].observed)
+    assert rows["chat.answer"].status is Status.NA
+    assert [n for n in rows if n.startswith("context.needle.")] == [
+        "context.needle.512", "context.needle.1024", "context.needle.2048", "context.needle.4032"]
+    _assert_applicable_pass(vt_rows, {})
+    vt = {c.name: c for c in vt_rows}
+    assert vt["vision.disabled"].status is Status.PASS
+    assert runbook.vision_tools.battery.CASES and all(vt[n].status is Status.PASS
+                                                      for n in runbook.vision_tools.battery.CASES)
+    # the evidence never holds the key
+    assert smoke_rec.files and vt_rec.files and (smoke_step.run.path / "raw" / "05_smoke").is_dir()
+    for path in smoke_step.run.path.rglob("*"):
+        if path.is_file():
+            assert key not in path.read_text(errors="replace"), path
+
+

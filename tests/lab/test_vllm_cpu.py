@@ -4,8 +4,9 @@ Marked `vllm`; skipped when the lab venv (<repo>/.lab/vllm-venv or $LAB_VLLM_VEN
 (install it with `make lab-vllm` / runbook/lab/install_vllm.sh). One server at a time; every server
 started here is stopped and its whole process tree checked to be gone.
 
-- TP=1 on 127.0.0.1: /health, /v1/models, chat with usage, streamed chat with include_usage,
-  `tool_choice: required` with schema-valid arguments, SIGTERM + tree gone.
+- TP=1 on 127.0.0.1 (the session's loopback server, shared with test_smoke_vllm's text test, with its API
+  key): /health, /v1/models, chat with usage, streamed chat with include_usage, `tool_choice: required` with
+  schema-valid arguments, SIGTERM + tree gone.
 - Multi-node TP=2 on loopback (two processes, head + headless worker): opt-in with
   LAB_VLLM_MULTINODE=1 (about 60-140 s startup and 5.5 GiB RAM).
 - Multimodal: a tiny random LLaVA answers an image_url (data URL) chat: opt-in with
@@ -67,31 +68,6 @@ def _record(key: str, value: dict) -> None:
     print(f"\n[vllm timings] {key}: {value}")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """The rigged tiny Llama, made fresh (or $LAB_TINY_MODEL_DIR, an existing one, to save a minute)."""
-    given = os.environ.get("LAB_TINY_MODEL_DIR")
-    if given:
-        assert (Path(given) / "model.safetensors").is_file(), (
-            f"LAB_TINY_MODEL_DIR={given} has no model"
-        )
-        return Path(given)
-    out = tmp_path_factory.mktemp("models") / "tiny-llama-rigged"
-    t0 = time.monotonic()
-    res = subprocess.run(
-        [str(LAB_PY), "-m", "runbook.lab.tinymodel", "--out", str(out)],
-        cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert res.returncode == 0, res.stderr[-4000:]
-    _record("make_tiny_model_s", {"seconds": round(time.monotonic() - t0, 1)})
-    return out
-
-
 # A bounded schema: every string is limited, so the random model cannot run on forever.
 WEATHER_TOOL = {
     "type": "function",
@@ -125,9 +101,9 @@ def _validate_weather(args: dict) -> None:
     ), args
 
 
-def _exercise_api(base: str) -> dict:
+def _exercise_api(base: str, key: str = "") -> dict:
     """The endpoint checks shared by TP=1 and multi-node. Returns small facts for the record."""
-    status, models = http_json(f"{base}/v1/models")
+    status, models = http_json(f"{base}/v1/models", api_key=key)
     assert status == 200, models
     assert [m["id"] for m in models["data"]] == ["tiny"]
     assert models["data"][0]["max_model_len"] == 4096
@@ -142,6 +118,7 @@ def _exercise_api(base: str) -> dict:
             "seed": 7,
             "temperature": 0,
         },
+        api_key=key,
     )
     assert status == 200, chat
     assert chat["choices"][0]["message"]["role"] == "assistant"
@@ -160,6 +137,7 @@ def _exercise_api(base: str) -> dict:
             "stream": True,
             "stream_options": {"include_usage": True},
         },
+        api_key=key,
     )
     assert len(events) >= 3
     text = "".join(
@@ -183,6 +161,7 @@ def _exercise_api(base: str) -> dict:
             "max_tokens": 256,
             "temperature": 0,
         },
+        api_key=key,
     )
     assert status == 200, call
     calls = call["choices"][0]["message"]["tool_calls"]
@@ -196,27 +175,23 @@ def _exercise_api(base: str) -> dict:
     }
 
 
-def test_tp1_serve_chat_stream_tools_and_stop(tiny_model, tmp_path):
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = serve_command(tiny_model, port=port)
-    srv = VllmServer.start(
-        cmd, serve_env(host_ip="127.0.0.1"), tmp_path / "vllm-tp1.log", cwd=REPO
-    )
+def test_tp1_serve_chat_stream_tools_and_stop(tiny_tp1_server):
+    """The session's loopback server (tests/lab/conftest.py ``tiny_tp1_server``, shared with the smoke test): the
+    endpoint checks with its API key, then SIGTERM and the whole process tree gone (it is stopped here)."""
+    server = tiny_tp1_server
+    srv = server.srv
     try:
-        ready_s = srv.wait_ready(base, timeout=READY_TIMEOUT)
-        n_procs = len(srv.processes())
-        facts = _exercise_api(base)
+        facts = _exercise_api(server.base, server.key)
     finally:
         stop_s = srv.stop()
     assert not srv.alive() and srv._live_tracked() == []
-    assert n_procs >= 2  # API server + engine core (+ worker)
+    assert server.processes >= 2  # API server + engine core (+ worker)
     _record(
         "tp1",
         {
-            "ready_s": round(ready_s, 1),
+            "ready_s": round(server.ready_s, 1),
             "stop_s": round(stop_s, 1),
-            "processes": n_procs,
+            "processes": server.processes,
             **facts,
         },
     )
@@ -226,7 +201,7 @@ def test_tp1_serve_chat_stream_tools_and_stop(tiny_model, tmp_path):
     os.environ.get("LAB_VLLM_MULTINODE") != "1",
     reason="multi-node loopback TP=2 is opt-in: set LAB_VLLM_MULTINODE=1 (~2 min, 5.5 GiB)",
 )
-def test_multinode_tp2_loopback(tiny_model, tmp_path):
+def test_multinode_tp2_loopback(tiny_llama, tmp_path):
     port, master_port = (
         _free_port(),
         int(os.environ.get("LAB_VLLM_MASTER_PORT", "29511")),
@@ -239,7 +214,7 @@ def test_multinode_tp2_loopback(tiny_model, tmp_path):
         "master_port": master_port,
     }
     worker = VllmServer.start(
-        serve_command(tiny_model, node_rank=1, headless=True, **common),
+        serve_command(tiny_llama, node_rank=1, headless=True, **common),
         serve_env(host_ip="127.0.0.1", omp_bind="1"),
         tmp_path / "vllm-rank1.log",
         cwd=REPO,
@@ -248,7 +223,7 @@ def test_multinode_tp2_loopback(tiny_model, tmp_path):
     try:
         time.sleep(2)
         head = VllmServer.start(
-            serve_command(tiny_model, port=port, node_rank=0, **common),
+            serve_command(tiny_llama, port=port, node_rank=0, **common),
             serve_env(host_ip="127.0.0.1", omp_bind="0"),
             tmp_path / "vllm-rank0.log",
             cwd=REPO,

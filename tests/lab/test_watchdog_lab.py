@@ -10,11 +10,9 @@ import httpx
 import pytest
 
 from runbook.facts import ranks
-from runbook.launch import server, stop
-from runbook.launch.plan import render_plan
+from runbook.launch import stop
 from runbook.api import endpoint
 from runbook.api.watchdog import Watchdog
-from runbook.profile import load_profile
 from runbook.remote import Cluster
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow]
@@ -23,16 +21,12 @@ IF = "enp1s0f0np0"
 CAUGHT_WITHIN_S = 30
 
 
-@pytest.fixture(scope="module")
-def running(lab, vllm_venv):
-    profile = load_profile(PROFILE)
-    with Cluster.from_profile(profile) as cluster:
-        result = server.start(cluster, profile, render_plan(cluster, profile))
-        assert result.ok, result.checks.to_text()
-        try:
-            yield profile, cluster
-        finally:
-            stop.stop(cluster, profile, mem_settle_s=0)
+@pytest.fixture
+def running(lab_server):
+    """The lab profile's shared server (tests/lab/conftest.py ``lab_server``: reused when it runs, started
+    otherwise; a frozen rank or a downed link is recovered by the test that made it)."""
+    with Cluster.from_profile(lab_server) as cluster:
+        yield lab_server, cluster
 
 
 def _long_stream(profile, seconds: float = 120.0) -> threading.Thread:
