@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from runbook.errors import ProfileError
-from runbook.lab.rehearsal import (GOALS, GROUP_CLASS, GROUPS, HARDWARE, LAB_CLASS, NO_GOAL, SET_BY_REHEARSAL,
+from runbook.lab.rehearsal import (GROUP_CLASS, GROUPS, HARDWARE, LAB_CLASS, SET_BY_REHEARSAL,
                                    count, load_rehearsal, substitutions)
 from runbook.profile import KEYS, load_profile
 
