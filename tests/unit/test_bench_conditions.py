@@ -24,6 +24,9 @@ from runbook.bench.config import config_from_profile
 from runbook.errors import BenchError
 from runbook.profile import REPO_ROOT, load_profile
 
+# some cases time the reference server's answers: on the lab's xdist worker in `make test`, never niced
+pytestmark = pytest.mark.timed
+
 
 def profile_without_bench_keys(tmp_path: Path, name: str, overrides: dict | None = None):
     """A shipped recipe profile minus its BENCH_* lines (what a user gets who does not set them)."""

@@ -16,6 +16,9 @@ from runbook.benchmark.runner import run_benchmark
 from runbook.checks import Status
 from runbook.lab import control
 
+# some cases time the reference server's answers: on the lab's xdist worker in `make test`, never niced
+pytestmark = pytest.mark.timed
+
 
 def _result(url: str, tmp_path: Path, **kw):
     cfg = BenchConfig(prompt_tokens=64, decode_tokens=48, concurrency=(1,), prefill_tokens=(), repeats=3, **kw)

@@ -24,7 +24,8 @@ from runbook.benchmark.reftiming import truth_records
 from runbook.benchmark.result import BenchConfig, load_records
 from runbook.benchmark.runner import run_benchmark
 
-pytestmark = pytest.mark.slow          # timing against a spawned reference server: make test, not make check
+# timing against a spawned reference server: make test, not make check, and on the lab's worker (timed)
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
 TTFT, INTERVAL, PREFILL_RATE = 0.25, 0.015, 10_000.0
 PROMPT, DECODE, PREFILL_P = 100, 64, 6000

@@ -26,7 +26,8 @@ from runbook.benchmark.refserver import RefConfig, spawn
 from runbook.benchmark.result import BenchConfig, load_records
 from runbook.benchmark.runner import run_benchmark
 
-pytestmark = pytest.mark.slow          # timing against a spawned reference server: make test, not make check
+# timing against a spawned reference server: make test, not make check, and on the lab's worker (timed)
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
 TTFT, INTERVAL = 0.08, 0.05
 PROMPT, DECODE, PREFILL_P = 40, 10, 300

@@ -18,6 +18,9 @@ from runbook import secrets as S
 from runbook.facts import procs
 from runbook.runner import RedactingFilter
 
+# some cases time the reference server's answers: on the lab's xdist worker in `make test`, never niced
+pytestmark = pytest.mark.timed
+
 HF = "hf_PlantedConsoleToken0123456789ab"
 API = "sk-planted-key-5e4d3c2b1a"
 PLANTED = (HF, API, base64.b64encode(HF.encode()).decode()[:24], "s3cr3tpw")

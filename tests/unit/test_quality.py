@@ -22,6 +22,9 @@ from runbook.api.server_info import ApiClient, Archive, Exchange, ServerInfo, ar
 from runbook.smoke.cases import chat_checks
 from runbook.answers.toolcalls import tool_defs, tool_map
 
+# some cases time the reference server's answers: on the lab's xdist worker in `make test`, never niced
+pytestmark = pytest.mark.timed
+
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "runbook" / "answers" / quality_set.SET_FILE
 #: the lab's tiny model, recorded in results/20261202-023443-lab/raw/05_smoke/chat.probe.json
