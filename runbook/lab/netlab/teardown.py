@@ -16,7 +16,7 @@ from .registry import stop_registry
 from .spec import BRIDGE, FABRIC_BRIDGE, GUARD_ROUTES, MARKER, NODE_NAMES, STATE_FILE, Log, read_state
 
 
-def _rm_cgroups(names: list[str]) -> int:
+def rm_cgroups(names: list[str]) -> int:
     """Remove the cgroup dirs ``nl-<name>`` (dockerd of a node made them) under every controller."""
     removed = 0
     root = Path("/sys/fs/cgroup")
@@ -73,7 +73,7 @@ def teardown(lab_dir: Path, log: Log | None) -> list[str]:
             notes.append(f"ip reported: {tail_text(res.stderr, 300)}")
     if removed:
         notes.append("removed " + ", ".join(removed))
-    n = _rm_cgroups(list(NODE_NAMES))
+    n = rm_cgroups(list(NODE_NAMES))
     if n:
         notes.append(f"removed {n} cgroup dir(s) nl-*")
     # host mounts under the lab dir (none are made by a healthy lab; clean up anything left)
