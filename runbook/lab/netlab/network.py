@@ -16,18 +16,23 @@ def _netns(name: str) -> str:
     return f"nl-{name}"
 
 
-def _link_cmds(cabling: tuple[Link, ...]) -> list[str]:
-    """One veth per cable, its two ends created directly in the two nodes' namespaces under the port names."""
-    return [f"link add {pa} mtu {FABRIC_MTU} netns {_netns(na)} type veth peer name {pb} mtu {FABRIC_MTU} "
+def _link_cmds(cabling: tuple[Link, ...], specs: list[LabNode]) -> list[str]:
+    """One veth per cable, its two ends created directly in the two nodes' namespaces under the port names; a port
+    of ``specs`` no cable reaches is a veth whose other end stays DOWN in the root netns (``nl-u-<node>-<k>``): the
+    port is there with no carrier and no address, an empty QSFP cage."""
+    cmds = [f"link add {pa} mtu {FABRIC_MTU} netns {_netns(na)} type veth peer name {pb} mtu {FABRIC_MTU} "
             f"netns {_netns(nb)}" for (na, pa), (nb, pb) in (link.ends() for link in cabling)]
+    for n in specs:
+        cabled = {port for (node, port) in (end for link in cabling for end in link.ends()) if node == n.name}
+        cmds += [f"link add nl-u-{n.name}-{k} mtu {FABRIC_MTU} type veth peer name {port} mtu {FABRIC_MTU} "
+                 f"netns {n.netns}" for k, port in enumerate(PORTS) if port not in cabled]
+    return cmds
 
 
 def _address_ports(specs: list[LabNode], cabling: tuple[Link, ...]) -> None:
-    """Address every cabled port of ``specs``' nodes (``<net>.<rank + 1>/24``, MTU 9000) and bring it up; a port no
-    cable reaches is a dummy netdev of that name, DOWN, without an address (an empty QSFP cage)."""
+    """Address every cabled port of ``specs``' nodes (``<net>.<rank + 1>/24``, MTU 9000) and bring it up."""
     for n in specs:
-        cabled = {port for port, _ in n.ports}
-        cmds = [f"link add {port} mtu {FABRIC_MTU} type dummy" for port in PORTS if port not in cabled]
+        cmds = []
         for link in cabling:
             for node, port in link.ends():
                 if node == n.name:
@@ -59,7 +64,7 @@ def create_network(specs: list[LabNode]) -> None:
     cabling = links(len(specs))
     cmds = [f"route replace unreachable {r}" for r in GUARD_ROUTES]
     cmds += [f"link add {BRIDGE} type bridge", f"addr add {BRIDGE_IP}/24 dev {BRIDGE}", f"link set {BRIDGE} up"]
-    cmds += _add_nodes(specs) + _link_cmds(cabling)
+    cmds += _add_nodes(specs) + _link_cmds(cabling, specs)
     run_local(["ip", "-batch", "-"], input="\n".join(cmds) + "\n", timeout=30,
               what="creating the lab network (root netns)", fix="run `down` to clear leftovers, then `up` again")
     _address_mgmt(specs)
@@ -83,7 +88,7 @@ def recable(kept: list[LabNode], added: list[LabNode], nodes: int) -> None:
                            expected="no fabric port left before re-cabling", fix="run `down`, then `up` again")
         time.sleep(0.05)
     cabling = links(nodes)
-    cmds = [f"route replace unreachable {r}" for r in GUARD_ROUTES] + _add_nodes(added) + _link_cmds(cabling)
+    cmds = [f"route replace unreachable {r}" for r in GUARD_ROUTES] + _add_nodes(added) + _link_cmds(cabling, kept + added)
     run_local(["ip", "-batch", "-"], input="\n".join(cmds) + "\n", timeout=30,
               what=f"cabling the {nodes}-node lab", fix="run `down`, then `up` again")
     _address_mgmt(added)
