@@ -53,7 +53,7 @@ from typing import Iterator
 from runbook.errors import LabError
 
 from .dockerd import dockerd_script, ensure_image, parse_kv
-from .files import lab_paths, write_files
+from .files import lab_paths, write_files, write_hosts
 from .health import any_node_alive, lab_status, unreachable_live_nodes
 from .host import node_pid1, ssh
 from .host import run_local
@@ -281,8 +281,8 @@ def _recount(lab_dir: Path, state: dict, st: dict, nodes: int, timer: _Timer, lo
             run_local(["ip", "netns", "del", n.netns], timeout=30, what=f"removing {n.netns}")
             state["pids"].pop(n.name, None)
         rm_cgroups([n.name for n in removed])
-    with timer.phase("files"):
-        write_files(lab_dir, specs)
+    with timer.phase("files"):     # every node's files exist from `up`; running nodes keep theirs (bind-mounted)
+        write_hosts(lab_dir, specs)
     state["node_count"] = nodes
     state.pop("info", None)                  # until the new cabling is up
     write_state(lab_dir, state)
