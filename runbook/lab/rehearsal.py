@@ -29,7 +29,7 @@ from ..errors import ProfileError, ProfileIssue
 from ..evidence import REPO_ROOT
 from ..profile import Profile, load_profile
 from . import control, hub, oci
-from .netlab.spec import OPERATOR, REGISTRY
+from .netlab.spec import MGMT_IF, OPERATOR, PORTS, REGISTRY, node_specs
 
 LAB_PROFILES = {2: REPO_ROOT / "env" / "lab.env", 3: REPO_ROOT / "env" / "lab-tp3.env"}
 
@@ -38,7 +38,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     # the lab has as many nodes as the profile names, and binds their CPU ranks itself (Profile.cpu_bind)
     "nodes": ("the Sparks are the lab's network-namespace nodes, reached with the lab's key and host keys",
               ("HEAD_SSH", "WORKER_SSH", "WORKER2_SSH", "SSH_CONFIG", "SSH_KEY", "KNOWN_HOSTS")),
-    "fabric": ("the CX-7 link is the lab's veth (one /24, MTU 9000, interface enp1s0f0np0 on every node)",
+    "fabric": ("node addresses: the lab's address of the port the recipe names (the lab's nodes have a Spark's two "
+               "CX-7 ports, each cable a veth on its own /24, MTU 9000, and the LAN port enP7s7)",
                ("HEAD_IP", "WORKER_IP", "WORKER2_IP", "HEAD_CX7_IF", "WORKER_CX7_IF", "WORKER2_CX7_IF",
                 "BOOTSTRAP_IF", "HEAD_BOOTSTRAP_IP", "WORKER_BOOTSTRAP_IP", "WORKER2_BOOTSTRAP_IP")),
     "link": ("a veth carries the real pings and iperf3 of a rehearsal, but not a CX-7's speed: TCP/RTT thresholds "
@@ -263,6 +264,8 @@ def substitutions(profile: Profile, *, ssh_user: str = "") -> list[Substitution]
             if key == "IMAGE":
                 out += image_substitutions(profile)
                 continue
+            if group == "fabric":            # fabric_substitutions: only addresses, ports kept where the lab has them
+                continue
             recipe_value, lab_value = env_text(profile.value(key)), env_text(lab.value(key))
             if key in SSH_KEYS and ssh_user not in ("", "root"):
                 lab_value = as_user(lab_value, ssh_user)
@@ -271,23 +274,43 @@ def substitutions(profile: Profile, *, ssh_user: str = "") -> list[Substitution]
                 why = KEY_WHY.get(key, GROUPS[group][0])
             if recipe_value != lab_value:
                 out.append(Substitution(key, recipe_value, lab_value, group, why))
-    if profile.bootstrap_if:
-        # the recipe needs a bootstrap interface common to every node (seed B TP3); on the lab all nodes share
-        # one fabric subnet, which the profile rules accept as that interface, with the fabric addresses
-        why = GROUPS["fabric"][0] + "; the bootstrap interface is that shared fabric subnet"
-        subs = {s.key: s for s in out}
-        subs["BOOTSTRAP_IF"] = Substitution("BOOTSTRAP_IF", profile.bootstrap_if, lab.value("HEAD_CX7_IF"), "fabric", why)
-        for node in ("HEAD", "WORKER", "WORKER2"):
-            key = f"{node}_BOOTSTRAP_IP"
-            if profile.value(key):
-                subs[key] = Substitution(key, profile.value(key), lab.value(f"{node}_IP"), "fabric", why)
-        out = list(subs.values())
+    out += fabric_substitutions(profile, lab)
     if profile.api_host not in ("127.0.0.1", "0.0.0.0"):
         # an address of the head itself: its fabric address becomes the lab head's, any other (management) one
         # does not exist in the lab, where every address of the node is reached the same way
         on_fabric = profile.api_host in (profile.head_ip, profile.head_bootstrap_ip)
         out.append(Substitution("API_HOST", profile.api_host, lab.head_ip if on_fabric else "0.0.0.0", "nodes",
                                 "the API binds an address of the head, which is the lab's head node"))
+    return out
+
+
+LAB_PORT_WHY = ("the lab's nodes have one netdev per CX-7 port, {ports} (a Spark's twins enP2p1s0f*np* are not "
+                "modelled): the port facing the same peer in the lab's cabling")
+
+
+def fabric_substitutions(profile: Profile, lab: Profile) -> list[Substitution]:
+    """The fabric keys on the lab: each node's ``<NODE>_CX7_IF`` is kept when the lab's nodes have that port (they
+    have a Spark's two CX-7 ports, cabled as the recipes cable them: runbook.lab.netlab.spec.LINKS) and its
+    ``<NODE>_IP`` becomes the lab's address of that port; ``BOOTSTRAP_IF=enP7s7`` is kept (the lab's LAN port) and
+    its addresses become the nodes' LAN addresses. A port the lab lacks falls back to the lab profile's port."""
+    specs = {n.name: n for n in node_specs(profile.node_count)}
+    why = GROUPS["fabric"][0]
+    out = []
+    for node in profile.nodes:
+        key, spec = node.name.upper(), specs[node.name]
+        port = node.fabric_if
+        if port not in PORTS:
+            lab_port = lab.value(f"{key}_CX7_IF")
+            out.append(Substitution(f"{key}_CX7_IF", port, lab_port, "fabric", LAB_PORT_WHY.format(ports=", ".join(PORTS))))
+            port = lab_port
+        address = dict(spec.ports).get(port, "")
+        if address and address != node.fabric_ip:
+            out.append(Substitution(f"{key}_IP", node.fabric_ip, address, "fabric", why))
+        if profile.bootstrap_if and node.bootstrap_ip != spec.mgmt_ip:
+            out.append(Substitution(f"{key}_BOOTSTRAP_IP", node.bootstrap_ip, spec.mgmt_ip, "fabric", why))
+    if profile.bootstrap_if and profile.bootstrap_if != MGMT_IF:
+        out.append(Substitution("BOOTSTRAP_IF", profile.bootstrap_if, MGMT_IF, "fabric",
+                                why + f": the interface every lab node shares is its LAN port {MGMT_IF}"))
     return out
 
 

@@ -95,8 +95,11 @@ def build_rails(ctx: Verification) -> list[Rail] | None:
     for node in ctx.nodes:
         f = ctx.facts[node.name]
         ifs = split_list(node.spec.fabric_if)
-        netdev_hca = {p.netdev: p.hca for p in f.hca_ports}
-        for hca in split_list(node.spec.ib_devs) if ctx.expect_rdma else []:
+        listed = split_list(node.spec.ib_devs)
+        netdev_hca: dict[str, str] = {}
+        for p in sorted(f.hca_ports, key=lambda p: p.hca not in listed):    # a listed HCA names its netdev's end
+            netdev_hca.setdefault(p.netdev, p.hca)
+        for hca in listed if ctx.expect_rdma else []:
             dev = f.hca_netdev.get(hca)
             if dev and dev not in ifs:
                 ifs.append(dev)
@@ -152,6 +155,14 @@ def _subnet_rails(ctx: Verification, per_node: dict[str, list[RailEnd]]) -> list
     lonely = [n for n in per_node if not any(n in r.ends for r in rails)]
     desc = "; ".join(f"rail{r.index}: " + ", ".join(f"{e.node} {e.iface} {e.ip}" for e in r.ends.values())
                      for r in rails)
+    if lonely and rails and not ctx.expect_rdma and ctx.profile.bootstrap_if:
+        # no RDMA: the fabric carries no rank traffic, which crosses BOOTSTRAP_IF; the pairs' rows below say N/A
+        for name in lonely:
+            ctx.add(not_applicable(f"net.rails.{name}", f"{name} shares no fabric subnet with another node over the "
+                                   f"interfaces it is given ({', '.join(e.iface for e in per_node[name])}); no RDMA "
+                                   f"expected: its rank traffic uses BOOTSTRAP_IF={ctx.profile.bootstrap_if}",
+                                   node=name))
+        lonely = []
     ctx.add(check("net.rails", not lonely and bool(rails), node="cluster",
                   observed=(f"per-subnet rails: {desc}" if not lonely else
                             f"{', '.join(lonely)} share no fabric subnet with any other node; rails: {desc or 'none'}"),
@@ -168,13 +179,44 @@ def _subnet_rails(ctx: Verification, per_node: dict[str, list[RailEnd]]) -> list
                                    "no direct fabric rail between these nodes and no RDMA expected: their "
                                    "socket traffic uses BOOTSTRAP_IF", node="cluster"))
             continue
-        ctx.add(check(f"net.path.{a.name}-{b.name}", False, node="cluster",
-                      observed=f"no fabric subnet shared by {a.name} and {b.name}; rails: {desc}",
-                      expected=f"a RoCE link {a.name}<->{b.name}: NCCL connects every rank pair over RDMA",
-                      fix=(f"cable {a.name}'s and {b.name}'s free CX-7 ports to each other on their own /24 and list "
-                           f"both CX ports in {a.name.upper()}_CX7_IB and {b.name.upper()}_CX7_IB (recipe B TP=3: "
-                           "NCCL_IB_HCA=rocep1s0f0,rocep1s0f1 on every node; one facing port times out in QP RTR)")))
+        missing = missing_ends(ctx, per_node, a.name, b.name) + missing_ends(ctx, per_node, b.name, a.name)
+        given = "; ".join(f"{n.name} is given {', '.join(f'{e.iface}' + (f' ({e.hca})' if e.hca else '') for e in per_node[n.name])}"
+                          for n in (a, b))
+        if missing:
+            observed = (f"{a.name} and {b.name} share no fabric subnet over the interfaces and HCAs they are given ({given}): "
+                        + "; ".join(m for m, _ in missing))
+            fix = ("; ".join(f for _, f in missing) + " (recipe B TP=3: NCCL_IB_HCA=rocep1s0f0,rocep1s0f1 on every "
+                   "node; a rank with only its head-facing port times out in QP RTR)")
+        else:
+            observed = f"no fabric subnet shared by {a.name} and {b.name} ({given}), and no cable joins them; rails: {desc}"
+            fix = (f"cable {a.name}'s and {b.name}'s free CX-7 ports to each other on their own /24 and list "
+                   f"both CX ports in {a.name.upper()}_CX7_IB and {b.name.upper()}_CX7_IB (recipe B TP=3: "
+                   "NCCL_IB_HCA=rocep1s0f0,rocep1s0f1 on every node; one facing port times out in QP RTR)")
+        ctx.add(check(f"net.path.{a.name}-{b.name}", False, node="cluster", observed=observed,
+                      expected=f"a RoCE link {a.name}<->{b.name}: NCCL connects every rank pair over RDMA", fix=fix,
+                      data={"pair": [a.name, b.name], "missing": [m for m, _ in missing]}))
     return rails
+
+
+def missing_ends(ctx: Verification, per_node: dict[str, list[RailEnd]], name: str, peer: str) -> list[tuple[str, str]]:
+    """The interfaces ``name`` has but is not given that sit on a subnet of an interface ``peer`` is given: the
+    cable between them exists, the profile leaves it out. (what is missing, the fix) per interface."""
+    f = ctx.facts[name]
+    given = {e.iface for e in per_node[name]}
+    peer_nets = {n: e for e in per_node[peer] for n in iface_of(ctx.facts[peer], e.iface).ipv4_networks}
+    hcas = {p.netdev: p.hca for p in f.hca_ports}
+    out = []
+    for iface, itf in sorted(f.ifaces.items()):
+        if iface in given or iface == ctx.profile.bootstrap_if:
+            continue
+        for net in itf.ipv4_networks:
+            if net in peer_nets:
+                hca = hcas.get(iface, "")
+                end = peer_nets[net]
+                out.append((f"{name}'s {iface}{f' ({hca})' if hca else ''} is cabled to {peer}'s {end.iface} on {net}, "
+                            f"but {name} is not given it",
+                            f"add {hca or iface} to {name.upper()}_CX7_IB" + (f" (the HCA of {iface})" if hca else "")))
+    return out
 
 
 def collect_rail_facts(ctx: Verification, rails: list[Rail]) -> None:

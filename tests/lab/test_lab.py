@@ -304,6 +304,52 @@ def test_a_dockerd_that_does_not_trust_the_registry_makes_up_rebuild(lab):
     assert after["healthy"] and all(n["registry_insecure"] for n in after["nodes"].values()), after
 
 
+def test_worker2_joins_and_leaves_without_touching_head_and_worker(lab):
+    """2 -> 3 -> 2 nodes on a running lab: worker2 and its cables come and go, the fabric is re-cabled (the recipes'
+    pair, then seed B's TP3 triangle: each cable its own /24, every node both CX-7 ports), and the head's and the
+    worker's sshd (PID 1), dockerd and files stay as they were."""
+    from runbook.lab.netlab.spec import MGMT_IF
+    before = netlab.status(lab.lab_dir)
+    assert before["healthy"] and before["node_count"] == 2, before
+    pids = {n: before["nodes"][n]["sshd_pid"] for n in ("head", "worker")}
+    dockerd = ok(lab, "spark-worker", "cat /run/docker.pid").strip()
+    t = time.monotonic()
+    three = netlab.up(lab.lab_dir, nodes=3)
+    grow_s = time.monotonic() - t
+    try:
+        st = netlab.status(lab.lab_dir)
+        assert st["healthy"] and [n.name for n in three.nodes] == ["head", "worker", "worker2"], st
+        assert {n: st["nodes"][n]["sshd_pid"] for n in pids} == pids, "head or worker was restarted"
+        assert ok(lab, "spark-worker", "cat /run/docker.pid").strip() == dockerd
+        assert "clean" not in three.timings and not three.reused, three.timings
+        # the triangle: every node both ports, each cable its own /24; a node reaches a peer only over their cable
+        want = {"head": {"enp1s0f0np0": "169.254.22.1/24", "enp1s0f1np1": "169.254.23.1/24"},
+                "worker": {"enp1s0f0np0": "169.254.22.2/24", "enp1s0f1np1": "169.254.24.2/24"},
+                "worker2": {"enp1s0f0np0": "169.254.24.3/24", "enp1s0f1np1": "169.254.23.3/24"}}
+        for n in three.nodes:
+            got = json.loads(ok(lab, n.alias, "ip -j -4 addr show"))
+            addrs = {i["ifname"]: f"{a['local']}/{a['prefixlen']}" for i in got for a in i["addr_info"]}
+            assert {k: v for k, v in addrs.items() if k.startswith("enp1s0")} == want[n.name], (n.name, addrs)
+            assert addrs[MGMT_IF] == f"{n.mgmt_ip}/24"
+        for src, dst, ip in (("worker", "worker2", "169.254.24.3"), ("worker2", "head", "169.254.23.1")):
+            assert ok(lab, f"spark-{src}", f"ping -c 1 -W 2 -M do -s 8972 {ip} >/dev/null && ssh spark-{dst} hostname"
+                      ).strip() == f"spark-{dst}"
+        # the head's address on the worker's cable is not reachable from worker2 (no bridge, no route)
+        assert sh(lab, "spark-worker2", "ping -c 1 -W 1 169.254.22.1").returncode != 0
+    finally:
+        t = time.monotonic()
+        two = netlab.up(lab.lab_dir, nodes=2)
+        shrink_s = time.monotonic() - t
+    after = netlab.status(lab.lab_dir)
+    assert after["healthy"] and after["node_count"] == 2 and not Path("/run/netns/nl-worker2").exists(), after
+    assert {n: after["nodes"][n]["sshd_pid"] for n in pids} == pids
+    assert [(n.fabric_if, n.fabric_ip) for n in two.nodes] == [("enp1s0f1np1", "169.254.77.1"),
+                                                                ("enp1s0f0np0", "169.254.77.2")]
+    assert ok(lab, "spark-head", "ping -c 1 -W 2 -M do -s 8972 169.254.77.2 >/dev/null && ssh spark-worker hostname"
+              ).strip() == "spark-worker"
+    print(f"\n[lab] worker2 added in {grow_s:.1f} s {three.timings}; removed in {shrink_s:.1f} s {two.timings}")
+
+
 def _nothing_left() -> list[str]:
     left = [f"netns {ns}" for ns in ("nl-head", "nl-worker", "nl-worker2") if Path("/run/netns", ns).exists()]
     left += [f"link {l}" for l in ("nlbr0", "nlfab0", "nl-m-head", "nl-m-worker") if Path("/sys/class/net", l).exists()]

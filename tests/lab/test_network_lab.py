@@ -1,5 +1,6 @@
-"""01_network on the real lab, with the three faults the step must name: link down on one node, MTU
-1500 on one end, a wrong interface name in the profile."""
+"""01_network on the real lab, with the faults the step must name: link down on one node, MTU 1500 on one end, a
+wrong interface name in the profile, a rank given another node's interface (real mpirun), and on the 3-node lab
+(seed B's TP3 triangle of point-to-point cables) a TP=3 worker given only its head-facing port."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from runbook.profile import load_profile
 from runbook.remote import Cluster
 
 pytestmark = pytest.mark.lab
-IF = "enp1s0f0np0"
+IF = "enp1s0f0np0"          # the worker's port facing the head (lab.env: head enp1s0f1np1 <-> worker enp1s0f0np0)
 
 
 @pytest.fixture()
@@ -69,11 +70,11 @@ def test_mtu_mismatch_names_both_values(cluster):
 
 def test_wrong_interface_name_is_named_before_any_traffic(cluster):
     profile, _ = cluster
-    bad = profile.with_overrides({"WORKER_CX7_IF": "enp1s0f1np1"})
+    bad = profile.with_overrides({"WORKER_CX7_IF": "enP2p1s0f1np1"})
     with Cluster.from_profile(bad) as c:
         checks, raw = network.verify_network(bad, c)
         failed = _failed(checks)
-        assert failed and failed[0].node == "worker" and "enp1s0f1np1" in failed[0].observed
+        assert failed and failed[0].node == "worker" and "enP2p1s0f1np1" in failed[0].observed
         assert not any(name.startswith(("iperf3_", "ping_")) for name in raw)   # stopped before traffic
 
 
@@ -155,3 +156,78 @@ def test_real_mpirun_catches_a_rank_given_an_interface_it_does_not_have(rehearse
     assert row.status is Status.FAIL
     assert "worker: NCCL_SOCKET_IFNAME=enp1s0f1np1 names no interface of worker" in row.observed, row.observed
     assert "[simulated:" in row.observed
+
+
+# --------------------------------------------------------------------------- the TP=3 triangle
+
+
+@pytest.fixture(scope="module")
+def triangle(lab):
+    """The 3-node lab: worker2 and its cables added to the running lab (seed B's TP3 triangle), removed at the end."""
+    from runbook.lab import netlab
+    three = netlab.up(lab.lab_dir, nodes=3)
+    try:
+        yield three
+    finally:
+        netlab.up(lab.lab_dir, nodes=2)
+
+
+def _tp3(overrides=None):
+    """env/tp3-dspark.env as a rehearsal runs it (every node both CX ports, BOOTSTRAP_IF=enP7s7), simulators installed."""
+    from runbook.lab import sim
+    from runbook.lab.rehearsal import load_rehearsal
+    profile, _, _ = load_rehearsal("env/tp3-dspark.env", overrides)
+    with Cluster.from_profile(profile) as c:
+        rows = sim.install(c, profile)
+    assert rows and all(r.status in (Status.PASS, Status.NOOP) for r in rows), [(r.node, r.observed) for r in rows]
+    return profile
+
+
+def _path_rows(checks):
+    return {c.name: c for c in checks if c.name.startswith("net.path.")}
+
+
+def test_tp3_on_the_triangle_reaches_every_rank_over_its_own_cable(triangle):
+    """The TP=3 rehearsal profile keeps the recipe's ports (HEAD_CX7_IF=enp1s0f0np0, WORKER2_CX7_IF=enp1s0f1np1, both
+    HCAs everywhere): three rails, one per cable, and every pair pings (DF, MTU 9000) over the cable between them."""
+    profile = _tp3()
+    assert [(n.fabric_if, n.fabric_ip) for n in profile.nodes] == [
+        ("enp1s0f0np0", "169.254.22.1"), ("enp1s0f0np0", "169.254.22.2"), ("enp1s0f1np1", "169.254.23.3")]
+    assert profile.bootstrap_if == "enP7s7"
+    with Cluster.from_profile(profile) as c:
+        checks, _ = network.verify_network(profile, c, iperf_seconds=1)
+    assert not _failed(checks), [(f.name, f.node, f.observed) for f in _failed(checks)]
+    rails = next(ch for ch in checks if ch.name == "net.rails")
+    for cable in ("169.254.22.", "169.254.23.", "169.254.24."):
+        assert cable in rails.observed, rails.observed
+    assert not _path_rows(checks)
+    pings = {ch.name.split(".", 3)[3] for ch in checks if ch.name.startswith("net.ping.") and ch.status is Status.PASS}
+    names = [n.name for n in profile.nodes]
+    assert pings == {f"{a}->{b}" for a in names for b in names if a != b}, pings
+
+
+def test_tp3_worker_limited_to_its_head_facing_port_fails_naming_the_pair(triangle):
+    """What hangs on hardware (NCCL's worker<->worker2 QP times out in RTR) fails here: the loader refuses one HCA per
+    worker (recipe B's rule); two HCAs of one port (rocep1s0f0 and its twin) pass the loader, and 01_network names
+    the pair, the worker's free port cabled to worker2 and the HCA to add; so does a rank given one HCA."""
+    import dataclasses
+
+    from runbook.errors import ProfileError
+    from runbook.lab.rehearsal import load_rehearsal
+    with pytest.raises(ProfileError) as refused:
+        load_rehearsal("env/tp3-dspark.env", {"WORKER_CX7_IB": "rocep1s0f0"})
+    assert any(i.key == "WORKER_CX7_IB" for i in refused.value.issues), refused.value
+    profile = _tp3({"WORKER_CX7_IB": "rocep1s0f0,roceP2p1s0f0"})          # both twins of the head-facing port
+    with Cluster.from_profile(profile) as c:
+        checks, _ = network.verify_network(profile, c, traffic=False)
+        one = profile.nodes[1]
+        c.worker.spec = dataclasses.replace(one, ib_devs=["rocep1s0f0"])   # the rank given only its facing HCA
+        again, _ = network.verify_network(profile, c, traffic=False)
+    for rows in (checks, again):
+        path = _path_rows(rows)
+        assert list(path) == ["net.path.worker-worker2"], [(ch.name, ch.status) for ch in rows if ch.status is Status.FAIL]
+        row = path["net.path.worker-worker2"]
+        assert row.status is Status.FAIL and row.node == "cluster"
+        assert ("worker's enp1s0f1np1 (rocep1s0f1) is cabled to worker2's enp1s0f0np0 on 169.254.24.0/24, "
+                "but worker is not given it") in row.observed, row.observed
+        assert "add rocep1s0f1 to WORKER_CX7_IB" in row.fix and "QP RTR" in row.fix, row.fix

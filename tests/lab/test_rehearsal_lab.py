@@ -35,7 +35,6 @@ from runbook.lab.netlab.spec import OPERATOR
 from runbook.lab.rehearsal import GOALS, count, count_text, load_rehearsal
 from runbook.profile import REPO_ROOT
 from runbook.remote import REHEARSAL_SIM_DIR, Cluster, expand_home, quote
-from support.rehearsal import PENDING_INTERFACE_KEYS      # #23 item 5: the interface keys, still substituted
 
 VENV = REPO_ROOT / ".lab" / "vllm-venv"
 pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow,
@@ -77,7 +76,7 @@ def rehearsal(request, lab, tmp_path_factory):
     overrides = {**overrides, **BENCH_IN_TESTS}
     nodes = len(profile.nodes)
     if nodes != 2:
-        netlab.up(_lab_dir(), nodes=nodes)
+        netlab.up(_lab_dir(), nodes=nodes)        # worker2 and the triangle's cables join the running lab
     try:
         results = tmp_path_factory.mktemp(Path(path).stem)
         t0 = time.monotonic()
@@ -93,9 +92,7 @@ def rehearsal(request, lab, tmp_path_factory):
             assert stopped.returncode == 0, stopped.stdout[-2000:] + stopped.stderr[-2000:]
         finally:
             if nodes != 2:
-                control.stop_hub()
-                netlab.down(_lab_dir())
-                netlab.up(_lab_dir(), nodes=2)          # the 2-node lab the rest of the suite expects
+                netlab.up(_lab_dir(), nodes=2)          # worker2 leaves: the 2-node lab the rest of the suite expects
 
 
 def _as_user(path: str) -> list[str]:
@@ -149,9 +146,9 @@ def test_every_step_passed_and_only_hardware_rows_are_simulated(rehearsal):
     counts = count(substituted)
     assert (record["classes"], record["lab_by_goal"]) == (counts["classes"], counts["lab_by_goal"])
     assert list(counts["classes"]) == ["hardware", "lab"] and all(counts["classes"].values()), counts
-    # #23 item 6: every lab-class substitution in one of the goal groups, but the interface keys of item 5
+    # #23 item 6: every lab-class substitution in one of the goal groups (item 5: the Sparks' port names are kept)
     outside = {s["key"] for s in substituted if s["kind"] == "lab" and s["goal"] not in GOALS}
-    assert outside <= PENDING_INTERFACE_KEYS, outside
+    assert not outside, outside
     html = (run_dir.path / "report.html").read_text()
     assert "SIMULATED" in html and "rehears" in html.lower()
     assert f"{len(substituted)} key(s) substituted ({count_text(counts)})" in html
@@ -264,10 +261,19 @@ def test_tp3_every_pair_and_every_rank(rehearsal):
         pytest.skip("the 3-node checks")
     nodes = [n.name for n in profile.nodes]
     pre = _checks(run_dir, "00_preflight")
-    fabric = [c for c in pre if c.name.startswith("ssh ") and "over fabric" in c.name]
-    assert len(fabric) == 6 and all(c.status is Status.PASS for c in fabric)
-    pings = {c.name for c in _checks(run_dir, "01_network") if c.name.startswith("net.ping.rail0.")}
-    assert pings == {f"net.ping.rail0.{a}->{b}" for a in nodes for b in nodes if a != b}
+    # the triangle: ssh from the head to both workers and from the worker to HEAD_IP (on its cable); worker2 is on no
+    # cable with HEAD_IP or WORKER_IP, the worker on none with WORKER2_IP: N/A, as on seed B's ring
+    fabric = {c.name: c.status for c in pre if c.name.startswith("ssh ") and "over fabric" in c.name}
+    assert sorted(n for n, st in fabric.items() if st is Status.PASS) == [
+        "ssh head→worker over fabric", "ssh head→worker2 over fabric", "ssh worker→head over fabric"], fabric
+    assert len(fabric) == 6 and all(st in (Status.PASS, Status.NA) for st in fabric.values()), fabric
+    # one rail per cable (each its own /24) and every pair pinged over the cable between them, worker<->worker2 too
+    net = _checks(run_dir, "01_network")
+    pings = {c.name.split(".", 3)[3] for c in net if c.name.startswith("net.ping.") and c.status is Status.PASS}
+    assert pings == {f"{a}->{b}" for a in nodes for b in nodes if a != b}, pings
+    rails = next(c for c in net if c.name == "net.rails")
+    assert all(cable in rails.observed for cable in ("169.254.22.", "169.254.23.", "169.254.24.")), rails.observed
+    assert not [c for c in net if c.name.startswith("net.path.")]
     startup = _sidecar(run_dir, "04_launch")["data"]["launch"]["startup_log"]
     for rank, node in enumerate(nodes):
         world = startup[node]["world"]

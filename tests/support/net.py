@@ -8,7 +8,8 @@ from pathlib import Path
 
 from support.doubles import res
 
-__all__ = ["FIX", "fx", "lab_addr", "ping_result", "lab_rules", "by", "mpirun_apps"]
+__all__ = ["FIX", "fx", "lab_addr", "lab_node_addr", "lab_node_rules", "lab_addresses", "ping_result", "lab_rules", "by",
+           "mpirun_apps"]
 
 FIX = Path(__file__).resolve().parents[1] / "unit" / "facts" / "net"
 
@@ -30,6 +31,45 @@ def lab_addr(ip_last: int, *, mtu=9000, state="UP") -> str:
                 if a["family"] == "inet":
                     a["local"] = f"169.254.77.{ip_last}"
     return json.dumps(data)
+
+
+def lab_node_addr(name: str, nodes: int = 2) -> str:
+    """The lab's ``ip -j addr show`` of node ``name`` in the ``nodes``-node lab (runbook.lab.netlab.spec: both CX-7
+    ports as cabled there, each with its address on its cable's /24, and the LAN port enP7s7), from the captured
+    lab output's fabric interface."""
+    import copy
+    from runbook.lab.netlab.spec import MGMT_IF, MGMT_PREFIX, NODE_NAMES, PORTS, node_specs
+    spec = next(n for n in node_specs(nodes) if n.name == name)
+    data = json.loads(fx("ip_addr_lab.json"))
+    template = next(item for item in data if item["ifname"] == "enp1s0f0np0")
+    out = [item for item in data if item["ifname"] != "enp1s0f0np0"]
+    cabled = dict(spec.ports)
+    ports = [*spec.ports, *((p, "") for p in PORTS if p not in cabled),
+             (MGMT_IF, f"{MGMT_PREFIX}.{11 + NODE_NAMES.index(name)}")]
+    for k, (port, ip) in enumerate(ports):
+        item = copy.deepcopy(template)
+        item["ifname"], item["ifindex"] = port, 10 + k
+        item["mtu"] = 9000 if port != MGMT_IF else 1500
+        item["addr_info"] = [dict(a, local=ip, label=port) if a["family"] == "inet" else a for a in item["addr_info"]
+                             if ip or a["family"] != "inet"]
+        if not ip:            # a port no cable reaches: DOWN, no address (the lab's dummy netdev)
+            item["operstate"], item["flags"], item["addr_info"] = "DOWN", ["BROADCAST", "NOARP"], []
+        out.append(item)
+    return json.dumps(out)
+
+
+def lab_addresses(name: str, nodes: int = 2) -> list[str]:
+    """Every fabric address of node ``name`` in the ``nodes``-node lab."""
+    from runbook.lab.netlab.spec import node_specs
+    return [ip for port, ip in next(n for n in node_specs(nodes) if n.name == name).ports]
+
+
+def lab_node_rules(name: str, nodes: int = 2, *, ping=None) -> list:
+    """:func:`lab_rules` for node ``name`` of the two-port lab (:func:`lab_node_addr`)."""
+    rules = lab_rules(0, ping=ping or ping_result)
+    rules[0] = (r"^ip -j addr show$", res(0, lab_node_addr(name, nodes)))
+    rules[2] = (r"^ethtool enp1s0f[01]np[01]$", res(0, fx("ethtool_veth.txt")))
+    return rules
 
 
 def ping_result(cmd):

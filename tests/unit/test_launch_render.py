@@ -262,8 +262,8 @@ def test_lab_drops_gpu_and_rdma_and_adds_cpu_knobs(runtime):
         env = r.env
         assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == str(r.rank)
         assert env["VLLM_HOST_IP"] == ("169.254.77.1" if r.rank == 0 else "169.254.77.2")
-        for k in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            assert env[k] == "enp1s0f0np0"
+        for k in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):   # the lab cable's two ends
+            assert env[k] == ("enp1s0f1np1" if r.rank == 0 else "enp1s0f0np0")
         assert "NCCL_IB_HCA" not in env and "NCCL_IB_GID_INDEX" not in env
         f = flags(r.serve_argv)
         assert f["--enforce-eager"] is True and f["--distributed-executor-backend"] == "mp"

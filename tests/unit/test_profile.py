@@ -445,7 +445,7 @@ def test_bootstrap_keys_drive_host_ip_socket_if_and_master_addr(tmp_path):
         ("10.77.0.11", "eth0", "169.254.77.1"), ("10.77.0.12", "eth0", "169.254.77.2"),
         ("10.77.0.13", "eth0", "169.254.77.3")]
     two = load_profile(REPO / "env" / "lab.env", environ=NO_ENV)
-    assert [(n.host_ip, n.socket_if) for n in two.nodes] == [("169.254.77.1", "enp1s0f0np0"),
+    assert [(n.host_ip, n.socket_if) for n in two.nodes] == [("169.254.77.1", "enp1s0f1np1"),
                                                              ("169.254.77.2", "enp1s0f0np0")]
     assert NodeSpec("x", 0, "h", "10.0.0.1", "eth1").host_ip == "10.0.0.1"
 

@@ -15,8 +15,7 @@ from runbook.lab.rehearsal import (GOALS, HARDWARE, LAB_CLASS, NO_GOAL, SET_BY_R
                                    count_text, image_substitutions, load_rehearsal, model_substitutions,
                                    substitutions)
 from runbook.launch.render import NodeFacts, render
-from runbook.profile import KEYS, load_profile
-from support.rehearsal import PENDING_INTERFACE_KEYS      # #23 item 5: the interface keys, still substituted
+from runbook.profile import load_profile
 
 RECIPES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env"]
 LAB_DIGEST = "sha256:" + "1" * 64
@@ -36,23 +35,16 @@ def test_every_lab_substitution_falls_in_a_goal_group(path, ssh_user):
     subs = every_substitution(path, ssh_user)
     lab = [s for s in subs if s.kind == LAB_CLASS]
     assert lab and len(lab) < len(subs)
-    offenders = [(s.key, s.part, s.group, s.lab) for s in lab
-                 if s.goal not in GOALS and s.key not in PENDING_INTERFACE_KEYS]
+    offenders = [(s.key, s.part, s.group, s.lab) for s in lab if s.goal not in GOALS]
     assert not offenders, f"lab-class substitutions outside #23's goal groups {GOALS}: {offenders}"
-    assert all(s.goal == NO_GOAL for s in lab if s.key in PENDING_INTERFACE_KEYS)
+    # the lab's nodes carry the Sparks' port names (#23 item 5): no interface key is substituted
+    assert not [s.key for s in subs if s.key.endswith("_CX7_IF") or s.key == "BOOTSTRAP_IF"]
     assert {s.goal for s in subs if s.kind == HARDWARE} == {""}          # the goal is the lab class's only
     # what the goal names is all there: the nodes, the Hub and the model, the image's registry host, the recipe
     goals = {s.key: s.goal for s in lab}
     assert {goals[k] for k in ("HEAD_SSH", "HEAD_IP", "HF_ENDPOINT", "HF_REVISION", "IMAGE", "RECIPE_REPO")} == set(GOALS)
 
 
-def test_the_pending_allow_list_holds_interface_keys_only():
-    assert PENDING_INTERFACE_KEYS and PENDING_INTERFACE_KEYS <= set(KEYS)
-    assert all(k.endswith("_CX7_IF") or k == "BOOTSTRAP_IF" for k in PENDING_INTERFACE_KEYS)
-
-
-@pytest.mark.xfail(strict=True, reason="#23 item 5: the lab's fabric still renames the Sparks' ports (the interface "
-                                       "keys are substituted); remove this mark when that lands")
 @pytest.mark.parametrize("path", RECIPES)
 def test_the_lab_class_is_no_more_than_the_goal(path):
     outside = [s.key for s in every_substitution(path) if s.kind == LAB_CLASS and s.goal == NO_GOAL]

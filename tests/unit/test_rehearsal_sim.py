@@ -35,7 +35,7 @@ from runbook.network import verify as network
 from runbook.remote import REHEARSAL_SIM_DIR, Cluster, rehearsal_path_prefix
 
 from support.doubles import SHELL, FakeCluster, FakeNode, LocalShell, exact, res
-from support.net import by, fx, lab_addr, lab_rules, mpirun_apps
+from support.net import by, fx, lab_addresses, lab_node_addr, lab_node_rules, mpirun_apps
 
 SIM_ROWS = ("net.gid", "net.gid.plan", "net.tools", "net.rdma.bw.rail0.", "net.rdma.lat.rail0.", "net.nccl.")
 MPIRUN = shutil.which("mpirun")
@@ -58,10 +58,10 @@ def sim_node(spec, root: Path, profile, env: dict[str, str], hostname: str) -> F
     """A lab node whose /mnt/nvme/.rehearsal/sim is ``root`` (the installer's tree, written here): the simulated
     tools run there for real with the rehearsal PATH prefix; the lab's real-tool facts come from the fixtures;
     anything else is refused, and nothing may change the node."""
-    ip_last = int(str(spec.fabric_ip).rsplit(".", 1)[1])
-    sim.write_tree(root, sim.node_files(sim.node_config(profile, spec, lab_addr(ip_last), hostname=hostname,
-                                                        root=str(root)), str(profile.source)))
-    rules = [*lab_rules(ip_last),
+    nodes = len(profile.nodes)
+    sim.write_tree(root, sim.node_files(sim.node_config(profile, spec, lab_node_addr(spec.name, nodes),
+                                                        hostname=hostname, root=str(root)), str(profile.source)))
+    rules = [*lab_node_rules(spec.name, nodes),
              (r'^printf "%s\\n" "\$HOME"; id -u; id -un$', res(0, "/root\n0\nroot\n")),     # the lab runs as root
              (r"RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"))),
              (re.escape(REHEARSAL_SIM_DIR) + r"|\b(ibdev2netdev|nvidia-smi|ibv_devinfo|ib_write_\w+)\b", SHELL)]
@@ -76,8 +76,8 @@ def sh(node: FakeNode, command: str, timeout: float = 60):
 
 def sim_cluster(profile, tmp_path) -> FakeCluster:
     roots = {str(n.fabric_ip): tmp_path / f"n{n.rank}-{n.name}" for n in profile.nodes}
-    env = dict(os.environ,
-               RUNBOOK_SIM_ADDRESS_MAP=",".join(f"{n.fabric_ip}=127.0.1.{n.rank + 1}" for n in profile.nodes))
+    env = dict(os.environ, RUNBOOK_SIM_ADDRESS_MAP=",".join(f"{ip}=127.0.1.{n.rank + 1}" for n in profile.nodes
+                                                            for ip in lab_addresses(n.name, len(profile.nodes))))
     nodes = [sim_node(n, roots[str(n.fabric_ip)], profile, env, f"spark-{n.name}") for n in profile.nodes]
     head = nodes[0]
     # the step's mpirun line, run by OpenMPI with every rank here (refused where OpenMPI is absent)
@@ -118,17 +118,18 @@ def test_tree_is_a_spark_with_the_profiles_cabling(exl3, tmp_path):
     out = sh(head, "ibdev2netdev").stdout
     assert fr.parse_ibdev2netdev(out)
     ports = {p.hca: p for p in fr.parse_ibdev2netdev(out)}
-    # recipe A: the head's rocep1s0f1 is cabled (the lab's veth stands in for enp1s0f1np1); its twins are Down;
-    # rocep1s0f0 is not simulated on the head: its Spark netdev name is the lab veth carrying rocep1s0f1
-    assert ports["rocep1s0f1"].up and ports["rocep1s0f1"].netdev == "enp1s0f0np0"
-    assert {h for h, p in ports.items() if not p.up} == {"roceP2p1s0f0", "roceP2p1s0f1"}
-    assert "rocep1s0f0" not in ports
-    assert {p.hca for p in fr.parse_ibdev2netdev(sh(worker, "ibdev2netdev").stdout) if p.up} == {"rocep1s0f0"}
+    # recipe A: the head's rocep1s0f1 sits on the lab's enp1s0f1np1, cabled to the worker's enp1s0f0np0; the other
+    # port has no cable (Down, as ibdev2netdev shows an empty cage); the twins have no lab netdev (Down)
+    assert ports["rocep1s0f1"].up and ports["rocep1s0f1"].netdev == "enp1s0f1np1"
+    assert not ports["rocep1s0f0"].up and ports["rocep1s0f0"].netdev == "enp1s0f0np0"
+    assert {h for h, p in ports.items() if not p.up} == {"rocep1s0f0", "roceP2p1s0f0", "roceP2p1s0f1"}
+    assert {p.hca: p.netdev for p in fr.parse_ibdev2netdev(sh(worker, "ibdev2netdev").stdout) if p.up} == {
+        "rocep1s0f0": "enp1s0f0np0"}
     # the network step's own GID dump and resolver read the simulated sysfs: RoCE v2 IPv4 at the pinned 3
     dump = sh(head, fr.gid_dump_cmd(sim.SYSFS_ROOT)).stdout
     gids = fr.parse_gid_dump(dump, root=sim.SYSFS_ROOT)
-    ng = fr.resolve_node_gid("head", gids, ["rocep1s0f1"], {"enp1s0f0np0": ["169.254.77.1"]},
-                             {"rocep1s0f1": "enp1s0f0np0"}, match_ip="169.254.77.1")
+    ng = fr.resolve_node_gid("head", gids, ["rocep1s0f1"], {"enp1s0f1np1": ["169.254.77.1"]},
+                             {"rocep1s0f1": "enp1s0f1np1"}, match_ip="169.254.77.1")
     assert ng.index == 3 and ng.via == "match IP 169.254.77.1"
     assert gids["rocep1s0f1"].entry(3).ipv4 == "169.254.77.1" and gids["rocep1s0f1"].entry(4).zero
     manifest = json.loads((Path(head.shell.rewrite[REHEARSAL_SIM_DIR]) / "manifest.json").read_text())
@@ -139,7 +140,7 @@ def test_tree_is_a_spark_with_the_profiles_cabling(exl3, tmp_path):
 def test_pinned_index_and_typo_hca(exl3, tmp_path):
     from dataclasses import replace
     spec = replace(exl3.nodes[1], gid=5, ib_devs=["rocep1s0f0", "roceP2p1s0f9"])
-    files = sim.node_files(sim.node_config(exl3, spec, lab_addr(2), hostname="spark-worker", root=str(tmp_path)))
+    files = sim.node_files(sim.node_config(exl3, spec, lab_node_addr("worker"), hostname="spark-worker", root=str(tmp_path)))
     sim.write_tree(tmp_path, files)
     gids = fr.parse_gid_dump(subprocess.run(["bash", "-c", fr.gid_dump_cmd(f"{tmp_path}/sys")], capture_output=True,
                                             text=True, timeout=20).stdout, root=f"{tmp_path}/sys")
@@ -176,8 +177,8 @@ def test_ibv_devinfo(exl3, tmp_path):
     assert ports
     up = [p for p in ports if p.hca == "rocep1s0f1"]
     assert up and up[0].active and up[0].active_mtu == 4096 and up[0].link_layer == "Ethernet"
-    res = sh(head, "ibv_devinfo -d rocep1s0f0")
-    assert res.exit_code != 0 and "IB device 'rocep1s0f0' wasn't found" in res.stderr
+    res = sh(head, "ibv_devinfo -d roceP2p1s0f9")
+    assert res.exit_code != 0 and "IB device 'roceP2p1s0f9' wasn't found" in res.stderr
 
 
 # --------------------------------------------------------------------------- perftest
@@ -362,7 +363,7 @@ def test_network_step_rehearsed(path, tmp_path):
     # real tools stay real (here: answered from the lab fixtures) and are never marked simulated
     real = [c for c in checks if c.name.startswith(("net.ping.", "net.tcp.", "net.link."))]
     assert real and all(c.status is Status.PASS for c in real), [(c.name, c.status) for c in real]
-    assert by(checks, "net.pcie.enp1s0f0np0", "head").status is Status.NA
+    assert by(checks, f"net.pcie.{profile.nodes[0].fabric_if}", "head").status is Status.NA
     mp = next(cmd for cmd in cluster.nodes[0].commands if cmd.startswith("timeout 180 mpirun"))
     apps = mpirun_apps(mp)
     assert [a["env"]["NCCL_IB_HCA"] for a in apps] == [",".join(n.ib_devs) for n in profile.nodes]
@@ -395,7 +396,7 @@ def install_node(spec, root: Path, lab: bool = True) -> FakeNode:
     (root / "nvme").mkdir(parents=True)
     if lab:
         (root / "nvme" / "WHOAMI").write_text(f"this is spark-{spec.name}'s local NVMe (lab)\n")
-    rules = [(exact("ip -j addr show"), res(0, lab_addr(int(str(spec.fabric_ip).rsplit(".", 1)[1])))),
+    rules = [(exact("ip -j addr show"), res(0, lab_node_addr(spec.name))),
              (exact("hostname"), f"spark-{spec.name}\n"),
              (r"^cat /mnt/nvme/", SHELL, "read"),
              (r"", SHELL, "run")]

@@ -29,7 +29,7 @@ from runbook.facts import vllm_log
 from runbook.launch.render import NodeFacts, check_consistency, render
 from runbook.profile import KEYS, REPO_ROOT, load_profile
 from support.doubles import FakeCluster, FakeNode, exact
-from support.net import by, fx
+from support.net import by, fx, lab_node_addr
 
 ENV = REPO_ROOT / "env"
 GOLDEN = Path(__file__).parent / "golden" / "launch"
@@ -85,9 +85,11 @@ def test_tp3_dspark_values_follow_the_seed_lane():
 
 def test_lab_tp3_values():
     p = labtp3()
-    assert p.lab and len(p.nodes) == 3 and p.worker2_ssh == "spark-worker2" and p.worker2_ip == "169.254.77.3"
+    assert p.lab and len(p.nodes) == 3 and p.worker2_ssh == "spark-worker2" and p.worker2_ip == "169.254.23.3"
     assert [p.cpu_bind(r, cpus=16) for r in range(3)] == ["0", "1", "1"]       # pinned: whatever the host has
-    assert p.hf_model_repo == "spark-runbook/tiny-tp3" and p.master_addr == "169.254.77.1"
+    # the triangle: the head's fabric address is on the worker's cable only; the rendezvous is on the LAN port
+    assert p.hf_model_repo == "spark-runbook/tiny-tp3" and p.master_addr == "10.77.0.11"
+    assert {n.socket_if for n in p.nodes} == {"enP7s7"}
     two = load_profile(ENV / "lab.env", environ=NO_ENV)
     assert [two.cpu_bind(r, cpus=2) for r in range(2)] == ["0", "1"]          # derived: the rank, ranks <= CPUs
 
@@ -191,7 +193,7 @@ def test_two_node_dspark_render_has_no_tp3_knobs():
 def test_lab_tp3_render_binds_three_ranks_on_two_cores():
     plan = render(labtp3(), FACTS)
     assert [plan.rank(n).env["VLLM_CPU_OMP_THREADS_BIND"] for n in NODES] == ["0", "1", "1"]
-    assert [plan.rank(n).env["VLLM_HOST_IP"] for n in NODES] == ["169.254.77.1", "169.254.77.2", "169.254.77.3"]
+    assert [plan.rank(n).env["VLLM_HOST_IP"] for n in NODES] == ["10.77.0.11", "10.77.0.12", "10.77.0.13"]
     assert check_consistency(plan) == [] and plan.expect_log == []
     assert len(plan.ranks) == 3 and all(flag_value(r.serve_argv, "--tensor-parallel-size") == "3" for r in plan.ranks)
 
@@ -282,18 +284,27 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
 # ----------------------------------------------------------------------------- preflight: every pair
 
 def _ssh_node(spec):
-    """Answers the fabric ssh probe ``ssh ... root@<ip> hostname`` with ``host-<ip>``; refuses anything else."""
+    """Answers the fabric ssh probe ``ssh ... root@<ip> hostname`` with ``host-<ip>`` and ``ip -j addr show`` with the
+    3-node lab's (the triangle); refuses anything else."""
     def hostname(cmd):
         return "host-" + re.search(r"root@([\d.]+)", cmd).group(1) + "\n"
-    return FakeNode(spec=spec, read_only=True, rules=[(r"root@[\d.]+ ", hostname)])
+    return FakeNode(spec=spec, read_only=True, rules=[(r"root@[\d.]+ ", hostname),
+                                                      (exact("ip -j addr show"), lab_node_addr(spec.name, 3))])
 
 
 def test_preflight_fabric_ssh_covers_all_six_directions_and_parity_all_nodes():
+    """On the triangle every direction is listed: ssh runs from the head to both workers and from the worker to the
+    head (HEAD_IP is on its cable); worker2 is on no cable with HEAD_IP or WORKER_IP, and the worker on none with
+    WORKER2_IP: those directions are N/A with the reason (no route exists; the runbook's ssh starts on the head)."""
     p = labtp3()
     nodes = [_ssh_node(n) for n in p.nodes]
     checks = preflight.fabric_ssh_checks(nodes, p)
     assert sorted(c.name for c in checks) == sorted(f"ssh {a}→{b} over fabric" for a in NODES for b in NODES if a != b)
-    assert all(c.status == Status.PASS for c in checks)
+    status = {c.name: c.status for c in checks}
+    assert [n for n, s in status.items() if s == Status.PASS] == [
+        "ssh head→worker over fabric", "ssh head→worker2 over fabric", "ssh worker→head over fabric"], status
+    na = [c for c in checks if c.status == Status.NA]
+    assert len(na) == 3 and all("is on a cable" in c.observed for c in na), [c.observed for c in na]
     facts = {n: {"os": SimpleNamespace(pretty_name="Ubuntu", kernel="6.8", machine="aarch64"),
                  "driver": "580" if n != "worker2" else "575"} for n in NODES}
     parity = {c.name: c for c in preflight.parity_checks(facts)}

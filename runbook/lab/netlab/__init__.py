@@ -4,14 +4,23 @@ Each node is a network namespace ``nl-<name>`` whose PID 1 is ``nodeinit.sh`` (o
 PID namespaces; see that file), which becomes the node's sshd. Topology::
 
     root netns (the "laptop" running the runbook)
-      nlbr0 10.77.0.1/24 --+-- nl-m-head    <-> eth0 10.77.0.11/24  [nl-head,    hostname spark-head]
-                           +-- nl-m-worker  <-> eth0 10.77.0.12/24  [nl-worker,  hostname spark-worker]
-                           +-- nl-m-worker2 <-> eth0 10.77.0.13/24  [nl-worker2, hostname spark-worker2]  (3 nodes)
-      guard routes: unreachable 10.77.0.0/16 and 169.254.77.0/24 (lab prefixes never follow the default route)
+      nlbr0 10.77.0.1/24 --+-- nl-m-head    <-> enP7s7 10.77.0.11/24  [nl-head,    hostname spark-head]
+                           +-- nl-m-worker  <-> enP7s7 10.77.0.12/24  [nl-worker,  hostname spark-worker]
+                           +-- nl-m-worker2 <-> enP7s7 10.77.0.13/24  [nl-worker2, hostname spark-worker2]  (3 nodes)
+      guard routes: unreachable 10.77.0.0/16 and each fabric /24 (lab prefixes never follow the default route)
 
-    2 nodes: nl-head:enp1s0f0np0 169.254.77.1/24 mtu 9000 <-veth-> nl-worker:enp1s0f0np0 169.254.77.2/24
-    3 nodes: every node's enp1s0f0np0 (169.254.77.1/.2/.3, mtu 9000) is a veth into bridge nlfab0
-             (root netns, mtu 9000, no IP address)
+    The fabric: every node has a Spark's two CX-7 ports, enp1s0f0np0 and enp1s0f1np1 (MTU 9000); each cable is a
+    veth between two nodes' ports, on its own /24 (a node's address there is .<rank + 1>); no bridge (spec.LINKS):
+    2 nodes, one cable, the ports every shipped 2-node profile names (exl3-v41, dspark-v4, lab):
+        head enp1s0f1np1 169.254.77.1 <-> worker enp1s0f0np0 169.254.77.2
+        (head enp1s0f0np0 and worker enp1s0f1np1: no cable, DOWN, no address: dummy netdevs)
+    3 nodes, seed B's TP3 triangle:
+        head   enp1s0f0np0 169.254.22.1 <-> worker  enp1s0f0np0 169.254.22.2
+        head   enp1s0f1np1 169.254.23.1 <-> worker2 enp1s0f1np1 169.254.23.3
+        worker enp1s0f1np1 169.254.24.2 <-> worker2 enp1s0f0np0 169.254.24.3
+    The management veth is named like a Spark's LAN port, enP7s7 (seed B's TP3 bootstrap interface): the one
+    network all nodes share. Going from 2 to 3 nodes and back (``up(nodes=…)`` on a healthy lab) adds or removes
+    worker2 and re-cables the fabric; the head's and the worker's namespaces, processes and files stay.
 
 Nodes have no default route. After sshd answers, ``dockerd`` is started in each node over SSH (as a
 runbook would on a real node) and a tiny busybox image ``spark-runbook/lab-runtime:1`` is imported on
@@ -44,16 +53,17 @@ from typing import Iterator
 from runbook.errors import LabError
 
 from .dockerd import dockerd_script, ensure_image, parse_kv
-from .files import lab_paths, write_files
+from .files import lab_paths, write_files, write_hosts
 from .health import any_node_alive, lab_status, unreachable_live_nodes
 from .host import node_pid1, ssh
-from .network import create_network, wait_carrier
-from .nodes import cgroup_mounts, start_node, wait_port
+from .host import run_local
+from .network import create_network, recable, wait_carrier
+from .nodes import cgroup_mounts, kill_node, start_node, wait_port
 from .packages import ensure_packages
 from .registry import start_registry
 from .spec import (DEFAULT_LAB_DIR, IMAGE, MARKER, NODE_PRIVATE, NODEINIT, LabInfo, LabNode, Log, node_specs,
                    read_state, write_state)
-from .teardown import lab_present, teardown
+from .teardown import lab_present, rm_cgroups, teardown
 
 __all__ = ["LabInfo", "LabNode", "default_lab_dir", "down", "info", "status", "up"]
 
@@ -154,13 +164,15 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                                observed=f"lab from {other}", expected=f"no lab, or the lab of {lab_dir}",
                                fix=f"bring it down first: `python -m runbook lab down --lab-dir {other}`")
         state = read_state(lab_dir)
-        if state and state.get("node_count") == nodes and "info" in state:
+        if state and state.get("node_count") in (2, 3) and "info" in state:
             with timer.phase("check"):
                 st = lab_status(lab_dir)
             if st["nodes_healthy"]:
                 if not st["registry"]["healthy"]:
                     with timer.phase("registry"):
                         start_registry(lab_dir, log)
+                if state["node_count"] != nodes:     # add or remove worker2: the head and the worker stay up
+                    return _recount(lab_dir, state, st, nodes, timer, log)
                 lab = LabInfo.from_dict(state["info"])
                 lab.reused = True
                 lab.image_ids = {k: v["image_id"] for k, v in st["nodes"].items()}
@@ -205,33 +217,7 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
             create_network(specs)
         with timer.phase("registry"):        # on the bridge's host address, which exists from here on
             state["registry_pid"] = start_registry(lab_dir, log)
-        with timer.phase("nodes"):
-            cg = cgroup_mounts()
-            for n in specs:
-                state["pids"][n.name] = {"unshare": start_node(lab_dir, n, cg)}
-        with timer.phase("carrier"):
-            wait_carrier(specs)
-        with timer.phase("sshd"):
-            deadline = time.monotonic() + 10
-            for n in specs:
-                wait_port(n, lab_dir, deadline)
-                state["pids"][n.name]["pid1"] = node_pid1(n.netns)
-            write_state(lab_dir, state)
-            cfg = lab_paths(lab_dir)[0]
-            with ThreadPoolExecutor(max_workers=len(specs)) as ex:
-                names = list(ex.map(lambda n: ssh(cfg, n.alias, "hostname", timeout=20,
-                                                  what="first ssh login").stdout.strip(), specs))
-            for n, got in zip(specs, names):
-                if got != n.alias:
-                    raise LabError("lab node answers with the wrong hostname", node=n.alias,
-                                   observed=got, expected=n.alias, fix="run `down` then `up`")
-        with timer.phase("dockerd"):
-            with ThreadPoolExecutor(max_workers=len(specs)) as ex:
-                outs = list(ex.map(lambda n: ssh(cfg, n.alias, dockerd_script(n), timeout=60,
-                                                 what="starting dockerd in the node").stdout, specs))
-            ids = {n.name: parse_kv(o).get("image", "") for n, o in zip(specs, outs)}
-        with timer.phase("image"):
-            ids = ensure_image(lab_dir, specs, ids, log)
+        ids = _start_nodes(lab_dir, specs, specs, state, {}, timer, log)
         ssh_config, key, known_hosts = lab_paths(lab_dir)
         lab = LabInfo(lab_dir=lab_dir, ssh_config=ssh_config, key=key, known_hosts=known_hosts, nodes=specs,
                       image_ids=ids)
@@ -243,6 +229,78 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
         state["info"] = lab.to_dict()
         write_state(lab_dir, state)
         return lab
+
+
+def _start_nodes(lab_dir: Path, specs: list[LabNode], new: list[LabNode], state: dict, ids: dict[str, str],
+                 timer: _Timer, log: Log) -> dict[str, str]:
+    """Start the ``new`` nodes of the lab ``specs`` (their network is in place): PID 1, carrier on every lab link,
+    sshd, first login, dockerd, and the runtime image on every node; node -> image ID."""
+    with timer.phase("nodes"):
+        cg = cgroup_mounts()
+        for n in new:
+            state["pids"][n.name] = {"unshare": start_node(lab_dir, n, cg)}
+    with timer.phase("carrier"):
+        wait_carrier(specs)
+    with timer.phase("sshd"):
+        deadline = time.monotonic() + 10
+        for n in new:
+            wait_port(n, lab_dir, deadline)
+            state["pids"][n.name]["pid1"] = node_pid1(n.netns)
+        write_state(lab_dir, state)
+        cfg = lab_paths(lab_dir)[0]
+        with ThreadPoolExecutor(max_workers=len(new)) as ex:
+            names = list(ex.map(lambda n: ssh(cfg, n.alias, "hostname", timeout=20,
+                                              what="first ssh login").stdout.strip(), new))
+        for n, got in zip(new, names):
+            if got != n.alias:
+                raise LabError("lab node answers with the wrong hostname", node=n.alias,
+                               observed=got, expected=n.alias, fix="run `down` then `up`")
+    with timer.phase("dockerd"):
+        with ThreadPoolExecutor(max_workers=len(new)) as ex:
+            outs = list(ex.map(lambda n: ssh(cfg, n.alias, dockerd_script(n), timeout=60,
+                                             what="starting dockerd in the node").stdout, new))
+        ids = {**ids, **{n.name: parse_kv(o).get("image", "") for n, o in zip(new, outs)}}
+    with timer.phase("image"):
+        return ensure_image(lab_dir, specs, ids, log)
+
+
+def _recount(lab_dir: Path, state: dict, st: dict, nodes: int, timer: _Timer, log: Log) -> LabInfo:
+    """The healthy lab of ``state`` with ``nodes`` nodes: worker2 added (its namespace, PID 1, sshd, dockerd,
+    image) or removed (its processes, namespace and cgroups), and the fabric re-cabled from one cabling to the
+    other. The head and the worker keep their namespaces, processes, management addresses and files."""
+    old = state["node_count"]
+    specs, before = node_specs(nodes), node_specs(old)
+    kept = [n for n in specs if n.name in {b.name for b in before}]
+    added = [n for n in specs if n not in kept and n.name not in {b.name for b in before}]
+    removed = [b for b in before if b.name not in {n.name for n in specs}]
+    log(f"{'adding' if added else 'removing'} {', '.join(n.alias for n in added + removed)} and re-cabling the fabric "
+        f"for {nodes} nodes (the head and the worker stay up)")
+    with timer.phase("remove"):
+        for n in removed:
+            kill_node(n.netns, n.name)
+            run_local(["ip", "netns", "del", n.netns], timeout=30, what=f"removing {n.netns}")
+            state["pids"].pop(n.name, None)
+        rm_cgroups([n.name for n in removed])
+    with timer.phase("files"):     # every node's files exist from `up`; running nodes keep theirs (bind-mounted)
+        write_hosts(lab_dir, specs)
+    state["node_count"] = nodes
+    state.pop("info", None)                  # until the new cabling is up
+    write_state(lab_dir, state)
+    with timer.phase("network"):
+        recable(kept, added, nodes)
+    ids = {n.name: st["nodes"][n.name]["image_id"] for n in kept}
+    if added:
+        ids = _start_nodes(lab_dir, specs, added, state, ids, timer, log)
+    else:
+        with timer.phase("carrier"):
+            wait_carrier(specs)
+    ssh_config, key, known_hosts = lab_paths(lab_dir)
+    lab = LabInfo(lab_dir=lab_dir, ssh_config=ssh_config, key=key, known_hosts=known_hosts, nodes=specs,
+                  image_ids=ids)
+    lab.timings = timer.total()
+    state["info"] = lab.to_dict()
+    write_state(lab_dir, state)
+    return lab
 
 
 def down(lab_dir: Path | None = None, *, log: Log | None = None) -> None:

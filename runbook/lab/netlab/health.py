@@ -15,7 +15,7 @@ from .files import lab_paths
 from .host import link_exists, netns_exists, node_pid1, pid_alive, proc_comm, run_local, ssh, tail_text
 from .network import link_states
 from .registry import registry_status
-from .spec import (BRIDGE, FABRIC_IF, FABRIC_MTU, GUARD_ROUTES, IMAGE, OPERATOR, OPERATOR_UID, STATE_FILE, LabNode,
+from .spec import (BRIDGE, FABRIC_MTU, GUARD_ROUTES, IMAGE, OPERATOR, OPERATOR_UID, STATE_FILE, LabNode,
                    node_specs, read_state)
 
 
@@ -28,10 +28,14 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
         pid1 = state_node["pid1"]
     d["sshd_pid"] = pid1
     d["sshd_alive"] = bool(pid1) and pid_alive(pid1) and proc_comm(pid1) == "sshd"
-    link = link_states(n.netns).get(FABRIC_IF, {}) if d["netns_exists"] and os.geteuid() == 0 else {}
+    states = link_states(n.netns) if d["netns_exists"] and os.geteuid() == 0 else {}
+    link = states.get(n.fabric_if, {})
     d["fabric_if"] = n.fabric_if
     d["fabric_state"] = link.get("operstate")
     d["fabric_mtu"] = link.get("mtu")
+    # every cabled port of this cabling (the triangle's or the twin-cabled pair's): state and MTU
+    d["ports"] = {port: {"ip": ip, "state": states.get(port, {}).get("operstate"), "mtu": states.get(port, {}).get("mtu")}
+                  for port, ip in n.ports}
     d["ssh_ok"] = False
     d["hostname"] = None
     d["dockerd_alive"] = False
@@ -64,7 +68,7 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
             else:
                 d["ssh_error"] = tail_text(res.stderr, 300)
     d["healthy"] = bool(d["netns_exists"] and d["sshd_alive"] and d["ssh_ok"] and d["hostname"] == n.alias
-                        and d["fabric_state"] == "UP" and d["fabric_mtu"] == FABRIC_MTU
+                        and all(p["state"] == "UP" and p["mtu"] == FABRIC_MTU for p in d["ports"].values())
                         and d["dockerd_alive"] and d["image_id"] and d["registry_insecure"]
                         and d["operator"])
     return d

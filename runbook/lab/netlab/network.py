@@ -1,53 +1,98 @@
-"""The lab's network plumbing: network namespaces, veth pairs, the management and fabric bridges, guard
-routes and addresses (see the topology in ``runbook/lab/netlab/__init__.py``)."""
+"""The lab's network plumbing: network namespaces, the management bridge and veths, the fabric's point-to-point
+links between named ports, guard routes and addresses (see the topology in ``runbook/lab/netlab/__init__.py``).
+``recable`` changes the fabric between the 2- and the 3-node cabling under running nodes."""
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 from runbook.errors import LabError
 
 from .host import run_local
-from .spec import BRIDGE, BRIDGE_IP, FABRIC_BRIDGE, FABRIC_IF, FABRIC_MTU, GUARD_ROUTES, LabNode
+from .spec import BRIDGE, BRIDGE_IP, FABRIC_MTU, GUARD_ROUTES, MGMT_IF, PORTS, LabNode, Link, links, port_ip
 
 
-def _fabric_veth(node: LabNode) -> str:   # root-netns end of a node's fabric veth (3-node topology)
-    return f"nl-f-{node.name}"
+def _netns(name: str) -> str:
+    return f"nl-{name}"
+
+
+def _link_cmds(cabling: tuple[Link, ...], specs: list[LabNode]) -> list[str]:
+    """One veth per cable, its two ends created directly in the two nodes' namespaces under the port names; a port
+    of ``specs`` no cable reaches is a veth whose other end stays DOWN in the root netns (``nl-u-<node>-<k>``): the
+    port is there with no carrier and no address, an empty QSFP cage."""
+    cmds = [f"link add {pa} mtu {FABRIC_MTU} netns {_netns(na)} type veth peer name {pb} mtu {FABRIC_MTU} "
+            f"netns {_netns(nb)}" for (na, pa), (nb, pb) in (link.ends() for link in cabling)]
+    for n in specs:
+        cabled = {port for (node, port) in (end for link in cabling for end in link.ends()) if node == n.name}
+        cmds += [f"link add nl-u-{n.name}-{k} mtu {FABRIC_MTU} type veth peer name {port} mtu {FABRIC_MTU} "
+                 f"netns {n.netns}" for k, port in enumerate(PORTS) if port not in cabled]
+    return cmds
+
+
+def _address_ports(specs: list[LabNode], cabling: tuple[Link, ...]) -> None:
+    """Address every cabled port of ``specs``' nodes (``<net>.<rank + 1>/24``, MTU 9000) and bring it up."""
+    for n in specs:
+        cmds = []
+        for link in cabling:
+            for node, port in link.ends():
+                if node == n.name:
+                    cmds += [f"addr add {port_ip(link, node)}/24 dev {port}", f"link set {port} up"]
+        if cmds:
+            run_local(["ip", "-n", n.netns, "-batch", "-"], input="\n".join(cmds) + "\n", timeout=30,
+                      node=n.alias, what=f"addressing the fabric ports in {n.netns}")
+
+
+def _add_nodes(specs: list[LabNode]) -> list[str]:
+    """Commands for the namespaces and management veths (``enP7s7`` inside, on the bridge outside) of ``specs``."""
+    cmds = [f"netns add {n.netns}" for n in specs]
+    for n in specs:
+        cmds += [f"link add {n.mgmt_veth} type veth peer name {MGMT_IF} netns {n.netns}",
+                 f"link set {n.mgmt_veth} master {BRIDGE} up"]
+    return cmds
+
+
+def _address_mgmt(specs: list[LabNode]) -> None:
+    for n in specs:
+        ncmds = ["link set lo up", f"addr add {n.mgmt_ip}/24 dev {MGMT_IF}", f"link set {MGMT_IF} up"]
+        run_local(["ip", "-n", n.netns, "-batch", "-"], input="\n".join(ncmds) + "\n", timeout=30,
+                  node=n.alias, what=f"configuring addresses in {n.netns}")
 
 
 def create_network(specs: list[LabNode]) -> None:
-    """Guard routes, the management bridge, one netns per node with its veths, the fabric, and the addresses."""
-    three = len(specs) == 3
+    """Guard routes, the management bridge, one netns per node with its veths, the fabric's cables, and the
+    addresses."""
+    cabling = links(len(specs))
     cmds = [f"route replace unreachable {r}" for r in GUARD_ROUTES]
     cmds += [f"link add {BRIDGE} type bridge", f"addr add {BRIDGE_IP}/24 dev {BRIDGE}", f"link set {BRIDGE} up"]
-    if three:
-        cmds += [f"link add {FABRIC_BRIDGE} mtu {FABRIC_MTU} type bridge"]
-    cmds += [f"netns add {n.netns}" for n in specs]
-    for n in specs:
-        cmds += [f"link add {n.mgmt_veth} type veth peer name eth0 netns {n.netns}",
-                 f"link set {n.mgmt_veth} master {BRIDGE} up"]
-    if three:
-        for n in specs:
-            cmds += [f"link add {_fabric_veth(n)} mtu {FABRIC_MTU} type veth peer name {FABRIC_IF} "
-                     f"mtu {FABRIC_MTU} netns {n.netns}",
-                     f"link set {_fabric_veth(n)} master {FABRIC_BRIDGE} up"]
-    else:
-        a, b = specs
-        cmds += [f"link add {FABRIC_IF} mtu {FABRIC_MTU} netns {a.netns} type veth peer name {FABRIC_IF} "
-                 f"mtu {FABRIC_MTU} netns {b.netns}"]
+    cmds += _add_nodes(specs) + _link_cmds(cabling, specs)
     run_local(["ip", "-batch", "-"], input="\n".join(cmds) + "\n", timeout=30,
               what="creating the lab network (root netns)", fix="run `down` to clear leftovers, then `up` again")
-    if three:
-        # the fabric bridge carries no address at all (not even IPv6 link-local) and comes up last
-        Path(f"/proc/sys/net/ipv6/conf/{FABRIC_BRIDGE}/disable_ipv6").write_text("1\n")
-        run_local(["ip", "link", "set", FABRIC_BRIDGE, "up"], timeout=10)
-    for n in specs:
-        ncmds = ["link set lo up", f"addr add {n.mgmt_ip}/24 dev eth0", "link set eth0 up",
-                 f"link set {FABRIC_IF} mtu {FABRIC_MTU}", f"addr add {n.fabric_ip}/24 dev {FABRIC_IF}",
-                 f"link set {FABRIC_IF} up"]
-        run_local(["ip", "-n", n.netns, "-batch", "-"], input="\n".join(ncmds) + "\n", timeout=30,
-                  node=n.alias, what=f"configuring addresses in {n.netns}")
+    _address_mgmt(specs)
+    _address_ports(specs, cabling)
+
+
+def recable(kept: list[LabNode], added: list[LabNode], nodes: int) -> None:
+    """Re-cable running nodes for the ``nodes``-node lab: the fabric ports of ``kept`` are unplugged (their veths
+    deleted; nothing else of those nodes changes: namespace, management address, processes), ``added`` nodes get
+    their namespace and management veth, then the ``nodes``-node cables go in and are addressed."""
+    for n in kept:
+        cmds = [f"link del {port}" for port in PORTS if port in link_states(n.netns)]
+        if cmds:   # deleting one end of a veth deletes its peer in the other node too
+            run_local(["ip", "-n", n.netns, "-force", "-batch", "-"], input="\n".join(cmds) + "\n", timeout=30,
+                      check=False, node=n.alias, what=f"unplugging the fabric ports of {n.netns}")
+    deadline = time.monotonic() + 5          # a removed node's namespace takes its cables' far ends with it, later
+    while any(p in link_states(n.netns) for n in kept for p in PORTS):
+        if time.monotonic() > deadline:
+            left = [f"{n.netns}:{p}" for n in kept for p in PORTS if p in link_states(n.netns)]
+            raise LabError("the old fabric cables did not go away", observed=", ".join(left),
+                           expected="no fabric port left before re-cabling", fix="run `down`, then `up` again")
+        time.sleep(0.05)
+    cabling = links(nodes)
+    cmds = [f"route replace unreachable {r}" for r in GUARD_ROUTES] + _add_nodes(added) + _link_cmds(cabling, kept + added)
+    run_local(["ip", "-batch", "-"], input="\n".join(cmds) + "\n", timeout=30,
+              what=f"cabling the {nodes}-node lab", fix="run `down`, then `up` again")
+    _address_mgmt(added)
+    _address_ports(kept + added, cabling)
 
 
 def link_states(ns: str | None) -> dict[str, dict]:
@@ -64,10 +109,8 @@ def link_states(ns: str | None) -> dict[str, dict]:
 
 def wait_carrier(specs: list[LabNode], timeout: float = 15) -> None:
     """Wait until every lab link, in the nodes and the root netns, is operstate UP."""
-    want: dict[str | None, list[str]] = {n.netns: ["eth0", FABRIC_IF] for n in specs}
+    want: dict[str | None, list[str]] = {n.netns: [MGMT_IF, *(p for p, _ in n.ports)] for n in specs}
     want[None] = [BRIDGE] + [n.mgmt_veth for n in specs]
-    if len(specs) == 3:
-        want[None] += [FABRIC_BRIDGE] + [_fabric_veth(n) for n in specs]
     deadline = time.monotonic() + timeout
     while True:
         down_links = []

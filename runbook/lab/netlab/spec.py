@@ -17,11 +17,39 @@ NODE_NAMES = ("head", "worker", "worker2")
 BRIDGE = "nlbr0"
 BRIDGE_IP = "10.77.0.1"
 MGMT_PREFIX = "10.77.0"
-FABRIC_BRIDGE = "nlfab0"
-FABRIC_IF = "enp1s0f0np0"
-FABRIC_PREFIX = "169.254.77"
+FABRIC_BRIDGE = "nlfab0"     # the one bridge every node's port joined before the point-to-point links (teardown only)
 FABRIC_MTU = 9000
-GUARD_ROUTES = ("10.77.0.0/16", "169.254.77.0/24")
+# A Spark's two CX-7 ports (QSFP 0 and 1; their HCAs are rocep1s0f0 / rocep1s0f1) and its LAN port (seed B's TP3
+# bootstrap interface, TP3_BOOTSTRAP_IFNAME's default): every lab node has them under these names.
+PORTS = ("enp1s0f0np0", "enp1s0f1np1")
+MGMT_IF = "enP7s7"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One cable between two nodes' ports; its own /24 (``net``), a node's address there is ``.<rank + 1>``."""
+    a: tuple[str, str]     # (node name, port)
+    b: tuple[str, str]
+    net: str               # "169.254.77" -> 169.254.77.0/24
+
+    def ends(self) -> tuple[tuple[str, str], tuple[str, str]]:
+        return self.a, self.b
+
+
+# The cabling per node count, each cable its own /24 (no shared fabric bridge: a node reaches a peer only over the
+# port cabled to it, as on Sparks); a port no cable reaches is there, DOWN and without an address, as on a Spark.
+# Two nodes: one cable, the port pair every shipped 2-node profile names (exl3-v41, dspark-v4, lab: head
+# enp1s0f1np1 <-> worker enp1s0f0np0). Three nodes: seed B's TP3 triangle (docs/tp3.md; its 10.0.22/10.0.23.0/24
+# become 169.254.22/23 here): head enp1s0f0np0 <-> worker enp1s0f0np0, head enp1s0f1np1 <-> worker2 enp1s0f1np1,
+# and worker enp1s0f1np1 <-> worker2 enp1s0f0np0 (the ring's third side, which only both-port HCAs reach).
+LINKS: dict[int, tuple[Link, ...]] = {
+    2: (Link(("head", PORTS[1]), ("worker", PORTS[0]), "169.254.77"),),
+    3: (Link(("head", PORTS[0]), ("worker", PORTS[0]), "169.254.22"),
+        Link(("head", PORTS[1]), ("worker2", PORTS[1]), "169.254.23"),
+        Link(("worker", PORTS[1]), ("worker2", PORTS[0]), "169.254.24")),
+}
+FABRIC_NETS = tuple(dict.fromkeys(link.net for links in LINKS.values() for link in links))
+GUARD_ROUTES = ("10.77.0.0/16", *(f"{net}.0/24" for net in FABRIC_NETS))
 IMAGE = "spark-runbook/lab-runtime:1"
 # the lab's registry (Debian's docker-registry): on the management bridge's host address, plain HTTP, which the
 # nodes' dockerd are told is an insecure registry; a rehearsal's IMAGE gets this host instead of the recipe's
@@ -50,10 +78,11 @@ class LabNode:
     alias: str         # spark-head / spark-worker / spark-worker2
     rank: int
     netns: str         # nl-head
-    mgmt_ip: str       # 10.77.0.11
-    fabric_if: str     # enp1s0f0np0
-    fabric_ip: str     # 169.254.77.1
+    mgmt_ip: str       # 10.77.0.11 (on enP7s7)
+    fabric_if: str     # the port facing the head (the head's: facing the worker), e.g. enp1s0f1np1
+    fabric_ip: str     # its address, e.g. 169.254.77.1
     mgmt_veth: str     # root-netns end of the management veth (nl-m-head)
+    ports: tuple = ()  # ((port, address), ...) of every cabled port, fabric_if first
 
 
 @dataclass
@@ -98,19 +127,61 @@ class LabInfo:
     @classmethod
     def from_dict(cls, d: dict) -> "LabInfo":
         return cls(lab_dir=Path(d["lab_dir"]), ssh_config=Path(d["ssh_config"]), key=Path(d["key"]),
-                   known_hosts=Path(d["known_hosts"]), nodes=[LabNode(**n) for n in d["nodes"]],
+                   known_hosts=Path(d["known_hosts"]),
+                   nodes=[LabNode(**{**n, "ports": tuple(tuple(p) for p in n.get("ports", ()))}) for n in d["nodes"]],
                    timings=dict(d.get("timings", {})), image=d.get("image", IMAGE),
                    image_ids=dict(d.get("image_ids", {})), reused=bool(d.get("reused", False)))
 
 
-def node_specs(nodes: int = 2) -> list[LabNode]:
-    if nodes not in (2, 3):
+def links(nodes: int) -> tuple[Link, ...]:
+    """The cables of the ``nodes``-node lab (:data:`LINKS`)."""
+    if nodes not in LINKS:
         raise LabError("the lab supports 2 or 3 nodes", observed=f"nodes={nodes}", expected="2 or 3",
-                       fix="set LAB_NODES=2 (TP=2) or 3")
-    return [LabNode(name=name, alias=f"spark-{name}", rank=i, netns=f"nl-{name}",
-                    mgmt_ip=f"{MGMT_PREFIX}.{11 + i}", fabric_if=FABRIC_IF,
-                    fabric_ip=f"{FABRIC_PREFIX}.{1 + i}", mgmt_veth=f"nl-m-{name}")
-            for i, name in enumerate(NODE_NAMES[:nodes])]
+                       fix="name two nodes (HEAD_SSH, WORKER_SSH) or three (and WORKER2_SSH) in the profile")
+    return LINKS[nodes]
+
+
+def port_ip(link: Link, node: str) -> str:
+    """``node``'s address on ``link``: ``<net>.<rank + 1>`` (head .1, worker .2, worker2 .3)."""
+    return f"{link.net}.{NODE_NAMES.index(node) + 1}"
+
+
+def node_ports(nodes: int, name: str) -> list[tuple[str, str]]:
+    """(port, address) of every cabled port of node ``name`` in the ``nodes``-node lab, the port toward the head
+    first (the head's: toward the worker; of two such cables the first in :data:`LINKS`)."""
+    peer = "worker" if name == "head" else "head"
+    out = []
+    for k, link in enumerate(links(nodes)):
+        for (node, port), (other, _) in (link.ends(), link.ends()[::-1]):
+            if node == name:
+                out.append((other != peer, k, port, port_ip(link, name)))
+    return [(port, ip) for *_, port, ip in sorted(out)]
+
+
+def peer_address(nodes: int, src: str, dst: str) -> str:
+    """``dst``'s address on the cable from ``src`` ('' when none joins them)."""
+    for link in links(nodes):
+        names = {link.a[0], link.b[0]}
+        if names == {src, dst}:
+            return port_ip(link, dst)
+    return ""
+
+
+def node_specs(nodes: int = 2) -> list[LabNode]:
+    out = []
+    for i, name in enumerate(NODE_NAMES[:nodes]):
+        ports = node_ports(nodes, name)
+        out.append(LabNode(name=name, alias=f"spark-{name}", rank=i, netns=f"nl-{name}",
+                           mgmt_ip=f"{MGMT_PREFIX}.{11 + i}", fabric_if=ports[0][0], fabric_ip=ports[0][1],
+                           mgmt_veth=f"nl-m-{name}", ports=tuple(ports)))
+    return out
+
+
+def all_addresses(name: str) -> list[str]:
+    """Every fabric address node ``name`` has in any lab (host keys are pinned for all of them, so adding or
+    removing worker2 re-cables without new known_hosts)."""
+    return list(dict.fromkeys(port_ip(link, name) for links_ in LINKS.values() for link in links_
+                              if name in (link.a[0], link.b[0])))
 
 
 def read_state(lab_dir: Path) -> dict | None:

@@ -13,10 +13,10 @@ from runbook.errors import LabError
 from .host import link_exists, netns_exists, run_local, tail_text
 from .nodes import kill_node
 from .registry import stop_registry
-from .spec import BRIDGE, FABRIC_BRIDGE, GUARD_ROUTES, MARKER, NODE_NAMES, STATE_FILE, Log, read_state
+from .spec import BRIDGE, FABRIC_BRIDGE, GUARD_ROUTES, MARKER, NODE_NAMES, PORTS, STATE_FILE, Log, read_state
 
 
-def _rm_cgroups(names: list[str]) -> int:
+def rm_cgroups(names: list[str]) -> int:
     """Remove the cgroup dirs ``nl-<name>`` (dockerd of a node made them) under every controller."""
     removed = 0
     root = Path("/sys/fs/cgroup")
@@ -55,8 +55,11 @@ def teardown(lab_dir: Path, log: Log | None) -> list[str]:
         removed += [c.split()[-1] for c in ns_cmds]
         if res.returncode != 0:
             notes.append(f"ip reported: {tail_text(res.stderr, 300)}")
-    all_links = [BRIDGE, FABRIC_BRIDGE] + [f"nl-m-{n}" for n in NODE_NAMES] + [f"nl-f-{n}" for n in NODE_NAMES]
-    peers = [f"nl-m-{n}" for n in NODE_NAMES] + [f"nl-f-{n}" for n in NODE_NAMES]
+    # nl-u-*: the root ends of the veths that stand for uncabled ports (network._link_cmds); nl-f-*: an older lab's
+    empty_cages = [f"nl-u-{n}-{k}" for n in NODE_NAMES for k in range(len(PORTS))]
+    all_links = ([BRIDGE, FABRIC_BRIDGE] + [f"nl-m-{n}" for n in NODE_NAMES] + [f"nl-f-{n}" for n in NODE_NAMES]
+                 + empty_cages)
+    peers = [f"nl-m-{n}" for n in NODE_NAMES] + [f"nl-f-{n}" for n in NODE_NAMES] + empty_cages
     deadline = time.monotonic() + 2          # the root-netns veth peers vanish shortly after netns del
     while ns_cmds and any(link_exists(l) for l in peers) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -73,7 +76,7 @@ def teardown(lab_dir: Path, log: Log | None) -> list[str]:
             notes.append(f"ip reported: {tail_text(res.stderr, 300)}")
     if removed:
         notes.append("removed " + ", ".join(removed))
-    n = _rm_cgroups(list(NODE_NAMES))
+    n = rm_cgroups(list(NODE_NAMES))
     if n:
         notes.append(f"removed {n} cgroup dir(s) nl-*")
     # host mounts under the lab dir (none are made by a healthy lab; clean up anything left)

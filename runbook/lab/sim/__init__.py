@@ -12,9 +12,9 @@ under :data:`SIM_DIR` (node-private ``/mnt/nvme`` in the lab):
 
 * ``bin/<tool>`` -> ``bin/simtools.py`` (first on PATH through ``runbook.remote.rehearsal_path_prefix``),
 * ``nccl-tests/build/all_reduce_perf`` (where the network step looks for nccl-tests in a rehearsal),
-* ``node.json``: this node's simulated Spark -- the four Spark HCAs, the profile's ``<NODE>_CX7_IB`` cabled
-  (Up) to the node's lab fabric netdev, the others Down; the node's interfaces as ``ip -j addr`` read them at
-  install time; the GB10; the published figures the tools print,
+* ``node.json``: this node's simulated Spark -- the four Spark HCAs, each on its own CX-7 port's lab netdev and Up
+  when that port is cabled (:func:`hca_netdev`); the node's interfaces as ``ip -j addr`` read them at install
+  time; the GB10; the published figures the tools print,
 * ``sys/class/infiniband/<hca>/ports/1/...``: a sysfs-shaped GID table per HCA with the RoCE v2
   IPv4-mapped GID of the netdev's address at the profile's ``<NODE>_GID`` (3, as on a Spark, for ``auto``),
 * ``manifest.json``: what was installed, from which profile, and where every printed number comes from.
@@ -110,6 +110,25 @@ def _ipv4_base(pin: Any) -> int:
     return idx - 1 if idx % 2 else idx
 
 
+def hca_netdev(hca: str, spark_netdev: str, ifaces: dict, spec) -> tuple[str, bool]:
+    """The netdev a simulated HCA sits on and whether its port is Up (ACTIVE). The lab's nodes have a Spark's two
+    CX-7 ports under their names, cabled point to point: an HCA is on its own port's netdev, Up when that netdev is
+    up (listed in the profile or not, as ibdev2netdev shows a cabled port). The lab has one netdev per port: a twin
+    (roceP2p1s0f*) the profile lists rides its port's netdev (rocep1s0f0's twin on enp1s0f0np0), which gives the
+    node no second path; a listed HCA whose port the node lacks rides the profile's fabric netdev (a lab with one
+    port per node); an HCA on no netdev of the node is Down."""
+    if spark_netdev in ifaces:
+        return spark_netdev, ifaces[spark_netdev].up
+    listed = hca in spec.ib_devs
+    port = SPARK_HCAS.get(f"rocep1s0f{hca[-1]}", ("", ""))[0]
+    if listed and port in ifaces:
+        return port, ifaces[port].up
+    fabric = (str(spec.fabric_if).split(",")[0]).strip()
+    if listed and fabric in ifaces:
+        return fabric, ifaces[fabric].up
+    return spark_netdev, False
+
+
 def node_config(profile, spec, ip_addr_json: str, *, hostname: str, root: str = SIM_DIR) -> dict[str, Any]:
     """This node's simulated Spark (what ``node.json`` holds), from the profile's node, ``ip -j addr`` and
     ``hostname`` read on the node."""
@@ -118,18 +137,13 @@ def node_config(profile, spec, ip_addr_json: str, *, hostname: str, root: str = 
         raise LabError(f"cannot read {spec.name}'s interfaces for its simulated Spark",
                        node=spec.name, observed=ip_addr_json[:200], expected="`ip -j addr show` JSON",
                        fix="check the lab node answers `ip -j addr show` (make lab-up)")
-    fabric = (str(spec.fabric_if).split(",")[0]).strip()
-    listed = [h for h in spec.ib_devs if h in SPARK_HCAS]
-    fabric_mtu = ifaces[fabric].mtu if fabric in ifaces else 0
     hcas = []
-    for name, (spark_netdev, pci) in SPARK_HCAS.items():
-        up = name in listed
-        netdev = fabric if up else spark_netdev
-        if not up and netdev in ifaces:       # that Spark netdev name is a lab netdev carrying a listed HCA
-            continue
+    for name, (netdev, pci) in SPARK_HCAS.items():
+        netdev, up = hca_netdev(name, netdev, ifaces, spec)
         guid = hashlib.sha256(f"{spec.name}/{name}".encode()).hexdigest()
+        mtu = ifaces[netdev].mtu if netdev in ifaces else 0
         hcas.append({"name": name, "port": 1, "netdev": netdev, "up": up, "pci": pci, "fw": HCA_FW,
-                     "board_id": "NVD0000000033", "active_mtu": active_mtu(fabric_mtu) if up else 1024,
+                     "board_id": "NVD0000000033", "active_mtu": active_mtu(mtu) if up else 1024,
                      "node_guid": ":".join(guid[i:i + 4] for i in range(0, 16, 4))})
     uuid = hashlib.sha256(f"gb10/{spec.name}".encode()).hexdigest()
     return {
