@@ -31,7 +31,7 @@ from runbook.facts import ranks
 from runbook.profile import NodeSpec
 from runbook.remote import DEFAULT_READ_TIMEOUT, DEFAULT_RUN_TIMEOUT, Cluster, CommandLog, CommandResult
 
-__all__ = ["FakeNode", "LocalNode", "LocalShell", "FakeCluster", "Call", "SHELL", "exact", "res", "local_pair"]
+__all__ = ["FakeNode", "LocalNode", "LocalShell", "FakeCluster", "Call", "NoLock", "SHELL", "exact", "res", "local_pair"]
 
 #: a rule's answer meaning "run this command for real in the node's LocalShell"
 SHELL = "<run in the node's local shell>"
@@ -287,3 +287,24 @@ def rank_node(name: str, rank: int, *, pid: str | int = "", fingerprint: str = "
     return FakeNode(name, rank, read_only=True, rules=[
         (r'^printf %s "\$HOME"$', "/root"),
         (rf"^cat \S+/{name}\.pid 2>/dev/null; .*" + re.escape(ranks.PS_CMD) + "$", answer)])
+
+
+class NoLock:
+    """Stands in for ``runbook.remote.ClusterLock`` where a test is about something else (the lock has its own
+    tests): takes nothing on any node, so a unit test never contends with a lab run for the real head's lock."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    @classmethod
+    def for_profile(cls, *args, **kwargs) -> "NoLock":
+        return cls()
+
+    def release(self) -> None:
+        pass
+
+    def __enter__(self) -> "NoLock":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False

@@ -4,7 +4,7 @@ resolves each node's GID index from its RoCE GID table as 01_network does, so bo
 from __future__ import annotations
 
 import pytest
-from support.doubles import FakeCluster, FakeNode, res
+from support.doubles import FakeCluster, FakeNode, NoLock, res
 from test_network_step import spark_rules           # the two-rail Spark nodes' answers (GID 3 on both)
 
 import runbook.launch
@@ -42,16 +42,7 @@ def test_start_outside_a_run_renders_step_04s_fingerprint(spark, monkeypatch):
     started = []
     monkeypatch.setattr(cli, "_server_cluster", lambda args: (profile, cluster))
 
-    class NoLock:            # the read-only node double refuses the lock's mkdir; the lock has its own tests
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-    monkeypatch.setattr(runbook.remote, "ClusterLock", NoLock)
+    monkeypatch.setattr(runbook.remote, "ClusterLock", NoLock)   # the read-only node double refuses its mkdir
     monkeypatch.setattr(runbook.launch, "bring_up",
                         lambda cluster, profile, plan, **kw: started.append(plan) or runbook.launch.LaunchOutcome(plan))
     assert cli.main(["start", "--profile", str(profile.source)]) == 1           # nothing started (the double)

@@ -110,14 +110,14 @@ def test_one_count_for_every_reader():
     assert sum(counts["lab_by_goal"].values()) == counts["classes"][LAB_CLASS]
     assert counts["lab_by_goal"][rehearsal.NODE_ADDRESSES] == 7       # 2 SSH targets, 3 SSH files, 2 fabric addresses
     assert counts["lab_by_goal"][rehearsal.HUB] == 3                  # endpoint, model and Engram revisions
-    assert counts["lab_by_goal"][NO_GOAL] == 1                        # HEAD_CX7_IF (#23 item 5)
+    assert counts["lab_by_goal"][NO_GOAL] == 0                        # the port names are kept (#23 item 5)
     # a record of an older run: no class or no goal is counted as such, never dropped
     old = count([{"key": "X"}, {"key": "Y", "kind": "lab"}])
     assert old == {"classes": {HARDWARE: 0, LAB_CLASS: 1, "unclassified": 1},
                    "lab_by_goal": {**dict.fromkeys(GOALS, 0), NO_GOAL: 1}}
     text = count_text(counts)
     assert text.startswith(f"hardware: {counts['classes'][HARDWARE]}, lab: {counts['classes'][LAB_CLASS]} (node addresses: 7, ")
-    assert text.endswith(", none: 1)")
+    assert text.endswith(", none: 0)")
 
 
 def test_rehearsal_json_records_the_mode_and_the_counts():

@@ -12,7 +12,7 @@ from runbook import runner
 from runbook.api.server_info import find_server
 from runbook.errors import RunbookError
 from runbook.evidence import RunDir
-from support.doubles import FakeCluster, FakeNode, rank_node
+from support.doubles import FakeCluster, FakeNode, NoLock, rank_node
 from support.profiles import ROOT, profile_from
 
 FP = "f" * 64
@@ -35,14 +35,6 @@ def earlier(tmp_path, monkeypatch):
     run.record_step("04_launch", status="passed")
     run.record_step("07_bench", status="failed")
     run.update_manifest(status="failed")
-
-    class NoLock:
-        @classmethod
-        def for_profile(cls, *a, **k):
-            return cls()
-
-        def release(self):
-            pass
 
     state = {"nodes": [_rank_node("head", 0, running=True), _rank_node("worker", 1, running=True)],
              "renders": FP, "ran": []}
