@@ -2,6 +2,7 @@
 ``support`` (``from support.runs import build_run``), so no test module imports another."""
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -13,38 +14,55 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 
-LAB_GROUP = "lab"
+LAB = Path(TESTS) / "lab"
 # niceness of an xdist worker while it runs a test outside the lab group: the lab's CPU vLLM ranks (started by the
 # nodes' sshd, nice 0) keep both cores when they need them, and the unit tests fill the time the lab tests wait
 UNIT_NICE = 15
 
 
-def _in_lab_group(item) -> bool:
-    """Lab tests (one machine-wide resource, shared session fixtures) and tests marked ``timed`` (they judge
-    wall-clock against the reference server, so a starved worker would fail them) run on ONE worker, in order."""
-    return (Path(TESTS) / "lab" in Path(str(item.fspath)).parents) or item.get_closest_marker("timed") is not None
+@functools.lru_cache(maxsize=None)
+def _marked_timed(path: str) -> bool:
+    """A test file that marks itself ``timed`` (module ``pytestmark``): read from its source, because xdist's
+    scheduler sees node ids only."""
+    return "pytest.mark.timed" in Path(path).read_text(encoding="utf-8")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """`make test` runs on two xdist workers with ``--dist loadgroup``: the lab group goes to one worker, the other
-    unit tests to whichever worker is free. tryfirst: xdist's worker reads the mark in its own modifyitems hook
-    (it turns it into the ``@lab`` node-id suffix the scheduler groups by), so the mark must be there first."""
-    grouped = [item for item in items if _in_lab_group(item)]
-    for item in grouped:
-        item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
-    # nice the others only when a lab group shares the session (`make check` and `make test-unit` stay as they are)
-    config.stash[_NICE_OTHERS] = any(Path(TESTS) / "lab" in Path(str(i.fspath)).parents for i in grouped)
+def in_lab_group(nodeid: str) -> bool:
+    """Lab tests (one machine-wide resource, shared session fixtures) and the tests of files marked ``timed`` (they
+    judge wall-clock against the reference server, so a starved worker would fail them): one worker, in order."""
+    path = Path(TESTS).parent / nodeid.split("::", 1)[0]
+    return LAB in path.parents or (path.suffix == ".py" and path.is_file() and _marked_timed(str(path)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs on two xdist workers with ``--dist loadgroup``: the lab group is ONE work unit (one worker,
+    in collection order), every other test its own. xdist's own grouping (the ``xdist_group`` mark) writes the
+    group into ``item._nodeid``, which pytest 9 no longer reads (node ids live in ``item._id``), so the lab tests
+    were spread over both workers; the scheduler decides from the node id instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class LabGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "lab" if in_lab_group(nodeid) else nodeid
+
+    return LabGroupScheduling(config, log)
 
 
 _NICE_OTHERS = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(config, items):
+    # nice the others only when lab tests share the session (`make check` and `make test-unit` stay as they are)
+    config.stash[_NICE_OTHERS] = any(LAB in Path(str(item.fspath)).parents for item in items)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if not os.environ.get("PYTEST_XDIST_WORKER") or not item.config.stash.get(_NICE_OTHERS, False):
         return
-    want = 0 if _in_lab_group(item) else UNIT_NICE
+    want = 0 if in_lab_group(item.nodeid) else UNIT_NICE
     if os.getpriority(os.PRIO_PROCESS, 0) != want:
         try:
             os.setpriority(os.PRIO_PROCESS, 0, want)
