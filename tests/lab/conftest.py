@@ -34,7 +34,8 @@ def lab() -> netlab.LabInfo:
         netlab.down(lab_dir())
 
 
-USER_PROFILE = Path(__file__).resolve().parents[2] / "env" / "lab.env"
+REPO = Path(__file__).resolve().parents[2]
+USER_PROFILE = REPO / "env" / "lab.env"
 
 
 @dataclass
@@ -46,6 +47,22 @@ class ServerState:
 
 
 SERVER = ServerState()
+
+
+def lab_profile_server(profile, *, raise_on_failure: bool = True):
+    """The lab profile's server running with the fingerprint it renders now: reused when the head runs exactly
+    that (``server.start`` re-probes health, models and a streamed token), else whatever a test left on these
+    ports (another configuration, a lone worker rank) is stopped and the server started. Returns (plan, result)."""
+    from runbook.facts import ranks
+    from runbook.launch import server, stop
+    from runbook.launch.plan import render_plan
+    from runbook.remote import Cluster
+    with Cluster.from_profile(profile) as cluster:
+        plan = render_plan(cluster, profile)
+        head = ranks.rank_state(cluster.head, profile)
+        if not (head.running and head.fingerprint == plan.fingerprint):
+            stop.stop(cluster, profile, mem_settle_s=0)
+        return plan, server.start(cluster, profile, plan, raise_on_failure=raise_on_failure)
 
 
 @contextlib.contextmanager
@@ -60,8 +77,6 @@ def users_server_kept(lab_reused: bool):
         yield
         return
     from runbook.facts import ranks
-    from runbook.launch import server, stop
-    from runbook.launch.plan import render_plan
     from runbook.profile import load_profile
     from runbook.remote import Cluster
     profile = load_profile(USER_PROFILE)
@@ -75,12 +90,7 @@ def users_server_kept(lab_reused: bool):
         yield
     finally:
         if SERVER.before:
-            with Cluster.from_profile(profile) as cluster:
-                plan = render_plan(cluster, profile)
-                head = ranks.rank_state(cluster.head, profile)
-                if not (head.running and head.fingerprint == plan.fingerprint):
-                    stop.stop(cluster, profile, mem_settle_s=0)      # whatever a test left on these ports
-                restored = server.start(cluster, profile, plan, raise_on_failure=False)
+            plan, restored = lab_profile_server(profile, raise_on_failure=False)
             print(f"[lab] the runbook's server {'kept' if restored.reused else 'started again'}: ok={restored.ok} "
                   f"fingerprint {plan.fingerprint[:12]}")
             assert restored.ok and plan.fingerprint == SERVER.before, (
@@ -94,18 +104,9 @@ def lab_server(lab, vllm_venv):
     the tests that need only a healthy TP=2 server: reused when it runs (the user's, or the one an earlier test
     used; ``server.start`` re-probes health, models and a streamed token), started otherwise. A test that breaks
     it leaves the next one to start it again. These tests run first (``pytest_collection_modifyitems``)."""
-    from runbook.facts import ranks
-    from runbook.launch import server, stop
-    from runbook.launch.plan import render_plan
     from runbook.profile import load_profile
-    from runbook.remote import Cluster
     profile = load_profile(USER_PROFILE)
-    with Cluster.from_profile(profile) as cluster:
-        plan = render_plan(cluster, profile)
-        head = ranks.rank_state(cluster.head, profile)
-        if head.running and head.fingerprint != plan.fingerprint:
-            stop.stop(cluster, profile, mem_settle_s=0)              # another configuration holds the ports
-        result = server.start(cluster, profile, plan)
+    _, result = lab_profile_server(profile)
     assert result.ok, result.checks.to_text()
     print(f"\n[lab] lab server {'reused' if result.reused else 'started'}")
     SERVER.aside = False
@@ -169,8 +170,6 @@ def hold_port():
     """``with hold_port(node, port[, ip]):`` -- see ``port_held``."""
     return port_held
 
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
