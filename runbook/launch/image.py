@@ -115,8 +115,10 @@ def save_command(image: str, tar: str, facts: ShipFacts, *, node: str = "worker"
                                    "with the containerd image store",
                           expected="API >= 1.48 (Docker 28) for `docker save --platform`",
                           fix="upgrade Docker on the head to 28 or later; or make the worker pull the image by "
-                              "digest (IMAGE=<repo>@sha256:…); a plain `docker save` of an index fails on "
-                              "`docker load` with 'blobs/sha256/<id>: no such file'")
+                              "digest (IMAGE=<repo>@sha256:…); a plain `docker save` writes the whole index, "
+                              "naming platforms' manifests the tar does not hold (recipe A's users saw `docker "
+                              "load` fail on it with 'blobs/sha256/<id>: no such file'; containerd's importers "
+                              "fail on it with 'content digest …: not found')")
     return f"docker save -o {quote(tar)} {quote(image)}"        # the classic store: one platform, saved whole
 
 
