@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import posixpath
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ from typing import Callable
 
 from . import bench, engram, launch, network, preflight, weights
 from .evidence import RunDir
+from .facts import net as fnet
 from .profile import load_profile
 from .remote import Cluster, CommandLog
 from .secrets import redactor_from_env
@@ -100,21 +102,51 @@ def _ipv4_gid(ip: str) -> str:
     return f"0000:0000:0000:0000:0000:ffff:{a * 256 + b:04x}:{c * 256 + d:04x}"
 
 
+def declared_addresses(profile) -> dict[str, dict[str, str]]:
+    """node -> {netdev: IPv4} as the profile describes the fabric: each node's ``<NODE>_CX7_IF`` at ``<NODE>_IP``,
+    and, for a pair without a shared subnet (:func:`runbook.facts.net.pair_path`, the rails of 01_network), a
+    cable between free ports of their HCAs (TP=3 triangle): on the /24 of one end's address when only that end
+    is on it (the head's port toward worker2 on WORKER2_IP's /24), else on the next free /24 (worker<->worker2).
+    The review states this assumption; a real run reads the nodes."""
+    nodes = list(profile.nodes)
+    addrs = {n.name: {n.fabric_if: n.fabric_ip} for n in nodes}
+    free = {n.name: [d for d in dict.fromkeys(_netdev_of(h) for h in n.ib_devs) if d != n.fabric_if] for n in nodes}
+
+    def members(net: str) -> list[str]:
+        return [n for n, a in addrs.items() for ip in a.values() if ip.rsplit(".", 1)[0] == net]
+
+    def join(node, net: str) -> None:
+        taken = {int(ip.rsplit(".", 1)[1]) for a in addrs.values() for ip in a.values() if ip.rsplit(".", 1)[0] == net}
+        host = next(h for h in range(node.rank + 1, 255) if h not in taken)
+        addrs[node.name][free[node.name].pop(0)] = f"{net}.{host}"
+
+    for a, b in itertools.combinations(nodes, 2):
+        ends = {n.name: fnet.fabric_ends(list(addrs[n.name]), {}, addrs[n.name]) for n in (a, b)}
+        if fnet.pair_path(ends[a.name], ends[b.name]) or not free[a.name]:
+            continue
+        own = {x.name: x.fabric_ip.rsplit(".", 1)[0] for x in (a, b)}
+        if members(own[b.name]) == [b.name]:           # a's free port on b's own cable
+            join(a, own[b.name])
+        elif free[b.name] and members(own[a.name]) == [a.name]:
+            join(b, own[a.name])
+        elif free[b.name]:                              # both cables taken: a third one of their own
+            used = {ip.rsplit(".", 1)[0] for x in addrs.values() for ip in x.values()}
+            head, third = own[a.name].rsplit(".", 1)
+            net = next(f"{head}.{k}" for k in range(int(third) + 1, 256) if f"{head}.{k}" not in used)
+            join(a, net)
+            join(b, net)
+    return addrs
+
+
 def declared_network_facts(profile, spec) -> dict[str, str]:
     """What the profile says the node's fabric looks like, as the network step's first reads would answer it:
-    each fabric/bootstrap netdev UP at MTU FABRIC_MTU with its address (/24), each HCA ACTIVE on its CX-7 netdev
-    with a RoCE v2 IPv4 GID at index 3. An assumption the review states; a real run reads the node."""
-    from .facts import net as fnet
+    each fabric/bootstrap netdev UP at MTU FABRIC_MTU with its address (/24, :func:`declared_addresses`), each HCA
+    ACTIVE on its CX-7 netdev with a RoCE v2 IPv4 GID at index 3. An assumption the review states; a real run
+    reads the node."""
     from .facts import rdma as fr
-    addrs: dict[str, str] = {spec.fabric_if: spec.fabric_ip}
+    addrs: dict[str, str] = dict(declared_addresses(profile)[spec.name])
     if spec.bootstrap_if and spec.bootstrap_ip:
         addrs[spec.bootstrap_if] = spec.bootstrap_ip
-    own_net = spec.fabric_ip.rsplit(".", 1)[0]
-    peers = [n.fabric_ip.rsplit(".", 1)[0] for n in profile.nodes if n.fabric_ip.rsplit(".", 1)[0] != own_net]
-    for hca in spec.ib_devs:
-        dev = _netdev_of(hca)
-        if dev not in addrs and peers and spec.is_head:      # the head's port toward a worker on another /24
-            addrs[dev] = f"{peers.pop(0)}.1"
     ifaces = [{"ifindex": 1, "ifname": "lo", "flags": ["LOOPBACK", "UP", "LOWER_UP"], "mtu": 65536,
                "operstate": "UNKNOWN", "link_type": "loopback",
                "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8, "scope": "host", "label": "lo"}]}]

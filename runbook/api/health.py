@@ -6,9 +6,9 @@ serving watchdog.
 """
 from __future__ import annotations
 
-from ..checks import Check, check
+from ..checks import Check, check, not_applicable
 from ..errors import RunbookError
-from ..facts import net
+from ..facts import net, rdma
 from ..remote import Cluster
 from ..secrets import load_secrets
 from .server_info import ApiClient, ServerInfo
@@ -68,13 +68,21 @@ def server_rows(cluster: Cluster, profile) -> list[Check]:
 
 
 def fabric_rows(cluster: Cluster, profile) -> list[Check]:
-    """Each node's fabric interface state and a short ping to every peer over it (both ways)."""
+    """Each node's fabric interface state and a short ping to every peer over the path the two share (both
+    ways): the subnet of one of the node's given interfaces (``<NODE>_CX7_IF``, its HCAs' netdevs) the peer has
+    an address on (:func:`runbook.facts.net.pair_path`, the rails of 01_network): two nodes, the peer's
+    ``<NODE>_IP``; on the TP=3 triangle the worker reaches worker2 over their own cable, not at a head-facing
+    address."""
     rows = []
     nodes = list(cluster)
+    addrs, ends = {}, {}
+    for node in nodes:          # every node's interfaces first: a pair's path needs both ends
+        addrs[node.name] = net.parse_ip_addr(node.read(net.IP_ADDR_CMD, timeout=10).stdout)
+        ports = rdma.parse_ibdev2netdev(node.read(rdma.IBDEV2NETDEV_CMD, timeout=10).stdout) if node.spec.ib_devs else []
+        ends[node.name] = net.node_fabric_ends(node.spec, addrs[node.name], {p.hca: p.netdev for p in ports})
     for node in nodes:
         iface = node.spec.fabric_if.split(",")[0]
-        addrs = net.parse_ip_addr(node.read(f"ip -j addr show dev {iface}", timeout=10).stdout)
-        link = addrs.get(iface)
+        link = addrs[node.name].get(iface)
         rows.append(check("fabric link up", link is not None and link.up, node=node.name,
                           observed=f"{iface} {link.state if link else 'missing'}", expected=f"{iface} UP",
                           fix=f"bring the link up on {node.name} (ip link set {iface} up; check the cable and the "
@@ -82,15 +90,35 @@ def fabric_rows(cluster: Cluster, profile) -> list[Check]:
         for peer in nodes:
             if peer is node or not peer.spec.fabric_ip:
                 continue
-            res = node.read(net.ping_cmd(peer.spec.fabric_ip, size=56, count=2, iface=iface, deadline_s=4),
+            name = f"fabric ping {node.name}→{peer.name}"
+            path = net.pair_path(ends[node.name], ends[peer.name])
+            if path is None:
+                rows.append(_no_path_row(name, node, peer, ends, profile))
+                continue
+            res = node.read(net.ping_cmd(path.peer_ip, size=56, count=2, iface=path.iface, deadline_s=4),
                             timeout=15)
             ping = net.parse_ping(res.stdout + res.stderr)
-            rows.append(check(f"fabric ping {node.name}→{peer.name}", ping.ok, node=node.name,
-                              observed=f"{ping.received}/{ping.transmitted} replies" + (f" ({ping.error})"
-                                                                                         if ping.error else ""),
+            rows.append(check(name, ping.ok, node=node.name,
+                              observed=f"{ping.received}/{ping.transmitted} replies from {path.peer_ip} over "
+                                       f"{path.iface}" + (f" ({ping.error})" if ping.error else ""),
                               expected="every reply", fix="the fabric between these nodes is broken: check both "
                                                           "links (ip -br link), the cable, and the addresses"))
     return rows
+
+
+def _no_path_row(name: str, node, peer, ends: dict, profile) -> Check:
+    """No given interface of ``node`` shares a subnet with one of ``peer``'s: without RDMA their rank traffic
+    crosses BOOTSTRAP_IF (N/A, as 01_network's ``net.path``); otherwise a FAIL naming what each is given."""
+    given = "; ".join(f"{n.name}: {', '.join(ends[n.name]) or 'none'}" for n in (node, peer))
+    if profile.bootstrap_if and not profile.expect_rdma:
+        return not_applicable(name, f"no fabric subnet shared over the interfaces given ({given}); no RDMA "
+                                    f"expected: their traffic uses BOOTSTRAP_IF={profile.bootstrap_if}",
+                              node=node.name)
+    return check(name, False, node=node.name,
+                 observed=f"no fabric subnet shared by {node.name} and {peer.name} over the interfaces given ({given})",
+                 expected=f"a fabric path {node.name}<->{peer.name}",
+                 fix=f"give both nodes the CX-7 port of the cable between them: list its HCA in "
+                     f"{node.name.upper()}_CX7_IB and {peer.name.upper()}_CX7_IB (TP=3: both CX ports on every node)")
 
 
 def explain(cluster: Cluster, profile) -> list[Check]:

@@ -229,14 +229,18 @@ def _node_path(path: str) -> str:
 
 
 def collect_commands(profile, *, state_dirs: Mapping[str, str] | None = None,
-                     log_lines: int = 20000) -> dict[str, list[Command]]:
+                     log_lines: int = 20000, fabric: Mapping[str, dict[str, list[str]]] | None = None
+                     ) -> dict[str, list[Command]]:
     """Read-only commands per node, in rank order: ``{node: [Command(name, cmd, timeout)]}``.
 
     ``state_dirs``: node -> the rank's launch state directory (pid, log, start record); default
     ``<CACHE_DIR>/launch`` as the launcher uses it (pass ``{r.node: r.state_dir for r in plan.ranks}``
-    to follow the plan exactly).
+    to follow the plan exactly). ``fabric``: node -> its given fabric interfaces with the addresses read
+    (:func:`runbook.facts.net.node_fabric_ends`; :func:`runbook.diagnose.collect.collect` reads them first);
+    a node without one is known by its profile address only.
     """
     nodes = list(profile.nodes)
+    ends = {n.name: (fabric or {}).get(n.name) or net.node_fabric_ends(n) for n in nodes}
     ctx = Context.from_profile(profile)
     out: dict[str, list[Command]] = {}
     for spec in nodes:
@@ -278,14 +282,17 @@ def collect_commands(profile, *, state_dirs: Mapping[str, str] | None = None,
             Command(GPU, system.GPU_CMD, 20),
         ]
         for peer in nodes:
-            if peer.name == spec.name:
+            # over the path the two share (the rails of 01_network): on the TP=3 triangle the worker pings worker2
+            # over their own cable; none (a worker given only its head-facing port): no ping to misread
+            path = net.pair_path(ends[spec.name], ends[peer.name]) if peer.name != spec.name else None
+            if path is None:
                 continue
             cmds.append(Command(f"{PING_PREFIX}{peer.name}.txt",
-                                net.ping_cmd(peer.fabric_ip, size=56, count=3, iface=spec.fabric_if, deadline_s=6), 15))
+                                net.ping_cmd(path.peer_ip, size=56, count=3, iface=path.iface, deadline_s=6), 15))
             if profile.fabric_mtu > 1500:
                 cmds.append(Command(f"{PING_MTU_PREFIX}{peer.name}.txt",
-                                    net.ping_cmd(peer.fabric_ip, size=int(profile.fabric_mtu) - 28, count=3,
-                                                 iface=spec.fabric_if, deadline_s=6), 15))
+                                    net.ping_cmd(path.peer_ip, size=int(profile.fabric_mtu) - 28, count=3,
+                                                 iface=path.iface, deadline_s=6), 15))
         out[spec.name] = cmds
     return out
 

@@ -12,16 +12,28 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..facts import net, rdma
 from ..secrets import Redactor
 from .archive import read_bundle, write_bundle
 from .bundle import LOCAL, Context, collect_commands
 from .match import Finding, match
 
 
+def fabric_ends(cluster) -> dict[str, dict[str, list[str]]]:
+    """Each reachable node's given fabric interfaces with the addresses it has (``ip -j addr``, ``ibdev2netdev``
+    for its HCAs' netdevs), so the pings go over the path each pair shares (a node not read: its profile address)."""
+    def read(node) -> dict[str, list[str]]:
+        ifaces = net.parse_ip_addr(node.read(net.IP_ADDR_CMD, timeout=15).stdout)
+        ports = rdma.parse_ibdev2netdev(node.read(rdma.IBDEV2NETDEV_CMD, timeout=15).stdout) if node.spec.ib_devs else []
+        return net.node_fabric_ends(node.spec, ifaces, {p.hca: p.netdev for p in ports})
+
+    return {name: value for name, value in cluster.each(read).items() if isinstance(value, dict)}
+
+
 def collect(cluster, profile, *, state_dirs: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:
     """Every node's texts (``texts[node][name]``), collected in parallel; a node that cannot be reached
     gets one text saying why, so the bundle still shows the others."""
-    commands = collect_commands(profile, state_dirs=state_dirs)
+    commands = collect_commands(profile, state_dirs=state_dirs, fabric=fabric_ends(cluster))
 
     def gather(node) -> dict[str, str]:
         texts: dict[str, str] = {}

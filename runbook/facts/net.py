@@ -340,6 +340,70 @@ def parse_pcie(text: str) -> dict[str, PcieLink]:
     return out
 
 
+# --------------------------------------------------------------------------- pair paths
+
+
+@dataclass(frozen=True)
+class PairPath:
+    """The fabric path between two nodes: one IPv4 subnet with an interface of each on it (a rail)."""
+    net: ipaddress.IPv4Network
+    iface: str          # this node's interface on ``net``
+    ip: str             # this node's address there
+    peer_iface: str
+    peer_ip: str        # the address to reach the peer at over ``iface``
+
+
+def fabric_ends(given: Iterable[str], ifaces: dict[str, Interface], declared: dict[str, str] | None = None
+                ) -> dict[str, list[str]]:
+    """``{iface: ["ip/prefix", ...]}`` of the interfaces a node is given (``<NODE>_CX7_IF``, then the netdevs of
+    its ``<NODE>_CX7_IB`` HCAs), in that order: the addresses ``ip -j addr`` shows, a ``declared`` address
+    (iface -> bare IPv4, the profile's ``<NODE>_IP`` as a /24 when not shown) first, so a profile's own address
+    is the one chosen where both are on the path."""
+    out: dict[str, list[str]] = {}
+    for name in given:
+        if not name or name in out:
+            continue
+        shown = list(ifaces[name].ipv4) if name in ifaces else []
+        mine = (declared or {}).get(name, "")
+        if mine and not any(a.split("/")[0] == mine for a in shown):
+            shown.insert(0, f"{mine}/24")
+        elif mine:
+            shown.sort(key=lambda a: a.split("/")[0] != mine)
+        out[name] = shown
+    return out
+
+
+def node_fabric_ends(spec, ifaces: dict[str, Interface] | None = None, hca_netdevs: dict[str, str] | None = None
+                     ) -> dict[str, list[str]]:
+    """:func:`fabric_ends` of a profile node (``NodeSpec``): its ``<NODE>_CX7_IF`` list, then the netdevs of its
+    ``<NODE>_CX7_IB`` HCAs (``hca_netdevs``, from ``ibdev2netdev``), with ``<NODE>_IP`` declared on the first
+    interface. Without ``ifaces`` (nothing read yet) only the profile's own address is known."""
+    given = [i.strip() for i in str(spec.fabric_if or "").split(",") if i.strip()]
+    given += [(hca_netdevs or {})[h] for h in spec.ib_devs if h in (hca_netdevs or {})]
+    declared = {given[0]: str(spec.fabric_ip)} if given and spec.fabric_ip else None
+    return fabric_ends(given, ifaces or {}, declared)
+
+
+def pair_path(mine: dict[str, list[str]], theirs: dict[str, list[str]]) -> PairPath | None:
+    """The path two nodes' traffic takes over the fabric, from :func:`fabric_ends` of each: a subnet both have an
+    interface on, this node's first given interface that has one (two nodes: ``<NODE>_CX7_IF`` to the peer's
+    ``<NODE>_IP``; on the TP=3 triangle of point-to-point cables the one cable between them), None when they
+    share none (a worker given only its head-facing port has no path to the other worker, though the cable
+    exists)."""
+    found: list[PairPath] = []
+    for iface, addrs in mine.items():
+        for addr in addrs:
+            here = ipaddress.ip_interface(addr)
+            for peer_iface, peer_addrs in theirs.items():
+                there = next((a for a in peer_addrs if ipaddress.ip_address(a.split("/")[0]) in here.network), "")
+                if there:
+                    found.append(PairPath(here.network, iface, str(here.ip), peer_iface, there.split("/")[0]))
+    if not found:
+        return None
+    return min(found, key=lambda p: (list(mine).index(p.iface), p.net.network_address, p.net.prefixlen,
+                                     list(theirs).index(p.peer_iface)))
+
+
 # --------------------------------------------------------------------------- ping
 
 

@@ -92,8 +92,9 @@ def rank_logs(text: str, nodes) -> dict[str, str]:
 
 def rank_failures(ranks: list[NcclRank], logs: dict[str, str]) -> list[str]:
     """What each failing rank's own NCCL log says, with the setting of that rank it points at: an
-    ``NCCL_SOCKET_IFNAME`` naming no interface of the node, an ``NCCL_IB_GID_INDEX`` the HCA cannot use, or
-    the rank's first ``NCCL WARN`` line. Ranks whose log shows no failure are not listed."""
+    ``NCCL_SOCKET_IFNAME`` naming no interface of the node, an ``NCCL_IB_HCA`` without a RoCE path to a peer
+    (QP RTR timeout, errno 110), an ``NCCL_IB_GID_INDEX`` the HCA cannot use, or the rank's first ``NCCL WARN``
+    line. Ranks whose log shows no failure are not listed."""
     out = []
     for r in ranks:
         log = logs.get(r.node, "")
@@ -103,6 +104,10 @@ def rank_failures(ranks: list[NcclRank], logs: dict[str, str]) -> list[str]:
         if any("no socket interface found" in w for w in warns):
             out.append(f"{r.node}: NCCL_SOCKET_IFNAME={r.socket_if} names no interface of {r.node} "
                        "(NCCL: Bootstrap : no socket interface found)")
+        elif any("ibv_modify_qp failed with 110" in w for w in warns):       # a peer its HCAs have no subnet to
+            out.append(f"{r.node}: NCCL_IB_HCA={','.join(r.hcas)} gives {r.node} no RoCE path to a peer (QP RTR "
+                       f"timed out): list both CX ports in {r.node.upper()}_CX7_IB (see net.path.*): "
+                       f"{next(w for w in warns if 'ibv_modify_qp' in w)}")
         elif any("ibv_modify_qp failed" in w for w in warns):
             out.append(f"{r.node}: NCCL_IB_GID_INDEX={'unset' if r.gid_index is None else r.gid_index} on "
                        f"{','.join(r.hcas)}: {next(w for w in warns if 'ibv_modify_qp' in w)}")
@@ -134,7 +139,8 @@ def nccl_checks(ctx: Verification, gid: GidPlan) -> None:
         ctx.add_hw(check("net.nccl.busbw", False, node="cluster",
                          observed="; ".join([f"nccl-tests: {res.error}", *failures]), expected=f">= {min_bus} GB/s",
                          fix=("fix the named rank's setting (<NODE>_CX7_IF / BOOTSTRAP_IF for NCCL_SOCKET_IFNAME, "
-                              "<NODE>_GID for NCCL_IB_GID_INDEX) and run 01 again" if failures else
+                              "<NODE>_CX7_IB for NCCL_IB_HCA, <NODE>_GID for NCCL_IB_GID_INDEX) and run 01 again"
+                              if failures else
                               "see net.tools for nccl-tests on every node; the log's NCCL WARN / Test NCCL failure "
                               "lines name the rank"),
                          evidence=ev, data={"rank_failures": failures}), SIM_NCCL)

@@ -171,8 +171,9 @@ def _subnet_rails(ctx: Verification, per_node: dict[str, list[RailEnd]]) -> list
                       "10.0.23.0/24 head<->worker2) and list the facing HCAs in <NODE>_CX7_IB"))
     if lonely or not rails:
         return None
+    given = {n: fnet.fabric_ends([e.iface for e in ends], ctx.facts[n].ifaces) for n, ends in per_node.items()}
     for a, b in pairs(ctx):
-        if any(a.name in r.ends and b.name in r.ends for r in rails):
+        if fnet.pair_path(given[a.name], given[b.name]):
             continue
         if not ctx.expect_rdma:
             ctx.add(not_applicable(f"net.path.{a.name}-{b.name}",

@@ -81,16 +81,28 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                             "three share one fabric subnet use the fabric netdev and the *_IP addresses",
                             at="BOOTSTRAP_IF")
         for n, hcas in (("HEAD", p.head_cx7_ib), ("WORKER", p.worker_cx7_ib), ("WORKER2", p.worker2_cx7_ib)):
-            if p.expect_rdma and len(hcas) < 2:
-                # recipe B's TP=3 path sets NCCL_IB_HCA to both CX ports on every node: each Spark reaches the
-                # other two over its two ports (the QSFP triangle); a rank with one port has no path to one peer
-                yield Conflict(("WORKER2_SSH", f"{n}_CX7_IB"),
-                                f"RECIPE=dspark-v4 with three nodes: {n}_CX7_IB={','.join(hcas) or '(empty)'} "
-                                "names fewer than two HCAs, but every node talks to the two others over its two "
-                                "CX ports",
-                                f"list both CX ports, e.g. {n}_CX7_IB=rocep1s0f0,rocep1s0f1 (seed B TP3: "
-                                "NCCL_IB_HCA is both ports on every node; a single facing HCA times out in QP RTR)",
-                                at=f"{n}_CX7_IB")
+            # recipe B's TP=3 path sets NCCL_IB_HCA to both CX ports on every node: each Spark reaches the other
+            # two over its two ports (the QSFP triangle); a rank with one port -- one HCA, one named twice, or
+            # both twins of one port -- has no path to one peer and times out in QP RTR
+            ports = {_cx_port(h) for h in hcas}
+            if not p.expect_rdma or len(ports) >= 2:
+                continue
+            node = n.lower()
+            listed = ",".join(hcas) or "(empty)"
+            if len(hcas) < 2:
+                why = "names fewer than two HCAs"
+            elif len(set(hcas)) < len(hcas):
+                why = f"names {hcas[0]} twice: one CX port"
+            else:
+                why = f"names twins of one CX port (port {next(iter(ports))}: {', '.join(hcas)})"
+            yield Conflict(("WORKER2_SSH", f"{n}_CX7_IB"),
+                            f"RECIPE=dspark-v4 with three nodes: {n}_CX7_IB={listed} on {node} {why}, but every "
+                            "node talks to the two others over its two CX ports (the TP=3 triangle)",
+                            f"list both CX ports on {node}, one HCA of each, e.g. {n}_CX7_IB=rocep1s0f0,rocep1s0f1 "
+                            "(rocep1s0f0/roceP2p1s0f0 are port 0's twins, rocep1s0f1/roceP2p1s0f1 port 1's; "
+                            "seed B TP3: NCCL_IB_HCA is both ports on every node; a single facing port times "
+                            "out in QP RTR)",
+                            at=f"{n}_CX7_IB")
     if p.worker2_ssh and p.weight_sync == "nfs" and not p.is_lab:
         yield Conflict(("WORKER2_SSH", "WEIGHT_SYNC"),
                         "WEIGHT_SYNC=nfs with three nodes: worker2 must mount the head's address on ITS link "
@@ -401,3 +413,10 @@ def trust_conflicts(p: Profile) -> Iterable[Conflict]:
         yield Conflict(("HF_ENDPOINT", "HF_ENDPOINT_TRUSTED"),
                        "HF_ENDPOINT_TRUSTED=1 but HF_ENDPOINT is " + (p.hf_endpoint or "empty (huggingface.co)") +
                        ", which gets the token anyway", "set HF_ENDPOINT_TRUSTED=0", at="HF_ENDPOINT_TRUSTED")
+
+
+def _cx_port(hca: str) -> str:
+    """The physical CX-7 port of a DGX Spark HCA: rocep1s0f0 and its twin roceP2p1s0f0 are port 0, rocep1s0f1 and
+    roceP2p1s0f1 port 1; any other name is its own port (nothing known to pair it with)."""
+    m = re.fullmatch(r"roce[pP](?:\d+p)?\d+s0f(\d)", hca)
+    return m.group(1) if m else hca

@@ -208,22 +208,23 @@ def test_tp3_on_the_triangle_reaches_every_rank_over_its_own_cable(triangle):
 
 def test_tp3_worker_limited_to_its_head_facing_port_fails_naming_the_pair(triangle):
     """What hangs on hardware (NCCL's worker<->worker2 QP times out in RTR) fails here: the loader refuses one HCA per
-    worker (recipe B's rule); two HCAs of one port (rocep1s0f0 and its twin) pass the loader, and 01_network names
-    the pair, the worker's free port cabled to worker2 and the HCA to add; so does a rank given one HCA."""
+    worker and two HCAs of one port (rocep1s0f0 and its twin; recipe B's rule); a rank given one port anyway (its
+    spec set past the loader) makes 01_network name the pair, the worker's free port cabled to worker2 and the HCA
+    to add."""
     import dataclasses
 
     from runbook.errors import ProfileError
     from runbook.lab.rehearsal import load_rehearsal
-    with pytest.raises(ProfileError) as refused:
-        load_rehearsal("env/tp3-dspark.env", {"WORKER_CX7_IB": "rocep1s0f0"})
-    assert any(i.key == "WORKER_CX7_IB" for i in refused.value.issues), refused.value
-    profile = _tp3({"WORKER_CX7_IB": "rocep1s0f0,roceP2p1s0f0"})          # both twins of the head-facing port
+    for one_port in ("rocep1s0f0", "rocep1s0f0,roceP2p1s0f0"):          # one HCA; both twins of the facing port
+        with pytest.raises(ProfileError) as refused:
+            load_rehearsal("env/tp3-dspark.env", {"WORKER_CX7_IB": one_port})
+        assert any(i.key == "WORKER_CX7_IB" and "both CX ports on worker" in i.fix
+                   for i in refused.value.issues), refused.value
+    profile = _tp3()
     with Cluster.from_profile(profile) as c:
+        c.worker.spec = dataclasses.replace(profile.nodes[1], ib_devs=["rocep1s0f0"])   # only its facing HCA
         checks, _ = network.verify_network(profile, c, traffic=False)
-        one = profile.nodes[1]
-        c.worker.spec = dataclasses.replace(one, ib_devs=["rocep1s0f0"])   # the rank given only its facing HCA
-        again, _ = network.verify_network(profile, c, traffic=False)
-    for rows in (checks, again):
+    for rows in (checks,):
         path = _path_rows(rows)
         assert list(path) == ["net.path.worker-worker2"], [(ch.name, ch.status) for ch in rows if ch.status is Status.FAIL]
         row = path["net.path.worker-worker2"]
@@ -231,3 +232,45 @@ def test_tp3_worker_limited_to_its_head_facing_port_fails_naming_the_pair(triang
         assert ("worker's enp1s0f1np1 (rocep1s0f1) is cabled to worker2's enp1s0f0np0 on 169.254.24.0/24, "
                 "but worker is not given it") in row.observed, row.observed
         assert "add rocep1s0f1 to WORKER_CX7_IB" in row.fix and "QP RTR" in row.fix, row.fix
+
+
+def test_tp3_health_and_diagnose_ping_every_pair_over_its_own_cable(triangle):
+    """The server-health fabric rows and the diagnose bundle's pings follow 01's pair model (facts.net.pair_path):
+    the worker reaches worker2 over their own cable (enp1s0f1np1 -> 169.254.24.3), not at worker2's head-facing
+    WORKER2_IP over its head-facing port (which failed on a healthy triangle)."""
+    from runbook.api import health
+    from runbook.diagnose import collect as dcollect
+    from runbook.diagnose.bundle import PING_PREFIX, collect_commands
+    from runbook.facts import net as fnet
+    profile = _tp3()
+    with Cluster.from_profile(profile) as c:
+        rows = health.fabric_rows(c, profile)
+        pings = {r.name: r for r in rows if r.name.startswith("fabric ping ")}
+        assert len(pings) == 6 and all(r.status is Status.PASS for r in pings.values()), \
+            [(r.name, r.status, r.observed) for r in rows]
+        assert "from 169.254.24.3 over enp1s0f1np1" in pings["fabric ping worker→worker2"].observed
+        assert "from 169.254.24.2 over enp1s0f0np0" in pings["fabric ping worker2→worker"].observed
+        cmds = collect_commands(profile, fabric=dcollect.fabric_ends(c))
+        worker = next(n for n in c if n.name == "worker")
+        cmd = next(x.cmd for x in cmds["worker"] if x.name == f"{PING_PREFIX}worker2.txt")
+        assert cmd.endswith("-I enp1s0f1np1 169.254.24.3"), cmd
+        res = worker.read(cmd, timeout=20)
+        assert fnet.parse_ping(res.stdout + res.stderr).ok, res.stdout + res.stderr
+
+
+def test_tp3_real_mpirun_fails_worker2_given_its_head_facing_port_only(triangle):
+    """The rank given only its head-facing HCA (rocep1s0f1 on worker2), set past the profile rule: the real mpirun
+    starts the three simulated ranks and the worker<->worker2 pair times out in QP RTR (ibv_modify_qp 110), as
+    NCCL does on hardware; the busbw row FAILs naming the rank and its <NODE>_CX7_IB (before, only net.path did)."""
+    profile = _tp3()
+
+    def one_port(ranks, include):
+        ranks[2].hcas = ["rocep1s0f1"]
+        return ranks, include
+    with Cluster.from_profile(profile) as c:
+        checks, raw = _tools_and_nccl(profile, c, one_port)
+    text = raw["nccl_all_reduce_perf.txt"]
+    assert "ibv_modify_qp failed with 110 Connection timed out" in text and "next state RTR" in text, text[-3000:]
+    row = next(ch for ch in checks if ch.name == "net.nccl.busbw")
+    assert row.status is Status.FAIL
+    assert "no RoCE path" in row.observed and "_CX7_IB" in row.observed, row.observed

@@ -488,6 +488,56 @@ def _parse_size(v: str) -> int:
     return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
 
 
+def unreachable(ranks: list[dict]) -> list[tuple[int, int]]:
+    """The rank pairs that cannot connect over what each is given: NCCL connects every rank to every other (rings
+    and trees over all ranks). Two IB ranks need a subnet their devices' netdevs share (a RoCE QP to a GID off the
+    netdev's subnet never leaves INIT->RTR: ibv_modify_qp 110, the TP=3 worker given only its head-facing port);
+    otherwise the peer's OOB address must be on a subnet of this rank's socket interfaces."""
+    lost = []
+    for a in ranks:
+        for b in ranks:
+            if a["rank"] >= b["rank"]:
+                continue
+            if a["transport"] == "IB" and b["transport"] == "IB":
+                ok = bool(set(a.get("nets", [])) & set(b.get("nets", [])))
+            else:
+                ok = all(any(ipaddress.ip_address(y["oob"]) in ipaddress.ip_network(n) for n in x.get("socket_nets", []))
+                         for x, y in ((a, b), (b, a)) if y.get("oob"))
+            if not ok:
+                lost.append((a["rank"], b["rank"]))
+    return lost
+
+
+def _path_error(lost: list[tuple[int, int]], ranks: list[dict], rank: int, node: dict, ib_devs: list[str],
+                gid_env: str | None, tag: str, host: str, out: list[str]) -> str:
+    """NCCL's failure when some rank pair has no path (:func:`unreachable`), '' when none: the ranks of such a pair
+    time out connecting (IB: ibv_modify_qp 110 in INIT->RTR; sockets: no route), every other rank sees its peer go."""
+    mine = [pair for pair in lost if rank in pair]
+    if not lost:
+        return ""
+    if not mine:
+        return (f"{host}: Test NCCL failure common.cu:1279 'remote process exited or there was a network error / "
+                f"NET/IB : peer rank failed during init'")
+    peer = next(r for r in mine[0] if r != rank)
+    them = ranks[peer]
+    if ib_devs and ranks[rank]["transport"] == "IB" and them["transport"] == "IB":
+        d = ib_devs[0]
+        idx = int(gid_env) if gid_env and gid_env.isdigit() else default_gid_index(node, d)
+        gid = gid_entry(node, d, idx)[0] if idx is not None else ""
+        shown = str(ipaddress.IPv6Address(gid)) if gid else "::"
+        msg = (f"Call to ibv_modify_qp failed with 110 Connection timed out, on dev {d}:1, curr state INIT, "
+               f"next state RTR, local GID index {idx}, local GID {shown}")
+        out.append(f"{tag} NCCL INFO NET/IB : no device of rank {rank} shares a subnet with rank {peer} "
+                   f"({them['host']}): {', '.join(ranks[rank]['nets'])} vs {', '.join(them['nets']) or 'none'}")
+        out.append(f"{tag} NCCL WARN {msg}")
+        return (f"{host}: Test NCCL failure common.cu:1279 'unhandled system error (run with NCCL_DEBUG=INFO for "
+                f"details) / {msg}'")
+    msg = f"socketStartConnect: Connect to {them['oob']}<43125> failed : No route to host"
+    out.append(f"{tag} NCCL WARN {msg}")
+    return (f"{host}: Test NCCL failure common.cu:1279 'remote process exited or there was a network error / "
+            f"{msg}'")
+
+
 def all_reduce_perf(argv: list[str]) -> int:
     # one write per line, as NCCL's logger flushes each line: mpirun merges the ranks' output as it reads it, and
     # one block written at exit can be cut mid-line there, gluing one rank's line to another's
@@ -521,6 +571,8 @@ def all_reduce_perf(argv: list[str]) -> int:
         error = f"{host}: Test CUDA failure common.cu:892 'invalid device ordinal'"
     ifaces = [n for n, i in node["interfaces"].items() if n != "lo" and i.get("ipv4")]
     sock_env = os.environ.get("NCCL_SOCKET_IFNAME")
+    chosen: list[str] = []
+    oob = oob_ip = gid_env = ""
     if not error:
         if sock_env is not None:
             out.append(f"{tag} NCCL INFO NCCL_SOCKET_IFNAME set by environment to {sock_env}")
@@ -572,7 +624,12 @@ def all_reduce_perf(argv: list[str]) -> int:
                     error = (f"{host}: Test NCCL failure common.cu:1279 'unhandled system error (run with "
                              f"NCCL_DEBUG=INFO for details) / {msg}'")
                     break
-    report = {"rank": rank, "host": host, "pid": pid, "ok": not error, "n_ib": n_ib, "transport": transport}
+    # what a peer must share with this rank to connect: the subnets of its IB devices' netdevs (a RoCE QP reaches
+    # a peer's GID only on the HCA netdev's own subnet), else the OOB address its sockets connect to
+    nets = sorted({str(n.network) for d in ib_devs for n in iface_networks(node, (hca_info(node, d) or {}).get("netdev", ""))})
+    socket_nets = sorted({str(n.network) for i in chosen for n in iface_networks(node, i)})
+    report = {"rank": rank, "host": host, "pid": pid, "ok": not error, "n_ib": n_ib, "transport": transport,
+              "nets": nets, "oob": oob_ip if transport else "", "socket_nets": socket_nets}
     if size > 1:                # started by OpenMPI's mpirun: the ranks meet through real MPI
         lib = load_libmpi()
         if lib is None:
@@ -586,6 +643,8 @@ def all_reduce_perf(argv: list[str]) -> int:
             return 1
     else:
         ranks = [report]
+    if not error and len(ranks) == size and all(r and r["ok"] for r in ranks):
+        error = _path_error(unreachable(ranks), ranks, rank, node, ib_devs, gid_env, tag, host, out)
     if rank == 0:
         print(f"# nThread 1 nGpus {ngpus} minBytes {minb} maxBytes {maxb} step: {factor}(factor) warmup iters: "
               f"{args['w']} iters: {args['n']} agg iters: 1 validation: 1 graph: 0\n#\n# Using devices")
@@ -599,6 +658,8 @@ def all_reduce_perf(argv: list[str]) -> int:
     if error:
         print(error)
         print(f" .. {host} pid {pid}: Test failure common.cu:1103")
+        if "peer rank failed during init" in error:
+            time.sleep(1.0)     # it learns of the failure only after a rank of the pair gave up (as in NCCL)
         return 1
     if len(ranks) != size or not all(r and r["ok"] for r in ranks):
         print(f"{host}: Test NCCL failure common.cu:1279 'remote process exited or there was a network error / "
