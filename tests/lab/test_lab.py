@@ -287,15 +287,16 @@ def test_status_reports_healthy(lab):
 
 
 def test_a_container_in_the_nodes_is_not_taken_for_their_pid1(lab):
-    """A rehearsal's docker-runtime rank is a container: PID 1 of a PID namespace nested in the node's. `lab status`
-    still finds each node's sshd as its PID 1 and the lab healthy, and `up` reuses it (it used to take the container
-    for PID 1 once the host's PIDs wrapped, call both nodes dead and rebuild the lab under the running server)."""
+    """A rehearsal's docker-runtime rank is a container (host network): PID 1 of a PID namespace nested in the
+    node's. `lab status` still finds each node's sshd as its PID 1 and the lab healthy, and `up` reuses it (it took
+    the container for PID 1 once the host's PIDs wrapped, called both nodes dead and the next `up` rebuilt the lab
+    under the running server; the deterministic case: tests/unit/test_lab_repair.py)."""
     from runbook.lab.netlab.host import _proc_nspid, netns_pids, node_pid1, proc_comm
     before = {name: node["sshd_pid"] for name, node in netlab.status(lab.lab_dir)["nodes"].items()}
     name = f"pid1-probe-{uuid.uuid4().hex[:8]}"
     try:
         for n in lab.nodes:
-            ok(lab, n.alias, f"docker run -d --rm --network none --name {name} {IMAGE} sleep 300 >/dev/null")
+            ok(lab, n.alias, f"docker run -d --rm --network host --name {name} {IMAGE} sleep 300 >/dev/null")
         for n in lab.nodes:
             init = ok(lab, n.alias, f"docker inspect --format '{{{{.State.Pid}}}}' {name}").strip()
             host = [p for p in netns_pids(n.netns) if len(_proc_nspid(p)) == 3 and _proc_nspid(p)[-1] == 1]
