@@ -65,9 +65,13 @@ def parse_ps(text: str) -> list[tuple[int, int, str, str]]:
 
 
 def vllm_procs(ps: list[tuple[int, int, str, str]], pgid: int | None = None) -> list[tuple[int, int, str, str]]:
-    return [p for p in ps if not p[2].startswith("Z") and
-            ((pgid is not None and p[1] == pgid) or _VLLM_PROC.search(p[3]))
-            and not p[3].startswith(("ps ", "bash -c", "sh -c"))]
+    """The vLLM processes of ``ps``, and every member of process group ``pgid`` (the pid file's: what a killed main
+    pid left, e.g. multiprocessing's resource tracker) while a vLLM process is in that group. A group without one is
+    not ours: a pid file outlives its rank (a reboot, a lab rebuilt after its nodes died) and its number can be
+    another process group's by then -- an sshd session's, dockerd's."""
+    live = [p for p in ps if not p[2].startswith("Z") and not p[3].startswith(("ps ", "bash -c", "sh -c"))]
+    ours = pgid is not None and any(p[1] == pgid and _VLLM_PROC.search(p[3]) for p in live)
+    return [p for p in live if _VLLM_PROC.search(p[3]) or (ours and p[1] == pgid)]
 
 
 def rank_state(node: Node, profile, home: str | None = None) -> RankState:

@@ -54,10 +54,13 @@ def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str
     # process runtime: SIGTERM the rank's process group (the headless rank does not exit on its own), as Ctrl-C
     # does in a terminal: every process gets it at once, so the executor does not spend its shutdown grace waiting
     # for workers nobody told to stop, and what a killed main pid left (EngineCore, workers) gets it too
+    # (the pid file's group only while a vLLM process is in it: a pid file outlives its rank -- a reboot, a lab
+    # rebuilt after its nodes died -- and by then its number may be an sshd session's or dockerd's group)
     pid = st.pid or (st.record.get("pid") if st.record else None)
-    signalled = bool(pid) and "sent" in node.run(f"kill -TERM -- -{int(pid)} 2>/dev/null && echo sent; true",
-                                                 timeout=30).stdout
-    left = _our_left(node, pid)
+    group = int(pid) if pid and any(p[1] == int(pid) for p in _ours(node, pid)) else None
+    signalled = bool(group) and "sent" in node.run(f"kill -TERM -- -{group} 2>/dev/null && echo sent; true",
+                                                   timeout=30).stdout
+    left = _our_left(node, group)
     if left and not signalled:
         # no group to signal (no pid file, or every member gone but strays): those get theirs now, not after a
         # grace spent waiting for processes that were never told to stop
@@ -65,16 +68,16 @@ def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str
     deadline = time.monotonic() + grace
     while left and time.monotonic() < deadline:
         time.sleep(1.0)
-        left = _our_left(node, pid)
+        left = _our_left(node, group)
     for sig, wait in (("TERM", 5.0), ("KILL", 5.0)):
         if not left:
             break
         node.run(f"kill -{sig} {' '.join(str(p) for p in left)} 2>/dev/null; "
-                 + (f"kill -{sig} -- -{int(pid)} 2>/dev/null; " if pid else "") + "true", timeout=30)
+                 + (f"kill -{sig} -- -{group} 2>/dev/null; " if group else "") + "true", timeout=30)
         end = time.monotonic() + wait
         while left and time.monotonic() < end:
             time.sleep(0.5)
-            left = _our_left(node, pid)
+            left = _our_left(node, group)
     node.run(f"rm -f {quote(sd + '/' + node.name + '.pid')} {quote(sd + '/' + node.name + '.fingerprint')} "
              f"{quote(sd + '/' + node.name + '.json')}; true", timeout=30)
     after = ranks.rank_state(node, profile, home)
@@ -151,9 +154,13 @@ def _mem_check(node: Node, info: dict[str, Any], settle_s: float, *, shared: boo
                  observed=f"{observed} after {settle_s:.0f} s: reboot needed", fix=fix), now_avail
 
 
+def _ours(node: Node, pid: int | None) -> list[tuple[int, int, str, str]]:
+    """The node's vLLM processes and the members of group ``pid`` while a vLLM process is in it (ranks.vllm_procs)."""
+    return ranks.vllm_procs(ranks.parse_ps(node.read(ranks.PS_CMD).stdout), pgid=int(pid) if pid else None)
+
+
 def _our_left(node: Node, pid: int | None) -> list[int]:
-    procs = ranks.vllm_procs(ranks.parse_ps(node.read(ranks.PS_CMD).stdout), pgid=int(pid) if pid else None)
-    return [p[0] for p in procs]
+    return [p[0] for p in _ours(node, pid)]
 
 
 def stop(cluster: Cluster, profile, nodes: list[str] | None = None, *, grace: float = 30.0,

@@ -286,6 +286,30 @@ def test_status_reports_healthy(lab):
     assert st["registry"]["healthy"] and st["registry"]["address"] == "10.77.0.1:5077", st["registry"]
 
 
+def test_a_container_in_the_nodes_is_not_taken_for_their_pid1(lab):
+    """A rehearsal's docker-runtime rank is a container (host network): PID 1 of a PID namespace nested in the
+    node's. `lab status` still finds each node's sshd as its PID 1 and the lab healthy, and `up` reuses it (it took
+    the container for PID 1 once the host's PIDs wrapped, called both nodes dead and the next `up` rebuilt the lab
+    under the running server; the deterministic case: tests/unit/test_lab_repair.py)."""
+    from runbook.lab.netlab.host import _proc_nspid, netns_pids, node_pid1, proc_comm
+    before = {name: node["sshd_pid"] for name, node in netlab.status(lab.lab_dir)["nodes"].items()}
+    name = f"pid1-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        for n in lab.nodes:
+            ok(lab, n.alias, f"docker run -d --rm --network host --name {name} {IMAGE} sleep 300 >/dev/null")
+        for n in lab.nodes:
+            init = ok(lab, n.alias, f"docker inspect --format '{{{{.State.Pid}}}}' {name}").strip()
+            host = [p for p in netns_pids(n.netns) if len(_proc_nspid(p)) == 3 and _proc_nspid(p)[-1] == 1]
+            assert host and int(init) in [_proc_nspid(p)[1] for p in host], (init, host)   # the nested PID 1 exists
+            assert node_pid1(n.netns) == before[n.name] and proc_comm(before[n.name]) == "sshd"
+        st = netlab.status(lab.lab_dir)
+        assert st["healthy"] and {k: v["sshd_pid"] for k, v in st["nodes"].items()} == before, st
+        assert netlab.up(lab.lab_dir, nodes=len(lab.nodes)).reused
+    finally:
+        for n in lab.nodes:
+            sh(lab, n.alias, f"docker rm -f {name} >/dev/null 2>&1; true")
+
+
 def test_a_dockerd_that_does_not_trust_the_registry_makes_up_rebuild(lab):
     """The insecure-registry flag is given when the lab is built (a running dockerd cannot learn it): a node whose
     dockerd runs without it (a lab built by older code) is unhealthy, and `up` rebuilds the lab."""
@@ -348,6 +372,70 @@ def test_worker2_joins_and_leaves_without_touching_head_and_worker(lab):
     assert ok(lab, "spark-head", "ping -c 1 -W 2 -M do -s 8972 169.254.77.2 >/dev/null && ssh spark-worker hostname"
               ).strip() == "spark-worker"
     print(f"\n[lab] worker2 added in {grow_s:.1f} s {three.timings}; removed in {shrink_s:.1f} s {two.timings}")
+
+
+def _end_the_nodes_processes(lab: netlab.LabInfo) -> None:
+    """What ending the session that built the lab does (a harness ends every process the session started): SIGKILL
+    to every process of the nodes, the `unshare` parents that started them, and the lab registry. Namespaces, links
+    and files stay."""
+    from runbook.lab.netlab import registry
+    from runbook.lab.netlab.host import netns_pids, pid_alive
+    state = json.loads((lab.lab_dir / STATE_FILE).read_text())
+    victims = [p["unshare"] for p in state["pids"].values()] + [registry.registry_pid(lab.lab_dir) or 0]
+    victims += [p for n in lab.nodes for p in netns_pids(n.netns)]
+    victims = [p for p in victims if p]
+    assert len(victims) >= 2 * len(lab.nodes) + 1, victims
+    for p in victims:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in victims) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in victims if pid_alive(p)]
+
+
+def test_nodes_whose_processes_were_ended_are_restarted_in_place(lab):
+    """The lab's processes ended with the session that built it (sshd, dockerd, registry gone; every nl-* netns
+    left): the next `up` starts them again in the same namespaces, without a rebuild, and says so in one line. A
+    node whose dockerd alone died gets dockerd again, its sshd and what runs there untouched."""
+    before = netlab.status(lab.lab_dir)
+    assert before["healthy"], before
+    inodes = {n.netns: Path("/run/netns", n.netns).stat().st_ino for n in lab.nodes}
+    ids = {name: node["image_id"] for name, node in before["nodes"].items()}
+    _end_the_nodes_processes(lab)
+    dead = netlab.status(lab.lab_dir)
+    assert not dead["healthy"] and not dead["registry"]["healthy"]
+    assert all(n["netns_exists"] and not n["sshd_alive"] and not n["dockerd_alive"] for n in dead["nodes"].values())
+    said: list[str] = []
+    t = time.monotonic()
+    again = netlab.up(lab.lab_dir, nodes=len(lab.nodes), log=said.append)
+    restart_s = time.monotonic() - t
+    assert again.restarted == {n.name: "node" for n in lab.nodes} and not again.reused, (again, said)
+    assert [m for m in said if "restarted in place" in m and all(n.alias in m for n in lab.nodes)], said
+    assert not [m for m in said if "rebuilding" in m], said
+    after = netlab.status(lab.lab_dir)
+    assert after["healthy"], after
+    assert {n.netns: Path("/run/netns", n.netns).stat().st_ino for n in lab.nodes} == inodes   # not rebuilt
+    assert {name: node["image_id"] for name, node in after["nodes"].items()} == ids
+    assert ok(lab, "spark-head", "ping -c 1 -W 2 -M do -s 8972 169.254.77.2 >/dev/null && ssh spark-worker hostname"
+              ).strip() == "spark-worker"
+    # dockerd alone
+    sshd = after["nodes"]["worker"]["sshd_pid"]
+    ok(lab, "spark-worker", "kill $(cat /run/docker.pid); i=0; while docker info >/dev/null 2>&1 && [ $i -lt 100 ]; "
+                            "do sleep 0.2; i=$((i+1)); done; ! docker info >/dev/null 2>&1", timeout=60)
+    assert not netlab.status(lab.lab_dir)["nodes"]["worker"]["dockerd_alive"]
+    said.clear()
+    t = time.monotonic()
+    third = netlab.up(lab.lab_dir, nodes=len(lab.nodes), log=said.append)
+    dockerd_s = time.monotonic() - t
+    assert third.restarted == {"worker": "dockerd"}, (third, said)
+    final = netlab.status(lab.lab_dir)
+    assert final["healthy"] and final["nodes"]["worker"]["sshd_pid"] == sshd, final
+    reuse = netlab.up(lab.lab_dir, nodes=len(lab.nodes))
+    assert reuse.reused and reuse.restarted == {}
+    print(f"\n[lab] nodes restarted in place in {restart_s:.1f} s {again.timings}; dockerd alone in {dockerd_s:.1f} s")
 
 
 def _nothing_left() -> list[str]:

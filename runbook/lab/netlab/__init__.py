@@ -54,7 +54,7 @@ from runbook.errors import LabError
 
 from .dockerd import dockerd_script, ensure_image, parse_kv
 from .files import lab_paths, write_files, write_hosts
-from .health import any_node_alive, lab_status, unreachable_live_nodes
+from .health import DOCKERD, NODE, any_node_alive, lab_status, repairs, unreachable_live_nodes
 from .host import node_pid1, ssh
 from .host import run_local
 from .network import create_network, recable, wait_carrier
@@ -146,8 +146,10 @@ def status(lab_dir: Path | None = None) -> dict:
 def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -> LabInfo:
     """Bring the lab up (idempotent) and return how to reach it.
 
-    A healthy running lab with the same node count is returned as is (``reused=True``). Anything else
-    that looks like a lab (namespaces, links, routes, dead nodes, cgroups) is torn down first.
+    A healthy running lab with the same node count is returned as is (``reused=True``). A lab whose nodes lost
+    their processes but kept their namespaces and links (a session's processes ended, a PID 1 killed) gets them
+    started again in place (``restarted``: node -> what; one log line says so). Anything else that looks like a
+    lab (namespaces, links, routes, dead nodes, cgroups) is torn down first.
     """
     log = log or _default_log
     timer = _Timer()
@@ -186,6 +188,9 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                                expected="every running node answers the lab's SSH with its pinned host key",
                                fix="find out why (e.g. `ssh -F " + str(lab_paths(lab_dir)[0]) + " spark-<node> true`); "
                                    "to rebuild the lab on purpose: `python -m runbook lab down`, then run again")
+            fix = repairs(st, nodes)
+            if fix:
+                return _restart(lab_dir, state, st, fix, timer, log)
             bad = {k: [f for f in ("netns_exists", "sshd_alive", "ssh_ok", "dockerd_alive", "registry_insecure",
                                   "operator")
                        if not v.get(f)]
@@ -262,6 +267,47 @@ def _start_nodes(lab_dir: Path, specs: list[LabNode], new: list[LabNode], state:
         ids = {**ids, **{n.name: parse_kv(o).get("image", "") for n, o in zip(new, outs)}}
     with timer.phase("image"):
         return ensure_image(lab_dir, specs, ids, log)
+
+
+def _restart(lab_dir: Path, state: dict, st: dict, fix: dict[str, str], timer: _Timer, log: Log) -> LabInfo:
+    """The lab of ``state`` with the processes ``fix`` names started again in place (``health.repairs``): a node
+    whose PID 1 is gone gets a new one in its namespace (sshd, first login, dockerd), a node whose dockerd is gone
+    gets dockerd; the registry too when it is down. Namespaces, links, keys and the nodes' files stay."""
+    specs = node_specs(state["node_count"])
+    dead = [n for n in specs if fix.get(n.name) == NODE]
+    no_dockerd = [n for n in specs if fix.get(n.name) == DOCKERD]
+    if not st["registry"]["healthy"]:
+        with timer.phase("registry"):
+            state["registry_pid"] = start_registry(lab_dir, log)
+    with timer.phase("clean"):
+        for n in dead:                     # what `ip netns exec` left in the namespace; the node's cgroups
+            kill_node(n.netns, n.name)
+        rm_cgroups([n.name for n in dead])
+    ids = {n.name: st["nodes"][n.name]["image_id"] or "" for n in specs if n.name not in fix}
+    if no_dockerd:
+        cfg = lab_paths(lab_dir)[0]
+        with timer.phase("dockerd"), ThreadPoolExecutor(max_workers=len(no_dockerd)) as ex:
+            outs = list(ex.map(lambda n: ssh(cfg, n.alias, dockerd_script(n), timeout=60,
+                                             what="starting dockerd in the node").stdout, no_dockerd))
+        ids.update({n.name: parse_kv(o).get("image", "") for n, o in zip(no_dockerd, outs)})
+    if dead:
+        ids = _start_nodes(lab_dir, specs, dead, state, ids, timer, log)
+    else:
+        with timer.phase("image"):
+            ids = ensure_image(lab_dir, specs, ids, log)
+    ssh_config, key, known_hosts = lab_paths(lab_dir)
+    lab = LabInfo(lab_dir=lab_dir, ssh_config=ssh_config, key=key, known_hosts=known_hosts, nodes=specs,
+                  image_ids=ids, restarted={n.name: fix[n.name] for n in dead + no_dockerd})
+    if not lab.image_id_identical:
+        raise LabError(f"{IMAGE} differs between nodes after the restart", observed=str(ids),
+                       expected="one image ID on every node", fix="run `python -m runbook lab down`, then `up`")
+    lab.timings = timer.total()
+    state["info"] = {**lab.to_dict(), "restarted": {}}      # the next `up` that reuses the lab restarted nothing
+    write_state(lab_dir, state)
+    log("restarted in place in {:.1f} s (netns, links and files kept): {}".format(
+        lab.timings["total"], ", ".join(f"{n.alias} ({'sshd and dockerd were' if fix[n.name] == NODE else 'dockerd was'} "
+                                        "gone)" for n in dead + no_dockerd)))
+    return lab
 
 
 def _recount(lab_dir: Path, state: dict, st: dict, nodes: int, timer: _Timer, log: Log) -> LabInfo:

@@ -107,6 +107,38 @@ def lab_status(lab_dir: Path) -> dict:
     return out
 
 
+#: what ``up`` starts again in place of a rebuild (``repairs``): the node (its PID 1 -- sshd -- and so dockerd), or
+#: only its dockerd
+NODE, DOCKERD = "node", "dockerd"
+
+
+def repairs(status: dict, node_count: int) -> dict[str, str] | None:
+    """What to start again so the lab of ``status`` is healthy without a rebuild: node -> :data:`NODE` (its PID 1 is
+    gone, so is all it ran) or :data:`DOCKERD` (sshd answers, dockerd does not). None when a restart cannot heal it
+    (another node count, no state file, a missing namespace, bridge, guard route or cable, a node that answers
+    wrongly) and ``up`` rebuilds it; {} when the nodes are healthy.
+
+    The namespaces and links outlive the node's processes: a session whose processes are ended (a harness that
+    ends what a session started, an OOM kill of PID 1) leaves every ``nl-*`` netns with nothing running in it."""
+    if (status.get("node_count") != node_count or not status.get("state_file") or not status.get("bridge_up")
+            or not all(status.get("guard_routes", {}).values())):
+        return None
+    out: dict[str, str] = {}
+    for name, n in status["nodes"].items():
+        if n["healthy"]:
+            continue
+        cabled = n["netns_exists"] and all(p["state"] == "UP" and p["mtu"] == FABRIC_MTU for p in n["ports"].values())
+        if not cabled:
+            return None
+        if not n["sshd_alive"]:
+            out[name] = NODE
+        elif n["ssh_ok"] and n["hostname"] == n["alias"] and n["operator"] and not n["dockerd_alive"]:
+            out[name] = DOCKERD
+        else:
+            return None
+    return out
+
+
 def unreachable_live_nodes(status: dict) -> dict[str, str]:
     """Nodes whose sshd runs but does not answer the lab's SSH (name -> the ssh error).
 

@@ -90,10 +90,14 @@ def netns_pids(ns: str) -> list[int]:
 
 
 def node_pid1(ns: str) -> int | None:
-    """Host PID of the node's PID 1 (the sshd that nodeinit.sh became)."""
+    """Host PID of the node's PID 1 (the sshd that nodeinit.sh became): of the processes in the netns that are PID 1
+    of their PID namespace, the one in the shallowest. A container a node's dockerd runs (a rehearsal's docker-runtime
+    rank) is PID 1 of a namespace nested in the node's; once the host's PIDs wrap (pid_max 32768) its host PID can
+    sort before the node's sshd, and taking it made `lab status` call both nodes dead and the next `up` rebuild the lab."""
+    best: tuple[int, int] | None = None
     for pid in netns_pids(ns):
         nspid = _proc_nspid(pid)
-        if len(nspid) >= 2 and nspid[-1] == 1:
-            return pid
-    return None
+        if len(nspid) >= 2 and nspid[-1] == 1 and (best is None or len(nspid) < best[0]):
+            best = (len(nspid), pid)
+    return best[1] if best else None
 

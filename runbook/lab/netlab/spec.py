@@ -96,6 +96,7 @@ class LabInfo:
     image: str = IMAGE
     image_ids: dict[str, str] = field(default_factory=dict)   # node name -> image ID
     reused: bool = False          # True: a healthy running lab was found and returned as is
+    restarted: dict[str, str] = field(default_factory=dict)   # node -> what `up` started again in place (health.repairs)
 
     @property
     def image_id_identical(self) -> bool:
@@ -130,7 +131,8 @@ class LabInfo:
                    known_hosts=Path(d["known_hosts"]),
                    nodes=[LabNode(**{**n, "ports": tuple(tuple(p) for p in n.get("ports", ()))}) for n in d["nodes"]],
                    timings=dict(d.get("timings", {})), image=d.get("image", IMAGE),
-                   image_ids=dict(d.get("image_ids", {})), reused=bool(d.get("reused", False)))
+                   image_ids=dict(d.get("image_ids", {})), reused=bool(d.get("reused", False)),
+                   restarted=dict(d.get("restarted", {})))
 
 
 def links(nodes: int) -> tuple[Link, ...]:

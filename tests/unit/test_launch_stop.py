@@ -1,0 +1,88 @@
+"""The stop signals only what is ours: the pid file's process group while a vLLM process is in it, never the group a
+stale pid file's number names after a reboot or a lab rebuild (an sshd session's, dockerd's)."""
+from __future__ import annotations
+
+import re
+
+from support.doubles import FakeNode, rank_node
+
+from runbook.facts import ranks
+from runbook.launch import stop
+from runbook.profile import REPO_ROOT, load_profile
+
+# a lab node rebuilt after its nodes died: PID 1 sshd, an sshd session and dockerd, each its own group
+NODE_PS = """    1     0 Ss   sshd: /usr/sbin/sshd -D -f /lab/nodes/head/sshd_config
+   68    68 Ssl  dockerd --cgroup-parent /nl-head --insecure-registry 10.77.0.1:5077
+   84    84 Ssl  containerd --config /var/run/docker/containerd/containerd.toml
+  362   362 Ss   sshd: root@notty
+  370   362 S    sleep 600
+"""
+RANK_PS = """ 3441  3441 Sl   /lab/vllm-venv/bin/python /repo/runbook/lab/vllm_cli.py serve /mnt/nvme/models/tiny --port 8000
+ 3480  3441 S    /lab/vllm-venv/bin/python -c from multiprocessing.resource_tracker import main;main(9)
+ 3513  3441 Sl   VLLM::EngineCore
+"""
+
+
+def test_a_group_without_a_vllm_process_is_not_counted_as_the_ranks():
+    node = ranks.parse_ps(NODE_PS)
+    assert ranks.vllm_procs(node) == []
+    for stale in (68, 362):                       # dockerd's group, an sshd session's group
+        assert ranks.vllm_procs(node, pgid=stale) == [], stale
+    both = ranks.parse_ps(NODE_PS + RANK_PS)
+    assert [p[0] for p in ranks.vllm_procs(both, pgid=3441)] == [3441, 3480, 3513]   # the tracker: in our group
+    assert [p[0] for p in ranks.vllm_procs(both, pgid=68)] == [3441, 3513]           # by name only
+
+
+def test_rank_state_does_not_take_a_stale_pid_for_a_running_rank():
+    st = ranks.rank_state(rank_node("head", 0, pid=68, fingerprint="f" * 64, ps=NODE_PS), _profile(), "/root")
+    assert not st.running and st.processes == [] and st.pid == 68
+
+
+class Node(FakeNode):
+    """A node whose process table shrinks as ``kill`` commands remove processes (group ``-- -N`` or pids)."""
+
+    def __init__(self, name: str, pid: int, ps: str):
+        self.procs = ranks.parse_ps(ps)
+        self.killed: list[str] = []
+        answer = lambda command: f"{pid}\n@@\n{'f' * 64}\n@@\n\n@@\n\n@@\n{self._ps()}"    # noqa: E731
+        super().__init__(name, 0, rules=[
+            (r'^printf %s "\$HOME"$', "/root"),
+            (rf"^cat \S+/{name}\.pid 2>/dev/null; ", answer),
+            (re.compile("^" + re.escape(ranks.PS_CMD) + "$"), lambda command: self._ps()),
+            (r"^kill ", self._kill),
+            (r"^rm -f ", ""),
+            (r"^cat /proc/meminfo|MemAvailable", "MemAvailable: 1000 kB\n")])
+
+    def _ps(self) -> str:
+        return "".join(f"{p[0]} {p[1]} {p[2]} {p[3]}\n" for p in self.procs)
+
+    def _kill(self, command: str) -> str:
+        self.killed.append(command)
+        groups = {int(g) for g in re.findall(r"-- -(\d+)", command)}
+        pids = {int(x) for x in re.findall(r"(?<![-\d])(\d+)(?![\d])", re.sub(r"-- -\d+", "", command))}
+        before = len(self.procs)
+        self.procs = [p for p in self.procs if p[1] not in groups and p[0] not in pids]
+        return "sent\n" if "echo sent" in command and len(self.procs) < before else ""
+
+
+def _profile():
+    return load_profile(REPO_ROOT / "env" / "lab.env")
+
+
+def test_a_stale_pid_file_does_not_make_the_stop_signal_another_group():
+    """The lab's nodes died and were rebuilt: the rank's pid file (its home is on disk) names 68, dockerd's group
+    in the new node. The stop finds no rank, signals nothing and leaves dockerd and the sshd session alone."""
+    for stale in (68, 362):
+        node = Node("head", stale, NODE_PS)
+        checks, info = stop._stop_node(node, _profile(), grace=0.1)
+        assert node.killed == [], node.killed
+        assert [p[0] for p in node.procs] == [1, 68, 84, 362, 370]
+        assert checks[0].status.value == "PASS", checks[0].observed
+
+
+def test_the_stop_signals_the_ranks_group_once_at_the_start():
+    node = Node("head", 3441, NODE_PS + RANK_PS)
+    checks, _ = stop._stop_node(node, _profile(), grace=0.1)
+    assert node.killed and node.killed[0] == "kill -TERM -- -3441 2>/dev/null && echo sent; true"
+    assert [p[0] for p in node.procs] == [1, 68, 84, 362, 370]          # the rank's group gone, nothing else
+    assert checks[0].status.value == "PASS", checks[0].observed
