@@ -26,6 +26,7 @@ from ..checks import Check, check
 from ..lab import sim
 from ..remote import expand_home
 from ..facts.node_paths import node_user
+from ..weights_tools.nfs import sudo_argvs, sudo_probe_cmd
 from .context import Verification
 
 NCCL_TESTS_REPO = "https://github.com/NVIDIA/nccl-tests.git"
@@ -39,6 +40,9 @@ BASE_TOOLS = ("iperf3", "ethtool")                   # TCP bandwidth and link sp
 APT_PACKAGES = {"ib_write_bw": "perftest", "ib_write_lat": "perftest", "mpirun": "openmpi-bin libopenmpi-dev",
                 "iperf3": "iperf3", "ethtool": "ethtool", "nccl.h": "libnccl-dev"}
 APT_INSTALL = "sudo -n apt-get install -y"
+#: the drop-in that lets a non-root SSH user run exactly step 01's apt-get (apart from the NFS one: installing
+#: packages as root is a wider right, given only where INSTALL_NET_TOOLS=1 is wanted)
+NET_TOOLS_SUDOERS = "/etc/sudoers.d/spark-runbook-net-tools"
 NCCL_HOMES = ("nccl/build", "/usr")       # NVIDIA's Spark NCCL playbook builds ~/nccl/build; libnccl-dev: /usr
 SIM_BIN = f"{sim.SIM_DIR}/bin"
 SIM_TOOLS = (f"perftest, OpenMPI, iperf3 and ethtool were found as the lab's own packages ({SIM_BIN} left off PATH); "
@@ -172,11 +176,16 @@ def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, ins
                "runbook.network.run(step, install_tools=True) for one run)")
         return check("net.tools", False, node=node.name, observed=f"missing on {node.name}: {what}",
                      expected=expected, fix=how, data={"install_commands": cmds})
+    refused = install_sudo_refusal(node, cmds)
+    if refused:
+        return check("net.tools", False, node=node.name, observed=f"missing on {node.name}: {what}; {refused}",
+                     expected=expected, fix=net_tools_sudoers_fix(node, cmds), data={"install_commands": cmds})
     done = []
     for cmd in cmds:
         res = node.run(cmd, timeout=1800, warn=True)
         if not res.ok:
-            tail = ((res.stderr or "") + (res.stdout or "")).strip().splitlines()[-3:]
+            # stderr last: apt prints its progress on stdout and the error (E: ...) on stderr
+            tail = ((res.stdout or "") + "\n" + (res.stderr or "")).strip().splitlines()[-3:]
             return check("net.tools", False, node=node.name,
                          observed=f"installing {what} failed: {' | '.join(tail)[:300]}", expected=expected,
                          fix=f"on {node.name} run by hand and read the error: {cmd} (nccl-tests needs CUDA at "
@@ -193,6 +202,38 @@ def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, ins
                  observed=(f"installed {', '.join(missing)}: {'; '.join(done)}" if not left
                            else f"still missing after install: {', '.join(left)}"),
                  fix="read the install output in commands.jsonl", data={"install_commands": cmds})
+
+
+def install_sudo_refusal(node, cmds: list[str]) -> str:
+    """Before anything is installed: '' when the SSH user is root or sudo allows each ``sudo -n`` command of
+    ``cmds`` without a password (``sudo -n -l <command>``, read-only), else what sudo answered for the first one it
+    refuses (a missing rule used to surface as "installing … failed: a password is required", after the probe)."""
+    user = node_user(node)
+    if user.is_root:
+        return ""
+    for argv in sudo_argvs(cmds):
+        res = node.read(sudo_probe_cmd(argv), timeout=20)
+        if not res.ok:
+            said = ((res.stderr or "") + (res.stdout or "")).strip().splitlines()
+            return (f"sudo refuses `{' '.join(argv)}` to {user.name} without a password "
+                    f"(`{sudo_probe_cmd(argv)}`: exit {res.exit_code}{': ' + said[-1] if said else ''})")
+    return ""
+
+
+def net_tools_sudoers_line(user: str, cmds: list[str]) -> str:
+    """The drop-in's line allowing ``user`` exactly the ``sudo -n`` commands of ``cmds`` (``apt-get install -y
+    <packages>``; a program without a path is the distribution's, /usr/bin)."""
+    rules = ", ".join(" ".join([argv[0] if "/" in argv[0] else f"/usr/bin/{argv[0]}", *argv[1:]])
+                      for argv in sudo_argvs(cmds))
+    return f"{user} ALL=(root) NOPASSWD: {rules}"
+
+
+def net_tools_sudoers_fix(node, cmds: list[str]) -> str:
+    """The drop-in for :func:`net_tools_sudoers_line`, or installing by hand, or leaving INSTALL_NET_TOOLS at 0."""
+    line = net_tools_sudoers_line(node_user(node).name, cmds)
+    return (f"on {node.name}: echo '{line}' | sudo tee {NET_TOOLS_SUDOERS} && sudo chmod 0440 {NET_TOOLS_SUDOERS} "
+            f"&& sudo visudo -cf {NET_TOOLS_SUDOERS}; or run as an admin: " + " && ".join(cmds) +
+            "; or set INSTALL_NET_TOOLS=0 and install them yourself")
 
 
 def rehearsal_fix(missing: list[str]) -> str:

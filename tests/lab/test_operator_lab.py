@@ -18,7 +18,7 @@ import pytest
 
 from runbook.lab.netlab.spec import OPERATOR, OPERATOR_UID
 from runbook.profile import load_profile
-from runbook.remote import Cluster
+from runbook.remote import Cluster, quote
 from runbook.weights import sharing
 from runbook.weights_tools import nfs
 
@@ -94,3 +94,34 @@ def test_sudo_n_true_is_the_wrong_probe_and_the_runbooks_probe_is_right(clusters
     # a refusal names the command and the drop-in (what preflight and step 02 print)
     refused = nfs.sudo_check(head, ["sudo -n chown root /tmp"])
     assert refused is not None and refused.failed and nfs.sudoers_line(OPERATOR) in refused.fix
+
+
+def test_network_tool_install_asks_sudo_first_then_runs_through_the_drop_in(clusters):
+    """INSTALL_NET_TOOLS=1 as the operator, on a node without nccl-tests and NCCL's headers (the lab has neither
+    outside a rehearsal): with the NFS drop-in only, sudo refuses step 01's apt-get and the row FAILs before
+    anything is installed, naming the drop-in for exactly that command; with that drop-in (node-private
+    /etc/sudoers.d), the apt-get really runs through ``sudo -n`` and the failure is apt's own: Debian has no
+    ``libnccl-dev`` (NVIDIA's CUDA repository, configured on DGX OS, holds it)."""
+    from runbook.network import tools
+    op, root = clusters
+    as_op = load_profile(LAB_ENV, {"HEAD_SSH": f"{OPERATOR}@spark-head", "WORKER_SSH": f"{OPERATOR}@spark-worker"})
+    head = op.head
+    found = tools.locate(head, as_op, need_perftest=True, need_nccl=True)
+    assert found.missing(True, True) == ["all_reduce_perf", "nccl.h"], found
+    cmds = tools.install_commands(found, True, True)
+    assert cmds[0] == "sudo -n apt-get install -y libnccl-dev", cmds
+    refused = tools.tools_check(head, found, need_perftest=True, need_nccl=True, install=True)
+    assert refused.failed and "sudo refuses `apt-get install -y libnccl-dev`" in refused.observed, refused
+    assert "`sudo -n -l apt-get install -y libnccl-dev`: exit 1" in refused.observed     # sudo -l says no by rc only
+    line = tools.net_tools_sudoers_line(OPERATOR, cmds)
+    assert line in refused.fix and tools.NET_TOOLS_SUDOERS in refused.fix
+    path = tools.NET_TOOLS_SUDOERS
+    try:
+        root.head.run(f"printf '%s\\n' {quote(line)} > {path} && chmod 0440 {path} && visudo -cf {path}",
+                      timeout=20)
+        ran = tools.tools_check(head, found, need_perftest=True, need_nccl=True, install=True)
+    finally:
+        root.head.run(f"rm -f {path}", timeout=20, warn=True)
+    assert ran.failed and "installing all_reduce_perf, nccl.h" in ran.observed, ran
+    assert "Unable to locate package libnccl-dev" in ran.observed, ran.observed        # apt's words, not sudo's
+    assert not root.head.read(f"test -e {path}", timeout=20).ok

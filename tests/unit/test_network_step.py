@@ -335,15 +335,55 @@ def test_missing_tools_are_installed_when_allowed():
         state["installed"] = True
         return res(0, "0123456789abcdef0123\n")
     worker.read_only = False                    # installing is what this test allows
-    worker.rules[1:1] = [(r"^sudo -n apt-get install -y perftest$", ""),
+    worker.rules[1:1] = [(r"^sudo -n -l apt-get install -y perftest$", res(0, "/usr/bin/apt-get install -y perftest\n")),
+                         (r"^sudo -n apt-get install -y perftest$", ""),
                          (r"^set -e; .*git clone .*nccl-tests.*make -C ", build)]
     checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
     ran = worker.runs()
     assert ran and ran[0] == "sudo -n apt-get install -y perftest" and "v2.18.3" in ran[1], ran
+    # sudo was asked first (read-only), for exactly the command that then ran
+    assert "sudo -n -l apt-get install -y perftest" in worker.commands
     assert "NCCL_HOME=/home/spark/nccl/build;" in ran[1]          # the headers the probe found
     assert all(c.timeout >= 600 and c.warn for c in worker.calls if c.kind == "run")
     c = by(checks, "net.tools", "worker")
     assert c.status is Status.PASS and "commit 0123456789ab" in c.observed and "perftest" in c.observed
+
+
+def test_install_refused_by_sudo_fails_before_anything_runs_with_the_drop_in():
+    """A non-root SSH user whose sudo rules do not cover step 01's apt-get: the row FAILs before any install with
+    the drop-in for exactly that command (not after it, as `installing … failed: a password is required`)."""
+    cluster = spark_cluster()
+    worker = cluster.nodes[1]
+    worker.rules.insert(0, (r"^for t in ib_write_bw", res(0, "missing ib_write_bw\nmissing ib_write_lat\n"
+                                                             "tool mpirun /usr/bin/mpirun\ntool iperf3 /usr/bin/iperf3\n"
+                                                             "tool ethtool /usr/sbin/ethtool\nncclhome /usr\n")))
+    worker.rules.insert(0, (r"^sudo -n -l apt-get install -y perftest$",
+                            res(1, "", "")))                 # what sudo -l answers for a command it does not allow
+    worker.read_only = False
+    checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
+    c = by(checks, "net.tools", "worker")
+    assert c.status is Status.FAIL and "sudo refuses `apt-get install -y perftest`" in c.observed
+    assert "`sudo -n -l apt-get install -y perftest`: exit 1" in c.observed
+    assert ("spark ALL=(root) NOPASSWD: /usr/bin/apt-get install -y perftest' | sudo tee "
+            "/etc/sudoers.d/spark-runbook-net-tools") in c.fix and "INSTALL_NET_TOOLS=0" in c.fix
+    assert worker.runs() == []                 # nothing installed, nothing built
+
+
+def test_a_failed_install_shows_apts_error_not_its_progress():
+    """apt-get prints progress on stdout and its error on stderr: the row's tail ends with the error."""
+    cluster = spark_cluster()
+    worker = cluster.nodes[1]
+    worker.rules.insert(0, (r"^for t in ib_write_bw", res(0, "missing ib_write_bw\nmissing ib_write_lat\n"
+                                                             "tool mpirun /usr/bin/mpirun\ntool iperf3 /usr/bin/iperf3\n"
+                                                             "tool ethtool /usr/sbin/ethtool\nncclhome /usr\n")))
+    worker.rules[1:1] = [(r"^sudo -n -l apt-get install -y perftest$", res(0, "/usr/bin/apt-get install -y perftest\n")),
+                         (r"^sudo -n apt-get install -y perftest$",
+                          res(100, "Reading package lists...\nBuilding dependency tree...\nReading state information...\n",
+                              "E: Unable to locate package perftest\n"))]
+    worker.read_only = False
+    checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
+    c = by(checks, "net.tools", "worker")
+    assert c.status is Status.FAIL and c.observed.endswith("E: Unable to locate package perftest"), c.observed
 
 
 def test_degraded_rdma_fails_hard():

@@ -24,13 +24,22 @@ def dockerd_script(n: LabNode) -> str:
     dockerd learns the lab registry (plain HTTP) as insecure from its command line: a flag a running dockerd
     cannot take, so it is given when the lab is built (``health`` finds a dockerd without it unhealthy, and
     ``up`` then rebuilds the lab)."""
+    # The node's dockerd is the one its pid file names (another dockerd may run in the node: docker_c8d's). One
+    # that no longer answers but still runs is shutting down (a stop takes seconds under load): wait for it to go,
+    # then start one, instead of waiting for an answer that will not come.
     return f"""
+ours_alive() {{ p=$(cat /run/docker.pid 2>/dev/null) && [ -n "$p" ] && [ "$(cat /proc/$p/comm 2>/dev/null)" = dockerd ]; }}
 if ! docker info >/dev/null 2>&1; then
-  if ! pgrep -x dockerd >/dev/null; then
-    rm -f /run/docker.pid /run/docker.sock
-    nohup setsid dockerd --cgroup-parent /{n.netns} --insecure-registry {REGISTRY} > /run/dockerd.log 2>&1 < /dev/null &
-  fi
-  i=0; while [ $i -lt 150 ]; do docker info >/dev/null 2>&1 && break; sleep 0.2; i=$((i+1)); done
+  started=0; i=0
+  while [ $i -lt 200 ]; do
+    docker info >/dev/null 2>&1 && break
+    if [ $started = 0 ] && ! ours_alive; then
+      rm -f /run/docker.pid /run/docker.sock
+      nohup setsid dockerd --cgroup-parent /{n.netns} --insecure-registry {REGISTRY} > /run/dockerd.log 2>&1 < /dev/null &
+      started=1
+    fi
+    sleep 0.2; i=$((i+1))
+  done
 fi
 if ! v=$(docker info --format '{{{{.ServerVersion}}}}' 2>&1); then
   echo "dockerd does not answer: $v" >&2; tail -n 15 /run/dockerd.log >&2; exit 1
