@@ -89,7 +89,7 @@ def _download(work: Path, suite: str, timeout: float) -> list[Path]:
             f"-oDir::State::Lists={work / 'lists'}", f"-oDir::Cache={work / 'cache'}", "-oDebug::NoLocking=1",
             "-oAPT::Sandbox::User=root", "-qq"]
     run_local(["apt-get", *opts, "update"], timeout=timeout, what=f"apt-get update ({suite})")
-    run_local(["sh", "-c", f'cd "$1" && shift && exec apt-get "$@"', "sh", str(work), *opts, "download",
+    run_local(["sh", "-c", 'cd "$1" && shift && exec apt-get "$@"', "sh", str(work), *opts, "download",
                *PACKAGES], timeout=timeout, what=f"apt-get download {' '.join(PACKAGES)} ({suite})")
     debs = sorted(work.glob("*.deb"))
     if len(debs) != len(PACKAGES):
