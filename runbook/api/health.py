@@ -77,9 +77,7 @@ def fabric_rows(cluster: Cluster, profile) -> list[Check]:
     nodes = list(cluster)
     addrs, ends = {}, {}
     for node in nodes:          # every node's interfaces first: a pair's path needs both ends
-        addrs[node.name] = net.parse_ip_addr(node.read(net.IP_ADDR_CMD, timeout=10).stdout)
-        ports = rdma.parse_ibdev2netdev(node.read(rdma.IBDEV2NETDEV_CMD, timeout=10).stdout) if node.spec.ib_devs else []
-        ends[node.name] = net.node_fabric_ends(node.spec, addrs[node.name], {p.hca: p.netdev for p in ports})
+        addrs[node.name], ends[node.name] = rdma.read_fabric(node, timeout=10)
     for node in nodes:
         iface = node.spec.fabric_if.split(",")[0]
         link = addrs[node.name].get(iface)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..facts import net, rdma
+from ..facts import rdma
 from ..secrets import Redactor
 from .archive import read_bundle, write_bundle
 from .bundle import LOCAL, Context, collect_commands
@@ -22,12 +22,8 @@ from .match import Finding, match
 def fabric_ends(cluster) -> dict[str, dict[str, list[str]]]:
     """Each reachable node's given fabric interfaces with the addresses it has (``ip -j addr``, ``ibdev2netdev``
     for its HCAs' netdevs), so the pings go over the path each pair shares (a node not read: its profile address)."""
-    def read(node) -> dict[str, list[str]]:
-        ifaces = net.parse_ip_addr(node.read(net.IP_ADDR_CMD, timeout=15).stdout)
-        ports = rdma.parse_ibdev2netdev(node.read(rdma.IBDEV2NETDEV_CMD, timeout=15).stdout) if node.spec.ib_devs else []
-        return net.node_fabric_ends(node.spec, ifaces, {p.hca: p.netdev for p in ports})
-
-    return {name: value for name, value in cluster.each(read).items() if isinstance(value, dict)}
+    read = cluster.each(lambda node: rdma.read_fabric(node, timeout=15)[1])
+    return {name: value for name, value in read.items() if isinstance(value, dict)}
 
 
 def collect(cluster, profile, *, state_dirs: Mapping[str, str] | None = None) -> dict[str, dict[str, str]]:

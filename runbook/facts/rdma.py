@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .net import parse_sysfs_dump, sysfs_dump_cmd
+from .net import IP_ADDR_CMD, node_fabric_ends, parse_ip_addr, parse_sysfs_dump, sysfs_dump_cmd
 
 # --------------------------------------------------------------------------- ibdev2netdev
 
@@ -451,3 +451,12 @@ def parse_ib_write_lat(text: str) -> WriteLat:
     if len(vals) >= 7:
         out.p99_us, out.p999_us = vals[5], vals[6]
     return out
+
+
+def read_fabric(node, timeout: float = 15) -> tuple[dict, dict[str, list[str]]]:
+    """One node's interfaces (``ip -j addr``) and its given fabric interfaces with their addresses
+    (:func:`runbook.facts.net.node_fabric_ends`; ``ibdev2netdev`` read only when the node lists HCAs): what a pair's
+    path (:func:`runbook.facts.net.pair_path`) is computed from, for the health and diagnose pings."""
+    ifaces = parse_ip_addr(node.read(IP_ADDR_CMD, timeout=timeout).stdout)
+    ports = parse_ibdev2netdev(node.read(IBDEV2NETDEV_CMD, timeout=timeout).stdout) if node.spec.ib_devs else []
+    return ifaces, node_fabric_ends(node.spec, ifaces, {p.hca: p.netdev for p in ports})
