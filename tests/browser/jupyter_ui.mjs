@@ -47,6 +47,25 @@ const page = context.pages()[0] || (await context.newPage());
 page.on("console", (m) => { if (m.type() === "error") result.console_errors.push(m.text().slice(0, 300)); });
 page.on("pageerror", (e) => result.console_errors.push(String(e).slice(0, 300)));
 
+// When the kernel connects, the widget manager asks it for every widget's state: "request_states" on the
+// jupyter.widget.control comm, answered by "update_states" once the kernel has imported ipywidgets, else the
+// comm is closed and the manager falls back to a comm_info_request. Cells that create widgets before that
+// answer meet ipywidgets' own race: the answer lists widgets whose comm_open the page has not handled yet, the
+// manager opens a second comm for them and the form's children are lost ("Error: widget model not found";
+// CI, a loaded 2-core machine, saw it once). A person waits for the page to settle; so does this script.
+const widgetStates = { requested: 0, answered: 0 };
+const frameText = (f) => (typeof f === "string" ? f : Buffer.from(f).toString("latin1"));
+const msgType = (text) => (text.match(/"msg_type":\s*"(\w+)"/) || [])[1];
+page.on("websocket", (ws) => {
+  ws.on("framesent", (f) => { if (frameText(f.payload).includes("request_states")) widgetStates.requested++; });
+  ws.on("framereceived", (f) => {
+    const text = frameText(f.payload);
+    if (widgetStates.requested && (text.includes("update_states") || msgType(text) === "comm_info_reply")) {
+      widgetStates.answered++;
+    }
+  });
+});
+
 async function shot(name) {
   const file = path.join(artifacts, name);
   await page.screenshot({ path: file });
@@ -86,6 +105,15 @@ try {
     return ind && ind.getAttribute("data-status") === "idle";
   }, null, { timeout: 90_000 });
   step(`kernel ${result.kernel} idle`);
+  const settleBy = Date.now() + 30_000;
+  while (Date.now() < settleBy && (widgetStates.requested === 0 || widgetStates.answered < widgetStates.requested)) {
+    await page.waitForTimeout(200);
+  }
+  result.widget_states = { ...widgetStates };
+  if (widgetStates.requested === 0 || widgetStates.answered < widgetStates.requested) {
+    throw new Error(`the widget manager's state request was not answered in 30 s: ${JSON.stringify(widgetStates)}`);
+  }
+  step(`widget manager restored (${widgetStates.answered}/${widgetStates.requested} state requests answered)`);
 
   // ---------------------------------------------------------------- Run -> Run All Cells
   await page.locator(".lm-MenuBar-itemLabel", { hasText: /^Run$/ }).click();

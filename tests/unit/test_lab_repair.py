@@ -100,3 +100,26 @@ def test_the_nodes_pid1_is_the_shallowest_pid1_in_its_netns(monkeypatch):
     assert host.node_pid1("nl-head") == 28723
     monkeypatch.setattr(host, "netns_pids", lambda ns: [29019])          # PID 1 gone, a straggler left
     assert host.node_pid1("nl-head") is None
+
+
+def test_a_marker_naming_a_folder_that_is_gone_blocks_nothing(tmp_path, monkeypatch):
+    """CI's machine carried /run/spark-runbook-lab.json from a checkout at /check/work/main, a folder this
+    machine never had: ``up`` refused for good, naming a `lab down --lab-dir` that could not work either."""
+    from runbook.lab.netlab import health
+    alive = []
+    monkeypatch.setattr(health, "lab_present", lambda: True)
+    monkeypatch.setattr(health, "any_node_alive", lambda d: alive.append(d) or True)
+    marker = tmp_path / "marker.json"
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    mine.mkdir()
+    marker.write_text('{"lab_dir": "%s"}' % (tmp_path / "gone"))
+    assert health.other_running_lab(mine, marker) is None
+    marker.write_text('{"lab_dir": "%s"}' % mine)
+    assert health.other_running_lab(mine, marker) is None
+    marker.write_text("not json")
+    assert health.other_running_lab(mine, marker) is None
+    assert alive == []
+    other.mkdir()                                # another checkout's lab that still runs: refused as before
+    marker.write_text('{"lab_dir": "%s"}' % other)
+    assert health.other_running_lab(mine, marker) == str(other)
+    assert alive == [other]

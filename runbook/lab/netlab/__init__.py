@@ -54,7 +54,7 @@ from runbook.errors import LabError
 
 from .dockerd import dockerd_script, ensure_image, parse_kv
 from .files import lab_paths, write_files, write_hosts
-from .health import DOCKERD, NODE, any_node_alive, lab_status, repairs, unreachable_live_nodes
+from .health import DOCKERD, NODE, lab_status, other_running_lab, repairs, unreachable_live_nodes
 from .host import node_pid1, ssh
 from .host import run_local
 from .network import create_network, recable, wait_carrier
@@ -159,12 +159,11 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
     with _locked(lab_dir):
         with timer.phase("packages"):
             ensure_packages(log)
-        with contextlib.suppress(OSError, ValueError):
-            other = json.loads(MARKER.read_text()).get("lab_dir")
-            if other and other != str(lab_dir) and lab_present() and any_node_alive(Path(other)):
-                raise LabError("another lab is running on this machine (the nl-* names are machine-wide)",
-                               observed=f"lab from {other}", expected=f"no lab, or the lab of {lab_dir}",
-                               fix=f"bring it down first: `python -m runbook lab down --lab-dir {other}`")
+        other = other_running_lab(lab_dir)
+        if other:
+            raise LabError("another lab is running on this machine (the nl-* names are machine-wide)",
+                           observed=f"lab from {other}", expected=f"no lab, or the lab of {lab_dir}",
+                           fix=f"bring it down first: `python -m runbook lab down --lab-dir {other}`")
         state = read_state(lab_dir)
         if state and state.get("node_count") in (2, 3) and "info" in state:
             with timer.phase("check"):

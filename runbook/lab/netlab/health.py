@@ -15,8 +15,9 @@ from .files import lab_paths
 from .host import link_exists, netns_exists, node_pid1, pid_alive, proc_comm, run_local, ssh, tail_text
 from .network import link_states
 from .registry import registry_status
-from .spec import (BRIDGE, FABRIC_MTU, GUARD_ROUTES, IMAGE, OPERATOR, OPERATOR_UID, STATE_FILE, LabNode,
+from .spec import (BRIDGE, FABRIC_MTU, GUARD_ROUTES, IMAGE, MARKER, OPERATOR, OPERATOR_UID, STATE_FILE, LabNode,
                    node_specs, read_state)
+from .teardown import lab_present
 
 
 def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
@@ -146,6 +147,22 @@ def unreachable_live_nodes(status: dict) -> dict[str, str]:
     ``up`` refuses to rebuild the lab over it instead of tearing it down and pinning new keys on its own."""
     return {name: str(node.get("ssh_error") or "no answer") for name, node in (status.get("nodes") or {}).items()
             if node.get("sshd_alive") and not node.get("ssh_ok")}
+
+
+def other_running_lab(lab_dir: Path, marker: Path = MARKER) -> str | None:
+    """The folder of another lab that owns the machine-wide nl-* names and still runs, if any.
+
+    A marker naming a folder that no longer exists blocks nothing: that lab cannot be reached or taken down by
+    its folder (a removed checkout; a machine image that carried /run over from another checkout's run), and
+    ``up`` cleans its leftover namespaces and links like any stale lab's.
+    """
+    try:
+        other = json.loads(marker.read_text()).get("lab_dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not other or other == str(lab_dir) or not Path(other).is_dir():
+        return None
+    return other if lab_present() and any_node_alive(Path(other)) else None
 
 
 def any_node_alive(lab_dir: Path) -> bool:
