@@ -67,7 +67,9 @@ APT_PROXY_HEADER = "X-Spark-Runbook-Lab-Proxy"     # in the proxy's answer to `G
 # writes in <node dir>/overlay/<usr|etc|var>/upper, mounted by nodeinit.sh in the node's mount namespace before
 # its node-private bind mounts. A node removes or installs a Debian package (dpkg's database, /usr, conffiles,
 # alternatives, triggers, apt's lists and cache, logs) without touching this machine or another node; `down`
-# removes the upper layers, so every `up` starts the nodes from this machine's files again.
+# removes the upper layers, so every `up` starts the nodes from this machine's files again. A package this machine
+# installs while the nodes run shows in them (a change under an overlay's lower layer; the kernel does not promise
+# it for a path a node changed itself): `down` and `up` give them a consistent view again.
 OVERLAYS = ("/usr", "/etc", "/var")
 OVERLAY_DIR = "overlay"
 # directories a node starts with empty (opaque in its upper layer): this machine's apt archive cache holds the .debs
