@@ -59,13 +59,13 @@ from typing import Iterator
 
 from runbook.errors import LabError
 
+from .aptproxy import start_apt_proxy
 from .dockerd import dockerd_script, ensure_image, parse_kv
 from .files import lab_paths, write_files, write_hosts
 from .health import DOCKERD, NODE, lab_status, other_running_lab, repairs, unreachable_live_nodes
 from .host import node_pid1, ssh
 from .host import run_local
 from .network import create_network, recable, wait_carrier
-from .aptproxy import start_apt_proxy
 from .nodes import cgroup_mounts, kill_node, remove_overlays, start_node, wait_port
 from .packages import ensure_packages
 from .registry import start_registry

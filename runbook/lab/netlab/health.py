@@ -12,11 +12,11 @@ from pathlib import Path
 
 from runbook.errors import LabError
 
+from .aptproxy import apt_proxy_status, node_apt_conf
 from .dockerd import REGISTRIES_FORMAT, insecure_registry_known, parse_kv
 from .files import lab_paths
 from .host import link_exists, netns_exists, node_pid1, pid_alive, proc_comm, run_local, ssh, tail_text
 from .network import link_states
-from .aptproxy import apt_proxy_status, node_apt_conf
 from .nodes import overlay_upper
 from .registry import registry_status
 from .spec import (APT_PROXY_CONF, BRIDGE, FABRIC_MTU, GUARD_ROUTES, IMAGE, MARKER, OPERATOR, OPERATOR_UID, OVERLAYS,
