@@ -2,14 +2,17 @@
 # PID 1 of one lab node. Started by runbook.lab.netlab (nodes.start_node) as
 #   ip netns exec nl-<name> unshare --uts --ipc --mount --pid --fork --kill-child --mount-proc nodeinit.sh
 # so it already has its own network, UTS, IPC, mount and PID namespaces. It makes the node look like a
-# Spark (hostname, /dev/shm, /mnt/nvme, /var/lib/docker, /usr/local/sbin, /etc/hosts are node-private), then
-# becomes the node's sshd. Every SSH session is a child of that sshd and so runs "as this node".
+# Spark (hostname, /dev/shm, /mnt/nvme, /var/lib/docker, /usr/local/sbin, /etc/hosts are node-private; /usr, /etc
+# and /var are overlays over the host's, so its packages are its own), then becomes the node's sshd. Every SSH
+# session is a child of that sshd and so runs "as this node".
 #
 # Configuration comes from the environment (set by runbook/lab/netlab/nodes.py):
 #   NL_HOSTNAME       e.g. spark-head
 #   NL_NODE_DIR       <lab_dir>/nodes/<name>  (holds nvme/ docker/ sbin/ etc/ sshd_config)
 #   NL_CGROUP_MOUNTS  lines "fstype mountpoint options" copied from the host's /proc/mounts
 #   NL_PRIVATE        lines "<path under NL_NODE_DIR> <host path>" bound over the host's (users, groups, /home, ...)
+#   NL_OVERLAYS       the trees given a node-private overlay ("/usr /etc /var")
+#   NL_APT_CONF_FILE, NL_APT_CONF   the node's apt.conf.d file naming the lab's apt proxy, and its text
 set -eu
 
 : "${NL_HOSTNAME:?}" "${NL_NODE_DIR:?}"
@@ -39,6 +42,23 @@ chmod 0755 /run/sshd
 # shared-memory segment, so ranks on two "nodes" sharing the host's /dev/shm would take the
 # same-machine path. Private, they are separate machines and use the cross-node (TCP) path, as on Sparks.
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm
+
+# Node-private package state (NL_OVERLAYS, e.g. "/usr /etc /var"): an overlay over each, this machine's tree the
+# lower layer, the node's writes in $NL_NODE_DIR/overlay/<dir>/{upper,work}. dpkg and apt in the node (a purge, an
+# install, their triggers, lists, cache and logs) change only the node. Mounted before the bind mounts below, which
+# land on top of them.
+for dir in ${NL_OVERLAYS:-}; do
+    layer="$NL_NODE_DIR/overlay/${dir#/}"
+    mkdir -p "$layer/upper" "$layer/work"
+    mount -t overlay spark-runbook-lab -o "lowerdir=$dir,upperdir=$layer/upper,workdir=$layer/work" "$dir" \
+        || { say "cannot mount an overlay over $dir (upper $layer/upper)"; exit 1; }
+done
+# The node's apt reaches the Debian archive only through the lab host's apt proxy (NL_APT_CONF, written into the
+# node's /etc overlay; this machine's apt configuration is untouched).
+if [ -n "${NL_APT_CONF_FILE:-}" ]; then
+    mkdir -p "$(dirname "$NL_APT_CONF_FILE")"
+    printf '%s' "$NL_APT_CONF" > "$NL_APT_CONF_FILE"
+fi
 
 # Node-private directories and files (bind mounts live only in this mount namespace).
 mount --bind "$NL_NODE_DIR/nvme" /mnt/nvme

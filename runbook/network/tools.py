@@ -237,11 +237,13 @@ def net_tools_sudoers_fix(node, cmds: list[str]) -> str:
 
 
 def rehearsal_fix(missing: list[str]) -> str:
-    """How a rehearsal gets what it lacks: the lab host's packages (the lab nodes share its /usr), and the
-    simulators for all_reduce_perf (there is no nccl-tests without CUDA)."""
+    """How a rehearsal gets what it lacks: the lab host's packages (each `lab up` after a `lab down` starts the
+    nodes' own /usr from the lab host's), and the simulators for all_reduce_perf (there is no nccl-tests without
+    CUDA)."""
     pkgs = [p for tool, pkg in APT_PACKAGES.items() if tool in missing and tool != "nccl.h" for p in pkg.split()]
     out = [f"install the lab's packages on the lab host: apt-get install -y {' '.join(dict.fromkeys(pkgs))} "
-           "(make lab-deps; the lab nodes share its /usr)"] if pkgs else []
+           "(make lab-deps), then `python -m runbook lab down` and `up` (each lab node starts from the lab host's "
+           "packages)"] if pkgs else []
     if "all_reduce_perf" in missing:
         out.append("reinstall the rehearsal simulators (they are installed by 00_preflight / 01_network)")
     return "; ".join(out)

@@ -283,7 +283,10 @@ def test_status_reports_healthy(lab):
         assert node["netns_exists"] and node["sshd_alive"] and node["ssh_ok"] and node["dockerd_alive"]
         assert (node["fabric_state"], node["fabric_mtu"]) == ("UP", 9000)
         assert node["registry_insecure"], node          # its dockerd pulls from the lab registry over plain HTTP
+        assert node["own_packages"], node               # its /usr, /etc, /var overlays and apt proxy line
     assert st["registry"]["healthy"] and st["registry"]["address"] == "10.77.0.1:5077", st["registry"]
+    assert st["apt_proxy"]["healthy"] and st["apt_proxy"]["address"] == "10.77.0.1:3142", st["apt_proxy"]
+    assert st["apt_proxy"]["sources"], st["apt_proxy"]  # forwards to this machine's apt sources only
 
 
 def test_a_container_in_the_nodes_is_not_taken_for_their_pid1(lab):
@@ -376,15 +379,16 @@ def test_worker2_joins_and_leaves_without_touching_head_and_worker(lab):
 
 def _end_the_nodes_processes(lab: netlab.LabInfo) -> None:
     """What ending the session that built the lab does (a harness ends every process the session started): SIGKILL
-    to every process of the nodes, the `unshare` parents that started them, and the lab registry. Namespaces, links
-    and files stay."""
-    from runbook.lab.netlab import registry
+    to every process of the nodes, the `unshare` parents that started them, the lab registry and the apt proxy.
+    Namespaces, links and files stay."""
+    from runbook.lab.netlab import aptproxy, registry
     from runbook.lab.netlab.host import netns_pids, pid_alive
     state = json.loads((lab.lab_dir / STATE_FILE).read_text())
-    victims = [p["unshare"] for p in state["pids"].values()] + [registry.registry_pid(lab.lab_dir) or 0]
+    victims = [p["unshare"] for p in state["pids"].values()] + [registry.registry_pid(lab.lab_dir) or 0,
+                                                                 aptproxy.proxy_pid(lab.lab_dir) or 0]
     victims += [p for n in lab.nodes for p in netns_pids(n.netns)]
     victims = [p for p in victims if p]
-    assert len(victims) >= 2 * len(lab.nodes) + 1, victims
+    assert len(victims) >= 2 * len(lab.nodes) + 2, victims
     for p in victims:
         try:
             os.kill(p, signal.SIGKILL)
@@ -404,9 +408,11 @@ def test_nodes_whose_processes_were_ended_are_restarted_in_place(lab):
     assert before["healthy"], before
     inodes = {n.netns: Path("/run/netns", n.netns).stat().st_ino for n in lab.nodes}
     ids = {name: node["image_id"] for name, node in before["nodes"].items()}
+    marker = "/usr/share/doc/spark-runbook-lab-restart-marker"     # the head's own /usr: survives its restart
+    ok(lab, "spark-head", f"echo {uuid.uuid4().hex} > {marker}")
     _end_the_nodes_processes(lab)
     dead = netlab.status(lab.lab_dir)
-    assert not dead["healthy"] and not dead["registry"]["healthy"]
+    assert not dead["healthy"] and not dead["registry"]["healthy"] and not dead["apt_proxy"]["healthy"]
     assert all(n["netns_exists"] and not n["sshd_alive"] and not n["dockerd_alive"] for n in dead["nodes"].values())
     said: list[str] = []
     t = time.monotonic()
@@ -419,6 +425,8 @@ def test_nodes_whose_processes_were_ended_are_restarted_in_place(lab):
     assert after["healthy"], after
     assert {n.netns: Path("/run/netns", n.netns).stat().st_ino for n in lab.nodes} == inodes   # not rebuilt
     assert {name: node["image_id"] for name, node in after["nodes"].items()} == ids
+    assert ok(lab, "spark-head", f"cat {marker} && rm {marker}").strip() and not Path(marker).exists()
+    assert sh(lab, "spark-worker", f"test -e {marker}").returncode == 1
     assert ok(lab, "spark-head", "ping -c 1 -W 2 -M do -s 8972 169.254.77.2 >/dev/null && ssh spark-worker hostname"
               ).strip() == "spark-worker"
     # dockerd alone
@@ -465,8 +473,10 @@ def test_up_down_idempotence_and_stale_recovery(lab):   # keep last: it restarts
     netlab.down(lab.lab_dir)
     down_s = time.monotonic() - t
     assert _nothing_left() == [] and not state_file.exists()
-    from runbook.lab.netlab import registry
+    from runbook.lab.netlab import aptproxy, registry
     assert registry.registry_pid(lab.lab_dir) is None          # down ended the lab's registry too
+    assert aptproxy.proxy_pid(lab.lab_dir) is None and not aptproxy.answers()      # and the apt proxy
+    assert not list(lab.lab_dir.glob("nodes/*/overlay"))       # and the nodes' package layers
     netlab.down(lab.lab_dir)
     # 4. stale leftovers of a crashed run (state file with dead pids, netns, bridge, guard route,
     #    a docker cgroup dir): up cleans them and comes up healthy

@@ -14,7 +14,7 @@ def node(alias: str) -> dict:
     """One healthy node as ``health._probe_node`` reports it."""
     return {"alias": alias, "netns_exists": True, "sshd_pid": 4242, "sshd_alive": True, "ssh_ok": True,
             "hostname": alias, "dockerd_alive": True, "image_id": "sha256:ab", "registry_insecure": True,
-            "operator": True, "ports": {"enp1s0f1np1": {"ip": "169.254.77.1", "state": "UP", "mtu": 9000}},
+            "operator": True, "own_packages": True, "ports": {"enp1s0f1np1": {"ip": "169.254.77.1", "state": "UP", "mtu": 9000}},
             "healthy": True}
 
 
@@ -29,7 +29,7 @@ def processes_gone(st: dict, name: str) -> None:
     """What a node whose PID 1 died looks like: no sshd, so no ssh, no dockerd; namespace and cables stay."""
     n = st["nodes"][name]
     n.update(sshd_pid=None, sshd_alive=False, ssh_ok=False, hostname=None, dockerd_alive=False, image_id=None,
-             registry_insecure=False, operator=False, healthy=False)
+             registry_insecure=False, operator=False, own_packages=False, healthy=False)
 
 
 def test_a_healthy_lab_needs_nothing():
@@ -55,7 +55,8 @@ def test_a_dead_dockerd_alone_is_started_again():
 
 @pytest.mark.parametrize("broken", [
     "another node count", "no state file", "bridge down", "a guard route gone", "netns gone", "cable down",
-    "wrong MTU", "wrong hostname", "no operator", "dockerd without the insecure registry", "no image"])
+    "wrong MTU", "wrong hostname", "no operator", "dockerd without the insecure registry", "no image",
+    "a node sharing this machine's packages", "a dead dockerd on a node sharing this machine's packages"])
 def test_what_a_restart_cannot_heal_is_rebuilt(broken):
     st = healthy()
     processes_gone(st, "worker")          # a restartable node beside it changes nothing
@@ -85,6 +86,10 @@ def test_what_a_restart_cannot_heal_is_rebuilt(broken):
         head.update(registry_insecure=False, healthy=False)     # dockerd runs: only a rebuild gives it the flag
     elif broken == "no image":
         head.update(image_id=None, healthy=False)
+    elif broken == "a node sharing this machine's packages":          # a lab built before the overlays
+        head.update(own_packages=False, healthy=False)
+    elif broken == "a dead dockerd on a node sharing this machine's packages":
+        head.update(own_packages=False, dockerd_alive=False, healthy=False)
     before = copy.deepcopy(st)
     assert repairs(st, count) is None
     assert st == before                     # read-only

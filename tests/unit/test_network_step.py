@@ -541,5 +541,6 @@ def test_tools_row_of_a_rehearsal():
     row = tools.tools_check(node, t, need_perftest=True, need_nccl=True, install=True, rehearsal=True)
     assert row.status is Status.FAIL and node.runs() == []          # a rehearsal never installs
     assert row.fix == ("install the lab's packages on the lab host: apt-get install -y perftest openmpi-bin libopenmpi-dev "
-                       "(make lab-deps; the lab nodes share its /usr); reinstall the rehearsal simulators (they are "
+                       "(make lab-deps), then `python -m runbook lab down` and `up` (each lab node starts from the lab "
+                       "host's packages); reinstall the rehearsal simulators (they are "
                        "installed by 00_preflight / 01_network)")

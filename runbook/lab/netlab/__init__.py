@@ -28,6 +28,12 @@ the head and shipped to the workers with ``docker save | docker load``. The lab'
 ``docker-registry``) listens on the bridge's host address, 10.77.0.1:5077, plain HTTP; every node's dockerd
 starts with ``--insecure-registry`` for it (a rehearsal pushes its image there and the nodes pull it).
 
+Each node's /usr, /etc and /var are overlays over this machine's (nodeinit.sh; the node's writes in
+``<lab_dir>/nodes/<name>/overlay``), so a node removes or installs Debian packages on its own, and its apt reaches
+the Debian archive through the lab's apt proxy on the same host address, 10.77.0.1:3142 (``aptproxy``; a
+node-private apt.conf.d file names it). ``down`` removes the overlay layers: each ``up`` starts the nodes from
+this machine's files.
+
 Public API: :func:`up`, :func:`down`, :func:`status`, :func:`info`, :class:`LabInfo`, :class:`LabNode`.
 Everything here needs root; every subprocess has a timeout; every failure is a :class:`LabError`.
 
@@ -35,7 +41,8 @@ This module holds the public entries and the order ``up`` follows; each part liv
 ``spec`` (names, addresses, LabInfo, the state file), ``host`` (local commands, ssh, process and netns
 lookups), ``packages`` (apt), ``files`` (keys, ssh and sshd configs, node dirs), ``network`` (netns, veth,
 bridges, routes), ``nodes`` (PID 1 of each node), ``dockerd`` (docker and the runtime image),
-``registry`` (the lab's container registry), ``health`` (status) and ``teardown`` (down).
+``registry`` (the lab's container registry), ``aptproxy`` (the nodes' way to the Debian archive, whose process is
+``forward_proxy``), ``health`` (status) and ``teardown`` (down).
 """
 from __future__ import annotations
 
@@ -52,13 +59,14 @@ from typing import Iterator
 
 from runbook.errors import LabError
 
+from .aptproxy import start_apt_proxy
 from .dockerd import dockerd_script, ensure_image, parse_kv
 from .files import lab_paths, write_files, write_hosts
 from .health import DOCKERD, NODE, lab_status, other_running_lab, repairs, unreachable_live_nodes
 from .host import node_pid1, ssh
 from .host import run_local
 from .network import create_network, recable, wait_carrier
-from .nodes import cgroup_mounts, kill_node, start_node, wait_port
+from .nodes import cgroup_mounts, kill_node, remove_overlays, start_node, wait_port
 from .packages import ensure_packages
 from .registry import start_registry
 from .spec import (DEFAULT_LAB_DIR, IMAGE, MARKER, NODE_PRIVATE, NODEINIT, LabInfo, LabNode, Log, node_specs,
@@ -172,6 +180,9 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                 if not st["registry"]["healthy"]:
                     with timer.phase("registry"):
                         start_registry(lab_dir, log)
+                if not st["apt_proxy"]["healthy"]:
+                    with timer.phase("apt proxy"):
+                        start_apt_proxy(lab_dir, log)
                 if state["node_count"] != nodes:     # add or remove worker2: the head and the worker stay up
                     return _recount(lab_dir, state, st, nodes, timer, log)
                 lab = LabInfo.from_dict(state["info"])
@@ -191,7 +202,7 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
             if fix:
                 return _restart(lab_dir, state, st, fix, timer, log)
             bad = {k: [f for f in ("netns_exists", "sshd_alive", "ssh_ok", "dockerd_alive", "registry_insecure",
-                                  "operator")
+                                  "operator", "own_packages")
                        if not v.get(f)]
                    for k, v in st["nodes"].items() if not v["healthy"]}
             log(f"existing lab is not healthy ({bad or 'bridge/routes'}); rebuilding")
@@ -221,6 +232,8 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
             create_network(specs)
         with timer.phase("registry"):        # on the bridge's host address, which exists from here on
             state["registry_pid"] = start_registry(lab_dir, log)
+        with timer.phase("apt proxy"):
+            state["apt_proxy_pid"] = start_apt_proxy(lab_dir, log)
         ids = _start_nodes(lab_dir, specs, specs, state, {}, timer, log)
         ssh_config, key, known_hosts = lab_paths(lab_dir)
         lab = LabInfo(lab_dir=lab_dir, ssh_config=ssh_config, key=key, known_hosts=known_hosts, nodes=specs,
@@ -271,13 +284,17 @@ def _start_nodes(lab_dir: Path, specs: list[LabNode], new: list[LabNode], state:
 def _restart(lab_dir: Path, state: dict, st: dict, fix: dict[str, str], timer: _Timer, log: Log) -> LabInfo:
     """The lab of ``state`` with the processes ``fix`` names started again in place (``health.repairs``): a node
     whose PID 1 is gone gets a new one in its namespace (sshd, first login, dockerd), a node whose dockerd is gone
-    gets dockerd; the registry too when it is down. Namespaces, links, keys and the nodes' files stay."""
+    gets dockerd; the registry and the apt proxy too when they are down. Namespaces, links, keys and the nodes' files
+    (their overlay layers too: a node's installed packages survive its restart, as a Spark's survive a reboot) stay."""
     specs = node_specs(state["node_count"])
     dead = [n for n in specs if fix.get(n.name) == NODE]
     no_dockerd = [n for n in specs if fix.get(n.name) == DOCKERD]
     if not st["registry"]["healthy"]:
         with timer.phase("registry"):
             state["registry_pid"] = start_registry(lab_dir, log)
+    if not st["apt_proxy"]["healthy"]:
+        with timer.phase("apt proxy"):
+            state["apt_proxy_pid"] = start_apt_proxy(lab_dir, log)
     with timer.phase("clean"):
         for n in dead:                     # what `ip netns exec` left in the namespace; the node's cgroups
             kill_node(n.netns, n.name)
@@ -324,6 +341,7 @@ def _recount(lab_dir: Path, state: dict, st: dict, nodes: int, timer: _Timer, lo
         for n in removed:
             kill_node(n.netns, n.name)
             run_local(["ip", "netns", "del", n.netns], timeout=30, what=f"removing {n.netns}")
+            remove_overlays(lab_dir, n.name)
             state["pids"].pop(n.name, None)
         rm_cgroups([n.name for n in removed])
     with timer.phase("files"):     # every node's files exist from `up`; running nodes keep theirs (bind-mounted)
@@ -349,9 +367,11 @@ def _recount(lab_dir: Path, state: dict, st: dict, nodes: int, timer: _Timer, lo
 
 
 def down(lab_dir: Path | None = None, *, log: Log | None = None) -> None:
-    """Remove everything ``up`` made (processes, netns, links, bridge, routes, mounts, cgroups).
+    """Remove everything ``up`` made (processes, the registry and the apt proxy, netns, links, bridge, routes,
+    mounts, cgroups, the nodes' overlay layers).
 
-    Files in the lab dir stay (keys, node dirs with their docker images and /mnt/nvme contents).
+    Files in the lab dir stay (keys, node dirs with their docker images and /mnt/nvme contents, the registry's
+    storage, the apt proxy's cache).
     """
     _require_root("down")
     lab_dir = Path(lab_dir or DEFAULT_LAB_DIR).resolve()

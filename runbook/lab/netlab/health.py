@@ -1,8 +1,10 @@
 """The lab's health: per node netns, sshd PID 1, an ssh answer, fabric link, dockerd and image, its non-root
-operator, plus the bridge, the guard routes and the lab registry (``python -m runbook lab status``)."""
+operator, its own package state (overlays and apt proxy line), plus the bridge, the guard routes, the lab registry
+and the apt proxy (``python -m runbook lab status``)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -10,14 +12,35 @@ from pathlib import Path
 
 from runbook.errors import LabError
 
+from .aptproxy import apt_proxy_status, node_apt_conf
 from .dockerd import REGISTRIES_FORMAT, insecure_registry_known, parse_kv
 from .files import lab_paths
 from .host import link_exists, netns_exists, node_pid1, pid_alive, proc_comm, run_local, ssh, tail_text
 from .network import link_states
+from .nodes import overlay_upper
 from .registry import registry_status
-from .spec import (BRIDGE, FABRIC_MTU, GUARD_ROUTES, IMAGE, MARKER, OPERATOR, OPERATOR_UID, STATE_FILE, LabNode,
-                   node_specs, read_state)
+from .spec import (APT_PROXY_CONF, BRIDGE, FABRIC_MTU, GUARD_ROUTES, IMAGE, MARKER, OPERATOR, OPERATOR_UID, OVERLAYS,
+                   STATE_FILE, LabNode, node_specs, read_state)
 from .teardown import lab_present
+
+
+def packages_cmd() -> str:
+    """Shell printing, in a node, the mount of each of spec.OVERLAYS (``mount/usr=<fstype> <options>``, from
+    /proc/self/mounts: the last mount there is the one seen) and the sha256 of its apt proxy file (``aptconf=``)."""
+    return "".join(f"echo \"mount{t}=$(awk '$2 == \"{t}\" {{m = $3 \" \" $4}} END {{print m}}' /proc/self/mounts)\"; "
+                   for t in OVERLAYS) + f"echo aptconf=$(sha256sum < {APT_PROXY_CONF} 2>/dev/null | cut -c1-64); "
+
+
+def own_packages(kv: dict[str, str], lab_dir: Path, name: str) -> bool:
+    """Whether the node's :func:`packages_cmd` answer shows its own package state: each of spec.OVERLAYS an overlay
+    whose upper layer is this node's (``nodes.overlay_upper``), and its apt.conf.d file naming the lab's proxy.
+    A node of a lab built before the overlays shares this machine's dpkg database: a package removed there would
+    be removed here."""
+    for tree in OVERLAYS:
+        fstype, _, options = kv.get(f"mount{tree}", "").partition(" ")
+        if fstype != "overlay" or f"upperdir={overlay_upper(lab_dir, name, tree)}" not in options.split(","):
+            return False
+    return kv.get("aptconf") == hashlib.sha256(node_apt_conf().encode()).hexdigest()
 
 
 def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
@@ -44,8 +67,9 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
     d["image_id"] = None
     d["registry_insecure"] = False
     d["operator"] = False
+    d["own_packages"] = False
     if d["sshd_alive"] and cfg is not None and cfg.exists():
-        cmd = (f"hostname; echo operator=$(id -u {OPERATOR} 2>/dev/null); "
+        cmd = (f"hostname; echo operator=$(id -u {OPERATOR} 2>/dev/null); {packages_cmd()}"
                "if v=$(docker version --format '{{.Server.Version}}' 2>/dev/null); then "
                "echo docker=1; echo version=$v; "
                f"echo image=$(docker image inspect --format '{{{{.Id}}}}' {IMAGE} 2>/dev/null); "
@@ -66,12 +90,13 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
                 d["image_id"] = kv.get("image") or None
                 d["registry_insecure"] = insecure_registry_known(kv.get("registries", ""))
                 d["operator"] = kv.get("operator") == str(OPERATOR_UID)     # a lab built before it had no operator
+                d["own_packages"] = own_packages(kv, cfg.parent, n.name)
             else:
                 d["ssh_error"] = tail_text(res.stderr, 300)
     d["healthy"] = bool(d["netns_exists"] and d["sshd_alive"] and d["ssh_ok"] and d["hostname"] == n.alias
                         and all(p["state"] == "UP" and p["mtu"] == FABRIC_MTU for p in d["ports"].values())
                         and d["dockerd_alive"] and d["image_id"] and d["registry_insecure"]
-                        and d["operator"])
+                        and d["operator"] and d["own_packages"])
     return d
 
 
@@ -100,11 +125,13 @@ def lab_status(lab_dir: Path) -> dict:
         "running": any(p["netns_exists"] for p in probes),
         "as_root": os.geteuid() == 0,   # without root: no fabric link / PID 1 lookup, and no ssh key
     }
-    # the nodes decide whether `up` may reuse the lab; the registry is started again on its own when it is down
+    # the nodes decide whether `up` may reuse the lab; the registry and the apt proxy are started again on their own
+    # when they are down
     out["nodes_healthy"] = (out["state_file"] and out["bridge_up"] and all(out["guard_routes"].values())
                             and all(p["healthy"] for p in probes) and out["image_id_identical"])
     out["registry"] = registry_status(lab_dir)
-    out["healthy"] = out["nodes_healthy"] and out["registry"]["healthy"]
+    out["apt_proxy"] = apt_proxy_status(lab_dir)
+    out["healthy"] = out["nodes_healthy"] and out["registry"]["healthy"] and out["apt_proxy"]["healthy"]
     return out
 
 
@@ -133,7 +160,8 @@ def repairs(status: dict, node_count: int) -> dict[str, str] | None:
             return None
         if not n["sshd_alive"]:
             out[name] = NODE
-        elif n["ssh_ok"] and n["hostname"] == n["alias"] and n["operator"] and not n["dockerd_alive"]:
+        elif (n["ssh_ok"] and n["hostname"] == n["alias"] and n["operator"] and n.get("own_packages")
+              and not n["dockerd_alive"]):
             out[name] = DOCKERD
         else:
             return None

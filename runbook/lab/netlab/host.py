@@ -14,6 +14,14 @@ def tail_text(text: str, n: int = 600) -> str:
     return text if len(text) <= n else "…" + text[-n:]
 
 
+def file_tail(path: Path, n: int = 20) -> str:
+    """The last ``n`` lines of a log file ('' when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
 def run_local(argv: list[str], *, timeout: float = 30, check: bool = True, input: str | bytes | None = None,
               stdin=None, what: str = "", fix: str = "", node: str = "", env: dict | None = None,
               text: bool = True) -> subprocess.CompletedProcess:

@@ -1,9 +1,11 @@
 """The node processes: each node's PID 1 (``runbook/lab/nodeinit.sh``, which becomes its sshd) started in its
-namespace, waited for, and ended; and what of the host's home a node still sees."""
+namespace, waited for, and ended; what of the host's home a node still sees; and the layers of its own /usr, /etc
+and /var."""
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,7 +16,8 @@ from pathlib import Path
 from runbook.errors import LabError
 
 from .host import netns_pids, node_pid1, pid_alive, proc_comm, tail_text
-from .spec import NODE_PATH, NODE_PRIVATE, NODEINIT, LabNode
+from .aptproxy import node_apt_conf
+from .spec import APT_PROXY_CONF, NODE_PATH, NODE_PRIVATE, NODEINIT, OVERLAY_DIR, OVERLAY_EMPTY, OVERLAYS, LabNode
 
 
 def home_shares(lab_dir: Path, home: Path = Path("/root")) -> list[str]:
@@ -37,6 +40,47 @@ def home_shares(lab_dir: Path, home: Path = Path("/root")) -> list[str]:
     return out
 
 
+def overlay_upper(lab_dir: Path, name: str, tree: str) -> Path:
+    """The upper layer of node ``name``'s overlay over ``tree`` (one of spec.OVERLAYS): what the node changed."""
+    return lab_dir / "nodes" / name / OVERLAY_DIR / tree.strip("/") / "upper"
+
+
+def prepare_overlays(lab_dir: Path, name: str) -> None:
+    """Node ``name``'s overlay layers before its PID 1 mounts them (nothing holds them then): the upper and work
+    dirs of each of spec.OVERLAYS, and each dir of spec.OVERLAY_EMPTY (with its ``partial/``) opaque in its upper
+    layer, owner and mode as on this machine, so the node sees it empty. Kept layers (an in-place restart) keep
+    what the node changed."""
+    for tree in OVERLAYS:
+        upper = overlay_upper(lab_dir, name, tree)
+        upper.mkdir(parents=True, exist_ok=True)
+        (upper.parent / "work").mkdir(exist_ok=True)
+    for path in OVERLAY_EMPTY:
+        tree = next((t for t in OVERLAYS if path.startswith(t + "/")), None)
+        if tree is None or not Path(path).is_dir():
+            continue
+        # every dir from the tree down (an upper dir's owner and mode are what the node sees), then partial/
+        rel = Path(path).relative_to(tree)
+        for host in [Path(tree, *rel.parts[:k]) for k in range(1, len(rel.parts) + 1)] + [Path(path) / "partial"]:
+            if not host.is_dir():
+                continue
+            mine = overlay_upper(lab_dir, name, tree) / host.relative_to(tree)
+            st = host.stat()
+            mine.mkdir(exist_ok=True)
+            os.chown(mine, st.st_uid, st.st_gid)
+            mine.chmod(st.st_mode & 0o7777)
+        os.setxattr(overlay_upper(lab_dir, name, tree) / rel, "trusted.overlay.opaque", b"y")
+
+
+def remove_overlays(lab_dir: Path, name: str) -> str:
+    """Remove node ``name``'s overlay layers (its package changes), once its PID 1 -- and with it the mount
+    namespace that held the overlays -- is gone; a note ('' when there were none)."""
+    top = lab_dir / "nodes" / name / OVERLAY_DIR
+    if not top.exists():
+        return ""
+    shutil.rmtree(top)
+    return f"removed {name}'s own /usr, /etc and /var layers"
+
+
 def cgroup_mounts() -> str:
     """The host's cgroup mounts as ``fstype mountpoint options`` lines (nodeinit.sh mounts them again)."""
     lines = []
@@ -53,9 +97,11 @@ _POPENS: dict[str, subprocess.Popen] = {}   # node name -> `ip netns exec … un
 def start_node(lab_dir: Path, n: LabNode, cgroups: str) -> int:
     """Start the node: nodeinit.sh as PID 1 of new UTS/IPC/mount/PID namespaces inside its netns."""
     nd = lab_dir / "nodes" / n.name
+    prepare_overlays(lab_dir, n.name)
     env = {"PATH": NODE_PATH, "HOME": "/root", "LANG": "C.UTF-8", "NL_HOSTNAME": n.alias,
            "NL_NODE_DIR": str(nd), "NL_CGROUP_MOUNTS": cgroups, "NL_HOME_SHARE": " ".join(home_shares(lab_dir)),
-           "NL_PRIVATE": "\n".join(f"{src} {dst}" for src, dst in NODE_PRIVATE.items())}
+           "NL_PRIVATE": "\n".join(f"{src} {dst}" for src, dst in NODE_PRIVATE.items()),
+           "NL_OVERLAYS": " ".join(OVERLAYS), "NL_APT_CONF_FILE": APT_PROXY_CONF, "NL_APT_CONF": node_apt_conf()}
     with open(nd / "node.log", "ab") as logf:
         proc = subprocess.Popen(
             ["ip", "netns", "exec", n.netns, "unshare", "--uts", "--ipc", "--mount", "--pid", "--fork",

@@ -18,7 +18,7 @@ REQUIRED_BINARIES = {
     # the weights step's nfs mode in the lab: userspace NFS server (head) and client (worker)
     "ganesha.nfsd": "nfs-ganesha", "nfs-cat": "libnfs-utils",
     # step 01 in a rehearsal: OpenMPI's real mpirun (and libmpi, which the all_reduce_perf simulator's ranks meet
-    # through) and perftest's real binaries for the tools row (the nodes share this machine's /usr)
+    # through) and perftest's real binaries for the tools row (each node's /usr starts as this machine's)
     "mpirun": "openmpi-bin", "ib_write_bw": "perftest", "ib_write_lat": "perftest",
     # the lab's container registry (a rehearsal's image is pulled from it)
     "docker-registry": "docker-registry",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from runbook.errors import LabError
 
-from .host import pid_alive, tail_text
+from .host import file_tail, pid_alive, tail_text
 from .spec import REGISTRY, REGISTRY_BINARY, Log
 
 API_VERSION_HEADER = "Docker-Distribution-Api-Version"
@@ -111,14 +111,14 @@ def start_registry(lab_dir: Path, log: Log, *, addr: str = REGISTRY, timeout: fl
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LabError("the lab registry exited at start", observed=f"rc={proc.returncode}: "
-                           f"{tail_text(_log_tail(paths['log']))}", fix=f"see {paths['log']}; is {addr} taken?")
+                           f"{tail_text(file_tail(paths['log']))}", fix=f"see {paths['log']}; is {addr} taken?")
         if answers(addr, timeout=1):
             return proc.pid
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGTERM)
     raise LabError(f"the lab registry did not answer on {addr} within {timeout:.0f} s",
-                   observed=tail_text(_log_tail(paths["log"])), fix=f"see {paths['log']}")
+                   observed=tail_text(file_tail(paths["log"])), fix=f"see {paths['log']}")
 
 
 def stop_registry(lab_dir: Path, timeout: float = 10) -> str:
@@ -145,9 +145,3 @@ def registry_status(lab_dir: Path, addr: str = REGISTRY) -> dict:
     return {"address": addr, "pid": pid, "answers": ok, "healthy": bool(pid) and ok,
             "storage": str(registry_paths(lab_dir)["data"]), "binary": _binary()}
 
-
-def _log_tail(path: Path, n: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""

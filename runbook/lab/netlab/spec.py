@@ -56,6 +56,25 @@ IMAGE = "spark-runbook/lab-runtime:1"
 REGISTRY_PORT = 5077
 REGISTRY = f"{BRIDGE_IP}:{REGISTRY_PORT}"
 REGISTRY_BINARY = "docker-registry"
+# the lab's apt proxy (runbook.lab.netlab.forward_proxy, started by aptproxy.py): on the same host address, the only
+# way a node reaches the Debian archive (the hosts of this machine's apt sources); each node's apt is told so by a
+# node-private apt.conf.d file (nodeinit.sh writes it into the node's /etc overlay). 3142: apt-cacher-ng's port.
+APT_PROXY_PORT = 3142
+APT_PROXY = f"{BRIDGE_IP}:{APT_PROXY_PORT}"
+APT_PROXY_CONF = "/etc/apt/apt.conf.d/99spark-runbook-lab-proxy"
+APT_PROXY_HEADER = "X-Spark-Runbook-Lab-Proxy"     # in the proxy's answer to `GET /` (aptproxy.answers asks)
+# Each node's own package state: overlays over this machine's /usr, /etc and /var (the lower layers) with the node's
+# writes in <node dir>/overlay/<usr|etc|var>/upper, mounted by nodeinit.sh in the node's mount namespace before
+# its node-private bind mounts. A node removes or installs a Debian package (dpkg's database, /usr, conffiles,
+# alternatives, triggers, apt's lists and cache, logs) without touching this machine or another node; `down`
+# removes the upper layers, so every `up` starts the nodes from this machine's files again. A package this machine
+# installs while the nodes run shows in them (a change under an overlay's lower layer; the kernel does not promise
+# it for a path a node changed itself): `down` and `up` give them a consistent view again.
+OVERLAYS = ("/usr", "/etc", "/var")
+OVERLAY_DIR = "overlay"
+# directories a node starts with empty (opaque in its upper layer): this machine's apt archive cache holds the .debs
+# of its own installs (here, every lab package), which would let a node "install" without downloading anything
+OVERLAY_EMPTY = ("/var/cache/apt/archives",)
 STATE_FILE = "lab.json"
 MARKER = Path("/run/spark-runbook-lab.json")   # which lab_dir owns the (machine-wide) nl-* names
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

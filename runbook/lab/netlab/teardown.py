@@ -1,5 +1,5 @@
-"""Tear a lab down: end its registry and node processes, then remove its namespaces, links, bridges, guard routes,
-cgroups, mounts and state file, whatever run made them."""
+"""Tear a lab down: end its registry, apt proxy and node processes, then remove its namespaces, links, bridges, guard
+routes, cgroups, mounts, the nodes' overlay layers and state file, whatever run made them."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +11,8 @@ from pathlib import Path
 from runbook.errors import LabError
 
 from .host import link_exists, netns_exists, run_local, tail_text
-from .nodes import kill_node
+from .aptproxy import stop_apt_proxy
+from .nodes import kill_node, remove_overlays
 from .registry import stop_registry
 from .spec import BRIDGE, FABRIC_BRIDGE, GUARD_ROUTES, MARKER, NODE_NAMES, PORTS, STATE_FILE, Log, read_state
 
@@ -41,13 +42,16 @@ def rm_cgroups(names: list[str]) -> int:
 
 
 def teardown(lab_dir: Path, log: Log | None) -> list[str]:
-    """Remove every trace of a lab (of any lab dir: the nl-* names are machine-wide; the registry of this one);
-    notes on what was done. The registry's storage stays (pushed images survive a rebuild)."""
-    notes: list[str] = [n for n in [stop_registry(lab_dir)] if n]
+    """Remove every trace of a lab (of any lab dir: the nl-* names are machine-wide; the registry, the apt proxy and
+    the nodes' overlay layers of this one); notes on what was done. The registry's storage and the proxy's cache
+    stay (pushed images and fetched packages survive a rebuild); the nodes' package changes do not: the next `up`
+    starts every node from this machine's /usr, /etc and /var."""
+    notes: list[str] = [n for n in [stop_registry(lab_dir), stop_apt_proxy(lab_dir)] if n]
     for name in NODE_NAMES:
         ns = f"nl-{name}"
         if netns_exists(ns):
             notes += kill_node(ns, name)
+    notes += [n for n in (remove_overlays(lab_dir, name) for name in NODE_NAMES) if n]
     removed: list[str] = []
     ns_cmds = [f"netns del nl-{name}" for name in NODE_NAMES if netns_exists(f"nl-{name}")]
     if ns_cmds:   # deleting a netns also deletes its veths (and so their root-netns peers)
