@@ -59,8 +59,9 @@ def nccl_tests_cmd(ranks: list[NcclRank], *, mpi_include: list[str], test: str =
         apps.append(f"-np 1 -H {r.host}:1 {xs} {binary} -b 8M -e 128M -f 2 -g 1")
     include = shlex.quote(",".join(mpi_include))
     root = " --allow-run-as-root" if as_root else ""
-    return (f"timeout {timeout_s} mpirun{root} --tag-output --mca plm_rsh_agent 'ssh -o BatchMode=yes' --mca btl self,tcp "
-            f"--mca btl_tcp_if_include {include} --mca oob_tcp_if_include {include} " + " : ".join(apps) + " 2>&1")
+    return (f"timeout {timeout_s} mpirun{root} --tag-output --mca plm_rsh_agent 'ssh -o BatchMode=yes' "
+            f"--mca btl self,tcp --mca btl_tcp_if_include {include} --mca oob_tcp_if_include {include} "
+            + " : ".join(apps) + " 2>&1")
 
 
 def nccl_ranks(ctx: Verification, gid: GidPlan) -> tuple[list[NcclRank], list[str]]:
