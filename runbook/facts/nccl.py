@@ -8,6 +8,60 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# --------------------------------------------------------------------------- mpirun --tag-output
+
+_MPI_TAG = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:")
+
+
+@dataclass
+class MpirunOutput:
+    ranks: dict[int, list[str]] = field(default_factory=dict)   # each rank's own lines (stdout and stderr)
+    own: list[str] = field(default_factory=list)                # untagged lines: mpirun's (ORTE's, ssh's) own
+    lines: list[str] = field(default_factory=list)              # every whole line, in the order it completed
+    tagged: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(l + "\n" for l in self.lines)
+
+
+def split_mpirun_output(text: str) -> MpirunOutput:
+    """Each rank's whole lines out of ``mpirun --tag-output``'s combined output. OpenMPI (4.1) forwards a rank's
+    output in the chunks it reads from the rank's pty, and a read can end mid-line (under load it does); a chunk of
+    another rank then lands inside that line. --tag-output starts every chunk with ``[job,rank]<stream>:`` and puts
+    the tag after every newline inside a chunk, so a cut line still says whose it is::
+
+        [1,0]<stdout>:spark-head:42:42 [0] NCCL INFO NET/IB : Us[1,1]<stdout>:spark-worker:7:7 [0] NCCL INFO Using network IB
+        [1,0]<stdout>:ing [0]rocep1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:169.254.77.1<0>
+
+    A tag's text up to its first newline continues that rank's stream; text after that newline carries no tag, so
+    it is mpirun's own (``own``). Text with no tag at all (mpirun failed before any rank ran, or an archive from
+    before --tag-output) comes back line for line."""
+    out = MpirunOutput()
+    parts = _MPI_TAG.split(text or "")
+    out.tagged = len(parts) > 1
+    partial: dict = {}
+
+    def feed(key, chunk: str) -> None:
+        *done, partial[key] = (partial.get(key, "") + chunk).split("\n")
+        for line in done:
+            emit(key, line)
+
+    def emit(key, line: str) -> None:
+        out.lines.append(line)
+        (out.own if key is None else out.ranks.setdefault(key[0], [])).append(line)
+
+    feed(None, parts[0])
+    for k in range(1, len(parts), 3):
+        mine, newline, rest = parts[k + 2].partition("\n")
+        feed((int(parts[k]), parts[k + 1]), mine + newline)
+        feed(None, rest)
+    for key, rest in partial.items():         # a last line without its newline
+        if rest:
+            emit(key, rest)
+    return out
+
+
 # --------------------------------------------------------------------------- nccl-tests
 
 
@@ -61,9 +115,10 @@ def parse_nccl_tests(text: str) -> NcclTest:
         # Avg bus bandwidth    : 18.8543
 
     Older all_gather_perf builds omit the ``redop``/``root`` columns, so rows are read from the
-    right: the last eight fields are time/algbw/busbw/#wrong for out-of-place then in-place.
+    right: the last eight fields are time/algbw/busbw/#wrong for out-of-place then in-place. Output of
+    ``mpirun --tag-output`` is read as its ranks' whole lines (:func:`split_mpirun_output`).
     """
-    text = text or ""
+    text = split_mpirun_output(text).text
     out = NcclTest()
     m = re.search(r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv)_perf\b", text)
     if m:
@@ -124,9 +179,9 @@ def parse_nccl_log(text: str) -> NcclNet:
         spark-head:4242:4260 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0
 
     TCP fallback prints ``NET/Socket : Using [0]enp1s0f0np0:169.254.77.1<0>`` and
-    ``Using network Socket``.
+    ``Using network Socket``. Output of ``mpirun --tag-output`` is read as its ranks' whole lines.
     """
-    text = text or ""
+    text = split_mpirun_output(text).text
     out = NcclNet()
     m = re.search(r"NCCL version (\S+)", text)
     if m:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import shlex
 from dataclasses import dataclass
 
@@ -46,7 +45,9 @@ class NcclRank:
 def nccl_tests_cmd(ranks: list[NcclRank], *, mpi_include: list[str], test: str = "all_reduce_perf",
                    timeout_s: int = 180, as_root: bool = False) -> str:
     """mpirun MPMD, one app context (rank) per node, each with its own NCCL env and binary path; OpenMPI's TCP
-    traffic restricted to ``mpi_include`` (the ranks' socket subnets, CIDR: valid on every node)."""
+    traffic restricted to ``mpi_include`` (the ranks' socket subnets, CIDR: valid on every node). ``--tag-output``:
+    OpenMPI forwards each rank's output in chunks that can end mid-line, with another rank's chunk in between;
+    the tag on every chunk lets the step put each rank's lines back together (``facts.nccl.split_mpirun_output``)."""
     apps = []
     for r in ranks:
         env = ["NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET", f"NCCL_SOCKET_IFNAME={r.socket_if}",
@@ -58,8 +59,9 @@ def nccl_tests_cmd(ranks: list[NcclRank], *, mpi_include: list[str], test: str =
         apps.append(f"-np 1 -H {r.host}:1 {xs} {binary} -b 8M -e 128M -f 2 -g 1")
     include = shlex.quote(",".join(mpi_include))
     root = " --allow-run-as-root" if as_root else ""
-    return (f"timeout {timeout_s} mpirun{root} --mca plm_rsh_agent 'ssh -o BatchMode=yes' --mca btl self,tcp "
-            f"--mca btl_tcp_if_include {include} --mca oob_tcp_if_include {include} " + " : ".join(apps) + " 2>&1")
+    return (f"timeout {timeout_s} mpirun{root} --tag-output --mca plm_rsh_agent 'ssh -o BatchMode=yes' "
+            f"--mca btl self,tcp --mca btl_tcp_if_include {include} --mca oob_tcp_if_include {include} "
+            + " : ".join(apps) + " 2>&1")
 
 
 def nccl_ranks(ctx: Verification, gid: GidPlan) -> tuple[list[NcclRank], list[str]]:
@@ -76,18 +78,11 @@ def nccl_ranks(ctx: Verification, gid: GidPlan) -> tuple[list[NcclRank], list[st
     return ranks, list(dict.fromkeys(nets)) or list(dict.fromkeys(r.socket_if for r in ranks))
 
 
-_RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", re.MULTILINE)
-
-
 def rank_logs(text: str, nodes) -> dict[str, str]:
-    """NCCL's log lines of each node's rank (``<host>:<pid>:<tid> [..] NCCL ...``), the host read from
-    nccl-tests' ``#  Rank k ... on <host>`` line; '' for a rank that printed none."""
-    hosts = {int(k): h for k, h in _RANK_LINE.findall(text or "")}
-    out = {}
-    for k, node in enumerate(nodes):
-        h = hosts.get(k)
-        out[node.name] = "\n".join(l for l in (text or "").splitlines() if h and l.startswith(f"{h}:"))
-    return out
+    """Each node's rank's own output, whole lines (NCCL's log and nccl-tests' lines), from mpirun's tagged
+    output: rank k is the k-th app context, the k-th node. '' for a rank that printed nothing."""
+    ranks = fn.split_mpirun_output(text).ranks
+    return {node.name: "\n".join(ranks.get(k, [])) for k, node in enumerate(nodes)}
 
 
 def rank_failures(ranks: list[NcclRank], logs: dict[str, str]) -> list[str]:

@@ -9,6 +9,7 @@ import pytest
 
 from runbook.network import verify as network
 from runbook.checks import Status
+from runbook.facts.nccl import split_mpirun_output
 from runbook.profile import load_profile
 from runbook.remote import Cluster
 
@@ -133,7 +134,7 @@ def test_rehearsal_runs_the_real_mpirun_and_the_real_package_tools(rehearsed):
         assert r.status is Status.SIMULATED, (r.node, r.observed)
         assert f"ib_write_bw /usr/bin/ib_write_bw (the tests run the simulator {sim.SIM_DIR}/bin/ib_write_bw)" in r.observed
         assert "mpirun /usr/bin/mpirun" in r.observed
-    text = raw["nccl_all_reduce_perf.txt"]
+    text = split_mpirun_output(raw["nccl_all_reduce_perf.txt"]).text      # mpirun --tag-output: whole lines
     out = fn.parse_nccl_tests(text)
     assert out.ranks == 2 and out.rows and out.avg_busbw_gbs, text[-3000:]
     assert "on spark-head" in text and "on spark-worker" in text      # each rank read its own node's private tree
@@ -150,7 +151,7 @@ def test_real_mpirun_catches_a_rank_given_an_interface_it_does_not_have(rehearse
         ranks[1].socket_if = "enp1s0f1np1"
         return ranks, include
     checks, raw = _tools_and_nccl(profile, c, head_if_on_worker)
-    text = raw["nccl_all_reduce_perf.txt"]
+    text = split_mpirun_output(raw["nccl_all_reduce_perf.txt"]).text      # whole lines, whichever rank
     assert "mpirun detected that one or more processes exited with non-zero status" in text, text[-3000:]  # OpenMPI's
     row = next(ch for ch in checks if ch.name == "net.nccl.busbw")
     assert row.status is Status.FAIL
@@ -269,7 +270,7 @@ def test_tp3_real_mpirun_fails_worker2_given_its_head_facing_port_only(triangle)
         return ranks, include
     with Cluster.from_profile(profile) as c:
         checks, raw = _tools_and_nccl(profile, c, one_port)
-    text = raw["nccl_all_reduce_perf.txt"]
+    text = split_mpirun_output(raw["nccl_all_reduce_perf.txt"]).text      # whole lines, whichever rank
     assert "ibv_modify_qp failed with 110 Connection timed out" in text and "next state RTR" in text, text[-3000:]
     row = next(ch for ch in checks if ch.name == "net.nccl.busbw")
     assert row.status is Status.FAIL

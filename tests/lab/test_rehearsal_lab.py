@@ -30,6 +30,7 @@ import pytest
 
 from runbook import runner
 from runbook.checks import CheckList, Status
+from runbook.facts.nccl import split_mpirun_output
 from runbook.lab import sim
 from runbook.lab.netlab.spec import OPERATOR
 from runbook.lab.rehearsal import GOALS, count, count_text, load_rehearsal
@@ -161,7 +162,7 @@ def test_simulators_got_each_ranks_own_invocation(rehearsal):
     """nccl-tests: one rank per node, each started on its own node with its own NCCL_IB_HCA; every node's
     private /mnt/nvme holds its own simulated Spark."""
     _, profile, run_dir, _ = rehearsal
-    text = (run_dir.path / "raw/01_network/nccl_all_reduce_perf.txt").read_text()
+    text = split_mpirun_output((run_dir.path / "raw/01_network/nccl_all_reduce_perf.txt").read_text()).text
     for rank, node in enumerate(profile.nodes):
         assert f"Rank  {rank} Group  0" in text and f"on spark-{node.name}" in text
     cmds = [json.loads(line) for line in (run_dir.path / "commands.jsonl").read_text().splitlines()]

@@ -9,7 +9,7 @@ from pathlib import Path
 from support.doubles import res
 
 __all__ = ["FIX", "fx", "lab_addr", "lab_node_addr", "lab_node_rules", "lab_addresses", "ping_result", "lab_rules", "by",
-           "mpirun_apps"]
+           "mpirun_apps", "iof_tagged", "mpirun_tagged"]
 
 FIX = Path(__file__).resolve().parents[1] / "unit" / "facts" / "net"
 
@@ -121,3 +121,29 @@ def mpirun_apps(cmd: str) -> list[dict]:
         elif not cur["binary"]:
             cur["binary"] = a
     return apps
+
+
+def iof_tagged(chunks: list[tuple[int, str]]) -> str:
+    """What ``mpirun --tag-output`` prints for these reads of the ranks' stdout ((rank, bytes read), in the order
+    mpirun got them): OpenMPI 4.1's orte_iof_base_write_output puts ``[1,rank]<stdout>:`` before every chunk and
+    after every newline inside it, and adds no newline of its own (a chunk that ends mid-line runs on into the
+    next chunk, whoever's it is -- as 4.1.4 printed it here for ranks writing ``abc``, then ``def\\n``:
+    ``[1,0]<stdout>:abc[1,1]<stdout>:abc[1,0]<stdout>:def``)."""
+    out = []
+    for rank, data in chunks:
+        if not data:
+            raise AssertionError(f"rank {rank}: OpenMPI forwards no empty read")
+        tag = f"[1,{rank}]<stdout>:"
+        body = data[:-1].replace("\n", "\n" + tag) + data[-1]
+        out.append(tag + body)
+    return "".join(out)
+
+
+def mpirun_tagged(text: str, hosts: tuple[str, ...] = ("spark-head", "spark-worker")) -> str:
+    """``text`` as ``mpirun --tag-output`` prints it, one read per line: a line that starts with ``<host>:`` of
+    ``hosts[k]`` (NCCL's ``<host>:<pid>:<tid>`` lines, nccl-tests' ``<host>: Test ... failure``) is rank k's, any
+    other line rank 0's (nccl-tests prints its header and table from rank 0)."""
+    lines = text.splitlines(keepends=True)
+    if not lines:
+        raise AssertionError("mpirun_tagged: no output to tag")
+    return iof_tagged([(next((k for k, h in enumerate(hosts) if l.startswith(f"{h}:")), 0), l) for l in lines])

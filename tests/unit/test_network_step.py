@@ -11,7 +11,7 @@ from runbook.network import verify as network
 from runbook.checks import Status
 from runbook.facts.node_paths import vllm_python
 from support.doubles import FakeCluster, FakeNode, res
-from support.net import by, fx, lab_rules, mpirun_apps
+from support.net import by, fx, iof_tagged, lab_rules, mpirun_apps, mpirun_tagged
 from support.profiles import profile_from
 
 
@@ -181,7 +181,7 @@ def spark_rules(side, *, gids, bw_fixture="ib_write_bw_rail0.txt", tools=TOOLS_F
         (r"ib_write_bw ", res(0, fx("ib_write_bw_rail0.txt"))),
         (r"ib_write_lat .*192\.168\.", res(0, fx("ib_write_lat_rail0.txt"))),
         (r"ib_write_lat ", res(0, fx("ib_write_lat_rail0.txt"))),
-        (r"mpirun .*all_reduce_perf", res(0, fx("nccl_log_ib.txt") + fx("all_reduce_perf_2node.txt"))),
+        (r"mpirun .*all_reduce_perf", res(0, mpirun_tagged(fx("nccl_log_ib.txt") + fx("all_reduce_perf_2node.txt")))),
     ]
 
 
@@ -225,6 +225,7 @@ def test_spark_two_rails_all_pass():
         assert r["binary"] == "/home/spark/nccl-tests/build/all_reduce_perf"
     assert "--allow-run-as-root" not in mp                      # uid 1000 on these nodes
     assert "--mca btl_tcp_if_include 192.168.100.0/24 " in mp   # a subnet: valid on every node
+    assert " mpirun --tag-output " in mp                        # each rank's lines come back whole
     assert [c.status for c in checks if c.name == "net.tools"] == [Status.PASS, Status.PASS]
     bwcmds = [c for c in cluster.nodes[0].commands if "ib_write_bw -d" in c]
     assert bwcmds and all(" -x 3" in c for c in bwcmds)
@@ -424,7 +425,7 @@ def test_missing_hca_named_before_traffic():
 
 def test_nccl_socket_fallback_fails():
     cluster = spark_cluster()
-    cluster.nodes[0].rules.insert(0, (r"mpirun", res(0, fx("nccl_log_socket.txt") + fx("all_reduce_perf_2node.txt"))))
+    cluster.nodes[0].rules.insert(0, (r"mpirun", res(0, mpirun_tagged(fx("nccl_log_socket.txt") + fx("all_reduce_perf_2node.txt")))))
     checks, _ = network.verify_network(spark_profile(), cluster, None)
     assert by(checks, "net.nccl.transport").status is Status.FAIL
     assert by(checks, "net.nccl.hcas").status is Status.FAIL
@@ -492,7 +493,7 @@ def test_nccl_failure_row_names_the_rank_and_its_interface():
            "#  Rank  1 Group  0 Pid   3131 on spark-worker device  0 [000f:01:00] NVIDIA GB10\n"
            "spark-worker:3131:3131 [0] NCCL WARN Bootstrap : no socket interface found\n"
            "spark-worker: Test NCCL failure common.cu:1279 'invalid usage'\n")
-    cluster.nodes[0].rules.insert(0, (r"mpirun", res(1, log)))
+    cluster.nodes[0].rules.insert(0, (r"mpirun", res(1, mpirun_tagged(log))))
     checks, _ = network.verify_network(spark_profile(), cluster, None)
     c = by(checks, "net.nccl.busbw")
     assert c.status is Status.FAIL
@@ -544,3 +545,38 @@ def test_tools_row_of_a_rehearsal():
                        "(make lab-deps), then `python -m runbook lab down` and `up` (each lab node starts from the lab "
                        "host's packages); reinstall the rehearsal simulators (they are "
                        "installed by 00_preflight / 01_network)")
+
+
+def _cut(text: str, at: list[int]) -> list[str]:
+    bounds = [0, *at, len(text)]
+    assert bounds == sorted(bounds) and len(set(bounds)) == len(bounds), at
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def test_nccl_rank_output_cut_mid_line_by_mpirun():
+    """OpenMPI forwards each rank's output in the chunks it reads (under load a read ends mid-line) and prints the
+    other rank's chunk in between: here the head's ``NET/IB : Using`` line, its ``# Rank 1`` line and a table row
+    are cut, with the worker's chunks inside them. Before --tag-output the step got those lines glued together
+    (the worker's NET/IB line inside the head's, a row broken): net.nccl.hcas FAILed both nodes, net.nccl.transport
+    the worker, and the table lost a row."""
+    head_lines = [l for l in fx("nccl_log_ib.txt").splitlines(keepends=True) if not l.startswith("spark-worker")]
+    worker = "".join(l for l in fx("nccl_log_ib.txt").splitlines(keepends=True) if l.startswith("spark-worker"))
+    table = fx("all_reduce_perf_2node.txt")
+    at = table.index("#\n", table.index("#  Rank  1")) + 2                 # after the '# Using devices' block
+    head = table[:at] + "".join(head_lines) + table[at:]
+    cuts = [head.index("Rank  1 Group") + 4, head.index("NET/IB : Us") + 11, head.index("33554432       8") + 5]
+    w = [worker.index("NET/IB : Using") + 3, worker.index("Channel 00") + 7]
+    h, k = _cut(head, cuts), _cut(worker, w)
+    assert all(not c.endswith("\n") for c in h[:-1] + k[:-1])             # every cut is mid-line
+    out = iof_tagged([(0, h[0]), (1, k[0]), (0, h[1]), (1, k[1]), (0, h[2]), (1, k[2]), (0, h[3])])
+    cluster = spark_cluster()
+    cluster.nodes[0].rules.insert(0, (r"mpirun .*all_reduce_perf", res(0, out)))
+    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    busbw = by(checks, "net.nccl.busbw")
+    assert busbw.status is Status.PASS and busbw.data["avg_busbw_gbs"] == 19.178 and len(busbw.data["rows"]) == 5
+    assert [(c.node, c.status) for c in checks if c.name == "net.nccl.hcas"] == [("head", Status.PASS),
+                                                                              ("worker", Status.PASS)]
+    assert by(checks, "net.nccl.transport").status is Status.PASS
+    from runbook.network import collectives
+    logs = collectives.rank_logs(out, cluster.nodes)
+    assert logs == {"head": head.rstrip("\n"), "worker": worker.rstrip("\n")}      # each rank's lines, exact

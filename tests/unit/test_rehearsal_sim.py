@@ -274,7 +274,7 @@ def test_all_reduce_perf_bad_invocations_under_openmpi(exl3, tmp_path, case):
     change = {"worker_gets_head_interface": {"socket_if": "enp1s0f1np1"},   # recipe A's head IF, as before defect 5
               "hca_typo": {"hcas": ["roce1s0f0"]}, "gid_zero_slot": {"gid_index": 4}}[case]
     _, res = _mpirun(cluster, exl3, **change)
-    text = res.stdout + res.stderr
+    text = fn.split_mpirun_output(res.stdout + res.stderr).text      # whole lines: a tag may sit inside a cut one
     logs = collectives.rank_logs(res.stdout, cluster.nodes)
     if case == "hca_typo":        # not fatal in NCCL: the worker falls back to sockets, and the step FAILs on it
         assert res.exit_code == 0, text
@@ -291,6 +291,25 @@ def test_all_reduce_perf_bad_invocations_under_openmpi(exl3, tmp_path, case):
     assert "mpirun detected that one or more processes exited with non-zero status" in text   # OpenMPI's own
     if case == "worker_gets_head_interface":
         assert "NCCL WARN Bootstrap : no socket interface found" in logs["worker"]
+
+
+@needs_openmpi
+def test_real_mpirun_tagged_output_splits_back_into_whole_lines(tmp_path):
+    """OpenMPI's own --tag-output (the flag step 01's line carries): each rank writes a line in two pieces and one
+    line on stderr; however mpirun read and interleaved the pieces (the pause only makes a cut line likely, nothing
+    depends on it), every rank's lines come back whole."""
+    assert " mpirun --tag-output " in collectives.nccl_tests_cmd(_ranks(load("env/exl3-v41.env")), mpi_include=["x"])
+    script = tmp_path / "rank.sh"
+    script.write_text('printf "rank %s begins " "$OMPI_COMM_WORLD_RANK"; sleep 0.2; printf "and ends\\n"; '
+                      'echo "rank $OMPI_COMM_WORLD_RANK on stderr" >&2\n')
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    run = subprocess.run([MPIRUN, *root, "--oversubscribe", "--tag-output", "-np", "3", "bash", str(script)],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = fn.split_mpirun_output(run.stdout + run.stderr)
+    assert out.tagged and out.own == []
+    assert {k: sorted(v) for k, v in out.ranks.items()} == {
+        k: [f"rank {k} begins and ends", f"rank {k} on stderr"] for k in range(3)}
 
 
 def _rank_alone(node, **env):
@@ -372,7 +391,7 @@ def test_network_step_rehearsed(path, tmp_path):
     hcas = [c for c in checks if c.name == "net.nccl.hcas"]
     assert [c.node for c in hcas] == [n.name for n in profile.nodes]
     assert all(c.status is Status.SIMULATED for c in hcas)
-    assert "nccl_all_reduce_perf.txt" in raw and "Avg bus bandwidth" in raw["nccl_all_reduce_perf.txt"]
+    assert "Avg bus bandwidth" in fn.split_mpirun_output(raw["nccl_all_reduce_perf.txt"]).text
 
 
 def test_rehearsal_path_hook_is_recorded(exl3, tmp_path):

@@ -247,7 +247,7 @@ def test_all_reduce_perf_worker2_with_one_port_fails_like_nccl(tmp_path):
     assert ranks[2].hcas == ["rocep1s0f1"]
     bad = cluster.nodes[0].read(collectives.nccl_tests_cmd(ranks, mpi_include=["10.77.0.0/16"],
                                                            as_root=os.geteuid() == 0), timeout=200)
-    text = bad.stdout + bad.stderr
+    text = fn.split_mpirun_output(bad.stdout + bad.stderr).text
     assert bad.exit_code != 0, text
     parsed = fn.parse_nccl_tests(bad.stdout)
     assert parsed.avg_busbw_gbs is None and "Test NCCL failure" in parsed.error

@@ -539,8 +539,10 @@ def _path_error(lost: list[tuple[int, int]], ranks: list[dict], rank: int, node:
 
 
 def all_reduce_perf(argv: list[str]) -> int:
-    # one write per line, as NCCL's logger flushes each line: mpirun merges the ranks' output as it reads it, and
-    # one block written at exit can be cut mid-line there, gluing one rank's line to another's
+    # flushed at every line, as NCCL's logger is (one block written at exit came cut far more). On mpirun's pty
+    # print() still writes a line and its newline apart, and mpirun forwards what it reads, so a rank's line can
+    # come in pieces with another rank's between them (as any line can, cut by a read): step 01 tags them
+    # (mpirun --tag-output) and joins them back (facts.nccl.split_mpirun_output)
     sys.stdout.reconfigure(line_buffering=True)
     node = load_node()
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))

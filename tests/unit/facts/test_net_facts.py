@@ -233,6 +233,62 @@ def test_nccl_tests_failure():
     assert t.rows == [] and "unhandled system error" in t.error
 
 
+def test_mpirun_tagged_output_split_into_whole_lines():
+    """mpirun --tag-output as OpenMPI 4.1 prints it: a tag on every chunk and after every newline inside one; a
+    chunk that ends mid-line runs on into the next (another rank's, or mpirun's own message)."""
+    raw = ("[1,0]<stdout>:# nThread 1\n[1,0]<stdout>:#  Rank  0 on spark-head\n[1,0]<stdout>:spark-head:1:1 [0] NCCL "
+           "INFO NET/IB : Us[1,1]<stdout>:spark-worker:2:2 [0] NCCL INFO Using network IB\n[1,1]<stderr>:warn: x\n"
+           "[1,0]<stdout>:ing [0]rocep1s0f1:1/RoCE\n[1,0]<stdout>:     8388608 row\n"
+           "--------------------------------------------------------------------------\n"
+           "mpirun detected that one or more processes exited with non-zero status\n[1,1]<stdout>:last")
+    out = fn.split_mpirun_output(raw)
+    assert out.tagged
+    assert out.ranks == {0: ["# nThread 1", "#  Rank  0 on spark-head",
+                             "spark-head:1:1 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE", "     8388608 row"],
+                         1: ["spark-worker:2:2 [0] NCCL INFO Using network IB", "warn: x", "last"]}
+    assert out.own == ["-" * 74, "mpirun detected that one or more processes exited with non-zero status"]
+    assert out.text.splitlines()[2:4] == ["spark-worker:2:2 [0] NCCL INFO Using network IB", "warn: x"]
+    plain = "spark-head: Test NCCL failure common.cu:1030 'unhandled system error'\nsecond\n"
+    untagged = fn.split_mpirun_output(plain)              # mpirun failed before a rank ran / an older archive
+    assert not untagged.tagged and untagged.ranks == {} and untagged.text == plain
+    assert fn.split_mpirun_output("").lines == []
+
+
+def test_captured_mpirun_output_cut_mid_line_split_by_rank():
+    """A capture of step 01's line under load: rank 0's '#  Rank  0' line is cut and rank 1's chunk runs on from it
+    (before --tag-output such a run lost rank 0's '# Rank' line and with it the head's whole NCCL log)."""
+    raw = fx("all_reduce_perf_mpirun_tagged.txt")
+    assert "NVIDIA GB10[1,1]<stdout>:spark-worker" in raw                  # the cut, as OpenMPI printed it
+    out = fn.split_mpirun_output(raw)
+    assert out.own == ['[vm:05320] Warning: could not find environment variable "LD_LIBRARY_PATH"'] * 2
+    assert out.ranks[1] == [
+        "spark-worker:5325:5325 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to enp1s0f0np0",
+        "spark-worker:5325:5325 [0] NCCL INFO Bootstrap : Using enp1s0f0np0:169.254.77.2<0>",
+        "spark-worker:5325:5325 [0] NCCL INFO cudaDriverVersion 13000",
+        "spark-worker:5325:5325 [0] NCCL INFO NCCL_IB_HCA set to rocep1s0f0",
+        "spark-worker:5325:5325 [0] NCCL INFO NET/IB : Using [0]rocep1s0f0:1/RoCE [RO]; OOB enp1s0f0np0:169.254.77.2<0>",
+        "spark-worker:5325:5325 [0] NCCL INFO Using network IB",
+        "spark-worker:5325:5343 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [send] via NET/IB/0"]
+    head = out.ranks[0]
+    assert "#  Rank  0 Group  0 Pid   5324 on spark-head device  0 [000f:01:00] NVIDIA GB10" in head
+    assert "spark-head:5324:5324 [0] NCCL INFO cudaDriverVersion 13000" in head and len(head) == 25
+    assert all(l.startswith(("#", "spark-head:5324:", "NCCL version ", "    ", "   1")) for l in head), head
+    t = fn.parse_nccl_tests(raw)
+    assert t.ranks == 2 and len(t.rows) == 5 and t.avg_busbw_gbs == 12.25 and not t.wrong
+    assert fn.parse_nccl_log("\n".join(head)).hca_names == ["rocep1s0f1"]
+    assert fn.parse_nccl_log("\n".join(out.ranks[1])).hca_names == ["rocep1s0f0"]
+
+
+def test_nccl_tests_and_log_read_through_mpirun_tags():
+    """The archived nccl_all_reduce_perf.txt is mpirun's tagged output: report.recompute parses it as it is."""
+    def tagged(text, rank=0):
+        return "".join(f"[1,{rank}]<stdout>:{l}" for l in text.splitlines(keepends=True))
+    t = fn.parse_nccl_tests(tagged(fx("all_reduce_perf_2node.txt")))
+    assert len(t.rows) == 5 and t.ranks == 2 and t.avg_busbw_gbs == 19.178 and t.rows[0].size == 8388608
+    ib = fn.parse_nccl_log(tagged(fx("nccl_log_ib.txt"), 1))
+    assert ib.transport == "IB" and ib.hca_names == ["rocep1s0f0", "roceP2p1s0f0"] and ib.version == "2.28.9+cuda13.0"
+
+
 def test_nccl_log_ib_and_socket():
     ib = fn.parse_nccl_log(fx("nccl_log_ib.txt"))
     assert ib.transport == "IB" and ib.hca_names == ["rocep1s0f0", "roceP2p1s0f0"]
