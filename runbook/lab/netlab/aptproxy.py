@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,7 +22,7 @@ from pathlib import Path
 import runbook
 from runbook.errors import LabError
 
-from .host import file_tail, pid_alive, tail_text
+from .hostservice import HostService
 from .spec import APT_PROXY, APT_PROXY_HEADER, Log
 
 SERVER_MODULE = "runbook.lab.netlab.forward_proxy"      # run with -m, never imported here
@@ -110,76 +107,46 @@ def answers(addr: str = APT_PROXY, timeout: float = 3) -> bool:
         return False
 
 
+def service(lab_dir: Path, addr: str = APT_PROXY) -> HostService:
+    """The proxy of ``lab_dir`` as a :class:`HostService` (its command line names its folder)."""
+    paths = proxy_paths(lab_dir)
+    return HostService("the lab's apt proxy", addr, paths["pid"], paths["log"], paths["root"],
+                       lambda timeout: answers(addr, timeout=timeout))
+
+
 def proxy_pid(lab_dir: Path) -> int | None:
     """The PID of the proxy this lab dir started, when it still runs (its command line names our dir)."""
-    paths = proxy_paths(lab_dir)
-    try:
-        pid = int(paths["pid"].read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return None
-    return pid if pid_alive(pid) and str(paths["root"]).encode() in cmdline else None
+    return service(lab_dir).pid()
 
 
 def start_apt_proxy(lab_dir: Path, log: Log, *, addr: str = APT_PROXY, timeout: float = 15) -> int:
     """Start the proxy (idempotent: one that answers at ``addr`` from this lab dir is kept); its PID."""
-    pid = proxy_pid(lab_dir)
-    if pid and answers(addr):
-        return pid
+    svc = service(lab_dir, addr)
+    pid = svc.running()
     if pid:
-        stop_apt_proxy(lab_dir)
+        return pid
     hosts = apt_sources()
     if not hosts:
         raise LabError("this machine's apt sources name no http or https archive for the lab's apt proxy",
                        observed=f"no URIs in {SOURCES}/sources.list or {SOURCES}/sources.list.d/",
                        expected="e.g. http://deb.debian.org/debian", fix="configure apt on this machine")
     paths = proxy_paths(lab_dir)
-    paths["root"].mkdir(parents=True, exist_ok=True)
     top = str(Path(runbook.__file__).resolve().parents[1])          # this code, whatever the caller's cwd
     argv = [sys.executable, "-m", SERVER_MODULE, "--listen", addr, "--dir", str(paths["root"]),
             *[a for h, p in hosts for a in ("--allow", f"{h}:{p}")]]
     log(f"starting the lab's apt proxy on {addr} (to {', '.join(f'{h}:{p}' for h, p in hosts)})")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([top, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    with open(paths["log"], "ab") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=top,
-                                env=env, start_new_session=True)
-    paths["pid"].write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise LabError("the lab's apt proxy exited at start", observed=f"rc={proc.returncode}: "
-                           f"{tail_text(file_tail(paths['log']))}", fix=f"see {paths['log']}; is {addr} taken?")
-        if answers(addr, timeout=1):
-            return proc.pid
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGTERM)
-    raise LabError(f"the lab's apt proxy did not answer on {addr} within {timeout:.0f} s",
-                   observed=tail_text(file_tail(paths["log"])), fix=f"see {paths['log']}")
+    return svc.start(argv, log, timeout=timeout, cwd=top, env=env)
 
 
 def stop_apt_proxy(lab_dir: Path, timeout: float = 10) -> str:
     """End the proxy this lab dir started (only that process); a note on what was done ('' when none ran)."""
-    pid = proxy_pid(lab_dir)
-    paths = proxy_paths(lab_dir)
-    if pid is None:
-        paths["pid"].unlink(missing_ok=True)
-        return ""
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
-    paths["pid"].unlink(missing_ok=True)
-    return f"stopped the lab's apt proxy (pid {pid})"
+    return service(lab_dir).stop(timeout)
 
 
 def apt_proxy_status(lab_dir: Path, addr: str = APT_PROXY) -> dict:
     """The proxy's row of ``lab status``: address, PID, whether it answers, the archive hosts, where it keeps .debs."""
-    pid = proxy_pid(lab_dir)
-    ok = answers(addr) if pid else False
-    return {"address": addr, "pid": pid, "answers": ok, "healthy": bool(pid) and ok,
-            "sources": [f"{h}:{p}" for h, p in apt_sources()], "cache": str(proxy_paths(lab_dir)["cache"]),
-            "requests": str(proxy_paths(lab_dir)["requests"])}
+    paths = proxy_paths(lab_dir)
+    return {**service(lab_dir, addr).status(), "sources": [f"{h}:{p}" for h, p in apt_sources()],
+            "cache": str(paths["cache"]), "requests": str(paths["requests"])}
 

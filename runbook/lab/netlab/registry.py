@@ -8,19 +8,15 @@ image there (``runbook.lab.oci``) and the nodes pull it as they would pull from 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from runbook.errors import LabError
 
-from .host import file_tail, pid_alive, tail_text
+from .hostservice import HostService
 from .spec import REGISTRY, REGISTRY_BINARY, Log
 
 API_VERSION_HEADER = "Docker-Distribution-Api-Version"
@@ -76,24 +72,24 @@ def _binary() -> str | None:
     return shutil.which(REGISTRY_BINARY, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin", "/usr/sbin"]))
 
 
+def service(lab_dir: Path, addr: str = REGISTRY) -> HostService:
+    """The registry of ``lab_dir`` as a :class:`HostService` (its command line names its config)."""
+    paths = registry_paths(lab_dir)
+    return HostService("the lab registry", addr, paths["pid"], paths["log"], paths["config"],
+                       lambda timeout: answers(addr, timeout=timeout))
+
+
 def registry_pid(lab_dir: Path) -> int | None:
     """The PID of the registry this lab dir started, when it still runs (its command line names our config)."""
-    paths = registry_paths(lab_dir)
-    try:
-        pid = int(paths["pid"].read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return None
-    return pid if pid_alive(pid) and str(paths["config"]).encode() in cmdline else None
+    return service(lab_dir).pid()
 
 
 def start_registry(lab_dir: Path, log: Log, *, addr: str = REGISTRY, timeout: float = 15) -> int:
     """Start the registry (idempotent: one that answers at ``addr`` from this lab dir is kept); its PID."""
-    pid = registry_pid(lab_dir)
-    if pid and answers(addr):
-        return pid
+    svc = service(lab_dir, addr)
+    pid = svc.running()
     if pid:
-        stop_registry(lab_dir)
+        return pid
     binary = _binary()
     if binary is None:
         raise LabError("the lab registry's binary is missing", observed=f"{REGISTRY_BINARY} not found",
@@ -103,45 +99,15 @@ def start_registry(lab_dir: Path, log: Log, *, addr: str = REGISTRY, timeout: fl
     paths["data"].mkdir(parents=True, exist_ok=True)
     paths["config"].write_text(config_text(paths["data"], addr))
     log(f"starting the lab registry on {addr} ({paths['config']})")
-    with open(paths["log"], "ab") as out:
-        proc = subprocess.Popen([binary, "serve", str(paths["config"])], stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    paths["pid"].write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise LabError("the lab registry exited at start", observed=f"rc={proc.returncode}: "
-                           f"{tail_text(file_tail(paths['log']))}", fix=f"see {paths['log']}; is {addr} taken?")
-        if answers(addr, timeout=1):
-            return proc.pid
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGTERM)
-    raise LabError(f"the lab registry did not answer on {addr} within {timeout:.0f} s",
-                   observed=tail_text(file_tail(paths["log"])), fix=f"see {paths['log']}")
+    return svc.start([binary, "serve", str(paths["config"])], log, timeout=timeout)
 
 
 def stop_registry(lab_dir: Path, timeout: float = 10) -> str:
     """End the registry this lab dir started (only that process); a note on what was done ('' when none ran)."""
-    pid = registry_pid(lab_dir)
-    paths = registry_paths(lab_dir)
-    if pid is None:
-        paths["pid"].unlink(missing_ok=True)
-        return ""
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
-    paths["pid"].unlink(missing_ok=True)
-    return f"stopped the lab registry (pid {pid})"
+    return service(lab_dir).stop(timeout)
 
 
 def registry_status(lab_dir: Path, addr: str = REGISTRY) -> dict:
     """The registry's row of ``lab status``: address, PID, whether it answers, where it stores."""
-    pid = registry_pid(lab_dir)
-    ok = answers(addr) if pid else False
-    return {"address": addr, "pid": pid, "answers": ok, "healthy": bool(pid) and ok,
-            "storage": str(registry_paths(lab_dir)["data"]), "binary": _binary()}
+    return {**service(lab_dir, addr).status(), "storage": str(registry_paths(lab_dir)["data"]), "binary": _binary()}
 
