@@ -64,13 +64,16 @@ def parse_ps(text: str) -> list[tuple[int, int, str, str]]:
     return out
 
 
-def vllm_procs(ps: list[tuple[int, int, str, str]], pgid: int | None = None) -> list[tuple[int, int, str, str]]:
+def vllm_procs(ps: list[tuple[int, int, str, str]], pgid: int | None = None, *, group_is_ours: bool = False
+               ) -> list[tuple[int, int, str, str]]:
     """The vLLM processes of ``ps``, and every member of process group ``pgid`` (the pid file's: what a killed main
     pid left, e.g. multiprocessing's resource tracker) while a vLLM process is in that group. A group without one is
     not ours: a pid file outlives its rank (a reboot, a lab rebuilt after its nodes died) and its number can be
-    another process group's by then -- an sshd session's, dockerd's."""
+    another process group's by then -- an sshd session's, dockerd's. ``group_is_ours``: the caller saw a vLLM
+    process in it already (a stop in progress): every member counts, also a child spawned but not yet named
+    ``VLLM::Worker`` once the named ones are gone (a group's number is not reused while a member lives)."""
     live = [p for p in ps if not p[2].startswith("Z") and not p[3].startswith(("ps ", "bash -c", "sh -c"))]
-    ours = pgid is not None and any(p[1] == pgid and _VLLM_PROC.search(p[3]) for p in live)
+    ours = pgid is not None and (group_is_ours or any(p[1] == pgid and _VLLM_PROC.search(p[3]) for p in live))
     return [p for p in live if _VLLM_PROC.search(p[3]) or (ours and p[1] == pgid)]
 
 

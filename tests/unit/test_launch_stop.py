@@ -86,3 +86,13 @@ def test_the_stop_signals_the_ranks_group_once_at_the_start():
     assert node.killed and node.killed[0] == "kill -TERM -- -3441 2>/dev/null && echo sent; true"
     assert [p[0] for p in node.procs] == [1, 68, 84, 362, 370]          # the rank's group gone, nothing else
     assert checks[0].status.value == "PASS", checks[0].observed
+
+
+def test_a_stop_keeps_counting_its_group_once_the_named_processes_are_gone():
+    """make test: a worker rank killed mid-boot left a child spawned but not yet named VLLM::Worker; once the named
+    processes died the group no longer looked like a rank's, the stop ended, and the child took the name later."""
+    spawned = ranks.parse_ps(NODE_PS + " 3600  3441 Sl   /lab/vllm-venv/bin/python -c from multiprocessing.spawn "
+                             "import spawn_main; spawn_main(tracker_fd=9, pipe_handle=11) --multiprocessing-fork\n")
+    assert ranks.vllm_procs(spawned, pgid=3441) == []                          # a fresh look: not a rank's group
+    assert [p[0] for p in ranks.vllm_procs(spawned, pgid=3441, group_is_ours=True)] == [3600]   # a stop's look
+    assert ranks.vllm_procs(ranks.parse_ps(NODE_PS), pgid=3441, group_is_ours=True) == []      # empty: done
