@@ -239,17 +239,24 @@ def cmd_stop(args) -> int:
 
 
 def cmd_status(args) -> int:
-    """Both ranks and the API as JSON (stdout, with ``verdict``), then one verdict line on stderr (up / stopped /
-    partial, with what to do). Exit 0 when the server is up (every rank running, /health 200), 10 when not."""
+    """A short table (node, rank, state; the API), the verdict line with what to do; ``--json``: one JSON
+    document on stdout instead (with ``verdict``). Exit by verdict (``status.VERDICT_EXIT``): 0 up, 10 stopped,
+    11 partial, 12 frozen, 13 orphaned, 8 a node could not be read."""
     from .launch import status
     profile, cluster = _server_cluster(args)
+    if not args.json:
+        print(f"status of {profile.profile_name} ({profile.source}): {', '.join(n.name for n in profile.nodes)}")
     with cluster:
         state = status.status(cluster, profile)
     word, line = status.verdict(state, profile)
     state["verdict"] = word
-    print(json.dumps(state, indent=2, default=str))
-    print(line, file=sys.stderr)         # stdout stays one JSON document for scripts
-    return ExitStatus.OK if status.is_up(state) else ExitStatus.SERVER_DOWN
+    if args.json:
+        print(json.dumps(state, indent=2, default=str))
+        print(line, file=sys.stderr)         # stdout stays one JSON document for scripts
+    else:
+        print("\n".join(status.table(state)))
+        print(line)
+    return status.VERDICT_EXIT[word]
 
 
 def cmd_logs(args) -> int:
@@ -358,13 +365,16 @@ def build_parser() -> argparse.ArgumentParser:
     watch.set_defaults(func=cmd_watch)
 
     for name, func, text in (("stop", cmd_stop, "stop the vLLM server on both nodes (proves teardown)"),
-                             ("status", cmd_status, "state of both vLLM ranks and the API"),
+                             ("status", cmd_status, "state of every vLLM rank and the API: up, partial, frozen, orphaned or stopped"),
                              ("logs", cmd_logs, "the last lines of the vLLM logs")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("node", nargs="?", choices=["head", "worker", "worker2"], help="one node (default: all)")
         _server_profile_args(sp)
         if name == "logs":
             sp.add_argument("--tail", type=int, default=100, help="lines per node")
+        if name == "status":
+            sp.add_argument("--json", action="store_true", help="one JSON document on stdout (the verdict line "
+                            "on stderr)")
         sp.set_defaults(func=func)
 
     sub.add_parser("bench", help="benchmark an OpenAI-compatible server (see: bench --help)", add_help=False)

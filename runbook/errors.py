@@ -18,7 +18,10 @@ class ExitStatus(IntEnum):
     LAB_FAILED = 7         # lab error
     REMOTE_FAILED = 8      # a remote command failed
     BUSY = 9               # another run holds the cluster (or the run folder): nothing was changed
-    SERVER_DOWN = 10       # status/logs: the server is not up (a rank not running, or /health not 200)
+    SERVER_DOWN = 10       # status/logs: the server is not up (status: nothing of it runs on any node)
+    SERVER_PARTIAL = 11    # status: some ranks run, or every rank runs while /health is not 200
+    SERVER_FROZEN = 12     # status: a rank's vLLM process is stopped (state T: SIGSTOP, a debugger)
+    SERVER_ORPHANED = 13   # status: vLLM processes or containers left on a node with no rank running
     INTERRUPTED = 130      # Ctrl-C
 
 

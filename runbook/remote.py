@@ -604,6 +604,23 @@ def node_ssh_argv(profile, node: "Node", target_ip: str) -> list[str]:
     return argv + [f"{user}{target_ip}"]
 
 
+def operator_ssh(profile, node: str) -> str:
+    """The ssh command a person types to reach one node of ``profile`` (for fixes: ``kill -CONT`` on a frozen
+    rank, a lock's owner), with the profile's config, key and known_hosts, paths as the profile spells them."""
+    spec = next((n for n in profile.nodes if n.name == node), None)
+    if spec is None:
+        raise RunbookError(f"no node {node!r} in profile {profile.profile_name}",
+                           fix=f"one of: {', '.join(n.name for n in profile.nodes)}")
+    argv = ["ssh"]
+    if profile.ssh_config:
+        argv += ["-F", str(profile.ssh_config)]
+    if profile.ssh_key:
+        argv += ["-i", str(profile.ssh_key)]
+    if profile.known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={profile.known_hosts}"]
+    return " ".join(shlex.quote(a) for a in argv + [spec.ssh])
+
+
 def expand_home(path: str, home: str, *, key: str = "path") -> str:
     """The one expansion of a node path (every step uses it): ``~`` and ``~/x`` -> ``home``/x; absolute paths unchanged. ``~user/…`` and relative paths are
     refused (naming ``key``): a remote node has no meaningful working directory.

@@ -41,14 +41,23 @@ class RankState:
     stopped: list[str] = field(default_factory=list)     # of those, stopped (ps state T: SIGSTOP, a debugger)
 
     def describe(self) -> str:
-        if not self.running and not self.processes and not self.container_status:
-            return "not running"
-        what = f"{self.runtime or '?'}" + (f" pid {self.pid}" if self.pid else "") + \
-            (f" container {self.container_status}" if self.container_status else "")
+        """One phrase, no placeholders: what runs, or why nothing counts as a rank (a pid file naming a dead
+        process, a container left in a non-running state, vLLM processes no rank owns)."""
         frozen = (f"; {len(self.stopped)} process(es) frozen (state T): {', '.join(self.stopped[:4])}"
                   if self.stopped else "")
-        return (f"{'running' if self.running else 'stopped'} ({what}, fingerprint {self.fingerprint[:12] or '?'})"
-                + frozen)
+        if self.running:
+            what = ([f"pid {self.pid}"] if self.pid else []) + \
+                ([f"container {self.container_status}"] if self.container_status else [])
+            fp = f", fingerprint {self.fingerprint[:12]}" if self.fingerprint else ", no fingerprint recorded"
+            return f"running ({self.runtime}: {', '.join(what) or 'no pid'}{fp})" + frozen
+        why = []
+        if self.pid:
+            why.append(f"pid file names {self.pid}, which is not a live vLLM process")
+        if self.container_status:
+            why.append(f"container {self.container_status}")
+        if self.processes:
+            why.append(f"{len(self.processes)} vLLM process(es) that no running rank owns")
+        return ("not running" + (f" ({'; '.join(why)})" if why else "")) + frozen
 
 
 def state_dir(profile, home: str) -> str:

@@ -10,25 +10,40 @@ from typing import Any
 from ..facts import ranks
 from .readiness import api_get, models_ok
 from ..api.endpoint import api_address, base_url
-from ..remote import Cluster, quote
+from ..errors import ExitStatus
+from ..remote import Cluster, operator_ssh, quote
 
 __all__ = [
+    "VERDICT_EXIT",
     "is_up",
     "logs",
     "status",
+    "table",
     "verdict",
 ]
 
 
+# each verdict's exit code (README's table): scripts tell a frozen rank from a stopped server without parsing
+VERDICT_EXIT = {
+    "up": ExitStatus.OK,
+    "stopped": ExitStatus.SERVER_DOWN,
+    "partial": ExitStatus.SERVER_PARTIAL,
+    "frozen": ExitStatus.SERVER_FROZEN,
+    "orphaned": ExitStatus.SERVER_ORPHANED,
+    "unknown": ExitStatus.REMOTE_FAILED,
+}
+
+
 def status(cluster: Cluster, profile) -> dict[str, Any]:
-    """Both ranks' state, the head's /health and /v1/models."""
+    """Every rank's state, the head's /health and /v1/models."""
     states = cluster.each(lambda n: ranks.rank_state(n, profile))
     out: dict[str, Any] = {"nodes": {}}
     for name, st in states.items():
-        out["nodes"][name] = ({"error": str(st)} if isinstance(st, Exception) else
-                              {"state": st.describe(), "running": st.running, "runtime": st.runtime,
+        rank = next((n.rank for n in profile.nodes if n.name == name), None)
+        out["nodes"][name] = ({"rank": rank, "error": str(st)} if isinstance(st, Exception) else
+                              {"rank": rank, "state": st.describe(), "running": st.running, "runtime": st.runtime,
                                "pid": st.pid, "container": st.container_status, "fingerprint": st.fingerprint,
-                               "vllm_processes": st.processes})
+                               "vllm_processes": st.processes, "frozen": st.stopped})
     url = base_url(profile)
     from ..secrets import load_secrets
     key = load_secrets().api_key
@@ -41,30 +56,55 @@ def status(cluster: Cluster, profile) -> dict[str, Any]:
 
 
 def is_up(state: dict[str, Any]) -> bool:
-    """A :func:`status` answer says the server is up: every rank running and the head's /health 200."""
+    """A :func:`status` answer says the server is up: every rank running, none frozen, the head's /health 200."""
     nodes = state.get("nodes") or {}
-    return bool(nodes) and all(n.get("running") for n in nodes.values()) and state.get("health") == 200
+    return (bool(nodes) and all(n.get("running") and not n.get("frozen") for n in nodes.values())
+            and state.get("health") == 200)
+
+
+def _pids(entries: list[str]) -> str:
+    return " ".join(e.split(None, 1)[0] for e in entries)
 
 
 def verdict(state: dict[str, Any], profile) -> tuple[str, str]:
-    """One word and one line for a :func:`status` answer: ``up`` (every rank running, /health 200), ``stopped``
-    (nothing of the server on any node), ``partial`` (anything between: some ranks, orphaned vLLM processes,
-    a stopped rank left behind, or every rank running while the API does not answer 200), each with what to do."""
+    """One word and one line for a :func:`status` answer, with what to do:
+    ``up`` (every rank running, none frozen, /health 200), ``frozen`` (a rank's vLLM process in state T),
+    ``orphaned`` (vLLM processes or containers on a node and no rank running anywhere), ``stopped`` (nothing
+    of the server on any node), ``partial`` (anything between), ``unknown`` (a node could not be read).
+    Each word's exit code: :data:`VERDICT_EXIT`."""
     nodes = state.get("nodes") or {}
     source = profile.source or "<profile>"
     stop = f"python -m runbook stop --profile {source}"
+    start = f"python -m runbook start --profile {source}"
+    health = state.get("health")
+    health_text = f"/health {health or 'no answer'}"
+    unread = [n for n, v in nodes.items() if "error" in v]
+    if unread:
+        return "unknown", (f"verdict: unknown -- cannot read {', '.join(unread)} ({nodes[unread[0]]['error'][:160]}); "
+                           f"{health_text}; fix: check that node answers: {operator_ssh(profile, unread[0])} true")
+    frozen = {n: v["frozen"] for n, v in nodes.items() if v.get("frozen")}
+    if frozen:
+        where = "; ".join(f"{n}: {len(p)} process(es) ({_pids(p)})" for n, p in frozen.items())
+        cont = "; ".join(f"{operator_ssh(profile, n)} kill -CONT {_pids(p)}" for n, p in frozen.items())
+        first = next(iter(frozen.items()))
+        return "frozen", (f"verdict: frozen -- stopped vLLM process(es), state T (SIGSTOP/SIGTSTP or a debugger): "
+                          f"{where}; {health_text}; fix: if nobody is debugging it (a non-zero TracerPid in "
+                          f"/proc/<pid>/status names the debugger: {operator_ssh(profile, first[0])} grep TracerPid "
+                          f"/proc/{_pids(first[1]).split()[0]}/status), continue them: {cont}; "
+                          f"then run status again, or restart: {stop}, then {start}")
     if is_up(state):
         return "up", f"verdict: up -- every rank running ({', '.join(nodes)}), /health 200 at {state.get('base_url')}"
-    unread = [n for n, v in nodes.items() if "error" in v]
     running = [n for n, v in nodes.items() if v.get("running")]
     leftovers = [n for n, v in nodes.items() if not v.get("running") and (v.get("vllm_processes") or v.get("container"))]
-    health = state.get("health")
-    if unread:
-        return "partial", (f"verdict: unknown -- cannot read {', '.join(unread)} ({nodes[unread[0]]['error'][:160]}); "
-                           f"/health {health or 'no answer'}")
+    left_text = "left behind: " + "; ".join(
+        f"{n} ({len(nodes[n].get('vllm_processes') or [])} vLLM process(es)"
+        + (f", container {nodes[n]['container']}" if nodes[n].get("container") else "") + ")" for n in leftovers)
     if not running and not leftovers and health != 200:
         return "stopped", (f"verdict: stopped -- no rank and no vLLM process on {', '.join(nodes) or 'any node'}; "
-                           f"start it: python -m runbook start --profile {source}")
+                           f"start it: {start}")
+    if not running and leftovers:
+        return "orphaned", (f"verdict: orphaned -- no rank running; {left_text}; {health_text}; "
+                            f"fix: {stop} (it stops what the ranks left), then {start}")
     parts = []
     if running:
         parts.append(f"running: {', '.join(running)}")
@@ -72,13 +112,26 @@ def verdict(state: dict[str, Any], profile) -> tuple[str, str]:
     if down:
         parts.append(f"not running: {', '.join(down)}")
     if leftovers:
-        parts.append("left behind: " + "; ".join(
-            f"{n} ({len(nodes[n].get('vllm_processes') or [])} vLLM process(es)"
-            + (f", container {nodes[n]['container']}" if nodes[n].get("container") else "") + ")" for n in leftovers))
-    parts.append(f"/health {health or 'no answer'}")
+        parts.append(left_text)
+    parts.append(health_text)
     fix = (f"wait and run status again (the API is still loading), or read `python -m runbook logs`; if it stays so: "
-           f"{stop}" if not down and not leftovers else f"{stop}, then python -m runbook start --profile {source}")
+           f"{stop}" if not down and not leftovers else f"{stop}, then {start}")
     return "partial", f"verdict: partial -- {'; '.join(parts)}; fix: {fix}"
+
+
+def table(state: dict[str, Any]) -> list[str]:
+    """The short table ``status`` prints: one line per node (rank, state) and the API's answer."""
+    nodes = state.get("nodes") or {}
+    rows = [("node", "rank", "state")]
+    for name, v in nodes.items():
+        rank = "" if v.get("rank") is None else str(v["rank"])
+        rows.append((name, rank, v.get("error", "")[:100] if "error" in v else v.get("state", "")))
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    lines = [f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]}" for r in rows]
+    health = state.get("health")
+    lines.append(f"api {state.get('base_url')}: /health {health or 'no answer'}"
+                 + (f"; {state['models']}" if state.get("models") else ""))
+    return lines
 
 
 def logs(cluster: Cluster, profile, node: str = "head", tail_lines: int = 100) -> str:

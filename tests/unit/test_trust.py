@@ -267,10 +267,15 @@ def test_private_tool_dir_refuses_another_users_dir(tmp_path):
 
 @pytest.mark.parametrize("state,code", [
     ({"nodes": {"head": {"running": True}, "worker": {"running": True}}, "health": 200}, 0),
-    ({"nodes": {"head": {"running": True}, "worker": {"running": False}}, "health": 200}, 10),
-    ({"nodes": {"head": {"running": True}, "worker": {"running": True}}, "health": 0}, 10),
-    ({"nodes": {"head": {"error": "ssh: connection refused"}, "worker": {"running": True}}, "health": 0}, 10),
-    ({"nodes": {}, "health": 200}, 10),
+    ({"nodes": {"head": {"running": True}, "worker": {"running": False}}, "health": 200}, 11),
+    ({"nodes": {"head": {"running": True}, "worker": {"running": True}}, "health": 0}, 11),
+    ({"nodes": {"head": {"error": "ssh: connection refused"}, "worker": {"running": True}}, "health": 0}, 8),
+    ({"nodes": {}, "health": 200}, 11),
+    ({"nodes": {"head": {"running": False}, "worker": {"running": False}}, "health": 0}, 10),
+    ({"nodes": {"head": {"running": True}, "worker": {"running": True, "frozen": ["21 VLLM::Worker"]}},
+      "health": 200}, 12),
+    ({"nodes": {"head": {"running": False, "vllm_processes": ["11 VLLM::EngineCore"]}, "worker": {"running": False}},
+      "health": 0}, 13),
 ])
 def test_status_exit_code_says_whether_the_server_is_up(monkeypatch, capsys, state, code):
     from runbook import cli
@@ -280,7 +285,7 @@ def test_status_exit_code_says_whether_the_server_is_up(monkeypatch, capsys, sta
     monkeypatch.setattr(cli, "_server_cluster", lambda args: (profile, FakeCluster([FakeNode("head", 0),
                                                                                     FakeNode("worker", 1)])))
     monkeypatch.setattr(status, "status", lambda cluster, profile: state)
-    assert cli.main(["status", "--profile", "env/lab.env"]) == code
+    assert cli.main(["status", "--profile", "env/lab.env", "--json"]) == code
     assert json.loads(capsys.readouterr().out) == state
 
 
