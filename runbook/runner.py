@@ -92,6 +92,8 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         lab_up(profile)
         if profile.rehearsal and not dry_run:
             set_lab_server_aside(profile, echo=echo)
+        elif not dry_run:
+            set_rehearsal_server_aside(profile, echo=echo)
 
     # 3. one run per cluster: the head's lock, held to the end (a dry run changes nothing and takes none)
     lock = None
@@ -121,7 +123,22 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
                 name, why = gone
                 echo(f"resuming {run_dir.run_id}: {name} passed, but its state is gone ({why}): re-running from {name}")
                 steps = sorted(set(steps) | {s for s in done if s >= name})
+                for s in sorted(done):
+                    if s >= name:
+                        run_dir.record_step(s, status="stale", stale_since=name)
                 done = {s for s in done if s < name}
+            # a step that runs again makes every later step's evidence stale (05 measured on the server a re-run
+            # 04 replaces): those re-run too, and say so in the manifest at once, so a resume that fails before
+            # reaching them cannot leave them counted as passed for the next resume
+            pending = [s for s in steps if s not in done]
+            stale = sorted(s for s in done if pending and s > min(pending))
+            if stale:
+                echo(f"resuming {run_dir.run_id}: {', '.join(stale)} passed after {min(pending)}, which runs again: "
+                     "they run again too")
+                done -= set(stale)
+                steps = sorted(set(steps) | set(stale))
+                for s in stale:
+                    run_dir.record_step(s, status="stale", stale_since=min(pending))
             steps = [s for s in steps if s not in done]
             echo(f"resuming {run_dir.run_id}: skipping {sorted(done) or 'nothing'}")
         else:
@@ -197,6 +214,45 @@ def set_lab_server_aside(profile, *, echo: Callable[[str], None] = print, needed
                           observed="; ".join(f"{c.node}: {c.observed}" for c in failed)[:500],
                           fix=f"python -m runbook stop --profile {_repo_relative(str(lab_path))}")
     return before.fingerprint
+
+
+def set_rehearsal_server_aside(profile, *, echo: Callable[[str], None] = print) -> str:
+    """The other way round from :func:`set_lab_server_aside`: a lab profile's run finds a rehearsal's server (``make
+    rehearse`` leaves it up, like a real one) holding the lab's nodes and ports. It is found by asking each shipped
+    recipe profile of the same node count, as ``run --rehearse`` loads it (as root and as the lab's operator), whose
+    ranks run on the lab's head; that server is stopped and the command that starts it again is said. Returns the
+    recipe profile set aside ('' when none ran)."""
+    from .facts import ranks
+    from .launch import stop
+    from .lab.netlab.spec import OPERATOR
+    from .lab.rehearsal import load_rehearsal
+    with Cluster.from_profile(profile) as cluster:
+        mine = ranks.rank_state(cluster.head, profile)
+    if mine.running or not (mine.processes or mine.container_status):
+        return ""           # our own server, or nothing at all: nothing of another profile to set aside
+    for path in sorted((REPO_ROOT / "env").glob("*.env")):
+        recipe = load_profile(path)
+        if recipe.is_lab or recipe.node_count != profile.node_count:
+            continue
+        for user in ("", OPERATOR):
+            rehearsed, _, _ = load_rehearsal(path, ssh_user=user)
+            with Cluster.from_profile(rehearsed) as cluster:
+                st = ranks.rank_state(cluster.head, rehearsed)
+                if not st.running:
+                    continue
+                as_user = f" --ssh-user {user}" if user else ""
+                rel = _repo_relative(str(path))
+                echo(f"lab: a rehearsal's server ({rel}{as_user}, {st.describe()}) holds the lab's nodes and ports: "
+                     f"stopping it; start it again with `python -m runbook start --rehearse --profile {rel}{as_user}` "
+                     f"after `python -m runbook stop --profile {_repo_relative(str(profile.source))}`")
+                result = stop.stop(cluster, rehearsed, mem_settle_s=0)
+            failed = result.checks.failures()
+            if failed:
+                raise ActionError("a rehearsal's server could not be set aside for this lab run",
+                                  observed="; ".join(f"{c.node}: {c.observed}" for c in failed)[:500],
+                                  fix=f"python -m runbook stop --rehearse --profile {rel}{as_user}")
+            return rel
+    return ""
 
 
 def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bool = False

@@ -350,7 +350,10 @@ def _stale(name: str, f: dict[str, Any], profile) -> Check:
     return check("no stale vLLM ranks", not stale, node=name,
                  observed="; ".join(stale)[:300] if stale else "none",
                  expected="no vLLM container or process from an earlier run",
-                 fix="python -m runbook stop --profile <profile> (or docker rm -f the container)")
+                 fix="stop them with the command of the profile that started them: python -m runbook stop --profile "
+                     f"{profile.source} if this profile did, a rehearsal's with python -m runbook stop --rehearse "
+                     "--profile <its recipe profile> (`run` sets a shipped recipe's rehearsal aside by itself); "
+                     "else docker rm -f the container / kill the processes")
 
 
 def gpu_check(name: str, f: dict[str, Any], profile) -> Check:

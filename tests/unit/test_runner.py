@@ -140,3 +140,78 @@ def test_resume_keeps_the_range_the_run_was_started_with(tmp_path, monkeypatch):
     manifest = json.loads((run_dir.path / "manifest.json").read_text())
     assert manifest["selection"] == {"start": "", "stop": "01", "only": []}
     assert "02_gamma" not in manifest["steps"]
+
+
+def test_a_failed_resume_never_lets_the_next_resume_pass_on_stale_steps(tmp_path, monkeypatch):
+    """Issue 37 item 1, the field case in small: 03 fails; resume #1 finds 01's state gone (the server 04 launched
+    was killed) and re-runs from 01, which fails; resume #2 must re-run 02 as well (it passed against the state 01
+    replaces), not print 'skipping 02' and pass the run on it. The manifest says 02 is stale as soon as resume #1
+    announces it."""
+    import json
+    from runbook import runner
+    from runbook.runner import run
+    monkeypatch.setattr(runner, "ClusterLock", NoLock)
+    books = tmp_path / "notebooks"
+    books.mkdir()
+    log, broken = tmp_path / "ran.log", tmp_path / "broken"
+    broken.mkdir()
+    for name in ("00_alpha", "01_server", "02_smoke", "03_bench"):
+        _notebook(books / f"{name}.ipynb",
+                  "import pathlib\n"
+                  f"pathlib.Path({str(log)!r}).open('a').write({name!r} + '\\n')\n"
+                  f"assert not pathlib.Path({str(broken / name)!r}).exists(), 'broken'")
+    results = tmp_path / "results"
+    (broken / "03_bench").touch()
+    run_dir, outcomes = run(ROOT / "env/lab.env", results_root=results, notebooks_dir=books, echo=lambda _: None)
+    assert [o.status for o in outcomes] == ["passed", "passed", "passed", "failed"]
+
+    # resume #1: 01's state is gone, and 01 fails when it runs again
+    monkeypatch.setattr(runner, "first_state_gone",
+                        lambda profile, rd, passed, dry_run=False: ("01_server", "the server is gone")
+                        if "01_server" in passed else None)
+    (broken / "01_server").touch()
+    said: list[str] = []
+    _, resumed = run(ROOT / "env/lab.env", resume=str(run_dir.path), results_root=results, notebooks_dir=books,
+                     echo=said.append)
+    assert [(o.name, o.status) for o in resumed] == [("01_server", "failed")]
+    steps = json.loads((run_dir.path / "manifest.json").read_text())["steps"]
+    assert steps["02_smoke"]["status"] == "stale" and steps["02_smoke"]["stale_since"] == "01_server"
+
+    # resume #2: everything fixed; 02 must run again before 03, and the run passes only then
+    (broken / "01_server").unlink()
+    (broken / "03_bench").unlink()
+    log.write_text("")
+    said.clear()
+    _, resumed = run(ROOT / "env/lab.env", resume=str(run_dir.path), results_root=results, notebooks_dir=books,
+                     echo=said.append)
+    assert [(o.name, o.status) for o in resumed] == [("01_server", "passed"), ("02_smoke", "passed"),
+                                                     ("03_bench", "passed")]
+    assert log.read_text().split() == ["01_server", "02_smoke", "03_bench"]
+    assert not any("skipping ['00_alpha', '02_smoke']" in line for line in said), said
+    manifest = json.loads((run_dir.path / "manifest.json").read_text())
+    assert manifest["status"] == "passed" and all(e["status"] == "passed" for e in manifest["steps"].values())
+
+
+def test_a_resume_reruns_every_passed_step_after_the_first_one_it_runs(tmp_path, monkeypatch):
+    """Without any state check: a manifest whose 02 passed after a failed 01 (left so by an older runbook) resumes
+    01 and 02, never 01 alone then 03 on 02's old evidence."""
+    from runbook import runner
+    from runbook.evidence import RunDir
+    from runbook.runner import run
+    monkeypatch.setattr(runner, "ClusterLock", NoLock)
+    monkeypatch.setattr(runner, "first_state_gone", lambda *a, **kw: None)
+    books = tmp_path / "notebooks"
+    books.mkdir()
+    for name in ("00_alpha", "01_server", "02_smoke"):
+        _notebook(books / f"{name}.ipynb", "print('ok')")
+    results = tmp_path / "results"
+    rd = RunDir.create("lab", results)
+    rd.update_manifest(status="failed", selection={"start": "", "stop": "", "only": []})
+    rd.record_step("00_alpha", status="passed")
+    rd.record_step("01_server", status="failed")
+    rd.record_step("02_smoke", status="passed")
+    said: list[str] = []
+    _, resumed = run(ROOT / "env/lab.env", resume=str(rd.path), results_root=results, notebooks_dir=books,
+                     echo=said.append)
+    assert [o.name for o in resumed] == ["01_server", "02_smoke"]
+    assert any("02_smoke passed after 01_server, which runs again" in line for line in said), said
