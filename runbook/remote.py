@@ -356,12 +356,15 @@ class ClusterLock:
         self.node, self.command, self.run_id, self.timeout, self.echo = node, command, run_id, timeout, echo
         self.token = ""
         self._own_cluster: "Cluster | None" = None
+        self._owner_record: dict[str, Any] = {}
+        self.ssh_line = f"ssh {shlex.quote(node.spec.ssh)}"     # how a person reaches the head (for_profile: exact)
 
     @classmethod
     def for_profile(cls, profile, *, command: str, echo: Callable[[str], None] = lambda line: None) -> "ClusterLock":
         """Take the lock on the profile's head over a connection of its own (closed on release)."""
         cluster = Cluster.from_profile(profile)
         lock = cls(cluster.head, command=command, echo=echo)
+        lock.ssh_line = operator_ssh(profile, cluster.head.name)
         lock._own_cluster = cluster
         try:
             return lock.acquire()
@@ -378,7 +381,8 @@ class ClusterLock:
 
     def _try(self) -> dict[str, Any] | None:
         """Take the lock (None) or return what the holder wrote ({} when it wrote nothing yet)."""
-        owner = json.dumps(self._owner())
+        self._owner_record = self._owner()
+        owner = json.dumps(self._owner_record)
         res = self.node.run(f'd="$HOME"/{LOCK_NAME}; if mkdir -m 700 "$d" 2>/dev/null; then '
                             f'printf "%s\\n" {shlex.quote(owner)} > "$d/owner.json" && echo ACQUIRED; '
                             f'else echo HELD; cat "$d/owner.json" 2>/dev/null; fi', timeout=self.timeout, warn=True)
@@ -417,7 +421,18 @@ class ClusterLock:
                         node=self.node.name, observed=f"~/{LOCK_NAME} held by {who}",
                         expected="one run, start, stop or diagnose at a time on these nodes",
                         fix=f"wait for it to end; if that process is gone (another machine, a reboot), remove the "
-                            f"lock: ssh {self.node.spec.ssh} rm -rf ~/{LOCK_NAME}")
+                            f"lock: {self.ssh_line} rm -rf ~/{LOCK_NAME}")
+
+    def name_run(self, run_id: str) -> None:
+        """Write the run folder into the held lock's owner file once it exists (a second caller's refusal then
+        names the run, not only a pid)."""
+        self.run_id = run_id
+        if not self.token:
+            return
+        owner = json.dumps({**self._owner_record, "run": run_id})
+        self.node.run(f'd="$HOME"/{LOCK_NAME}; grep -qF {shlex.quote(self.token)} "$d/owner.json" 2>/dev/null && '
+                      f'printf "%s\\n" {shlex.quote(owner)} > "$d/owner.json.tmp" && mv -f "$d/owner.json.tmp" '
+                      f'"$d/owner.json"', timeout=self.timeout, warn=True)
 
     def release(self) -> None:
         if not self.token:

@@ -86,21 +86,31 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
     check_kernel(kernel)
     redactor = redactor_from_env()
 
-    # 2. the lab, when the profile targets it
-    if profile.lab and lab_up is not None:
-        echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
-        lab_up(profile)
-        if profile.rehearsal and not dry_run:
-            set_lab_server_aside(profile, echo=echo)
-        elif not dry_run:
-            set_rehearsal_server_aside(profile, echo=echo)
-
-    # 3. one run per cluster: the head's lock, held to the end (a dry run changes nothing and takes none)
+    # 2. one run per cluster: the head's lock, held to the end (a dry run changes nothing and takes none). On the
+    # lab it is taken before the lab is touched when the lab's head answers already, so a second run refuses
+    # (exit 9) before it restarts any lab node under the run that holds it.
+    command = "run" + (f" --resume {resume}" if resume else "")
     lock = None
-    if not dry_run:
+    if profile.lab and lab_up is not None:
+        if not dry_run:
+            try:
+                lock = ClusterLock.for_profile(profile, command=command, echo=echo)
+            except RemoteError:           # the lab is not up yet: nothing runs there; the lock is taken below
+                lock = None
         try:
-            lock = ClusterLock.for_profile(profile, command="run" + (f" --resume {resume}" if resume else ""),
-                                           echo=echo)
+            echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
+            lab_up(profile)
+            if profile.rehearsal and not dry_run:
+                set_lab_server_aside(profile, echo=echo)
+            elif not dry_run:
+                set_rehearsal_server_aside(profile, echo=echo)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+    if lock is None and not dry_run:
+        try:
+            lock = ClusterLock.for_profile(profile, command=command, echo=echo)
         except RemoteError as err:        # the head does not answer: nothing can run there; 00 records why
             echo(f"cluster lock: not taken, the head does not answer ({err.what}); the steps will say why")
     run_dir = None
@@ -148,6 +158,8 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
             if rehearsal is not None:
                 from .lab.rehearsal import record
                 run_dir.write_json("rehearsal.json", record(profile, rehearsal))
+        if lock is not None:
+            lock.name_run(run_dir.run_id)
         run_dir.update_manifest(status="running", mode="headless", dry_run=dry_run,
                                 profile_source=str(profile.source), selection=selection)
         if not resume and not dry_run:

@@ -303,6 +303,9 @@ class NoLock:
     def release(self) -> None:
         pass
 
+    def name_run(self, run_id: str) -> None:
+        pass
+
     def __enter__(self) -> "NoLock":
         return self
 

@@ -195,3 +195,40 @@ def test_a_dry_run_takes_no_lock(tmp_path, monkeypatch):
     run_dir, outcomes = runner.run("env/lab.env", only=["00"], dry_run=True, results_root=tmp_path / "results",
                                    echo=lambda line: None)
     assert [o.name for o in outcomes] == ["00_preflight"] and run_dir.manifest()["status"] == "passed"
+
+
+def test_the_lock_names_its_run_once_the_run_folder_exists(head):
+    """Issue 37 item 6: a refusal named a pid and `run`, never the run (the lock is taken before the folder)."""
+    first = ClusterLock(head, command="run").acquire()
+    first.name_run("20261205-0900-lab")
+    assert _owner(head)["run"] == "20261205-0900-lab" and _owner(head)["token"] == first.token
+    with pytest.raises(BusyError) as ei:
+        ClusterLock(head, command="start").acquire()
+    assert "`run` of run 20261205-0900-lab" in ei.value.observed
+    first.release()
+    assert not (head.home / LOCK_NAME).exists()
+
+
+def test_the_lock_fix_on_the_lab_reaches_the_head_with_the_profiles_ssh_config():
+    from runbook.remote import operator_ssh
+    from support.profiles import profile_from
+    line = operator_ssh(profile_from("env/lab.env"), "head")
+    assert line.startswith("ssh -F .lab/ssh_config ") and line.endswith(" spark-head")
+
+
+def test_a_busy_lab_is_refused_before_the_lab_is_touched(tmp_path, monkeypatch):
+    """Issue 37 item 6: the lab came up (nodes restarted in place when their processes looked gone) before the lock
+    was asked for, under the run that held it. Now a lab whose head answers is locked first."""
+    from runbook import runner
+    from runbook.remote import ClusterLock as Lock
+    touched: list[str] = []
+
+    def busy(profile, *, command, echo):
+        raise BusyError("the cluster is in use: another run holds the lock on head")
+    monkeypatch.setattr(runner, "check_kernel", lambda kernel: None)
+    monkeypatch.setattr(Lock, "for_profile", staticmethod(busy))
+    monkeypatch.setattr(runner, "execute_step", lambda name, *a, **k: touched.append(name))
+    with pytest.raises(BusyError):
+        runner.run("env/lab.env", results_root=tmp_path / "results", echo=lambda line: None,
+                   lab_up=lambda profile: touched.append("lab up"))
+    assert touched == []
