@@ -342,9 +342,17 @@ class ServerAPI:
         else:
             body["prompt"] = prompt
         ex = await self._call("POST", "/tokenize", body, timeout)
-        if ex.status != 200:
+        if ex.status is None:
+            # no HTTP answer at all: the API is gone (a killed head, a dropped forward), not an endpoint missing
+            raise BenchError(f"the server does not answer: POST /tokenize {ex.summary()}",
+                             fix="the server stopped answering: python -m runbook status says which rank is gone "
+                                 "and what to run; python -m runbook logs shows why")
+        if ex.status in (404, 405):
             raise BenchError(f"/tokenize {ex.summary()}: {str(ex.body or ex.error)[:200]}",
                              fix="the server must serve POST /tokenize (vLLM does) to build exact-length prompts")
+        if ex.status != 200:
+            raise BenchError(f"/tokenize {ex.summary()}: {str(ex.body or ex.error)[:200]}",
+                             fix="the server answered /tokenize with an error: python -m runbook logs shows why")
         return int(ex.json["count"])
 
     async def metrics(self) -> MetricsSnapshot:
