@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..checks import Check, check, not_applicable
 from ..errors import RunbookError
 from ..facts import net, rdma
-from ..remote import Cluster
+from ..remote import Cluster, operator_ssh
 from ..secrets import load_secrets
 from .server_info import ApiClient, ServerInfo
 from ..facts.ranks import rank_state
@@ -55,7 +55,10 @@ def server_rows(cluster: Cluster, profile) -> list[Check]:
                               observed=f"{len(st.stopped)} vLLM process(es) stopped (state T): "
                                        f"{', '.join(st.stopped[:4])}",
                               expected="no rank process stopped",
-                              fix=f"resume them (kill -CONT <pid>) if you stopped them; otherwise restart both ranks "
+                              fix=f"something stopped them (SIGSTOP, Ctrl-Z, or a debugger: a non-zero TracerPid in "
+                                  f"/proc/<pid>/status names it); if that was not meant, continue them: "
+                                  f"{operator_ssh(profile, name)} kill -CONT "
+                                  f"{' '.join(p.split()[0] for p in st.stopped)}; otherwise restart every rank "
                                   f"together: {stop_hint(profile)}, then 04_launch"))
     if leftovers or (alive and (dead or health.status != 200)):
         held = alive + [f"{name} ({what})" for name, what in leftovers.items()]

@@ -253,8 +253,12 @@ class MemoryGuard:
         """(what, node, observed, fix) of the start's failing row."""
         b = self.breach
         assert b is not None
-        how = ("every rank stopped by the guard at once" if self.stopped is not None and self.stop_error is None
-               else f"the guard's stop failed ({self.stop_error}); the start stops them now")
+        if self.stop_error is not None:
+            how = f"the guard's stop failed ({self.stop_error}); the start stops them now"
+        elif self.stopped is not None:
+            how = "every rank stopped by the guard at once"
+        else:            # the guard saw the breach but did not stop (it only stops during its own watch)
+            how = "the start stops every rank now"
         what = (f"memory on {b.node} fell below the floor while starting: the start was aborted"
                 if b.what == "floor" else
                 f"memory pressure on {b.node} crossed the ceiling while starting: the start was aborted")

@@ -140,6 +140,18 @@ def test_the_guard_stops_at_the_first_sample_below_the_floor_and_records_the_min
     assert node == "worker" and "3.50 GiB" in observed and "floor 4.00 GiB" in observed
     assert "gpu-memory-utilization" in observed and "page cache" in observed
     assert "KV_CACHE_MEMORY_BYTES" in fix and "reboot" in fix
+    assert "every rank stopped by the guard at once" in observed and "failed" not in observed
+
+
+def test_a_breach_the_guard_did_not_stop_never_says_its_stop_failed():
+    """Issue 37 item 6: a breach with no stop of the guard's own read 'the guard's stop failed (None)'."""
+    guard = memguard.MemoryGuard(FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)]), profile(MEM_FLOOR_GIB=4),
+                                 0.0)
+    from runbook.facts.system import MemSample
+    guard.breach = memguard.Breach("worker", 12.0, "floor", float(3 * GIB), float(4 * GIB),
+                                   MemSample(mem_available=3 * GIB))
+    _, _, observed, _ = guard.breach_row_text()
+    assert "None" not in observed and "stop failed" not in observed and "the start stops every rank now" in observed
 
 
 def test_the_guard_samples_at_its_own_pace_and_counts_a_node_that_does_not_answer():

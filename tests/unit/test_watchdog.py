@@ -77,6 +77,9 @@ def test_a_frozen_rank_is_named_in_its_row_and_in_the_alert():
     assert len(frozen) == 1 and frozen[0].node == "worker" and frozen[0].failed
     assert "20 " in frozen[0].observed and "21 VLLM::Worker_TP1" in frozen[0].observed
     assert "kill -CONT" in frozen[0].fix and "runbook stop" in frozen[0].fix
+    # issue 37 item 6: the exact command (the profile's ssh line, the frozen pids) and how to tell who stopped them
+    assert "ssh -F .lab/ssh_config" in frozen[0].fix and "spark-worker kill -CONT 20 21" in frozen[0].fix
+    assert "TracerPid" in frozen[0].fix
     running = {r.node: r for r in rows if r.name == "rank running"}
     assert not running["worker"].failed and "frozen (state T)" in running["worker"].observed
     alert = watchdog.Alert(40.0, "wedge", "1 request(s) running", rows, since_s=20.0)
