@@ -727,6 +727,8 @@ CORPUS_2: list[Case] = [
       ("SSH_CONFIG",)),
     A("ok_ssh_key_listed", "exl3", edit(set_key("SSH_KEY", "~/.ssh/id_spark")), ("SSH_KEY",)),
     A("ok_known_hosts_listed", "dspark", edit(set_key("KNOWN_HOSTS", "~/.ssh/known_hosts_sparks")), ("KNOWN_HOSTS",)),
+    A("ok_model_repo_listed", "exl3", edit(set_key("HF_MODEL_REPO", "someone/DeepSeek-V4.1-Flash-EXL3"),
+                                           set_key("HF_REVISION", "1" * 40)), ("HF_MODEL_REPO", "HF_REVISION")),
     A("ok_port_nfs_without_nfs", "dspark", edit(set_key("PORT", "2049")), ()),
     A("ok_cable_one_subnet", "exl3", edit(set_key("WORKER_IP", "10.0.0.254")), ()),
 ]
