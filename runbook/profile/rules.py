@@ -548,7 +548,7 @@ def ssh_config_conflicts(p: Profile) -> Iterable[Conflict]:
                        f"SSH_CONFIG={p.ssh_config} runs commands on this machine whenever the runbook connects: {shown}",
                        "remove those directives (ProxyJump reaches a node through a jump host without a command), "
                        "or read them and set ALLOW_SSH_CONFIG_COMMANDS=1 (validate lists it for review)", at="SSH_CONFIG")
-    if p.allow_ssh_config_commands and not found:
+    if p.allow_ssh_config_commands and not found and not p.rehearsal:   # a rehearsal uses the lab's ssh_config
         yield Conflict(("SSH_CONFIG", "ALLOW_SSH_CONFIG_COMMANDS"),
                        "ALLOW_SSH_CONFIG_COMMANDS=1 but " + (f"SSH_CONFIG={p.ssh_config} runs no command" if p.ssh_config
                                                               else "SSH_CONFIG is empty") +

@@ -26,6 +26,7 @@ import pytest
 from runbook.errors import ProfileError
 from runbook.lab.netlab.files import write_files
 from runbook.lab.netlab.spec import node_specs as lab_node_specs
+from runbook.lab.rehearsal import load_rehearsal
 from runbook.profile import (KEYS, KV_CACHE_DTYPES, MANAGED_FLAGS, REACH_FLAGS, RECIPE_MANAGED_FLAGS,
                              executing_keys_changed, load_profile, managed_flags_in)
 from runbook.profile.flags import EGRESS_FLAGS
@@ -836,6 +837,14 @@ def test_the_labs_own_ssh_config_is_accepted(tmp_path):
     for config in configs:
         with nothing_leaves_the_process():
             load_profile(BASES["lab"], {"SSH_CONFIG": str(config)}, environ={})
+
+
+def test_a_rehearsal_keeps_the_ssh_opt_in_of_a_recipe_profile(tmp_path):
+    """`run --rehearse` swaps SSH_CONFIG for the lab's (no command in it): the recipe's opt-in is not 'unused'."""
+    path = ssh_config(PROXY, None, set_key("ALLOW_SSH_CONFIG_COMMANDS", "1"))(tmp_path, BASES["exl3"])
+    with nothing_leaves_the_process():
+        profile, merged, _ = load_rehearsal(path)
+    assert profile.allow_ssh_config_commands and profile.rehearsal and merged["SSH_CONFIG"] != str(tmp_path / "ssh")
 
 
 def test_validate_review_lists_the_ssh_files_and_opt_ins(tmp_path):
