@@ -100,9 +100,10 @@ REACH_FLAGS: tuple[ManagedFlag, ...] = (
 # tests/unit/data/profiles/vllm-serve-options.json). EXTRA_ARGS may pass them only with ALLOW_EGRESS_FLAGS=1, which
 # `validate` lists for review (rules.trust_conflicts).
 EGRESS_FLAGS: tuple[ManagedFlag, ...] = (
+    # vllm-project/vllm vllm/config/kv_events.py:23 @ 00634b8: endpoint = "tcp://*:5557"; its __post_init__ makes
+    # the publisher zmq as soon as enable_kv_cache_events is set
     ManagedFlag(("--kv-events-config",), why="it publishes the KV cache's events (block hashes, prompt token ids) on "
-                "a ZMQ socket; vLLM's default endpoint tcp://*:5557 listens on every address "
-                "(vllm/config/kv_events.py: KVEventsConfig.endpoint)", rendered=False),
+                "a ZMQ socket; vLLM's default endpoint tcp://*:5557 listens on every address", rendered=False),
     ManagedFlag(("--otlp-traces-endpoint",), why="it sends a trace of every request to an OpenTelemetry collector",
                 rendered=False),
     ManagedFlag(("--tool-server",), why="the server connects to the listed tool (MCP) servers and sends them the "
@@ -140,7 +141,7 @@ RECIPE_MANAGED_FLAGS: dict[str, tuple[ManagedFlag, ...]] = {
 
 # vLLM options that are a strict prefix of a managed spelling but are flags of their own (argparse
 # takes an exact match over an abbreviation). The corpus test derives this set from vLLM's parser.
-_NOT_ABBREVIATIONS = frozenset({"--tokenizer"})
+_NOT_ABBREVIATIONS = frozenset({"--tokenizer", "--grpc", "-dp", "--reasoning-parser"})
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def managed_flags_in(args: list[str], table: Iterable[ManagedFlag] = MANAGED_FLA
         else:
             hits = [f for f in spellings if not f.startswith("--") and name.startswith(f)][:1]
             glued, abbreviation = bool(hits), False
-            if not hits:
+            if not hits and name not in _NOT_ABBREVIATIONS:
                 hits = [f for f in spellings if not f.startswith("--") and f.startswith(name)]
                 abbreviation = True
         if not hits:

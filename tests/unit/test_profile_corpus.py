@@ -867,6 +867,17 @@ def test_egress_flags_are_vllm_options():
     assert spellings and [f for f in spellings if f not in options] == []
 
 
+def test_exact_vllm_options_that_prefix_an_egress_or_reach_flag_are_not_abbreviations():
+    """vLLM's own --grpc, -dp (--data-parallel-size) and --reasoning-parser are exact options that prefix
+    --grpc-port, -dpa/-dpp and --reasoning-parser-plugin: argparse takes the exact match."""
+    options = {o for opts in _vllm()["options"].values() for o in opts}
+    table = (*EGRESS_FLAGS, *REACH_FLAGS)
+    spellings = {f for m in table for f in m.flags}
+    prefixes = sorted(o for o in options - spellings for f in spellings if f != o and f.startswith(o))
+    assert prefixes, "no vLLM option prefixes an egress or reach flag any more: nothing to check"
+    assert {o: managed_flags_in([o, "1"], table) for o in prefixes} == {o: [] for o in prefixes}
+
+
 # ----------------------------------------------------------------------------- shipped profiles
 
 SHIPPED = sorted((REPO / "env").glob("*.env"))
@@ -896,12 +907,14 @@ def _validate_cli(path: Path, *, prefix: tuple[str, ...] = ()) -> subprocess.Com
 
 CLI_CASES = ["extra_tp", "revision_branch", "kv_dtype_unknown", "crlf_exl3", "directory", "api_key_flag",
              "weights_dir_home_dotdot", "hf_endpoint_userinfo", "bidi_rlo_in_extra_args", "api_host_not_the_head",
-             "extra_tool_parser_plugin", "image_moving_tag", "cache_equals_weights"]
+             "extra_tool_parser_plugin", "image_moving_tag", "cache_equals_weights",
+             "abs_weights_home", "abs_cache_equals_weights", "media_dotdot_slash", "kv_events_star", "ssh_match_exec",
+             "port_sshd", "cable_two_subnets"]
 
 
 @pytest.mark.parametrize("name", CLI_CASES)
 def test_cli_validate_rejects_with_exit_2_and_the_key(tmp_path, name):
-    case = next(c for c in CORPUS if c.name == name)
+    case = next(c for c in REJECTED if c.name == name)
     r = _validate_cli(case.make(tmp_path, BASES[case.base]))
     assert r.returncode == 2, r.stderr
     assert f": {case.key}: " in r.stderr and "(fix: " in r.stderr and r.stdout == ""
