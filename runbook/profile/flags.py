@@ -90,6 +90,10 @@ REACH_FLAGS: tuple[ManagedFlag, ...] = (
                 "and the evidence collect", value=False, rendered=False),
     ManagedFlag(("--allowed-local-media-path",), why="any API client could make the server read files under it",
                 rendered=False),
+    ManagedFlag(("--enable-log-outputs",), why="it writes every answer into the rank logs, which diagnose bundles "
+                "and the evidence collect", value=False, rendered=False),
+    ManagedFlag(("--trust-request-chat-template",), why="any API client could send a chat template (Jinja) that "
+                "the server renders", value=False, rendered=False),
     ManagedFlag(("--logits-processors",), why="it imports the named Python classes into every rank (code from "
                 "outside the pinned image and recipe)", rendered=False),
     ManagedFlag(("--log-config-file",), why="a logging config names classes that Python's logging imports and "

