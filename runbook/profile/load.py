@@ -349,9 +349,13 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
     return model
 
 
-#: keys whose value runs code or fetches bytes (docs/security.md: the profile is code)
-EXECUTING_KEYS = ("IMAGE", "ALLOW_MOVING_IMAGE_TAG", "RECIPE_REPO", "RECIPE_COMMIT", "RECIPE_DIR", "HF_ENDPOINT",
-                  "HF_ENDPOINT_TRUSTED", "EXTRA_ARGS", "VLLM_BIN")
+#: keys whose value runs code, fetches bytes, sends data out or decides whom the runbook trusts (docs/security.md:
+#: the profile is code): the SSH files run commands on this machine (SSH_CONFIG) and name the key and host keys
+#: every connection trusts; the ALLOW_* keys loosen a rule on purpose
+#: (HF_MODEL_REPO / HF_REVISION: the launch passes --trust-remote-code, so the repo's Python files run in the ranks)
+EXECUTING_KEYS = ("IMAGE", "ALLOW_MOVING_IMAGE_TAG", "RECIPE_REPO", "RECIPE_COMMIT", "RECIPE_DIR", "HF_MODEL_REPO",
+                  "HF_REVISION", "HF_ENDPOINT", "HF_ENDPOINT_TRUSTED", "EXTRA_ARGS", "ALLOW_EGRESS_FLAGS", "VLLM_BIN",
+                  "SSH_CONFIG", "ALLOW_SSH_CONFIG_COMMANDS", "SSH_KEY", "KNOWN_HOSTS")
 
 
 def executing_keys_changed(profile: Profile) -> list[tuple[str, str, str]]:

@@ -39,6 +39,9 @@ class Profile(BaseModel):
     ssh_key: LocalPath = Field("", description="private key (local path); empty = agent/default keys")
     known_hosts: LocalPath = Field("", description="known_hosts file (local path); empty = ~/.ssh/known_hosts")
     ssh_accept_new_host_keys: Bool = Field(False, description="accept unknown host keys (lab only)")
+    allow_ssh_config_commands: Bool = Field(False, description="accept an SSH_CONFIG whose directives run commands "
+                                            "on this machine (ProxyCommand, LocalCommand, Match exec, "
+                                            "KnownHostsCommand); listed by validate for review")
     ssh_connect_timeout: Int(1, 600) = Field(15, description="ssh connect timeout, s")
     command_timeout: Int(1, 86400) = Field(120, description="default timeout per remote command, s")
     lab: Bool = Field(False, description="bring up the embedded lab before running")
@@ -127,6 +130,9 @@ class Profile(BaseModel):
     default_thinking: DefaultThinking = Field("", description="default reasoning effort")
     tool_strict_level: ToolStrictLevel = Field("", description="--tool-strict-level")
     extra_args: ExtraArgs = Field("", description="appended to vllm serve argv")
+    allow_egress_flags: Bool = Field(False, description="accept EXTRA_ARGS flags that send data off the node or "
+                                     "listen beyond the API (--kv-events-config, --otlp-traces-endpoint, "
+                                     "--tool-server, ...) or bind every address; listed by validate for review")
     ready_timeout: Int(1, 86400) = Field(1500, description="seconds to wait for /health")
     hang_seconds: Int(0, 86400) = Field(420, description="log silence that counts as a hang; 0 = off")
     expect_kv_tokens: Int(0) = Field(0, description="expected 'GPU KV cache size' tokens; 0 = unknown")

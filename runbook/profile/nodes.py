@@ -58,3 +58,33 @@ def rank_gid_index(profile, pinned, resolved: int | None) -> int | None:
     if isinstance(pinned, int):
         return pinned
     return None if profile.recipe == "dspark-v4" else resolved
+
+
+def ssh_user(p, spec: NodeSpec) -> str:
+    """The user a node is logged in as, as far as the profile says: ``user@`` of its ``*_SSH``; root on the lab
+    (its alias logs in as root, remote.ssh_argv); "" when an alias leaves it to the ssh config."""
+    if "@" in spec.ssh:
+        return spec.ssh.split("@", 1)[0]
+    return "root" if p.is_lab else ""
+
+
+def node_home(p, spec: NodeSpec) -> str:
+    """The node's home as validation knows it: /root for root, /home/<user> for another user, "" when the user
+    is unknown (an ssh alias). The steps expand ``~`` with the home the node itself reports (remote.expand_home)."""
+    user = ssh_user(p, spec)
+    return "/root" if user == "root" else f"/home/{user}" if user else ""
+
+
+def resolve_on(path: str, home: str) -> str:
+    """A normalised node path as it lands on a node with that home, for comparing two paths: ``~/x`` ->
+    ``<home>/x``. With the home unknown, ``/home/<user>/x`` is taken as ``~/x`` (the home of the SSH user is
+    where a profile means when it spells it out), so ``~/x`` and ``/home/spark/x`` still compare equal."""
+    if not path:
+        return ""
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:] if home else path
+    if not home:
+        parts = path.split("/")
+        if len(parts) >= 3 and parts[1] == "home" and parts[2]:
+            return "~" + path[len("/home/" + parts[2]):]
+    return path

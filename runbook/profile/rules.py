@@ -4,12 +4,19 @@ the code below (fabric and nodes, lab and rehearsal, runtime, serving shape, rec
 """
 from __future__ import annotations
 
+import glob
+import ipaddress
+import os
+import posixpath
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .flags import REACH_FLAGS, RECIPE_MANAGED_FLAGS, flags_issue, managed_flags_in
+from ..secrets import mask_tokens
+from .flags import (EGRESS_FLAGS, REACH_FLAGS, RECIPE_MANAGED_FLAGS, WILDCARD_BIND, flags_issue,
+                    managed_flags_in)
+from .nodes import node_home, resolve_on
 from .types import under
 
 if TYPE_CHECKING:
@@ -122,6 +129,21 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
     if p.port == p.master_port:
         yield Conflict(("PORT", "MASTER_PORT"), f"PORT and MASTER_PORT are both {p.port}",
                         "use different ports (e.g. PORT=8888, MASTER_PORT=29521)")
+    served = served_ports(p)
+    for key in ("PORT", "MASTER_PORT"):
+        if p.value(key) in served:
+            yield Conflict((key,), f"{key}={p.value(key)} is a port the nodes already serve ({served[p.value(key)]}): "
+                           "vLLM could not bind it, and the check that says so waits for the nodes",
+                           "use a free port (the recipes: PORT=8888, MASTER_PORT=29521)", at=key)
+    if p.node_count == 2 and p.head_ip and p.worker_ip:
+        nets = [ipaddress.ip_network(f"{ip}/{CABLE_PREFIX}", strict=False) for ip in (p.head_ip, p.worker_ip)]
+        if nets[0] != nets[1]:
+            yield Conflict(("HEAD_IP", "WORKER_IP"),
+                           f"HEAD_IP={p.head_ip} and WORKER_IP={p.worker_ip} are on different /{CABLE_PREFIX} subnets "
+                           f"({nets[0]}, {nets[1]}): two nodes on one direct cable reach each other only within one "
+                           "subnet (preflight net.addr.<rail>.subnet would fail on the nodes)",
+                           f"put both ends of the cable in one /{CABLE_PREFIX}, e.g. HEAD_IP=10.0.0.1 and "
+                           "WORKER_IP=10.0.0.2")
     n = p.node_count
     if p.nnodes != n:
         yield Conflict(("NNODES", "WORKER2_SSH"),
@@ -243,6 +265,24 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                         at="HF_ENDPOINT")
 
 
+#: the prefix length of a fabric address: the profile holds bare IPv4 addresses, which the recipes and the review's
+#: declared addresses (review.declared_addresses) put on a /24 per cable
+CABLE_PREFIX = 24
+
+
+def served_ports(p: Profile) -> dict[int, str]:
+    """Ports a node already listens on before the runbook starts anything: sshd (22, and the port of an
+    ``*_SSH`` host:port), the NFS server on the head with WEIGHT_SYNC=nfs (2049, rpcbind 111)."""
+    out = {22: "sshd"}
+    for spec in p.nodes:
+        m = re.search(r":(\d+)$", spec.ssh)
+        if m:
+            out[int(m.group(1))] = f"sshd of {spec.ssh}"
+    if p.weight_sync == "nfs":
+        out.update({2049: "the head's NFS server (WEIGHT_SYNC=nfs)", 111: "rpcbind of the NFS server"})
+    return out
+
+
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 
 
@@ -342,37 +382,56 @@ def _rw_dirs(p: Profile) -> list[str]:
     return out
 
 
+def node_dir_conflicts(p: Profile) -> Iterable[Conflict]:
+    """Node directories compared on each node as they resolve there (``~/x`` and ``/home/spark/x`` are one
+    directory; see nodes.resolve_on): none equal to another, none read-write over the verified data."""
+    seen: set[tuple[str, str]] = set()
+    for spec in p.nodes:
+        home = node_home(p, spec)
+        wkey = "WEIGHTS_DIR" if spec.is_head or not p.worker_weights_dir else "WORKER_WEIGHTS_DIR"
+        written = {k: p.value(k) for k in (wkey, "CACHE_DIR", "ENGRAM_SRC_DIR", "ENGRAM_PACKED_DIR", "RECIPE_DIR")
+                   if p.value(k)}
+        dirs = {k: resolve_on(v, home) for k, v in written.items()}
+        rw = set(_rw_dirs(p))
+        keys = list(dirs)
+
+        def shown(k: str) -> str:
+            same = dirs[k] == written[k]
+            return f"{k}={written[k]}" + ("" if same else f" (= {dirs[k]} on the {spec.name})")
+
+        for i, a in enumerate(keys):
+            for b in keys[i + 1:]:
+                da, db = dirs[a], dirs[b]
+                if da == db:
+                    if (a, b) in seen:
+                        continue
+                    seen.add((a, b))
+                    yield Conflict((a, b), f"{b} equals {a}: {shown(b)} and {shown(a)} are one directory, which "
+                                   "would hold both", f"give {b} a directory of its own", at=b)
+                elif under(db, da) or under(da, db):
+                    outer, inner = (a, b) if under(db, da) else (b, a)
+                    if "RECIPE_DIR" in (outer, inner):
+                        why = "RECIPE_DIR is synchronised with rsync --delete"
+                    elif inner in _DATA_DIRS and outer in rw:
+                        why = f"{outer} is mounted read-write into the container, so it could change {inner}'s files"
+                    elif inner in _DATA_DIRS:
+                        why = "the two trees are verified and shared separately"
+                    elif outer not in rw:
+                        why = f"the read-write {inner} would write into the verified (and shared) {outer} tree"
+                    else:
+                        continue                      # a cache inside a hub cache that is read-write anyway (seed B)
+                    if (outer, inner) in seen:
+                        continue
+                    seen.add((outer, inner))
+                    yield Conflict((outer, inner), f"{shown(inner)} lies inside {shown(outer)}: {why}",
+                                   f"move {inner} out of {outer} (siblings are fine, e.g. ~/.cache/x/model and "
+                                   "~/.cache/x/engram-src)", at=inner)
+
+
 def trust_conflicts(p: Profile) -> Iterable[Conflict]:
     """What a profile executes, fetches and exposes: node directories that overlap, a bind address off the head,
     vLLM flags with reach beyond the model, images that can change under a tag, a token sent to a mirror."""
-    # node directories: none equal to another, none read-write over the verified data
-    dirs = {k: p.value(k) for k in ("WEIGHTS_DIR", "WORKER_WEIGHTS_DIR", "CACHE_DIR", "ENGRAM_SRC_DIR",
-                                    "ENGRAM_PACKED_DIR", "RECIPE_DIR") if p.value(k)}
-    rw = set(_rw_dirs(p))
-    keys = list(dirs)
-    for i, a in enumerate(keys):
-        for b in keys[i + 1:]:
-            if {a, b} == {"WEIGHTS_DIR", "WORKER_WEIGHTS_DIR"}:
-                continue                                   # the same path on two different nodes
-            da, db = dirs[a], dirs[b]
-            if da == db:
-                yield Conflict((a, b), f"{b} equals {a} ({da}): one directory would hold both",
-                               f"give {b} a directory of its own", at=b)
-            elif under(db, da) or under(da, db):
-                outer, inner = (a, b) if under(db, da) else (b, a)
-                if "RECIPE_DIR" in (outer, inner):
-                    why = "RECIPE_DIR is synchronised with rsync --delete"
-                elif inner in _DATA_DIRS and outer in rw:
-                    why = f"{outer} is mounted read-write into the container, so it could change {inner}'s files"
-                elif inner in _DATA_DIRS:
-                    why = "the two trees are verified and shared separately"
-                elif outer not in rw:
-                    why = f"the read-write {inner} would write into the verified (and shared) {outer} tree"
-                else:
-                    continue                      # a cache inside a hub cache that is read-write anyway (seed B)
-                yield Conflict((outer, inner), f"{inner}={dirs[inner]} lies inside {outer}={dirs[outer]}: {why}",
-                               f"move {inner} out of {outer} (siblings are fine, e.g. ~/.cache/x/model and "
-                               "~/.cache/x/engram-src)", at=inner)
+    yield from node_dir_conflicts(p)
     # the API bind address: loopback, every address, or the head's
     host = p.api_host
     if not (host.startswith("127.") or host == "0.0.0.0" or host in _api_hosts(p)):
@@ -387,17 +446,35 @@ def trust_conflicts(p: Profile) -> Iterable[Conflict]:
     uses = managed_flags_in(args, REACH_FLAGS)
     for u in uses:
         if u.option.lstrip("-").replace("_", "-").startswith("allowed-local-media-path"):
-            target = (u.value or "").rstrip("/") or "/"
-            model = p.model_dir.rstrip("/")
-            if p.model_dir.startswith("/") and target != "/" and under(target, model):
+            # judged as vLLM reads it: '..' is refused by the type; '//', '/./' and a trailing '/' normalised
+            target = posixpath.normpath(u.value) if u.value and u.value.startswith("/") else (u.value or "/")
+            model = posixpath.normpath(p.model_dir) if p.model_dir.startswith("/") else ""
+            if model and model != "/" and target != "/" and under(target, model):
                 continue                      # media files from inside the model directory only
             yield Conflict(("EXTRA_ARGS",), f"EXTRA_ARGS passes {u.written} {u.value or ''}".rstrip() +
                            ": any API client could make the server read files under that path "
-                           + ("(the whole filesystem)" if target == "/" else "(outside MODEL_DIR)"),
-                           "drop it, or point it at a directory inside MODEL_DIR", at="EXTRA_ARGS")
+                           + ("(the whole filesystem)" if target == "/" else f"({target}, outside MODEL_DIR)"),
+                           "drop it, or point it at a directory inside MODEL_DIR (e.g. "
+                           f"{model or '/model'}/media)", at="EXTRA_ARGS")
             continue
         yield Conflict(("EXTRA_ARGS",), f"EXTRA_ARGS passes {u.option}: {u.specs[0].why}",
                        f"drop {u.option} from EXTRA_ARGS", at="EXTRA_ARGS")
+    # flags that send data out or listen beyond the API, and endpoints on every address: only with the opt-in
+    egress = [f"{u.option} ({u.specs[0].why})" for u in managed_flags_in(args, EGRESS_FLAGS)]
+    for a in args:
+        m = WILDCARD_BIND.search(a)
+        if m:
+            egress.append(f"{mask_tokens(a[max(0, m.start() - 24):m.end() + 8])!r} (an endpoint on every address)")
+    if egress and not p.allow_egress_flags:
+        yield Conflict(("EXTRA_ARGS", "ALLOW_EGRESS_FLAGS"),
+                       "EXTRA_ARGS sends data off the node or opens a listener beyond the API: " + "; ".join(egress),
+                       "drop the flag (or bind its endpoint to the node's own fabric address); to keep it on purpose "
+                       "set ALLOW_EGRESS_FLAGS=1, which validate lists for review", at="EXTRA_ARGS")
+    if p.allow_egress_flags and not egress:
+        yield Conflict(("EXTRA_ARGS", "ALLOW_EGRESS_FLAGS"),
+                       "ALLOW_EGRESS_FLAGS=1 but EXTRA_ARGS passes no egress or listener flag: the opt-in would "
+                       "cover one added later without review", "set ALLOW_EGRESS_FLAGS=0", at="ALLOW_EGRESS_FLAGS")
+    yield from ssh_config_conflicts(p)
     # an image tag can be re-pushed: a real recipe runs a digest unless the profile says otherwise
     if p.runtime == "docker" and p.image and not p.lab and "@sha256:" not in p.image and not p.allow_moving_image_tag:
         yield Conflict(("RECIPE", "IMAGE"),
@@ -413,6 +490,70 @@ def trust_conflicts(p: Profile) -> Iterable[Conflict]:
         yield Conflict(("HF_ENDPOINT", "HF_ENDPOINT_TRUSTED"),
                        "HF_ENDPOINT_TRUSTED=1 but HF_ENDPOINT is " + (p.hf_endpoint or "empty (huggingface.co)") +
                        ", which gets the token anyway", "set HF_ENDPOINT_TRUSTED=0", at="HF_ENDPOINT_TRUSTED")
+
+
+#: ssh_config directives that run a command or load code on the operator's machine (OpenSSH ssh_config(5);
+#: paramiko runs Match exec during host lookup): keyword -> a value that makes it harmless
+SSH_COMMAND_DIRECTIVES = {"proxycommand": "none", "localcommand": "", "knownhostscommand": "none",
+                          "pkcs11provider": "none", "securitykeyprovider": "internal", "permitlocalcommand": "no"}
+_SSH_INCLUDE_DEPTH = 16          # OpenSSH's own limit on nested Include
+
+
+def _ssh_directives(path: str, depth: int = 0, seen: set[str] | None = None) -> list[tuple[str, int, str]]:
+    """(file, line, directive) of every command-running directive in an ssh config and the files it Includes
+    (relative Include paths are under ~/.ssh, as OpenSSH reads a user config; the config's own dir is read too)."""
+    seen = set() if seen is None else seen
+    real = os.path.realpath(path)
+    if real in seen or depth > _SSH_INCLUDE_DEPTH or not os.path.isfile(real):
+        return []
+    seen.add(real)
+    try:
+        with open(real, "rb") as fh:
+            text = fh.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return []
+    found = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        m = re.match(r"\s*([A-Za-z0-9]+)(?:\s*=\s*|\s+)(.*)", line)
+        if not m or line.lstrip().startswith("#"):
+            continue
+        word, value = m.group(1).lower(), m.group(2).strip()
+        if word == "include":
+            for pattern in value.split():
+                pattern = os.path.expanduser(pattern.strip('"'))
+                bases = [pattern] if os.path.isabs(pattern) else \
+                    [os.path.join(os.path.expanduser("~/.ssh"), pattern), os.path.join(os.path.dirname(real), pattern)]
+                for base in bases:
+                    for inc in sorted(glob.glob(base)):
+                        found += _ssh_directives(inc, depth + 1, seen)
+        elif word == "match" and re.search(r"(?:^|\s)!?exec\b", value, re.I):
+            found.append((path, n, f"Match {mask_tokens(value)[:60]}"))
+        elif word in SSH_COMMAND_DIRECTIVES and value.strip('"').lower() != SSH_COMMAND_DIRECTIVES[word]:
+            if word == "permitlocalcommand" and value.lower() not in ("yes", "true"):
+                continue
+            found.append((path, n, f"{m.group(1)} {mask_tokens(value)[:60]}"))
+    return found
+
+
+def ssh_config_conflicts(p: Profile) -> Iterable[Conflict]:
+    """SSH_CONFIG is code on the operator's machine: ssh (and paramiko's host lookup) runs its ProxyCommand,
+    LocalCommand, KnownHostsCommand and Match exec, and loads its PKCS11/SecurityKey providers. Refused unless
+    ALLOW_SSH_CONFIG_COMMANDS=1 (which validate lists for review). A file that does not exist yet (the lab's
+    .lab/ssh_config before `lab up`) has nothing to judge."""
+    found = _ssh_directives(str(p.resolve_path(p.ssh_config))) if p.ssh_config else []
+    if found and not p.allow_ssh_config_commands:
+        shown = "; ".join(f"{f}:{n}: {d}" for f, n, d in found[:5]) + (f" (+{len(found) - 5} more)"
+                                                                         if len(found) > 5 else "")
+        yield Conflict(("SSH_CONFIG", "ALLOW_SSH_CONFIG_COMMANDS"),
+                       f"SSH_CONFIG={p.ssh_config} runs commands on this machine whenever the runbook connects: {shown}",
+                       "remove those directives (ProxyJump reaches a node through a jump host without a command), "
+                       "or read them and set ALLOW_SSH_CONFIG_COMMANDS=1 (validate lists it for review)", at="SSH_CONFIG")
+    if p.allow_ssh_config_commands and not found and not p.rehearsal:   # a rehearsal uses the lab's ssh_config
+        yield Conflict(("SSH_CONFIG", "ALLOW_SSH_CONFIG_COMMANDS"),
+                       "ALLOW_SSH_CONFIG_COMMANDS=1 but " + (f"SSH_CONFIG={p.ssh_config} runs no command" if p.ssh_config
+                                                              else "SSH_CONFIG is empty") +
+                       ": the opt-in would cover a directive added later without review",
+                       "set ALLOW_SSH_CONFIG_COMMANDS=0", at="ALLOW_SSH_CONFIG_COMMANDS")
 
 
 def _cx_port(hca: str) -> str:

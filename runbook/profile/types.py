@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator
 from pydantic_core import PydanticCustomError
 
-from .flags import flags_issue, managed_flags_in
+from ..secrets import mask_tokens
+from .flags import DOTDOT, SHELL_META, flags_issue, managed_flags_in
 
 def _err(msg: str, fix: str = "") -> PydanticCustomError:
     return PydanticCustomError("profile", "{msg}", {"msg": msg, "fix": fix})
@@ -246,6 +247,16 @@ def _extra_args(v: Any) -> str:
         args = shlex.split(s)
     except ValueError as e:
         raise _err(f"cannot split into arguments: {e}", "balance the quotes in EXTRA_ARGS") from None
+    meta = sorted({c for a in args for c in SHELL_META.findall(a)})
+    if meta:
+        shown = " ".join(repr(c) for c in meta)
+        raise _err(f"EXTRA_ARGS holds shell metacharacters ({shown}): vLLM's flags never need them, and a value "
+                   "that does is not what a reviewer reads", "remove them: pass plain flags and values (JSON values "
+                   "in single quotes, e.g. --compilation-config '{\"level\":3}')")
+    dotted = [a for a in args if DOTDOT.search(a)]
+    if dotted:
+        raise _err(f"EXTRA_ARGS passes a path with '..' ({mask_tokens(dotted[0])[:60]}): vLLM resolves it to another "
+                   "directory than the one written", "write the resolved path, without '..'")
     uses = managed_flags_in(args)
     if uses:
         raise _err(*flags_issue(uses))
@@ -260,13 +271,24 @@ _REPO = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
 # a path's characters: no shell metacharacter, no space, no ':' or ',' (docker -v / --mount separators)
 _PATH_CHARS = r"[A-Za-z0-9._+@%=/-]"
 
-#: system roots a node path may never be or lie under (a root container would write there)
-DENIED_TREES = ("/etc", "/boot", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sys",
-                "/dev", "/run", "/snap", "~/.ssh", "~/.gnupg", "~/.config/spark-runbook")
-#: directories a node path may not be itself (their subdirectories are fine)
-DENIED_ROOTS = ("/", "~", "/root", "/home", "/var", "/var/lib", "/var/log", "/var/run", "/var/tmp", "/var/cache",
-                "/tmp", "/mnt", "/media", "/opt", "/srv", "/nfs", "~/.cache", "~/.config", "~/.local")
-
+#: where data may live outside a home: dedicated data mounts and scratch trees, always a directory below them
+#: (``/mnt/nvme/models``, never ``/mnt`` itself)
+DATA_ROOTS = ("/mnt", "/media", "/srv", "/data", "/nfs", "/scratch", "/raid", "/models", "/workspace", "/tmp", "/var/tmp")
+#: directories of a home that hold credentials, configuration or code run at login or on PATH (never data); the
+#: secrets file lives in ~/.config/spark-runbook
+HOME_PRIVATE = (".ssh", ".gnupg", ".config", ".local", ".docker", ".kube", ".aws", ".azure", ".password-store",
+                ".pki", ".netrc", ".git-credentials", ".bashrc", ".profile", ".bash_profile", ".zshrc")
+#: what a refused system path is, for the message (longest prefix wins); anything else outside a home and
+#: DATA_ROOTS is refused as "not a data directory"
+SYSTEM_TREES = {
+    "/var/lib/docker": "docker's data root", "/var/lib/containerd": "containerd's data root",
+    "/var/spool": "a spool directory (cron and at run what is written there)", "/root": "root's home",
+    "/etc": "system configuration", "/usr": "system programs", "/bin": "system programs", "/sbin": "system programs",
+    "/lib": "system libraries", "/lib32": "system libraries", "/lib64": "system libraries",
+    "/libx32": "system libraries", "/boot": "the boot partition", "/proc": "the kernel's process view",
+    "/sys": "the kernel's device view", "/dev": "device files", "/run": "runtime state of system services",
+    "/snap": "system packages", "/opt": "installed software", "/var": "system state", "/home": "the homes' root",
+}
 
 def normalise_node_path(s: str) -> str:
     """A node path with '//', '/./' and a trailing '/' removed; '~' kept as the home. Raises when the path has
@@ -304,15 +326,56 @@ def under(path: str, tree: str) -> bool:
     return path == tree or path.startswith(tree.rstrip("/") + "/")
 
 
+def home_part(path: str) -> str | None:
+    """The part of a normalised node path below a home ("" = the home itself), None when it is in no home: ``~/x``
+    is the SSH user's home, ``/home/<user>/x`` a home whoever the user is (validation does not know the node's
+    user name: an alias's user is in the ssh config), ``/root`` only as ``~`` of a root login."""
+    if path == "~" or path.startswith("~/"):
+        return path[1:]
+    m = re.fullmatch(r"/home/[^/]+(/.*)?", path)
+    return (m.group(1) or "") if m else None
+
+
+def place_problem(path: str) -> str | None:
+    """Why a normalised node path may not hold the runbook's data (None: it may): data lives under a home (not the
+    home itself nor its credential, config and login dirs) or on a data mount (:data:`DATA_ROOTS`)."""
+    if re.search(r"(^|/)\.ssh(/|$)", path):
+        return "an SSH directory"
+    rel = home_part(path)
+    if rel is not None:
+        if rel in ("", "/"):
+            return "the home itself: the runbook would write, export and mount everything in it"
+        first = rel.strip("/").split("/")
+        for private in HOME_PRIVATE:
+            parts = private.split("/")
+            if first[:len(parts)] == parts:
+                if private == ".config" and first[1:2] == ["spark-runbook"]:
+                    return "the secrets file's directory (~/.config/spark-runbook)"
+                return f"the home's {private} (credentials, configuration or code run at login)"
+        if rel.strip("/") in (".cache",):
+            return "the home's whole .cache (a directory below it is fine)"
+        return None
+    for root in DATA_ROOTS:
+        if under(path, root) and path != root:
+            return None
+    known = [t for t in SYSTEM_TREES if under(path, t)]
+    if known:
+        return SYSTEM_TREES[max(known, key=len)]
+    return "the root directory" if path == "/" else ("not a data directory (a dedicated mount such as /mnt/<disk> "
+                                                     "or a directory under the home is)")
+
+
 def _node_path(v: Any) -> str:
     s = as_text(v)
     if not s:
         return ""
     norm = normalise_node_path(s)
-    if any(under(norm, t) for t in DENIED_TREES) or norm in DENIED_ROOTS or re.search(r"(^|/)\.ssh(/|$)", norm):
-        raise _err(f"{s} is a system or private directory ({norm}): the runbook writes, mounts (read-write into a "
-                   "root container) or exports its node paths", "use a dedicated directory, e.g. "
-                   "~/.cache/spark-runbook/x or /mnt/nvme/models/x")
+    why = place_problem(norm)
+    if why:
+        raise _err(f"{s} is a system or private directory ({norm}): {why}; the runbook writes, mounts (read-write "
+                   "into a root container) or exports its node paths",
+                   "use a dedicated directory under the home (e.g. ~/.cache/spark-runbook/x; not ~ itself, ~/.ssh, "
+                   "~/.config or ~/.local) or on a data mount (e.g. /mnt/nvme/models/x, /data/models/x)")
     return norm
 
 

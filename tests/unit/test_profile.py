@@ -327,10 +327,10 @@ def test_exl3_block_size_rule(tmp_path):
 
 def test_engram_only_v41_or_lab(tmp_path):
     (iss,) = issues(_recipe_file(tmp_path, "dspark-v4.env", ENGRAM="1", HF_ENGRAM_REPO="a/b",
-                                 ENGRAM_SRC_DIR="/e", HF_ENGRAM_REVISION="d" * 40))
+                                 ENGRAM_SRC_DIR="/mnt/e", HF_ENGRAM_REVISION="d" * 40))
     assert iss.key == "ENGRAM"
     # the lab packs a synthetic V4.1-style source (03_engram); exl3-v41 ships ENGRAM=1
-    assert load_profile(lab_with(tmp_path, ENGRAM="1", HF_ENGRAM_REPO="a/b", ENGRAM_SRC_DIR="/e"),
+    assert load_profile(lab_with(tmp_path, ENGRAM="1", HF_ENGRAM_REPO="a/b", ENGRAM_SRC_DIR="/mnt/e"),
                         environ=NO_ENV).engram is True
     assert load_profile(REPO / "env" / "exl3-v41.env", environ=NO_ENV).engram is True
 

@@ -24,8 +24,12 @@ from unittest import mock
 import pytest
 
 from runbook.errors import ProfileError
-from runbook.profile import (KEYS, KV_CACHE_DTYPES, MANAGED_FLAGS, RECIPE_MANAGED_FLAGS,
-                             load_profile, managed_flags_in)
+from runbook.lab.netlab.files import write_files
+from runbook.lab.netlab.spec import node_specs as lab_node_specs
+from runbook.lab.rehearsal import load_rehearsal
+from runbook.profile import (KEYS, KV_CACHE_DTYPES, MANAGED_FLAGS, REACH_FLAGS, RECIPE_MANAGED_FLAGS,
+                             executing_keys_changed, load_profile, managed_flags_in)
+from runbook.profile.flags import EGRESS_FLAGS
 
 REPO = Path(__file__).resolve().parents[2]
 BASES = {"lab": REPO / "env" / "lab.env", "exl3": REPO / "env" / "exl3-v41.env",
@@ -144,6 +148,7 @@ class Case:
     key: str                    # the key the error must name
     mentions: tuple[str, ...] = ()   # also said in that issue's message or fix (e.g. the key to use instead)
     secret: str = ""            # must never appear in the error text
+    verdict: str = "reject"     # "accept": a safe spelling that must load (``mentions`` = keys the review lists)
 
 
 C = Case
@@ -424,10 +429,325 @@ CORPUS: list[Case] = [
 ]
 
 
+# ----------------------------------------------------------------------------- round two (issue 35)
+# Each case carries its verdict: "reject" (load_profile refuses it, naming the key, file:line and a fix) or
+# "accept" (a safe spelling the rules must not refuse; ``review`` = keys validate's review list must show).
+
+def ssh_config(text: str, includes: dict[str, str] | None = None, *mutations: Mutation) -> Maker:
+    """The profile with SSH_CONFIG pointing at a config written beside it (and the files it Includes)."""
+    def make(tmp: Path, base: Path) -> Path:
+        d = tmp / "ssh"
+        d.mkdir(parents=True, exist_ok=True)
+        for name, body in (includes or {}).items():
+            (d / name).parent.mkdir(parents=True, exist_ok=True)
+            (d / name).write_text(body.replace("@DIR@", str(d)))
+        (d / "config").write_text(text.replace("@DIR@", str(d)))
+        return edit(set_key("SSH_CONFIG", str(d / "config")), *mutations)(tmp, base)
+    return make
+
+
+def R(name, base, make, key, mentions=(), secret=""):
+    return Case(name, base, make, key, tuple(mentions), secret)
+
+
+def A(name, base, make, review=()):
+    return Case(name, base, make, "", tuple(review), verdict="accept")
+
+
+KV_EVENTS = "'{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\"}'"
+PROXY = "Host *\n  ProxyCommand nc %h %p\n"
+CORPUS_2: list[Case] = [
+    # --- node paths spelt out in full: the home itself, its private dirs, docker's data root, spool, system
+    R("abs_weights_home", "exl3", edit(set_key("WEIGHTS_DIR", "/home/spark")), "WEIGHTS_DIR", ("the home itself",)),
+    R("abs_weights_home_slash", "exl3", edit(set_key("WEIGHTS_DIR", "/home/spark/")), "WEIGHTS_DIR", ("home itself",)),
+    R("abs_weights_home_dot", "lab", edit(set_key("WEIGHTS_DIR", "/home/spark/.")), "WEIGHTS_DIR", ("home itself",)),
+    R("abs_weights_home_double_slash", "exl3", edit(set_key("WEIGHTS_DIR", "/home//spark")), "WEIGHTS_DIR",
+      ("home itself",)),
+    R("abs_weights_home_dotdot", "exl3", edit(set_key("WEIGHTS_DIR", "/home/spark/models/..")), "WEIGHTS_DIR",
+      ("'..'",)),
+    R("abs_hub_cache_home_dspark", "dspark", edit(set_key("WEIGHTS_DIR", "/home/spark")), "WEIGHTS_DIR",
+      ("home itself",)),
+    R("abs_other_users_home", "exl3", edit(set_key("WEIGHTS_DIR", "/home/bob")), "WEIGHTS_DIR", ("home itself",)),
+    R("abs_worker_weights_home", "exl3", edit(set_key("WORKER_WEIGHTS_DIR", "/home/spark")), "WORKER_WEIGHTS_DIR"),
+    R("abs_recipe_dir_home", "dspark", edit(set_key("RECIPE_DIR", "/home/spark")), "RECIPE_DIR"),
+    R("docker_data_root", "dspark", edit(set_key("WEIGHTS_DIR", "/var/lib/docker")), "WEIGHTS_DIR",
+      ("docker's data root",)),
+    R("docker_volumes", "exl3", edit(set_key("WEIGHTS_DIR", "/var/lib/docker/volumes/m")), "WEIGHTS_DIR",
+      ("docker's data root",)),
+    R("containerd_root", "exl3", edit(set_key("CACHE_DIR", "/var/lib/containerd/io")), "CACHE_DIR",
+      ("containerd",)),
+    R("recipe_dir_docker", "exl3", edit(set_key("RECIPE_DIR", "/var/lib/docker/r")), "RECIPE_DIR"),
+    R("cron_spool", "exl3", edit(set_key("WEIGHTS_DIR", "/var/spool/cron/crontabs")), "WEIGHTS_DIR", ("spool",)),
+    R("cron_spool_cache", "lab", edit(set_key("CACHE_DIR", "/var/spool/cron")), "CACHE_DIR", ("spool",)),
+    R("at_spool", "dspark", edit(set_key("CACHE_DIR", "/var/spool/at")), "CACHE_DIR", ("spool",)),
+    R("worker_weights_spool", "exl3", edit(set_key("WORKER_WEIGHTS_DIR", "/var/spool/cron")), "WORKER_WEIGHTS_DIR"),
+    R("abs_secrets_dir", "exl3", edit(set_key("WEIGHTS_DIR", "/home/spark/.config/spark-runbook")), "WEIGHTS_DIR",
+      ("secrets file",)),
+    R("abs_secrets_dir_sub", "dspark", edit(set_key("CACHE_DIR", "/home/spark/.config/spark-runbook/c")), "CACHE_DIR",
+      ("secrets file",)),
+    R("systemd_user_units", "exl3", edit(set_key("CACHE_DIR", "/home/spark/.config/systemd/user")), "CACHE_DIR",
+      (".config",)),
+    R("autostart", "lab", edit(set_key("CACHE_DIR", "~/.config/autostart")), "CACHE_DIR", (".config",)),
+    R("root_local_bin", "exl3", edit(set_key("CACHE_DIR", "/root/.local/bin")), "CACHE_DIR", ("root's home",)),
+    R("local_bin", "exl3", edit(set_key("CACHE_DIR", "~/.local/bin")), "CACHE_DIR", (".local",)),
+    R("user_site_packages", "exl3", edit(set_key("ENGRAM_SRC_DIR", "~/.local/lib/python3.12/site-packages")),
+      "ENGRAM_SRC_DIR", (".local",)),
+    R("abs_local_bin", "dspark", edit(set_key("CACHE_DIR", "/home/spark/.local/bin")), "CACHE_DIR", (".local",)),
+    R("docker_client_config", "exl3", edit(set_key("WEIGHTS_DIR", "~/.docker")), "WEIGHTS_DIR", (".docker",)),
+    R("kube_config", "lab", edit(set_key("CACHE_DIR", "~/.kube/cache")), "CACHE_DIR", (".kube",)),
+    R("aws_credentials", "exl3", edit(set_key("WEIGHTS_DIR", "~/.aws/m")), "WEIGHTS_DIR", (".aws",)),
+    R("gnupg", "dspark", edit(set_key("CACHE_DIR", "~/.gnupg/c")), "CACHE_DIR", (".gnupg",)),
+    R("netrc_dir", "exl3", edit(set_key("ENGRAM_PACKED_DIR", "~/.netrc")), "ENGRAM_PACKED_DIR"),
+    R("other_users_config", "exl3", edit(set_key("WEIGHTS_DIR", "/home/bob/.config/m")), "WEIGHTS_DIR"),
+    R("abs_other_users_ssh", "lab", edit(set_key("CACHE_DIR", "/home/bob/.ssh")), "CACHE_DIR", ("SSH directory",)),
+    R("abs_whole_cache", "exl3", edit(set_key("CACHE_DIR", "/home/spark/.cache")), "CACHE_DIR", (".cache",)),
+    R("root_home", "lab", edit(set_key("CACHE_DIR", "/root")), "CACHE_DIR", ("root's home",)),
+    R("root_cache", "exl3", edit(set_key("CACHE_DIR", "/root/.cache/vllm")), "CACHE_DIR", ("root's home",)),
+    R("etc_cron_d", "exl3", edit(set_key("WEIGHTS_DIR", "/etc/cron.d")), "WEIGHTS_DIR", ("system configuration",)),
+    R("opt_nvidia", "dspark", edit(set_key("WEIGHTS_DIR", "/opt/nvidia/m")), "WEIGHTS_DIR", ("installed software",)),
+    R("var_log", "exl3", edit(set_key("CACHE_DIR", "/var/log/vllm")), "CACHE_DIR", ("system state",)),
+    R("var_lib_other", "lab", edit(set_key("WEIGHTS_DIR", "/var/lib/models")), "WEIGHTS_DIR", ("system state",)),
+    R("srv_itself", "exl3", edit(set_key("WEIGHTS_DIR", "/srv")), "WEIGHTS_DIR", ("not a data directory",)),
+    R("data_itself", "dspark", edit(set_key("WEIGHTS_DIR", "/data")), "WEIGHTS_DIR", ("not a data directory",)),
+    R("tmp_itself", "lab", edit(set_key("CACHE_DIR", "/tmp")), "CACHE_DIR", ("not a data directory",)),
+    R("unlisted_top_level", "exl3", edit(set_key("WEIGHTS_DIR", "/weights/m")), "WEIGHTS_DIR",
+      ("not a data directory",)),
+    R("usr_share", "exl3", edit(set_key("ENGRAM_PACKED_DIR", "/usr/share/engram")), "ENGRAM_PACKED_DIR"),
+    R("run_user", "exl3", edit(set_key("ENGRAM_PACKED_DIR", "/run/user/1000/e")), "ENGRAM_PACKED_DIR"),
+    R("snap_dir", "lab", edit(set_key("CACHE_DIR", "/snap/c")), "CACHE_DIR"),
+    R("boot_efi", "dspark", edit(set_key("WEIGHTS_DIR", "/boot/efi")), "WEIGHTS_DIR", ("boot",)),
+    R("lib_modules", "exl3", edit(set_key("WEIGHTS_DIR", "/lib/modules/m")), "WEIGHTS_DIR", ("libraries",)),
+    R("cgroup_fs", "lab", edit(set_key("CACHE_DIR", "/sys/fs/cgroup")), "CACHE_DIR"),
+    R("proc_root", "exl3", edit(set_key("CACHE_DIR", "/proc/1/root")), "CACHE_DIR"),
+    R("recipe_dir_abs_ssh", "exl3", edit(set_key("RECIPE_DIR", "/home/spark/.ssh/r")), "RECIPE_DIR"),
+    # --- overlap rules on resolved paths: ~/x and /home/spark/x are one directory
+    R("abs_cache_equals_weights", "exl3", edit(set_key("CACHE_DIR", "/home/spark/.cache/dsv41-flash-exl3/model")),
+      "CACHE_DIR", ("equals WEIGHTS_DIR", "/home/spark/.cache/dsv41-flash-exl3/model")),
+    R("abs_cache_double_slash_equals", "exl3",
+      edit(set_key("CACHE_DIR", "//home/spark/.cache/dsv41-flash-exl3/model/")), "CACHE_DIR", ("equals",)),
+    R("abs_cache_holds_weights", "exl3", edit(set_key("CACHE_DIR", "/home/spark/.cache/dsv41-flash-exl3")),
+      "WEIGHTS_DIR", ("read-write",)),
+    R("abs_cache_inside_weights", "exl3",
+      edit(set_key("CACHE_DIR", "/home/spark/.cache/dsv41-flash-exl3/model/jit")), "CACHE_DIR", ("verified",)),
+    R("abs_packed_inside_source", "exl3",
+      edit(set_key("ENGRAM_PACKED_DIR", "/home/spark/.cache/dsv41-flash-exl3/engram-src/packed")),
+      "ENGRAM_PACKED_DIR", ("inside ENGRAM_SRC_DIR",)),
+    R("abs_packed_equals_source", "exl3",
+      edit(set_key("ENGRAM_PACKED_DIR", "/home/spark/.cache/dsv41-flash-exl3/engram-src")), "ENGRAM_PACKED_DIR",
+      ("equals ENGRAM_SRC_DIR",)),
+    R("abs_source_inside_packed", "exl3", edit(set_key("ENGRAM_SRC_DIR", "/home/spark/dsv41-engram/src")),
+      "ENGRAM_SRC_DIR", ("inside ENGRAM_PACKED_DIR",)),
+    R("abs_weights_equals_packed", "exl3", edit(set_key("WEIGHTS_DIR", "/home/spark/dsv41-engram")),
+      "ENGRAM_PACKED_DIR", ("equals WEIGHTS_DIR",)),
+    R("abs_recipe_inside_weights", "exl3",
+      edit(set_key("RECIPE_DIR", "/home/spark/.cache/dsv41-flash-exl3/model/r")), "RECIPE_DIR", ("rsync --delete",)),
+    R("abs_weights_holds_recipe", "exl3", edit(set_key("WEIGHTS_DIR", "/home/spark/recipes")), "RECIPE_DIR",
+      ("rsync --delete",)),
+    R("abs_hub_inside_cache_dspark", "dspark",
+      edit(set_key("WEIGHTS_DIR", "/home/spark/.cache/huggingface/vllm-cache/hub")), "WEIGHTS_DIR", ("read-write",)),
+    R("abs_cache_equals_hub_dspark", "dspark", edit(set_key("CACHE_DIR", "/home/spark/.cache/huggingface")),
+      "CACHE_DIR", ("equals WEIGHTS_DIR",)),
+    R("abs_worker_weights_equals_cache", "exl3",
+      edit(set_key("WORKER_WEIGHTS_DIR", "/home/spark/.cache/vllm-dsv41-flash-exl3")), "CACHE_DIR",
+      ("on the worker",)),
+    R("known_user_abs_equals", "exl3", edit(set_key("HEAD_SSH", "spark@10.9.0.1"), set_key("WORKER_SSH",
+      "spark@10.9.0.2"), set_key("CACHE_DIR", "/home/spark/.cache/dsv41-flash-exl3/model")), "CACHE_DIR",
+      ("equals WEIGHTS_DIR",)),
+    # --- EXTRA_ARGS: path flags normalised and confined
+    R("media_dotdot_slash", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path=/model/../")),
+      "EXTRA_ARGS", ("'..'",)),
+    R("media_dotdot", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path /model/..")), "EXTRA_ARGS",
+      ("'..'",)),
+    R("media_dotdot_etc", "lab", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path /mnt/nvme/models/tiny/../../..")),
+      "EXTRA_ARGS", ("'..'",)),
+    R("media_dot_dotdot", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path=/model/./../")),
+      "EXTRA_ARGS"),
+    R("media_inner_dotdot", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path=/model/x/../../etc")),
+      "EXTRA_ARGS"),
+    R("media_double_slash_dotdot", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path //model/..")),
+      "EXTRA_ARGS"),
+    R("media_sibling_prefix", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path /model-evil")),
+      "EXTRA_ARGS", ("outside MODEL_DIR",)),
+    R("media_parent_prefix", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path /mode")), "EXTRA_ARGS",
+      ("outside",)),
+    R("media_double_slash_root", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path //")),
+      "EXTRA_ARGS"),
+    R("media_with_repo_model", "dspark", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path /root/.cache")),
+      "EXTRA_ARGS", ("outside",)),
+    R("media_abbreviated_dotdot", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media=/model/..")),
+      "EXTRA_ARGS"),
+    R("download_dir_dotdot", "exl3", edit(set_key("EXTRA_ARGS", "--download-dir /model/../../root")), "EXTRA_ARGS",
+      ("'..'",)),
+    R("fp8_scale_save_dotdot", "exl3", edit(set_key("EXTRA_ARGS", "--mm-encoder-fp8-scale-save-path=/model/../x")),
+      "EXTRA_ARGS"),
+    # --- EXTRA_ARGS: flags that send data out or listen beyond the API
+    R("kv_events_star", "exl3", edit(set_key("EXTRA_ARGS", "--kv-events-config "
+      "'{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\"}'")), "EXTRA_ARGS",
+      ("--kv-events-config", "ALLOW_EGRESS_FLAGS=1", "every address")),
+    R("kv_events_default_endpoint", "exl3", edit(set_key("EXTRA_ARGS", f"--kv-events-config {KV_EVENTS}")),
+      "EXTRA_ARGS", ("tcp://*:5557",)),
+    R("kv_events_abbreviated", "dspark", edit(set_key("EXTRA_ARGS", f"--kv-events {KV_EVENTS}")), "EXTRA_ARGS",
+      ("--kv-events",)),
+    R("kv_events_dotted", "exl3", edit(set_key("EXTRA_ARGS", "--kv-events-config.publisher=zmq")), "EXTRA_ARGS"),
+    R("kv_events_underscore", "lab", edit(set_key("EXTRA_ARGS", f"--kv_events_config {KV_EVENTS}")), "EXTRA_ARGS"),
+    R("kv_events_fabric_ip_without_opt_in", "exl3", edit(set_key("EXTRA_ARGS", "--kv-events-config "
+      "'{\"publisher\":\"zmq\",\"endpoint\":\"tcp://10.0.0.1:5557\"}'")), "EXTRA_ARGS", ("ALLOW_EGRESS_FLAGS",)),
+    R("otlp_endpoint", "exl3", edit(set_key("EXTRA_ARGS", "--otlp-traces-endpoint http://collector.example:4317")),
+      "EXTRA_ARGS", ("OpenTelemetry",)),
+    R("otlp_equals", "dspark", edit(set_key("EXTRA_ARGS", "--otlp-traces-endpoint=grpc://10.1.2.3:4317")),
+      "EXTRA_ARGS"),
+    R("otlp_abbreviated", "lab", edit(set_key("EXTRA_ARGS", "--otlp-traces http://c:4317")), "EXTRA_ARGS"),
+    R("otlp_detailed", "exl3", edit(set_key("EXTRA_ARGS", "--otlp-traces-endpoint http://c:4317 "
+                                            "--collect-detailed-traces all")), "EXTRA_ARGS"),
+    R("tool_server", "exl3", edit(set_key("EXTRA_ARGS", "--tool-server demo")), "EXTRA_ARGS", ("tool (MCP)",)),
+    R("tool_server_hosts", "dspark", edit(set_key("EXTRA_ARGS", "--tool-server 10.0.0.9:8000,mcp.example:443")),
+      "EXTRA_ARGS"),
+    R("kv_transfer", "exl3", edit(set_key("EXTRA_ARGS", "--kv-transfer-config "
+      "'{\"kv_connector\":\"P2pNcclConnector\",\"kv_role\":\"kv_producer\"}'")), "EXTRA_ARGS", ("KV connector",)),
+    R("ec_transfer", "dspark", edit(set_key("EXTRA_ARGS", "--ec-transfer-config '{\"ec_role\":\"ec_producer\"}'")),
+      "EXTRA_ARGS"),
+    R("weight_transfer", "exl3", edit(set_key("EXTRA_ARGS", "--weight-transfer-config '{}'")), "EXTRA_ARGS"),
+    R("grpc_port", "lab", edit(set_key("EXTRA_ARGS", "--grpc-port 50051")), "EXTRA_ARGS", ("gRPC",)),
+    R("dp_address_short", "exl3", edit(set_key("EXTRA_ARGS", "-dpa 10.0.0.1")), "EXTRA_ARGS"),
+    R("dp_rpc_port", "exl3", edit(set_key("EXTRA_ARGS", "--data-parallel-rpc-port 13345")), "EXTRA_ARGS"),
+    R("dp_supervisor_port", "dspark", edit(set_key("EXTRA_ARGS", "--data-parallel-supervisor-port=13400")),
+      "EXTRA_ARGS"),
+    R("wildcard_zero_in_config", "exl3", edit(set_key("EXTRA_ARGS", "--additional-config '{\"bind\":\"0.0.0.0:9000\"}'")),
+      "EXTRA_ARGS", ("every address",)),
+    R("wildcard_ipv6_in_config", "exl3", edit(set_key("EXTRA_ARGS", "--additional-config '{\"bind\":\"[::]:9000\"}'")),
+      "EXTRA_ARGS", ("every address",)),
+    R("wildcard_zmq_in_config", "lab", edit(set_key("EXTRA_ARGS", "--additional-config '{\"ep\":\"tcp://*:6000\"}'")),
+      "EXTRA_ARGS", ("every address",)),
+    R("egress_opt_in_unused", "exl3", edit(set_key("ALLOW_EGRESS_FLAGS", "1")), "ALLOW_EGRESS_FLAGS",
+      ("ALLOW_EGRESS_FLAGS=0",)),
+    R("egress_opt_in_unused_lab", "lab", edit(set_key("ALLOW_EGRESS_FLAGS", "1"), set_key("EXTRA_ARGS", "--seed 3")),
+      "ALLOW_EGRESS_FLAGS"),
+    # --- EXTRA_ARGS: code loaded into the server
+    R("logits_processors", "exl3", edit(set_key("EXTRA_ARGS", "--logits-processors evil.mod:Proc")), "EXTRA_ARGS",
+      ("imports",)),
+    R("log_config_file", "dspark", edit(set_key("EXTRA_ARGS", "--log-config-file /model/logging.json")),
+      "EXTRA_ARGS", ("logging config",)),
+    R("log_outputs", "lab", edit(set_key("EXTRA_ARGS", "--enable-log-outputs")), "EXTRA_ARGS", ("answer",)),
+    R("request_chat_template", "exl3", edit(set_key("EXTRA_ARGS", "--trust-request-chat-template")), "EXTRA_ARGS",
+      ("chat template",)),
+    # --- EXTRA_ARGS: shell metacharacters
+    R("meta_semicolon", "exl3", edit(set_key("EXTRA_ARGS", "'--seed 1; curl x | sh'")), "EXTRA_ARGS",
+      ("metacharacters", "';'")),
+    R("meta_substitution", "lab", edit(set_key("EXTRA_ARGS", "'--seed $(id -u)'")), "EXTRA_ARGS", ("'$'",)),
+    R("meta_backticks", "exl3", edit(set_key("EXTRA_ARGS", "'--seed `id -u`'")), "EXTRA_ARGS", ("'`'",)),
+    R("meta_pipe", "dspark", edit(set_key("EXTRA_ARGS", "'--seed 1|tee /tmp/x'")), "EXTRA_ARGS", ("'|'",)),
+    R("meta_background", "exl3", edit(set_key("EXTRA_ARGS", "'--seed 1&'")), "EXTRA_ARGS", ("'&'",)),
+    R("meta_redirect", "lab", edit(set_key("EXTRA_ARGS", "'--seed 1>/etc/x'")), "EXTRA_ARGS", ("'>'",)),
+    R("meta_input", "exl3", edit(set_key("EXTRA_ARGS", "'--seed <1'")), "EXTRA_ARGS", ("'<'",)),
+    R("meta_variable_in_json", "exl3", edit(set_key("EXTRA_ARGS", "--additional-config '{\"x\":\"${HOME}\"}'")),
+      "EXTRA_ARGS", ("'$'",)),
+    R("meta_history", "dspark", edit(set_key("EXTRA_ARGS", "'--seed !!'")), "EXTRA_ARGS", ("'!'",)),
+    R("meta_parens", "exl3", edit(set_key("EXTRA_ARGS", "'--seed (1)'")), "EXTRA_ARGS", ("'('",)),
+    # --- SSH_CONFIG is code on this machine
+    R("ssh_proxycommand", "exl3", ssh_config(PROXY), "SSH_CONFIG", ("ProxyCommand", "config:2",
+                                                                  "ALLOW_SSH_CONFIG_COMMANDS=1")),
+    R("ssh_proxycommand_equals", "dspark", ssh_config("Host spark1\n  proxycommand=nc %h %p\n"), "SSH_CONFIG",
+      ("proxycommand",)),
+    R("ssh_proxycommand_tab", "lab", ssh_config("Host *\n\tProxyCommand\tsh -c 'id'\n"), "SSH_CONFIG",
+      ("ProxyCommand",)),
+    R("ssh_match_exec", "exl3", ssh_config("Match host spark1 exec \"touch /tmp/pwned\"\n  User spark\n"),
+      "SSH_CONFIG", ("Match", "exec")),
+    R("ssh_match_not_exec", "exl3", ssh_config("Match !exec \"true\"\n  User spark\n"), "SSH_CONFIG", ("exec",)),
+    R("ssh_match_exec_upper", "lab", ssh_config("MATCH EXEC \"id\"\n"), "SSH_CONFIG", ("EXEC",)),
+    R("ssh_local_command", "exl3", ssh_config("Host *\n  PermitLocalCommand yes\n  LocalCommand id\n"),
+      "SSH_CONFIG", ("LocalCommand", "PermitLocalCommand")),
+    R("ssh_permit_local_command", "dspark", ssh_config("Host *\n  PermitLocalCommand yes\n"), "SSH_CONFIG",
+      ("PermitLocalCommand",)),
+    R("ssh_known_hosts_command", "exl3", ssh_config("Host *\n  KnownHostsCommand /bin/sh -c id\n"), "SSH_CONFIG",
+      ("KnownHostsCommand",)),
+    R("ssh_pkcs11_provider", "exl3", ssh_config("Host *\n  PKCS11Provider /tmp/evil.so\n"), "SSH_CONFIG",
+      ("PKCS11Provider",)),
+    R("ssh_security_key_provider", "lab", ssh_config("Host *\n  SecurityKeyProvider /tmp/evil.so\n"), "SSH_CONFIG",
+      ("SecurityKeyProvider",)),
+    R("ssh_include_absolute", "exl3", ssh_config("Include @DIR@/extra.conf\n", {"extra.conf": PROXY}), "SSH_CONFIG",
+      ("extra.conf:2",)),
+    R("ssh_include_glob", "exl3", ssh_config("Include @DIR@/conf.d/*.conf\n",
+                                             {"conf.d/a.conf": "Host a\n  User x\n", "conf.d/b.conf": PROXY}),
+      "SSH_CONFIG", ("b.conf:2",)),
+    R("ssh_include_nested", "dspark", ssh_config("Include @DIR@/one.conf\n", {"one.conf": "Include @DIR@/two.conf\n",
+                                                                             "two.conf": "Match exec \"id\"\n"}),
+      "SSH_CONFIG", ("two.conf:1",)),
+    R("ssh_include_relative", "exl3", ssh_config("Include rel.conf\n", {"rel.conf": PROXY}), "SSH_CONFIG",
+      ("rel.conf:2",)),
+    R("ssh_include_quoted", "lab", ssh_config("Include \"@DIR@/q.conf\"\n", {"q.conf": PROXY}), "SSH_CONFIG",
+      ("q.conf",)),
+    R("ssh_opt_in_unused", "exl3", ssh_config("Host spark1\n  User spark\n", None,
+                                             set_key("ALLOW_SSH_CONFIG_COMMANDS", "1")),
+      "ALLOW_SSH_CONFIG_COMMANDS", ("runs no command",)),
+    R("ssh_opt_in_without_config", "dspark", edit(set_key("ALLOW_SSH_CONFIG_COMMANDS", "1")),
+      "ALLOW_SSH_CONFIG_COMMANDS", ("SSH_CONFIG is empty",)),
+    # --- ports the nodes already serve; a direct cable across two subnets
+    R("port_sshd", "exl3", edit(set_key("PORT", "22")), "PORT", ("sshd",)),
+    R("port_sshd_lab", "lab", edit(set_key("PORT", "22")), "PORT", ("sshd",)),
+    R("master_port_sshd", "dspark", edit(set_key("MASTER_PORT", "22")), "MASTER_PORT", ("sshd",)),
+    R("port_nfs", "exl3", edit(set_key("PORT", "2049")), "PORT", ("NFS",)),
+    R("master_port_rpcbind", "exl3", edit(set_key("MASTER_PORT", "111")), "MASTER_PORT", ("rpcbind",)),
+    R("port_custom_sshd", "exl3", edit(set_key("HEAD_SSH", "spark@10.9.0.1:2222"), set_key("PORT", "2222")),
+      "PORT", ("sshd of spark@10.9.0.1:2222",)),
+    R("cable_two_subnets", "exl3", edit(set_key("WORKER_IP", "10.0.1.2")), "WORKER_IP", ("different /24",)),
+    R("cable_two_subnets_lab", "lab", edit(set_key("WORKER_IP", "169.254.78.2")), "WORKER_IP", ("/24",)),
+    R("cable_two_subnets_head", "dspark", edit(set_key("HEAD_IP", "192.168.0.1")), "WORKER_IP",
+      ("HEAD_IP=192.168.0.1",)),
+    R("cable_far_apart", "exl3", edit(set_key("WORKER_IP", "172.16.0.2")), "WORKER_IP", ("HEAD_IP=10.0.0.1",)),
+    # --- safe spellings the rules must not refuse
+    A("ok_data_mount", "exl3", edit(set_key("WEIGHTS_DIR", "/mnt/nvme/models/dsv41")), ()),
+    A("ok_abs_home_subdir", "exl3", edit(set_key("WEIGHTS_DIR", "/home/spark/models/dsv41")), ()),
+    A("ok_data_root_subdir", "dspark", edit(set_key("CACHE_DIR", "/data/cache/vllm")), ()),
+    A("ok_srv_hub", "dspark", edit(set_key("WEIGHTS_DIR", "/srv/hf")), ()),
+    A("ok_trailing_slash", "exl3", edit(set_key("WEIGHTS_DIR", "~/models/dsv41/")), ()),
+    A("ok_tmp_cache", "lab", edit(set_key("CACHE_DIR", "/tmp/spark-cache")), ()),
+    A("ok_second_nvme", "exl3", edit(set_key("ENGRAM_PACKED_DIR", "/mnt/nvme2/engram")), ()),
+    A("ok_sibling_of_weights", "exl3", edit(set_key("CACHE_DIR", "~/.cache/dsv41-flash-exl3/jit")), ()),
+    A("ok_other_users_path_known_user", "exl3", edit(set_key("HEAD_SSH", "alice@10.9.0.1"),
+      set_key("WORKER_SSH", "alice@10.9.0.2"), set_key("CACHE_DIR", "/home/spark/.cache/dsv41-flash-exl3/model")), ()),
+    A("ok_media_inside_model", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path /model/media")),
+      ("EXTRA_ARGS",)),
+    A("ok_media_double_slash", "exl3", edit(set_key("EXTRA_ARGS", "--allowed-local-media-path=/model//media/")),
+      ("EXTRA_ARGS",)),
+    A("ok_otlp_opted_in", "exl3", edit(set_key("EXTRA_ARGS", "--otlp-traces-endpoint http://10.0.0.1:4317"),
+                                       set_key("ALLOW_EGRESS_FLAGS", "1")), ("EXTRA_ARGS", "ALLOW_EGRESS_FLAGS")),
+    A("ok_kv_events_opted_in", "dspark", edit(set_key("EXTRA_ARGS", f"--kv-events-config {KV_EVENTS}"),
+                                              set_key("ALLOW_EGRESS_FLAGS", "1")), ("ALLOW_EGRESS_FLAGS",)),
+    A("ok_seed", "exl3", edit(set_key("EXTRA_ARGS", "--seed 7")), ("EXTRA_ARGS",)),
+    A("ok_json_config", "exl3", edit(set_key("EXTRA_ARGS", "--compilation-config '{\"cudagraph_capture_sizes\":[1,2,4]}'")),
+      ("EXTRA_ARGS",)),
+    A("ok_fabric_address_in_config", "lab", edit(set_key("EXTRA_ARGS", "--additional-config '{\"x\":\"tcp://10.0.0.1:5\"}'")),
+      ("EXTRA_ARGS",)),
+    A("ok_disable_log_stats", "dspark", edit(set_key("EXTRA_ARGS", "--disable-log-stats")), ("EXTRA_ARGS",)),
+    A("ok_proxy_command_none", "exl3", ssh_config("Host *\n  ProxyCommand none\n"), ("SSH_CONFIG",)),
+    A("ok_permit_local_command_no", "exl3", ssh_config("Host *\n  PermitLocalCommand no\n"), ("SSH_CONFIG",)),
+    A("ok_proxy_jump", "dspark", ssh_config("Host spark*\n  ProxyJump bastion.example\n  User spark\n"),
+      ("SSH_CONFIG",)),
+    A("ok_commented_proxy", "exl3", ssh_config("Host *\n  # ProxyCommand nc %h %p\n  User spark\n"), ("SSH_CONFIG",)),
+    A("ok_proxy_opted_in", "exl3", ssh_config(PROXY, None, set_key("ALLOW_SSH_CONFIG_COMMANDS", "1")),
+      ("SSH_CONFIG", "ALLOW_SSH_CONFIG_COMMANDS")),
+    A("ok_include_loop", "lab", ssh_config("Include @DIR@/config\nHost x\n  User y\n"), ("SSH_CONFIG",)),
+    A("ok_config_not_there_yet", "exl3", edit(set_key("SSH_CONFIG", "/nonexistent/spark-runbook/ssh_config")),
+      ("SSH_CONFIG",)),
+    A("ok_ssh_key_listed", "exl3", edit(set_key("SSH_KEY", "~/.ssh/id_spark")), ("SSH_KEY",)),
+    A("ok_known_hosts_listed", "dspark", edit(set_key("KNOWN_HOSTS", "~/.ssh/known_hosts_sparks")), ("KNOWN_HOSTS",)),
+    A("ok_model_repo_listed", "exl3", edit(set_key("HF_MODEL_REPO", "someone/DeepSeek-V4.1-Flash-EXL3"),
+                                           set_key("HF_REVISION", "1" * 40)), ("HF_MODEL_REPO", "HF_REVISION")),
+    A("ok_port_nfs_without_nfs", "dspark", edit(set_key("PORT", "2049")), ()),
+    A("ok_cable_one_subnet", "exl3", edit(set_key("WORKER_IP", "10.0.0.254")), ()),
+]
+
+
+REJECTED = [c for c in CORPUS + CORPUS_2 if c.verdict == "reject"]
+ACCEPTED = [c for c in CORPUS_2 if c.verdict == "accept"]
+
+
 def test_corpus_is_large_and_names_are_unique():
-    assert len(CORPUS) >= 150
-    assert len({c.name for c in CORPUS}) == len(CORPUS)
-    assert {c.base for c in CORPUS} == set(BASES)
+    assert len(CORPUS) >= 150 and len(CORPUS_2) >= 120
+    every = CORPUS + CORPUS_2
+    assert len({c.name for c in every}) == len(every)
+    assert {c.base for c in CORPUS} == set(BASES) == {c.base for c in CORPUS_2}
+    assert {c.verdict for c in every} == {"reject", "accept"} and ACCEPTED
 
 
 # ----------------------------------------------------------------------------- no network, no processes
@@ -470,7 +790,7 @@ def _key_lines(path: Path, key: str) -> set[int]:
             if re.match(rf"\s*(export\s+)?\ufeff?{re.escape(key)}\s*[=:]", line.lstrip("\ufeff"))}
 
 
-@pytest.mark.parametrize("case", CORPUS, ids=[c.name for c in CORPUS])
+@pytest.mark.parametrize("case", REJECTED, ids=[c.name for c in REJECTED])
 def test_hostile_profile_rejected_with_key_and_fix(tmp_path, case):
     path = case.make(tmp_path, BASES[case.base])
     old = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("load_profile blocked"))
@@ -499,6 +819,66 @@ def test_hostile_profile_rejected_with_key_and_fix(tmp_path, case):
         assert word in issue.message + " " + issue.fix, f"{word!r} not in {issue}"
     if case.secret:
         assert case.secret not in text and case.secret not in repr(issues)
+
+
+@pytest.mark.parametrize("case", ACCEPTED, ids=[c.name for c in ACCEPTED])
+def test_safe_spelling_accepted_and_reviewed(tmp_path, case):
+    path = case.make(tmp_path, BASES[case.base])
+    with nothing_leaves_the_process():
+        profile = load_profile(path, environ={})
+    listed = {k for k, _, _ in executing_keys_changed(profile)}
+    assert set(case.mentions) <= listed, listed
+
+
+def test_the_labs_own_ssh_config_is_accepted(tmp_path):
+    """The ssh_config ``lab up`` writes (runbook/lab/netlab/files.py), and the nodes' own, run no command."""
+    lab_dir = tmp_path / "lab"
+    lab_dir.mkdir()
+    write_files(lab_dir, lab_node_specs(3))
+    configs = [lab_dir / "ssh_config", *sorted(lab_dir.glob("nodes/*/etc/ssh_config"))]
+    assert len(configs) == 4 and all("Host " in c.read_text() for c in configs)
+    for config in configs:
+        with nothing_leaves_the_process():
+            load_profile(BASES["lab"], {"SSH_CONFIG": str(config)}, environ={})
+
+
+def test_a_rehearsal_keeps_the_ssh_opt_in_of_a_recipe_profile(tmp_path):
+    """`run --rehearse` swaps SSH_CONFIG for the lab's (no command in it): the recipe's opt-in is not 'unused'."""
+    path = ssh_config(PROXY, None, set_key("ALLOW_SSH_CONFIG_COMMANDS", "1"))(tmp_path, BASES["exl3"])
+    with nothing_leaves_the_process():
+        profile, merged, _ = load_rehearsal(path)
+    assert profile.allow_ssh_config_commands and profile.rehearsal and merged["SSH_CONFIG"] != str(tmp_path / "ssh")
+
+
+def test_validate_review_lists_the_ssh_files_and_opt_ins(tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text(PROXY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}
+    r = subprocess.run([sys.executable, "-m", "runbook", "validate", "--profile", str(BASES["exl3"]),
+                        "-p", f"SSH_CONFIG={config}", "-p", "ALLOW_SSH_CONFIG_COMMANDS=1", "-p", "SSH_KEY=~/.ssh/k",
+                        "-p", "KNOWN_HOSTS=~/.ssh/kh", "-p", "EXTRA_ARGS=--tool-server demo",
+                        "-p", "ALLOW_EGRESS_FLAGS=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for line in (f"SSH_CONFIG={config}", "ALLOW_SSH_CONFIG_COMMANDS=1   (shipped: 0)", "SSH_KEY=~/.ssh/k",
+                 "KNOWN_HOSTS=~/.ssh/kh", "EXTRA_ARGS=--tool-server demo", "ALLOW_EGRESS_FLAGS=1   (shipped: 0)"):
+        assert f"  {line}" in r.stderr, r.stderr
+
+
+def test_egress_flags_are_vllm_options():
+    options = {o for opts in _vllm()["options"].values() for o in opts}
+    spellings = [f for m in (*EGRESS_FLAGS, *REACH_FLAGS) for f in m.flags]
+    assert spellings and [f for f in spellings if f not in options] == []
+
+
+def test_exact_vllm_options_that_prefix_an_egress_or_reach_flag_are_not_abbreviations():
+    """vLLM's own --grpc, -dp (--data-parallel-size) and --reasoning-parser are exact options that prefix
+    --grpc-port, -dpa/-dpp and --reasoning-parser-plugin: argparse takes the exact match."""
+    options = {o for opts in _vllm()["options"].values() for o in opts}
+    table = (*EGRESS_FLAGS, *REACH_FLAGS)
+    spellings = {f for m in table for f in m.flags}
+    prefixes = sorted(o for o in options - spellings for f in spellings if f != o and f.startswith(o))
+    assert prefixes, "no vLLM option prefixes an egress or reach flag any more: nothing to check"
+    assert {o: managed_flags_in([o, "1"], table) for o in prefixes} == {o: [] for o in prefixes}
 
 
 # ----------------------------------------------------------------------------- shipped profiles
@@ -530,12 +910,14 @@ def _validate_cli(path: Path, *, prefix: tuple[str, ...] = ()) -> subprocess.Com
 
 CLI_CASES = ["extra_tp", "revision_branch", "kv_dtype_unknown", "crlf_exl3", "directory", "api_key_flag",
              "weights_dir_home_dotdot", "hf_endpoint_userinfo", "bidi_rlo_in_extra_args", "api_host_not_the_head",
-             "extra_tool_parser_plugin", "image_moving_tag", "cache_equals_weights"]
+             "extra_tool_parser_plugin", "image_moving_tag", "cache_equals_weights",
+             "abs_weights_home", "abs_cache_equals_weights", "media_dotdot_slash", "kv_events_star", "ssh_match_exec",
+             "port_sshd", "cable_two_subnets"]
 
 
 @pytest.mark.parametrize("name", CLI_CASES)
 def test_cli_validate_rejects_with_exit_2_and_the_key(tmp_path, name):
-    case = next(c for c in CORPUS if c.name == name)
+    case = next(c for c in REJECTED if c.name == name)
     r = _validate_cli(case.make(tmp_path, BASES[case.base]))
     assert r.returncode == 2, r.stderr
     assert f": {case.key}: " in r.stderr and "(fix: " in r.stderr and r.stdout == ""
