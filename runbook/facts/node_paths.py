@@ -6,6 +6,9 @@ not exist there"). Quoting such a path for the shell (``shlex.quote``) would han
 literal ``~`` and create ``$HOME/~/…``; rendering ``"$HOME"`` into a command goes wrong under
 ``sudo`` (HOME may become root's). So each node is asked once, read-only, for its ``$HOME``, uid and
 user name (:data:`USER_CMD`), and every path the weights step puts in a command is absolute.
+
+Where a command is built before the node's home is known (a read-only probe), :func:`shell_path` is the one
+way to put a node path into it: a leading ``~`` becomes ``"$HOME"``, which the node's own shell expands.
 """
 from __future__ import annotations
 
@@ -77,6 +80,28 @@ def on_node(node, path: str, *, key: str = "path") -> str:
     if not path.startswith("~"):
         return expand_home(path, "/", key=key)
     return expand_home(path, node_user(node).home, key=key)
+
+
+def shell_path(path: str) -> str:
+    """``path`` as one shell word the node's shell expands: ``~`` / ``~/rest`` -> ``"$HOME"`` / ``"$HOME"/'rest'``,
+    anything else quoted. The one place a node path reaches a shell unexpanded (``shlex.quote('~/x')`` hands the
+    shell a literal ``~``: preflight's disk rows walked ``'~/.cache/…'`` up to ``.`` and measured the wrong
+    filesystem). ``~user/…`` is refused like :func:`expand_home` does (another user's home).
+
+    >>> print(shell_path("~/.cache/my dir"))
+    "$HOME"/'.cache/my dir'
+    >>> shell_path("/mnt/nvme/x")
+    '/mnt/nvme/x'
+    """
+    path = str(path)
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        rest = path[2:]
+        return '"$HOME"/' + shlex.quote(rest) if rest else '"$HOME"/'
+    if path.startswith("~"):
+        expand_home(path, "/")                   # raises: another user's home
+    return shlex.quote(path)
 
 
 def vllm_python(profile) -> str | None:
