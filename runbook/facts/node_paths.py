@@ -118,3 +118,74 @@ def vllm_python(profile) -> str | None:
     if first.endswith("/vllm"):
         return first[: -len("vllm")] + "python"
     return None
+
+
+# -- who else may reach a path: an NFS export read by a squashed root -----------------------------------------
+
+def reach_cmd(path: str) -> str:
+    """Read-only: the shell's umask, then each component from ``path`` (absolute) up to ``/`` -- ``have <mode>
+    <owner> <path>`` (``stat -L``: a symlinked component counts as what it points to) or ``missing <path>`` --
+    then the first file or directory under ``path`` that others cannot read (``closed <path>``)."""
+    q = shlex.quote(posixpath.normpath(path))
+    return (f"umask; p={q}; while :; do if [ -e \"$p\" ]; then stat -L -c 'have %a %U %n' -- \"$p\"; "
+            f"else printf 'missing %s\\n' \"$p\"; fi; [ \"$p\" = / ] && break; p=$(dirname -- \"$p\"); done; "
+            f"[ -d {q} ] && find {q} -xdev \\( \\( -type f ! -perm -o=r \\) -o \\( -type d ! -perm -o=rx \\) \\) "
+            f"-printf 'closed %p\\n' -quit 2>/dev/null; true")
+
+
+@dataclass(frozen=True)
+class Reach:
+    path: str
+    umask: int | None                       # None: not read
+    have: tuple[tuple[str, int, str], ...]  # (path, mode, owner) of each existing component, the path first
+    missing: tuple[str, ...]                # components the path still lacks (made later with this umask)
+    closed: str = ""                        # a file or directory under the path that others cannot read
+
+    def blocking(self, user: str = "") -> list[tuple[str, str]]:
+        """Why a reader who is only "other" (root squashed to nobody by an NFS export) cannot read the tree, each
+        with the command that opens it (``sudo`` where ``user``, the SSH user, does not own the component):
+        a component without o+x, the path itself without o+rx, content others cannot read, a umask that would
+        make the missing components (or the download's files) closed. [] when nothing blocks."""
+        out = []
+        for p, mode, owner in self.have:
+            own = p == self.path
+            need = 0o005 if own else 0o001
+            if mode & need != need:
+                sudo = "" if owner == user else "sudo "
+                out.append((f"{p} is {mode:o} ({owner}): others cannot {'list and enter' if own else 'enter'} it",
+                            f"{sudo}chmod o+{'rx' if own else 'x'} {shlex.quote(p)}"))
+        if self.closed:
+            out.append((f"{self.closed} cannot be read by others", f"chmod -R o+rX {shlex.quote(self.path)}"))
+        if self.umask is not None and self.umask & 0o005:
+            made = "the missing " + ", ".join(self.missing) if self.missing else "new files under it"
+            out.append((f"umask {self.umask:04o} makes {made} unreadable to others",
+                        f"umask 022 for the SSH user (e.g. in ~/.profile), or chmod -R o+rX {shlex.quote(self.path)} "
+                        "after the download"))
+        return out
+
+
+def parse_reach(path: str, text: str) -> Reach | None:
+    """:func:`reach_cmd` output -> Reach, or None when it is not that output (no umask line, no component)::
+
+        0022
+        missing /home/spark/.cache/dsv41-flash-exl3/model
+        have 755 spark /home/spark/.cache
+        have 750 spark /home/spark
+        have 755 root /home
+        have 755 root /
+    """
+    umask, have, missing, closed = None, [], [], ""
+    for line in (text or "").splitlines():
+        if re.fullmatch(r"0?[0-7]{3,4}", line.strip()) and umask is None:
+            umask = int(line.strip(), 8)
+        elif line.startswith("have "):
+            parts = line.split(" ", 3)
+            if len(parts) == 4 and re.fullmatch(r"[0-7]{3,4}", parts[1]):
+                have.append((parts[3], int(parts[1], 8), parts[2]))
+        elif line.startswith("missing "):
+            missing.append(line[len("missing "):])
+        elif line.startswith("closed ") and not closed:
+            closed = line[len("closed "):]
+    if umask is None or not (have or missing):
+        return None
+    return Reach(posixpath.normpath(path), umask, tuple(have), tuple(missing), closed)
