@@ -11,13 +11,13 @@ script imports must be in its file set: ``pack.py`` needs ``pack_partial.py``, `
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import engram_tools
 from ..facts.node_paths import on_node
+from ..facts import node_paths
 from ..remote import private_dir_command
 
 HERE = Path(engram_tools.__file__).resolve().parent      # the scripts shipped to the nodes
@@ -32,15 +32,7 @@ def tool_paths(files: Iterable[str] = TOOL_FILES) -> list[Path]:
     return [HERE / name for name in files]
 
 
-def shell_path(path: str) -> str:
-    """Quote a node path for a remote shell, keeping a leading ``~/`` expandable
-    (``shlex.quote('~/x')`` would hand the shell a literal ``~``)."""
-    path = str(path)
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
+shell_path = node_paths.shell_path      # the one quoting of a node path (step 03's modules take it from here)
 
 
 def node_tools_dir(tools_dir: str, name: str) -> str:

@@ -1,12 +1,16 @@
-"""Collective facts: nccl-tests output, NCCL INIT/NET log lines, and the gloo all-reduce sweep
-JSON printed by ``runbook/facts/allreduce_sweep.py``. Parsers are pure."""
+"""Collective facts: the NCCL environment every rank gets (:func:`nccl_env`, the serving ranks' and step 01's
+nccl-tests' alike), nccl-tests output, NCCL INIT/NET log lines, and the gloo all-reduce sweep JSON printed by
+``runbook/facts/allreduce_sweep.py``. Parsers are pure."""
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
+
+from ..profile import rank_gid_index
 
 # --------------------------------------------------------------------------- mpirun --tag-output
 
@@ -60,6 +64,58 @@ def split_mpirun_output(text: str) -> MpirunOutput:
         if rest:
             emit(key, rest)
     return out
+
+
+# --------------------------------------------------------------------------- the ranks' NCCL environment
+
+# seed A nccl_common (start.sh @ 503b482, seeds-repos.md §A.4): its NCCL part, values as start.sh exports them
+# ("shrink NCCL pinned buffers on UMA (4.7 GiB -> ~0.14 GiB)")
+SEED_A_NCCL: dict[str, str] = {
+    "NCCL_IB_DISABLE": "0", "NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_NET": "IB", "NCCL_NET_PLUGIN": "none",
+    "NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0", "NCCL_IB_MERGE_NICS": "0", "NCCL_CROSS_NIC": "0",
+    "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN", "NCCL_BUFFSIZE": "1048576",
+    "NCCL_LL128_BUFFSIZE": "262144", "NCCL_PROTO": "^LL128", "NCCL_MAX_NCHANNELS": "8",
+}
+# seed B docker-compose.dspark.yml environment @ 01eed1e (seeds-repos.md §B.3): its NCCL part
+SEED_B_NCCL: dict[str, str] = {
+    "NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ROCE_VERSION_NUM": "2",
+    "NCCL_CROSS_NIC": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN",
+    "NCCL_NVLS_ENABLE": "0",
+}
+RECIPE_NCCL: dict[str, dict[str, str]] = {"exl3-v41": SEED_A_NCCL, "dspark-v4": SEED_B_NCCL}
+# more than two nodes (seed B TP3, docs/TP3.md; seeds-repos.md §B.11): every pair of nodes has its own cable on its
+# own /24, so a node's HCAs sit on different subnets. NCCL must not merge the ports and must pair GIDs per /24
+# (the default /16 would take 10.0.22 and 10.0.23 for one subnet).
+MESH_NCCL: dict[str, str] = {
+    "NCCL_IB_MERGE_NICS": "0", "NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_SUBNET_PREFIX_LEN": "24",
+}
+# what step 01's nccl-tests add over the ranks' environment: the INFO log it reads the transport and HCAs from
+NCCL_TESTS_DIAG: dict[str, str] = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+
+def nccl_env(profile, spec, gid_index: int | None = None) -> dict[str, str]:
+    """The NCCL environment of the rank on node ``spec`` (a ``NodeSpec``): the recipe's NCCL settings, the mesh
+    routing when the profile has more than two nodes, and this node's own values -- ``NCCL_SOCKET_IFNAME``
+    (BOOTSTRAP_IF when set, else its fabric netdev), ``NCCL_IB_HCA`` (its ``<NODE>_CX7_IB``, with EXPECT_RDMA) and
+    ``NCCL_IB_GID_INDEX`` (:func:`runbook.profile.rank_gid_index`: pinned, or ``gid_index`` resolved by step 01,
+    unset under seed B's auto). The one source of both the serving ranks' NCCL variables (launch render) and step
+    01's nccl-tests line (``network/collectives.py``): what 01 proves is what the ranks run."""
+    p = profile
+    env = dict(RECIPE_NCCL.get(p.recipe, {}))
+    if p.recipe in RECIPE_NCCL and len(p.nodes) > 2:
+        env.update(MESH_NCCL)
+    env["NCCL_SOCKET_IFNAME"] = spec.socket_if
+    if p.expect_rdma and spec.ib_devs:
+        env["NCCL_IB_HCA"] = ",".join(spec.ib_devs)
+        gid = rank_gid_index(p, spec.gid, gid_index)
+        if gid is not None:
+            env["NCCL_IB_GID_INDEX"] = str(gid)
+    return env
+
+
+def nccl_envs(profile, gid_indexes: Mapping[str, int | None] | None = None) -> dict[str, dict[str, str]]:
+    """:func:`nccl_env` of every node, in rank order (``gid_indexes``: node name -> the index step 01 resolved)."""
+    return {spec.name: nccl_env(profile, spec, (gid_indexes or {}).get(spec.name)) for spec in profile.nodes}
 
 
 # --------------------------------------------------------------------------- nccl-tests

@@ -10,6 +10,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from .node_paths import shell_path
+
 OS_CMD = "cat /etc/os-release; echo '--'; uname -r; echo '--'; uname -m; echo '--'; hostname"
 
 
@@ -113,9 +115,9 @@ def parse_mem_sample(lines: list[str]) -> MemSample:
 
 
 def disk_free_cmd(path: str) -> str:
-    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent)."""
-    q = shlex.quote(path)
-    return (f"p={q}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
+    """Free bytes on the filesystem holding ``path`` (or its nearest existing parent). ``~/`` is expanded on the
+    node (:func:`shell_path`)."""
+    return (f"p={shell_path(path)}; while [ ! -e \"$p\" ] && [ \"$p\" != / ]; do p=$(dirname \"$p\"); done; "
             f"echo \"$p\"; df -B1 --output=avail,size,target \"$p\" | tail -n 1")
 
 
@@ -138,13 +140,6 @@ def parse_disk_free(text: str) -> DiskFree:
         raise ValueError(f"unexpected df output: {text!r}")
     avail, size, mount = lines[-1].split(None, 2)
     return DiskFree(lines[0].strip(), int(avail), int(size), mount.strip())
-
-
-def shell_path(path: str) -> str:
-    """``path`` as one shell word, with a leading ``~/`` expanded by the node's shell (``"$HOME"/...``)."""
-    if path == "~" or path.startswith("~/"):
-        return '"$HOME"' + (shlex.quote(path[1:]) if len(path) > 1 else "")
-    return shlex.quote(path)
 
 
 def disk_inodes_cmd(path: str) -> str:

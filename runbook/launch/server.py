@@ -57,6 +57,7 @@ __all__ = [
     "patch_warning_checks",
     "second_start_check",
     "start",
+    "writable_bind_sources",
 ]
 
 POLL_S = 4.0                   # the readiness poll; memory is sampled every memguard.MEM_POLL_S on its own thread
@@ -123,6 +124,29 @@ def _fail(result: StartResult, name: str, what: str, *, node: str = "", observed
         err.result = result          # the partial StartResult (timings, logs) for callers and tests
         raise err
     return result
+
+
+def writable_bind_sources(docker_argv: list[str]) -> list[str]:
+    """The host directories a ``docker run`` mounts writable (``-v SRC:DST`` without ``ro``), in order: the JIT
+    caches, seed B's HF cache and ``/tmp``. Step 04 creates them as the SSH user before the run. A read-only
+    source (weights, the checkout's files) is an input that must already exist, and a named volume is docker's."""
+    out: list[str] = []
+    for i, a in enumerate(docker_argv[:-1]):
+        if a != "-v":
+            continue
+        src, _, rest = docker_argv[i + 1].partition(":")
+        opts = rest.partition(":")[2].split(",")
+        if src.startswith("/") and "ro" not in opts and src not in out:
+            out.append(src)
+    return out
+
+
+def _make_bind_sources(node, rank) -> None:
+    """Create the rank's writable bind sources as the SSH user, as seed A's launch_cluster does before its
+    ``docker run``: dockerd creates a missing source as root, and a later run as the user (a JIT cache, seed B's
+    ``/tmp``) cannot write there."""
+    if sources := writable_bind_sources(rank.docker_argv):
+        node.run("mkdir -p -- " + quote(*sources), timeout=30)
 
 
 def _stop_cmd(profile) -> str:
@@ -217,6 +241,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
         _identity(cluster, profile, plan, result, ev)        # the reads are recorded; a difference does not stop it
         # recorded, not run: each rank's start command in start order (workers first), the key by name only
         for rank in sorted(plan.ranks, key=lambda r: -r.rank):
+            _make_bind_sources(cluster[rank.node], rank)
             cluster[rank.node].run(rank.start_command(),
                                    env={"VLLM_API_KEY": api_key or "***"} if rank.secret_env else None, timeout=120)
         result.checks.add(not_applicable("server started", "dry run: the rendered commands above were "
@@ -333,6 +358,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                    "log": rank.log_path, "base_url": result.base_url if rank.rank == 0 else ""}
             node.run(f"mkdir -p {quote(rank.state_dir)} && printf '%s\\n' {quote(json.dumps(rec))} "
                      f"> {quote(rank.record_path)}", timeout=30)
+            _make_bind_sources(node, rank)
             node.run(rank.start_command(), env=env if rank.secret_env else None, timeout=120)
             started.append(rank.node)
             if rank.rank == 0:

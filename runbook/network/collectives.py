@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from ..checks import check, not_applicable
 from ..facts import nccl as fn
-from ..profile import rank_gid_index
 from . import tools
 from ..facts.node_paths import vllm_python
 from .context import Verification, Rail, ReadFailure, iface_of, read, split_list, text_of
@@ -36,25 +35,41 @@ class NcclRank:
     worker enp1s0f0np0/rocep1s0f0 -- the head's values on the worker name an interface it does not have)."""
     node: str
     host: str                  # mpirun -H: the node's fabric address
-    socket_if: str             # NCCL_SOCKET_IFNAME (BOOTSTRAP_IF when set, else the node's fabric netdev)
-    hcas: list[str]            # NCCL_IB_HCA: the node's <NODE>_CX7_IB
-    gid_index: int | None      # NCCL_IB_GID_INDEX resolved/pinned for this node
+    env: dict[str, str]        # the rank's NCCL environment: facts.nccl.nccl_env, the serving rank's own
     tests_dir: str             # this node's nccl-tests build directory
+
+    @property
+    def socket_if(self) -> str:
+        return self.env.get("NCCL_SOCKET_IFNAME", "")
+
+    @property
+    def hcas(self) -> list[str]:
+        return split_list(self.env.get("NCCL_IB_HCA", ""))
+
+    @property
+    def gid_index(self) -> int | None:
+        gid = self.env.get("NCCL_IB_GID_INDEX")
+        return None if gid is None else int(gid)
+
+
+def nccl_rank(profile, spec, *, gid_index: int | None, tests_dir: str) -> NcclRank:
+    """The nccl-tests rank on node ``spec``, with the NCCL environment its serving rank gets
+    (:func:`runbook.facts.nccl.nccl_env`; ``gid_index``: the index step 01 resolved for the node)."""
+    return NcclRank(node=spec.name, host=str(spec.fabric_ip), env=fn.nccl_env(profile, spec, gid_index),
+                    tests_dir=tests_dir)
 
 
 def nccl_tests_cmd(ranks: list[NcclRank], *, mpi_include: list[str], test: str = "all_reduce_perf",
                    timeout_s: int = 180, as_root: bool = False) -> str:
-    """mpirun MPMD, one app context (rank) per node, each with its own NCCL env and binary path; OpenMPI's TCP
+    """mpirun MPMD, one app context (rank) per node, each with its own NCCL env (``-x`` per variable: the rank's
+    environment plus the INFO log the step reads, ``facts.nccl.NCCL_TESTS_DIAG``) and binary path; OpenMPI's TCP
     traffic restricted to ``mpi_include`` (the ranks' socket subnets, CIDR: valid on every node). ``--tag-output``:
     OpenMPI forwards each rank's output in chunks that can end mid-line, with another rank's chunk in between;
     the tag on every chunk lets the step put each rank's lines back together (``facts.nccl.split_mpirun_output``)."""
     apps = []
     for r in ranks:
-        env = ["NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET", f"NCCL_SOCKET_IFNAME={r.socket_if}",
-               f"NCCL_IB_HCA={','.join(r.hcas)}", "NCCL_IB_DISABLE=0"]
-        if r.gid_index is not None:
-            env.append(f"NCCL_IB_GID_INDEX={r.gid_index}")
-        xs = " ".join(f"-x {shlex.quote(e)}" for e in env) + " -x LD_LIBRARY_PATH"
+        env = {**r.env, **fn.NCCL_TESTS_DIAG}
+        xs = " ".join(f"-x {shlex.quote(f'{k}={v}')}" for k, v in env.items()) + " -x LD_LIBRARY_PATH"
         binary = shlex.quote(posixpath.join(r.tests_dir, test))
         apps.append(f"-np 1 -H {r.host}:1 {xs} {binary} -b 8M -e 128M -f 2 -g 1")
     include = shlex.quote(",".join(mpi_include))
@@ -65,16 +80,15 @@ def nccl_tests_cmd(ranks: list[NcclRank], *, mpi_include: list[str], test: str =
 
 
 def nccl_ranks(ctx: Verification, gid: GidPlan) -> tuple[list[NcclRank], list[str]]:
-    """Each node's rank and the subnets of the ranks' socket interfaces (for OpenMPI's if_include)."""
+    """Each node's rank (a loop over the nodes, however many) and the subnets of the ranks' socket interfaces
+    (for OpenMPI's if_include)."""
     ranks, nets = [], []
     for node in ctx.nodes:
-        sock = getattr(node.spec, "socket_if", "") or (split_list(node.spec.fabric_if) or [""])[0]
-        ranks.append(NcclRank(node=node.name, host=str(node.spec.fabric_ip), socket_if=sock,
-                              hcas=split_list(node.spec.ib_devs),
-                              # the index the rank itself gets (unset under seed B's auto): 01 proves what runs
-                              gid_index=rank_gid_index(ctx.profile, node.spec.gid, gid.per_node.get(node.name)),
-                              tests_dir=ctx.nccl_dirs.get(node.name) or "nccl-tests/build"))
-        nets += [str(n) for n in iface_of(ctx.facts[node.name], sock).ipv4_networks]
+        # the index the rank itself gets (unset under seed B's auto): 01 proves what runs
+        rank = nccl_rank(ctx.profile, node.spec, gid_index=gid.per_node.get(node.name),
+                         tests_dir=ctx.nccl_dirs.get(node.name) or "nccl-tests/build")
+        ranks.append(rank)
+        nets += [str(n) for n in iface_of(ctx.facts[node.name], rank.socket_if).ipv4_networks]
     return ranks, list(dict.fromkeys(nets)) or list(dict.fromkeys(r.socket_if for r in ranks))
 
 

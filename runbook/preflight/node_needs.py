@@ -1,5 +1,6 @@
 """What the later steps need on each node, checked before anything runs: the node's ``python3`` for the
-tools the runbook ships there, and (WEIGHT_SYNC=nfs) the kernel NFS packages and the exact sudo rules.
+tools the runbook ships there, and (WEIGHT_SYNC=nfs) the kernel NFS packages, the exact sudo rules and whether the
+squashed root the worker's container reads as can reach the exports.
 
 Step 02 ships its own standard-library tools (``weights_tools/node_download.py``, ``weights_tools/verify_manifest.py``)
 and runs them with the node's ``python3``: no package of the node's Python is used (stock DGX OS has no
@@ -13,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ..checks import Check, check, not_applicable
+from ..checks import Check, Status, check, not_applicable
 from ..errors import RunbookError
 from ..weights_tools.layout import weights_layout
-from ..facts.node_paths import node_user, on_node
-from ..weights_tools.nfs import render_nfs, sudo_check
+from ..facts.node_paths import node_user, on_node, parse_reach, reach_cmd
+from ..weights_tools.nfs import NFS_EXPORT_OPTS, render_nfs, sudo_check
 
 #: the shipped node tools use only the standard library of Python 3.8 or later
 MIN_PYTHON = (3, 8)
@@ -59,6 +60,61 @@ def nfs_packages_check(node, role: str) -> Check:
                  fix=f"on {node.name}: sudo apt-get install -y {' '.join(pkgs)}" if pkgs else "")
 
 
+def nfs_shares(profile, head, worker) -> list[tuple[str, str, str]]:
+    """(name, export dir on the head, mount point on the worker) of every directory step 02's kernel NFS mode
+    shares: the weights and, with ENGRAM=1, the Engram source (``~`` expanded on each node)."""
+    layout = weights_layout(profile)
+    worker_root = profile.worker_weights_dir or profile.weights_dir
+    shares = [("weights", layout.store(on_node(head, profile.weights_dir, key="WEIGHTS_DIR")),
+               layout.store(on_node(worker, worker_root, key="WORKER_WEIGHTS_DIR")))]
+    if profile.engram and profile.engram_src_dir:
+        shares.append(("engram", on_node(head, profile.engram_src_dir, key="ENGRAM_SRC_DIR"),
+                       on_node(worker, profile.engram_src_dir, key="ENGRAM_SRC_DIR")))
+    return shares
+
+
+REACH_ROW = "nfs export readable to a squashed root"
+
+
+def nfs_reach_check(profile, head, worker) -> Check:
+    """The export is ``root_squash`` (``weights_tools.nfs.NFS_EXPORT_OPTS``): the worker's container reads the
+    share as root, which the head's nfsd maps to nobody, an "other" to every file. So every directory from ``/``
+    down to each export needs o+x, the export and what it holds o+r (o+rx for directories), and the umask the
+    download runs with must keep it so. DGX OS / Ubuntu make homes 0750: a share under ``~`` then fails the
+    container's reads (EACCES) after the head's download. Read-only; before any download."""
+    expected = ("every directory from / to the export o+x, the export and its content readable by others "
+                "(root_squash: the worker's root reads as nobody)")
+    if "root_squash" not in NFS_EXPORT_OPTS.split(","):
+        return check(REACH_ROW, True, node=head.name, observed=f"export options {NFS_EXPORT_OPTS}: root is not squashed",
+                     expected=expected)
+    user = node_user(head).name
+    problems: list[tuple[str, str]] = []
+    read: list[str] = []
+    for name, export, _ in nfs_shares(profile, head, worker):
+        res = head.read(reach_cmd(export), timeout=60)
+        reach = parse_reach(export, res.stdout)
+        if reach is None:
+            problems.append((f"{name}: cannot read the modes of {export} ({(res.stderr or res.stdout or '').strip()[:200]})",
+                             f"check that {user} can run stat and find on the head"))
+            continue
+        read.append(export)
+        problems += [(f"{name}: {why}", fix) for why, fix in reach.blocking(user)]
+    if not problems:
+        return check(REACH_ROW, True, node=head.name,
+                     observed="others can enter every directory down to " + ", ".join(read) + " and read what is there",
+                     expected=expected)
+    fixes = list(dict.fromkeys(f for _, f in problems))
+    fix = ("on the head: " + "; ".join(fixes) + " -- or put WEIGHTS_DIR (and ENGRAM_SRC_DIR) outside the home, e.g. "
+           f"sudo install -d -o {user} -m 755 /srv/models (docs/weights.md: recipe A exports a tree of bind mounts "
+           "with no_root_squash instead, and what that costs)")
+    row = check(REACH_ROW, False, node=head.name, observed="; ".join(why for why, _ in problems)[:1500],
+                expected=expected, fix=fix)
+    if profile.rehearsal:      # the lab's userspace server and sshfs stand-in read as root: nothing fails there
+        return dataclasses.replace(row, status=Status.WARN, observed="[the lab's NFS stand-ins read as root; on the "
+                                   "Sparks' kernel nfsd this FAILs] " + row.observed)
+    return row
+
+
 def nfs_sudo_check(profile, head, worker, *, node) -> Check:
     """The sudo rules for exactly the commands step 02's kernel NFS mode runs on ``node`` (the export on
     the head, the mount on ``worker``; the weights and, with ENGRAM=1, the Engram source), or PASS when
@@ -67,16 +123,9 @@ def nfs_sudo_check(profile, head, worker, *, node) -> Check:
     if user.is_root:
         return check("nfs sudo rules", True, node=node.name, observed="the SSH user is root: no sudo needed",
                      expected="root, or sudo rules for the NFS commands")
-    layout = weights_layout(profile)
-    worker_root = profile.worker_weights_dir or profile.weights_dir
-    shares = [("weights", layout.store(on_node(head, profile.weights_dir, key="WEIGHTS_DIR")),
-               layout.store(on_node(worker, worker_root, key="WORKER_WEIGHTS_DIR")))]
-    if profile.engram and profile.engram_src_dir:
-        shares.append(("engram", on_node(head, profile.engram_src_dir, key="ENGRAM_SRC_DIR"),
-                       on_node(worker, profile.engram_src_dir, key="ENGRAM_SRC_DIR")))
     role = "head" if node is head else "worker"
     commands: list[str] = []
-    for name, export, mountpoint in shares:
+    for name, export, mountpoint in nfs_shares(profile, head, worker):
         cmds = render_nfs(export, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint, name=name,
                           head_sudo=True, worker_sudo=True)
         commands += cmds[role] + cmds[f"undo_{role}"]
@@ -110,6 +159,11 @@ def nfs_checks(cluster, profile) -> list[Check]:
         except RunbookError as err:
             out.append(check("nfs sudo rules", False, node=node.name, observed=err.what,
                              expected="the NFS paths resolve on the node", fix=err.fix))
+    try:
+        out.append(nfs_reach_check(profile, head, cluster.workers[0]))
+    except RunbookError as err:
+        out.append(check(REACH_ROW, False, node=head.name, observed=err.what,
+                         expected="the NFS paths resolve on the node", fix=err.fix))
     return out
 
 

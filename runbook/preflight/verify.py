@@ -24,16 +24,18 @@ GIB = 1024 ** 3
 
 def gather(cluster: Cluster, profile) -> dict[str, dict[str, Any]]:
     """Read every fact preflight needs from every node, in parallel."""
-    paths = {name: value for name, value in (("weights", profile.weights_dir),
-                                             ("cache", profile.cache_dir),
-                                             ("engram", profile.engram_packed_dir)) if value}
+    def disk_paths(node: Node) -> dict[str, str]:
+        # each node's own weights dir (WORKER_WEIGHTS_DIR on a worker); `~/…` reaches df as "$HOME"/… (the node's)
+        return {name: value for name, value in (("weights", profile.weights_dir_on(node.name)),
+                                                ("cache", profile.cache_dir),
+                                                ("engram", profile.engram_packed_dir)) if value}
 
     def read_node(node: Node) -> dict[str, Any]:
         facts: dict[str, Any] = {}
         facts["os"] = system.parse_os(node.read(system.OS_CMD).stdout)
         facts["mem"] = system.parse_meminfo(node.read(system.MEMINFO_CMD).stdout)
         facts["disk"] = {}
-        for label, path in paths.items():
+        for label, path in disk_paths(node).items():
             res = node.read(system.disk_free_cmd(path))
             facts["disk"][label] = system.parse_disk_free(res.stdout) if res.ok else res.stderr.strip()
         facts["listening"] = system.parse_listening(node.read(system.LISTEN_CMD).stdout)
@@ -254,7 +256,7 @@ def _disk(name: str, f: dict[str, Any], profile) -> list[Check]:
             continue
         free_gib = info.avail_bytes / GIB
         out.append(check(f"disk free at {label} path", free_gib >= need_gib, node=name,
-                         observed=f"{free_gib:.2f} GiB free on {info.mount}",
+                         observed=f"{free_gib:.2f} GiB free on {info.mount} (at {info.existing_path})",
                          expected=f">= {need_gib:.2f} GiB",
                          fix=f"free {need_gib - free_gib:.1f} GiB on {info.mount} or point the path elsewhere",
                          data={"free_bytes": info.avail_bytes, "need_gib": need_gib}))

@@ -148,7 +148,7 @@ def test_real_mpirun_catches_a_rank_given_an_interface_it_does_not_have(rehearse
     profile, c = rehearsed
 
     def head_if_on_worker(ranks, include):
-        ranks[1].socket_if = "enp1s0f1np1"
+        ranks[1].env["NCCL_SOCKET_IFNAME"] = "enp1s0f1np1"
         return ranks, include
     checks, raw = _tools_and_nccl(profile, c, head_if_on_worker)
     text = split_mpirun_output(raw["nccl_all_reduce_perf.txt"]).text      # whole lines, whichever rank
@@ -266,7 +266,7 @@ def test_tp3_real_mpirun_fails_worker2_given_its_head_facing_port_only(triangle)
     profile = _tp3()
 
     def one_port(ranks, include):
-        ranks[2].hcas = ["rocep1s0f1"]
+        ranks[2].env["NCCL_IB_HCA"] = "rocep1s0f1"
         return ranks, include
     with Cluster.from_profile(profile) as c:
         checks, raw = _tools_and_nccl(profile, c, one_port)

@@ -471,8 +471,10 @@ def test_install_net_tools_is_a_real_profile_key(monkeypatch, tmp_path):
 
 def test_rank_failures_name_the_setting_of_the_failing_rank():
     from runbook.network import collectives
-    ranks = [collectives.NcclRank("head", "169.254.77.1", "enp1s0f0np0", ["rocep1s0f1"], 3, "b"),
-             collectives.NcclRank("worker", "169.254.77.2", "enp1s0f1np1", ["rocep1s0f0"], None, "b")]
+    ranks = [collectives.NcclRank("head", "169.254.77.1", {"NCCL_SOCKET_IFNAME": "enp1s0f0np0",
+                                                             "NCCL_IB_HCA": "rocep1s0f1", "NCCL_IB_GID_INDEX": "3"}, "b"),
+             collectives.NcclRank("worker", "169.254.77.2", {"NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+                                                               "NCCL_IB_HCA": "rocep1s0f0"}, "b")]
     logs = {"head": "spark-head:1:1 [0] NCCL INFO Bootstrap : Using enp1s0f0np0:169.254.77.1<0>",
             "worker": "spark-worker:2:2 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to enp1s0f1np1\n"
                       "spark-worker:2:2 [0] NCCL WARN Bootstrap : no socket interface found"}

@@ -78,10 +78,23 @@ def test_python_check(text, ok):
     assert row.failed is (not ok)
 
 
+def _reach_answer(command: str) -> str:
+    """The head as DGX OS makes it, before the download: /home/spark 0750, umask 0022, nothing exported yet."""
+    path = command.split("p=", 1)[1].split(";", 1)[0]
+    lines, p = ["0022"], path
+    while p != "/home/spark/.cache":
+        lines.append(f"missing {p}")
+        p = posixpath.dirname(p)
+    lines += ["have 755 spark /home/spark/.cache", "have 750 spark /home/spark", "have 755 root /home",
+              "have 755 root /"]
+    return "\n".join(lines) + "\n"
+
+
 def _nfs_cluster(*, head_programs="exportfs /usr/sbin/exportfs\nrpcinfo /usr/sbin/rpcinfo\n",
                  worker_programs="mount.nfs4 /usr/sbin/mount.nfs4\n"):
     head, worker = _sudo_node("head", 0), _sudo_node("worker", 1)
     head.rules.insert(0, (r"command -v exportfs", head_programs))
+    head.rules.insert(0, (r"^umask; p=", _reach_answer))
     worker.rules.insert(0, (r"command -v mount.nfs4", worker_programs))
     for n in (head, worker):
         n.rules.insert(0, (r"^python3 -c ", "3.12.3\n"))
@@ -101,6 +114,12 @@ def test_preflight_nfs_rows_for_a_non_root_user():
     assert miss.failed and "sudo apt-get install -y nfs-common" in miss.fix
     # the probe covered the Engram export too, with the head's real paths
     assert any("spark-runbook-engram.exports" in c for c in head.reads())
+    # a 0750 home under root_squash: the worker's container (root -> nobody) could not read the share
+    reach = got[(node_needs.REACH_ROW, "head")]
+    assert reach.failed and "/home/spark is 750 (spark): others cannot enter it" in reach.observed
+    assert reach.fix.startswith("on the head: chmod o+x /home/spark")
+    assert "/srv/models" in reach.fix and "no_root_squash" in reach.fix
+    assert sum(c.startswith("umask; p=") for c in head.reads()) == 2      # the weights and the Engram source
     assert all(n.runs() == [] for n in (head, worker))              # preflight changes nothing
 
 

@@ -224,10 +224,14 @@ def test_preflight_nfs_rows_are_real_in_a_rehearsal():
     head, worker = _lab_node("head", 0, OPERATOR), _lab_node("worker", 1, OPERATOR)
     head.rules.insert(0, (r"command -v exportfs", "exportfs /usr/sbin/exportfs\nrpcinfo /usr/sbin/rpcinfo\n"))
     worker.rules.insert(0, (r"command -v mount.nfs4", "mount.nfs4 /usr/sbin/mount.nfs4\n"))
+    # the lab operator's home is 0700 (netlab.files): a squashed root could not enter it on a kernel nfsd
+    head.rules.insert(0, (r"^umask; p=", "0022\nhave 700 spark /home/spark\nhave 755 root /home\nhave 755 root /\n"))
     rows = node_needs.nfs_checks(FakeCluster([head, worker]), profile)
     assert [(c.name, c.node, c.status.value) for c in rows] == [
         ("nfs packages", "head", "PASS"), ("nfs packages", "worker", "PASS"),
-        ("nfs sudo rules", "head", "PASS"), ("nfs sudo rules", "worker", "PASS")]
+        ("nfs sudo rules", "head", "PASS"), ("nfs sudo rules", "worker", "PASS"),
+        (node_needs.REACH_ROW, "head", "WARN")]        # the lab's stand-ins read as root: WARN, not FAIL
+    assert "on the Sparks' kernel nfsd this FAILs" in rows[-1].observed and "chmod o+x /home/spark" in rows[-1].fix
     assert head.runs() == [] and worker.runs() == []
     lab = node_needs.nfs_checks(FakeCluster([FakeNode("head", 0), FakeNode("worker", 1)]),
                                 load_profile(ENV / "lab.env", {"WEIGHT_SYNC": "nfs"}))

@@ -240,10 +240,9 @@ def test_ib_write_lat(exl3, tmp_path):
 
 
 def _ranks(profile, **worker):
-    ranks = [collectives.NcclRank(node=n.name, host=str(n.fabric_ip), socket_if=n.socket_if, hcas=list(n.ib_devs),
-                                  gid_index=3, tests_dir=sim.NCCL_TESTS_DIR) for n in profile.nodes]
-    for k, v in worker.items():
-        setattr(ranks[1], k, v)
+    """The step's own ranks (GID index 3 resolved), the worker's NCCL variables then changed by ``worker``."""
+    ranks = [collectives.nccl_rank(profile, n, gid_index=3, tests_dir=sim.NCCL_TESTS_DIR) for n in profile.nodes]
+    ranks[1].env.update(worker)
     return ranks
 
 
@@ -271,8 +270,8 @@ def test_all_reduce_perf_per_rank_under_openmpi(exl3, tmp_path):
 @pytest.mark.parametrize("case", ["worker_gets_head_interface", "hca_typo", "gid_zero_slot"])
 def test_all_reduce_perf_bad_invocations_under_openmpi(exl3, tmp_path, case):
     cluster = sim_cluster(exl3, tmp_path)
-    change = {"worker_gets_head_interface": {"socket_if": "enp1s0f1np1"},   # recipe A's head IF, as before defect 5
-              "hca_typo": {"hcas": ["roce1s0f0"]}, "gid_zero_slot": {"gid_index": 4}}[case]
+    change = {"worker_gets_head_interface": {"NCCL_SOCKET_IFNAME": "enp1s0f1np1"},   # recipe A's head IF (defect 5)
+              "hca_typo": {"NCCL_IB_HCA": "roce1s0f0"}, "gid_zero_slot": {"NCCL_IB_GID_INDEX": "4"}}[case]
     _, res = _mpirun(cluster, exl3, **change)
     text = fn.split_mpirun_output(res.stdout + res.stderr).text      # whole lines: a tag may sit inside a cut one
     logs = collectives.rank_logs(res.stdout, cluster.nodes)

@@ -236,14 +236,13 @@ def test_all_reduce_perf_worker2_with_one_port_fails_like_nccl(tmp_path):
     parser reports the failure."""
     profile = _load_rehearsal("env/tp3-dspark.env")
     cluster = sim_cluster(profile, tmp_path)
-    ranks = [collectives.NcclRank(node=n.name, host=str(n.fabric_ip), socket_if=n.socket_if, hcas=list(n.ib_devs),
-                                  gid_index=3, tests_dir="/mnt/nvme/.rehearsal/sim/nccl-tests/build")
+    ranks = [collectives.nccl_rank(profile, n, gid_index=3, tests_dir="/mnt/nvme/.rehearsal/sim/nccl-tests/build")
              for n in profile.nodes]
     ok = cluster.nodes[0].read(collectives.nccl_tests_cmd(ranks, mpi_include=["10.77.0.0/16"],
                                                           as_root=os.geteuid() == 0), timeout=200)
     assert ok.exit_code == 0, ok.stdout + ok.stderr
     assert fn.parse_nccl_tests(ok.stdout).avg_busbw_gbs
-    ranks[2].hcas = [h for h in ranks[2].hcas if h == "rocep1s0f1"]          # its port toward the head only
+    ranks[2].env["NCCL_IB_HCA"] = "rocep1s0f1"                                # its port toward the head only
     assert ranks[2].hcas == ["rocep1s0f1"]
     bad = cluster.nodes[0].read(collectives.nccl_tests_cmd(ranks, mpi_include=["10.77.0.0/16"],
                                                            as_root=os.geteuid() == 0), timeout=200)
