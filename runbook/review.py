@@ -122,7 +122,7 @@ def _render(profile_path, *, home: str, overrides) -> tuple[list[str], list[tupl
                                       for n in profile.nodes),
               *ssh_lines(profile),
               "# [read] = a read-only probe the step runs (answered 'unknown' unless declared); [run] = a change; "
-              "secrets are ***; <runbook> = this checkout, <tmp> = a local temporary file",
+              "# [node] text = a note; secrets are ***; <runbook> = this checkout, <tmp> = a local temporary file",
               "# declared: each node's home (--home) and its fabric as the profile describes it (netdevs UP at "
               "FABRIC_MTU with their /24 addresses, HCAs ACTIVE, RoCE v2 GID index 3); docker API "
               f"{DECLARED_DOCKER_API} on {DECLARED_PLATFORM} (a DGX Spark's); the image and the recipe checkout on "
