@@ -150,9 +150,16 @@ def cmd_start(args) -> int:
 
 
 def cmd_render(args) -> int:
-    """Print every command each step would run on every node, offline (no SSH, no lab), secrets masked."""
-    from .review import review
-    print(review(args.profile, home=args.home or "", overrides=_overrides(args.param)), end="")
+    """Print every command each step would run on every node, offline (no SSH, no lab), secrets masked; with
+    ``--step N`` only that step, with ``--diff OTHER`` the unified diff of the two profiles' renders. Exit 0 (a
+    diff too: it is a review, not a check), 2 for a refused profile or secrets file or a bad argument."""
+    from .review import review, review_diff
+    kw = {"home": args.home or "", "overrides": _overrides(args.param), "step": args.step or ""}
+    if args.diff:
+        print(review_diff(args.profile, args.diff, **kw) or
+              f"# {args.profile} and {args.diff} run the same commands\n", end="")
+    else:
+        print(review(args.profile, **kw), end="")
     return 0
 
 
@@ -341,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
     rend.add_argument("--profile", default=DEFAULT_PROFILE)
     rend.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a profile key")
     rend.add_argument("--home", help="the nodes' home directory for ~ paths (default: /home/<ssh user>)")
+    rend.add_argument("--step", metavar="N", help="only this step's commands (4, 04 or 04_launch)")
+    rend.add_argument("--diff", metavar="OTHER_PROFILE",
+                      help="a unified diff of this profile's render and OTHER_PROFILE's (same --home, -p, --step): "
+                           "what the change does to the commands")
     rend.set_defaults(func=cmd_render)
 
     diag = sub.add_parser("diagnose", help="collect a support bundle from every node and match known failures; "

@@ -2,36 +2,42 @@
 with no SSH and no lab, secrets masked.
 
     text = review("env/exl3-v41.env", home="/home/spark")     # the steps' commands, node by node
-    print(text)
+    text = review("env/exl3-v41.env", step="4")                # only 04_launch's section
+    diff = review_diff("env/exl3-v41.env", "env/my.env")       # what a profile change does to the commands
 
 It is the steps' own code in a dry run, on :class:`runbook.remote.OfflineNode` s: a change is recorded, not run;
 a read is answered only from declared facts (each node's $HOME) and otherwise recorded as a command the step
 would read with, and answered "unknown". Nothing connects: an OfflineNode raises before any socket opens. A
 step that cannot go on without a real answer says where it stopped, and the review goes on with the next step.
 Steps 05-07 send HTTP requests to the server (none in a dry run); 08 runs no command. The evidence of the dry run
-goes to a scratch folder that is removed afterwards.
+goes to a scratch folder that is removed afterwards. Two reviews of one profile are byte-identical: no path of this
+machine (``<runbook>``, ``<tmp>``), no random name; the SSH options in force head the text.
 """
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import itertools
 import posixpath
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 from . import bench, engram, launch, network, preflight, weights
+from .errors import UsageError
 from .evidence import RunDir
 from .facts import net as fnet
-from .profile import load_profile
+from .launch.image import TARGET_PLATFORM_CMD, ship_facts_cmd
+from .profile import REPO_ROOT, load_profile
 from .remote import Cluster, CommandLog
-from .secrets import redactor_from_env
+from .secrets import load_secrets, redactor_from_env
 from .step import Step
 from .facts.node_paths import USER_CMD
 
-__all__ = ["STEPS", "review"]
+__all__ = ["STEPS", "review", "review_diff", "ssh_lines", "step_name"]
 
 # the steps that run commands on the nodes, in run order, with the entry each notebook calls
 STEPS: list[tuple[str, Callable]] = [
@@ -44,31 +50,91 @@ STEPS: list[tuple[str, Callable]] = [
 ]
 
 
-def review(profile_path: str | Path, *, home: str = "", overrides: dict[str, str] | None = None) -> str:
-    """Every command of every step on every node, grouped by step, in the order the steps issue them."""
+def review(profile_path: str | Path, *, home: str = "", overrides: dict[str, str] | None = None,
+           step: str = "") -> str:
+    """Every command of every step on every node, grouped by step, in the order the steps issue them
+    (``step``: only that step's section, e.g. ``4`` or ``04_launch``). Deterministic: this checkout's path
+    reads ``<runbook>``, a local temporary file ``<tmp>``."""
+    wanted = step_name(step) if step else ""
+    header, sections = _render(profile_path, home=home, overrides=overrides)
+    out = header + [line for name, lines in sections for line in (f"\n## {name}", *lines)
+                    if not wanted or name == wanted]
+    return "\n".join(out) + "\n"
+
+
+def review_diff(profile_path: str | Path, other_path: str | Path, *, home: str = "",
+                overrides: dict[str, str] | None = None, step: str = "") -> str:
+    """A unified diff of the two profiles' reviews (the same ``home``, ``overrides`` and ``step``): what changing
+    the profile does to the commands. "" when they run the same commands."""
+    a = review(profile_path, home=home, overrides=overrides, step=step)
+    b = review(other_path, home=home, overrides=overrides, step=step)
+    return "".join(difflib.unified_diff(a.splitlines(keepends=True), b.splitlines(keepends=True),
+                                        fromfile=_stable(str(profile_path)), tofile=_stable(str(other_path))))
+
+
+def step_name(step: str) -> str:
+    """``4``, ``04``, ``04_launch`` or ``launch`` -> ``04_launch``; UsageError naming the choices otherwise."""
+    s = str(step).strip()
+    for name, _ in STEPS:
+        number, _, word = name.partition("_")
+        if s in (name, word) or (s.isdigit() and int(s) == int(number)):
+            return name
+    raise UsageError(f"render --step {step}: no such step",
+                     expected="one of " + ", ".join(name for name, _ in STEPS),
+                     fix="steps 05, 06 and 08 run no command on the nodes (05/06 talk HTTP to the server)")
+
+
+def ssh_lines(profile) -> list[str]:
+    """How this machine reaches the nodes (``remote.Node._connect``), from the profile's keys as written. The
+    config file is not parsed here: paramiko runs a ``Match exec`` command while it looks a host up."""
+    def key(name: str, value: str, unset: str) -> str:
+        return f"#   {name}={value}" if value else f"#   {name} unset: {unset}"
+    return ["# ssh from this machine to the nodes (fabric/paramiko; the nodes' own ssh to each other is in the "
+            "commands below):",
+            key("SSH_CONFIG", profile.ssh_config, "fabric reads ~/.ssh/config and /etc/ssh/ssh_config of this "
+                "machine"),
+            key("SSH_KEY", profile.ssh_key, "the keys ~/.ssh/id_* of this machine (no ssh agent)"),
+            key("KNOWN_HOSTS", profile.known_hosts, "the config's UserKnownHostsFile, else ~/.ssh/known_hosts"),
+            "#   host keys: " + ("an unknown key is accepted and stored (SSH_ACCEPT_NEW_HOST_KEYS=1)"
+                                 if profile.ssh_accept_new_host_keys else
+                                 "an unknown or changed key is refused (SSH_ACCEPT_NEW_HOST_KEYS=0)"),
+            f"#   connect timeout {profile.ssh_connect_timeout} s (SSH_CONNECT_TIMEOUT); ssh agent not used"]
+
+
+def _render(profile_path, *, home: str, overrides) -> tuple[list[str], list[tuple[str, list[str]]]]:
     profile = load_profile(profile_path, overrides=overrides)
+    load_secrets()                     # a refused secrets file stops here (exit 2), as it would stop the run
     homes = {n.name: home or _default_home(n.ssh) for n in profile.nodes}
     # the facts the review declares: each node's home (and the user it implies) and its fabric as the profile
     # describes it (netdevs, addresses, HCAs, a RoCE v2 GID at index 3); every other read is unknown
     facts = {spec.name: {'printf %s "$HOME"': homes[spec.name],
                          USER_CMD: f"{homes[spec.name]}\n1000\n{posixpath.basename(homes[spec.name]) or 'root'}\n",
-                         **declared_network_facts(profile, spec)}
+                         **declared_network_facts(profile, spec), **declared_docker_facts(profile)}
              for spec in profile.nodes}
     redactor = redactor_from_env()
     log = CommandLog(None, redactor)
     scratch = Path(tempfile.mkdtemp(prefix="runbook-review-"))
-    out = [f"# offline review of {profile.profile_name} ({profile.source}): recipe {profile.recipe}, "
-           f"{len(profile.nodes)} nodes; no node is contacted",
-           "# nodes: " + ", ".join(f"{n.name}={n.ssh} (rank {n.rank}, home {homes[n.name]})" for n in profile.nodes),
-           "# [read] = a read-only probe the step runs (answered 'unknown' unless declared); [run] = a change; "
-           "secrets are ***",
-           "# declared: each node's home (--home) and its fabric as the profile describes it (netdevs UP at "
-           "FABRIC_MTU with their /24 addresses, HCAs ACTIVE, RoCE v2 GID index 3)"]
+    tmp = scratch / "tmp"
+    tmp.mkdir()
+    header = [f"# offline review of {profile.profile_name} ({profile.source}): recipe {profile.recipe}, "
+              f"{len(profile.nodes)} nodes; no node is contacted",
+              "# nodes: " + ", ".join(f"{n.name}={n.ssh} (rank {n.rank}, home {homes[n.name]})"
+                                      for n in profile.nodes),
+              *ssh_lines(profile),
+              "# [read] = a read-only probe the step runs (answered 'unknown' unless declared); [run] = a change; "
+              "# [node] text = a note; secrets are ***; <runbook> = this checkout, <tmp> = a local temporary file",
+              "# declared: each node's home (--home) and its fabric as the profile describes it (netdevs UP at "
+              "FABRIC_MTU with their /24 addresses, HCAs ACTIVE, RoCE v2 GID index 3); docker API "
+              f"{DECLARED_DOCKER_API} on {DECLARED_PLATFORM} (a DGX Spark's); the image and the recipe checkout on "
+              "no node yet (the full pull, ship and clone)"]
+    sections: list[tuple[str, list[str]]] = []
+    saved_tmp = tempfile.tempdir
+    tempfile.tempdir = str(tmp)        # every local temporary file of the steps under one known folder
     try:
         run = RunDir.create(profile.profile_name, scratch, redactor)
         for name, entry in STEPS:
             step = Step(name, profile, run, dry_run=True)
-            step._cluster = Cluster.offline(profile, facts=facts, log=log)
+            step._cluster = _InOrder.offline(profile, facts=facts, log=log)
             first = len(log.entries)
             stopped = ""
             try:
@@ -76,20 +142,61 @@ def review(profile_path: str | Path, *, home: str = "", overrides: dict[str, str
                     result = entry(step)
             except Exception as exc:  # noqa: BLE001 - a step that needs a real answer stops; the review goes on
                 result, stopped = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            out.append(f"\n## {name}")
-            if name == "04_launch" and result is not None:
-                out.append(result.plan.to_text())
-                out.append("")
             entries = log.entries[first:]
-            for e in entries:
-                out.append(f"[{e['node']}] [{e['kind']}] {e['command']}")
+            lines = [f"# [{e['node']}] {e['command']}" if e["kind"] == "note" else
+                     f"[{e['node']}] [{e['kind']}] {e['command']}" for e in entries]
+            if name == "04_launch" and result is not None:
+                # the plan, rank by rank, where its start commands run: after the probes that precede them
+                starts = [redactor.redact(r.start_command()) for r in result.plan.ranks]
+                at = next((i for i, e in enumerate(entries)
+                           if e["kind"] == "run" and any(s in e["command"] for s in starts)), len(lines))
+                lines[at:at] = ["# the rendered plan of the start commands below:",
+                                *result.plan.to_text().splitlines(), ""]
             if not entries:
-                out.append("(no command on the nodes)")
+                lines.append("(no command on the nodes)")
             if stopped:
-                out.append(f"# stopped here offline (needs a real answer from a node): {redactor.redact(stopped)}")
+                lines.append(f"# stopped here offline (needs a real answer from a node): {redactor.redact(stopped)}")
+            sections.append((name, [_stable(line, tmp) for line in lines]))
     finally:
+        tempfile.tempdir = saved_tmp
         shutil.rmtree(scratch, ignore_errors=True)
-    return "\n".join(out) + "\n"
+    return [_stable(line, tmp) for line in header], sections
+
+
+class _InOrder(Cluster):
+    """The offline cluster, one node after the other in rank order where a step asks every node at once: the
+    review's order is the same on every render (threads would interleave the nodes' commands at random)."""
+
+    def each(self, fn, nodes=None):
+        out = {}
+        for node in (list(nodes) if nodes is not None else self.nodes):
+            try:
+                out[node.name] = fn(node)
+            except Exception as exc:  # noqa: BLE001 - returned per node, as Cluster.each does
+                out[node.name] = exc
+        return out
+
+
+def _stable(text: str, tmp: Path | None = None) -> str:
+    """``text`` with no name of this machine: this checkout's path -> ``<runbook>``, a local temporary file
+    (under ``tmp``) -> ``<tmp>``."""
+    if tmp is not None:
+        text = re.sub(re.escape(str(tmp)) + r"/[^\s'\"]+", "<tmp>", text)
+    return text.replace(str(REPO_ROOT), "<runbook>")
+
+
+#: what the review declares about each node's docker: the API of Docker 28 (``docker save --platform``) on a DGX
+#: Spark's platform; a real run reads both (an older docker with the containerd store is refused, ``image.py``)
+DECLARED_DOCKER_API = "1.48"
+DECLARED_PLATFORM = "linux/arm64"
+
+
+def declared_docker_facts(profile) -> dict[str, str]:
+    """The answers of the image ship's two docker reads (``launch.image``): API versions, the classic image
+    store, the head image's and the target daemon's platform. A real run reads the nodes."""
+    return {ship_facts_cmd(profile.image): f"{DECLARED_DOCKER_API} {DECLARED_DOCKER_API}\n"
+                                           f'[["Backing Filesystem","extfs"]]\n{DECLARED_PLATFORM}\n',
+            TARGET_PLATFORM_CMD: f"{DECLARED_PLATFORM}\n"}
 
 
 def _netdev_of(hca: str) -> str:

@@ -219,6 +219,7 @@ def run_pack(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR
         t0 = time.monotonic()
         res = node.run(cmds[1], timeout=timeout, warn=True, stream=stream)
         if is_dry(node, res):
+            node.run(cmds[2], timeout=CHECK_TIMEOUT_S, warn=True)     # recorded too: the verify that follows
             return [not_applicable("engram pack", f"dry-run: not run: {cmds[1]}", node=node.name,
                                    expected="pack and verify")]
         summary = parse_tool_json(res.stdout, "engram-pack")

@@ -62,10 +62,10 @@ def run_probe(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DI
         if node.name in skip:
             return [not_applicable("engram read probe", "not started: a check above failed on this node",
                                    node=node.name)]
+        res = node.read(cmds[node.name], timeout=seconds * 4 + 60)    # read-only: runs in a dry run too
         if is_dry(node):
             return [not_applicable("engram read probe", "dry-run: the packed files were not written",
                                    node=node.name)]
-        res = node.read(cmds[node.name], timeout=seconds * 4 + 60)
         summary = parse_tool_json(res.stdout, "engram-probe")
         results.setdefault(node.name, {})["probe"] = {**summary, "exit": res.exit_code, "command": cmds[node.name]}
         return probe_checks(node.name, summary)

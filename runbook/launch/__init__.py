@@ -30,7 +30,7 @@ from typing import Any
 
 from ..checks import Check, CheckList
 from ..secrets import load_secrets
-from . import diagnosis, exposure, image, selfcheck, server, status, stop, warmup
+from . import checkout, diagnosis, exposure, image, selfcheck, server, status, stop, warmup
 from ..api.endpoint import api_address
 from ..facts import ranks
 from .plan import launch_plan
@@ -69,6 +69,11 @@ def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go
             out.checks.add(out.stopped.checks)
         # a dry run goes past a failing read-only check, so every command of the start is shown
         if go and (not out.checks.failures() or cluster.dry_run):
+            if cluster.dry_run:
+                # a real start fetches the pinned recipe checkout on the head and copies it to the workers after
+                # its read-only state checks, before the identity reads; server.start's dry-run path skips that,
+                # so the dry run records it here, in the same place among the commands shown
+                out.checks.add(checkout.ensure_checkout(cluster, profile)[0])
             out.started = server.start(cluster, profile, plan, raw_prefix=raw_prefix, run_id=run_id,
                                        raise_on_failure=False)
             out.checks.add(out.started.checks)

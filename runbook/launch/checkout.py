@@ -117,7 +117,9 @@ def _by_hand(pin: RecipePin, head_dir: str) -> str:
 def _fetch_on_head(head: Node, profile, pin: RecipePin, path: str, fact: CheckoutFact) -> tuple[bool, str, str]:
     """Bring the head's checkout to the pinned commit. Returns (ok, what was done or observed, fix)."""
     repo = pin.repo
-    if profile.lab:        # the lab's recipe (a rehearsal substitutes it for the recipe's repository)
+    if profile.lab and head.dry_run:    # where the lab's repository is; a dry run builds nothing on this machine
+        repo = str(profile.resolve_path(profile.recipe_repo))
+    elif profile.lab:        # the lab's recipe (a rehearsal substitutes it for the recipe's repository)
         try:
             repo = str(lab_source_repo(profile))
         except (LabError, OSError, subprocess.SubprocessError) as exc:
@@ -219,7 +221,7 @@ def ensure_checkout(cluster: Cluster, profile, *, ship: bool = True) -> tuple[Ch
                 failed[w.name] = (f"rsync from the head failed: {what}",
                                   "check ssh head -> worker over the fabric (step 00) and free disk; run again "
                                   "(the copy resumes)")
-    after = probe_all() if ship and not head.dry_run else before
+    after = probe_all() if ship else before      # the verify (a dry run records it too: the review shows it)
     for node in cluster:
         f = after[node.name]
         path = paths[node.name]

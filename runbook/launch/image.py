@@ -32,7 +32,7 @@ from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ActionError
 from ..facts import system
 from ..facts.system import ImageInfo, plan_image
-from ..remote import Cluster, Node, expand_home, node_ssh_argv, quote
+from ..remote import Cluster, CommandResult, Node, expand_home, node_ssh_argv, quote
 
 __all__ = ["SHIP_MARGIN_BYTES", "ShipFacts", "ensure_image", "image_infos", "parse_ship_facts", "save_command",
            "ship_facts_cmd"]
@@ -149,7 +149,7 @@ def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[st
     head.run(f"mkdir -p {quote(stage)}", timeout=30)
     target.run(f"mkdir -p {quote(tstage)}", timeout=30)
     free_h, free_t = _free_bytes(head, stage), _free_bytes(target, tstage)
-    ok = free_h >= size + margin and free_t >= 2 * size + margin
+    ok = free_h >= size + margin and free_t >= 2 * size + margin or head.dry_run   # a dry run knows no size
     checks.add(check("image ship: free space", ok, node=target.name,
                      observed=f"head {free_h / GIB:.1f} GiB, {target.name} {free_t / GIB:.1f} GiB free; "
                               f"image {size / GIB:.2f} GiB",
@@ -197,31 +197,33 @@ def ensure_image(cluster: Cluster, profile) -> "ImageChecks":
                          expected=f"{profile.image} on the head",
                          fix=f"docker pull {profile.image} on the head (or build/import it), then rerun"))
         return _finish(checks, data)
-    if cluster.head.dry_run:
-        checks.add(not_applicable("runtime image identical", f"dry run: would {plan.action} ({plan.reason})",
-                                  node="cluster"))
-        return _finish(checks, data)
+    dry = cluster.head.dry_run        # the pulls and the ship are recorded, not run (the offline review shows them)
     shipped: dict[str, Any] = {}
     for name in plan.targets:
         node = cluster[name]
         if plan.action == "pull" or (plan.action == "pull-head" and name == "head"):
             r = node.run(f"docker pull {quote(profile.image)}", timeout=7200, warn=True)
             shipped[name] = {"pulled": r.ok, "seconds": round(r.duration_s, 2)}
-            if r.ok:
+            if dry and name != "head":
+                # a dry run shows the fallback as well: the ship a worker gets when its pull fails
+                node.log.record(CommandResult(name, f"should the pull above fail on {name}, the head's image is "
+                                              "shipped to it as follows", 0, dry_run=True), kind="note")
+            elif r.ok or dry:
                 continue
-            # the pull's own words, for the diagnose catalogue's docker-pull rows (launch.run matches them)
-            data.setdefault("pull_failed", {})[name] = (r.stdout + "\n" + r.stderr).strip()[-4000:]
-            if name == "head":
-                checks.add(check("image pulled", False, node="head", observed=r.stderr.strip()[-500:],
-                                 expected=f"docker pull {profile.image} succeeds",
-                                 fix="see the docker error (`unexpected EOF`: rerun, `manifest unknown`: fix "
-                                     "IMAGE, `no such host`: DNS); or docker load a saved image on the head"))
-                return _finish(checks, {**data, "shipped": shipped})
-            # a worker's pull failed: the head has the image now (present, or pulled first: targets are in
-            # rank order), so ship it from there, as recipe A does when the worker cannot reach the registry
-            checks.add(Check("image pulled", node=name, status=Status.WARN, observed=r.stderr.strip()[-300:],
-                             expected=f"docker pull {profile.image} succeeds on {name}",
-                             fix="nothing to do: the head's image is shipped instead"))
+            else:
+                # the pull's own words, for the diagnose catalogue's docker-pull rows (launch.run matches them)
+                data.setdefault("pull_failed", {})[name] = (r.stdout + "\n" + r.stderr).strip()[-4000:]
+                if name == "head":
+                    checks.add(check("image pulled", False, node="head", observed=r.stderr.strip()[-500:],
+                                     expected=f"docker pull {profile.image} succeeds",
+                                     fix="see the docker error (`unexpected EOF`: rerun, `manifest unknown`: fix "
+                                         "IMAGE, `no such host`: DNS); or docker load a saved image on the head"))
+                    return _finish(checks, {**data, "shipped": shipped})
+                # a worker's pull failed: the head has the image now (present, or pulled first: targets are in
+                # rank order), so ship it from there, as recipe A does when the worker cannot reach the registry
+                checks.add(Check("image pulled", node=name, status=Status.WARN, observed=r.stderr.strip()[-300:],
+                                 expected=f"docker pull {profile.image} succeeds on {name}",
+                                 fix="nothing to do: the head's image is shipped instead"))
         try:
             shipped[name] = _ship(cluster, profile, node, checks)
         except Exception as exc:  # noqa: BLE001 - reported as a failed check
@@ -232,6 +234,10 @@ def ensure_image(cluster: Cluster, profile) -> "ImageChecks":
             checks.add(check("image shipped", False, node=name, observed=text[:800],
                              expected="docker load done", fix=fix))
             return _finish(checks, {**data, "shipped": shipped})
+    if dry:
+        checks.add(not_applicable("runtime image identical", f"dry run: {plan.action} recorded, not run "
+                                  f"({plan.reason})", node="cluster"))
+        return _finish(checks, {**data, "shipped": shipped})
     after = image_infos(cluster, profile.image)
     head = after.get("head")
     same = head is not None and all(i is not None and list(i.layers) == list(head.layers) for i in after.values())

@@ -9,13 +9,13 @@ Every node path may be written ``~/…``: it is expanded with that node's own ho
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
 import shlex
 import tempfile
 import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +74,14 @@ def ship_tools(node, remote_dir: str | None = None) -> dict[str, str]:
     return out
 
 
+def _json_name(prefix: str, node, data: Any) -> str:
+    """A name for ``data`` shipped as JSON to ``node``: from the node and the content, so one run's commands are
+    the same every time (the offline review compares them byte for byte) and two nodes sharing a filesystem (the
+    lab) never share one."""
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{prefix}-{node.name}-{digest}"
+
+
 def _put_json(node, data: dict[str, Any], remote: str) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(data, fh)
@@ -101,7 +109,7 @@ def verify_on_node(node, directory: str, expected: dict[str, Any], *, python: st
     """Run ``verify_manifest.py`` on ``node`` against ``expected``; return its JSON report."""
     directory = on_node(node, directory)
     tools = ship_tools(node, remote_dir)
-    exp_remote = posixpath.join(tools["dir"], f"expected-{uuid.uuid4().hex[:8]}.json")
+    exp_remote = posixpath.join(tools["dir"], _json_name("expected", node, expected) + ".json")
     _put_json(node, expected, exp_remote)
     cmd = (f"{python} {_q(tools['verify_manifest'])} --dir {_q(directory)} --expected {_q(exp_remote)}"
            f" --workers {int(workers)}" + ("" if reuse else " --no-reuse") + ("" if write else " --no-write"))
@@ -227,12 +235,13 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
     dest = on_node(node, dest)
     tree = node_download.tree_dir(layout, dest, repo, revision)
     tools = ship_tools(node)
-    files_remote = posixpath.join(tools["dir"], f"files-{uuid.uuid4().hex[:8]}.json")
+    files_name = _json_name("files", node, expected)
+    files_remote = posixpath.join(tools["dir"], files_name + ".json")
     _put_json(node, expected, files_remote)
     token = hf_token() if token is None else (token or None)     # "": none (a foreign HF_ENDPOINT)
     token_file = ""
     if token:
-        token_file = posixpath.join(tools["dir"], f".tok-{uuid.uuid4().hex[:8]}")
+        token_file = posixpath.join(tools["dir"], f".tok-{files_name}")
         node.run(f"umask 077 && : > {_q(token_file)} && chmod 600 {_q(token_file)}", timeout=30)
         fd, local = tempfile.mkstemp()
         try:

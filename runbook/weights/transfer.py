@@ -19,6 +19,7 @@ from typing import Any
 
 from ..checks import Check, CheckList, check, not_applicable
 from ..errors import RemoteError, RunbookError
+from ..remote import OfflineNode
 from ..facts import system
 from .download import RepoSnapshot, fetch_metadata, hf_token_for, require_pinned
 from ..weights_tools.layout import weights_layout
@@ -54,6 +55,13 @@ def _workers_key(profile) -> str:
     return "WORKER_WEIGHTS_DIR" if profile.worker_weights_dir else "WEIGHTS_DIR"
 
 
+def _hub_allowed(node) -> None:
+    """The offline review (``render``) talks to no server, the Hub included (no token leaves, the text is the same
+    with or without a network): its reads take the dry run's way, without the file list."""
+    if isinstance(node, OfflineNode):
+        raise RunbookError("offline review: the Hub is not asked for the file list")
+
+
 def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, margin_gib: float = 1.0) -> tuple[CheckList, dict[str, Any]]:
     checks = CheckList()
     layout = weights_layout(profile)          # refuses a MODEL_DIR / HF_MODEL_REPO mismatch first
@@ -65,6 +73,7 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
     token = hf_token_for(profile) or ""
 
     try:
+        _hub_allowed(head)
         snap = fetch_metadata(profile.hf_model_repo, profile.hf_revision, endpoint=endpoint, token=token)
     except RunbookError as err:
         if not head.dry_run:
@@ -255,6 +264,7 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
             {"enabled": True, "source": "lab fixture (03_engram)"}
     repo, revision = profile.hf_engram_repo, require_pinned(profile.hf_engram_revision, "HF_ENGRAM_REVISION")
     try:
+        _hub_allowed(cluster.head)
         full = fetch_metadata(repo, revision, endpoint=endpoint, token=token)
         files = engram_files(fetch_index(repo, revision, endpoint=endpoint, token=token))
         absent = [f for f in files if f not in {f.path for f in full.files}]

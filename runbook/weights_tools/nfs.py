@@ -155,10 +155,25 @@ def sudo_check(node, commands: list[str]) -> Check | None:
     """Before anything changes: when ``commands`` use ``sudo -n``, prove sudo allows each of them without
     a password (:func:`sudo_probe_cmd` per command: what the drop-in of :func:`sudoers_fix` allows, not
     ``sudo -n true``, which it does not). Returns a FAIL naming the first refused command and the drop-in,
-    or None when sudo is not needed or allows all of them."""
+    or None when sudo is not needed or allows all of them. A dry run asks about every command even past a
+    refusal, so the offline review shows each probe a run makes."""
     argvs = sudo_argvs(commands)
-    if not argvs:
-        return None
+    refused: Check | None = None
+    for argv in argvs:
+        res = node.read(sudo_probe_cmd(argv), timeout=20)
+        if res.ok or refused is not None:
+            continue
+        user = node_user(node).name
+        said = ((res.stderr or "") + (res.stdout or "")).strip().splitlines()
+        refused = check("weights.nfs.sudo", False, node=node.name,
+                        observed=(f"`{sudo_probe_cmd(argv)}` as {user}: exit {res.exit_code} "
+                                  f"{said[-1] if said else ''}").strip(),
+                        expected=f"{user} may run the {len(argvs)} NFS commands with sudo without a password "
+                                 "(or SSH as root)",
+                        fix=sudoers_fix(user, node.name))
+        if not getattr(node, "dry_run", False):
+            break
+    return refused
     for argv in argvs:
         res = node.read(sudo_probe_cmd(argv), timeout=20)
         if res.ok:

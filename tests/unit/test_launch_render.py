@@ -8,7 +8,6 @@ intended change and review the diff.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 from pathlib import Path
@@ -19,6 +18,7 @@ from runbook.launch import render as launch
 from runbook.launch.render import NodeFacts, check_consistency, render
 from runbook.profile import REPO_ROOT, load_profile
 from support.doubles import FakeNode, rank_node
+from support.golden import check_golden
 
 ENV = REPO_ROOT / "env"
 GOLDEN = Path(__file__).parent / "golden" / "launch"
@@ -374,11 +374,7 @@ def _golden_record(r) -> dict:
 def test_golden(name, ov, node):
     plan = _plan(name, ov)
     got = _golden_record(plan.rank(node))
-    path = GOLDEN / f"{name}-{ov.get('RUNTIME', 'default')}-{node}.json"
-    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(got, indent=1) + "\n")
-    assert got == json.loads(path.read_text()), f"render changed; review and UPDATE_GOLDEN=1 ({path})"
+    check_golden(GOLDEN / f"{name}-{ov.get('RUNTIME', 'default')}-{node}.json", json.dumps(got, indent=1) + "\n")
 
 
 SCRIPT_CASES = [("exl3-v41", {}, False), ("dspark-v4", {}, True), ("tp3-dspark", {}, False)]
@@ -391,10 +387,7 @@ def test_golden_entrypoint_scripts(name, ov, keyed, node):
     facts = {n: NodeFacts(home=HOME) for n in ("head", "worker", "worker2")}
     script = _plan(name, ov, facts=facts, api_key_set=keyed).rank(node).entry_script
     assert script.startswith("#!/bin/bash") and script.rstrip().endswith('exec "$@"')
-    path = GOLDEN / f"{name}-{node}.entrypoint.sh"
-    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
-        path.write_text(script)
-    assert script == path.read_text(), f"entrypoint changed; review and UPDATE_GOLDEN=1 ({path})"
+    check_golden(GOLDEN / f"{name}-{node}.entrypoint.sh", script)
 
 
 # ----------------------------------------------------------------------------- pure helpers of the actions
