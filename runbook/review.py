@@ -27,6 +27,7 @@ from .evidence import RunDir
 from .facts import net as fnet
 from .profile import load_profile
 from .remote import Cluster, CommandLog
+from .records import BENCH, ENGRAM, LAUNCH, NETWORK, PREFLIGHT, WEIGHTS
 from .secrets import redactor_from_env
 from .step import Step
 from .facts.node_paths import USER_CMD
@@ -35,12 +36,12 @@ __all__ = ["STEPS", "review"]
 
 # the steps that run commands on the nodes, in run order, with the entry each notebook calls
 STEPS: list[tuple[str, Callable]] = [
-    ("00_preflight", preflight.run),
-    ("01_network", network.run),
-    ("02_weights", weights.run),              # download, verify, the worker's copy or the NFS share
-    ("03_engram", engram.run),
-    ("04_launch", launch.run),                # checkout, image, self-checks, start (the rendered serve per rank)
-    ("07_bench", bench.run),
+    (PREFLIGHT.id, preflight.run),
+    (NETWORK.id, network.run),
+    (WEIGHTS.id, weights.run),              # download, verify, the worker's copy or the NFS share
+    (ENGRAM.id, engram.run),
+    (LAUNCH.id, launch.run),                # checkout, image, self-checks, start (the rendered serve per rank)
+    (BENCH.id, bench.run),
 ]
 
 
@@ -77,7 +78,7 @@ def review(profile_path: str | Path, *, home: str = "", overrides: dict[str, str
             except Exception as exc:  # noqa: BLE001 - a step that needs a real answer stops; the review goes on
                 result, stopped = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             out.append(f"\n## {name}")
-            if name == "04_launch" and result is not None:
+            if name == LAUNCH.id and result is not None:
                 out.append(result.plan.to_text())
                 out.append("")
             entries = log.entries[first:]

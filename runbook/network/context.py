@@ -18,8 +18,9 @@ from ..evidence import write_redacted
 from ..facts import net as fnet
 from ..facts import rdma as fr
 from ..lab import sim
+from ..records import NETWORK
 
-STEP = "01_network"
+STEP = NETWORK.id
 EVIDENCE_PREFIX = f"raw/{STEP}"
 
 

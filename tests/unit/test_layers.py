@@ -20,7 +20,7 @@ LAYERS = [
     {"__init__", "errors", "checks"},                # the package root holds only its docstring and version
     {"secrets", "envfile"},
     {"profile"},
-    {"remote", "evidence"},
+    {"remote", "evidence", "records"},              # records: the table of steps and their typed records
     {"facts"},
     {"step", "fit", "diagnose"},                     # what every step records through; shared models
     {"api", "engram_tools", "weights_tools"},        # shared services: the server's API; Engram's and the weights' node tools
