@@ -52,7 +52,7 @@ def split_list(value: Any) -> list[str]:
 
 
 def text_of(res) -> str:
-    return (res.stdout or "") + (("\n" + res.stderr) if getattr(res, "stderr", "") else "")
+    return (res.stdout or "") + (("\n" + res.stderr) if res.stderr else "")
 
 
 @dataclass

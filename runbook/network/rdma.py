@@ -54,7 +54,7 @@ def gid_checks(ctx: Verification) -> GidPlan:
         if ng.index is not None:
             plan.resolved[node.name] = ng.index
         ev = [f"{EVIDENCE_PREFIX}/{node.name}/gids.tsv"]
-        pin = _pin(getattr(node.spec, "gid", None))
+        pin = _pin(node.spec.gid)
         if ng.index is None:
             ctx.add_hw(check("net.gid", False, node=node.name, observed=ng.problem, expected="a RoCE v2 ::ffff:<IPv4> GID shared by the node's HCAs",
                           fix="give each HCA's netdev its IPv4 (netplan re-apply), check the port is ACTIVE; "

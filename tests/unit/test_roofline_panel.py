@@ -128,11 +128,9 @@ def test_report_shows_the_panel_membw_and_reconciliation(tmp_path):
 
 
 def _cluster():
-    from types import SimpleNamespace
+    from support.doubles import FakeCluster, FakeNode, res
     # a head that answers nothing: the checkpoint's headers cannot be read there, so the recipe's config
-    head = SimpleNamespace(name="head", read=lambda cmd, timeout=0, **kw: SimpleNamespace(stdout="", stderr="",
-                                                                                          exit_code=1, ok=False))
-    return SimpleNamespace(head=head, nodes=[head])
+    return FakeCluster([FakeNode("head", 0, rules=[(r"", res(1))], read_only=True)])
 
 
 def test_step_panel_inputs_lab_and_recipe():
