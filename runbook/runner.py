@@ -216,7 +216,8 @@ def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bo
 
 
 LAUNCH = records.LAUNCH.id
-SERVER_STEPS = ("05", "06", "07")      # the steps that talk to the server 04 launched (find_server reads its sidecar)
+# the steps that talk to the server 04 launched (find_server reads its record)
+SERVER_STEPS = tuple(s.number for s in (records.SMOKE, records.VISION_TOOLS, records.BENCH))
 
 
 def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Path | None = None,

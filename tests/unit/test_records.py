@@ -163,3 +163,18 @@ def test_launch_writes_its_record_and_the_smoke_step_finds_the_server_through_it
     monkeypatch.setattr(server_info.endpoint, "base_url", lambda p: "http://127.0.0.1:18000")   # no SSH forward
     found = server_info.find_server(step.profile, step.run.path)
     assert (found.model, found.source) == (rec.served_model_name, "steps/04_launch.json")
+
+
+def test_a_resume_runs_an_old_04_again_without_reading_its_data(tmp_path):
+    """A resume keeps a passed 04 only while every rank runs its record's fingerprint; an older runbook's sidecar
+    (fingerprint only in ``data``) is run again, said why, and no node is read (before: data.fingerprint was
+    taken by name and the nodes were asked)."""
+    from support.doubles import FakeCluster, FakeNode
+    from support.profiles import profile_from
+
+    import runbook.launch
+    cluster = FakeCluster([FakeNode("head", 0, read_only=True), FakeNode("worker", 1, read_only=True)])
+    old = {"step": "04_launch", "status": "passed", "checks": [], "data": {"fingerprint": "f" * 64}}
+    why = runbook.launch.state_left(profile_from("env/lab.env"), cluster, old)
+    assert why.startswith("04_launch's sidecar holds no LaunchRecord") and "re-run 04_launch" in why
+    assert all(not n.calls for n in cluster.nodes)
