@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import BusyError
+from .records import Record, record_from_sidecar, record_to_sidecar, step_info
 from .secrets import Redactor, default_redactor
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -204,13 +205,26 @@ class RunDir:
         return f"steps/{step}.json"
 
     def write_sidecar(self, step: str, checks: list[dict[str, Any]], data: dict[str, Any],
-                      status: str) -> Path:
-        return self.write_json(self.sidecar_rel(step), {
-            "step": step, "status": status, "written": _now(), "checks": checks, "data": data})
+                      status: str, record: Record | None = None) -> Path:
+        """``record``: the step's typed facts for the later steps (``runbook.records``), of its table's type."""
+        side = {"step": step, "status": status, "written": _now(), "checks": checks, "data": data}
+        if record is not None:
+            side["record"] = record_to_sidecar(step, record)
+        return self.write_json(self.sidecar_rel(step), side)
 
     def read_sidecar(self, step: str) -> dict[str, Any] | None:
         path = self.path / self.sidecar_rel(step)
         return json.loads(path.read_text()) if path.exists() else None
+
+    def read_record(self, cls: type[Record], *, missing_ok: bool = False):
+        """The record of type ``cls`` its step wrote into this run (``records.record_from_sidecar``: an error naming
+        the step to re-run when it is absent or of another format). ``missing_ok``: None when that step wrote no
+        sidecar here at all (a reader that also runs without it, e.g. ``python -m runbook start``)."""
+        step = step_info(cls).id
+        sidecar = self.read_sidecar(step)
+        if sidecar is None and missing_ok:
+            return None
+        return record_from_sidecar(sidecar, cls, str(self.path / self.sidecar_rel(step)))
 
     # -- scrubbing ----------------------------------------------------------------------------
     def scrub(self) -> list[str]:

@@ -33,6 +33,7 @@ from .facts import net as fnet
 from .launch.image import TARGET_PLATFORM_CMD, ship_facts_cmd
 from .profile import REPO_ROOT, load_profile
 from .remote import Cluster, CommandLog
+from .records import BENCH, ENGRAM, LAUNCH, NETWORK, PREFLIGHT, WEIGHTS
 from .secrets import load_secrets, redactor_from_env
 from .step import Step
 from .facts.node_paths import USER_CMD
@@ -41,12 +42,12 @@ __all__ = ["STEPS", "review", "review_diff", "ssh_lines", "step_name"]
 
 # the steps that run commands on the nodes, in run order, with the entry each notebook calls
 STEPS: list[tuple[str, Callable]] = [
-    ("00_preflight", preflight.run),
-    ("01_network", network.run),
-    ("02_weights", weights.run),              # download, verify, the worker's copy or the NFS share
-    ("03_engram", engram.run),
-    ("04_launch", launch.run),                # checkout, image, self-checks, start (the rendered serve per rank)
-    ("07_bench", bench.run),
+    (PREFLIGHT.id, preflight.run),
+    (NETWORK.id, network.run),
+    (WEIGHTS.id, weights.run),              # download, verify, the worker's copy or the NFS share
+    (ENGRAM.id, engram.run),
+    (LAUNCH.id, launch.run),                # checkout, image, self-checks, start (the rendered serve per rank)
+    (BENCH.id, bench.run),
 ]
 
 
@@ -145,7 +146,7 @@ def _render(profile_path, *, home: str, overrides) -> tuple[list[str], list[tupl
             entries = log.entries[first:]
             lines = [f"# [{e['node']}] {e['command']}" if e["kind"] == "note" else
                      f"[{e['node']}] [{e['kind']}] {e['command']}" for e in entries]
-            if name == "04_launch" and result is not None:
+            if name == LAUNCH.id and result is not None:
                 # the plan, rank by rank, where its start commands run: after the probes that precede them
                 starts = [redactor.redact(r.start_command()) for r in result.plan.ranks]
                 at = next((i for i, e in enumerate(entries)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import launch, weights
+from . import launch, records, weights
 from .checks import check
 from .api import health
 from .errors import ActionError, ExitStatus, RemoteError, RunbookError, UsageError, exit_status_of
@@ -283,8 +283,9 @@ def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bo
     return None
 
 
-LAUNCH = "04_launch"
-SERVER_STEPS = ("05", "06", "07")      # the steps that talk to the server 04 launched (find_server reads its sidecar)
+LAUNCH = records.LAUNCH.id
+# the steps that talk to the server 04 launched (find_server reads its record)
+SERVER_STEPS = tuple(s.number for s in (records.SMOKE, records.VISION_TOOLS, records.BENCH))
 
 
 def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Path | None = None,
@@ -297,6 +298,7 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
     from .checks import Check, Status
     from .evidence import previous_good_run
     from .launch.plan import launch_plan
+    from .records import LaunchRecord, NetworkRecord, RecordError
     if LAUNCH in steps or not any(s[:2] in SERVER_STEPS for s in steps) or run_dir.read_sidecar(LAUNCH):
         return ""
     prev = previous_good_run(run_dir.path, results_root or run_dir.path.parent, step=LAUNCH)
@@ -306,12 +308,17 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
         return ""
     earlier = RunDir(prev, run_dir.redactor)
     sidecar = earlier.read_sidecar(LAUNCH) or {}
-    fingerprint = (sidecar.get("data") or {}).get("fingerprint", "")
+    try:
+        record = earlier.read_record(LaunchRecord)
+    except RecordError as err:           # an older runbook's 04: nothing typed to reuse
+        echo(f"not reusing the server of run {prev.name}: {err.what}; run {LAUNCH}")
+        return ""
+    fingerprint = record.fingerprint
     try:
         with Cluster.from_profile(profile) as cluster:
             why = launch.state_left(profile, cluster, sidecar)
             if not why:
-                now = launch_plan(cluster, profile, earlier.read_sidecar("01_network")).fingerprint
+                now = launch_plan(cluster, profile, earlier.read_record(NetworkRecord, missing_ok=True)).fingerprint
                 if now != fingerprint:
                     why = (f"the profile now renders fingerprint {now[:12]}, the server of run {prev.name} runs "
                            f"{fingerprint[:12]}")
@@ -327,7 +334,7 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
                 expected=f"a server for {', '.join(s for s in steps if s[:2] in SERVER_STEPS)}",
                 evidence=[f"../{prev.name}/{run_dir.sidecar_rel(LAUNCH)}"])
     run_dir.write_sidecar(LAUNCH, [row.to_record()], {**(sidecar.get("data") or {}), "reused_from": prev.name},
-                          "reused")
+                          "reused", record.model_copy(update={"reused_from": prev.name}))
     run_dir.record_step(LAUNCH, status="reused", reused_from=prev.name, start=time.time(), end=time.time())
     echo(f"{LAUNCH}: reusing the server run {prev.name} launched (fingerprint {fingerprint[:12]}, still running)")
     return prev.name
@@ -343,7 +350,7 @@ def _weights_state(profile, cluster, sidecar) -> str:
     return ""
 
 
-STATE_CHECKS = {"02_weights": _weights_state, "04_launch": launch.state_left}
+STATE_CHECKS = {records.WEIGHTS.id: _weights_state, LAUNCH: launch.state_left}
 
 
 def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool,

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 from .checks import Check, CheckList, Status
 from .evidence import RESULTS_ROOT, RunDir, provenance
 from .profile import Profile, load_profile
+from .records import Record
 from .remote import Cluster
 from .secrets import redactor_from_env
 
@@ -28,6 +29,7 @@ class Step:
         self.dry_run = dry_run
         self.checks = CheckList()
         self.data: dict[str, Any] = {}
+        self.record: Record | None = None       # the facts later steps read (runbook.records), set by run()
         self.started = time.monotonic()
         self._cluster: Cluster | None = None
 
@@ -64,7 +66,7 @@ class Step:
                 self._cluster.close()
             status = self.status()
             self.data.setdefault("duration_s", round(time.monotonic() - self.started, 3))
-            self.run.write_sidecar(self.name, self.checks.to_records(), self.data, status)
+            self.run.write_sidecar(self.name, self.checks.to_records(), self.data, status, self.record)
             self.run.record_step(self.name, checks=self.checks.counts(), check_status=status,
                                  sidecar=self.run.sidecar_rel(self.name))
             if display:

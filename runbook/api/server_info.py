@@ -16,11 +16,12 @@ are not OpenAI API and go through httpx, as does the raw ``GET /v1/models`` the 
 
 Where the server is (first match wins):
 1. the ``base_url`` parameter (standalone run of a notebook against a server you started yourself);
-2. ``steps/04_launch.json`` in the run directory (``data``: ``base_url``, ``served_model_name``,
-   ``max_model_len``; written by the launch step);
+2. the launch step's record in the run directory (``steps/04_launch.json``, read as
+   :class:`runbook.records.LaunchRecord`: ``base_url``, ``served_model_name``, ``max_model_len``); a sidecar without
+   one (an older runbook's) is a :class:`~runbook.records.RecordError` naming the step to re-run;
 3. nothing: :class:`~runbook.errors.RunbookError` with the fix (run 04_launch first or pass base_url).
 
-Only the values are taken from the sidecar; the served name and context length the server really
+Only the values are taken from the record; the served name and context length the server really
 reports are checked by the smoke step against them (and against the profile).
 """
 from __future__ import annotations
@@ -40,15 +41,14 @@ import openai
 from openai.resources.chat.completions import Completions
 
 from ..errors import RunbookError
+from ..evidence import RunDir
+from ..records import LAUNCH, LaunchRecord
 from . import endpoint
 from ..secrets import MASK, load_secrets, register_secret
 
 __all__ = ["LAUNCH_STEP", "ApiClient", "Archive", "Exchange", "ServerInfo", "archive", "clip", "connect", "find_server"]
 
-LAUNCH_STEP = "04_launch"
-_URL_KEYS = ("base_url", "url", "api_base", "openai_base_url")
-_MODEL_KEYS = ("served_model_name", "served_name", "model")
-_LEN_KEYS = ("max_model_len",)
+LAUNCH_STEP = LAUNCH.id
 
 
 @dataclass(repr=False)
@@ -80,13 +80,6 @@ def _norm_url(url: str) -> str:
     return url
 
 
-def _first(data: dict[str, Any], keys: Iterable[str]) -> Any:
-    for k in keys:
-        if data.get(k) not in (None, ""):
-            return data[k]
-    return None
-
-
 def find_server(profile=None, run_dir: str | Path | None = None, *, base_url: str = "", model: str = "",
                 max_model_len: int = 0, api_key: str | None = None) -> ServerInfo:
     """Locate the server (see the module docstring): ``base_url`` if given, else 04's sidecar in ``run_dir``;
@@ -100,23 +93,22 @@ def find_server(profile=None, run_dir: str | Path | None = None, *, base_url: st
     if base_url:
         return ServerInfo(_norm_url(base_url), model or default_model, int(max_model_len or default_len),
                           "parameters", api_key)
-    sidecar = Path(run_dir) / "steps" / f"{LAUNCH_STEP}.json" if run_dir else None
-    if sidecar is not None and sidecar.is_file():
-        data = (json.loads(sidecar.read_text()) or {}).get("data") or {}
-        url = _first(data, _URL_KEYS)
-        if url and profile is not None:
-            url = endpoint.base_url(profile)    # the sidecar names the head's API; this process's route to it
-        if url:
-            return ServerInfo(_norm_url(str(url)), model or str(_first(data, _MODEL_KEYS) or default_model),
-                              int(max_model_len or _first(data, _LEN_KEYS) or default_len),
-                              f"steps/{LAUNCH_STEP}.json", api_key)
-        raise RunbookError("the launch step's sidecar has no base_url", observed=f"{sidecar}: data keys "
-                           f"{sorted(data)}", expected="data.base_url (e.g. http://10.77.0.11:8000)",
-                           fix="re-run 04_launch, or pass base_url=... to this notebook")
-    raise RunbookError("no server to talk to", observed=f"no {LAUNCH_STEP} sidecar in {run_dir or '(no run dir)'}",
-                       expected=f"steps/{LAUNCH_STEP}.json from the launch step, or the base_url parameter",
-                       fix="run 04_launch first (make runbook), or pass base_url='http://host:port' "
-                           "(and model=...) for a standalone run")
+    run = RunDir(Path(run_dir)) if run_dir else None
+    rec = run.read_record(LaunchRecord, missing_ok=True) if run is not None else None   # old format: RecordError
+    if rec is None:
+        raise RunbookError("no server to talk to", observed=f"no {LAUNCH_STEP} sidecar in {run_dir or '(no run dir)'}",
+                           expected=f"steps/{LAUNCH_STEP}.json from the launch step, or the base_url parameter",
+                           fix=f"run {LAUNCH_STEP} first (make runbook), or pass base_url='http://host:port' "
+                               "(and model=...) for a standalone run")
+    if not rec.base_url:
+        raise RunbookError(f"{LAUNCH_STEP} of this run made no start", observed=f"steps/{LAUNCH_STEP}.json: "
+                           f"fingerprint {rec.fingerprint[:12]}, no base_url (its action was stop or status, or it "
+                           "refused before starting)", expected="a server 04_launch started",
+                           fix=f"run {LAUNCH_STEP} with action='start', or pass base_url=... to this notebook")
+    # the record names the head's API; this process's route to it comes from the profile (an SSH forward)
+    url = endpoint.base_url(profile) if profile is not None else rec.base_url
+    return ServerInfo(_norm_url(url), model or rec.served_model_name or default_model,
+                      int(max_model_len or rec.max_model_len or default_len), f"steps/{LAUNCH_STEP}.json", api_key)
 
 
 def connect(profile, run_dir: str | Path, *, dry_run: bool = False, base_url: str = "", model: str = "",

@@ -33,6 +33,7 @@ from ..benchmark.reconcile import reconcile, reconciliation_table
 from ..benchmark.result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
 from ..benchmark.runner import arun_benchmark, run_benchmark
 from ..checks import not_applicable
+from ..records import NetworkRecord
 from . import ceiling, membw
 from .config import RAW_DIR_NAME, config_from_profile, cross_check, previous_result
 
@@ -89,6 +90,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     from ..api.server_info import find_server
     from ..facts import node_paths
     server = find_server(step.profile, step.run.path, base_url=base_url, model=model)
+    network = step.run.read_record(NetworkRecord, missing_ok=True)     # before measuring: an old 01 stops here
     profile = step.profile
     config = config_from_profile(profile, repeats=repeats, soak_seconds=soak_seconds)
     # a loopback-bound API is measured through the SSH forward, which costs a few % (docs/bench.md): say so
@@ -136,6 +138,6 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
         cross_data["log"] = str(Path(cross_data["log"]).relative_to(step.run.path))
         step.data["vllm_cross_check"] = cross_data
     step.add(cross)
-    panel = ceiling.panel(step.cluster, profile, result, membw_data, step.run.read_sidecar("01_network"))
+    panel = ceiling.panel(step.cluster, profile, result, membw_data, network)
     step.data["roofline"] = panel
     return BenchOutcome(server, config, result, previous_result(step.run.path), cross, out_dir, panel, valid)

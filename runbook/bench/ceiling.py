@@ -13,6 +13,7 @@ from ..benchmark.result import BenchResult
 from ..errors import RunbookError
 from ..facts.node_paths import on_node
 from ..fit import roofline as R
+from ..records import NetworkRecord
 from ..weights_tools.layout import weights_layout
 
 
@@ -39,10 +40,10 @@ def roofline_of(cluster, profile, echo=print) -> R.Roofline | None:
 
 
 def panel(cluster, profile, result: BenchResult, membw_data: dict[str, Any],
-          network_sidecar: dict[str, Any] | None) -> dict[str, Any]:
+          network: NetworkRecord | None) -> dict[str, Any]:
     """The panel's inputs and rows (step 07's ``data["roofline"]``): bytes per step, the slowest rank's
     measured bandwidth (else the published GB10 decode figure), the all-reduce latency of 01_network's
-    sweep (``network_sidecar``; else the published NCCL figure on Sparks, none on the lab), one row per
+    sweep (``network``: its record in this run; else the published NCCL figure on Sparks, none on the lab), one row per
     class case."""
     try:
         roof = roofline_of(cluster, profile)
@@ -54,7 +55,7 @@ def panel(cluster, profile, result: BenchResult, membw_data: dict[str, Any],
     bw, bw_note = P.slowest_bandwidth(membw_data)
     if bw is None and not on_lab:
         bw, bw_note = R.GB10_DECODE_BW.value, f"[published] {R.GB10_DECODE_BW.note} ({bw_note})"
-    ar, ar_note = P.allreduce_latency(network_sidecar)
+    ar, ar_note = P.allreduce_latency(network)
     if ar is None:
         ar, ar_note = ((0.0, f"{ar_note}: no all-reduce cost counted") if on_lab
                        else (R.ALLREDUCE_SLOW.value, f"[published] {R.ALLREDUCE_SLOW.note} ({ar_note})"))

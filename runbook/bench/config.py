@@ -15,6 +15,7 @@ from ..errors import BenchError
 from ..benchmark.conditions import PROFILE_KEYS, SEEDS
 from ..api.prompts import CLASSES
 from ..benchmark.result import BenchConfig, BenchResult
+from ..records import BENCH
 
 RAW_DIR_NAME = "bench"
 CLASS_PROMPT_TOKENS = 1024
@@ -73,7 +74,7 @@ def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: fl
         **values, **common)
 
 
-def previous_result(run_path: Path, step_name: str = "07_bench") -> BenchResult | None:
+def previous_result(run_path: Path, step_name: str = BENCH.id) -> BenchResult | None:
     """The bench result of the previous good run (``evidence.previous_good_run``, the run the report's
     drift compares with), if it has one."""
     previous = previous_good_run(run_path)

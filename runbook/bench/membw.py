@@ -67,7 +67,7 @@ def probe_ranks(cluster, profile, phase: str, python: str | None = None, *, raw_
         try:
             res = node.read(probe_cmd(profile, node.name, python), timeout=TIMEOUT_S + 30)
             text = (res.stdout or "") + (res.stderr or "")
-            got = parse_probe(res.stdout) if not getattr(res, "dry_run", False) else {"error": "dry run"}
+            got = parse_probe(res.stdout) if not res.dry_run else {"error": "dry run"}
         except Exception as exc:  # noqa: BLE001 - an unreachable node is a row, never the end of the bench
             text, got = f"{type(exc).__name__}: {exc}", {"tool": "membw_probe", "error": f"{type(exc).__name__}: {exc}"}
         raw_name = f"membw_{phase}_{node.name}.json"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..fit.roofline import Roofline
+from ..records import NetworkRecord
 from .report import case_class, load_published
 from .result import BenchResult, CaseResult
 
@@ -23,25 +24,19 @@ PANEL_COLUMNS = ("class", "thinking", "case", "context", "decode_tok_s", "tokens
                  "measured_over_ceiling", "published")
 
 
-def allreduce_latency(network_sidecar: dict[str, Any] | None) -> tuple[float | None, str]:
-    """The all-reduce latency 01_network measured: the gloo sweep's smallest message, slowest node
+def allreduce_latency(network: NetworkRecord | None) -> tuple[float | None, str]:
+    """The all-reduce latency 01_network measured (its record): the gloo sweep's smallest message, slowest node
     (seconds, note); (None, why) without one."""
     best: tuple[float, int, str] | None = None
-    for c in (network_sidecar or {}).get("checks", []) or []:
-        if c.get("name") != "net.allreduce":
-            continue
-        pts = ((c.get("data") or {}).get("points") or [])
-        pts = [p for p in pts if p.get("time_us")]
-        if not pts:
-            continue
-        p = min(pts, key=lambda p: p.get("bytes", 0))
-        t = float(p["time_us"]) * 1e-6
+    for sweep in (network.allreduce if network is not None else ()):
+        p = min(sweep.points, key=lambda p: p.bytes)
+        t = p.time_us * 1e-6
         if best is None or t > best[0]:
-            best = (t, int(p.get("bytes", 0)), str(c.get("node", "")))
+            best = (t, p.bytes, sweep.node)
     if best is None:
-        return None, "no all-reduce sweep in 01_network"
-    backend = ""
-    return best[0], (f"01_network all-reduce sweep{backend}: {best[0] * 1e6:.0f} us at {best[1]} bytes "
+        return None, ("01_network did not run in this run" if network is None
+                      else "no all-reduce sweep in 01_network")
+    return best[0], (f"01_network all-reduce sweep: {best[0] * 1e6:.0f} us at {best[1]} bytes "
                      f"(slowest node {best[2]})")
 
 

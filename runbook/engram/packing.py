@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
-from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_name, node_tools_dir, packed_of, parse_tool_json,
+from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
                     shell_path, ship_tools, src_of)
 
 PACK_TIMEOUT_S = 4 * 3600          # 2 x 47 GiB per node; NFS-sourced worker reads are the slow part
@@ -81,7 +81,7 @@ def disabled_checks(profile, reason: str | None = None) -> list[Check]:
     out = []
     for spec in profile.nodes:
         for name, expected in STAGES:
-            out.append(not_applicable(name, reason, node=node_name(spec), expected=expected))
+            out.append(not_applicable(name, reason, node=spec.name, expected=expected))
     return out
 
 
@@ -104,7 +104,7 @@ def plan_pack(profile, facts: Mapping[str, Any] | None = None, *, tools_dir: str
     tp = int(profile.tp)
     plans: dict[str, list[str]] = {}
     for spec in profile.nodes:
-        name = node_name(spec)
+        name = spec.name
         nf = node_facts(facts, name)
         if spec.rank >= tp:
             plans[name] = []           # more nodes than TP ranks: nothing to pack there

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..engram_tools import layout as L
-from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_name, node_tools_dir, packed_of, parse_tool_json,
+from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
                     shell_path)
 
 PROBE_SECONDS = 5.0
@@ -22,7 +22,7 @@ def plan_probe(profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR, layer
     for spec in profile.nodes:
         if spec.rank >= tp:
             continue
-        name = node_name(spec)
+        name = spec.name
         nf = node_facts(facts, name)
         packed = packed_of(profile, nf).rstrip("/")
         f = shell_path(f"{packed}/{L.packed_name(layer, spec.rank, tp)}")

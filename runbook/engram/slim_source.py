@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..checks import Check, check, not_applicable
-from .tools import (DEFAULT_TOOLS_DIR, is_dry, last_json, node_facts, node_name, shell_path, ship_tools, src_of,
+from .tools import (DEFAULT_TOOLS_DIR, is_dry, last_json, node_facts, shell_path, ship_tools, src_of,
                     tail_line)
 
 SLIM_SUBDIR = "engram-src"      # under CACHE_DIR: what recipe A's launch mounts at /engram-src
@@ -25,7 +25,7 @@ def make_slim_source(cluster, profile, facts: Mapping[str, Any] | None = None, *
     for spec in profile.nodes:
         if spec.rank >= int(profile.tp):
             continue
-        node = cluster[node_name(spec)]
+        node = cluster[spec.name]
         nf = node_facts(facts, node.name)
         tdir = ship_tools(node, tools_dir)
         dst = f"{profile.cache_dir.rstrip('/')}/{SLIM_SUBDIR}"

@@ -41,11 +41,7 @@ def node_tools_dir(tools_dir: str, name: str) -> str:
     return f"{tools_dir.rstrip('/')}/{name}"
 
 
-# -- per node: its name, its facts' overrides, its source and packed dir ----------------------
-
-def node_name(spec) -> str:
-    return getattr(spec, "name", "") or ("head" if spec.rank == 0 else f"worker{spec.rank if spec.rank > 1 else ''}")
-
+# -- per node: its facts' overrides, its source and packed dir ----------------------
 
 def node_facts(facts: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
     return (facts or {}).get(name, {}) or {}
@@ -74,7 +70,7 @@ def ship_tools(node, tools_dir: str = DEFAULT_TOOLS_DIR, files: Iterable[str] = 
 
 def is_dry(node, res=None) -> bool:
     """The command was only recorded, not run (dry run)."""
-    return bool(getattr(res, "dry_run", False) or getattr(node, "dry_run", False))
+    return bool((res is not None and res.dry_run) or node.dry_run)
 
 
 def parse_tool_json(stdout: str, tool: str) -> dict[str, Any]:

@@ -60,10 +60,10 @@ def node_user(node) -> NodeUser:
     except (KeyError, TypeError):     # TypeError: an object without weak references (a test double)
         pass
     res = node.read(USER_CMD, timeout=20)
-    user = parse_user(getattr(res, "stdout", ""))
+    user = parse_user(res.stdout)
     if user is None:
         raise RemoteError("cannot read the SSH user's home directory", node=node.name,
-                          observed=repr(getattr(res, "stdout", ""))[:200],
+                          observed=repr(res.stdout)[:200],
                           expected="an absolute $HOME, a uid and a user name",
                           fix="log in to the node as the profile's SSH user and check that $HOME is set, "
                               "or use absolute paths in the profile")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 from ..errors import RunbookError
+from ..records import PREFLIGHT
 from ..facts import system
 from .budget import FsFacts, NodeCapacity, hf_cache_repo_dir
 from .figures import (DOCKER_ROOT, GB10_DISK, GB10_INODES, GB10_MEM_AVAILABLE, GB10_MEM_TOTAL, MEASURED,
@@ -286,13 +287,13 @@ def find_preflight(profile, facts_arg: str, results_root: Path) -> Path:
     if facts_arg != "latest":
         p = Path(facts_arg)
         if p.is_dir():
-            p = p / "steps" / "00_preflight.json"
+            p = p / "steps" / f"{PREFLIGHT.id}.json"
         if not p.is_file():
             raise RunbookError(f"--facts {facts_arg}: no preflight sidecar at {p}",
                                fix="pass results/<run-id>/steps/00_preflight.json, a run folder, or 'latest'")
         return p
     runs = []
-    for side in results_root.glob("*/steps/00_preflight.json"):
+    for side in results_root.glob(f"*/steps/{PREFLIGHT.id}.json"):
         try:
             man = json.loads((side.parent.parent / "manifest.json").read_text())
         except (OSError, ValueError):
@@ -312,7 +313,7 @@ def load_sidecar(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except ValueError as exc:
         raise RunbookError(f"{path}: not JSON ({exc})", fix="pass the run's steps/00_preflight.json")
-    if not isinstance(data, dict) or data.get("step") != "00_preflight":
+    if not isinstance(data, dict) or data.get("step") != PREFLIGHT.id:
         raise RunbookError(f"{path}: not a preflight sidecar (step is {data.get('step') if isinstance(data, dict) else None!r})",
                            fix="pass results/<run-id>/steps/00_preflight.json")
     return data

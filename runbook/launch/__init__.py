@@ -33,6 +33,7 @@ from ..secrets import load_secrets
 from . import checkout, diagnosis, exposure, image, selfcheck, server, status, stop, warmup
 from ..api.endpoint import api_address
 from ..facts import ranks
+from ..records import LaunchRank, LaunchRecord, NetworkRecord, RecordError, record_from_sidecar
 from .plan import launch_plan
 from .render import LaunchPlan
 
@@ -98,9 +99,13 @@ def run(step, *, action: str = "start") -> LaunchOutcome:
     if action in ("start", "restart"):
         step.add([exposure.ensure_api_key(profile, dry_run=step.dry_run)])   # before the plan renders the key
         step.run.redactor.add_current()      # a key generated just now is masked in this step's evidence too
-    plan = launch_plan(step.cluster, profile, step.run.read_sidecar("01_network"))
+    plan = launch_plan(step.cluster, profile, step.run.read_record(NetworkRecord, missing_ok=True))
     step.data["rendered"] = plan.to_record()
     step.data["fingerprint"] = plan.fingerprint
+    step.record = LaunchRecord(fingerprint=plan.fingerprint, served_model_name=plan.served_model_name,
+                               max_model_len=plan.max_model_len,
+                               ranks=tuple(LaunchRank(node=r.node, rank=r.rank, headless=r.headless)
+                                           for r in plan.ranks))
     outcome = LaunchOutcome(plan=plan)
     if action in ("start", "restart"):
         try:
@@ -158,14 +163,17 @@ def record_start(step, profile, result: server.StartResult) -> None:
         step.data["recipe_checkout"] = result.recipe_checkout
     step.data.update({"launch": result.data(), "base_url": api_address(profile),
                       "served_model_name": result.plan.served_model_name})
+    # where 05-07 find the server (api.server_info.find_server); set once a start was made
+    step.record = step.record.model_copy(update={"base_url": api_address(profile)})
 
 
 def state_left(profile, cluster, sidecar: dict[str, Any] | None) -> str:
     """What a resume re-checks before skipping a passed 04: every rank still runs the configuration that
     step started (same fingerprint). '' when intact, else why not."""
-    fingerprint = ((sidecar or {}).get("data") or {}).get("fingerprint", "")
-    if not fingerprint:
-        return "04_launch recorded no fingerprint"
+    try:
+        fingerprint = record_from_sidecar(sidecar, LaunchRecord).fingerprint
+    except RecordError as err:         # an older run's 04: resume runs it again
+        return f"{err.what}: {err.fix}"
     states = cluster.each(lambda node: ranks.rank_state(node, profile))
     for name, st in states.items():
         if isinstance(st, Exception):

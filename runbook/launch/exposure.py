@@ -80,7 +80,7 @@ def node_exposure(node: Node, profile, *, peers: list[str], key_set: bool) -> Ch
         return check("ports exposed", False, node=node.name, observed=f"the API listens on {api_open[0].local_ip}:"
                      f"{profile.port} without an API key", expected="a key for a bind beyond loopback",
                      fix="stop the server, set VLLM_API_KEY (or let step 04 generate it), start again")
-    own = {node.spec.fabric_ip, getattr(node.spec, "bootstrap_ip", "")} - {""}
+    own = {node.spec.fabric_ip, node.spec.bootstrap_ip} - {""}
     wide = [s for s in listening if _beyond_loopback(s) and s.local_ip not in own]
     fabric = [s for s in listening if s.local_ip in own]
     parts = []

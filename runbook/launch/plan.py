@@ -1,25 +1,24 @@
 """The launch plan from the nodes: what render needs to know about each node (read-only) and every rank's
 rendered command.
 
-    plan = launch_plan(cluster, profile, run.read_sidecar("01_network"))    # what step 04 and `start` render
-    gids = gid_indexes(cluster, profile, sidecar)     # those step 01 resolved, else resolved now (read-only)
+    plan = launch_plan(cluster, profile, run.read_record(NetworkRecord, missing_ok=True))   # step 04 and `start`
+    gids = gid_indexes(cluster, profile, network)     # those step 01 resolved, else resolved now (read-only)
     facts = gather_facts(cluster, profile, gid_indexes=gids)          # home, GID index, packed Engram, lab mounts
     plan = render_plan(cluster, profile, gid_indexes=gids)            # facts + render.render; nothing runs
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from . import render
 from .render import LaunchPlan, NodeFacts
 from ..facts import net as fnet, rdma as frdma
+from ..records import NetworkRecord
 from ..remote import Cluster, Node, quote
 
 __all__ = [
     "gather_facts",
     "gid_indexes",
-    "gids_from_network_sidecar",
     "launch_plan",
     "render_plan",
 ]
@@ -44,21 +43,12 @@ def _lab_runtime_mounts(profile) -> tuple[str, ...]:
     return tuple(dict.fromkeys(mounts))
 
 
-def gids_from_network_sidecar(sidecar: dict[str, Any] | None) -> dict[str, int]:
-    """Per-node GID index the network step (01) resolved from sysfs (its ``net.gid`` checks)."""
-    out: dict[str, int] = {}
-    for rec in (sidecar or {}).get("checks", []):
-        if rec.get("name") == "net.gid" and isinstance((rec.get("data") or {}).get("resolved"), int):
-            out[rec.get("node", "")] = rec["data"]["resolved"]
-    return out
-
-
-def gid_indexes(cluster: Cluster, profile, network_sidecar: dict[str, Any] | None = None) -> dict[str, int]:
+def gid_indexes(cluster: Cluster, profile, network: NetworkRecord | None = None) -> dict[str, int]:
     """The GID index of each node, for the ranks whose ``<NODE>_GID`` is ``auto``: the ones 01_network
-    resolved when the run has its sidecar, else resolved now from each node's RoCE GID table with the same
+    resolved (its record) when the run has one, else resolved now from each node's RoCE GID table with the same
     resolver (read-only). EXPECT_RDMA=0: none (01_network resolves none either)."""
-    if network_sidecar is not None:
-        return gids_from_network_sidecar(network_sidecar)
+    if network is not None:
+        return dict(network.gid_index)
     if not profile.expect_rdma:
         return {}
     from ..lab import sim
@@ -77,7 +67,7 @@ def gid_indexes(cluster: Cluster, profile, network_sidecar: dict[str, Any] | Non
 def gather_facts(cluster: Cluster, profile, *, gid_indexes: dict[str, int] | None = None) -> dict[str, NodeFacts]:
     """Per node: $HOME, whether this rank's packed Engram shard exists, and (lab docker) the host
     directories to bind-mount. ``gid_indexes`` are the GID indexes the network step resolved
-    (:func:`gids_from_network_sidecar`); they are used where the profile says ``auto`` (seed B's
+    (:func:`gid_indexes`); they are used where the profile says ``auto`` (seed B's
     ``auto`` leaves NCCL_IB_GID_INDEX unset instead, so NCCL picks per HCA). Read-only."""
     gid_indexes = dict(gid_indexes or {})
 
@@ -109,7 +99,7 @@ def render_plan(cluster: Cluster, profile, *, secrets=None, node_overrides=None,
                          api_key_set=bool(secrets.api_key), node_overrides=node_overrides)
 
 
-def launch_plan(cluster: Cluster, profile, network_sidecar: dict[str, Any] | None = None) -> LaunchPlan:
+def launch_plan(cluster: Cluster, profile, network: NetworkRecord | None = None) -> LaunchPlan:
     """The plan step 04 and ``python -m runbook start`` both start: rendered with :func:`gid_indexes`, so
-    with ``<NODE>_GID=auto`` both compute one fingerprint."""
-    return render_plan(cluster, profile, gid_indexes=gid_indexes(cluster, profile, network_sidecar))
+    with ``<NODE>_GID=auto`` both compute one fingerprint. ``network``: step 01's record in this run, if it ran."""
+    return render_plan(cluster, profile, gid_indexes=gid_indexes(cluster, profile, network))

@@ -25,12 +25,13 @@ def run(step, *, traffic: bool = True, iperf_seconds: int = 3, install_tools: bo
         install_tools = step.profile.install_net_tools
     if step.profile.rehearsal:
         step.add(sim.install(step.cluster, step.profile))
-    checks, raw = verify_network(step.profile, step.cluster, traffic=traffic, iperf_seconds=iperf_seconds,
-                                 install_tools=install_tools)
-    step.add(checks)
-    step.archive(raw)
-    step.data["bandwidth"] = bandwidth_rows(checks)
-    figure = plot_bandwidth(checks, step.profile)
+    net = verify_network(step.profile, step.cluster, traffic=traffic, iperf_seconds=iperf_seconds,
+                         install_tools=install_tools)
+    step.add(net.checks)
+    step.archive(net.raw)
+    step.record = net.record          # what 04 and the bench read (runbook.records.NetworkRecord)
+    step.data["bandwidth"] = bandwidth_rows(net.checks)
+    figure = plot_bandwidth(net.checks, step.profile)
     step.raw_dir.mkdir(parents=True, exist_ok=True)
     figure.savefig(step.raw_dir / "bandwidth.png", dpi=110, bbox_inches="tight")
     return figure

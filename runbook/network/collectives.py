@@ -203,7 +203,7 @@ def sweep_record(res) -> str:
     other = [l for l in (res.stdout or "").splitlines() if l.strip() and not l.strip().startswith("{")]
     if other:
         doc["stdout"] = "\n".join(other)
-    if (getattr(res, "stderr", "") or "").strip():
+    if (res.stderr or "").strip():
         doc["stderr"] = res.stderr
     return json.dumps(doc, indent=2) + "\n"
 
@@ -222,7 +222,7 @@ def sweep_checks(ctx: Verification, rails: list[Rail], python: str | None, max_b
         ifaces = {n.name: rail.ends[n.name].iface for n in ctx.nodes}
     else:       # no rail joins every node (per-subnet rails): the all-reduce runs where vLLM's Gloo does
         master = ctx.profile.master_addr
-        ifaces = {n.name: getattr(n.spec, "socket_if", "") or split_list(n.spec.fabric_if)[0] for n in ctx.nodes}
+        ifaces = {n.name: n.spec.socket_if or split_list(n.spec.fabric_if)[0] for n in ctx.nodes}
 
     def run(node):
         cmd = sweep_cmd(python, rank=ranks[node.name], world_size=len(ctx.nodes), master=master,

@@ -18,8 +18,9 @@ from ..evidence import write_redacted
 from ..facts import net as fnet
 from ..facts import rdma as fr
 from ..lab import sim
+from ..records import NETWORK
 
-STEP = "01_network"
+STEP = NETWORK.id
 EVIDENCE_PREFIX = f"raw/{STEP}"
 
 
@@ -51,7 +52,7 @@ def split_list(value: Any) -> list[str]:
 
 
 def text_of(res) -> str:
-    return (res.stdout or "") + (("\n" + res.stderr) if getattr(res, "stderr", "") else "")
+    return (res.stdout or "") + (("\n" + res.stderr) if res.stderr else "")
 
 
 @dataclass

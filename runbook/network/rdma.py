@@ -36,6 +36,7 @@ class GidPlan:
     """The GID index each rank uses (perftest's ``-x``, NCCL_IB_GID_INDEX), from the ``net.gid`` rows."""
     cluster: fr.ClusterGid | None = None
     per_node: dict[str, int | None] = field(default_factory=dict)   # what each rank should use
+    resolved: dict[str, int] = field(default_factory=dict)          # the index resolved from sysfs, per node
 
 
 def gid_checks(ctx: Verification) -> GidPlan:
@@ -50,8 +51,10 @@ def gid_checks(ctx: Verification) -> GidPlan:
         ng = fr.resolve_node_gid(node.name, f.gids, split_list(node.spec.ib_devs), f.netdev_ipv4, f.hca_netdev,
                                  match_ip=str(node.spec.fabric_ip))
         resolved.append(ng)
+        if ng.index is not None:
+            plan.resolved[node.name] = ng.index
         ev = [f"{EVIDENCE_PREFIX}/{node.name}/gids.tsv"]
-        pin = _pin(getattr(node.spec, "gid", None))
+        pin = _pin(node.spec.gid)
         if ng.index is None:
             ctx.add_hw(check("net.gid", False, node=node.name, observed=ng.problem, expected="a RoCE v2 ::ffff:<IPv4> GID shared by the node's HCAs",
                           fix="give each HCA's netdev its IPv4 (netplan re-apply), check the port is ACTIVE; "

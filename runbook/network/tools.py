@@ -151,7 +151,7 @@ def locate(node, profile, *, rehearsal_dir: str = "", tests_dir: str = "", need_
         t.nccl_homes = [posixpath.join(home, d) for d in NCCL_HOMES]
     res = node.read(probe_cmd(t.candidates, tools=wanted_tools(need_perftest, need_nccl), nccl_homes=t.nccl_homes,
                               hide=hide), timeout=20)
-    return parse_probe(getattr(res, "stdout", ""), t, hide)
+    return parse_probe(res.stdout, t, hide)
 
 
 def tools_check(node, t: NodeTools, *, need_perftest: bool, need_nccl: bool, install: bool,
@@ -251,8 +251,8 @@ def rehearsal_fix(missing: list[str]) -> str:
 
 def locate_again(node, t: NodeTools, tools: tuple[str, ...]) -> NodeTools:
     res = node.read(probe_cmd(t.candidates, tools=tools, nccl_homes=t.nccl_homes), timeout=20)
-    return parse_probe(getattr(res, "stdout", ""), NodeTools(node=t.node, candidates=t.candidates, src_dir=t.src_dir,
-                                                             nccl_homes=t.nccl_homes))
+    return parse_probe(res.stdout, NodeTools(node=t.node, candidates=t.candidates, src_dir=t.src_dir,
+                                                 nccl_homes=t.nccl_homes))
 
 
 def tools_checks(ctx: Verification, tests_dir: str, install: bool) -> None:

@@ -12,16 +12,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ..checks import Status
+from ..records import STEPS
 from .runfiles import number
 
 __all__ = ["ReportFigure", "CheckRow", "StepInfo", "Verdict", "ReportModel", "STEP_TITLES", "VALIDATED", "CANDIDATE",
            "close", "rounding_rel_tol", "headline", "headline_keys", "step_title"]
 
-STEP_TITLES = {
-    "00_preflight": "Preflight", "01_network": "Network", "02_weights": "Weights", "03_engram": "Engram",
-    "04_launch": "Launch", "05_smoke": "Smoke test", "06_vision_tools": "Vision and tools",
-    "07_bench": "Benchmark", "08_report": "Report",
-}
+STEP_TITLES = {s.id: s.title for s in STEPS}        # runbook.records: the one table of steps
 
 
 def step_title(name: str) -> str:

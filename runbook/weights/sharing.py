@@ -117,7 +117,7 @@ def verify_on_node(node, directory: str, expected: dict[str, Any], *, python: st
         res = node.run(cmd, timeout=timeout, warn=True)
     finally:
         node.run(f"rm -f {_q(exp_remote)}", timeout=30, warn=True)
-    if getattr(res, "dry_run", False):
+    if res.dry_run:
         return {"ok": True, "dry_run": True, "files": [], "failed": [], "command": cmd}
     report = _last_json(res.stdout)
     if report is None or res.exit_code not in (0, 1) or "files" not in report:
@@ -186,7 +186,7 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
                                         f"({total / max(seconds, 1e-9) / 1e9:.2f} GB/s incl. skipped files)",
                                expected="exit 0", fix="see the rsync output in commands.jsonl; re-run resumes "
                                                      "(--partial)", data=dict(result.data)))
-    if not res.ok or getattr(res, "dry_run", False):
+    if not res.ok or res.dry_run:
         return result
     report = verify_on_node(worker, dst_tree, manifest_to_expected(head_manifest), python=python,
                             workers=workers)
@@ -261,13 +261,13 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
     seconds = time.monotonic() - t0
     out = _last_json(res.stdout) or {}
     result.data.update(command=cmd, seconds=round(seconds, 2), dest=dest, tree=tree, layout=layout)
-    ok = res.ok and bool(out.get("ok")) or getattr(res, "dry_run", False)
+    ok = res.ok and bool(out.get("ok")) or res.dry_run
     result.checks.append(check("weights.download", ok, node=node.name,
                                observed=f"exit {res.exit_code} in {seconds:.1f} s {out.get('error', '')}".strip(),
                                expected="the pinned download completes (node_download.py, standard library)",
                                fix="check HF_ENDPOINT (and HF_TOKEN for a gated repo) from the node; re-run keeps "
                                    "finished files and continues a cut one from its partial"))
-    if not ok or getattr(res, "dry_run", False):
+    if not ok or res.dry_run:
         return result
     if out.get("resumable"):
         result.checks.append(fetched_check(out["resumable"], node=node.name))
@@ -305,7 +305,7 @@ def nfs_share(head, worker, export_dir: str, mountpoint: str, *, execute: bool,
     result.checks.extend(refused)
     # a dry run (the offline review among them) records the commands it would run even past a refused sudo
     # probe, so a reviewer sees the whole share; a real run stops here, before anything changes
-    if refused and not (getattr(head, "dry_run", False) and getattr(worker, "dry_run", False)):
+    if refused and not (head.dry_run and worker.dry_run):
         return result
     for cmd in cmds["head"]:
         head.run(cmd, timeout=60)
@@ -486,7 +486,7 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
              timeout=30)
     started = head.run(f"setsid nohup ganesha.nfsd -f {_q(state_dir)}/ganesha.conf -L {_q(state_dir)}/ganesha.log "
                        f"-p {_q(state_dir)}/ganesha.pid -N NIV_EVENT </dev/null >/dev/null 2>&1 &", timeout=30)
-    if getattr(started, "dry_run", False):
+    if started.dry_run:
         result.checks.append(not_applicable("weights.nfs.server", "dry run: the server's commands were recorded, "
                                             "nothing was started", node=head.name))
         return result

@@ -451,14 +451,14 @@ def test_start_progress_is_a_non_periodic_log_line():
     assert not ranks.log_progressed(W(True, 10, []), W(True, 10, []))
 
 
-def test_gids_from_the_network_sidecar_and_api_host():
-    from runbook.launch.plan import gids_from_network_sidecar
+def test_gids_from_the_network_record_and_api_host():
+    from runbook.launch.plan import gid_indexes
+    from runbook.records import NetworkRecord
     from runbook.api import endpoint
-    side = {"checks": [{"name": "net.gid", "node": "head", "data": {"resolved": 3}},
-                       {"name": "net.gid", "node": "worker", "data": {}},
-                       {"name": "net.mtu", "node": "head", "data": {"resolved": 9}}]}
-    assert gids_from_network_sidecar(side) == {"head": 3}
-    assert gids_from_network_sidecar(None) == {}
+    profile = load_profile(ENV / "exl3-v41.env")
+    # 01's record answers; no node is read (the cluster would refuse any read)
+    assert gid_indexes(None, profile, NetworkRecord(gid_index={"head": 3})) == {"head": 3}
+    assert gid_indexes(None, load_profile(ENV / "lab.env"), None) == {}          # EXPECT_RDMA=0, no 01
     assert endpoint.api_host(load_profile(ENV / "exl3-v41.env")) == "spark1"
     assert endpoint.api_host(load_profile(ENV / "lab.env", {"HEAD_SSH": "root@10.1.2.3:2222", "SSH_CONFIG": ""})) \
         == "10.1.2.3"

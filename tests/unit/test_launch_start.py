@@ -34,10 +34,9 @@ def spark(monkeypatch):
 
 def test_start_outside_a_run_renders_step_04s_fingerprint(spark, monkeypatch):
     profile, cluster = spark
-    checks, _ = verify_network(profile, cluster, traffic=False)               # what 01_network records
-    sidecar = {"checks": [c.to_record() for c in checks]}
-    assert [c.data["resolved"] for c in checks if c.name == "net.gid"] == [3, 3]
-    step_04 = launch_plan(cluster, profile, sidecar)
+    net = verify_network(profile, cluster, traffic=False)               # what 01_network records
+    assert net.record.gid_index == {"head": 3, "worker": 3}
+    step_04 = launch_plan(cluster, profile, net.record)
 
     started = []
     monkeypatch.setattr(cli, "_server_cluster", lambda args: (profile, cluster))

@@ -1,8 +1,13 @@
-"""The folder tree is the architecture: components stacked by layer, no upward import, no cycle, no
-private name reached across modules. Parsed from the source (every import, also inside functions)."""
+"""The folder tree is the architecture: components stacked by layer, no upward import, no cycle (between modules,
+or between the components of one layer), no private name reached across modules. Parsed from the source: every
+import statement (also inside functions), ``importlib.import_module("runbook.…")`` and ``__import__("runbook.…")``
+with their literal names, and attribute chains that reach a module through an imported package
+(``import runbook; runbook.launch.server.start(…)``). One checker (:func:`layer_violations`) reads the real
+package and, in the negative tests at the end, small planted packages that must each be reported."""
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +20,7 @@ LAYERS = [
     {"__init__", "errors", "checks"},                # the package root holds only its docstring and version
     {"secrets", "envfile"},
     {"profile"},
-    {"remote", "evidence"},
+    {"remote", "evidence", "records"},              # records: the table of steps and their typed records
     {"facts"},
     {"step", "fit", "diagnose"},                     # what every step records through; shared models
     {"api", "engram_tools", "weights_tools"},        # shared services: the server's API; Engram's and the weights' node tools
@@ -35,77 +40,209 @@ def component(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(PKG.parent).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts = parts[:-1]
-    return ".".join(parts)
+@dataclass(frozen=True)
+class Ref:
+    """One reach from a module to another: ``how`` is import | import_module | __import__ | attribute | dynamic."""
+    target: str
+    names: tuple[str, ...]
+    line: int
+    how: str = "import"
 
 
-MODULES = sorted(p for p in PKG.rglob("*.py"))
-KNOWN = {module_name(p) for p in MODULES}
+class Tree:
+    """The modules of one package folder (the real ``runbook/``, or a planted one in a test's tmp dir)."""
 
+    def __init__(self, pkg: Path):
+        self.pkg = Path(pkg)
+        self.root = self.pkg.name
+        self.modules = sorted(self.pkg.rglob("*.py"))
+        self.known = {self.module_name(p) for p in self.modules}
 
-def imports_of(path: Path) -> list[tuple[str, list[str], int]]:
-    """(imported module, names, line) for every import statement, resolved to absolute names."""
-    mod = module_name(path)
-    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out += [(a.name, [], node.lineno) for a in node.names if a.name.startswith("runbook")]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            if target.startswith("runbook"):
+    def module_name(self, path: Path) -> str:
+        parts = list(path.relative_to(self.pkg.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        return ".".join(parts)
+
+    def rel(self, path: Path) -> str:
+        return str(path.relative_to(self.pkg.parent))
+
+    def ours(self, name: str) -> bool:
+        return name == self.root or name.startswith(self.root + ".")
+
+    def deepest(self, module: str, attrs: list[str]) -> str:
+        """``module`` extended by the attributes that name its submodules (``runbook`` + launch.server.x ->
+        ``runbook.launch.server``)."""
+        for attr in attrs:
+            if f"{module}.{attr}" not in self.known:
+                break
+            module = f"{module}.{attr}"
+        return module
+
+    def refs(self, path: Path) -> list[Ref]:
+        """Every reach from ``path`` into the package, resolved to absolute module names."""
+        mod = self.module_name(path)
+        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+
+        def absolute(name: str, level: int) -> str:
+            if not level:
+                return name
+            base = package.split(".")
+            base = base[: len(base) - (level - 1)]
+            return ".".join(base + ([name] if name else []))
+
+        tree = ast.parse(path.read_text(), str(path))
+        out: list[Ref] = []
+        bound: dict[str, str] = {}        # a local name -> the package module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if self.ours(a.name):
+                        out.append(Ref(a.name, (), node.lineno))
+                        bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else self.root
+            elif isinstance(node, ast.ImportFrom):
+                target = absolute(node.module or "", node.level)
+                if not self.ours(target):
+                    continue
                 names = [a.name for a in node.names]
                 # "from . import x": x is a submodule, or a name the package's __init__ defines
-                subs = [n for n in names if f"{target}.{n}" in KNOWN]
-                out += [(f"{target}.{n}", [], node.lineno) for n in subs]
-                rest = [n for n in names if n not in subs]
+                subs = [a for a in node.names if f"{target}.{a.name}" in self.known]
+                out += [Ref(f"{target}.{a.name}", (), node.lineno) for a in subs]
+                bound.update({a.asname or a.name: f"{target}.{a.name}" for a in subs})
+                rest = tuple(n for n in names if n not in {a.name for a in subs})
                 if rest:
-                    out.append((target, rest, node.lineno))
+                    out.append(Ref(target, rest, node.lineno))
+        importers = {"import_module": "import_module", "__import__": "__import__"}
+        for node in ast.walk(tree):       # "from importlib import import_module as load"
+            if isinstance(node, ast.ImportFrom) and node.module == "importlib" and not node.level:
+                importers.update({a.asname or a.name: a.name for a in node.names if a.name == "import_module"})
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            called = importers.get(fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", ""))
+            if called is None or not node.args:
+                continue
+            arg = node.args[0]
+            if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+                out.append(Ref("?", (), node.lineno, "dynamic"))    # a computed name no test can follow
+                continue
+            name = arg.value
+            if called == "import_module":
+                level = len(name) - len(name.lstrip("."))
+                anchor = node.args[1] if len(node.args) > 1 else next(
+                    (k.value for k in node.keywords if k.arg == "package"), None)
+                if level and isinstance(anchor, ast.Constant) and isinstance(anchor.value, str):
+                    base = anchor.value.split(".")        # import_module(".x", "runbook.launch")
+                    target = ".".join(base[: len(base) - (level - 1)] + [name.lstrip(".")]).rstrip(".")
+                else:
+                    target = absolute(name.lstrip("."), level)
+            else:
+                level = next((k.value.value for k in node.keywords if k.arg == "level"
+                              and isinstance(k.value, ast.Constant)), 0)
+                target = absolute(name, level)
+            if self.ours(target):
+                out.append(Ref(target, (), node.lineno, called))
+        # attribute chains through a bound package: runbook.launch.server.start -> runbook.launch.server
+        inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or id(node) in inner:     # the whole chain once
+                continue
+            attrs, base = [], node
+            while isinstance(base, ast.Attribute):
+                attrs.insert(0, base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in bound:
+                start = bound[base.id]
+                reached = self.deepest(start, attrs)
+                if reached != start:
+                    out.append(Ref(reached, (), node.lineno, "attribute"))
+        return list(dict.fromkeys(out))
+
+    def graph(self) -> dict[str, set[str]]:
+        """module -> the modules it reaches (a package import is an edge to its ``__init__``)."""
+        return {self.module_name(p): {r.target for r in self.refs(p) if r.target in self.known}
+                - {self.module_name(p)} for p in self.modules}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}
+    found: list[str] = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, set())):
+            if state.get(d) == 1:
+                found.append(" -> ".join(stack[stack.index(d):] + [d]))
+            elif d not in state:
+                visit(d, stack)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+    return found
+
+
+RULES = ("layer", "upward", "step_to_step", "private", "dynamic", "module_cycle", "component_cycle")
+
+
+def layer_violations(pkg: Path) -> dict[str, list[str]]:
+    """rule -> what breaks it in the package at ``pkg`` (every rule of this file's drawing)."""
+    tree = Tree(pkg)
+    out: dict[str, list[str]] = {rule: [] for rule in RULES}
+    comp_graph: dict[str, set[str]] = {}
+    for path in tree.modules:
+        mod = tree.module_name(path)
+        me = component(mod)
+        if me not in LAYER_OF:
+            out["layer"].append(f"{tree.rel(path)}: component {me!r} has no layer in LAYERS")
+            continue
+        for ref in tree.refs(path):
+            where = f"{tree.rel(path)}:{ref.line}"
+            via = "" if ref.how == "import" else f" (through {ref.how})"
+            if ref.how == "dynamic":
+                out["dynamic"].append(f"{where}: import by a computed name (write the module's name as a literal)")
+                continue
+            other = component(ref.target)
+            if other not in LAYER_OF:
+                out["layer"].append(f"{where}: {ref.target}: component {other!r} has no layer in LAYERS")
+                continue
+            if LAYER_OF[other] > LAYER_OF[me]:
+                out["upward"].append(f"{where}: {me} (layer {LAYER_OF[me]}) imports {ref.target} "
+                                     f"(layer {LAYER_OF[other]}){via}")
+            if me in STEPS and other in STEPS and other != me:
+                out["step_to_step"].append(f"{where}: step {me} imports step {ref.target}{via}")
+            private = [n for n in ref.names if n.startswith("_") and not n.startswith("__")]
+            if private and ref.target != mod:
+                out["private"].append(f"{where}: imports {private} from {ref.target}")
+            if other != me:
+                comp_graph.setdefault(me, set()).add(other)
+    out["module_cycle"] = cycles(tree.graph())
+    # two components of one layer reaching each other through different modules form no module cycle,
+    # yet neither can be understood (or moved) without the other
+    out["component_cycle"] = cycles(comp_graph)
     return out
 
 
+REAL = layer_violations(PKG)
+MODULES = Tree(PKG).modules
 
 
 def test_every_component_has_a_layer():
     assert MODULES, "no modules found"
-    unknown = {component(module_name(p)) for p in MODULES} - set(LAYER_OF)
-    assert not unknown, f"components without a layer in LAYERS: {sorted(unknown)}"
+    assert not REAL["layer"], "\n".join(REAL["layer"])
 
 
 def test_no_upward_imports():
-    violations = []
-    for path in MODULES:
-        me = component(module_name(path))
-        for target, _, line in imports_of(path):
-            other = component(target)
-            assert other in LAYER_OF, f"{path}:{line}: {target}: component {other!r} has no layer"
-            if LAYER_OF[other] > LAYER_OF[me]:
-                violations.append(f"{path.relative_to(PKG.parent)}:{line}: {me} (layer {LAYER_OF[me]}) imports "
-                                  f"{target} (layer {LAYER_OF[other]})")
-    assert not violations, "\n".join(violations)
+    assert not REAL["upward"], "\n".join(REAL["upward"])
 
 
 def test_no_step_imports_another_step():
     """A step package reaches what another step also needs through a shared layer below both."""
-    violations = []
-    for path in MODULES:
-        me = component(module_name(path))
-        if me not in STEPS:
-            continue
-        for target, _, line in imports_of(path):
-            other = component(target)
-            if other in STEPS and other != me:
-                violations.append(f"{path.relative_to(PKG.parent)}:{line}: step {me} imports step {target}")
-    assert not violations, "\n".join(violations)
+    assert not REAL["step_to_step"], "\n".join(REAL["step_to_step"])
 
 
 def test_every_step_has_a_package():
@@ -115,51 +252,22 @@ def test_every_step_has_a_package():
 
 
 def test_no_private_names_across_modules():
-    violations = []
-    for path in MODULES:
-        mod = module_name(path)
-        for target, names, line in imports_of(path):
-            if target == mod:
-                continue
-            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
-            if private:
-                violations.append(f"{path.relative_to(PKG.parent)}:{line}: imports {private} from {target}")
-    assert not violations, "\n".join(violations)
+    assert not REAL["private"], "\n".join(REAL["private"])
 
 
-def _graph() -> dict[str, set[str]]:
-    """module -> the modules it imports (a package import is an edge to its ``__init__``)."""
-    graph: dict[str, set[str]] = {}
-    for path in MODULES:
-        mod = module_name(path)
-        graph[mod] = {target for target, _, _ in imports_of(path) if target in KNOWN} - {mod}
-    return graph
+def test_no_import_by_computed_name():
+    """``import_module(name)`` with a computed name hides an edge from every rule above."""
+    assert not REAL["dynamic"], "\n".join(REAL["dynamic"])
 
 
 def test_no_import_cycles():
-    graph = _graph()
-    assert len(graph) > 20
     # no exemption: a submodule importing its own package's __init__ (which imports the submodule) is a cycle
-    def edges(m):
-        return graph.get(m, set())
-    state: dict[str, int] = {}
-    cycles = []
+    assert len(Tree(PKG).graph()) > 20
+    assert not REAL["module_cycle"], "\n".join(REAL["module_cycle"])
 
-    def visit(m, stack):
-        state[m] = 1
-        stack.append(m)
-        for d in edges(m):
-            if state.get(d) == 1:
-                cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
-            elif d not in state:
-                visit(d, stack)
-        stack.pop()
-        state[m] = 2
 
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [])
-    assert not cycles, "\n".join(cycles)
+def test_no_cycle_between_components():
+    assert not REAL["component_cycle"], "\n".join(REAL["component_cycle"])
 
 
 @pytest.mark.parametrize("name", sorted(STEPS))
@@ -191,7 +299,7 @@ def test_nothing_below_run_takes_the_step():
     found: dict[str, set[str]] = {}
     for path in MODULES:
         rel = str(path.relative_to(PKG))
-        if component(module_name(path)) not in packages or path.name == "__init__.py":
+        if component(Tree(PKG).module_name(path)) not in packages or path.name == "__init__.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -206,3 +314,80 @@ def test_nothing_below_run_takes_the_step():
                         found.setdefault(rel, set()).add(f"{node.name}.step")
     assert scanned > 100, f"only {scanned} functions scanned below the steps' run: the package list is wrong"
     assert not found, f"these take the step below run (return rows and data instead): {found}"
+
+
+# -- the checker against planted violations: each must be reported (a checker that reports nothing fails here) ----
+
+CLEAN = {
+    "__init__.py": '"""root"""\n',
+    "errors.py": '"""errors"""\n',
+    "api/__init__.py": '"""api"""\n',
+    "api/client.py": "from ..errors import __doc__ as _unused\n",
+    "api/guards.py": '"""guards"""\n',
+    "engram_tools/__init__.py": '"""engram tools"""\n',
+    "engram_tools/layout.py": "from ..api import client\n",
+    "launch/__init__.py": "from . import server\n",
+    "launch/server.py": "from ..api import client\n\ndef start():\n    return client\n",
+    "smoke/__init__.py": "import runbook.api\n\ndef run(step):\n    return runbook.api.client\n",
+}
+
+
+def planted(tmp_path: Path, changes: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """The checker's verdict on a small package ``runbook`` written under ``tmp_path``: CLEAN with ``changes``
+    (file -> text) written over it."""
+    files = {**CLEAN, **(changes or {})}
+    for rel, text in files.items():
+        path = tmp_path / "runbook" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return layer_violations(tmp_path / "runbook")
+
+
+def test_the_clean_planted_package_passes(tmp_path):
+    """The base the plants change is clean, so each negative test below fails only for its plant."""
+    found = planted(tmp_path)
+    assert not any(found.values()), found
+    assert Tree(tmp_path / "runbook").graph()["runbook.smoke"] == {"runbook.api", "runbook.api.client"}
+
+
+def test_planted_import_module_upward(tmp_path):
+    found = planted(tmp_path, {"api/client.py": 'import importlib\n\ndef later():\n'
+                                              '    return importlib.import_module("runbook.launch.server")\n'})
+    assert found["upward"] == ["runbook/api/client.py:4: api (layer 6) imports runbook.launch.server (layer 9) "
+                               "(through import_module)"]
+
+
+def test_planted_aliased_relative_import_module_between_steps(tmp_path):
+    found = planted(tmp_path, {"smoke/__init__.py": 'from importlib import import_module as load\n\ndef run(step):\n'
+                                                  '    return load(".server", "runbook.launch")\n'})
+    assert found["step_to_step"] == ["runbook/smoke/__init__.py:4: step smoke imports step runbook.launch.server "
+                                     "(through import_module)"]
+
+
+def test_planted_dunder_import_upward(tmp_path):
+    found = planted(tmp_path, {"api/guards.py": 'def later():\n    return __import__("runbook.launch", fromlist=["x"])\n'})
+    assert found["upward"] == ["runbook/api/guards.py:2: api (layer 6) imports runbook.launch (layer 9) "
+                               "(through __import__)"]
+
+
+def test_planted_attribute_chain_through_a_step(tmp_path):
+    """``import runbook.api`` binds ``runbook``: ``runbook.launch.server`` then reaches another step."""
+    found = planted(tmp_path, {"smoke/__init__.py": 'import runbook.api\n\ndef run(step):\n'
+                                                  '    return runbook.launch.server.start()\n'})
+    assert found["step_to_step"] == ["runbook/smoke/__init__.py:4: step smoke imports step runbook.launch.server "
+                                     "(through attribute)"]
+
+
+def test_planted_cycle_inside_one_layer(tmp_path):
+    """api.guards -> engram_tools.layout -> api.client: no module cycle, but api and engram_tools (one layer)
+    need each other."""
+    found = planted(tmp_path, {"api/guards.py": "from ..engram_tools import layout\n"})
+    assert found["module_cycle"] == []
+    assert found["component_cycle"] == ["api -> engram_tools -> api"]
+
+
+def test_planted_import_by_computed_name(tmp_path):
+    found = planted(tmp_path, {"api/guards.py": 'import importlib\nNAME = "runbook.launch"\n'
+                                                'mod = importlib.import_module(NAME)\n'})
+    assert found["dynamic"] == ["runbook/api/guards.py:3: import by a computed name (write the module's name as a "
+                                "literal)"]

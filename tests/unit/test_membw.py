@@ -9,9 +9,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from support.doubles import FakeCluster, FakeNode, res
 from support.profiles import profile_from
 
 from runbook.bench import membw
@@ -100,32 +100,25 @@ def test_ranks_within_80_percent_are_valid_and_one_rank_is_not_judged():
     assert valid is None and row.status == Status.NA
 
 
-class FakeNode:
-    def __init__(self, name, stdout):
-        self.name, self.stdout, self.commands = name, stdout, []
-
-    def read(self, command, timeout):
-        self.commands.append((command, timeout))
-        return SimpleNamespace(stdout=self.stdout, stderr="", dry_run=False)
+def _node(name: str, rank: int, answer) -> FakeNode:
+    """A node whose memory-bandwidth probe answers ``answer`` (stdout, or an exception raised)."""
+    return FakeNode(name, rank, rules=[(r"membw_probe|RUNBOOK_MEMBW", answer)], read_only=True)
 
 
 def test_probe_ranks_runs_one_node_after_another_and_records_rows(tmp_path):
-    nodes = [FakeNode("head", json.dumps(_r(11.5))), FakeNode("worker", "python3: not found")]
-    results, rows, raws = membw.probe_ranks(SimpleNamespace(nodes=nodes), _profile(), "before",
-                                            raw_prefix="raw/07_bench")
+    nodes = [_node("head", 0, json.dumps(_r(11.5))), _node("worker", 1, res(127, "", "python3: not found"))]
+    results, rows, raws = membw.probe_ranks(FakeCluster(nodes), _profile(), "before", raw_prefix="raw/07_bench")
     assert results["head"]["gbs"] == 11.5 and results["worker"]["error"]
     assert [r.status for r in rows] == [Status.PASS, Status.WARN]
     assert rows[0].name == "memory bandwidth before bench" and "11.5 GB/s" in rows[0].observed
     assert set(raws) == {"membw_before_head.json", "membw_before_worker.json"}
     assert rows[0].evidence == ["raw/07_bench/membw_before_head.json"]
-    assert all(c[1] == membw.TIMEOUT_S + 30 for n in nodes for c in n.commands)
+    assert all(c.timeout == membw.TIMEOUT_S + 30 for n in nodes for c in n.calls) and nodes[1].calls
 
 
 def test_an_unreachable_node_is_a_warn_row_not_the_end_of_the_bench():
-    class Down(FakeNode):
-        def read(self, command, timeout):
-            raise ConnectionError("ssh: connect to host worker port 22: No route to host")
-    cluster = SimpleNamespace(nodes=[FakeNode("head", json.dumps(_r(230.0))), Down("worker", "")])
+    down = ConnectionError("ssh: connect to host worker port 22: No route to host")
+    cluster = FakeCluster([_node("head", 0, json.dumps(_r(230.0))), _node("worker", 1, down)])
     results, rows, raws = membw.probe_ranks(cluster, _profile(expect_gpu=True, runtime="docker"), "after")
     assert rows[1].status == Status.WARN and "No route to host" in rows[1].observed
     assert "No route to host" in raws["membw_after_worker.json"]

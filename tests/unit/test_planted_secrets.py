@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -88,7 +87,8 @@ def test_a_key_generated_during_the_step_is_masked_in_the_stream(tmp_path, monke
 def test_network_raw_files_are_written_masked(tmp_path, registered):
     from runbook.network.context import Verification
     from runbook.profile import load_profile
-    ctx = Verification(load_profile("env/lab.env", environ={}), SimpleNamespace(nodes=[]), tmp_path / "raw")
+    from support.doubles import FakeCluster
+    ctx = Verification(load_profile("env/lab.env", environ={}), FakeCluster([]), tmp_path / "raw")
     ref = ctx.save("head/ip_addr.txt", _noisy_text())
     files = list((tmp_path / "raw").rglob("*"))
     assert ref.endswith("head/ip_addr.txt") and any(f.is_file() for f in files)

@@ -10,6 +10,7 @@ import pytest
 from runbook.benchmark.result import BenchResult
 from runbook.benchmark.roofline_panel import allreduce_latency, panel_rows, plot_roofline, slowest_bandwidth
 from runbook.fit import roofline as R
+from runbook.records import AllreducePoint, AllreduceSweep, NetworkRecord
 from runbook.report import write
 from runbook.secrets import Redactor
 from support.runs import API, bench_output, build_run, edit_sidecar
@@ -77,15 +78,19 @@ def test_lab_tiny_model_at_cpu_bandwidth_is_not_compared_with_published():
     assert rows[0]["measured_over_ceiling"] == pytest.approx(50.0 * step_s)
 
 
-def test_inputs_from_the_sidecars():
-    net = {"checks": [
-        {"name": "net.allreduce", "node": "head", "data": {"points": [{"bytes": 1024, "time_us": 310.0},
-                                                                      {"bytes": 4096, "time_us": 400.0}]}},
-        {"name": "net.allreduce", "node": "worker", "data": {"points": [{"bytes": 1024, "time_us": 290.0}]}},
-        {"name": "net.tcp", "node": "head", "data": {}}]}
+def _network(*sweeps: tuple[str, list[tuple[int, float]]]) -> NetworkRecord:
+    """Step 01's record with these all-reduce sweeps (node, [(bytes, time_us)])."""
+    return NetworkRecord(gid_index={}, allreduce=tuple(
+        AllreduceSweep(node=node, points=tuple(AllreducePoint(bytes=b, time_us=t) for b, t in pts))
+        for node, pts in sweeps))
+
+
+def test_inputs_from_the_records():
+    net = _network(("head", [(4096, 400.0), (1024, 310.0)]), ("worker", [(1024, 290.0)]))
     s, note = allreduce_latency(net)
     assert s == pytest.approx(310e-6) and "1024 bytes" in note and "head" in note
-    assert allreduce_latency(None)[0] is None
+    assert allreduce_latency(None) == (None, "01_network did not run in this run")
+    assert allreduce_latency(_network()) == (None, "no all-reduce sweep in 01_network")
     bw, note = slowest_bandwidth({"before": {"head": {"gbs": 11.0, "label": "CPU memory bandwidth (lab)"},
                                              "worker": {"gbs": 9.5, "label": "CPU memory bandwidth (lab)"}}})
     assert bw == 9.5e9 and "worker" in note and "(lab)" in note
@@ -123,19 +128,16 @@ def test_report_shows_the_panel_membw_and_reconciliation(tmp_path):
 
 
 def _cluster():
-    from types import SimpleNamespace
+    from support.doubles import FakeCluster, FakeNode, res
     # a head that answers nothing: the checkpoint's headers cannot be read there, so the recipe's config
-    head = SimpleNamespace(name="head", read=lambda cmd, timeout=0, **kw: SimpleNamespace(stdout="", stderr="",
-                                                                                          exit_code=1, ok=False))
-    return SimpleNamespace(head=head, nodes=[head])
+    return FakeCluster([FakeNode("head", 0, rules=[(r"", res(1))], read_only=True)])
 
 
 def test_step_panel_inputs_lab_and_recipe():
     from runbook.bench import ceiling
     from support.runs import recipe_profile
     lab = recipe_profile("env/lab.env")
-    network = {"checks": [
-        {"name": "net.allreduce", "node": "worker", "data": {"points": [{"bytes": 1024, "time_us": 250.0}]}}]}
+    network = _network(("worker", [(1024, 250.0)]))
     res = result("lab", [case("decode-code-thinkoff-c1-p1024-d24", "code", "off", 40.0)])
     membw = {"before": {"head": {"gbs": 12.0, "label": "CPU memory bandwidth (lab)"},
                         "worker": {"gbs": 11.0, "label": "CPU memory bandwidth (lab)"}}}

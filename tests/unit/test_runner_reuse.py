@@ -12,6 +12,7 @@ from runbook import runner
 from runbook.api.server_info import find_server
 from runbook.errors import RunbookError
 from runbook.evidence import RunDir
+from runbook.records import LaunchRecord
 from support.doubles import FakeCluster, FakeNode, NoLock, rank_node
 from support.profiles import ROOT, profile_from
 
@@ -31,7 +32,9 @@ def earlier(tmp_path, monkeypatch):
     results = tmp_path / "results"
     run = RunDir.create("lab", results)
     run.write_sidecar("04_launch", [], {"fingerprint": FP, "base_url": "http://127.0.0.1:8000",
-                                        "served_model_name": "tiny", "launch": {"reused": False}}, "passed")
+                                        "served_model_name": "tiny", "launch": {"reused": False}}, "passed",
+                      LaunchRecord(fingerprint=FP, ranks=(), served_model_name="tiny", max_model_len=4096,
+                                   base_url="http://127.0.0.1:8000"))
     run.record_step("04_launch", status="passed")
     run.record_step("07_bench", status="failed")
     run.update_manifest(status="failed")
@@ -42,7 +45,7 @@ def earlier(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "ClusterLock", NoLock)
     monkeypatch.setattr(runner.Cluster, "from_profile", classmethod(lambda cls, p, **kw: FakeCluster(state["nodes"])))
     monkeypatch.setattr(runbook.launch.plan, "launch_plan",
-                        lambda cluster, profile, sidecar=None: type("Plan", (), {"fingerprint": state["renders"]})())
+                        lambda cluster, profile, network=None: type("Plan", (), {"fingerprint": state["renders"]})())
 
     from runbook.api import server_info
     monkeypatch.setattr(server_info.endpoint, "base_url", lambda p: "http://127.0.0.1:18000")   # no SSH forward
@@ -68,6 +71,8 @@ def test_only_smoke_reuses_the_server_an_earlier_runs_04_launched(earlier):
     sidecar = run_b.read_sidecar("04_launch")
     assert sidecar["status"] == "reused" and sidecar["data"]["reused_from"] == run_a.run_id
     assert sidecar["data"]["base_url"] == "http://127.0.0.1:8000"
+    assert run_b.read_record(LaunchRecord) == run_a.read_record(LaunchRecord).model_copy(
+        update={"reused_from": run_a.run_id})                   # 05 finds the server through the copied record
     assert [r["status"] for r in sidecar["checks"]] == ["NO-OP"] and run_a.run_id in sidecar["checks"][0]["name"]
     manifest = json.loads((run_b.path / "manifest.json").read_text())
     assert manifest["steps"]["04_launch"]["status"] == "reused" and manifest["status"] == "passed"
@@ -95,6 +100,19 @@ def test_no_reuse_when_the_server_is_gone_or_another_configuration(earlier, chan
     assert any("not reusing the server" in line and why in line for line in said), said
 
 
+def test_an_earlier_04_without_a_record_is_not_reused(earlier):
+    """A 04 sidecar of a runbook older than typed records: its fingerprint is not read out of ``data`` by name;
+    the run says why it does not reuse it (before: reused through data.fingerprint)."""
+    run_a, results, state = earlier
+    side = run_a.read_sidecar("04_launch")
+    run_a.write_sidecar("04_launch", side["checks"], side["data"], side["status"])
+    said = []
+    run_b, outcomes = runner.run(ROOT / "env/lab.env", only=["smoke"], results_root=results, echo=said.append,
+                                 lab_up=None)
+    assert run_b.read_sidecar("04_launch") is None and outcomes[0].error == "no server to talk to"
+    assert any("04_launch's sidecar holds no LaunchRecord" in line for line in said), said
+
+
 def test_a_run_that_launches_itself_reuses_nothing(earlier):
     _, results, state = earlier
     run_b, _ = runner.run(ROOT / "env/lab.env", only=["04", "smoke"], results_root=results, echo=lambda _: None,
@@ -115,7 +133,7 @@ def test_a_node_that_does_not_answer_means_no_reuse_not_a_crash(earlier, monkeyp
     from runbook.errors import RemoteError
     _, results, state = earlier
 
-    def unreachable(cluster, profile, sidecar=None):
+    def unreachable(cluster, profile, network=None):
         raise RemoteError("ssh: connect to host spark-worker port 22: No route to host", node="worker")
     monkeypatch.setattr(runbook.launch.plan, "launch_plan", unreachable)
     said = []

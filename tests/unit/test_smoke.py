@@ -18,6 +18,7 @@ from support.fake_vllm import (
 from runbook.smoke import cases as smoke
 from runbook.checks import Status
 from runbook.errors import RunbookError
+from runbook.records import LaunchRecord, RecordError
 from runbook.api.server_info import (
     ApiClient,
     Archive,
@@ -296,8 +297,9 @@ def test_find_server_from_launch_sidecar(tmp_path, monkeypatch):
     monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "none.env"))
     # the sidecar names the head's API; the route to it comes from the profile (API_HOST=0.0.0.0: direct)
     step = make_step(tmp_path, overrides={"API_HOST": "0.0.0.0", "HEAD_SSH": "root@10.77.0.11", "SSH_CONFIG": ""})
-    step.run.write_sidecar("04_launch", [], {"base_url": "http://10.77.0.11:8000 (bound to 0.0.0.0)",
-                                             "served_model_name": "tiny", "max_model_len": 4096}, "passed")
+    step.run.write_sidecar("04_launch", [], {}, "passed", LaunchRecord(
+        fingerprint="f" * 64, ranks=(), served_model_name="tiny", max_model_len=4096,
+        base_url="http://10.77.0.11:8000"))
     s = find_server(step.profile, step.run.path)
     assert (s.base_url, s.model, s.max_model_len, s.source) == ("http://10.77.0.11:8000", "tiny", 4096,
                                                                 "steps/04_launch.json")
@@ -318,9 +320,23 @@ def test_find_server_without_sidecar_or_parameter_raises(tmp_path):
     step = make_step(tmp_path)
     with pytest.raises(RunbookError, match="no server"):
         find_server(step.profile, step.run.path)
-    step.run.write_sidecar("04_launch", [], {"fingerprint": "x"}, "failed")
-    with pytest.raises(RunbookError, match="no base_url"):
+    # a 04 that made no start (action stop or status) records no base_url: said, not guessed
+    step.run.write_sidecar("04_launch", [], {"fingerprint": "x"}, "passed", LaunchRecord(
+        fingerprint="x", ranks=(), served_model_name="tiny", max_model_len=4096))
+    with pytest.raises(RunbookError, match="04_launch of this run made no start") as err:
         find_server(step.profile, step.run.path)
+    assert "action='start'" in err.value.fix
+
+
+@pytest.mark.parametrize("key", ["base_url", "url", "api_base", "openai_base_url"])
+def test_find_server_refuses_an_old_sidecar_whatever_its_url_key(tmp_path, key):
+    """The old reader guessed among four URL keys of 04's ``data``; a sidecar without the typed record now names
+    the step to re-run instead (before: the server was found through whichever key was there)."""
+    step = make_step(tmp_path)
+    step.run.write_sidecar("04_launch", [], {key: "http://10.77.0.11:8000", "served_model_name": "tiny"}, "passed")
+    with pytest.raises(RecordError, match="04_launch's sidecar holds no LaunchRecord") as err:
+        find_server(step.profile, step.run.path)
+    assert "older than typed records" in err.value.what and "re-run 04_launch" in err.value.fix
 
 
 def test_connect_in_dry_run_sends_nothing(tmp_path):

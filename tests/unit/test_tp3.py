@@ -262,8 +262,8 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
     snap = SimpleNamespace(repo="spark-runbook/tiny-tp3", revision="r" * 40, files=[1], total_bytes=10,
                            expected=lambda: {"files": []})
     monkeypatch.setattr(wstep, "fetch_metadata", lambda *a, **k: snap)
-    monkeypatch.setattr(wstep, "download_on_node", lambda node, *a, **k: SimpleNamespace(
-        ok=True, checks=[check("weights.verified", True, node=node.name)], data={"node": node.name}))
+    monkeypatch.setattr(wstep, "download_on_node", lambda node, *a, **k: ShareResult(
+        "download-both", checks=[check("weights.verified", True, node=node.name)], data={"node": node.name}))
     monkeypatch.setattr(wstep, "read_node_manifest", lambda node, d: {"files": []})
 
     def fake_rsync(head, worker, src, dst, **k):
@@ -402,7 +402,8 @@ def _triangle(worker2_ports=2):
 def _rails_of(cluster):
     from runbook.network import rails as net_rails
     from runbook.network.context import Verification
-    ctx = Verification(SimpleNamespace(**{**vars(_net_profile()), "expect_rdma": True}), cluster, None)
+    ctx = Verification(tp3(EXPECT_RDMA=1, EXPECT_GPU=0, EXPECT_LINK_GBPS=0, MIN_TCP_GBPS=0.1, COMMAND_TIMEOUT=20),
+                       cluster, None)
     net_rails.collect_base(ctx)
     assert net_rails.early_validation(ctx), ctx.checks.to_text()
     return ctx, net_rails.build_rails(ctx)

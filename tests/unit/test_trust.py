@@ -291,7 +291,6 @@ def test_status_exit_code_says_whether_the_server_is_up(monkeypatch, capsys, sta
 
 @pytest.mark.parametrize("running,code", [({"head": True, "worker": True}, 0), ({"head": True, "worker": False}, 10)])
 def test_logs_exit_code_says_whether_every_rank_runs(monkeypatch, capsys, running, code):
-    from types import SimpleNamespace
     from runbook import cli
     from runbook.facts import ranks
     from runbook.launch import status
@@ -300,7 +299,7 @@ def test_logs_exit_code_says_whether_every_rank_runs(monkeypatch, capsys, runnin
     monkeypatch.setattr(cli, "_server_cluster", lambda args: (profile, FakeCluster([FakeNode("head", 0),
                                                                                     FakeNode("worker", 1)])))
     monkeypatch.setattr(status, "logs", lambda cluster, profile, node, tail_lines: f"log of {node}")
-    monkeypatch.setattr(ranks, "rank_state", lambda node, profile: SimpleNamespace(running=running[node.name]))
+    monkeypatch.setattr(ranks, "rank_state", lambda node, profile: ranks.RankState(node.name, running=running[node.name]))
     assert cli.main(["logs", "--profile", "env/lab.env"]) == code
     captured = capsys.readouterr()
     assert "log of head" in captured.out and "log of worker" in captured.out

@@ -261,7 +261,7 @@ def install(cluster, profile) -> list[Check]:
             return Check("rehearsal simulators", node=node.name, status=Status.NOOP,
                          observed=f"already installed at {where}, digest {want[:12]}",
                          expected="the simulated Spark of this profile's node")
-        if getattr(node, "dry_run", False):
+        if node.dry_run:
             return Check("rehearsal simulators", node=node.name, status=Status.NOOP,
                          observed=f"dry run: would install at {where}, digest {want[:12]} (installed has "
                                   f"{have[:12] or 'none'})", expected="the simulated Spark of this profile's node")
