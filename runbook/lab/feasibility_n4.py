@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -224,6 +225,12 @@ def run_mp(sw, cfg: str, model: Path, work: Path, venv: Path, kv_gib: int, timeo
     return res
 
 
+def _ray_temp(sw, k: int) -> str:
+    """Node k's Ray --temp-dir: the namespaces share this host's /tmp, so each node gets its own (short: Ray's
+    unix socket paths live under it)."""
+    return f"/tmp/{sw.netns(k)}-ray"
+
+
 def _ray_env(sw, k: int, ray_site: Path, extra: dict | None = None) -> dict:
     env = serve_env(host_ip=sw.node_ip(k), socket_ifname=sw.port_name)
     env.update({"PYTHONPATH": os.pathsep.join(p for p in (str(ray_site), env.get("PYTHONPATH", "")) if p),
@@ -263,7 +270,7 @@ def run_ray(sw, cfg: str, model: Path, work: Path, venv: Path, ray_site: Path, t
               "--disable-usage-stats"]
     rc, out, dt = _ray(sw, 1, venv, ray_site, ["start", "--head", "--node-ip-address", sw.node_ip(1), "--port",
                                                 str(RAY_PORT), "--include-dashboard", "false",
-                                                "--temp-dir", f"/tmp/{sw.netns(1)}-ray", *common])
+                                                "--temp-dir", _ray_temp(sw, 1), *common])
     res["ray_start_s"][1] = round(dt, 1)
     (work / f"{cfg}-ray-start-n1.log").write_text(out)
     if rc != 0:
@@ -272,7 +279,7 @@ def run_ray(sw, cfg: str, model: Path, work: Path, venv: Path, ray_site: Path, t
     for k in range(2, NODES + 1):
         rc, out, dt = _ray(sw, k, venv, ray_site, ["start", "--address", f"{sw.node_ip(1)}:{RAY_PORT}",
                                                     "--node-ip-address", sw.node_ip(k),
-                                                    "--temp-dir", f"/tmp/{sw.netns(k)}-ray", *common])
+                                                    "--temp-dir", _ray_temp(sw, k), *common])
         res["ray_start_s"][k] = round(dt, 1)
         (work / f"{cfg}-ray-start-n{k}.log").write_text(out)
         if rc != 0:
@@ -327,6 +334,8 @@ def _ray_down(sw, venv: Path, ray_site: Path, res: dict) -> dict:
     machine by name, other users' included."""
     t0 = time.monotonic()
     res["ray_killed_pids"] = len(switchlab.kill_processes(sw, timeout=15))
+    for k in range(1, NODES + 1):               # each node's --temp-dir (sessions, logs, sockets)
+        shutil.rmtree(_ray_temp(sw, k), ignore_errors=True)
     res["ray_down_s"] = round(time.monotonic() - t0, 1)
     res["left_in_namespaces"] = {sw.netns(k): netns_pids(sw.netns(k)) for k in range(1, NODES + 1)}
     res["mem_available_after_stop_mib"] = mem_available_kib() // 1024
