@@ -1,0 +1,62 @@
+"""The lab's tiny model shaped for four ranks: tensor parallel 4, or TP2 x pipeline parallel 2 (issue 39).
+
+    make_tiny_tp4_model(out_dir, seed=0) -> Path
+    python -m runbook.lab.tinymodel_tp4 --out DIR        (with the lab venv's python, like tinymodel)
+
+Like :mod:`runbook.lab.tinymodel_tp3`, it keeps everything of :func:`runbook.lab.tinymodel.make_tiny_model`
+(tokenizer recipe, chat template, deterministic weights, the JSON rig) and changes only the shape, for the length
+of the call: 8 attention heads and 4 KV heads (so TP=4 splits both, instead of replicating the default model's 2 KV
+heads), head_dim 32 (a CPU attention size), hidden 256, intermediate 512, and 4 layers (2 per stage at PP=2). The
+vocabulary stays 2048 (= 64 x 32: the padded vocabulary splits into 4 x 512).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from unittest import mock
+
+from . import tinymodel
+from .tinymodel_tp3 import shardable
+
+TP4_TEXT_DIMS = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "max_position_embeddings": 4096,
+}
+TP4_VOCAB_SIZE = 2048
+
+
+def layout_problems(dims: dict, vocab_size: int, tp: int, pp: int = 1) -> list[str]:
+    """Why a model of these dims cannot run at TP ``tp`` x PP ``pp`` in vLLM ([] = it can)."""
+    why = shardable(dims, vocab_size, tp)
+    if dims["num_hidden_layers"] % pp:
+        why.append(f"num_hidden_layers {dims['num_hidden_layers']} % PP {pp} != 0 (uneven stages)")
+    if dims["num_hidden_layers"] < pp:
+        why.append(f"num_hidden_layers {dims['num_hidden_layers']} < PP {pp}")
+    return why
+
+
+def make_tiny_tp4_model(out_dir, seed: int = 0, rigged: bool = True) -> Path:
+    """:func:`tinymodel.make_tiny_model` (llama) with :data:`TP4_TEXT_DIMS` and a 2048-token vocabulary."""
+    defaults = tinymodel.train_tokenizer.__defaults__           # (special_tokens, vocab_size)
+    with mock.patch.dict(tinymodel.TEXT_DIMS, TP4_TEXT_DIMS), \
+            mock.patch.object(tinymodel.train_tokenizer, "__defaults__", (defaults[0], TP4_VOCAB_SIZE)):
+        return tinymodel.make_tiny_model(out_dir, arch="llama", rigged=rigged, seed=seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m runbook.lab.tinymodel_tp4",
+                                 description="Make the tiny random model shaped for TP=4 or TP2 x PP2 (no downloads).")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    print(make_tiny_tp4_model(args.out, seed=args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
