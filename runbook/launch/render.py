@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..profile import rank_gid_index
+from ..facts.nccl import nccl_env
 from ..secrets import MASK
 from ..facts.ranks import FINGERPRINT_LABEL, STATE_SUBDIR
 from ..remote import expand_home
@@ -76,10 +76,6 @@ SEED_A_CAPTURE_SIZES = [1, 2, 3, 4, 6, 8, 12, 18, 24]
 
 # seed A nccl_common + serve_env (seeds-repos.md §A.4), values as start.sh exports them
 _EXL3_ENV: dict[str, str] = {
-    "NCCL_IB_DISABLE": "0", "NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_NET": "IB", "NCCL_NET_PLUGIN": "none",
-    "NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0", "NCCL_IB_MERGE_NICS": "0", "NCCL_CROSS_NIC": "0",
-    "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN", "NCCL_BUFFSIZE": "1048576",
-    "NCCL_LL128_BUFFSIZE": "262144", "NCCL_PROTO": "^LL128", "NCCL_MAX_NCHANNELS": "8",
     "VLLM_DISABLE_SHARED_EXPERTS_STREAM": "1", "CUDA_LAUNCH_BLOCKING": "0", "DSV41_EXL3_SERIAL_STREAMS": "1",
     "DSV41_ENGRAM_DISABLE": "0", "DSV41_INDEXER_PREFILL_FACTOR": "1", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "256",
     "DSV41_PREFILL_EMPTY_CACHE_TOKENS": "8192", "DSV41_PREFILL_EMPTY_CACHE_MEMAVAIL_GIB": "2.5",
@@ -115,9 +111,6 @@ _DSPARK_ENV: dict[str, str] = {
     "TILELANG_CLEANUP_TEMP_FILES": "1", "TILELANG_CACHE_DIR": "/cache/huggingface/tilelang-cache",
     "TRITON_CACHE_DIR": "/cache/huggingface/triton-cache", "DG_JIT_USE_NVRTC": "0",
     "DG_JIT_NVCC_COMPILER": "/usr/local/cuda/bin/nvcc", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-    "NCCL_NET": "IB", "NCCL_IB_DISABLE": "0", "NCCL_IB_ADDR_FAMILY": "AF_INET", "NCCL_IB_ROCE_VERSION_NUM": "2",
-    "NCCL_CROSS_NIC": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_IGNORE_CPU_AFFINITY": "1", "NCCL_DEBUG": "WARN",
-    "NCCL_NVLS_ENABLE": "0",
     # read by the hotfix chain (compose defaults at 01eed1e) and issue #117's flight recorder
     "ABLATE": "0", "DSPARK_SUPPRESS_STOPS_IN_REASONING": "1", "VLLM_ENABLE_RESPONSES_API_STORE": "0",
     "TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_ENABLE_MONITORING": "1",
@@ -151,13 +144,6 @@ RESTART_POLICY = {"dspark-v4": "unless-stopped"}
 STOP_TIMEOUT = {"exl3-v41": "60", "dspark-v4": "10"}
 SEED_B_VLLM_BIN = "/usr/local/bin/vllm"             # the compose's `exec /usr/local/bin/vllm serve`
 RECIPE_COMMIT_ENV = "SPARK_RUNBOOK_RECIPE_COMMIT"   # the pinned recipe commit, visible in every rank
-
-# seed B TP3 lane (docs/TP3.md; seeds-repos.md §B.11): the head reaches two workers over two CX ports on
-# two /24s; NCCL must not merge the ports and must pair GIDs per /24 (the default /16 would treat
-# 10.0.22 and 10.0.23 as one subnet).
-_DSPARK_TP3_ENV: dict[str, str] = {
-    "NCCL_IB_MERGE_NICS": "0", "NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_SUBNET_PREFIX_LEN": "24",
-}
 
 # DeepSeek-V4-Flash attention: 64 heads in 8 output groups of 8 (seed B docs/TP3.md). TP must divide the
 # groups; the TP3 patch pads groups 8 -> 9 (heads-per-group stays 8) and logs the line below.
@@ -488,21 +474,15 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
             env["DEFAULT_THINKING"] = p.default_thinking
         if p.limit_mm:
             env["LIMIT_MM_PER_PROMPT"] = json.dumps(p.limit_mm, separators=(",", ":"))
-        if p.nnodes == 3:
-            env.update(_DSPARK_TP3_ENV)
     else:
         env.update(_LAB_ENV)
     # fabric, per rank (BOOTSTRAP_IF, when set, carries VLLM_HOST_IP and the socket traffic; seed B TP3)
     env["VLLM_HOST_IP"] = spec.host_ip
-    env["NCCL_SOCKET_IFNAME"] = spec.socket_if
+    # every NCCL variable from the one function step 01's nccl-tests use too: what 01 proves is what runs
+    env.update(nccl_env(p, spec, facts.gid_index))
     env["GLOO_SOCKET_IFNAME"] = spec.socket_if
     if p.recipe != "exl3-v41":          # seed A sets no TP_SOCKET_IFNAME (A.4)
         env["TP_SOCKET_IFNAME"] = spec.socket_if
-    if p.expect_rdma and spec.ib_devs:
-        env["NCCL_IB_HCA"] = ",".join(spec.ib_devs)
-        gid = rank_gid_index(p, spec.gid, facts.gid_index)
-        if gid is not None:
-            env["NCCL_IB_GID_INDEX"] = str(gid)
     if p.recipe_repo:
         env[RECIPE_COMMIT_ENV] = p.recipe_commit
     if p.lab:                # the lab's CPU vLLM (also under a rehearsed recipe)
