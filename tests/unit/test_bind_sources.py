@@ -32,7 +32,9 @@ def _launch_runs(text: str) -> list[tuple[str, str]]:
     out, cur = [], None
     for line in section.splitlines():
         m = _LINE.match(line)
-        if m:
+        if line.startswith("# the rendered plan"):
+            cur = None              # the plan's text until the next command line belongs to no command
+        elif m:
             cur = [m.group(1), m.group(2), m.group(3)]
             out.append(cur)
         elif cur is not None and not line.startswith("#"):
