@@ -75,16 +75,23 @@ def cmd_run(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    """"valid" with what the profile acts on, then the review list; ``--json``: the validated profile (secrets
+    masked) on stdout, the rest on stderr."""
     from .profile import executing_keys_changed, load_profile
     profile = load_profile(args.profile, overrides=_overrides(args.param))
-    print(json.dumps(profile.redacted(), indent=2, default=str))
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    if args.json:
+        print(json.dumps(profile.redacted(), indent=2, default=str))
+    nodes = ", ".join(f"{n.name} {n.ssh}" for n in profile.nodes)
+    say(f"{args.profile}: valid (profile {profile.profile_name}, recipe {profile.recipe}, "
+        f"{len(profile.nodes)} nodes: {nodes})")
     changed = executing_keys_changed(profile)
     if changed:     # the profile is code: what runs or is fetched differs from the shipped recipe
-        print(f"\nreview: {len(changed)} key(s) that execute or fetch differ from env/{profile.recipe}.env:",
-              file=sys.stderr)
+        say(f"review: {len(changed)} key(s) that execute or fetch differ from env/{profile.recipe}.env:")
         for key, value, shipped in changed:
-            print(f"  {key}={value}   (shipped: {shipped or '(empty)'})", file=sys.stderr)
-    print(f"\n{args.profile}: valid", file=sys.stderr)
+            say(f"  {key}={value}   (shipped: {shipped or '(empty)'})")
+    else:
+        say(f"review: nothing that executes or fetches differs from env/{profile.recipe}.env")
     return ExitStatus.OK
 
 
@@ -331,9 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "stderr) as it comes; it is always kept in the run folder's console.log")
     run.set_defaults(func=cmd_run)
 
-    val = sub.add_parser("validate", help="validate a profile and print it")
+    val = sub.add_parser("validate", help="validate a profile: 'valid' and the keys to review (--json: the profile)")
     val.add_argument("--profile", default=DEFAULT_PROFILE)
     val.add_argument("-p", "--param", action="append", metavar="KEY=VALUE")
+    val.add_argument("--json", action="store_true", help="print the validated profile as JSON (secrets masked) on "
+                                                         "stdout; the verdict and review list go to stderr")
     val.set_defaults(func=cmd_validate)
 
     lab = sub.add_parser("lab", help="the embedded two-node lab")
