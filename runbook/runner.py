@@ -100,8 +100,12 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
 
     # 2. the lab, when the profile targets it
     if profile.lab and lab_up is not None:
-        echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
-        lab_up(profile)
+        if console is None:
+            echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
+            lab_up(profile)
+        else:                       # a live line while it comes up (minutes on a fresh machine); its lines: -v
+            with console.step(f"lab up ({len(profile.nodes)} nodes)"):
+                lab_up(profile)
         if profile.rehearsal and not dry_run:
             set_lab_server_aside(profile, echo=echo)
 
@@ -334,9 +338,9 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
         # the console's live line follows the stream; the stream itself goes to console.log (and -v)
         handler = console.logging_handler()
         papermill_log.addHandler(handler)
-        papermill_log.propagate = False
         shown.callback(papermill_log.removeHandler, handler)
-        shown.callback(setattr, papermill_log, "propagate", True)
+        shown.callback(setattr, papermill_log, "propagate", papermill_log.propagate)
+        papermill_log.propagate = False
         kernel_out = scratch / "kernel.log"       # the kernel's own stdout/stderr (its transport warning)
         kernel_fd = os.open(kernel_out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         shown.callback(os.close, kernel_fd)

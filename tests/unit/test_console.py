@@ -150,3 +150,24 @@ def test_no_color_is_honoured_on_a_terminal(monkeypatch):
     assert not re.search(r"\x1b\[[0-9;]*(3[0-9]|9[0-7])[0-9;]*m", plain), repr(plain)
     piped = _step_line(monkeypatch)
     assert ESC not in piped and piped == "04_launch: passed in 48.2 s (3 PASS)\n"
+
+
+def test_what_the_lab_prints_while_it_comes_up_goes_to_the_archive(tmp_path, monkeypatch):
+    """The lab's own lines (``[lab] ...`` on stderr, before the run folder exists) are kept for console.log, not
+    shown; the run's notices are shown."""
+    import sys
+    monkeypatch.setattr(runner, "ClusterLock", NoLock)
+    monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "no-secrets.env"))
+    notebook(tmp_path / "notebooks", *PASSING[1])
+    screen = io.StringIO()
+    console = Console(file=screen)
+    with console.capture_stdio():
+        run_dir, outcomes = runner.run("env/lab.env", notebooks_dir=tmp_path / "notebooks",
+                                       results_root=tmp_path / "results", echo=console.say, console=console,
+                                       lab_up=lambda profile: print("[lab] nodes healthy, reused", file=sys.stderr))
+    assert [o.status for o in outcomes] == ["passed"]
+    shown = screen.getvalue()
+    archive = (run_dir.path / "console.log").read_text()
+    assert "[lab] nodes healthy, reused" not in shown and "[lab] nodes healthy, reused" in archive
+    assert "01_beta: passed in" in shown and "01_beta: passed in" in archive
+    assert archive.index("[lab] nodes healthy") < archive.index("01_beta: passed in")
