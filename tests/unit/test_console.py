@@ -27,6 +27,8 @@ def cli_run(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "ClusterLock", NoLock)
     monkeypatch.setattr(runner, "run", functools.partial(runner.run, notebooks_dir=books, results_root=results))
     monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "no-secrets.env"))
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):     # rich would treat the pipe as a terminal
+        monkeypatch.delenv(name, raising=False)
 
     def go(*args: str) -> tuple[int, Path]:
         code = cli.main(["run", "--profile", "env/lab.env", "--no-lab", *args])
