@@ -82,6 +82,7 @@ class Work:
     total: str
     unit: str
     eta_s: float | None
+    label: str = ""                                                  # what is counted: the line before its figures
     seen: list[tuple[float, float]] = field(default_factory=list)   # (monotonic time, pct)
 
     def eta(self) -> float | None:
@@ -105,7 +106,7 @@ def parse_work(line: str, before: Work | None = None, now: float | None = None) 
     now = time.monotonic() if now is None else now
     given = GIVEN_ETA.search(line[m.end():])
     work = Work(pct=min(float(m["pct"]), 100.0), done=m["done"], total=m["total"], unit=m["unit"] or "",
-                eta_s=float(given.group(1)) if given else None)
+                eta_s=float(given.group(1)) if given else None, label=line[:m.start()].strip().rstrip(":"))
     same = before is not None and (before.total, before.unit) == (work.total, work.unit) and before.pct <= work.pct
     work.seen = (before.seen if same else []) + [(now, work.pct)]
     return work
@@ -202,7 +203,7 @@ class Console:
         work = parse_work(line, self._work)
         if work is not None:
             self._work = work
-            self._update(detail=line.strip())
+            self._update(detail=work.label)
         elif line.strip() and not line.startswith(FRAMING):
             self._update(detail=line.strip())
 

@@ -173,3 +173,17 @@ def test_what_the_lab_prints_while_it_comes_up_goes_to_the_archive(tmp_path, mon
     assert "[lab] nodes healthy, reused" not in shown and "[lab] nodes healthy, reused" in archive
     assert "01_beta: passed in" in shown and "01_beta: passed in" in archive
     assert archive.index("[lab] nodes healthy") < archive.index("01_beta: passed in")
+
+
+def test_without_a_terminal_counted_work_says_where_it_is(monkeypatch):
+    """No live line in CI: a step that counts work prints where it is (at most every PLAIN_EVERY_S; 0 here)."""
+    from runbook import console as console_mod
+    monkeypatch.setattr(console_mod, "PLAIN_EVERY_S", 0.0)
+    buf = io.StringIO()
+    console = Console(file=buf)
+    with console.step("03_engram", cells=12):
+        console.detail("Executing Cell 7---------------------------------------")
+        console.detail("chatter line before the packer")
+        console.detail("[pack] engram-tp0.bin:  45.0% 1.20/2.70 GiB 512 MB/s eta 3s")
+    assert buf.getvalue().splitlines() == ["03_engram: running", "03_engram: 45% 1.20/2.70 GiB, eta 3.0 s"]
+    assert parse_work("[pack] engram-tp0.bin:  45.0% 1.20/2.70 GiB").label == "[pack] engram-tp0.bin"
