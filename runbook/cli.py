@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from .console import duration
 from .errors import ExitStatus, RunbookError, UsageError
 
 DEFAULT_PROFILE = "env/lab.env"
@@ -33,44 +34,64 @@ def _lab_dir(args) -> Path:
 
 
 def cmd_run(args) -> int:
+    """Each step as one live line; at the end the summary table, the verdict in one line and the report's
+    path (runbook/console.py). The full stream is in the run folder's console.log, and here with -v."""
     from . import runner
+    from .console import Console
     from .lab.control import ensure_lab
     only = [s for s in (args.only or "").split(",") if s]
     overrides, rehearsal = _overrides(args.param), None
     _rehearsal_only(args)
+    console = Console(verbose=args.verbose)
     if args.rehearse:
         from .lab.rehearsal import count, count_text, load_rehearsal
-        _, overrides, subs = load_rehearsal(args.profile, overrides, publish=True, ssh_user=args.ssh_user or "")
+        _, overrides, subs = load_rehearsal(args.profile, overrides, publish=True, ssh_user=args.ssh_user or "",
+                                            echo=console.detail)
         rehearsal = [s.to_dict() for s in subs]
-        print(f"rehearsal of {args.profile} on the lab: {len(subs)} key(s) substituted "
-              f"({count_text(count(rehearsal))}; see rehearsal.json in the run folder); every other key runs as "
-              "the recipe has it")
-    run_dir, outcomes = runner.run(args.profile, start=args.start or "", stop=args.stop or "", only=only,
-                                   resume=args.resume or "", dry_run=args.dry_run,
-                                   overrides=overrides, step_timeout=args.step_timeout,
-                                   lab_up=None if args.no_lab else ensure_lab, rehearsal=rehearsal)
+        console.say(f"rehearsal of {args.profile} on the lab: {len(subs)} key(s) substituted "
+                    f"({count_text(count(rehearsal))}; see rehearsal.json in the run folder); every other key runs "
+                    "as the recipe has it")
+    lab_up = None if args.no_lab else (lambda profile: ensure_lab(profile, echo=console.detail))
+    with console.capture_stdio():
+        run_dir, outcomes = runner.run(args.profile, start=args.start or "", stop=args.stop or "", only=only,
+                                       resume=args.resume or "", dry_run=args.dry_run,
+                                       overrides=overrides, step_timeout=args.step_timeout,
+                                       lab_up=lab_up, rehearsal=rehearsal, echo=console.say, console=console)
     failed = [o for o in outcomes if o.status != "passed"]
-    print(f"\nrun {run_dir.run_id}: " + ", ".join(f"{o.name}={o.status}" for o in outcomes))
-    print(f"evidence: {run_dir.path}")
+    took = sum(o.seconds for o in outcomes)
+    verdict = console.report_verdict
     if failed:
-        print(f"first failure: {failed[0].name}\n{failed[0].error}\n"
-              f"resume after fixing: python -m runbook run --profile {args.profile} --resume {run_dir.run_id}",
-              file=sys.stderr)
-        return failed[0].exit or ExitStatus.FAILED      # the failing step's class (checks, action, remote, ...)
+        first = failed[0]
+        code = first.exit or ExitStatus.FAILED      # the failing step's class (checks, action, remote, ...)
+        console.finish(f"failed at {first.name} (exit {int(code)}) after {len(outcomes)} step(s)" +
+                       (f"; verdict: {verdict}" if verdict else ""),
+                       extra=[f"resume after fixing: python -m runbook run --profile {args.profile} "
+                              f"--resume {run_dir.run_id}"])
+        return code
+    word = "dry run done" if args.dry_run else "passed"
+    console.finish(f"{word}: {len(outcomes)} step(s) in {duration(took)}" + (f"; verdict: {verdict}" if verdict else "")
+                   if outcomes else f"nothing to run in {run_dir.run_id}")
     return ExitStatus.OK
 
 
 def cmd_validate(args) -> int:
+    """"valid" with what the profile acts on, then the review list; ``--json``: the validated profile (secrets
+    masked) on stdout, the rest on stderr."""
     from .profile import executing_keys_changed, load_profile
     profile = load_profile(args.profile, overrides=_overrides(args.param))
-    print(json.dumps(profile.redacted(), indent=2, default=str))
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    if args.json:
+        print(json.dumps(profile.redacted(), indent=2, default=str))
+    nodes = ", ".join(f"{n.name} {n.ssh}" for n in profile.nodes)
+    say(f"{args.profile}: valid (profile {profile.profile_name}, recipe {profile.recipe}, "
+        f"{len(profile.nodes)} nodes: {nodes})")
     changed = executing_keys_changed(profile)
     if changed:     # the profile is code: what runs or is fetched differs from the shipped recipe
-        print(f"\nreview: {len(changed)} key(s) that execute or fetch differ from env/{profile.recipe}.env:",
-              file=sys.stderr)
+        say(f"review: {len(changed)} key(s) that execute or fetch differ from env/{profile.recipe}.env:")
         for key, value, shipped in changed:
-            print(f"  {key}={value}   (shipped: {shipped or '(empty)'})", file=sys.stderr)
-    print(f"\n{args.profile}: valid", file=sys.stderr)
+            say(f"  {key}={value}   (shipped: {shipped or '(empty)'})")
+    else:
+        say(f"review: nothing that executes or fetches differs from env/{profile.recipe}.env")
     return ExitStatus.OK
 
 
@@ -326,11 +347,16 @@ def build_parser() -> argparse.ArgumentParser:
     _ssh_user_arg(run)
     run.add_argument("--step-timeout", type=int, default=0,
                      help="seconds one notebook may run (default: sized from the profile's downloads)")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="show the full stream (every cell's output, papermill's cell markers, the kernel's "
+                          "stderr) as it comes; it is always kept in the run folder's console.log")
     run.set_defaults(func=cmd_run)
 
-    val = sub.add_parser("validate", help="validate a profile and print it")
+    val = sub.add_parser("validate", help="validate a profile: 'valid' and the keys to review (--json: the profile)")
     val.add_argument("--profile", default=DEFAULT_PROFILE)
     val.add_argument("-p", "--param", action="append", metavar="KEY=VALUE")
+    val.add_argument("--json", action="store_true", help="print the validated profile as JSON (secrets masked) on "
+                                                         "stdout; the verdict and review list go to stderr")
     val.set_defaults(func=cmd_validate)
 
     lab = sub.add_parser("lab", help="the embedded two-node lab")

@@ -7,8 +7,10 @@ failing step.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -17,7 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import launch, records, weights
-from .checks import check
+from .checks import CheckList, check
+from .console import ARCHIVE_NAME, Console, StepResult
 from .api import health
 from .errors import ActionError, ExitStatus, RemoteError, RunbookError, UsageError, exit_status_of
 from .evidence import NOTEBOOKS_DIR, REPO_ROOT, RESULTS_ROOT, RunDir, discover_steps, file_sha256, provenance, scrub_tree
@@ -78,13 +81,22 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         kernel: str = KERNEL_NAME, step_timeout: int = 0,
         results_root: Path | None = None, notebooks_dir: Path = NOTEBOOKS_DIR,
         lab_up: Callable | None = None, echo: Callable[[str], None] = print,
-        rehearsal: list[dict[str, str]] | None = None) -> tuple[RunDir, list[StepOutcome]]:
+        rehearsal: list[dict[str, str]] | None = None,
+        console: Console | None = None) -> tuple[RunDir, list[StepOutcome]]:
+    """``console``: the CLI's face (runbook/console.py): each step gets a live line instead of papermill's
+    stream, which it archives as ``console.log`` in the run folder; without it (a library call) the stream goes
+    to the ``papermill`` logger as before."""
     # 1. the profile is validated before anything else happens
     profile = load_profile(profile_path, overrides=overrides)
     step_timeout = step_timeout or default_step_timeout(profile)
     steps = select_steps(discover_steps(notebooks_dir), start=start, stop=stop, only=only)
     check_kernel(kernel)
     redactor = redactor_from_env()
+    if console is not None:
+        console.redact = redactor.redact
+        echo(f"{_repo_relative(str(profile.source))}, {len(profile.nodes)} nodes "
+             f"({', '.join(f'{n.name} {n.ssh}' for n in profile.nodes)}): "
+             + (", ".join(steps) if len(steps) < 4 else f"{steps[0]} .. {steps[-1]} ({len(steps)} steps)"))
 
     # 2. one run per cluster: the head's lock, held to the end (a dry run changes nothing and takes none). On the
     # lab it is taken before the lab is touched when the lab's head answers already, so a second run refuses
@@ -98,8 +110,12 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
             except RemoteError:           # the lab is not up yet: nothing runs there; the lock is taken below
                 lock = None
         try:
-            echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
-            lab_up(profile)
+            if console is None:
+                echo(f"lab: bringing the {len(profile.nodes)}-node lab up")
+                lab_up(profile)
+            else:                       # a live line while it comes up (minutes on a fresh machine); its lines: -v
+                with console.step(f"lab up ({len(profile.nodes)} nodes)"):
+                    lab_up(profile)
             if profile.rehearsal and not dry_run:
                 set_lab_server_aside(profile, echo=echo)
             elif not dry_run:
@@ -164,8 +180,14 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
                                 profile_source=str(profile.source), selection=selection)
         if not resume and not dry_run:
             reuse_launch(profile, run_dir, steps, results_root=results_root, echo=echo)
-        echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
-             "--step-timeout to change)")
+        if console is None:
+            echo(f"run {run_dir.run_id}: {len(steps)} step(s) -> {run_dir.path} (each may take up to {step_timeout} s; "
+                 "--step-timeout to change)")
+        else:
+            console.archive_to(run_dir.path / ARCHIVE_NAME, run_dir.redactor.redact)
+            echo(f"run {run_dir.run_id} in {_repo_relative(str(run_dir.path))}/ (full stream: {ARCHIVE_NAME}"
+                 + ("" if console.verbose else "; -v shows it") + ")")
+            console.detail(f"each step may take up to {step_timeout} s (--step-timeout to change)")
         if dry_run:
             echo("dry run: connects to the nodes over SSH and runs their read-only probes; every change is recorded "
                  "(commands.jsonl), not made; a failing step does not stop it. To review without connecting: "
@@ -176,7 +198,7 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         for name in steps:
             outcome = execute_step(name, run_dir, profile_path=str(profile.source), dry_run=dry_run,
                                    overrides=overrides, kernel=kernel, step_timeout=step_timeout,
-                                   notebooks_dir=notebooks_dir, echo=echo)
+                                   notebooks_dir=notebooks_dir, echo=echo, console=console)
             outcomes.append(outcome)
             if outcome.status != "passed" and not dry_run:
                 break
@@ -188,10 +210,18 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         # while the run was still "running"); a report problem never changes the run's outcome
         try:
             from .report import write_report
-            path, _ = write_report(run_dir.path, results_root=run_dir.path.parent)
-            echo(f"report: {path}")
+            path, model = write_report(run_dir.path, results_root=run_dir.path.parent)
+            if console is not None:
+                verdict = model.verdict
+                console.report(path, "" if verdict is None else verdict.verdict if verdict.validated else
+                               f"{verdict.verdict} ({len(verdict.missing)} requirement(s) not met, listed in the report)")
+            else:
+                echo(f"report: {path}")
         except Exception as exc:  # noqa: BLE001
-            echo(f"report: not written ({type(exc).__name__}: {exc})")
+            if console is not None:
+                console.report(None, problem=f"{type(exc).__name__}: {exc}")
+            else:
+                echo(f"report: not written ({type(exc).__name__}: {exc})")
         run_dir.scrub()
         return run_dir, outcomes
     finally:
@@ -355,7 +385,7 @@ STATE_CHECKS = {records.WEIGHTS.id: _weights_state, LAUNCH: launch.state_left}
 
 def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool,
                  overrides: dict[str, str] | None, kernel: str, step_timeout: int,
-                 notebooks_dir: Path, echo: Callable[[str], None]) -> StepOutcome:
+                 notebooks_dir: Path, echo: Callable[[str], None], console: Console | None = None) -> StepOutcome:
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
@@ -367,18 +397,36 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
     started = time.time()
     run_dir.record_step(name, notebook=f"notebooks/{name}.ipynb", notebook_sha256=file_sha256(source),
                         parameters=parameters, start=started, status="running")
-    echo(f"--- {name}")
+    if console is None:
+        echo(f"--- {name}")
     # executed into a scratch folder: nothing reaches results/ before it is scrubbed
     scratch = Path(tempfile.mkdtemp(prefix=f"runbook-{name}-"))
     scratch_nb = scratch / f"{name}.ipynb"
     status, error, exit_code = "passed", "", 0
     # papermill streams each cell's output through its logger (log_output): masked before any handler sees it
+    papermill_log = logging.getLogger("papermill")
     streamed = RedactingFilter(run_dir.redactor)
-    logging.getLogger("papermill").addFilter(streamed)
+    papermill_log.addFilter(streamed)
+    shown = contextlib.ExitStack()
+    engine: dict = {}
+    if console is not None:
+        # the console's live line follows the stream; the stream itself goes to console.log (and -v)
+        handler = console.logging_handler()
+        papermill_log.addHandler(handler)
+        shown.callback(papermill_log.removeHandler, handler)
+        shown.callback(setattr, papermill_log, "propagate", papermill_log.propagate)
+        papermill_log.propagate = False
+        kernel_out = scratch / "kernel.log"       # the kernel's own stdout/stderr (its transport warning)
+        kernel_fd = os.open(kernel_out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        shown.callback(os.close, kernel_fd)
+        shown.enter_context(console.follow_file(kernel_out))
+        shown.enter_context(console.step(name, cells=_cell_count(source)))
+        engine["kernel_manager_class"] = _kernel_writing_to(kernel_fd)
     try:
-        pm.execute_notebook(str(source), str(scratch_nb), parameters=parameters, kernel_name=kernel,
-                            cwd=str(REPO_ROOT), execution_timeout=step_timeout, log_output=True,
-                            progress_bar=False, report_mode=False)
+        with shown:
+            pm.execute_notebook(str(source), str(scratch_nb), parameters=parameters, kernel_name=kernel,
+                                cwd=str(REPO_ROOT), execution_timeout=step_timeout, log_output=True,
+                                progress_bar=False, report_mode=False, **engine)
     except PapermillExecutionError as exc:
         status, exit_code = "failed", int(exit_status_of(exc.ename))
         error = f"{exc.ename}: {exc.evalue}".strip()
@@ -401,8 +449,39 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
                               dry_run=dry_run, seconds=seconds)
     run_dir.record_step(name, status=status, end=time.time(), seconds=round(seconds, 2),
                         exit=exit_code, error=run_dir.redactor.redact(error))
-    echo(f"--- {name}: {status} in {seconds:.1f} s" + (f"\n{run_dir.redactor.redact(error)}" if error else ""))
+    if console is None:
+        echo(f"--- {name}: {status} in {seconds:.1f} s" + (f"\n{run_dir.redactor.redact(error)}" if error else ""))
+    else:
+        sidecar = run_dir.read_sidecar(name) if _sidecar_written_since(run_dir, name, started) else None
+        rows = CheckList.from_records((sidecar or {}).get("checks") or [])
+        console.step_done(StepResult(name, status, seconds, rows.counts(), run_dir.redactor.redact(error)), rows,
+                          where="" if status == "passed" else str(run_dir.path / "notebooks" / f"{name}.ipynb"))
     return StepOutcome(name, status, seconds, error, exit_code)
+
+
+def _cell_count(notebook: Path) -> int:
+    """The cells papermill will number: the notebook's, plus the parameters cell it injects (0: unreadable)."""
+    try:
+        return len(json.loads(notebook.read_text()).get("cells", [])) + 1
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def _kernel_writing_to(fd: int):
+    """A kernel manager class whose kernel writes its stdout and stderr to ``fd`` (a file: a child that keeps
+    the descriptor never blocks on it) instead of this terminal: ipykernel's "running over TCP without
+    encryption" warning (ipykernel/kernelapp.py ``init_sockets``) and anything a cell's subprocess writes to the
+    kernel's own descriptors. nbclient creates it (``NotebookClient.kernel_manager_class``) and starts the kernel
+    through ``start_kernel``, whose keywords reach ``subprocess.Popen`` (jupyter_client/launcher.py)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class StepKernelManager(AsyncKernelManager):
+        async def start_kernel(self, **kw):
+            kw.setdefault("stdout", fd)
+            kw.setdefault("stderr", fd)
+            return await super().start_kernel(**kw)
+
+    return StepKernelManager
 
 
 class RedactingFilter(logging.Filter):

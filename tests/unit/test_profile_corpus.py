@@ -902,9 +902,9 @@ def test_shipped_profile_validates(path):
 
 # ----------------------------------------------------------------------------- the CLI path
 
-def _validate_cli(path: Path, *, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def _validate_cli(path: Path, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}
-    return subprocess.run([*prefix, sys.executable, "-m", "runbook", "validate", "--profile", str(path)],
+    return subprocess.run([*prefix, sys.executable, "-m", "runbook", "validate", "--profile", str(path), *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -943,7 +943,7 @@ def test_cli_validate_unreadable_file(tmp_path):
 
 
 def test_cli_validate_accepts_a_shipped_profile():
-    r = _validate_cli(BASES["exl3"])
+    r = _validate_cli(BASES["exl3"], "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["HF_REVISION"] == "64ba41b6c916a587db06eae2e19b7845f7be6e6b"
 

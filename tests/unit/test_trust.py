@@ -44,14 +44,30 @@ def test_changed_executing_keys_are_listed_with_the_shipped_value():
                        "HF_ENDPOINT_TRUSTED": ("1", "0")}
 
 
-def test_cli_validate_prints_the_review_list():
+def _validate(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}
-    r = subprocess.run([sys.executable, "-m", "runbook", "validate", "--profile", str(EXL3), "-p",
-                        "EXTRA_ARGS=--seed 7"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "runbook", "validate", "--profile", str(EXL3), "-p",
+                           "EXTRA_ARGS=--seed 7", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_cli_validate_says_valid_and_prints_the_review_list():
+    """Issue 38 item 4: validate reads like the other commands: what it acted on and "valid", then the review
+    list; no JSON unless asked for."""
+    r = _validate()
     assert r.returncode == 0, r.stderr
-    assert "review: 1 key(s) that execute or fetch differ from env/exl3-v41.env" in r.stderr
-    assert "EXTRA_ARGS=--seed 7   (shipped: (empty))" in r.stderr
+    assert r.stdout.splitlines() == [
+        f"{EXL3}: valid (profile exl3-v41, recipe exl3-v41, 2 nodes: head spark1, worker spark2)",
+        "review: 1 key(s) that execute or fetch differ from env/exl3-v41.env:",
+        "  EXTRA_ARGS=--seed 7   (shipped: (empty))"]
+    assert "{" not in r.stdout and r.stderr == ""
+
+
+def test_cli_validate_json_keeps_stdout_one_document():
+    r = _validate("--json")
+    assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["EXTRA_ARGS"] == "--seed 7"
+    assert "review: 1 key(s) that execute or fetch differ from env/exl3-v41.env" in r.stderr
+    assert "EXTRA_ARGS=--seed 7   (shipped: (empty))" in r.stderr and ": valid (" in r.stderr
 
 
 # ----------------------------------------------------------------------------- -p values
