@@ -96,6 +96,48 @@ def line_signature(entry: "Entry", b: B.Bundle) -> list[Hit]:
     return hits
 
 
+def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ...] = LINE_TEXTS, unless: str = "",
+               check: Callable[[dict[str, str]], bool] | None = None) -> Callable[[B.Bundle], list[Hit]]:
+    """A signature for a family of messages: each pattern is the emitting source's message with named groups
+    (``path``, ``port``, ``component``, ``package``, numbers) that go into the hit's evidence and fill the fix's
+    ``{placeholders}``. ``unless``: a text holding it is explained by another entry. ``check``: the extracted
+    values must pass it (e.g. a KV pool smaller than the requested length). A pattern may come with defaults:
+    ``(regex, {"path": "/var/lib/docker"})`` for what its message implies but does not print."""
+    compiled = [(re.compile(p, re.IGNORECASE | re.MULTILINE), {}) if isinstance(p, str)
+                else (re.compile(p[0], re.IGNORECASE | re.MULTILINE), p[1]) for p in patterns]
+    skip = re.compile(unless, re.IGNORECASE | re.MULTILINE) if unless else None
+
+    def sig(b: B.Bundle) -> list[Hit]:
+        hits = []
+        for node in [*b.nodes, B.LOCAL]:
+            ev: list[str] = []
+            found: dict[str, str] = {}
+            for text in dict.fromkeys(b.text(node, name) for name in texts):
+                if not text or (skip and skip.search(text)):
+                    continue
+                for rx, implied in compiled:
+                    for m in rx.finditer(text):
+                        vals = {k: v.strip() for k, v in m.groupdict().items() if v}
+                        said_vals = dict(vals)
+                        vals = {**implied, **vals}
+                        if check is not None and not check(vals):
+                            continue
+                        start = text.rfind("\n", 0, m.start()) + 1
+                        end = text.find("\n", m.end())
+                        line = text[start:end if end >= 0 else len(text)].strip()[:300]
+                        said = ", ".join(f"{k}={v}" for k, v in said_vals.items())
+                        item = f"{node}: {line}" + (f" [{said}]" if said else "")
+                        if item not in ev:
+                            ev.append(item)
+                        for k, v in vals.items():
+                            found.setdefault(k, v)
+                        break                       # one line per pattern and text
+            if ev:
+                hits.append(Hit(node, ev[:4], found))
+        return hits
+    return sig
+
+
 CLIENTS_JOINED = re.compile(r"DistStoreError: Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined")
 
 _CLIENT_TIMEOUT = re.compile(r"client socket has (?:timed out after \d+ms while trying to connect to|"

@@ -12,15 +12,24 @@ from .. import bundle as B
 from .entry import FATAL, STARTUP_DONE, WARNING, Entry, Hit
 
 
+#: the layer was downloaded and failed while docker extracted it onto its data root: the disk, not the network
+#: (moby daemon/images: `failed to register layer: ...`; the tar writer's `unexpected EOF` or `no space left on
+#: device` after `Extracting`; disk-full names it)
+EXTRACTION_FAILED = re.compile(r"failed to register layer|no space left on device|Error processing tar file",
+                               re.IGNORECASE)
+
+
 def _pull_sig(kind: str) -> Callable[[B.Bundle], list[Hit]]:
     def sig(b: B.Bundle) -> list[Hit]:
         hits = []
         for node, name, text in b.named(B.DOCKER_PULL.split(".")[0]):
+            if EXTRACTION_FAILED.search(text):        # a full disk while extracting, never a dropped download
+                continue
             err = docker_pull.classify_pull(text)
             if err and err.kind == kind:
                 hits.append(Hit(node, [f"{node} {name}: {err.line}"]))
         for node, text in b.logs():
-            if "Unable to find image" in text:
+            if "Unable to find image" in text and not EXTRACTION_FAILED.search(text):
                 err = docker_pull.classify_pull(text)
                 if err and err.kind == kind:
                     hits.append(Hit(node, [f"{node} docker run: {err.line}"]))
@@ -36,7 +45,8 @@ DOCKER_PULL_EOF = Entry(
     fix="retry the pull: it resumes from the layers already fetched",
     proof="docker pull {image}",
     signature=_pull_sig("unexpected-eof"), source="anchors-2026-12 #15",
-    words=(r"docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image",
+    # not when the layer failed while being extracted (disk-full): the same EOF, another cause
+    words=(r"^(?!.*(register layer|no space left|disk (is )?full|extract)).*(docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image)",
            r"unexpected eof|connection (reset|dropped|cut)|(drops|stops|dies) (mid|halfway|partway)",),
     lab="capture_netns docker_pull_eof (a registry stub that cuts the layer)")
 
