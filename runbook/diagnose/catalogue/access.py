@@ -24,7 +24,8 @@ HF_GATED_REPO_TOKEN = Entry(
         "that downloads (or copy the weights to each node and set HF_HUB_OFFLINE=1)",
     proof="HF_TOKEN=... huggingface-cli whoami; huggingface-cli download {repo} config.json   # on the failing node",
     signature=extracting(*_GATED),
-    source="huggingface/huggingface_hub src/huggingface_hub/utils/_http.py (hf_raise_for_status, GatedRepoError); "
+    source="huggingface/huggingface_hub src/huggingface_hub/utils/_http.py:890 @ 2.4.0 (hf_raise_for_status, "
+           "GatedRepoError); "
            "reports tenstorrent/tt-inference-server#37, lastmile-ai/aiconfig#1000",
     words=(r"gated\b.{0,20}\b(repo|model)|gatedrepoerror|accept\w* (the )?licen[cs]e",
            r"hf_token|token|401|403|unauthori[sz]ed|log ?in",

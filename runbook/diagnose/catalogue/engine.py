@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from .entry import FATAL, Entry, extracting
 
-#: vLLM's KV check at start-up: V1 vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory ("To serve at
+#: vLLM's KV check at start-up: V1 vllm/v1/core/kv_cache_utils.py:1030 at vllm 0.32.0 (the lab's pin; :1011 "No
+#: available memory for the cache blocks") ("To serve at
 #: least one request with the models's max seq len (X), (Y GiB KV cache is needed, which is larger than the
 #: available KV cache memory (Z GiB). Based on the available memory, the estimated maximum model length is W.");
 #: V0 vllm/worker/worker.py raise_if_cache_size_invalid ("The model's max seq len (X) is larger than the maximum
@@ -28,8 +29,8 @@ KV_CACHE_BELOW_MAX_MODEL_LEN = Entry(
         "GPU_MEMORY_UTILIZATION if MemAvailable allows it, or use an fp8 KV cache dtype; then start again",
     proof="grep -E 'KV cache|max seq len|maximum model length' <head rank log>",
     signature=extracting(*_KV),
-    source="vllm-project/vllm vllm/v1/core/kv_cache_utils.py (check_enough_kv_cache_memory), vllm/worker/worker.py "
-           "(raise_if_cache_size_invalid, V0); report vllm-project/vllm#10517",
+    source="vllm-project/vllm vllm/v1/core/kv_cache_utils.py:1011,1030 @ v0.32.0 (check_enough_kv_cache_memory); "
+           "vllm/worker/worker.py raise_if_cache_size_invalid (V0, before 0.10); report vllm-project/vllm#10517",
     words=(r"max[_ ]model[_ ]len|max seq len|context (length|window)",
            r"kv[- ]cache|kv pool|cache blocks",
            r"too (small|large|big)|larger than|not enough|does not fit|won'?t fit|lower"),
@@ -58,17 +59,18 @@ CUDA_OOM_STARTUP = Entry(
     proof="grep -nE 'out of memory|Capturing CUDA graph|Loading weights' <rank log>; free -g",
     signature=extracting(*_OOM),
     source="pytorch c10/cuda/CUDACachingAllocator.cpp (the OOM message); vllm-project/vllm "
-           "vllm/v1/worker/gpu_model_runner.py (load_model, profile_run, capture_model); report "
-           "vllm-project/vllm#46307",
+           "vllm/v1/worker/gpu_model_runner.py:5028 load_model, :6133 profile_run, :6482 capture_model (:6657 "
+           "'Capturing CUDA graphs') @ v0.32.0; report vllm-project/vllm#46307",
     words=(r"cuda out of memory|\boom\b|out of memory",
            r"(graph|cudagraph) captur\w*|captur\w+ (cuda )?graphs?|start\w*|load\w* (the )?weights|profil\w+",
            r"gpu[_ ]memory[_ ]utili[sz]ation|enforce[- ]eager|max[_ ]num[_ ]batched"),
     lab="none: the lab has no GPU")
 
-#: vLLM's chat endpoint without a parser (vllm/entrypoints/openai/serving_chat.py: '"auto" tool choice requires
+#: vLLM's chat endpoint without a parser (vllm/renderers/online_renderer.py:268,278 @ v0.32.0; serving_chat.py in
+#: older releases: '"auto" tool choice requires
 #: --enable-auto-tool-choice and --tool-call-parser to be set', 'tool_choice="required" requires
-#: --tool-call-parser to be set') and the parser registry (vllm/entrypoints/openai/tool_parsers
-#: ToolParserManager.get_tool_parser: "invalid tool call parser: X (chose from { ... })")
+#: --tool-call-parser to be set') and the start-up check of the parser name
+#: (vllm/entrypoints/launchers/launcher.py:362 validate_api_server_args: "invalid tool call parser: X (chose from { ... })")
 _TOOL = (r"(?P<what>\"?auto\"? tool choice) requires --enable-auto-tool-choice and --tool-call-parser to be set",
          r"tool_choice=\\?\"?(?P<what>[\w\"\\]+?)\\?\"? requires --tool-call-parser to be set",
          r"requires --tool-call-parser to be set",
@@ -86,9 +88,9 @@ TOOL_PARSER_MISSING = Entry(
         "names it; `vllm serve --help` lists the registered ones: a name the log calls invalid is not one of them)",
     proof="grep -n 'tool-call-parser\\|tool_call_parser' <launch plan>; vllm serve --help | grep -A3 tool-call-parser",
     signature=extracting(*_TOOL),
-    source="vllm-project/vllm vllm/entrypoints/openai/serving_chat.py (tool_choice checks), "
-           "vllm/entrypoints/openai/tool_parsers/abstract_tool_parser.py (ToolParserManager.get_tool_parser); "
-           "report vllm-project/vllm#55754",
+    source="vllm-project/vllm vllm/renderers/online_renderer.py:268,278 (tool_choice checks), "
+           "vllm/entrypoints/launchers/launcher.py:362 (invalid tool call parser) @ v0.32.0; report "
+           "vllm-project/vllm#55754",
     words=(r"tool[- _]call[- _]parser|tool parser|enable[- _]auto[- _]tool[- _]choice",
            r"tool[ _]calls? (come|came|are|were|return\w*|show\w*)|(?<!auto_)tool_choice|function call\w*|\b400\b",
            r"400|not set|missing|wrong|mismatch\w*|plain text|as text|in (the )?content|invalid"),

@@ -276,7 +276,7 @@ API_PORT_IN_USE = Entry(
         "or choose another PORT",
     proof="ss -ltnp '( sport = :{port} )'",
     source="anchors-2026-12 #10; field-reports-2026-12 §2 #10; uvicorn server.py startup (the bind error), "
-           "asyncio base_events.py create_server",
+           "asyncio base_events.py create_server (the OSError)",
     # uvicorn's own bind error names the API's address; a bare `[Errno 98]` can be any socket (see port-race), so
     # it counts only raised from asyncio's create_server (the server socket uvicorn asks for)
     signature=extracting(_API_BIND, _API_CREATE_SERVER),
@@ -314,9 +314,10 @@ PORT_RACE = Entry(
         "stays",
     proof="ss -ltnp '( sport = :{port} )'   # on the node, right after the failure",
     signature=extracting(*_PORT_RACE, check=_raced),
-    source="vllm-project/vllm vllm/utils (get_open_port), vllm/distributed/device_communicators/shm_broadcast.py "
-           "(MessageQueue bind), vllm/v1/executor/multiproc_executor.py (distributed_init_method); reports "
-           "vllm-project/vllm#40443, #39015, #28498",
+    source="vllm-project/vllm vllm/utils/network_utils.py:192 get_open_port, :233 _get_open_port (probe bind, then "
+           "close), vllm/v1/executor/multiproc_executor.py:139 (TCPStore on get_open_port()), vllm/v1/engine/utils.py:1161 "
+           "(ZMQ listeners) @ v0.32.0; torch c10d socket.cpp listen error; reports vllm-project/vllm#40443, #39015, "
+           "#28498",
     words=(r"address already in use|port (collision|conflict|clash)|eaddrinuse|errno 98|zmqerror",
            r"random|intermittent\w*|now and then|occasional\w*|sometimes|race|concurrent\w*|same port|zmq|"
            r"several (engines|instances|servers)|multiple (engines|instances|servers)|retry",
@@ -376,8 +377,9 @@ RAY_NODE_NOT_JOINED = Entry(
         "check `ray status` lists every node before starting vLLM",
     proof="ray status; nc -zv {address}   # on the worker",
     signature=extracting(*_RAY_JOIN),
-    source="ray-project/ray src/ray/rpc/rpc_client.h (Failed to connect to GCS), python/ray/_private/node.py; "
-           "bringup-anchors §5.12",
+    source="ray-project/ray src/ray/rpc/rpc_client.h (Failed to connect to GCS; the log prints rpc_client.h:153, "
+           "gcs_rpc_client.h:151/:179 in older releases), python/ray/_private/node.py; vllm/executor/ray_utils.py "
+           "initialize_ray_cluster (required GPUs, before 0.10); report vllm-project/vllm#19543",
     words=(r"\bray\b|raylet|\bgcs\b",
            r"(never|not|didn'?t|did not|won'?t|cannot|can'?t) (join|connect|register)\w*|joined so far|"
            r"waiting for \d+ more|only (one node|the head)",
@@ -397,7 +399,7 @@ RAY_PLACEMENT_GROUP = Entry(
     signature=None,
     source="eugr/spark-vllm-docker#227 (bringup-anchors §5.12)",
     lines=(r"Cannot provide a placement group",
-           # vLLM's wait (vllm/executor/ray_utils.py _wait_until_pg_ready) before it gives up
+           # vLLM's wait before it gives up (vllm/v1/executor/ray_utils.py:468 @ v0.32.0, _wait_until_pg_ready)
            r"Waiting for creating a placement group of specs for \d+ seconds"),
     words=(r"placement[- ]group", r"\bray\b|pack|spread", r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide"),
     lab="none: the lab runs the mp backend only")

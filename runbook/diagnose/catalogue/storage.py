@@ -6,10 +6,11 @@ from __future__ import annotations
 from .entry import FATAL, Entry, extracting
 
 #: NCCL's shared-memory transport could not create or grow its segment under /dev/shm
-#: (NVIDIA/nccl src/misc/shmutils.cc ncclShmOpen: "Error while creating shared memory segment %s (size %zu)" and
-#: "Error: failed to extend %s to %ld bytes"; NCCL < 2.12 printed them from src/include/shm.h:48 / :28 as
-#: "Call to posix_fallocate failed")
-_SHM = (r"Error while creating shared memory segment (?P<path>\S+) \(size (?P<bytes>\d+)\)",
+#: (NVIDIA/nccl src/misc/shmutils.cc ncclShmOpen, POSIX branch: WARN "Error: failed to extend %s to %ld bytes, error:
+#: %s (%d)" after fallocate, and at its fail: label "Error while %s shared memory segment %s (size %ld)"; NCCL's log
+#: prints the line itself, e.g. misc/shmutils.cc:112 / :132; NCCL < 2.12: src/include/shm.h:28 / :48 "Call to
+#: posix_fallocate failed")
+_SHM = (r"Error while (?:creating|attaching to) shared memory segment (?P<path>\S+) \(size (?P<bytes>\d+)\)",
         r"failed to extend (?P<path>/dev/shm/\S+) to (?P<bytes>\d+) bytes",
         r"NCCL WARN Call to posix_fallocate failed ?: No space left on device")
 
@@ -26,8 +27,8 @@ NCCL_SHM_TOO_SMALL = Entry(
         "remove stale /dev/shm/nccl-* files of dead runs; NCCL_SHM_DISABLE=1 only as a slower stopgap",
     proof="docker exec <rank container> df -h /dev/shm; ls -la /dev/shm | grep nccl",
     signature=extracting(*_SHM),
-    source="NVIDIA/nccl src/misc/shmutils.cc (ncclShmOpen), src/include/shm.h:48 before 2.12; reports "
-           "NVIDIA/nccl#342, vllm-project/vllm#1710",
+    source="NVIDIA/nccl src/misc/shmutils.cc ncclShmOpen (fallocate WARN and the fail: WARN; the log's own "
+           "misc/shmutils.cc:112/:132), src/include/shm.h:28,48 before 2.12; report vllm-project/vllm#1710",
     words=(r"/dev/shm|shm[- _]size|shared memory segment|--ipc",
            r"nccl|docker|container|no space|64 ?mi?b",),
     lab="none yet: a lab rank container started with --shm-size=64m and NCCL's shm transport would produce it "
@@ -58,8 +59,8 @@ DISK_FULL = Entry(
     proof="df -h {path}; df -h /var/lib/docker ~/.cache/huggingface /tmp",
     signature=extracting(*_DISK),
     source="moby/moby distribution/xfer/download.go (`failed to register layer: %v`); huggingface_hub "
-           "file_download.py `_check_disk_space`; ray src/ray/common/file_system_monitor.cc; reports "
-           "moby/moby#32811, NVIDIA/nvidia-docker#792, sickcodes/Docker-OSX#314",
+           "file_download.py:774-776 @ 2.4.0 (_check_disk_space); ray src/ray/common/file_system_monitor.cc; "
+           "reports moby/moby#32811, NVIDIA-NeMo/Speech#1029, sickcodes/Docker-OSX#314",
     words=(r"disk (is |was |got )?(full|filled)|out of disk|fail\w* to register (the )?layer|errno 28|free disk space|"
            r"no space left on device.{0,80}(disk|\bdf\b|partition|volume|layer|cache|/tmp|/var)|"
            r"(disk|partition|volume|cache|/tmp|/var).{0,80}no space left",

@@ -28,15 +28,15 @@ def test_the_good_pinned_kernel_is_not_named_a_bad_kernel():
 
 
 def test_a_full_disk_while_extracting_a_layer_is_not_a_dropped_download():
-    # sickcodes/Docker-OSX#314 (the maintainer: out of disk space) and NVIDIA/nvidia-docker#792
+    # sickcodes/Docker-OSX#314 (the maintainer: out of disk space) and NVIDIA-NeMo/Speech#1029
     eof = ("auto: Pulling from sickcodes/docker-osx\na1671807670e: Extracting  19.04GB/19.04GB\n"
            "failed to register layer: Error processing tar file(exit status 1): unexpected EOF")
     ranked = diagnose_text(eof)
     assert ranked and ranked[0].id == "disk-full"
     assert ranked[0].confidence != "high", "an EOF while extracting is a symptom: never high"
     assert "docker-pull-eof" not in [r.id for r in ranked if r.confidence == "high"]
-    enospc = ("docker pull nvcr.io/nvidia/digits:18.01\nfailed to register layer: Error processing tar file(exit "
-              "status 1): write /usr/share/vim/vim74/syntax/sisu.vim: no space left on device")
+    enospc = ("docker pull nvcr.io/nvidia/nemo:v0.11\nfailed to register layer: Error processing tar file(exit status 1): "
+              "write /opt/conda/lib/python3.6/site-packages/torch/lib/libtorch.so: no space left on device.")
     found = [f for f in match(Bundle(texts={"head": {B.DOCKER_PULL: enospc}})) if f.id != "disk-full"]
     assert not [f for f in found if f.id.startswith("docker-pull")], found
     disk = [f for f in match(Bundle(texts={"head": {B.DOCKER_PULL: enospc}})) if f.id == "disk-full"]
