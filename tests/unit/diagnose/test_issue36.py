@@ -4,6 +4,7 @@ beside it) or the runbook's own output."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from runbook.diagnose import Bundle, match
 from runbook.diagnose import bundle as B
@@ -75,13 +76,17 @@ def _commands(*recs: dict) -> str:
     return "\n".join(json.dumps(r) for r in recs)
 
 
+LAB_FIREWALL_READS = Path(__file__).parents[1] / "data" / "diagnose_issue37" / "lab_firewall_reads.jsonl"
+
+
 def test_a_missing_ufw_on_the_lab_is_not_a_split_environment():
-    # the collection's firewall read on a lab node without ufw (runbook/facts/firewall.py)
-    ufw = {"node": "worker", "kind": "read", "command": "(sudo -n ufw status verbose || ufw status verbose) 2>&1; true",
-           "exit_code": 0, "stdout_tail": "bash: line 1: ufw: command not found", "stderr_tail": ""}
+    # the lab run's own firewall reads (runbook/facts/firewall.py), copied from its commands.jsonl
+    reads = LAB_FIREWALL_READS.read_text()
+    assert reads.count("ufw: command not found") >= 2
     b = Bundle(texts={"head": {B.RANK_LOG: "INFO starting\n"}, "worker": {B.RANK_LOG: "INFO starting\n"},
-                      B.LOCAL: {B.LOCAL_COMMANDS: _commands(ufw)}})
+                      B.LOCAL: {B.LOCAL_COMMANDS: reads}})
     assert "env-split-by-quoting" not in {f.id for f in match(b)}
+    ufw = json.loads(reads.splitlines()[0])
     # a start command that lost its quoting is still named
     split = {"node": "worker", "command": "env VLLM_HOST_IP=10.0.0.2 VLLM_EXTRA=--foo bar setsid nohup vllm serve m",
              "exit_code": 127, "stdout_tail": "", "stderr_tail": "env: ‘bar’: No such file or directory"}
