@@ -86,7 +86,7 @@ _ARCH = (r"no matching manifest for (?P<platform>[\w/]+)(?: in the manifest list
          r"\((?P<platform>[\w/]+)\)",
          r"image platform \((?P<image_platform>[\w/]+)\) does not match the expected platform \((?P<platform>[\w/]+)\)",
          r"exec (?P<binary>/\S+): exec format error",
-         r"`?(?P<binary>/\S+)`?: Exec format error")
+         r"`?(?P<binary>/[^\s:`]+)`?: Exec format error")
 
 IMAGE_ARCH_MISMATCH = Entry(
     "image-arch-mismatch", "The image has no build for the node's architecture", FATAL,

@@ -40,9 +40,7 @@ KV_CACHE_BELOW_MAX_MODEL_LEN = Entry(
 #: GPU N has a total capacity of ..."), counted here only during vLLM's start-up: loading weights, the profile
 #: run or CUDA-graph capture (vllm/v1/worker/gpu_model_runner.py load_model / profile_run / capture_model)
 _OOM_PHASE = r"(?:Loading (?:model )?weights|load_model|profile_run|_dummy_run|[Cc]apturing CUDA graph|capture_model|cuda ?graph)"
-_OOM = ((rf"{_OOM_PHASE}[\s\S]{{0,4000}}?(?:torch\.)?(?:cuda\.)?OutOfMemoryError: CUDA out of memory\. Tried to allocate "
-         rf"(?P<tried>[\d.]+ [GM]iB)", {}),
-        (r"CUDA out of memory[^\n]{0,200}?(?:while|during) (?P<phase>capturing CUDA graphs?|cuda ?graph capture)", {}))
+_OOM = (r"OutOfMemoryError: CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ [GM]iB)",)
 
 CUDA_OOM_STARTUP = Entry(
     "cuda-oom-startup", "CUDA out of memory while the engine starts (weights, profiling or graph capture)", FATAL,
@@ -57,7 +55,7 @@ CUDA_OOM_STARTUP = Entry(
         "graph sizes (--cuda-graph-sizes / --enforce-eager to confirm), and free page cache and other GPU users "
         "before the start",
     proof="grep -nE 'out of memory|Capturing CUDA graph|Loading weights' <rank log>; free -g",
-    signature=extracting(*_OOM),
+    signature=extracting(*_OOM, after=(_OOM_PHASE, 20000)),
     source="pytorch c10/cuda/CUDACachingAllocator.cpp (the OOM message); vllm-project/vllm "
            "vllm/v1/worker/gpu_model_runner.py:5028 load_model, :6133 profile_run, :6482 capture_model (:6657 "
            "'Capturing CUDA graphs') @ v0.32.0; report vllm-project/vllm#46307",

@@ -97,15 +97,19 @@ def line_signature(entry: "Entry", b: B.Bundle) -> list[Hit]:
 
 
 def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ...] = LINE_TEXTS, unless: str = "",
-               check: Callable[[dict[str, str]], bool] | None = None) -> Callable[[B.Bundle], list[Hit]]:
+               check: Callable[[dict[str, str]], bool] | None = None,
+               after: tuple[str, int] | None = None) -> Callable[[B.Bundle], list[Hit]]:
     """A signature for a family of messages: each pattern is the emitting source's message with named groups
     (``path``, ``port``, ``component``, ``package``, numbers) that go into the hit's evidence and fill the fix's
     ``{placeholders}``. ``unless``: a text holding it is explained by another entry. ``check``: the extracted
     values must pass it (e.g. a KV pool smaller than the requested length). A pattern may come with defaults:
-    ``(regex, {"path": "/var/lib/docker"})`` for what its message implies but does not print."""
+    ``(regex, {"path": "/var/lib/docker"})`` for what its message implies but does not print. ``after``: (regex,
+    chars): a match counts only when that regex occurs within ``chars`` before it (the phase an error belongs to);
+    searched backwards from each match, never forwards from each phase line, so a long log stays linear."""
     compiled = [(re.compile(p, re.IGNORECASE | re.MULTILINE), {}) if isinstance(p, str)
                 else (re.compile(p[0], re.IGNORECASE | re.MULTILINE), p[1]) for p in patterns]
     skip = re.compile(unless, re.IGNORECASE | re.MULTILINE) if unless else None
+    before = (re.compile(after[0], re.IGNORECASE | re.MULTILINE), after[1]) if after else None
 
     def sig(b: B.Bundle) -> list[Hit]:
         hits = []
@@ -121,6 +125,8 @@ def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ..
                         said_vals = dict(vals)
                         vals = {**implied, **vals}
                         if check is not None and not check(vals):
+                            continue
+                        if before and not before[0].search(text, max(0, m.start() - before[1]), m.start()):
                             continue
                         start = text.rfind("\n", 0, m.start()) + 1
                         end = text.find("\n", m.end())

@@ -130,6 +130,12 @@ def test_families_extract_the_values_their_fix_names():
     gated = "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-8B/resolve/main/config.json."
     f = [f for f in match(Bundle(texts={"worker": {B.RANK_LOG: gated}})) if f.id == "hf-gated-repo-token"]
     assert f and "meta-llama/Llama-3.1-8B" in f[0].fix and f[0].node == "worker"
+    # a CUDA OOM counts as a start-up one only after the start-up's phase lines (vllm gpu_model_runner.py:6657)
+    capture = "INFO [gpu_model_runner.py:6657] Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 40%\n"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 119.70 GiB\n"
+    f = [f for f in match(Bundle(texts={"head": {B.RANK_LOG: capture + oom}})) if f.id == "cuda-oom-startup"]
+    assert f and "2.00 GiB" in f[0].fix
+    assert "cuda-oom-startup" not in {x.id for x in match(Bundle(texts={"head": {B.RANK_LOG: oom + capture}}))}
     ray = "rpc_client.h:153: Failed to connect to GCS at address 172.16.11.65:41000 within 5 seconds."
     f = [f for f in match(Bundle(texts={"worker": {B.RANK_LOG: ray}})) if f.id == "ray-node-not-joined"]
     assert f and "172.16.11.65:41000" in f[0].fix
