@@ -38,7 +38,8 @@ ENV_OVERWRITTEN_BY_HEAD = Entry(
     fix="resolve NCCL_IB_HCA, *_SOCKET_IFNAME and VLLM_HOST_IP per node and pass them in each rank's own "
         "environment; do not forward the head's",
     proof="grep 'Overwriting environment variable' <worker rank log>; ibdev2netdev   # on each node",
-    signature=_sig_env_overwritten, source="anchors-2026-12 #5; spark-arena/sparkrun#135",
+    signature=_sig_env_overwritten,
+    source="vLLM vllm/utils/system_utils.py:35 @ v0.32.0 (the warning); anchors-2026-12 #5; spark-arena/sparkrun#135",
     words=(r"overwrit\w+|propagat\w+|copied (over )?from the head|head'?s (own )?(names|values|interfaces|hca|devices)|pushed (to|from) the (worker|head)|(left|right|other|different|opposite) port",
            r"hca|ifname|interface|rocep|mlx5|enp1s0f|ucx_net_devices|port|cable",
            r"worker|second (node|spark)|other node",),
@@ -128,7 +129,10 @@ WORKER_NOT_RUNNING = Entry(
     fix="fix the worker's error shown here, start the worker first and check it is alive and logging before "
         "starting the head (the launcher does this); stop the head meanwhile",
     proof="pgrep -af vllm; tail -n 50 <worker rank log>   # on the worker",
-    signature=_sig_worker_dead, source="anchors-2026-12 #7; issue 16 item 1",
+    signature=_sig_worker_dead,
+    source="uvicorn lifespan/on.py:62 @ 0.55.0 ('Application startup complete', what the head's log lacks); torch "
+           "c10d TCPStore 'Timed out after {} seconds waiting for clients. {}/{} clients joined.' (libtorch 2.13); "
+           "anchors-2026-12 #7; issue 16 item 1",
     lines=(r"Python\.h: No such file or directory",),
     words=(r"worker (never|didn'?t|did not|is not|isn'?t|wasn'?t) (start|run|launch|come up|alive)|worker (died|crashed|exited)|worker container (exited|stopped)|no (process|container) on the worker",
            r"head (just )?(waits|hangs|waiting|stuck|sits)|waiting for (the )?(worker|clients|rank)|60[01] ?s|10 minutes",),
@@ -397,7 +401,8 @@ RAY_PLACEMENT_GROUP = Entry(
         "mp backend",
     proof="ray status; ray list nodes",
     signature=None,
-    source="eugr/spark-vllm-docker#227 (bringup-anchors §5.12)",
+    source="vLLM vllm/v1/executor/ray_utils.py:468 (waiting), :490/:502 (Cannot provide a placement group) @ "
+           "v0.32.0; eugr/spark-vllm-docker#227 (bringup-anchors §5.12)",
     lines=(r"Cannot provide a placement group",
            # vLLM's wait before it gives up (vllm/v1/executor/ray_utils.py:468 @ v0.32.0, _wait_until_pg_ready)
            r"Waiting for creating a placement group of specs for \d+ seconds"),

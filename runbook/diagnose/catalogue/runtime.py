@@ -155,7 +155,9 @@ WRONG_MODEL_ON_PORT = Entry(
         "node, orphaned EngineCore/Worker processes included); else stop the other server (`ss -ltnp 'sport = "
         ":{port}'` names it); changing PORT leaves an orphaned server holding memory",
     proof="curl -s {api_url}/v1/models   # on the head (the address the API binds)",
-    signature=_sig_wrong_model, source="anchors-2026-12 #10",
+    signature=_sig_wrong_model,
+    source="vLLM vllm/entrypoints/serve/engine/serving.py:78,213 @ v0.32.0 (The model `X` does not exist); "
+           "anchors-2026-12 #10",
     lines=(r"The model `[^`]+` does not exist",),
     words=(r"does not exist|\b404\b|wrong model|different model|old (server|model)|another model",
            r"/v1/models|model (id|name)|served[- ]model[- ]name|\bport\b",),
@@ -203,7 +205,8 @@ NO_COMMON_BLOCK_SIZE = Entry(
     fix="pass `--block-size 128` (EXTRA_ARGS)",
     proof="grep -n 'block size' <rank log>",
     signature=None,
-    source="tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark README fix 4 (boot 4)",
+    source="vLLM vllm/v1/worker/utils.py:555 @ v0.32.0 (No common block size); tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark "
+           "README fix 4 (boot 4)",
     lines=(r"No common block size for \d+",),
     words=(r"block[- _]size", r"no common|indexer|deepseek|v4"),
     lab="none: the tiny lab model has no V4 indexer")
