@@ -99,7 +99,9 @@ def _sig_worker_dead(b: B.Bundle) -> list[Hit]:
     for node in b.workers:
         log = b.text(node, B.RANK_LOG)
         ev = []
-        no_log = not log.strip() or re.search(r"^tail: cannot open .*No such file", log, re.MULTILINE)
+        # no log: a process rank's file is missing, or a docker rank's container is gone (docker rm takes its log)
+        no_log = not log.strip() or re.search(r"^(?:tail: cannot open .*No such file|"
+                                              r"Error(?: response from daemon)?: No such container)", log, re.MULTILINE)
         ps_known = b.has(node, B.PROCESSES)
         alive = any(_is_rank_process(p) for p in procs.parse_ps(b.text(node, B.PROCESSES)))
         if no_log:
@@ -109,7 +111,7 @@ def _sig_worker_dead(b: B.Bundle) -> list[Hit]:
         if not ev or (ps_known and alive):
             continue
         tail = [l.strip()[:300] for l in log.strip().splitlines()[-4:]] if not no_log else []
-        errs = lines_matching(log, re.compile(r"Python\.h: No such file|Traceback|Error|error:"), 3)
+        errs = [] if no_log else lines_matching(log, re.compile(r"Python\.h: No such file|Traceback|Error|error:"), 3)
         if node in stopped and not [l for l in errs if not _SHUTDOWN_NOISE.search(l)]:
             continue          # the runbook's own stop (the memory guard's abort) ended it: not a death
         ev += [f"{node} log: {l}" for l in errs or tail]

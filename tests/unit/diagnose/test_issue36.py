@@ -94,11 +94,14 @@ def test_a_missing_ufw_on_the_lab_is_not_a_split_environment():
     assert "env-split-by-quoting" in {f.id for f in match(b2)}
 
 
-def _guard_stop_bundle(worker_log: str) -> Bundle:
+def _guard_stop_bundle(worker_log: str, docker: bool = False) -> Bundle:
     sd = "/home/u/.cache/spark-runbook/launch"
     start = {"node": "worker", "kind": "run", "exit_code": 0,
              "command": f"mkdir -p {sd} && cd {sd} || exit 1; env VLLM_HOST_IP=10.0.0.2 setsid nohup vllm serve m "
                         f"> {sd}/worker.log 2>&1 < /dev/null & echo $! > {sd}/worker.pid"}
+    if docker:        # launch/render.py start_command, docker runtime
+        start["command"] = (f"mkdir -p {sd} || exit 1; docker rm -f vllm-worker >/dev/null 2>&1; docker run -d "
+                            f"--name vllm-worker --network host img vllm serve m")
     # runbook/launch/stop.py _stop_node: what the memory guard's abort runs once the rank is gone
     stop = {"node": "worker", "kind": "run", "exit_code": 0,
             "command": f"rm -f {sd}/worker.pid {sd}/worker.fingerprint {sd}/worker.json; true"}
@@ -110,6 +113,9 @@ def _guard_stop_bundle(worker_log: str) -> Bundle:
 def test_the_memory_guards_own_stop_is_not_a_dead_worker():
     stopped = _guard_stop_bundle("INFO Loading weights\nINFO received SIGTERM, shutting down\n")
     assert "worker-not-running" not in {f.id for f in match(stopped)}
+    # docker runtime: the stop's `docker rm` takes the container's log along
+    gone = _guard_stop_bundle("Error response from daemon: No such container: vllm-worker\n", docker=True)
+    assert "worker-not-running" not in {f.id for f in match(gone)}
     died = _guard_stop_bundle("INFO Loading weights\nTraceback (most recent call last):\n"
                               "ModuleNotFoundError: No module named 'vllm._C'\n")
     assert "worker-not-running" in {f.id for f in match(died)}, "a worker that died before the stop is still named"
