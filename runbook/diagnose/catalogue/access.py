@@ -58,7 +58,8 @@ NVIDIA_CONTAINER_TOOLKIT_MISSING = Entry(
 #: the registry's TOOMANYREQUESTS error code (distribution/distribution registry/api/errcode, HTTP 429), as
 #: docker prints it: "toomanyrequests: You have reached your pull rate limit ..."
 _RATE = (r"toomanyrequests: (?P<message>[^\n]{0,120})",
-         r"429 Too Many Requests[^\n]{0,80}?(?:https?://)?(?P<registry>[\w.-]+\.[a-z]{2,})?")
+         # a 429 from a registry's API (/v2/...), not any 429 (Hugging Face's own limit needs another fix)
+         r"https?://(?P<registry>[\w.-]+)/v2/\S*?:? 429 Too Many Requests")
 
 REGISTRY_RATE_LIMIT = Entry(
     "registry-rate-limit", "The registry's pull rate limit was reached", FATAL,

@@ -142,6 +142,13 @@ def test_families_extract_the_values_their_fix_names():
     f = [f for f in match(Bundle(texts={"head": {B.RANK_LOG: capture + oom}})) if f.id == "cuda-oom-startup"]
     assert f and "2.00 GiB" in f[0].fix
     assert "cuda-oom-startup" not in {x.id for x in match(Bundle(texts={"head": {B.RANK_LOG: oom + capture}}))}
+    # a 429 that is not a registry's (/v2/ API) is not the docker pull rate limit
+    hf429 = "requests.exceptions.HTTPError: 429 Client Error: Too Many Requests for url: https://huggingface.co/api/models/x"
+    assert "registry-rate-limit" not in {x.id for x in match(Bundle(texts={"head": {B.RANK_LOG: hf429}}))}
+    reg429 = ("unexpected status code https://registry-1.docker.io/v2/library/rust/manifests/sha256:de6e: 429 Too Many "
+              "Requests - Server message: toomanyrequests: You have reached your pull rate limit.")
+    f = [x for x in match(Bundle(texts={"head": {B.DOCKER_PULL: reg429}})) if x.id == "registry-rate-limit"]
+    assert f and "registry=registry-1.docker.io" in " ".join(f[0].evidence)
     ray = "rpc_client.h:153: Failed to connect to GCS at address 172.16.11.65:41000 within 5 seconds."
     f = [f for f in match(Bundle(texts={"worker": {B.RANK_LOG: ray}})) if f.id == "ray-node-not-joined"]
     assert f and "172.16.11.65:41000" in f[0].fix
