@@ -7,6 +7,7 @@ started, or without RDMA, simply has less to match.
 """
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -96,6 +97,24 @@ def line_signature(entry: "Entry", b: B.Bundle) -> list[Hit]:
     return hits
 
 
+def command_records(b: B.Bundle) -> list[dict]:
+    """The records of the run's command log (``commands.jsonl`` under the local node), oldest first."""
+    out = []
+    for line in b.text(B.LOCAL, B.LOCAL_COMMANDS).splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def command_output(rec: dict) -> str:
+    """What one command printed, as the command log keeps it (tails of stdout and stderr)."""
+    return "\n".join(str(rec.get(k, "")) for k in ("stderr", "stdout", "stderr_tail", "stdout_tail") if rec.get(k))
+
+
 def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ...] = LINE_TEXTS, unless: str = "",
                check: Callable[[dict[str, str]], bool] | None = None,
                after: tuple[str, int] | None = None) -> Callable[[B.Bundle], list[Hit]]:
@@ -105,7 +124,10 @@ def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ..
     values must pass it (e.g. a KV pool smaller than the requested length). A pattern may come with defaults:
     ``(regex, {"path": "/var/lib/docker"})`` for what its message implies but does not print. ``after``: (regex,
     chars): a match counts only when that regex occurs within ``chars`` before it (the phase an error belongs to);
-    searched backwards from each match, never forwards from each phase line, so a long log stays linear."""
+    searched backwards from each match, never forwards from each phase line, so a long log stays linear.
+    Besides a node's logs it reads what the runbook's own commands on that node printed when they failed
+    (``commands.jsonl``; a command that later ran again and passed no longer counts): a failed `docker run` or
+    `docker pull` says why there, not in a rank log."""
     compiled = [(re.compile(p, re.IGNORECASE | re.MULTILINE), {}) if isinstance(p, str)
                 else (re.compile(p[0], re.IGNORECASE | re.MULTILINE), p[1]) for p in patterns]
     skip = re.compile(unless, re.IGNORECASE | re.MULTILINE) if unless else None
@@ -113,10 +135,17 @@ def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ..
 
     def sig(b: B.Bundle) -> list[Hit]:
         hits = []
-        for node in [*b.nodes, B.LOCAL]:
+        last: dict[tuple[str, str], dict] = {}
+        for rec in command_records(b):
+            last[(str(rec.get("node", B.LOCAL)), str(rec.get("command", "")))] = rec
+        printed: dict[str, list[str]] = {}
+        for (node, _), rec in last.items():
+            if rec.get("exit_code") not in (0, None):
+                printed.setdefault(node, []).append(command_output(rec))
+        for node in dict.fromkeys([*b.nodes, *printed, B.LOCAL]):
             ev: list[str] = []
             found: dict[str, str] = {}
-            for text in dict.fromkeys(b.text(node, name) for name in texts):
+            for text in dict.fromkeys([*(b.text(node, name) for name in texts), "\n".join(printed.get(node, []))]):
                 if not text or (skip and skip.search(text)):
                     continue
                 for rx, implied in compiled:

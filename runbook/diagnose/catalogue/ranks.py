@@ -2,12 +2,12 @@
 died or never started, an environment split by shell quoting, a path from the head's home."""
 from __future__ import annotations
 
-import json
 import re
 
 from ...facts import procs
 from .. import bundle as B
-from .entry import CLIENTS_JOINED, FATAL, STARTUP_DONE, Entry, Hit, extracting, lines_matching, plan_env
+from .entry import (CLIENTS_JOINED, FATAL, STARTUP_DONE, Entry, Hit, command_output, command_records, extracting,
+                    lines_matching, plan_env)
 
 
 _NODE_SPECIFIC = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "VLLM_HOST_IP",
@@ -62,23 +62,11 @@ _SHUTDOWN_NOISE = re.compile(r"^Traceback|SIGTERM|signal 15|\bSignals?\b|Keyboar
                              r"shut(ting)? ?down|exit code -15|received signal", re.IGNORECASE)
 
 
-def _command_records(b: B.Bundle) -> list[dict]:
-    out = []
-    for line in b.text(B.LOCAL, B.LOCAL_COMMANDS).splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def stopped_by_runbook(b: B.Bundle) -> set[str]:
     """Nodes whose rank the runbook itself stopped after its last start (the memory guard's abort, a failed
     start's cleanup, ``python -m runbook stop``): a rank missing there was stopped, it did not die."""
     state: dict[str, bool] = {}
-    for rec in _command_records(b):
+    for rec in command_records(b):
         cmd, node = str(rec.get("command", "")), str(rec.get("node", ""))
         if _OWN_START.search(cmd):
             state[node] = False
@@ -174,11 +162,10 @@ def _sig_env_split(b: B.Bundle) -> list[Hit]:
                           f" from the rendered launch plan")
         if ev:
             hits.append(Hit(node, ev))
-    for rec in _command_records(b):
+    for rec in command_records(b):
         if not _START_CMD.search(str(rec.get("command", ""))):     # only a start command can lose its quoting
             continue
-        out = "\n".join(str(rec.get(k, "")) for k in ("stderr", "stdout", "stderr_tail", "stdout_tail"))
-        found = lines_matching(out, _SHELL_SPLIT, 2)
+        found = lines_matching(command_output(rec), _SHELL_SPLIT, 2)
         if found:
             node = str(rec.get("node", "?"))
             hits.append(Hit(node, [f"{node} start command: {l}" for l in found]))

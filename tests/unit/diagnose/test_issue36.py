@@ -154,6 +154,24 @@ def test_families_extract_the_values_their_fix_names():
     assert f and "172.16.11.65:41000" in f[0].fix
 
 
+def test_a_failed_start_command_says_why_in_the_command_log():
+    # a `docker run --gpus` without the toolkit fails before any container (so before any rank log) exists
+    run = {"node": "worker", "kind": "run", "exit_code": 125,
+           "command": "mkdir -p /x || exit 1; docker rm -f vllm-worker >/dev/null 2>&1; docker run -d --gpus all img",
+           "stdout_tail": "", "stderr_tail": 'docker: Error response from daemon: could not select device driver "" '
+                                            "with capabilities: [[gpu]]."}
+    b = Bundle(texts={"worker": {B.RANK_LOG: "Error: No such container: vllm-worker\n"},
+                      B.LOCAL: {B.LOCAL_COMMANDS: _commands(run)}})
+    f = [x for x in match(b) if x.id == "nvidia-container-toolkit-missing"]
+    assert f and f[0].node == "worker"
+    # the same pull failed once and passed on the retry: no longer a finding
+    pull = {"node": "head", "kind": "run", "command": "docker pull img", "exit_code": 1, "stdout_tail": "",
+            "stderr_tail": "Error response from daemon: toomanyrequests: You have reached your pull rate limit."}
+    assert "registry-rate-limit" in {x.id for x in match(Bundle(texts={B.LOCAL: {B.LOCAL_COMMANDS: _commands(pull)}}))}
+    retried = _commands(pull, {**pull, "exit_code": 0, "stderr_tail": ""})
+    assert "registry-rate-limit" not in {x.id for x in match(Bundle(texts={B.LOCAL: {B.LOCAL_COMMANDS: retried}}))}
+
+
 # --------------------------------------------------------------------------- the frozen held-out set
 
 def test_the_frozen_held_out_set_is_loaded_and_meets_the_issue_floor():
