@@ -15,7 +15,7 @@ public thread.
 """
 from __future__ import annotations
 
-from . import host, memory, nccl, network, perf, ranks, residue, runtime
+from . import access, engine, host, memory, nccl, network, perf, ranks, residue, runtime, storage
 from .entry import Entry
 
 ENTRIES: tuple[Entry, ...] = (
@@ -39,6 +39,15 @@ ENTRIES: tuple[Entry, ...] = (
     runtime.DOCKER_PULL_MANIFEST_UNKNOWN,
     runtime.DOCKER_PULL_DNS,
     runtime.DOCKER_PULL_UNREACHABLE,
+    access.REGISTRY_RATE_LIMIT,
+    access.IMAGE_ARCH_MISMATCH,
+    access.NVIDIA_CONTAINER_TOOLKIT_MISSING,
+    storage.DISK_FULL,
+    storage.NCCL_SHM_TOO_SMALL,
+    access.HF_GATED_REPO_TOKEN,
+    engine.KV_CACHE_BELOW_MAX_MODEL_LEN,
+    engine.CUDA_OOM_STARTUP,
+    engine.TOOL_PARSER_MISSING,
     host.OOM_KILLED,
     host.MEM_AVAILABLE_LOW,
     runtime.SERVING_WEDGE,
@@ -62,8 +71,10 @@ ENTRIES: tuple[Entry, ...] = (
     nccl.IB_QP_PAIRING_TIMEOUT,
     ranks.RENDEZVOUS_PORT_IN_USE,
     ranks.API_PORT_IN_USE,
+    ranks.PORT_RACE,
     ranks.SEMLOCK_BACKEND_MISMATCH,
     ranks.RAY_MISSING,
+    ranks.RAY_NODE_NOT_JOINED,
     ranks.RAY_PLACEMENT_GROUP,
     runtime.NO_COMMON_BLOCK_SIZE,
     perf.GB10_SLOW_STATE,
@@ -73,5 +84,5 @@ ENTRIES: tuple[Entry, ...] = (
 
 BY_ID = {e.id: e for e in ENTRIES}
 assert len(BY_ID) == len(ENTRIES), "duplicate catalogue ids"
-_DEFINED = {v.id for m in (host, memory, nccl, network, perf, ranks, residue, runtime) for v in vars(m).values() if isinstance(v, Entry)}
+_DEFINED = {v.id for m in (access, engine, host, memory, nccl, network, perf, ranks, residue, runtime, storage) for v in vars(m).values() if isinstance(v, Entry)}
 assert _DEFINED == set(BY_ID), f"an entry is defined in a family but not listed in ENTRIES: {_DEFINED ^ set(BY_ID)}"

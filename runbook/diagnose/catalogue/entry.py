@@ -7,6 +7,7 @@ started, or without RDMA, simply has less to match.
 """
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -94,6 +95,82 @@ def line_signature(entry: "Entry", b: B.Bundle) -> list[Hit]:
         if ev:
             hits.append(Hit(node, ev[:4]))
     return hits
+
+
+def command_records(b: B.Bundle) -> list[dict]:
+    """The records of the run's command log (``commands.jsonl`` under the local node), oldest first."""
+    out = []
+    for line in b.text(B.LOCAL, B.LOCAL_COMMANDS).splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def command_output(rec: dict) -> str:
+    """What one command printed, as the command log keeps it (tails of stdout and stderr)."""
+    return "\n".join(str(rec.get(k, "")) for k in ("stderr", "stdout", "stderr_tail", "stdout_tail") if rec.get(k))
+
+
+def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ...] = LINE_TEXTS, unless: str = "",
+               check: Callable[[dict[str, str]], bool] | None = None,
+               after: tuple[str, int] | None = None) -> Callable[[B.Bundle], list[Hit]]:
+    """A signature for a family of messages: each pattern is the emitting source's message with named groups
+    (``path``, ``port``, ``component``, ``package``, numbers) that go into the hit's evidence and fill the fix's
+    ``{placeholders}``. ``unless``: a text holding it is explained by another entry. ``check``: the extracted
+    values must pass it (e.g. a KV pool smaller than the requested length). A pattern may come with defaults:
+    ``(regex, {"path": "/var/lib/docker"})`` for what its message implies but does not print. ``after``: (regex,
+    chars): a match counts only when that regex occurs within ``chars`` before it (the phase an error belongs to);
+    searched backwards from each match, never forwards from each phase line, so a long log stays linear.
+    Besides a node's logs it reads what the runbook's own commands on that node printed when they failed
+    (``commands.jsonl``; a command that later ran again and passed no longer counts): a failed `docker run` or
+    `docker pull` says why there, not in a rank log."""
+    compiled = [(re.compile(p, re.IGNORECASE | re.MULTILINE), {}) if isinstance(p, str)
+                else (re.compile(p[0], re.IGNORECASE | re.MULTILINE), p[1]) for p in patterns]
+    skip = re.compile(unless, re.IGNORECASE | re.MULTILINE) if unless else None
+    before = (re.compile(after[0], re.IGNORECASE | re.MULTILINE), after[1]) if after else None
+
+    def sig(b: B.Bundle) -> list[Hit]:
+        hits = []
+        last: dict[tuple[str, str], dict] = {}
+        for rec in command_records(b):
+            last[(str(rec.get("node", B.LOCAL)), str(rec.get("command", "")))] = rec
+        printed: dict[str, list[str]] = {}
+        for (node, _), rec in last.items():
+            if rec.get("exit_code") not in (0, None):
+                printed.setdefault(node, []).append(command_output(rec))
+        for node in dict.fromkeys([*b.nodes, *printed, B.LOCAL]):
+            ev: list[str] = []
+            found: dict[str, str] = {}
+            for text in dict.fromkeys([*(b.text(node, name) for name in texts), "\n".join(printed.get(node, []))]):
+                if not text or (skip and skip.search(text)):
+                    continue
+                for rx, implied in compiled:
+                    for m in rx.finditer(text):
+                        vals = {k: v.strip() for k, v in m.groupdict().items() if v}
+                        said_vals = dict(vals)
+                        vals = {**implied, **vals}
+                        if check is not None and not check(vals):
+                            continue
+                        if before and not before[0].search(text, max(0, m.start() - before[1]), m.start()):
+                            continue
+                        start = text.rfind("\n", 0, m.start()) + 1
+                        end = text.find("\n", m.end())
+                        line = text[start:end if end >= 0 else len(text)].strip()[:300]
+                        said = ", ".join(f"{k}={v}" for k, v in said_vals.items())
+                        item = f"{node}: {line}" + (f" [{said}]" if said else "")
+                        if item not in ev:
+                            ev.append(item)
+                        for k, v in vals.items():
+                            found.setdefault(k, v)
+                        break                       # one line per pattern and text
+            if ev:
+                hits.append(Hit(node, ev[:4], found))
+        return hits
+    return sig
 
 
 CLIENTS_JOINED = re.compile(r"DistStoreError: Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined")

@@ -211,6 +211,8 @@ KERNEL_KNOWN_BAD = Entry(
     proof="uname -r   # on every node",
     signature=_sig_kernel, source="anchors-2026-12 #14",
     lab="none: the lab nodes share one kernel",
-    words=(r"7\.0(\.0)?\b|6\.17|regression|downgrad\w+|pin(ned)? (the |a |to )?kernel|mixed kernels|different kernels",
+    # the anchor names a bad release or a kernel change, never the good pinned one (6.17.0-1032-nvidia is the fix)
+    words=(r"(?<![\d.])7\.0(\.\d+)?(-\d+)?(-nvidia)?\b(?!\.)|regression|downgrad\w+|"
+           r"after (a |the )?kernel (update|upgrade)|mixed kernels|different kernels|kernels differ",
            r"\bkernel\b",
            r"rdma|ibv_reg_mr|registration|roce|13 ?gb/s|16 ?gb/s|throughput|autotune",))

@@ -22,7 +22,8 @@ UMA_FREE_MEMORY_CHECK = Entry(
         "can leave memory pinned)",
     proof="grep -E 'MemFree|MemAvailable|^Cached' /proc/meminfo   # on the node that refused",
     signature=None,
-    source="vllm-project/vllm#48140, #35313; unslothai/unsloth#10705; Blackwellboy/model-serving-minefield#45; "
+    source="vLLM vllm/v1/worker/utils.py:766 @ v0.32.0 (Free memory on device ... is less than desired GPU memory "
+           "utilization); vllm-project/vllm#48140, #35313; unslothai/unsloth#10705; Blackwellboy/model-serving-minefield#45; "
            "bringup-anchors §5.15",
     lines=(r"Free memory on device \S+ \([\d.]+/[\d.]+ GiB\) on startup is less than desired GPU memory utili[sz]ation",
            r"less than desired GPU memory utili[sz]ation"),

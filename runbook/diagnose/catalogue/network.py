@@ -74,7 +74,9 @@ RENDEZVOUS_MGMT_ADDRESS = Entry(
     fix="set HEAD_IP/WORKER_IP (and BOOTSTRAP_IF only for an interface every node reaches) to fabric "
         "addresses; restart both ranks",
     proof="ss -tn state syn-sent '( dport = :{master_port} )'   # on the worker; and: ip -br addr on the head",
-    signature=_sig_rendezvous_mgmt, source="anchors-2026-12 #1",
+    signature=_sig_rendezvous_mgmt,
+    source="vLLM vllm/v1/executor/multiproc_executor.py:155 @ v0.32.0 (master_addr=, mq_connect_ip= log); torch c10d "
+           "TCPStore clients-joined timeout; anchors-2026-12 #1",
     words=(r"management|mgmt|wi-?fi|10 ?gbe?\b|enp7s7|wlp9s9|wrong (ip|address|interface)|lan (ip|address)",
            r"vllm_host_ip|master[_ -]addr|head ip|bootstrap|rendezvous|mq_connect_ip",
            r"hang|never join|clients joined|time[ds]? ?out|syn[-_]sent|can'?t connect|cannot connect",),

@@ -2,12 +2,12 @@
 died or never started, an environment split by shell quoting, a path from the head's home."""
 from __future__ import annotations
 
-import json
 import re
 
 from ...facts import procs
 from .. import bundle as B
-from .entry import CLIENTS_JOINED, FATAL, STARTUP_DONE, Entry, Hit, lines_matching, plan_env
+from .entry import (CLIENTS_JOINED, FATAL, STARTUP_DONE, Entry, Hit, command_output, command_records, extracting,
+                    lines_matching, plan_env)
 
 
 _NODE_SPECIFIC = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "VLLM_HOST_IP",
@@ -38,7 +38,8 @@ ENV_OVERWRITTEN_BY_HEAD = Entry(
     fix="resolve NCCL_IB_HCA, *_SOCKET_IFNAME and VLLM_HOST_IP per node and pass them in each rank's own "
         "environment; do not forward the head's",
     proof="grep 'Overwriting environment variable' <worker rank log>; ibdev2netdev   # on each node",
-    signature=_sig_env_overwritten, source="anchors-2026-12 #5; spark-arena/sparkrun#135",
+    signature=_sig_env_overwritten,
+    source="vLLM vllm/utils/system_utils.py:35 @ v0.32.0 (the warning); anchors-2026-12 #5; spark-arena/sparkrun#135",
     words=(r"overwrit\w+|propagat\w+|copied (over )?from the head|head'?s (own )?(names|values|interfaces|hca|devices)|pushed (to|from) the (worker|head)|(left|right|other|different|opposite) port",
            r"hca|ifname|interface|rocep|mlx5|enp1s0f|ucx_net_devices|port|cable",
            r"worker|second (node|spark)|other node",),
@@ -49,6 +50,31 @@ def _is_rank_process(p: procs.Proc) -> bool:
     return bool(re.search(r"vllm|VLLM::|EngineCore", p.cmd)) and "grep" not in p.cmd
 
 
+#: the runbook's own stop of a rank (runbook/launch/stop.py `_stop_node`: it removes the rank's pid, fingerprint
+#: and start record once the rank is gone), as the command log records it
+_OWN_STOP = re.compile(r"\brm -f \S+\.pid \S+\.fingerprint \S+\.json; true\s*$")
+#: a rank's start as the command log records it (launch/render.py `start_command`: process or docker runtime)
+_OWN_START = re.compile(r"\bsetsid nohup\b|\bdocker run\b")
+
+
+#: what a rank prints when it is stopped (SIGTERM during start-up), not an error of its own
+_SHUTDOWN_NOISE = re.compile(r"^Traceback|SIGTERM|signal 15|\bSignals?\b|KeyboardInterrupt|SystemExit|terminat|"
+                             r"shut(ting)? ?down|exit code -15|received signal", re.IGNORECASE)
+
+
+def stopped_by_runbook(b: B.Bundle) -> set[str]:
+    """Nodes whose rank the runbook itself stopped after its last start (the memory guard's abort, a failed
+    start's cleanup, ``python -m runbook stop``): a rank missing there was stopped, it did not die."""
+    state: dict[str, bool] = {}
+    for rec in command_records(b):
+        cmd, node = str(rec.get("command", "")), str(rec.get("node", ""))
+        if _OWN_START.search(cmd):
+            state[node] = False
+        elif _OWN_STOP.search(cmd):
+            state[node] = True
+    return {n for n, stopped in state.items() if stopped}
+
+
 def _sig_worker_dead(b: B.Bundle) -> list[Hit]:
     head = b.head
     head_log = b.text(head, B.RANK_LOG)
@@ -57,10 +83,13 @@ def _sig_worker_dead(b: B.Bundle) -> list[Hit]:
     if not (head_waiting or head_failed):
         return []
     hits = []
+    stopped = stopped_by_runbook(b)
     for node in b.workers:
         log = b.text(node, B.RANK_LOG)
         ev = []
-        no_log = not log.strip() or re.search(r"^tail: cannot open .*No such file", log, re.MULTILINE)
+        # no log: a process rank's file is missing, or a docker rank's container is gone (docker rm takes its log)
+        no_log = not log.strip() or re.search(r"^(?:tail: cannot open .*No such file|"
+                                              r"Error(?: response from daemon)?: No such container)", log, re.MULTILINE)
         ps_known = b.has(node, B.PROCESSES)
         alive = any(_is_rank_process(p) for p in procs.parse_ps(b.text(node, B.PROCESSES)))
         if no_log:
@@ -70,7 +99,9 @@ def _sig_worker_dead(b: B.Bundle) -> list[Hit]:
         if not ev or (ps_known and alive):
             continue
         tail = [l.strip()[:300] for l in log.strip().splitlines()[-4:]] if not no_log else []
-        errs = lines_matching(log, re.compile(r"Python\.h: No such file|Traceback|Error|error:"), 3)
+        errs = [] if no_log else lines_matching(log, re.compile(r"Python\.h: No such file|Traceback|Error|error:"), 3)
+        if node in stopped and not [l for l in errs if not _SHUTDOWN_NOISE.search(l)]:
+            continue          # the runbook's own stop (the memory guard's abort) ended it: not a death
         ev += [f"{node} log: {l}" for l in errs or tail]
         if head_waiting:
             ev.append(f"{head}: log shows no 'Application startup complete' (the head waits for the worker)")
@@ -88,16 +119,30 @@ WORKER_NOT_RUNNING = Entry(
     fix="fix the worker's error shown here, start the worker first and check it is alive and logging before "
         "starting the head (the launcher does this); stop the head meanwhile",
     proof="pgrep -af vllm; tail -n 50 <worker rank log>   # on the worker",
-    signature=_sig_worker_dead, source="anchors-2026-12 #7; issue 16 item 1",
+    signature=_sig_worker_dead,
+    source="uvicorn lifespan/on.py:62 @ 0.55.0 ('Application startup complete', what the head's log lacks); torch "
+           "c10d TCPStore 'Timed out after {} seconds waiting for clients. {}/{} clients joined.' (libtorch 2.13); "
+           "anchors-2026-12 #7; issue 16 item 1",
     lines=(r"Python\.h: No such file or directory",),
     words=(r"worker (never|didn'?t|did not|is not|isn'?t|wasn'?t) (start|run|launch|come up|alive)|worker (died|crashed|exited)|worker container (exited|stopped)|no (process|container) on the worker",
            r"head (just )?(waits|hangs|waiting|stuck|sits)|waiting for (the )?(worker|clients|rank)|60[01] ?s|10 minutes",),
     lab="tests/lab/test_launch_lab.py::test_a_worker_that_never_started_stops_the_launch_before_the_head")
 
 
+#: what a start command split by quoting prints: env running a fragment of an assignment, the shell running an
+#: assignment or an option as a command, unbalanced quotes. A tool that is simply not installed (the lab has
+#: no `ufw`: `bash: line 1: ufw: command not found`) is not a split, so a "not found" word must look like a
+#: fragment of a command line (an assignment, an option, a value with `=`/`,`/quotes).
+_FRAGMENT = r"(?:[A-Za-z_][A-Za-z0-9_]*=\S*|--?[\w-]+\S*|\S*[=,'\"]\S*)"
 _SHELL_SPLIT = re.compile(r"env: [‘'][^’']+[’']: No such file or directory|"
-                          r"bash: (?:-c: )?line \d+: .*(?:command not found|unexpected EOF while looking for matching|"
-                          r"syntax error)|sh: \d+: \S+: not found|unexpected EOF while looking for matching")
+                          rf"bash: (?:-c: )?line \d+: {_FRAGMENT}: command not found|"
+                          r"bash: (?:-c: )?line \d+: .*(?:unexpected EOF while looking for matching|syntax error)|"
+                          rf"sh: \d+: {_FRAGMENT}: not found|unexpected EOF while looking for matching")
+
+
+#: a command that starts a rank: `env K=V ... setsid nohup vllm ...` (process runtime), `docker run ...`
+_START_CMD = re.compile(r"(?:^|[;&|(]\s*)env\s+[A-Za-z_][A-Za-z0-9_]*=|\bsetsid nohup\b|\bdocker run\b|\bvllm serve\b|"
+                        r"\bray start\b")
 
 
 def _sig_env_split(b: B.Bundle) -> list[Hit]:
@@ -117,15 +162,10 @@ def _sig_env_split(b: B.Bundle) -> list[Hit]:
                           f" from the rendered launch plan")
         if ev:
             hits.append(Hit(node, ev))
-    for line in b.text(B.LOCAL, B.LOCAL_COMMANDS).splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+    for rec in command_records(b):
+        if not _START_CMD.search(str(rec.get("command", ""))):     # only a start command can lose its quoting
             continue
-        if not isinstance(rec, dict):
-            continue
-        out = "\n".join(str(rec.get(k, "")) for k in ("stderr", "stdout", "stderr_tail", "stdout_tail"))
-        found = lines_matching(out, _SHELL_SPLIT, 2)
+        found = lines_matching(command_output(rec), _SHELL_SPLIT, 2)
         if found:
             node = str(rec.get("node", "?"))
             hits.append(Hit(node, [f"{node} start command: {l}" for l in found]))
@@ -181,6 +221,21 @@ HOME_DIR_DIFFERS = Entry(
     lab="none: one user on the lab nodes (fixture follows the published error)")
 
 
+#: torch's TCPStore listen failure (torch/csrc/distributed/c10d/socket.cpp: "The server socket has failed to listen
+#: on any local network address. port: N, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in
+#: use")
+_TCPSTORE_IN_USE = (r"The server socket has failed to (?:listen on any local network address|bind to [^\n]*?)"
+                    r"(?:[^\n]*?port: (?P<port>\d+))?[^\n]*",
+                    # torch prints the port before the name: "port: N, useIpv6: false, code: -98, name: EADDRINUSE"
+                    r"^(?=[^\n]*?\bport:? (?P<port>\d+))?[^\n]*\bEADDRINUSE\b")
+
+
+def _ephemeral(vals: dict[str, str]) -> bool:
+    """A port from the kernel's ephemeral range (Linux 32768-60999): one a process picked at random (vLLM's
+    get_open_port), not the profile's fixed master port."""
+    return vals.get("port", "").isdigit() and 32768 <= int(vals["port"]) <= 60999
+
+
 RENDEZVOUS_PORT_IN_USE = Entry(
     "rendezvous-port-in-use", "The rendezvous port is still held by a previous run", FATAL,
     symptom="a relaunch fails with `EADDRINUSE` on the master port, or a new worker joins the old head's "
@@ -192,15 +247,17 @@ RENDEZVOUS_PORT_IN_USE = Entry(
     fix="stop every rank of the old run on every node (`python -m runbook stop`) and check the port is closed on "
         "every node before the start; do not just change the port (the orphans keep their memory)",
     proof="ss -ltnp '( sport = :{master_port} )'   # on every node",
-    signature=None,
-    source="tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark README fix 6 (relaunch race); field-reports-2026-12 §2 #10",
-    lines=(r"The server socket has failed to listen on any local network address",
-           r"\bEADDRINUSE\b"),
+    signature=extracting(*_TCPSTORE_IN_USE, check=lambda v: not _ephemeral(v)),
+    source="tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark README fix 6 (relaunch race); field-reports-2026-12 §2 #10; "
+           "torch/csrc/distributed/c10d/socket.cpp (the listen error)",
     words=(r"rendezvous|master[_ ]port|29\d{3}|joined the (old|previous|stale)|port (is )?(still )?(in use|held|busy|taken|open)|address already in use",
            r"relaunch\w*|restart\w*|re-?start\w*|previous (run|launch|instance|start)|old (head|run|server|rank|worker)|leftover|stale|orphan\w*",
            r"worker|rank|head"),
     lab="tests/lab/test_launch_lab.py::test_a_leftover_holding_the_master_port_on_the_worker_is_named_before_the_start (and ::test_master_port_in_use_on_the_head_is_refused_before_anything_runs)")
 
+
+_API_BIND = r"error while attempting to bind on address \('(?P<host>[^']*)', (?P<port>\d+)\)[^\n]*address already in use"
+_API_CREATE_SERVER = r"in create_server\n(?:[^\n]*\n){0,3}?[^\n]*\[Errno 98\] Address already in use"
 
 API_PORT_IN_USE = Entry(
     "api-port-in-use", "The API port is already taken", FATAL,
@@ -211,13 +268,54 @@ API_PORT_IN_USE = Entry(
     fix="stop the other server (`ss -ltnp 'sport = :{port}'` names it; `python -m runbook stop` for an old run) "
         "or choose another PORT",
     proof="ss -ltnp '( sport = :{port} )'",
-    signature=None,
-    source="anchors-2026-12 #10; field-reports-2026-12 §2 #10",
-    lines=(r"error while attempting to bind on address .*address already in use",
-           r"\[Errno 98\] Address already in use"),
+    source="anchors-2026-12 #10; field-reports-2026-12 §2 #10; uvicorn server.py startup (the bind error), "
+           "asyncio base_events.py create_server (the OSError)",
+    # uvicorn's own bind error names the API's address; a bare `[Errno 98]` can be any socket (see port-race), so
+    # it counts only raised from asyncio's create_server (the server socket uvicorn asks for)
+    signature=extracting(_API_BIND, _API_CREATE_SERVER),
     words=(r"port (8000|\d{4,5}) (is )?(already )?(in use|taken|busy)|address already in use|errno 98",
-           r"\bapi\b|server|vllm serve|uvicorn|openai|endpoint"),
+           r"\bapi\b|server|vllm serve|uvicorn|openai|endpoint",
+           r"^(?!.*(random|intermittent|now and then|occasionally|sometimes|race|concurrent\w*|zmq)).*$"),
     lab="prevented before a start: PORT checked closed on every node (launch/server.py `_ports_held`, the same check as the master port's lab tests)")
+
+
+#: a socket a process bound on a port it had picked at random, after another process took it: vLLM's ZMQ sockets
+#: (vllm/distributed/device_communicators/shm_broadcast.py MessageQueue: remote_socket.bind; vllm/v1/utils.py
+#: get_engine_client_zmq_addr) and its single-node TCPStore (vllm/v1/executor/multiproc_executor.py:
+#: get_distributed_init_method(get_loopback_ip(), get_open_port())), both from vllm/utils get_open_port, which
+#: closes the probe socket before the real bind
+_PORT_RACE = (r"ZMQError: Address already in use \(addr='(?P<address>tcp://[^']*?:(?P<port>\d+))'\)",
+              r"ZMQError: Address already in use",
+              *_TCPSTORE_IN_USE)
+
+
+def _raced(vals: dict[str, str]) -> bool:
+    return "address" in vals or _ephemeral(vals) or not vals.get("port")
+
+
+PORT_RACE = Entry(
+    "port-race", "Two processes picked the same random port (ZMQ / TCPStore)", FATAL,
+    symptom="a start fails now and then with `ZMQError: Address already in use` or a TCPStore `EADDRINUSE` on a "
+            "high, random port; a retry usually works",
+    detect="vLLM's ZMQ bind error, or torch's TCPStore listen error on a port from the ephemeral range "
+           "(32768-60999); the address and port are extracted",
+    cause="vLLM picks its ZMQ and single-node TCPStore ports with get_open_port(), which closes the probe socket "
+          "before the real bind; another process (a second engine, a Ray worker, another rank on the node) takes "
+          "the port in between",
+    fix="port {port} was taken between the pick and the bind: start one engine at a time per node, or give each "
+        "its own VLLM_PORT range (and a fixed MASTER_PORT / --data-parallel-rpc-port); a retry works but the race "
+        "stays",
+    proof="ss -ltnp '( sport = :{port} )'   # on the node, right after the failure",
+    signature=extracting(*_PORT_RACE, check=_raced),
+    source="vllm-project/vllm vllm/utils/network_utils.py:192 get_open_port, :233 _get_open_port (probe bind, then "
+           "close), vllm/v1/executor/multiproc_executor.py:139 (TCPStore on get_open_port()), vllm/v1/engine/utils.py:1161 "
+           "(ZMQ listeners) @ v0.32.0; torch c10d socket.cpp listen error; reports vllm-project/vllm#40443, #39015, "
+           "#28498",
+    words=(r"address already in use|port (collision|conflict|clash)|eaddrinuse|errno 98|zmqerror",
+           r"random|intermittent\w*|now and then|occasional\w*|sometimes|race|concurrent\w*|same port|zmq|"
+           r"several (engines|instances|servers)|multiple (engines|instances|servers)|retry",
+           r"vllm|engine|instance|deployment|worker|rank"),
+    lab="none yet: two lab engines started on one node at once would produce it, by chance only")
 
 
 SEMLOCK_BACKEND_MISMATCH = Entry(
@@ -249,6 +347,39 @@ RAY_MISSING = Entry(
     lab="none: the lab runs the mp backend only")
 
 
+#: a Ray worker that never registered with the head's GCS (ray src/ray/rpc/gcs/... rpc_client.h "Failed to connect
+#: to GCS at address %s within %d seconds"; python/ray/_private/node.py "GCS cannot find the node with node ID";
+#: service_based_gcs_client.cc "Couldn't reconnect to GCS server. The last attempted GCS server address was %s")
+_RAY_JOIN = (r"Failed to connect to GCS at address (?P<address>[\d.]+:(?P<port>\d+))",
+             r"Couldn'?t reconnect to GCS server\. The last attempted GCS server address was (?P<address>[\d.]+:(?P<port>\d+))",
+             r"GCS cannot find the node with node ID",
+             r"(?P<joined>[\d.]+) nodes? ha(?:ve|s) joined so far, waiting for (?P<missing>[\d.]+) more",
+             # vLLM's check before it places the ranks (vllm/executor/ray_utils.py initialize_ray_cluster)
+             r"The number of required GPUs exceeds the total number of available GPUs in the placement group")
+
+RAY_NODE_NOT_JOINED = Entry(
+    "ray-node-not-joined", "A Ray worker never joined the head", FATAL,
+    symptom="the worker's `ray start` cannot reach the head's GCS (`Failed to connect to GCS at address ...`), "
+            "`ray status` shows one node, vLLM waits for the placement group",
+    detect="Ray's `Failed to connect to GCS at address <ip:port>` / `Couldn't reconnect to GCS server` / `GCS "
+           "cannot find the node` on a worker; the GCS address and port are extracted",
+    cause="the worker cannot reach the head's GCS port (a firewall, the head bound to another interface than the "
+          "worker uses, a wrong --address), or the head restarted with a new address",
+    fix="from the worker, `nc -zv {address}` must connect: open port {port} on the head's fabric interface, start "
+        "the head with --node-ip-address set to its fabric address and the worker with --address of that, then "
+        "check `ray status` lists every node before starting vLLM",
+    proof="ray status; nc -zv {address}   # on the worker",
+    signature=extracting(*_RAY_JOIN),
+    source="ray-project/ray src/ray/rpc/rpc_client.h (Failed to connect to GCS; the log prints rpc_client.h:153, "
+           "gcs_rpc_client.h:151/:179 in older releases), python/ray/_private/node.py; vllm/executor/ray_utils.py "
+           "initialize_ray_cluster (required GPUs, before 0.10); report vllm-project/vllm#19543",
+    words=(r"\bray\b|raylet|\bgcs\b",
+           r"(never|not|didn'?t|did not|won'?t|cannot|can'?t) (join|connect|register)\w*|joined so far|"
+           r"waiting for \d+ more|only (one node|the head)",
+           r"worker|node"),
+    lab="none: the lab runs the mp backend only")
+
+
 RAY_PLACEMENT_GROUP = Entry(
     "ray-placement-group", "Ray never satisfies the placement group", FATAL,
     symptom="the start waits, then `Cannot provide a placement group ... within N seconds`",
@@ -259,7 +390,10 @@ RAY_PLACEMENT_GROUP = Entry(
         "mp backend",
     proof="ray status; ray list nodes",
     signature=None,
-    source="eugr/spark-vllm-docker#227 (bringup-anchors §5.12)",
-    lines=(r"Cannot provide a placement group",),
+    source="vLLM vllm/v1/executor/ray_utils.py:468 (waiting), :490/:502 (Cannot provide a placement group) @ "
+           "v0.32.0; eugr/spark-vllm-docker#227 (bringup-anchors §5.12)",
+    lines=(r"Cannot provide a placement group",
+           # vLLM's wait before it gives up (vllm/v1/executor/ray_utils.py:468 @ v0.32.0, _wait_until_pg_ready)
+           r"Waiting for creating a placement group of specs for \d+ seconds"),
     words=(r"placement[- ]group", r"\bray\b|pack|spread", r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide"),
     lab="none: the lab runs the mp backend only")

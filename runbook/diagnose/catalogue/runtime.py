@@ -12,15 +12,24 @@ from .. import bundle as B
 from .entry import FATAL, STARTUP_DONE, WARNING, Entry, Hit
 
 
+#: the layer was downloaded and failed while docker extracted it onto its data root: the disk, not the network
+#: (moby daemon/images: `failed to register layer: ...`; the tar writer's `unexpected EOF` or `no space left on
+#: device` after `Extracting`; disk-full names it)
+EXTRACTION_FAILED = re.compile(r"failed to register layer|no space left on device|Error processing tar file",
+                               re.IGNORECASE)
+
+
 def _pull_sig(kind: str) -> Callable[[B.Bundle], list[Hit]]:
     def sig(b: B.Bundle) -> list[Hit]:
         hits = []
         for node, name, text in b.named(B.DOCKER_PULL.split(".")[0]):
+            if EXTRACTION_FAILED.search(text):        # a full disk while extracting, never a dropped download
+                continue
             err = docker_pull.classify_pull(text)
             if err and err.kind == kind:
                 hits.append(Hit(node, [f"{node} {name}: {err.line}"]))
         for node, text in b.logs():
-            if "Unable to find image" in text:
+            if "Unable to find image" in text and not EXTRACTION_FAILED.search(text):
                 err = docker_pull.classify_pull(text)
                 if err and err.kind == kind:
                     hits.append(Hit(node, [f"{node} docker run: {err.line}"]))
@@ -36,7 +45,8 @@ DOCKER_PULL_EOF = Entry(
     fix="retry the pull: it resumes from the layers already fetched",
     proof="docker pull {image}",
     signature=_pull_sig("unexpected-eof"), source="anchors-2026-12 #15",
-    words=(r"docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image",
+    # not when the layer failed while being extracted (disk-full): the same EOF, another cause
+    words=(r"^(?!.*(register layer|no space left|disk (is )?full|extract)).*(docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image)",
            r"unexpected eof|connection (reset|dropped|cut)|(drops|stops|dies) (mid|halfway|partway)",),
     lab="capture_netns docker_pull_eof (a registry stub that cuts the layer)")
 
@@ -145,7 +155,9 @@ WRONG_MODEL_ON_PORT = Entry(
         "node, orphaned EngineCore/Worker processes included); else stop the other server (`ss -ltnp 'sport = "
         ":{port}'` names it); changing PORT leaves an orphaned server holding memory",
     proof="curl -s {api_url}/v1/models   # on the head (the address the API binds)",
-    signature=_sig_wrong_model, source="anchors-2026-12 #10",
+    signature=_sig_wrong_model,
+    source="vLLM vllm/entrypoints/serve/engine/serving.py:78,213 @ v0.32.0 (The model `X` does not exist); "
+           "anchors-2026-12 #10",
     lines=(r"The model `[^`]+` does not exist",),
     words=(r"does not exist|\b404\b|wrong model|different model|old (server|model)|another model",
            r"/v1/models|model (id|name)|served[- ]model[- ]name|\bport\b",),
@@ -193,7 +205,8 @@ NO_COMMON_BLOCK_SIZE = Entry(
     fix="pass `--block-size 128` (EXTRA_ARGS)",
     proof="grep -n 'block size' <rank log>",
     signature=None,
-    source="tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark README fix 4 (boot 4)",
+    source="vLLM vllm/v1/worker/utils.py:555 @ v0.32.0 (No common block size); tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark "
+           "README fix 4 (boot 4)",
     lines=(r"No common block size for \d+",),
     words=(r"block[- _]size", r"no common|indexer|deepseek|v4"),
     lab="none: the tiny lab model has no V4 indexer")

@@ -39,7 +39,7 @@ def test_corpus_has_the_size_and_mix_the_issue_asks_for():
     assert len(pos) >= 80 and len(classes) >= 25, (len(pos), len(classes))
     assert kinds["log"] >= len(pos) / 2 and kinds["words"] >= len(pos) / 4, kinds
     assert len(neg) >= 40
-    assert {c.split for c in pos} == {"tune", "holdout"} and {c.split for c in neg} == {"tune", "holdout"}
+    assert {c.split for c in pos} == {"tune", "holdout", "frozen"} and {c.split for c in neg} == {"tune", "holdout", "frozen"}
     tuned = {c.expect for c in pos if c.split == "tune"}
     assert classes == tuned, f"classes without a tune case: {sorted(classes - tuned)}"
     assert all(c.source.strip() for c in CORPUS)

@@ -1,0 +1,110 @@
+"""What a node must be allowed or equipped to fetch and run: a gated Hugging Face repo without a token on that
+node, docker without the NVIDIA container toolkit, a registry's pull rate limit, an image without the node's
+architecture. Each extracts the repo, registry or platform the fix names."""
+from __future__ import annotations
+
+from .entry import FATAL, Entry, extracting
+
+#: huggingface_hub utils/_http.py hf_raise_for_status: GatedRepoError ("Cannot access gated repo for url <url>.
+#: Access to model <repo> is restricted ..." / "Repo model <repo> is gated. You must be authenticated"),
+#: RepositoryNotFoundError on 401; transformers' OSError "You are trying to access a gated repo."
+_GATED = (r"Cannot access gated repo for url https://huggingface\.co/(?P<repo>[\w.-]+/[\w.-]+)",
+          r"(?:Repo model|Access to model) (?P<repo>[\w.-]+/[\w.-]+) is (?:gated|restricted)",
+          r"GatedRepoError: 40[13]",
+          r"You are trying to access a gated repo\.?(?:\s*Make sure to (?:request access|have access to it) at "
+          r"https://huggingface\.co/(?P<repo>[\w.-]+/[\w.-]+))?")
+
+HF_GATED_REPO_TOKEN = Entry(
+    "hf-gated-repo-token", "A gated Hugging Face repo without a token (on that node)", FATAL,
+    symptom="the download (often only on the worker) fails with `GatedRepoError: 401` / `Cannot access gated repo`",
+    detect="huggingface_hub's gated-repo error in a rank log or the weights step's output; the repo is extracted",
+    cause="the node that downloads has no HF_TOKEN (or one without access to the repo): the token was set on the "
+          "head only, or the license was not accepted for that account",
+    fix="accept the license of {repo} on huggingface.co with the token's account, and pass HF_TOKEN to every rank "
+        "that downloads (or copy the weights to each node and set HF_HUB_OFFLINE=1)",
+    proof="HF_TOKEN=... huggingface-cli whoami; huggingface-cli download {repo} config.json   # on the failing node",
+    signature=extracting(*_GATED),
+    source="huggingface/huggingface_hub src/huggingface_hub/utils/_http.py:890 @ 2.4.0 (hf_raise_for_status, "
+           "GatedRepoError); "
+           "reports tenstorrent/tt-inference-server#37, lastmile-ai/aiconfig#1000",
+    words=(r"gated\b.{0,20}\b(repo|model)|gatedrepoerror|accept\w* (the )?licen[cs]e",
+           r"hf_token|token|401|403|unauthori[sz]ed|log ?in",
+           r"worker|second node|other node|only on|rented|remote"),
+    lab="none: the lab never reaches huggingface.co")
+
+#: moby daemon/devices.go (`could not select device driver %q with capabilities: %v`): `--gpus` with no
+#: registered GPU device driver (nvidia-container-toolkit not installed or docker not restarted after
+#: `nvidia-ctk runtime configure`); `unknown or invalid runtime name: nvidia` when only the runtime is missing
+_CTK = (r"could not select device driver (?P<driver>\"[^\"]*\" )?with capabilities: \[\[gpu\]\]",
+        r"unknown or invalid runtime name: (?P<runtime>nvidia)")
+
+NVIDIA_CONTAINER_TOOLKIT_MISSING = Entry(
+    "nvidia-container-toolkit-missing", "docker cannot give the container a GPU (NVIDIA container toolkit missing)",
+    FATAL,
+    symptom="`docker run --gpus ...` fails at once: `could not select device driver \"\" with capabilities: [[gpu]]`",
+    detect="docker's `could not select device driver ... with capabilities: [[gpu]]` or `unknown or invalid runtime "
+           "name: nvidia`",
+    cause="the NVIDIA container toolkit is not installed on that node, or docker was not restarted after it was "
+          "configured (a snap-installed docker does not see it)",
+    fix="on that node: install nvidia-container-toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker` "
+        "and `sudo systemctl restart docker`; check with `docker run --rm --gpus all <image> nvidia-smi`",
+    proof="dpkg -l nvidia-container-toolkit; docker info | grep -i runtimes",
+    signature=extracting(*_CTK),
+    source="moby/moby daemon/devices.go (could not select device driver); report mayooot/grok-docker#2",
+    words=(r"could not select device driver|nvidia-container-toolkit|container toolkit|nvidia-ctk|--gpus",
+           r"docker|container|\[\[gpu\]\]|runtime"),
+    lab="none: the lab's containers run without GPUs")
+
+#: the registry's TOOMANYREQUESTS error code (distribution/distribution registry/api/errcode, HTTP 429), as
+#: docker prints it: "toomanyrequests: You have reached your pull rate limit ..."
+_RATE = (r"toomanyrequests: (?P<message>[^\n]{0,120})",
+         # a 429 from a registry's API (/v2/...), not any 429 (Hugging Face's own limit needs another fix)
+         r"https?://(?P<registry>[\w.-]+)/v2/\S*?:? 429 Too Many Requests")
+
+REGISTRY_RATE_LIMIT = Entry(
+    "registry-rate-limit", "The registry's pull rate limit was reached", FATAL,
+    symptom="`docker pull` fails with `toomanyrequests: You have reached your pull rate limit`",
+    detect="the registry's `toomanyrequests` / HTTP 429 in docker pull output",
+    cause="anonymous (or free-tier) pulls from that registry are rate limited per IP; several nodes behind one "
+          "address pull the same large image",
+    fix="`docker login` to the registry on every node (authenticated pulls have a higher limit), pull once and "
+        "ship the image to the other nodes (`docker save | ssh <node> docker load`), or use a mirror; waiting "
+        "resets the limit",
+    proof="docker pull {image} 2>&1 | tail -3",
+    signature=extracting(*_RATE),
+    source="distribution/distribution registry/api/errcode (TOOMANYREQUESTS); docker-pull classification "
+           "runbook/facts/docker_pull.py (rate-limit)",
+    words=(r"rate[- ]limit\w*|toomanyrequests|too many requests|\b429\b",
+           r"docker|pull\w*|registry|hub|ghcr|nvcr"),
+    lab="none yet: the lab registry stub answering 429 would produce it")
+
+#: moby distribution (`no matching manifest for %s in the manifest list entries`), containers/image (`no image
+#: found in image index for architecture ...`), the docker CLI's platform warning, and the kernel's ENOEXEC when
+#: an amd64 binary runs on arm64 (`exec format error`)
+_ARCH = (r"no matching manifest for (?P<platform>[\w/]+)(?: in the manifest list entries)?",
+         r"no image found in image index for architecture \"?(?P<platform>[\w]+)\"?",
+         r"The requested image's platform \((?P<image_platform>[\w/]+)\) does not match the detected host platform "
+         r"\((?P<platform>[\w/]+)\)",
+         r"image platform \((?P<image_platform>[\w/]+)\) does not match the expected platform \((?P<platform>[\w/]+)\)",
+         r"exec (?P<binary>/\S+): exec format error",
+         r"`?(?P<binary>/[^\s:`]+)`?: Exec format error")
+
+IMAGE_ARCH_MISMATCH = Entry(
+    "image-arch-mismatch", "The image has no build for the node's architecture", FATAL,
+    symptom="the pull fails with `no matching manifest for linux/arm64/v8`, or the container exits at once with "
+            "`exec format error`",
+    detect="`no matching manifest for <platform>`, `no image found in image index for architecture`, docker's "
+           "platform-mismatch warning or `exec format error`; the platform is extracted",
+    cause="the image (tag) is built for linux/amd64 only, while a DGX Spark is linux/arm64 (aarch64)",
+    fix="use an image built for linux/arm64 (the Spark recipes' images, NGC's arm64 tags), or build one on the "
+        "node; check with `docker manifest inspect <image>` that it lists linux/arm64",
+    proof="docker manifest inspect {image} | grep -A2 platform; uname -m",
+    signature=extracting(*_ARCH),
+    source="moby/moby distribution/pull_v2.go (no matching manifest); containers/image (no image found in image "
+           "index); tuning report vllm-project/vllm#30076",
+    words=(r"exec format error|no matching manifest|(platform|architecture) (\w+ )?(does not|doesn'?t) match|"
+           r"wrong (architecture|platform)|(only|no) (an? )?(arm64|amd64|aarch64|x86[_-]64) (image|build|tag)|"
+           r"not (built|available|published) for (arm64|aarch64|amd64)",
+           r"arm64|aarch64|amd64|x86[_-]64",
+           r"image|docker|container|manifest|pull\w*"),
+    lab="none: the lab is one architecture")

@@ -1,0 +1,95 @@
+"""The engine's own start-up refusals and the API's: a KV cache smaller than max_model_len, CUDA out of memory
+while loading or capturing graphs, and tool calls without (or with the wrong) tool-call parser. Each extracts
+the numbers or names the fix needs."""
+from __future__ import annotations
+
+from .entry import FATAL, Entry, extracting
+
+#: vLLM's KV check at start-up: V1 vllm/v1/core/kv_cache_utils.py:1030 at vllm 0.32.0 (the lab's pin; :1011 "No
+#: available memory for the cache blocks") ("To serve at
+#: least one request with the models's max seq len (X), (Y GiB KV cache is needed, which is larger than the
+#: available KV cache memory (Z GiB). Based on the available memory, the estimated maximum model length is W.");
+#: V0 vllm/worker/worker.py raise_if_cache_size_invalid ("The model's max seq len (X) is larger than the maximum
+#: number of tokens that can be stored in KV cache (N).")
+_KV = (r"max seq len \((?P<max_model_len>\d+)\) is larger than the maximum number of tokens that can be stored in "
+       r"KV cache \((?P<kv_tokens>\d+)\)",
+       r"max seq len \((?P<max_model_len>\d+)\), \((?P<needed_gib>[\d.]+) GiB KV cache is needed, which is larger than "
+       r"the available KV cache memory \((?P<available_gib>[\d.]+) GiB\)(?:.{0,80}?estimated maximum model length is "
+       r"(?P<kv_tokens>\d+))?",
+       r"No available memory for the cache blocks")
+
+KV_CACHE_BELOW_MAX_MODEL_LEN = Entry(
+    "kv-cache-below-max-model-len", "The KV cache cannot hold one request of max_model_len", FATAL,
+    symptom="the start stops after profiling with `max seq len (X) is larger than ... KV cache (N)` or `... KV "
+            "cache is needed, which is larger than the available KV cache memory`",
+    detect="vLLM's start-up KV check in a rank log; max_model_len and the KV pool (tokens or GiB) are extracted",
+    cause="after the weights and the profiled activations, the memory left for the KV cache "
+          "(gpu_memory_utilization's share) holds fewer tokens than one request of max_model_len",
+    fix="lower MAX_MODEL_LEN to at most {kv_tokens} tokens (it asked for {max_model_len}), or raise "
+        "GPU_MEMORY_UTILIZATION if MemAvailable allows it, or use an fp8 KV cache dtype; then start again",
+    proof="grep -E 'KV cache|max seq len|maximum model length' <head rank log>",
+    signature=extracting(*_KV),
+    source="vllm-project/vllm vllm/v1/core/kv_cache_utils.py:1011,1030 @ v0.32.0 (check_enough_kv_cache_memory); "
+           "vllm/worker/worker.py raise_if_cache_size_invalid (V0, before 0.10); report vllm-project/vllm#10517",
+    words=(r"max[_ ]model[_ ]len|max seq len|context (length|window)",
+           r"kv[- ]cache|kv pool|cache blocks",
+           r"too (small|large|big)|larger than|not enough|does not fit|won'?t fit|lower"),
+    lab="none yet: a lab start with MAX_MODEL_LEN above its 1 GiB KV pool would produce it")
+
+#: torch's allocator on OOM (c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate X GiB.
+#: GPU N has a total capacity of ..."), counted here only during vLLM's start-up: loading weights, the profile
+#: run or CUDA-graph capture (vllm/v1/worker/gpu_model_runner.py load_model / profile_run / capture_model)
+_OOM_PHASE = r"(?:Loading (?:model )?weights|load_model|profile_run|_dummy_run|[Cc]apturing CUDA graph|capture_model|cuda ?graph)"
+_OOM = (r"OutOfMemoryError: CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ [GM]iB)",)
+
+CUDA_OOM_STARTUP = Entry(
+    "cuda-oom-startup", "CUDA out of memory while the engine starts (weights, profiling or graph capture)", FATAL,
+    symptom="the start dies with `CUDA out of memory. Tried to allocate ...` while loading weights, profiling or "
+            "capturing CUDA graphs",
+    detect="torch's `OutOfMemoryError: CUDA out of memory. Tried to allocate N` after vLLM's weight loading, "
+           "profile run or CUDA-graph capture lines in the same log; the allocation size is extracted",
+    cause="gpu_memory_utilization leaves too little for the start-up's own peaks (activations of "
+          "max_num_batched_tokens, the graphs of every capture size) beside the weights; on GB10 page cache and "
+          "other processes also count as used",
+    fix="the failed allocation was {tried}: lower GPU_MEMORY_UTILIZATION or MAX_NUM_BATCHED_TOKENS, capture fewer "
+        "graph sizes (--cuda-graph-sizes / --enforce-eager to confirm), and free page cache and other GPU users "
+        "before the start",
+    proof="grep -nE 'out of memory|Capturing CUDA graph|Loading weights' <rank log>; free -g",
+    signature=extracting(*_OOM, after=(_OOM_PHASE, 20000)),
+    source="pytorch c10/cuda/CUDACachingAllocator.cpp (the OOM message); vllm-project/vllm "
+           "vllm/v1/worker/gpu_model_runner.py:5028 load_model, :6133 profile_run, :6482 capture_model (:6657 "
+           "'Capturing CUDA graphs') @ v0.32.0; report vllm-project/vllm#46307",
+    words=(r"cuda out of memory|\boom\b|out of memory",
+           r"(graph|cudagraph) captur\w*|captur\w+ (cuda )?graphs?|start\w*|load\w* (the )?weights|profil\w+",
+           r"gpu[_ ]memory[_ ]utili[sz]ation|enforce[- ]eager|max[_ ]num[_ ]batched"),
+    lab="none: the lab has no GPU")
+
+#: vLLM's chat endpoint without a parser (vllm/renderers/online_renderer.py:268,278 @ v0.32.0; serving_chat.py in
+#: older releases: '"auto" tool choice requires
+#: --enable-auto-tool-choice and --tool-call-parser to be set', 'tool_choice="required" requires
+#: --tool-call-parser to be set') and the start-up check of the parser name
+#: (vllm/entrypoints/launchers/launcher.py:362 validate_api_server_args: "invalid tool call parser: X (chose from { ... })")
+_TOOL = (r"(?P<what>\"?auto\"? tool choice) requires --enable-auto-tool-choice and --tool-call-parser to be set",
+         r"tool_choice=\\?\"?(?P<what>[\w\"\\]+?)\\?\"? requires --tool-call-parser to be set",
+         r"requires --tool-call-parser to be set",
+         r"invalid tool call parser: (?P<parser>[\w.-]+)")
+
+TOOL_PARSER_MISSING = Entry(
+    "tool-parser-missing", "Tool calls without a tool-call parser (or with an unknown one)", FATAL,
+    symptom="requests with `tools` get HTTP 400 `... requires --tool-call-parser to be set`, or the start fails "
+            "with `invalid tool call parser: X`",
+    detect="vLLM's tool-choice refusal in an API answer or log, or the parser registry's `invalid tool call "
+           "parser: <name>`; the parser name is extracted",
+    cause="the server was started without --enable-auto-tool-choice / --tool-call-parser, or with a parser name "
+          "this vLLM build does not register (names change between releases and forks)",
+    fix="start with `--enable-auto-tool-choice --tool-call-parser <the model family's parser>` (the model card "
+        "names it; `vllm serve --help` lists the registered ones: a name the log calls invalid is not one of them)",
+    proof="grep -n 'tool-call-parser\\|tool_call_parser' <launch plan>; vllm serve --help | grep -A3 tool-call-parser",
+    signature=extracting(*_TOOL),
+    source="vllm-project/vllm vllm/renderers/online_renderer.py:268,278 (tool_choice checks), "
+           "vllm/entrypoints/launchers/launcher.py:362 (invalid tool call parser) @ v0.32.0; report "
+           "vllm-project/vllm#55754",
+    words=(r"tool[- _]call[- _]parser|tool parser|enable[- _]auto[- _]tool[- _]choice",
+           r"tool[ _]calls? (come|came|are|were|return\w*|show\w*)|(?<!auto_)tool_choice|function call\w*|\b400\b",
+           r"400|not set|missing|wrong|mismatch\w*|plain text|as text|in (the )?content|invalid"),
+    lab="none yet: the lab's 06 tool step against a server started without a parser would produce it")
