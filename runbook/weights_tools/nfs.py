@@ -171,7 +171,7 @@ def sudo_check(node, commands: list[str]) -> Check | None:
                         expected=f"{user} may run the {len(argvs)} NFS commands with sudo without a password "
                                  "(or SSH as root)",
                         fix=sudoers_fix(user, node.name))
-        if not getattr(node, "dry_run", False):
+        if not node.dry_run:        # a dry run records every probe, a real run stops at the first refusal
             break
     return refused
     for argv in argvs:

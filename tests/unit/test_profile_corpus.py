@@ -861,7 +861,7 @@ def test_validate_review_lists_the_ssh_files_and_opt_ins(tmp_path):
     assert r.returncode == 0, r.stderr
     for line in (f"SSH_CONFIG={config}", "ALLOW_SSH_CONFIG_COMMANDS=1   (shipped: 0)", "SSH_KEY=~/.ssh/k",
                  "KNOWN_HOSTS=~/.ssh/kh", "EXTRA_ARGS=--tool-server demo", "ALLOW_EGRESS_FLAGS=1   (shipped: 0)"):
-        assert f"  {line}" in r.stderr, r.stderr
+        assert f"  {line}" in r.stdout, r.stdout           # validate prints the review on stdout (JSON: --json)
 
 
 def test_egress_flags_are_vllm_options():
