@@ -14,6 +14,7 @@ import re
 import tempfile
 import stat
 import threading
+import urllib.parse
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +43,18 @@ def mask_tokens(text: str) -> str:
     """Text from a profile line that goes into an error: never a token."""
     return HF_TOKEN_RE.sub(MASK, text)
 _BEARER_RE = re.compile(r"(\bBearer\s+|(?i:authorization:\s*(?:bearer|basic|token)\s+))([^\s\"',;]+)")
+# NAME=value, NAME: value, "name": "value", 'name': 'value', --flag value: the name says the value is a secret
 _ASSIGN_RE = re.compile(
-    r"(?i)((?:--api-key[= ]|--hf-token[= ]|\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|[A-Z_]*API_KEYS?|"
-    r"[A-Z_]*_TOKEN|token|access_token|password|passwd|secret|x-api-key)\s*[=:]\s*)[\"']?)([^\s\"',;&]+)")
+    r"(?i)((?:--api-key[= ]|--hf-token[= ]|--token[= ]|\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|"
+    r"[A-Z_-]*API[_-]?KEYS?|[A-Z_-]*[_-]TOKEN|token|access_token|[A-Z_-]*PASSWORD|passwd|[A-Z_-]*SECRET|"
+    r"x-api-key)[\"']?\s*[=:]\s*)[\"']?)([^\s\"',;&]+)")
+# a URL query parameter that carries a credential (?token=, &api_key=, &sig=)
+_QUERY_RE = re.compile(r"(?i)([?&](?:[\w-]*token|api[_-]?key|apikey|key|auth|sig|signature|password|secret|code)=)"
+                       r"([^&\s#\"'<>]+)")
 # credentials in a URL: scheme://user:password@host (or a token as the user)
 _USERINFO_RE = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)([^/\s:@]+(?::[^/\s@]*)?)@")
+# the hex of an hf_ token ("hf_" is 68 66 5f), any case
+_HF_HEX_RE = re.compile(r"(?i)68665f(?:[0-9a-f]{2}){20,}")
 MIN_SECRET_LEN = 4  # shorter values would mask unrelated text; Bearer/assignment patterns still apply
 
 HF_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -175,9 +183,38 @@ def generate_api_key(environ: Mapping[str, str] | None = None,
     return key, path
 
 
+def _b64_cores(raw: bytes, encode) -> set[str]:
+    """The base64 characters that depend on ``raw`` alone, at each of the three offsets it can have inside a longer
+    encoded string (a Basic header encodes "user:" + secret): the chars shared with the bytes around it are left."""
+    out = set()
+    for k in range(3):
+        full = encode(b"\0" * k + raw + b"\0" * 3).decode()
+        core = full[4 if k else 0: 4 * ((k + len(raw)) // 3)]
+        if len(core) >= 8:
+            out.add(core)
+    return out
+
+
+def encoded_forms(value: str) -> set[str]:
+    """The forms a secret takes on the way into a log: JSON-escaped (a notebook's source), base64 at any offset
+    (std and URL-safe), hex (either case), %-encoded (either hex case). Long values only: short ones are noise."""
+    forms = {json.dumps(value)[1:-1]}
+    if len(value) < 8:
+        return forms - {value}
+    raw = value.encode()
+    forms |= _b64_cores(raw, base64.b64encode) | _b64_cores(raw, base64.urlsafe_b64encode)
+    forms |= {raw.hex(), raw.hex().upper()}
+    every = "".join(f"%{b:02X}" for b in raw)                   # each byte %-encoded, as some clients do
+    for quoted in (urllib.parse.quote(value, safe=""), urllib.parse.quote(value), urllib.parse.quote_plus(value, safe=""),
+                   urllib.parse.quote_plus(value), every):
+        forms |= {quoted, re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quoted)}
+    return forms - {value}
+
+
 class Redactor:
-    """Replaces every known secret value, any ``hf_…`` token, ``Bearer <x>`` values and
-    ``--api-key``/``*_TOKEN=``/``*_API_KEY=`` assignments with ``***``."""
+    """Replaces with ``***`` every known secret value and its encoded forms (:func:`encoded_forms`), and the shapes
+    that need no known value: ``hf_…`` tokens (raw, base64, hex), ``Bearer <x>``, ``--api-key``/``*_TOKEN=``/
+    ``"api_key": "…"`` assignments, credential query parameters (``?token=``) and URL userinfo."""
 
     def __init__(self, values: Iterable[str] = ()):
         self._values: set[str] = set()
@@ -189,11 +226,7 @@ class Redactor:
         if value and len(value.strip()) >= MIN_SECRET_LEN:
             v = value.strip()
             self._values.add(v)
-            # also the forms it takes on the way: a JSON string (a notebook's source: a secret holding " or \ is
-            # escaped there) and base64 (a Basic header, a config dump; long values only: short ones are noise)
-            self._forms.add(json.dumps(v)[1:-1])
-            if len(v) >= 8:
-                self._forms.add(base64.b64encode(v.encode()).decode().rstrip("="))
+            self._forms.update(encoded_forms(v))
 
     def add_current(self, environ: Mapping[str, str] | None = None,
                     secrets_file: str | os.PathLike | None = None) -> None:
@@ -211,9 +244,11 @@ class Redactor:
         for v in sorted(self._values | self._forms, key=len, reverse=True):
             text = text.replace(v, MASK)
         text = mask_tokens(text)
+        text = _HF_HEX_RE.sub(MASK, text)
         text = _USERINFO_RE.sub(lambda m: m.group(1) + MASK + "@", text)
         text = _BEARER_RE.sub(lambda m: m.group(1) + MASK, text)
         text = _ASSIGN_RE.sub(lambda m: m.group(1) + MASK if m.group(2) != MASK else m.group(0), text)
+        text = _QUERY_RE.sub(lambda m: m.group(1) + MASK, text)
         return text
 
     __call__ = redact
