@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .envfile import parse_env_file
+from .envfile import PROFILE_SECRETS_HINT, invisible_at, describe_invisible, parse_env_file
 from .errors import ProfileError, ProfileIssue
 
 __all__ = [
     "Secrets", "SecretsError", "Redactor", "load_secrets", "redactor_from_env", "default_redactor",
     "reset_default_redactor", "register_secret", "default_secrets_file", "generate_api_key", "HF_TOKEN_RE",
-    "MASK",
+    "MASK", "PROFILE_SECRETS_HINT", "encoded_forms", "has_secret_form",
 ]
 
 MASK = "***"
@@ -34,9 +34,6 @@ MASK = "***"
 #: of an hf_ token ("hf_" encodes as "aGZf"), GitHub tokens
 HF_TOKEN_RE = re.compile(r"(?:hf_|api_org_)[A-Za-z0-9]{20,}|aGZf[A-Za-z0-9+/]{24,}={0,2}|gh[pousr]_[A-Za-z0-9]{30,}"
                          r"|github_pat_[A-Za-z0-9_]{40,}")
-#: what a profile error says when it meets a secret
-PROFILE_SECRETS_HINT = ("secrets never live in a profile; export it or put it in "
-                        "~/.config/spark-runbook/secrets.env (mode 0600)")
 
 
 def mask_tokens(text: str) -> str:
@@ -123,6 +120,11 @@ def _read_file(path: Path) -> dict[str, tuple[str, int]]:
                                          line=i.line) for i in issues])
     out: dict[str, tuple[str, int]] = {}
     for e in entries:
+        at = invisible_at(e.value)
+        if at >= 0:                       # a pasted token with a zero-width or TAG character fails as a 401 later
+            raise SecretsError([ProfileIssue(e.key, f"the value holds the {describe_invisible(e.value[at])} at column "
+                                             f"{at + 1} (the value is not shown)", fix="retype the value",
+                                             path=str(path), line=e.line)])
         if e.key in FILE_KEYS:
             out[e.key] = (e.value, e.line)
         else:
@@ -278,6 +280,22 @@ def redactor_from_env(environ: Mapping[str, str] | None = None,
     except SecretsError:
         pass
     return red
+
+
+def _looks_like_a_credential(value: str) -> bool:
+    """A value a secret-key name points at that is more than a word of prose (``token: see below``)."""
+    return len(value) >= 6 and bool(re.search(r"[\d_+/=-]", value) or (value != value.lower() != value.upper()))
+
+
+def has_secret_form(text: str) -> bool:
+    """Whether ``text`` (a profile's comment) holds a secret form the redactor masks without a known value: a token
+    shape, ``Bearer …``, a credential query value, a secret key's value, a URL with a password."""
+    if HF_TOKEN_RE.search(text) or _HF_HEX_RE.search(text):
+        return True
+    if any(m.group(2) and ":" in m.group(2) for m in _USERINFO_RE.finditer(text)):
+        return True
+    return any(_looks_like_a_credential(m.group(2)) for rx in (_BEARER_RE, _ASSIGN_RE, _QUERY_RE)
+               for m in rx.finditer(text))
 
 
 _default: Redactor | None = None
