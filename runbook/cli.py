@@ -385,6 +385,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _masked(text: str) -> str:
+    """Text through the secrets redactor: the known secrets (a refused secrets file is skipped) and every shape."""
+    from .secrets import Redactor, redactor_from_env
+    try:
+        red = redactor_from_env()
+    except Exception:          # noqa: BLE001 - an unreadable secrets file must not hide the error being reported
+        red = Redactor()
+    return red(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # papermill streams each cell's output through its logger: show it live
@@ -396,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.func(args))
     except RunbookError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_masked(str(exc))}", file=sys.stderr)     # a message may quote what the user typed
         return int(exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

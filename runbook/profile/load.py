@@ -268,6 +268,11 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
     merged: dict[str, EnvEntry] = {}
     first_line: dict[str, int] = {}
     for e in file_entries + ov_entries:
+        if e.key not in KEYS and mask_tokens(e.key) != e.key:     # a token given as a -p key: never echoed
+            issues.append(ProfileIssue("<key>", "the key name looks like a token (not shown here); " + SECRETS_HINT,
+                                       fix="drop that -p (and revoke that token, which your shell history now holds)",
+                                       path=e.path, line=e.line))
+            continue
         if e.key not in KEYS:
             issues.append(_unknown_issue(e))
             continue

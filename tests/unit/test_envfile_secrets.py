@@ -153,3 +153,19 @@ def test_validate_through_the_cli_exits_2_and_echoes_no_secret(tmp_path):
     assert r.returncode == 2 and "<comment>" in r.stderr and "<key>" in r.stderr, r.stderr
     out = r.stdout + r.stderr
     assert API not in out and TOKEN not in out and TOKEN[3:] not in out
+
+
+def test_a_token_given_as_an_override_key_is_refused_and_never_echoed():
+    issues = _issues(LAB, {TOKEN: "1"})
+    assert [i.key for i in issues] == ["<key>"] and TOKEN not in "\n".join(map(str, issues))
+
+
+@pytest.mark.parametrize("param", [TOKEN, f"{TOKEN}=1", f"PORT=Bearer {API}"])
+def test_cli_errors_about_a_param_echo_no_secret(param):
+    """`-p` is typed by hand: whatever error it gets, the CLI prints it masked."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}
+    env["PYTHONPATH"] = str(REPO)
+    r = subprocess.run([sys.executable, "-m", "runbook", "validate", "--profile", str(LAB), "-p", param], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "error:" in r.stderr, r.stderr
+    assert TOKEN[3:] not in r.stderr and API not in r.stderr, r.stderr
