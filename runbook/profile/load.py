@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -282,7 +283,7 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
             continue
         if e.path != OVERRIDE:
             first_line[e.key] = e.line
-        if HF_TOKEN_RE.search(e.value):
+        if HF_TOKEN_RE.search(e.value) or HF_TOKEN_RE.search(urllib.parse.unquote(e.value)):   # hf%5F…, %68%66…
             issues.append(ProfileIssue(e.key, "value contains what looks like a Hugging Face token (or a GitHub "
                                        "token, or one in base64); " + SECRETS_HINT,
                                        fix="remove the token from the value", path=e.path, line=e.line))

@@ -169,3 +169,11 @@ def test_cli_errors_about_a_param_echo_no_secret(param):
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "error:" in r.stderr, r.stderr
     assert TOKEN[3:] not in r.stderr and API not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("endpoint", ["https://hf-mirror.internal/" + TOKEN.replace("_", "%5F"),
+                                      "https://hf-mirror.internal/x/" + "".join(f"%{b:02X}" for b in TOKEN.encode())])
+def test_a_percent_encoded_token_in_a_value_is_refused(endpoint):
+    issues = _issues(LAB, {"HF_ENDPOINT": endpoint, "HF_ENDPOINT_TRUSTED": "1"})
+    assert [i.key for i in issues if "Hugging Face token" in i.message] == ["HF_ENDPOINT"]
+    assert TOKEN[3:] not in "\n".join(map(str, issues))
