@@ -161,16 +161,23 @@ def cmd_diagnose(args) -> int:
     the catalogue entries that match; exit 0 when none matched, 1 when some did. Offline (--log/--text): rank
     the entries against logs, bundles or a sentence with no nodes and no profile; exit 0 when it ran (matched or
     not), 2 when an input is missing, unreadable, too large, not a regular file or not text. --accuracy: the
-    matcher's measured accuracy on the corpus; exit 0. Everything printed goes through the secrets redactor (the
+    matcher's measured accuracy on the corpus; exit 0 (2: a --corpus folder that is missing or holds a bad file). Everything printed goes through the secrets redactor (the
     known secrets and every secret shape): this is the text users paste into issue trackers."""
     from .secrets import redactor_from_env
     redactor = redactor_from_env()
     if args.accuracy:
         from .diagnose.accuracy import DEFAULT_CORPUS, evaluate, load_corpus
+        from .diagnose.inputs import Budget, InputError, check_file
         try:
+            if args.corpus:         # a user's folder: no FIFO, device or oversized file reaches the reader
+                budget = Budget()
+                for path in sorted(Path(args.corpus).glob("*.jsonl")):
+                    check_file(path, budget)
             report = evaluate(load_corpus(args.corpus or DEFAULT_CORPUS))
-        except (OSError, ValueError) as exc:
-            raise RunbookError(redactor(str(exc))) from None
+        except InputError as exc:
+            raise UsageError(redactor(exc.what), fix=redactor(exc.fix)) from None
+        except (OSError, ValueError) as exc:       # no such folder, a bad case line: a bad argument
+            raise UsageError(redactor(str(exc))) from None
         print(report.table())
         print(f"{report.cell().positives} cases over {report.classes} failure classes, "
               f"{report.cell().negatives} off-domain texts")

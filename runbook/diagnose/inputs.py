@@ -138,6 +138,18 @@ def read_text(path: str | Path, budget: Budget, *, where: str = "") -> str:
         os.close(fd)
 
 
+def check_file(path: str | Path, budget: Budget) -> None:
+    """Refuse what :func:`read_text` would refuse from the file's kind and size alone, reading nothing: for a reader
+    elsewhere (the accuracy corpus) that then reads the file whole."""
+    where = str(path)
+    budget.take_file(where)
+    fd, st = _open_regular(Path(path))
+    os.close(fd)
+    if st.st_size > budget.left:
+        raise too_large(where, st.st_size)
+    budget.take(st.st_size, where)
+
+
 def read_folder(path: Path, budget: Budget) -> dict[str, str]:
     """Every file under a folder (relative posix path -> text), in name order, each read by :func:`read_text`."""
     found = []

@@ -129,3 +129,17 @@ def test_an_unreadable_input_exits_2(tmp_path):
     with pytest.raises(PermissionError):          # the premise: this user cannot read it
         open(p, "rb").close()
     refused(diagnose(p), f"cannot read {p}", "Permission denied")
+
+
+def _accuracy(corpus: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([sys.executable, "-m", "runbook", "diagnose", "--accuracy", "--corpus", str(corpus)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=30, preexec_fn=_limit)
+
+
+def test_the_accuracy_corpus_is_an_input_too(tmp_path):
+    """--corpus names a user's folder: a FIFO among its *.jsonl, or a missing folder, is a bad argument (2)."""
+    os.mkfifo(tmp_path / "cases.jsonl")
+    refused(_accuracy(tmp_path), "cases.jsonl", "a FIFO")
+    refused(_accuracy(tmp_path / "missing"), "no *.jsonl corpus files")
