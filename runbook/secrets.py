@@ -44,7 +44,13 @@ _BEARER_RE = re.compile(r"(\bBearer\s+|(?i:authorization:\s*(?:bearer|basic|toke
 _ASSIGN_RE = re.compile(
     r"(?i)((?:--api-key[= ]|--hf-token[= ]|--token[= ]|\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|"
     r"[A-Z_-]*API[_-]?KEYS?|[A-Z_-]*[_-]TOKEN|token|access_token|[A-Z_-]*PASSWORD|passwd|[A-Z_-]*SECRET|"
-    r"x-api-key)[\"']?\s*[=:]\s*)[\"']?)([^\s\"',;&]+)")
+    r"x-api-key)\s*[=:]\s*)[\"']?)([^\s\"',;&]+)")
+# a quoted key with a string value ("api_key": "…", 'password': '…'): credential names only, so that JSON such as
+# "t_first_token": 0.13 or a generated "token": "Hello" keeps its values
+_JSON_KEY_RE = re.compile(
+    r"(?i)([\"'](?:[\w-]*api[_-]?keys?|apikey|access[_-]?token|auth[_-]?token|hf[_-]?token|refresh[_-]?token|"
+    r"id[_-]?token|bearer[_-]?token|[\w-]*password|passwd|[\w-]*secret|private[_-]?key)[\"']\s*:\s*[\"'])"
+    r"([^\"']+)")
 # a URL query parameter that carries a credential (?token=, &api_key=, &sig=)
 _QUERY_RE = re.compile(r"(?i)([?&](?:[\w-]*token|api[_-]?key|apikey|key|auth|sig|signature|password|secret|code)=)"
                        r"([^&\s#\"'<>]+)")
@@ -251,6 +257,7 @@ class Redactor:
         text = _BEARER_RE.sub(lambda m: m.group(1) + MASK, text)
         text = _ASSIGN_RE.sub(lambda m: m.group(1) + MASK if m.group(2) != MASK else m.group(0), text)
         text = _QUERY_RE.sub(lambda m: m.group(1) + MASK, text)
+        text = _JSON_KEY_RE.sub(lambda m: m.group(1) + MASK if m.group(2) != MASK else m.group(0), text)
         return text
 
     __call__ = redact
@@ -294,7 +301,7 @@ def has_secret_form(text: str) -> bool:
         return True
     if any(m.group(2) and ":" in m.group(2) for m in _USERINFO_RE.finditer(text)):
         return True
-    return any(_looks_like_a_credential(m.group(2)) for rx in (_BEARER_RE, _ASSIGN_RE, _QUERY_RE)
+    return any(_looks_like_a_credential(m.group(2)) for rx in (_BEARER_RE, _ASSIGN_RE, _QUERY_RE, _JSON_KEY_RE)
                for m in rx.finditer(text))
 
 

@@ -71,3 +71,9 @@ def test_shapes_leave_ordinary_log_text_alone():
     text = ('{"max_tokens": 32, "prompt_tokens": 5} GET /v1/models?limit=5 https://huggingface.co/deepseek-ai '
             "num_speculative_tokens=3 tokenizer_mode=auto 68665f")
     assert Redactor()(text) == text
+
+
+def test_json_numbers_and_generated_token_text_keep_their_values():
+    """Bench records carry "t_first_token": <seconds> and generated "token" text: neither is a secret."""
+    text = '{"t_first_token": 0.1342, "t_last_token": 0.149, "token": "Hello", "api_key_source": "env:VLLM_API_KEY"}'
+    assert Redactor()(text) == text
