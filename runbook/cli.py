@@ -188,36 +188,47 @@ def cmd_diagnose(args) -> int:
     """Live: collect from every node, write results/<run>/diagnose/diagnose-<stamp>.tar.gz with its pages, print
     the catalogue entries that match; exit 0 when none matched, 1 when some did. Offline (--log/--text): rank
     the entries against logs, bundles or a sentence with no nodes and no profile; exit 0 when it ran (matched or
-    not), 1 when an input cannot be read. --accuracy: the matcher's measured accuracy on the corpus; exit 0."""
+    not), 2 when an input is missing, unreadable, too large, not a regular file or not text. --accuracy: the
+    matcher's measured accuracy on the corpus; exit 0 (2: a --corpus folder that is missing or holds a bad file). Everything printed goes through the secrets redactor (the
+    known secrets and every secret shape): this is the text users paste into issue trackers."""
+    from .secrets import redactor_from_env
+    redactor = redactor_from_env()
     if args.accuracy:
         from .diagnose.accuracy import DEFAULT_CORPUS, evaluate, load_corpus
+        from .diagnose.inputs import Budget, InputError, check_file
         try:
+            if args.corpus:         # a user's folder: no FIFO, device or oversized file reaches the reader
+                budget = Budget()
+                for path in sorted(Path(args.corpus).glob("*.jsonl")):
+                    check_file(path, budget)
             report = evaluate(load_corpus(args.corpus or DEFAULT_CORPUS))
-        except (OSError, ValueError) as exc:
-            raise RunbookError(str(exc)) from None
+        except InputError as exc:
+            raise UsageError(redactor(exc.what), fix=redactor(exc.fix)) from None
+        except (OSError, ValueError) as exc:       # no such folder, a bad case line: a bad argument
+            raise UsageError(redactor(str(exc))) from None
         print(report.table())
         print(f"{report.cell().positives} cases over {report.classes} failure classes, "
               f"{report.cell().negatives} off-domain texts")
         return 0
     if args.log or args.text:
         from .diagnose import offline
+        from .diagnose.inputs import InputError
         try:
-            ranked = offline.diagnose_inputs(args.log or [], args.text or "")
-        except (OSError, ValueError) as exc:
-            raise RunbookError(str(exc)) from None
+            ranked = offline.diagnose_inputs(args.log or [], args.text or "", redactor)
+        except InputError as exc:       # the path itself may hold a token
+            raise UsageError(redactor(exc.what), fix=redactor(exc.fix)) from None
+        ranked = offline.redact(ranked, redactor)
         if args.json:
-            print(json.dumps([r.to_dict() for r in ranked], indent=2))
+            print(json.dumps(redactor.redact_obj([r.to_dict() for r in ranked]), indent=2))
         else:
-            print(offline.render(ranked, top=args.top))
+            print(redactor(offline.render(ranked, top=args.top)))
         return 0
     from .evidence import RESULTS_ROOT, RunDir
     from .launch import diagnosis
     from .launch.plan import launch_plan
     from .remote import ClusterLock
-    from .secrets import redactor_from_env
     from .runner import run_folder
     profile, cluster = _server_cluster(args)
-    redactor = redactor_from_env()
     with cluster, ClusterLock(cluster.head, command="diagnose", echo=_say):
         run = RunDir(run_folder(args.run, RESULTS_ROOT), redactor) if args.run else \
             RunDir.create(profile.profile_name, RESULTS_ROOT, redactor)
@@ -230,7 +241,7 @@ def cmd_diagnose(args) -> int:
             if not args.run:      # its own folder: finished (an existing run's status is that run's)
                 run.update_manifest(status=status, finished=time.time(), mode="diagnose")
     for finding in findings:
-        print(finding.to_text() + "\n")
+        print(redactor(finding.to_text()) + "\n")
     print(f"{len(findings)} known failure(s) matched; bundle: {archive}")
     return ExitStatus.FAILED if findings else ExitStatus.OK
 
@@ -428,6 +439,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _masked(text: str) -> str:
+    """Text through the secrets redactor: the known secrets (a refused secrets file is skipped) and every shape."""
+    from .secrets import Redactor, redactor_from_env
+    try:
+        red = redactor_from_env()
+    except Exception:          # noqa: BLE001 - an unreadable secrets file must not hide the error being reported
+        red = Redactor()
+    return red(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # papermill streams each cell's output through its logger: show it live
@@ -439,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(args.func(args))
     except RunbookError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_masked(str(exc))}", file=sys.stderr)     # a message may quote what the user typed
         return int(exc.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -14,18 +14,19 @@ import re
 import tempfile
 import stat
 import threading
+import urllib.parse
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .envfile import parse_env_file
+from .envfile import PROFILE_SECRETS_HINT, invisible_at, describe_invisible, parse_env_file
 from .errors import ProfileError, ProfileIssue
 
 __all__ = [
     "Secrets", "SecretsError", "Redactor", "load_secrets", "redactor_from_env", "default_redactor",
     "reset_default_redactor", "register_secret", "default_secrets_file", "generate_api_key", "HF_TOKEN_RE",
-    "MASK",
+    "MASK", "PROFILE_SECRETS_HINT", "encoded_forms", "has_secret_form",
 ]
 
 MASK = "***"
@@ -33,20 +34,30 @@ MASK = "***"
 #: of an hf_ token ("hf_" encodes as "aGZf"), GitHub tokens
 HF_TOKEN_RE = re.compile(r"(?:hf_|api_org_)[A-Za-z0-9]{20,}|aGZf[A-Za-z0-9+/]{24,}={0,2}|gh[pousr]_[A-Za-z0-9]{30,}"
                          r"|github_pat_[A-Za-z0-9_]{40,}")
-#: what a profile error says when it meets a secret
-PROFILE_SECRETS_HINT = ("secrets never live in a profile; export it or put it in "
-                        "~/.config/spark-runbook/secrets.env (mode 0600)")
 
 
 def mask_tokens(text: str) -> str:
     """Text from a profile line that goes into an error: never a token."""
     return HF_TOKEN_RE.sub(MASK, text)
 _BEARER_RE = re.compile(r"(\bBearer\s+|(?i:authorization:\s*(?:bearer|basic|token)\s+))([^\s\"',;]+)")
+# NAME=value, NAME: value, "name": "value", 'name': 'value', --flag value: the name says the value is a secret
 _ASSIGN_RE = re.compile(
-    r"(?i)((?:--api-key[= ]|--hf-token[= ]|\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|[A-Z_]*API_KEYS?|"
-    r"[A-Z_]*_TOKEN|token|access_token|password|passwd|secret|x-api-key)\s*[=:]\s*)[\"']?)([^\s\"',;&]+)")
+    r"(?i)((?:--api-key[= ]|--hf-token[= ]|--token[= ]|\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|"
+    r"[A-Z_-]*API[_-]?KEYS?|[A-Z_-]*[_-]TOKEN|token|access_token|[A-Z_-]*PASSWORD|passwd|[A-Z_-]*SECRET|"
+    r"x-api-key)\s*[=:]\s*)[\"']?)([^\s\"',;&]+)")
+# a quoted key with a string value ("api_key": "…", 'password': '…'): credential names only, so that JSON such as
+# "t_first_token": 0.13 or a generated "token": "Hello" keeps its values
+_JSON_KEY_RE = re.compile(
+    r"(?i)([\"'](?:[\w-]*api[_-]?keys?|apikey|access[_-]?token|auth[_-]?token|hf[_-]?token|refresh[_-]?token|"
+    r"id[_-]?token|bearer[_-]?token|[\w-]*password|passwd|[\w-]*secret|private[_-]?key)[\"']\s*:\s*[\"'])"
+    r"([^\"']+)")
+# a URL query parameter that carries a credential (?token=, &api_key=, &sig=)
+_QUERY_RE = re.compile(r"(?i)([?&](?:[\w-]*token|api[_-]?key|apikey|key|auth|sig|signature|password|secret|code)=)"
+                       r"([^&\s#\"'<>]+)")
 # credentials in a URL: scheme://user:password@host (or a token as the user)
 _USERINFO_RE = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://)([^/\s:@]+(?::[^/\s@]*)?)@")
+# the hex of an hf_ token ("hf_" is 68 66 5f), any case
+_HF_HEX_RE = re.compile(r"(?i)68665f(?:[0-9a-f]{2}){20,}")
 MIN_SECRET_LEN = 4  # shorter values would mask unrelated text; Bearer/assignment patterns still apply
 
 HF_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -115,6 +126,11 @@ def _read_file(path: Path) -> dict[str, tuple[str, int]]:
                                          line=i.line) for i in issues])
     out: dict[str, tuple[str, int]] = {}
     for e in entries:
+        at = invisible_at(e.value)
+        if at >= 0:                       # a pasted token with a zero-width or TAG character fails as a 401 later
+            raise SecretsError([ProfileIssue(e.key, f"the value holds the {describe_invisible(e.value[at])} at column "
+                                             f"{at + 1} (the value is not shown)", fix="retype the value",
+                                             path=str(path), line=e.line)])
         if e.key in FILE_KEYS:
             out[e.key] = (e.value, e.line)
         else:
@@ -175,9 +191,38 @@ def generate_api_key(environ: Mapping[str, str] | None = None,
     return key, path
 
 
+def _b64_cores(raw: bytes, encode) -> set[str]:
+    """The base64 characters that depend on ``raw`` alone, at each of the three offsets it can have inside a longer
+    encoded string (a Basic header encodes "user:" + secret): the chars shared with the bytes around it are left."""
+    out = set()
+    for k in range(3):
+        full = encode(b"\0" * k + raw + b"\0" * 3).decode()
+        core = full[4 if k else 0: 4 * ((k + len(raw)) // 3)]
+        if len(core) >= 8:
+            out.add(core)
+    return out
+
+
+def encoded_forms(value: str) -> set[str]:
+    """The forms a secret takes on the way into a log: JSON-escaped (a notebook's source), base64 at any offset
+    (std and URL-safe), hex (either case), %-encoded (either hex case). Long values only: short ones are noise."""
+    forms = {json.dumps(value)[1:-1]}
+    if len(value) < 8:
+        return forms - {value}
+    raw = value.encode()
+    forms |= _b64_cores(raw, base64.b64encode) | _b64_cores(raw, base64.urlsafe_b64encode)
+    forms |= {raw.hex(), raw.hex().upper()}
+    every = "".join(f"%{b:02X}" for b in raw)                   # each byte %-encoded, as some clients do
+    for quoted in (urllib.parse.quote(value, safe=""), urllib.parse.quote(value), urllib.parse.quote_plus(value, safe=""),
+                   urllib.parse.quote_plus(value), every):
+        forms |= {quoted, re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quoted)}
+    return forms - {value}
+
+
 class Redactor:
-    """Replaces every known secret value, any ``hf_…`` token, ``Bearer <x>`` values and
-    ``--api-key``/``*_TOKEN=``/``*_API_KEY=`` assignments with ``***``."""
+    """Replaces with ``***`` every known secret value and its encoded forms (:func:`encoded_forms`), and the shapes
+    that need no known value: ``hf_…`` tokens (raw, base64, hex), ``Bearer <x>``, ``--api-key``/``*_TOKEN=``/
+    ``"api_key": "…"`` assignments, credential query parameters (``?token=``) and URL userinfo."""
 
     def __init__(self, values: Iterable[str] = ()):
         self._values: set[str] = set()
@@ -189,11 +234,7 @@ class Redactor:
         if value and len(value.strip()) >= MIN_SECRET_LEN:
             v = value.strip()
             self._values.add(v)
-            # also the forms it takes on the way: a JSON string (a notebook's source: a secret holding " or \ is
-            # escaped there) and base64 (a Basic header, a config dump; long values only: short ones are noise)
-            self._forms.add(json.dumps(v)[1:-1])
-            if len(v) >= 8:
-                self._forms.add(base64.b64encode(v.encode()).decode().rstrip("="))
+            self._forms.update(encoded_forms(v))
 
     def add_current(self, environ: Mapping[str, str] | None = None,
                     secrets_file: str | os.PathLike | None = None) -> None:
@@ -211,9 +252,12 @@ class Redactor:
         for v in sorted(self._values | self._forms, key=len, reverse=True):
             text = text.replace(v, MASK)
         text = mask_tokens(text)
+        text = _HF_HEX_RE.sub(MASK, text)
         text = _USERINFO_RE.sub(lambda m: m.group(1) + MASK + "@", text)
         text = _BEARER_RE.sub(lambda m: m.group(1) + MASK, text)
         text = _ASSIGN_RE.sub(lambda m: m.group(1) + MASK if m.group(2) != MASK else m.group(0), text)
+        text = _QUERY_RE.sub(lambda m: m.group(1) + MASK, text)
+        text = _JSON_KEY_RE.sub(lambda m: m.group(1) + MASK if m.group(2) != MASK else m.group(0), text)
         return text
 
     __call__ = redact
@@ -243,6 +287,22 @@ def redactor_from_env(environ: Mapping[str, str] | None = None,
     except SecretsError:
         pass
     return red
+
+
+def _looks_like_a_credential(value: str) -> bool:
+    """A value a secret-key name points at that is more than a word of prose (``token: see below``)."""
+    return len(value) >= 6 and bool(re.search(r"[\d_+/=-]", value) or (value != value.lower() != value.upper()))
+
+
+def has_secret_form(text: str) -> bool:
+    """Whether ``text`` (a profile's comment) holds a secret form the redactor masks without a known value: a token
+    shape, ``Bearer …``, a credential query value, a secret key's value, a URL with a password."""
+    if HF_TOKEN_RE.search(text) or _HF_HEX_RE.search(text):
+        return True
+    if any(m.group(2) and ":" in m.group(2) for m in _USERINFO_RE.finditer(text)):
+        return True
+    return any(_looks_like_a_credential(m.group(2)) for rx in (_BEARER_RE, _ASSIGN_RE, _QUERY_RE, _JSON_KEY_RE)
+               for m in rx.finditer(text))
 
 
 _default: Redactor | None = None

@@ -12,6 +12,7 @@ from typing import Mapping
 
 from ..evidence import atomic_write
 from ..secrets import Redactor
+from .inputs import Budget, read_archive, read_folder
 from .bundle import MAX_TEXT_BYTES, TIMING_KEYS, Bundle, Context, NAME_RE
 from .match import match, render_html, render_markdown
 
@@ -89,21 +90,20 @@ def write_bundle(run_dir: str | Path, texts: Mapping[str, Mapping[str, str]], re
     return archive
 
 
-def read_bundle(path: str | Path) -> Bundle:
+OWN_BUNDLE_BYTES = 1 << 30       # a bundle collect wrote: texts of 8 MiB at most, a few dozen per node
+
+
+def read_bundle(path: str | Path, budget: Budget | None = None) -> Bundle:
     """A :class:`Bundle` from an archive written by :func:`write_bundle` or from a directory laid
-    out like one (``<node>/<name>`` files, optional ``context.json`` / ``timings.json``)."""
+    out like one (``<node>/<name>`` files, optional ``context.json`` / ``timings.json``). Read within ``budget``
+    (:mod:`.inputs`: regular text files only, size-capped; :class:`~.inputs.InputError` otherwise). Without one,
+    the bundle is the runbook's own (``collect``): up to 8 MiB per text, so a wider cap than a user's inputs get."""
     path = Path(path)
-    files: dict[str, str] = {}
+    budget = budget or Budget(left=OWN_BUNDLE_BYTES)
     if path.is_dir():
-        for p in sorted(path.rglob("*")):
-            if p.is_file():
-                files[p.relative_to(path).as_posix()] = p.read_text(encoding="utf-8", errors="replace")
-    elif path.is_file():
-        with tarfile.open(path, "r:gz") as tar:
-            for m in tar.getmembers():
-                if m.isfile():
-                    data = tar.extractfile(m).read().decode("utf-8", "replace")
-                    files[m.name.split("/", 1)[1] if "/" in m.name else m.name] = data
+        files = read_folder(path, budget)
+    elif path.exists():
+        files = {(n.split("/", 1)[1] if "/" in n else n): t for n, t in read_archive(path, budget).items()}
     else:
         raise FileNotFoundError(f"no bundle at {path} (fix: pass a diagnose-*.tar.gz or a directory)")
     ctx = Context.from_dict(json.loads(files.pop("context.json"))) if "context.json" in files else Context()

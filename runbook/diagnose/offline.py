@@ -14,8 +14,8 @@ signature), ``medium`` (three or more cues), ``low`` (two cues). Ties keep the c
 """
 from __future__ import annotations
 
+import os
 import re
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -23,6 +23,7 @@ from typing import Iterable
 from . import bundle as B
 from .catalogue import ENTRIES
 from .catalogue.entry import SEVERITY_ORDER, Entry
+from .inputs import Budget, InputError, read_folder, read_text
 from .match import match
 
 LINE_SCORE = 10
@@ -101,8 +102,8 @@ def _line_score(entry: Entry) -> int:
 def diagnose_text(text: str, entries: tuple[Entry, ...] = ENTRIES) -> list[Ranked]:
     """Entries ranked against a pasted log or a symptom sentence (best first); empty: nothing known matches."""
     raw = text.encode("utf-8", "replace")
-    if len(raw) > MAX_TEXT_BYTES:
-        text = raw[-MAX_TEXT_BYTES:].decode("utf-8", "replace")
+    if len(raw) > MAX_TEXT_BYTES:       # the end, from a whole line on (a cut line could hold half a secret)
+        text = raw[-MAX_TEXT_BYTES:].decode("utf-8", "replace").partition("\n")[2]
     by_id = {e.id: e for e in entries}
     found: dict[str, Ranked] = {}
     for f in match(_text_bundle(text), entries):
@@ -151,29 +152,34 @@ def is_bundle(path: Path) -> bool:
     return path.name.endswith((".tar.gz", ".tgz"))
 
 
-def diagnose_inputs(paths: Iterable[str | Path] = (), text: str = "") -> list[Ranked]:
+def diagnose_inputs(paths: Iterable[str | Path] = (), text: str = "", redactor=None) -> list[Ranked]:
     """Offline diagnosis of log files, support bundles and a symptom sentence together (best first).
 
-    Raises FileNotFoundError naming the path when one does not exist, before anything is matched."""
+    Every file is read through :mod:`.inputs` (regular text files only, :data:`~.inputs.MAX_INPUT_BYTES` for all
+    inputs together, streamed); a missing, unreadable, oversized, endless or binary input raises
+    :class:`~.inputs.InputError` naming it, before anything is matched. With a ``redactor``
+    (:class:`runbook.secrets.Redactor`) every text is masked before it is matched, so no matched line can carry a
+    secret, not even one a line cut would leave too short for its shape."""
     from .archive import read_bundle
     paths = [Path(p) for p in paths]
-    missing = [str(p) for p in paths if not p.exists()]
+    missing = [str(p) for p in paths if not os.path.lexists(p)]
     if missing:
-        raise FileNotFoundError(f"no such log or bundle: {', '.join(missing)} (fix: pass existing files, a "
-                                f"diagnose-*.tar.gz or its folder)")
-    results: list[list[Ranked]] = []
-    texts = [text] if text.strip() else []
+        raise InputError(f"no such log or bundle: {', '.join(missing)}",
+                         fix="pass existing files, a diagnose-*.tar.gz or its folder")
+    budget = Budget()
+    bundles, texts = [], [text] if text.strip() else []
     for p in paths:
-        if is_bundle(p):
-            try:
-                results.append(diagnose_bundle(read_bundle(p)))
-            except tarfile.TarError as exc:
-                raise ValueError(f"{p} is not a diagnose archive ({exc}) (fix: pass the diagnose-*.tar.gz that "
-                                 f"`python -m runbook diagnose` wrote, its folder, or a plain log)") from None
+        if p.is_dir() and is_bundle(p) or p.name.endswith((".tar.gz", ".tgz")):
+            bundles.append(read_bundle(p, budget))
         elif p.is_dir():                       # a folder of plain logs: every file in it
-            texts += [f.read_text(encoding="utf-8", errors="replace") for f in sorted(p.rglob("*")) if f.is_file()]
+            texts += list(read_folder(p, budget).values())
         else:
-            texts.append(p.read_text(encoding="utf-8", errors="replace"))
+            texts.append(read_text(p, budget))
+    if redactor is not None:
+        texts = [redactor(t) for t in texts]
+        for b in bundles:
+            b.texts = {node: {name: redactor(t) for name, t in items.items()} for node, items in b.texts.items()}
+    results: list[list[Ranked]] = [diagnose_bundle(b) for b in bundles]
     if texts:
         results.append(diagnose_text("\n".join(texts)))
     merged: dict[str, Ranked] = {}
@@ -183,6 +189,13 @@ def diagnose_inputs(paths: Iterable[str | Path] = (), text: str = "") -> list[Ra
             if old is None or r.score > old.score:
                 merged[r.id] = r
     return _rank(merged, ENTRIES)
+
+
+def redact(ranked: list[Ranked], redactor) -> list[Ranked]:
+    """Copies whose matched lines, cues and fix went through ``redactor`` (a :class:`runbook.secrets.Redactor`)
+    whole, before :meth:`Ranked.to_text` cuts a line: a secret cut in two would match no shape."""
+    return [Ranked(r.entry, r.score, r.confidence, [redactor(l) for l in r.lines], [redactor(c) for c in r.cues],
+                   redactor(r.fix)) for r in ranked]
 
 
 def render(ranked: list[Ranked], *, top: int = 5) -> str:

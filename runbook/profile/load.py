@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,9 +19,9 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from .. import envfile
-from ..envfile import EnvEntry
+from ..envfile import EnvEntry, describe_invisible, invisible_at
 from ..errors import ProfileError, ProfileIssue
-from ..secrets import HF_TOKEN_RE, PROFILE_SECRETS_HINT as SECRETS_HINT, mask_tokens
+from ..secrets import HF_TOKEN_RE, PROFILE_SECRETS_HINT as SECRETS_HINT, has_secret_form, mask_tokens
 from .model import KEYS, REPO_ROOT, REQUIRED_KEYS, Profile
 from .rules import conflicts
 from .types import as_text
@@ -57,7 +58,8 @@ def _line_key(line: str) -> str:
 def parse_env_text(text: str, path: str = "<text>") -> tuple[list[EnvEntry], list[ProfileIssue]]:
     """Parse a profile's ``.env`` text (see :func:`runbook.envfile.parse_env_text`); issues name the
     profile's keys and never echo a token."""
-    return envfile.parse_env_text(text, path, known_keys=KEYS, is_secret=is_secret_key, mask=mask_tokens)
+    return envfile.parse_env_text(text, path, known_keys=KEYS, is_secret=is_secret_key, mask=mask_tokens,
+                                  secret_in=has_secret_form)
 
 
 def parse_env_file(path: str | os.PathLike) -> tuple[list[EnvEntry], list[ProfileIssue]]:
@@ -68,22 +70,6 @@ def parse_env_file(path: str | os.PathLike) -> tuple[list[EnvEntry], list[Profil
 
 #: a profile is a few KiB; anything this large is the wrong file (weights, a log)
 MAX_PROFILE_BYTES = 1 << 20
-
-# invisible characters that change what a line means (tab is allowed; \n ends the line)
-# and bidirectional controls (U+202A-202E, U+2066-2069, marks): they reorder what a reviewer sees of a line
-_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
-_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _invisible_text(ch: str) -> str:
-    what = "bidirectional control character" if _BIDI.match(ch) else "invisible character"
-    return f"{what} U+{ord(ch):04X}"
-
-
-# a commented-out secret assignment (# VLLM_API_KEY=sk-...): a comment is still in the file that gets shared
-_SECRET_IN_COMMENT = re.compile(r"\b(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN|VLLM_API_KEY|[A-Z_]*_TOKEN|[A-Z_]*API_KEYS?|"
-                                r"[A-Z_]*PASSWORD|[A-Z_]*_SECRET)\s*=\s*['\"]?[^\s'\"]{4,}")
-
 
 def _file_issue(path: Path, message: str, fix: str, line: int = 0) -> ProfileIssue:
     return ProfileIssue("<file>", message, fix=fix, path=str(path), line=line)
@@ -154,16 +140,12 @@ def _decode_profile(raw: bytes, src: Path) -> tuple[str | None, list[ProfileIssu
         body = ln[:-1] if ln.endswith("\r") else ln
         if n == 1:
             body = body.removeprefix("\ufeff")
-        m = _INVISIBLE.search(body)
-        if m:
-            issues.append(ProfileIssue(_line_key(body), f"the line holds the {_invisible_text(m.group())} "
-                                       f"at column {m.start() + 1}",
+        at = invisible_at(body)            # secret forms in comments: parse_env_text (whole-line and trailing)
+        if at >= 0:
+            issues.append(ProfileIssue(_line_key(body), f"the line holds the {describe_invisible(body[at])} "
+                                       f"at column {at + 1}",
                                        fix="retype the line (such characters come from copy and paste)",
                                        path=path, line=n))
-        elif body.lstrip().startswith("#") and (HF_TOKEN_RE.search(body) or _SECRET_IN_COMMENT.search(body)):
-            issues.append(ProfileIssue("<comment>", "a comment holds what looks like a token or a secret key's "
-                                       "value; " + SECRETS_HINT, fix=f"delete the value from line {n} (and revoke "
-                                       "it if the file was ever shared or committed)", path=path, line=n))
     return text, issues
 
 
@@ -275,10 +257,11 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
                   for k, v in (overrides or {}).items()]
 
     for e in ov_entries:   # -p values: the same characters refused as in a file, and no line break
-        m = _INVISIBLE.search(e.value) or re.search("[\n\t]", e.value)
-        if m:
-            issues.append(ProfileIssue(e.key, f"the value holds the {_invisible_text(m.group())} at column "
-                                       f"{m.start() + 1}", fix=f"retype -p {e.key}=... (such characters come from copy "
+        at = invisible_at(e.value)
+        at = e.value.find("\t") if at < 0 else at
+        if at >= 0:
+            issues.append(ProfileIssue(e.key, f"the value holds the {describe_invisible(e.value[at])} at column "
+                                       f"{at + 1}", fix=f"retype -p {e.key}=... (such characters come from copy "
                                        "and paste, or hide what the value really is)", path=OVERRIDE))
     bad_overrides = {i.key for i in issues if i.path == OVERRIDE}
     ov_entries = [e for e in ov_entries if e.key not in bad_overrides]
@@ -286,6 +269,11 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
     merged: dict[str, EnvEntry] = {}
     first_line: dict[str, int] = {}
     for e in file_entries + ov_entries:
+        if e.key not in KEYS and mask_tokens(e.key) != e.key:     # a token given as a -p key: never echoed
+            issues.append(ProfileIssue("<key>", "the key name looks like a token (not shown here); " + SECRETS_HINT,
+                                       fix="drop that -p (and revoke that token, which your shell history now holds)",
+                                       path=e.path, line=e.line))
+            continue
         if e.key not in KEYS:
             issues.append(_unknown_issue(e))
             continue
@@ -295,7 +283,7 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
             continue
         if e.path != OVERRIDE:
             first_line[e.key] = e.line
-        if HF_TOKEN_RE.search(e.value):
+        if HF_TOKEN_RE.search(e.value) or HF_TOKEN_RE.search(urllib.parse.unquote(e.value)):   # hf%5F…, %68%66…
             issues.append(ProfileIssue(e.key, "value contains what looks like a Hugging Face token (or a GitHub "
                                        "token, or one in base64); " + SECRETS_HINT,
                                        fix="remove the token from the value", path=e.path, line=e.line))

@@ -152,17 +152,22 @@ def test_redactor_keeps_ordinary_words():
 
 # ----------------------------------------------------------------------------- exit codes
 
-def _readme_exit_table() -> dict[int, str]:
+def _readme_exit_rows() -> dict[int, tuple[str, str]]:
+    """README's exit-code table: code -> (name, meaning)."""
     text = (REPO / "README.md").read_text()
     start = text.index("Exit codes of `python -m runbook`")
     rows = {}
     for line in text[start:].splitlines()[1:]:
-        m = re.match(r"\|\s*(\d+)\s*\|\s*`(\w+)`\s*\|", line)
+        m = re.match(r"\|\s*(\d+)\s*\|\s*`(\w+)`\s*\|(.*)\|\s*$", line)
         if m:
-            rows[int(m.group(1))] = m.group(2)
+            rows[int(m.group(1))] = (m.group(2), m.group(3).strip())
         elif rows and not line.startswith("|"):
             break
     return rows
+
+
+def _readme_exit_table() -> dict[int, str]:
+    return {code: name for code, (name, _) in _readme_exit_rows().items()}
 
 
 def test_readme_exit_code_table_matches_the_enum():
@@ -170,6 +175,66 @@ def test_readme_exit_code_table_matches_the_enum():
     table = _readme_exit_table()
     assert len(table) >= 10
     assert table == {int(s): s.name for s in ExitStatus}
+
+
+def _cli(*argv: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNBOOK_")}
+    env.update(PYTHONPATH=str(REPO), **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "runbook", *argv], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_readme_diagnose_rows_hold_for_real_invocations(tmp_path):
+    """What the README's table says of `diagnose`, run for real: offline exits 0 matched or not, a bad input 2."""
+    from runbook.errors import ExitStatus
+    rows = _readme_exit_rows()
+    assert "live `diagnose`" in rows[ExitStatus.FAILED][1] and "offline `diagnose --log/--text` exits 0" in \
+        rows[ExitStatus.FAILED][1]
+    assert "`diagnose --log`" in rows[ExitStatus.INVALID][1] and "/dev/zero" in rows[ExitStatus.INVALID][1]
+    log = tmp_path / "rank.log"
+    log.write_text("sh: 1: ray: not found\n")
+    binary = tmp_path / "core"
+    binary.write_bytes(b"\x7fELF\0\0\1")
+    cases = [(("--log", str(log)), ExitStatus.OK), (("--text", "my cat sat on the keyboard"), ExitStatus.OK),
+             (("--log", str(tmp_path / "missing.log")), ExitStatus.INVALID), (("--log", "/dev/zero"), ExitStatus.INVALID),
+             (("--log", str(binary)), ExitStatus.INVALID), (("--top",), ExitStatus.INVALID)]
+    got = {args: _cli("diagnose", *args).returncode for args, _ in cases}
+    assert got == {args: int(code) for args, code in cases}
+
+
+def test_live_diagnose_exits_1_when_something_matched_and_masks_what_it_prints(tmp_path, monkeypatch, capsys):
+    """The live path (nodes) keeps its codes: 0 nothing matched, 1 something did; a finding's text is masked."""
+    from types import SimpleNamespace
+    from runbook import cli, evidence, remote
+    from runbook.launch import diagnosis, plan
+    from support.doubles import FakeCluster, FakeNode
+    profile = load_profile(REPO / "env" / "lab.env", environ={})
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "none.env"))
+    monkeypatch.setattr(evidence, "RESULTS_ROOT", tmp_path / "results")
+    monkeypatch.setattr(cli, "_server_cluster", lambda args: (profile, FakeCluster([FakeNode("head", 0),
+                                                                                    FakeNode("worker", 1)])))
+
+    class Lock:                       # the cluster lock's contract here: entered once around the collection
+        entered = 0
+
+        def __init__(self, node, *, command, echo):
+            assert command == "diagnose"
+
+        def __enter__(self):
+            Lock.entered += 1
+
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(remote, "ClusterLock", Lock)
+    monkeypatch.setattr(plan, "launch_plan", lambda cluster, profile: None)
+    for findings, code in (([], 0), ([SimpleNamespace(to_text=lambda: f"worker-not-running: HF_TOKEN={TOKEN}")], 1)):
+        monkeypatch.setattr(diagnosis, "diagnose_server",
+                            lambda *a, findings=findings, **k: (tmp_path / "diagnose-x.tar.gz", findings))
+        assert cli.main(["diagnose", "--profile", "env/lab.env"]) == code
+        out = capsys.readouterr().out
+        assert f"{len(findings)} known failure(s) matched" in out and TOKEN not in out and TOKEN[3:] not in out
+    assert Lock.entered == 2
 
 
 def test_error_classes_exit_with_their_status():

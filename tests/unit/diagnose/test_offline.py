@@ -16,6 +16,7 @@ import pytest
 from runbook import cli
 from runbook.diagnose import ENTRIES, match, read_bundle
 from runbook.diagnose.accuracy import Case, evaluate, load_corpus
+from runbook.diagnose.inputs import InputError
 from runbook.diagnose.offline import NO_MATCH, diagnose_inputs, diagnose_text, render
 
 HERE = Path(__file__).parent
@@ -137,8 +138,9 @@ def test_a_bundle_offline_gives_exactly_what_the_live_matcher_finds(scenario):
 
 
 def test_inputs_that_do_not_exist_are_refused_before_matching(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such log or bundle: .*nope.log"):
+    with pytest.raises(InputError, match="no such log or bundle: .*nope.log") as ei:
         diagnose_inputs([tmp_path / "nope.log"], "the worker never started")
+    assert ei.value.exit_code == 2
 
 
 # --------------------------------------------------------------------------- the command
@@ -156,7 +158,7 @@ def test_cli_offline_log_text_and_accuracy(tmp_path, capsys):
     assert cli.main(["diagnose", "--text", "docker pull fails with manifest unknown", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got[0]["id"] == "docker-pull-manifest-unknown" and got[0]["fix"] and got[0]["source"]
-    assert cli.main(["diagnose", "--log", str(tmp_path / "missing.log")]) == 1
+    assert cli.main(["diagnose", "--log", str(tmp_path / "missing.log")]) == 2      # a bad argument (README)
     assert "no such log or bundle" in capsys.readouterr().err
     assert cli.main(["diagnose", "--accuracy"]) == 0
     out = capsys.readouterr().out
@@ -175,5 +177,5 @@ def test_a_folder_of_plain_logs_and_a_broken_archive(tmp_path):
     assert [r.id for r in diagnose_inputs([logs])][:1] == ["ray-missing"]
     bad = tmp_path / "diagnose-x.tar.gz"
     bad.write_bytes(b"not a tar")
-    with pytest.raises(ValueError, match="is not a diagnose archive"):
+    with pytest.raises(InputError, match="is not a diagnose archive"):
         diagnose_inputs([bad])
