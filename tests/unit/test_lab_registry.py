@@ -368,3 +368,13 @@ def test_the_rehearsal_image_is_refused_before_any_push_when_it_is_not_the_lab_r
     with pytest.raises(LabError) as err:
         control.ensure_rehearsal_image(rehearsed, info=None)
     assert err.value.observed == DIGEST_B and err.value.expected == index.digest
+
+
+def test_a_layer_that_fails_to_register_is_a_full_disk_never_a_retry():
+    """Issue 36: disk full while extracting a layer was named a dropped connection with the fix "retry"."""
+    text = ("a1b2c3d4e5f6: Extracting [=====>        ]  1.2GB/9.8GB\n"
+            "failed to register layer: Error processing tar file(exit status 1): unexpected EOF\n")
+    err = docker_pull.classify_pull(text)
+    assert err is not None and err.kind == "disk" and err.action == "stop" and "free space" in err.meaning
+    plain = docker_pull.classify_pull("error pulling image configuration: download failed: unexpected EOF")
+    assert plain is not None and plain.kind == "unexpected-eof" and plain.action == "retry"
