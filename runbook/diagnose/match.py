@@ -33,12 +33,15 @@ class Finding:
 
 class _Defaults(dict):
     def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
+        return "<" + key + ">"          # not in the text: the reader fills it (never Python's braces)
 
 
-def _render(template: str, values: dict[str, str]) -> str:
-    """Fill ``{name}`` placeholders that are known; leave the others as written."""
+def render_fix(template: str, values: dict[str, str]) -> str:
+    """Fill ``{name}`` placeholders that are known; the others read ``<name>`` (a value the text did not give)."""
     return string.Formatter().vformat(template, (), _Defaults(values))
+
+
+_render = render_fix
 
 
 def _values(bundle: B.Bundle, node: str) -> dict[str, str]:

@@ -24,7 +24,7 @@ from . import bundle as B
 from .catalogue import ENTRIES
 from .catalogue.entry import SEVERITY_ORDER, Entry
 from .inputs import Budget, InputError, read_folder, read_text
-from .match import match
+from .match import match, render_fix
 
 LINE_SCORE = 10
 DOWNSTREAM_SCORE = 4
@@ -51,7 +51,7 @@ class Ranked:
     def to_dict(self) -> dict:
         e = self.entry
         return {"id": e.id, "title": e.title, "severity": e.severity, "confidence": self.confidence,
-                "score": self.score, "lines": self.lines, "cues": self.cues, "cause": e.cause, "fix": self.fix or e.fix,
+                "score": self.score, "lines": self.lines, "cues": self.cues, "cause": e.cause, "fix": self.fix or render_fix(e.fix, {}),
                 "source": e.source}
 
     def to_text(self, rank: int) -> str:
@@ -62,7 +62,7 @@ class Ranked:
             out += [f"     {l[:300]}" for l in self.lines[:5]]
         if self.cues:
             out.append(f"   symptom cues ({len(self.cues)} of {len(e.words)}): " + ", ".join(f'"{c}"' for c in self.cues))
-        out += [f"   cause: {e.cause}", f"   fix:   {self.fix or e.fix}", f"   source: {e.source}"]
+        out += [f"   cause: {e.cause}", f"   fix:   {self.fix or render_fix(e.fix, {})}", f"   source: {e.source}"]
         return "\n".join(out)
 
 
@@ -110,7 +110,7 @@ def diagnose_text(text: str, entries: tuple[Entry, ...] = ENTRIES) -> list[Ranke
         entry = by_id.get(f.id)
         if entry is None:                     # a signature that raised: never a match
             continue
-        r = found.setdefault(f.id, Ranked(entry, _line_score(entry), "high"))
+        r = found.setdefault(f.id, Ranked(entry, _line_score(entry), "high", fix=f.fix))
         r.lines += [e.split(": ", 1)[-1] for e in f.evidence if e not in r.lines]
     for entry in entries:
         if entry.id in found or entry.signature is None:     # no signature: match() read its lines already
