@@ -1,7 +1,8 @@
 """Classify a failed ``docker pull`` from its output (pure): retry it, stop, or fix DNS.
 
 ``unexpected EOF`` is a dropped connection mid-layer: the pull resumes from the layers it has, so
-retrying is right. ``manifest unknown`` means the tag or digest does not exist in that registry:
+retrying is right -- unless it comes from registering (unpacking) a layer: that is a full disk, and a retry fails
+the same way. ``manifest unknown`` means the tag or digest does not exist in that registry:
 retrying never helps. ``no such host`` is name resolution on the node, not the registry. ``connection
 refused`` is the registry's address: nothing listens there (the registry is down, or the port is wrong).
 """
@@ -12,6 +13,12 @@ from dataclasses import dataclass
 
 #: (kind, action, pattern, what it means); the first match wins, most specific first
 PULL_ERRORS: tuple[tuple[str, str, str, str], ...] = (
+    # extracting a layer, not downloading it: the daemon's own write failed. "failed to register layer: …
+    # unexpected EOF" is what a full data root gives while a layer is unpacked (issue 36's report); a retry
+    # downloads the layer again and fails the same way
+    ("disk", "stop", r"no space left on device|failed to register layer|failed to extract layer",
+     "the node's docker data root (or its tmp) ran out of space while a layer was written or unpacked: "
+     "free space there (docker system df; docker image prune) before pulling again"),
     ("manifest-unknown", "stop", r"manifest unknown|manifest for \S+ not found|not found: manifest",
      "the tag or digest does not exist in that registry (typo, or the tag was never pushed / was deleted)"),
     ("dns", "fix-dns", r"no such host|Temporary failure in name resolution|server misbehaving",
@@ -27,7 +34,6 @@ PULL_ERRORS: tuple[tuple[str, str, str, str], ...] = (
     ("rate-limit", "wait", r"toomanyrequests|rate limit", "the registry's pull rate limit was reached"),
     ("auth", "stop", r"unauthorized|authentication required|denied: requested access|pull access denied",
      "the registry refused the credentials (or the repository is private / does not exist)"),
-    ("disk", "stop", r"no space left on device", "the node's docker data root is full"),
 )
 
 
