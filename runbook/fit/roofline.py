@@ -937,6 +937,28 @@ def scale_text(checkpoint: str = "v4.1-native", nodes: tuple[int, ...] = (2, 4, 
                              f"{r['resident_per_rank'] / 1e9:>11.1f} {r['allreduce_us']:>7.1f} {r['allreduces']:>4} "
                              f"{r['read_ms']:>8.2f} {r['collectives_ms']:>8.2f} {r['step_ms']:>8.2f} "
                              f"{1e3 / r['step_ms']:>7.1f} {r['stage_ms']:>9.2f}")
+    # single stream: TP=N against TP=N/2 x PP2. PP halves the all-reduces' rank count but each rank now reads
+    # twice the bytes (the stages run one after another), so PP wins only once the 2-rank all-reduce t2 passes
+    # (R/N/bw + p2p) / (2L (f(N) - f(N/2))), f = log2 (tree) or N - 1 (ring); at one stream, plain decode
+    import math
+    layers = _int(text_config(config), "num_hidden_layers", "n_layers")
+    h = hidden_size(config)
+    hc = _int(text_config(config), "hc_mult", default=1)
+    lines.append("single stream, plain decode: TP=N vs TP=N/2 x PP2 tie at a 2-rank all-reduce of")
+    for n in nodes:
+        if n < 4:
+            continue
+        read = step.per_rank(n) / GB10_DECODE_BW.value
+        for algo, f in (("tree", math.log2), ("ring", lambda x: x - 1)):
+            t2 = (read + 30e-6) / (2 * layers * (f(n) - f(n // 2)))
+            lines.append(f"  N={n:<3} {algo}: {t2 * 1e6:6.1f} us (PP wins above it; published 2-rank NCCL 8 KiB: 28 us)")
+    # prefill: what each token puts on the wire per rank. TP: 2 all-reduces per layer of hidden BF16, a ring moving
+    # 2 (N - 1) / N of it; PP: one hand-off of the hc_mult residual streams per stage boundary
+    lines.append("prefill, bytes on the wire per token per rank (at 23 GB/s, the 2-rank NCCL all-reduce busbw of 187 Gb/s):")
+    for n in nodes:
+        tp_bytes = 2 * layers * 2 * (n - 1) / n * h * 2
+        lines.append(f"  TP{n:<3} {tp_bytes / 1e6:6.2f} MB -> {23e9 / tp_bytes:8.0f} tok/s   "
+                     f"PP hand-off {hc * h * 2 / 1e3:5.1f} kB -> {23e9 / (hc * h * 2):8.0f} tok/s")
     return "\n".join(lines)
 
 

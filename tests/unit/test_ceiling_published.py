@@ -93,3 +93,18 @@ def test_rank_rows_split_bytes_and_memory_by_n_and_pay_the_n_rank_all_reduce():
     assert pp["allreduces"] == 40 and pp["bytes_per_rank"] == pytest.approx(rows[8]["bytes_per_rank"], rel=1e-5)
     assert pp["read_ms"] == pytest.approx(rows[4]["read_ms"])
     assert pp["step_ms"] == pytest.approx(rows[4]["step_ms"] + pp["p2p_ms"])
+def test_scale_numbers_in_docs_scale_are_the_codes():
+    assert R.scale_text() in (REPO / "docs/scale.md").read_text()
+
+
+
+
+def test_scale_findings_hold_in_the_model():
+    s, cfg = R.checkpoint_step_bytes("v4.1-native"), R.V41_FLASH_CONFIG
+    tp8, tp16 = R.rank_row(s, cfg, tp=8), R.rank_row(s, cfg, tp=16)
+    tp4pp2, tp8pp2 = R.rank_row(s, cfg, tp=4, pp=2), R.rank_row(s, cfg, tp=8, pp=2)
+    assert tp8["step_ms"] < tp4pp2["step_ms"] and tp16["step_ms"] < tp8pp2["step_ms"]      # tree: TP wins one stream
+    assert tp8pp2["stage_ms"] < tp16["step_ms"]                                           # PP wins throughput
+    ring8 = R.rank_row(s, cfg, tp=8, algo="ring")
+    assert ring8["step_ms"] > tp4pp2["step_ms"]                                           # ring: PP wins
+    assert tp16["collectives_ms"] / tp16["step_ms"] > 0.7
