@@ -108,3 +108,15 @@ def test_scale_findings_hold_in_the_model():
     ring8 = R.rank_row(s, cfg, tp=8, algo="ring")
     assert ring8["step_ms"] > tp4pp2["step_ms"]                                           # ring: PP wins
     assert tp16["collectives_ms"] / tp16["step_ms"] > 0.7
+
+
+def test_plan_ceilings_add_the_n_rank_tree_past_two_ranks_only():
+    import math
+    s = R.recipe_step_bytes("dspark-v4")
+    two = R.spark_ceilings(R.Roofline(s, R.V4_FLASH_CONFIG, 2, 256, "nvfp4_ds_mla", 6))
+    assert list(two) == ["best", "decode-shaped"]
+    for tp in (3, 4, 8):
+        c = R.spark_ceilings(R.Roofline(s, R.V4_FLASH_CONFIG, tp, 256, "nvfp4_ds_mla", 6))
+        assert list(c) == ["best", "decode-shaped", f"decode-shaped, {tp}-rank tree"]
+        assert c["decode-shaped"].allreduce_s == 77e-6           # the 2-rank lines stay as they were
+        assert c[f"decode-shaped, {tp}-rank tree"].allreduce_s == pytest.approx(77e-6 * math.log2(tp))
