@@ -266,6 +266,11 @@ class StepBytes:
     def total(self) -> float:
         return sum(self.parts.values())
 
+    def resident(self) -> float:
+        """Weights held in memory (every expert and the whole embedding table; draft, vision and Engram apart)."""
+        return (self.total - self.parts.get("routed_experts", 0.0) - self.parts.get("embedding", 0.0)
+                + self.expert_bytes * self.n_experts + self.not_read.get("embedding table", 0.0))
+
     def distinct_experts(self, tokens: int, *, batch: int = 1, overlap: float = 0.0) -> float:
         """Expected distinct experts per layer in one step: ``batch`` sequences of ``tokens`` tokens each
         (a verify step: k + 1), every token picking ``active`` of ``n_experts``.
@@ -453,8 +458,9 @@ def step_bytes_from_config(config: dict[str, Any], bytes_per_param: dict[str, fl
     cfg = text_config(config)
     active, n_exp = active_experts(cfg), n_routed_experts(cfg)
     expert_bytes = parts["routed_experts"] / active if active else 0.0
+    table = {"embedding table": _int(cfg, "vocab_size") * _int(cfg, "hidden_size", "dim") * bytes_per_param.get("embedding", 0.0)}
     return StepBytes(parts=parts, expert_bytes=expert_bytes, n_experts=n_exp, active=active if n_exp else 0,
-                     layers=_int(cfg, "num_hidden_layers", "n_layers"), source=source,
+                     not_read=table, layers=_int(cfg, "num_hidden_layers", "n_layers"), source=source,
                      assumptions=list(assumptions))
 
 
@@ -784,8 +790,7 @@ def rank_row(step: StepBytes, config: dict[str, Any], *, tp: int, pp: int = 1, t
     read_stage = per_rank / bandwidth
     coll_stage = (2 * layers / pp) * ar if tp > 1 else 0.0
     step_s = pp * (read_stage + coll_stage) + (pp - 1) * p2p_s
-    resident = (step.total - step.parts.get("routed_experts", 0.0) + step.expert_bytes * step.n_experts
-                + step.not_read.get("embedding table", 0.0)) / (tp * pp)
+    resident = step.resident() / (tp * pp)
     return {"tp": tp, "pp": pp, "ranks": tp * pp, "tokens": tokens, "bytes_per_rank": per_rank,
             "resident_per_rank": resident, "allreduce_us": ar * 1e6, "allreduces": int(2 * layers / pp) if tp > 1 else 0,
             "read_ms": pp * read_stage * 1e3, "collectives_ms": pp * coll_stage * 1e3,
@@ -927,7 +932,7 @@ def scale_text(checkpoint: str = "v4.1-native", nodes: tuple[int, ...] = (2, 4, 
     step = checkpoint_step_bytes(checkpoint)
     config = CHECKPOINTS[checkpoint].config
     lines = [f"{checkpoint}: {step.total / 1e9:.2f} GB read per token (whole model), "
-             f"{(step.total - step.parts['routed_experts'] + step.expert_bytes * step.n_experts) / 1e9:.1f} GB resident; "
+             f"{step.resident() / 1e9:.1f} GB resident; "
              f"decode-shaped {GB10_DECODE_BW.value / 1e9:.0f} GB/s; NCCL 2-rank line {_NCCL_BASE * 1e6:.1f} us + "
              f"{_NCCL_SLOPE * 1e6 * 1024:.3f} us/KiB",
              f"{'layout':<10} {'algo':<5} {'tokens':>6} {'GB/rank':>8} {'resident GB':>11} {'AR us':>7} {'ARs':>4} "

@@ -120,3 +120,12 @@ def test_plan_ceilings_add_the_n_rank_tree_past_two_ranks_only():
         assert list(c) == ["best", "decode-shaped", f"decode-shaped, {tp}-rank tree"]
         assert c["decode-shaped"].allreduce_s == 77e-6           # the 2-rank lines stay as they were
         assert c[f"decode-shaped, {tp}-rank tree"].allreduce_s == pytest.approx(77e-6 * math.log2(tp))
+
+
+def test_resident_weights_hold_every_expert_and_the_whole_embedding_table():
+    s = R.checkpoint_step_bytes("v4.1-native")
+    table = 129_280 * 5120 * 2
+    assert s.not_read["embedding table"] == table
+    assert s.resident() == pytest.approx(s.total - s.parts["routed_experts"] - s.parts["embedding"]
+                                         + s.expert_bytes * 384 + table)
+    assert R.rank_row(s, R.V41_FLASH_CONFIG, tp=4)["resident_per_rank"] == pytest.approx(s.resident() / 4)
