@@ -64,4 +64,7 @@ def panel(cluster, profile, result: BenchResult, membw_data: dict[str, Any],
     if bw:
         out["rows"] = P.panel_rows(result, roof, bandwidth=bw, allreduce_s=ar, recipe=profile.recipe,
                                    comparable=not on_lab)
+        out["rank_rows"] = P.rank_rows(roof, membw_data, bandwidth=bw, allreduce_s=ar,
+                                       ranks=int(profile.tp),      # the all-reduce spans the TP group
+                                       allreduce_measured=network is not None and bool(network.allreduce))
     return out

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..fit.roofline import Roofline
+from ..fit.roofline import Roofline, allreduce_s as allreduce_at
 from ..records import NetworkRecord
 from .report import case_class, load_published
 from .result import BenchResult, CaseResult
 
-__all__ = ["allreduce_latency", "slowest_bandwidth", "panel_rows", "plot_roofline", "PANEL_COLUMNS"]
+__all__ = ["allreduce_latency", "slowest_bandwidth", "panel_rows", "rank_rows", "plot_roofline", "PANEL_COLUMNS",
+           "RANK_COLUMNS"]
 
 PANEL_COLUMNS = ("class", "thinking", "case", "context", "decode_tok_s", "tokens_per_step", "ms_per_step",
                  "steps", "drafts", "accepted", "ceiling_plain_tok_s", "ceiling_tok_s", "ceiling_ms_per_step",
@@ -48,6 +49,38 @@ def slowest_bandwidth(membw: dict[str, Any] | None, phase: str = "before") -> tu
         return None, f"no memory-bandwidth probe {phase} the bench"
     node, r = min(ok.items(), key=lambda kv: kv[1]["gbs"])
     return float(r["gbs"]) * 1e9, f"{r.get('label', 'memory bandwidth')}: {r['gbs']:.1f} GB/s ({node}, slowest rank {phase} the bench)"
+
+
+RANK_COLUMNS = ("rank", "node", "bandwidth_gbs", "bytes_per_rank", "verify_bytes_per_rank", "read_ms", "verify_read_ms",
+                "ranks", "allreduce_us", "allreduces", "collectives_ms", "step_ms", "tok_s", "binds")
+
+
+def rank_rows(roofline: Roofline, membw: dict[str, Any] | None, *, bandwidth: float, allreduce_s: float,
+              ranks: int, allreduce_measured: bool, phase: str = "before") -> list[dict[str, Any]]:
+    """One row per rank: its own measured bandwidth (``membw[phase]``; ``bandwidth`` where it has none), the
+    bytes it reads per plain and per verify step (1/TP of each sharded part, the KV whole), its read time, and
+    the all-reduce at ``ranks`` ranks: 01_network's sweep already ran across every node (``allreduce_measured``),
+    else the 2-rank figure x log2 N (a tree; ``fit.roofline.allreduce_s``). ``binds``: the slowest rank, whose
+    step is the cluster's."""
+    if bandwidth <= 0 or ranks < 1:
+        raise ValueError("bandwidth must be > 0 and ranks >= 1")
+    by_node = ((membw or {}).get(phase) or {})
+    ok = {n: float(r["gbs"]) * 1e9 for n, r in by_node.items() if isinstance(r, dict) and r.get("gbs") and not r.get("error")}
+    names = list(ok) or [f"rank {i}" for i in range(ranks)]
+    ar = allreduce_s if (allreduce_measured or ranks <= 2) else allreduce_at(ranks, 0, two_rank_s=allreduce_s)
+    n_ar = roofline.ceiling(bandwidth, 0.0).allreduces
+    plain, verify = roofline.plain_bytes(), roofline.verify_bytes()
+    rows = []
+    for i, node in enumerate(names):
+        bw = ok.get(node, bandwidth)
+        step_s = plain / bw + n_ar * ar
+        rows.append({"rank": i, "node": node, "bandwidth_gbs": bw / 1e9, "bytes_per_rank": plain,
+                     "verify_bytes_per_rank": verify, "read_ms": plain / bw * 1e3, "verify_read_ms": verify / bw * 1e3,
+                     "ranks": ranks, "allreduce_us": ar * 1e6, "allreduces": n_ar, "collectives_ms": n_ar * ar * 1e3,
+                     "step_ms": step_s * 1e3, "tok_s": 1 / step_s, "binds": False})
+    slowest = max(rows, key=lambda r: r["step_ms"])
+    slowest["binds"] = True
+    return rows
 
 
 def _published(pub: dict[str, Any], recipe: str, workload: str, thinking: str) -> list[dict[str, Any]]:

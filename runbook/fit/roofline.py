@@ -19,9 +19,14 @@ heads and ``lm_head`` across the ranks; norms and routers are replicated but neg
 the weight bytes are the sum divided by ``tp``, plus the embedding row.
 
 A speculative (verify) step feeds ``m = k + 1`` tokens through the target: each token picks ``active``
-of ``E`` experts, so the step reads ``E * (1 - (1 - active/E)^m)`` distinct experts per layer (routing
-taken as independent), plus the draft layers once. It yields ``L`` accepted tokens (vLLM's mean
-acceptance length), so tok/s = L / step time.
+of ``E`` experts, so the step reads ``E * (1 - (1 - active/E)^m)`` distinct experts per layer when routing is
+independent (``b`` sequences: ``b * m`` tokens); correlated routing of consecutive tokens lowers it, down to
+``active`` (``StepBytes.distinct_experts``' ``overlap``), plus the draft layers once. It yields ``L`` accepted
+tokens (vLLM's mean acceptance length), so tok/s = L / step time.
+
+N ranks (``allreduce_s``, ``rank_row``): a small all-reduce costs the 2-rank latency x log2 N (tree) or x (N - 1)
+(ring); ``published_ceiling`` checks every published figure (tests/unit/data/published_figures.json) against
+its checkpoint's bytes (``CHECKPOINTS``: the dtypes each tensor group has in that checkpoint).
 
 KV and indexer reads grow with the context (``kv_read_bytes``); with a single KV head (DeepSeek's
 MQA) every rank reads the whole cache.
@@ -261,23 +266,41 @@ class StepBytes:
     def total(self) -> float:
         return sum(self.parts.values())
 
-    def distinct_experts(self, tokens: int) -> float:
-        """Expected distinct experts per layer when ``tokens`` tokens each pick ``active`` of ``n_experts``."""
+    def resident(self) -> float:
+        """Weights held in memory (every expert and the whole embedding table; draft, vision and Engram apart)."""
+        return (self.total - self.parts.get("routed_experts", 0.0) - self.parts.get("embedding", 0.0)
+                + self.expert_bytes * self.n_experts + self.not_read.get("embedding table", 0.0))
+
+    def distinct_experts(self, tokens: int, *, batch: int = 1, overlap: float = 0.0) -> float:
+        """Expected distinct experts per layer in one step: ``batch`` sequences of ``tokens`` tokens each
+        (a verify step: k + 1), every token picking ``active`` of ``n_experts``.
+
+        Independent routing (``overlap`` 0): ``E * (1 - (1 - a/E)^(batch * tokens))``. Consecutive tokens of one
+        sequence route alike (temporal correlation), which only lowers the count: ``overlap`` is the share of a
+        token's picks that repeat the previous token's, so a sequence counts as ``1 + (tokens - 1) * (1 - overlap)``
+        independent tokens (1: every token of the step reads the first token's experts, ``a`` per layer, the
+        fewest possible). Different sequences are taken as independent."""
         if not self.n_experts or not self.active:
             return 0.0
-        return self.n_experts * (1.0 - (1.0 - self.active / self.n_experts) ** tokens)
+        if not 0.0 <= overlap <= 1.0:
+            raise ValueError(f"overlap must be within [0, 1], not {overlap}")
+        if tokens < 1 or batch < 1:
+            raise ValueError(f"tokens and batch must be >= 1, not {tokens} and {batch}")
+        independent = batch * (1.0 + (tokens - 1) * (1.0 - overlap))
+        return self.n_experts * (1.0 - (1.0 - self.active / self.n_experts) ** independent)
 
-    def per_rank(self, tp: int, *, tokens: int = 1, draft: bool = False) -> float:
-        """Weight bytes one rank reads in one step of ``tokens`` tokens (1: plain decode; k+1: a verify
-        step, ``draft`` adding the draft layers)."""
+    def per_rank(self, tp: int, *, tokens: int = 1, draft: bool = False, batch: int = 1,
+                 overlap: float = 0.0) -> float:
+        """Weight bytes one rank reads in one step of ``batch`` x ``tokens`` tokens (1: plain decode; k+1: a
+        verify step, ``draft`` adding the draft layers; ``overlap``: see ``distinct_experts``)."""
         if tp < 1:
             raise ValueError(f"tp must be >= 1, not {tp}")
         routed = self.parts.get("routed_experts", 0.0)
-        if tokens > 1 and self.active:
-            routed = self.expert_bytes * self.distinct_experts(tokens)
+        if (tokens > 1 or batch > 1) and self.active:
+            routed = self.expert_bytes * self.distinct_experts(tokens, batch=batch, overlap=overlap)
         sharded = routed + sum(v for k, v in self.parts.items() if k not in ("routed_experts", "embedding"))
         sharded += self.draft_bytes if draft else 0.0
-        return sharded / tp + self.parts.get("embedding", 0.0) * tokens
+        return sharded / tp + self.parts.get("embedding", 0.0) * tokens * batch
 
     def to_dict(self) -> dict[str, Any]:
         return {"parts": self.parts, "expert_bytes": self.expert_bytes, "n_experts": self.n_experts,
@@ -387,13 +410,18 @@ def params_from_config(config: dict[str, Any]) -> dict[str, float]:
         per_layer = h * ql + ql * heads * hd + h * hd + heads * hd * ol + og * ol * h
         ratios = list(cfg.get("compress_ratios") or [0] * layers)[:layers]
         ih, ihd = _int(cfg, "index_n_heads"), _int(cfg, "index_head_dim")
-        attn = per_layer * layers
+        attn, native = per_layer * layers, 0
         for r in ratios:
             if r:
-                attn += 2 * h * hd * (2 if r == 4 else 1)       # KV compressor: weight + gate
+                native += 2 * h * hd * (2 if r == 4 else 1)     # KV compressor: wkv + wgate (BF16 in the checkpoint)
             if r == 4 and ih and ihd:
-                attn += ql * ih * ihd + h * ih + 2 * h * ihd * 2  # indexer: wq_b, weights_proj, compressor
+                attn += ql * ih * ihd                           # indexer wq_b (FP8)
+                native += h * ih + 2 * h * ihd * 2              # indexer weights_proj, its compressor (BF16)
         p["attention"] = float(attn)
+        p["attention_native"] = float(native)
+        hc = _int(cfg, "hc_mult")
+        if hc:                                                  # mHC mixing: hc_attn_fn, hc_ffn_fn (F32) per layer
+            p["hc"] = float(layers * 2 * (2 * hc + hc * hc) * hc * h)
     else:                                                       # q, k, v, o
         p["attention"] = float(layers * (h * heads * hd + 2 * h * kvh * hd + heads * hd * h))
     if n_exp:
@@ -419,22 +447,35 @@ class ArchFacts:
 def step_bytes_from_config(config: dict[str, Any], bytes_per_param: dict[str, float], *, source: str = "",
                            assumptions: tuple[str, ...] = ()) -> StepBytes:
     params = params_from_config(config)
-    missing = [k for k in PARTS if params[k] and k not in bytes_per_param]
+    missing = [k for k in PARTS + ("attention_native", "hc") if params.get(k) and k not in bytes_per_param]
     if missing:
         raise RunbookError(f"config-only bytes: no dtype stated for {', '.join(missing)}",
-                           fix="state bytes per parameter for every part (roofline.ARCH)")
+                           fix="state bytes per parameter for every part (roofline.ARCH / roofline.CHECKPOINTS)")
     parts = {k: params[k] * bytes_per_param.get(k, 0.0) for k in PARTS}
+    # the groups a part holds in another dtype: attention's BF16 compressors, the mHC F32 mixing (under rest)
+    parts["attention"] += params.get("attention_native", 0.0) * bytes_per_param.get("attention_native", 0.0)
+    parts["rest"] += params.get("hc", 0.0) * bytes_per_param.get("hc", 0.0)
     cfg = text_config(config)
     active, n_exp = active_experts(cfg), n_routed_experts(cfg)
     expert_bytes = parts["routed_experts"] / active if active else 0.0
+    table = {"embedding table": _int(cfg, "vocab_size") * _int(cfg, "hidden_size", "dim") * bytes_per_param.get("embedding", 0.0)}
     return StepBytes(parts=parts, expert_bytes=expert_bytes, n_experts=n_exp, active=active if n_exp else 0,
-                     layers=_int(cfg, "num_hidden_layers", "n_layers"), source=source,
+                     not_read=table, layers=_int(cfg, "num_hidden_layers", "n_layers"), source=source,
                      assumptions=list(assumptions))
 
 
-# FP8 E4M3 with one float32 scale per 128 x 128 block; MXFP4 = 4 bits + one E8M0 scale per 32 values
-FP8_BLOCK128 = 1 + 4 / (128 * 128)
+# The checkpoints' dtypes. V4-Flash (0731, Vision-Exp) and V4.1-Flash as published: dense weights (attention,
+# shared experts, indexer wq_b) F8_E4M3 with one F8_E8M0 scale (1 byte) per 128 x 128 block; routed experts FP4
+# packed two per byte with one F8_E8M0 scale per 32 values (MXFP4); embedding, lm_head ("head.weight"), routers,
+# the KV/indexer compressors and weights_proj BF16; the mHC mixing (hc_*_fn) F32. Sources:
+# anthony-chaudhary/fak#12639 (0731: "F8_E4M3 with F8_E8M0 128x128 scale grids", experts "packed FP4 with E8M0
+# scales per 32"), NVIDIA-NeMo/Automodel#2034 (w1.weight I8 [2048, 2048], w1.scale F8_E8M0 [2048, 128]),
+# EfficientMoE/MoE-Infinity#210 (V4.1 index: expert_dtype fp4 under the FP8 config), and a public test fixture
+# shaped after the V4-Flash index (head/embed BF16 [129280, 4096], compressor wkv/wgate BF16, hc_attn_fn F32 [24, 16384]).
+FP8_BLOCK128 = 1 + 1 / (128 * 128)
 MXFP4 = (4 + 8 / 32) / 8
+BF16 = 2.0
+F32 = 4.0
 
 # DeepSeek-V4-Flash text config (the published config.json's values, as quoted in the public index and
 # field-reports-2026-12.md: hidden 4096, 43 layers, 256 routed experts, 6 active + 1 shared, expert width 2048)
@@ -452,11 +493,11 @@ ARCH: dict[str, ArchFacts] = {
     "dspark-v4": ArchFacts(
         config=V4_FLASH_CONFIG,
         bytes_per_param={"routed_experts": MXFP4, "shared_experts": FP8_BLOCK128, "attention": FP8_BLOCK128,
-                         "lm_head": 2.0, "rest": 2.0, "embedding": 2.0},
+                         "attention_native": BF16, "hc": F32, "lm_head": BF16, "rest": BF16, "embedding": BF16},
         source="config-only: DeepSeek-V4-Flash config values (field-reports-2026-12.md; model card)",
         assumptions=("routed experts MXFP4: 4 bits + one E8M0 scale per 32 values = 0.53125 B/param",
-                     "shared experts and attention FP8 E4M3 with a float32 scale per 128x128 block",
-                     "lm_head, embedding, routers in BF16",
+                     "shared experts and attention FP8 E4M3 with an E8M0 (1-byte) scale per 128x128 block",
+                     "lm_head, embedding, routers, KV/indexer compressors in BF16; mHC mixing in F32",
                      "compress ratios: layers 0-1 none, then alternating 4 / 128 (published pattern)",
                      "draft (DSpark) layers not counted: their size is not in the config (the headers path counts them)")),
     "lab": ArchFacts(
@@ -634,9 +675,15 @@ def roofline_for(profile, *, model_dir: str | Path | None = None, context: int |
 
 
 def spark_ceilings(r: Roofline) -> dict[str, Ceiling]:
-    """The published bounds on a GB10 pair: best (273 GB/s, 28 us) and realistic (230 GB/s, 77 us)."""
-    return {"best": r.ceiling(GB10_PEAK_BW.value, ALLREDUCE_FAST.value),
-            "decode-shaped": r.ceiling(GB10_DECODE_BW.value, ALLREDUCE_SLOW.value)}
+    """The published bounds on a GB10 pair: best (273 GB/s, 28 us) and realistic (230 GB/s, 77 us); past two
+    ranks also the realistic one with its 2-rank all-reduce taken to TP ranks as a tree (x log2 TP), the two
+    above keeping the 2-rank figure (they can only err high)."""
+    out = {"best": r.ceiling(GB10_PEAK_BW.value, ALLREDUCE_FAST.value),
+           "decode-shaped": r.ceiling(GB10_DECODE_BW.value, ALLREDUCE_SLOW.value)}
+    if r.tp > 2:
+        out[f"decode-shaped, {r.tp}-rank tree"] = r.ceiling(
+            GB10_DECODE_BW.value, allreduce_s(r.tp, 0, two_rank_s=ALLREDUCE_SLOW.value))
+    return out
 
 
 def measured_bandwidth(gbs: float, note: str) -> Figure:
@@ -686,3 +733,251 @@ def roofline_text(r: Roofline, ceilings: dict[str, Ceiling], *, bandwidth_note: 
     if bandwidth_note:
         lines.append(f"  bandwidth: {bandwidth_note}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# N ranks: the all-reduce cost, per-rank rows, and the published figures each checkpoint must stay under
+# ------------------------------------------------------------------------------------------------
+# 2-rank NCCL all-reduce at MTU 9000: 8 KiB ~28 us, 64 KiB ~65 us (bringup-anchors.md §1.6, PR #103 comment):
+# a line through both, latency + size / rate. One-shot RDMA (RoCEnante, christopherowen): 10.9 us at 10 KiB.
+NCCL_2RANK_POINTS = ((8 << 10, 28e-6), (64 << 10, 65e-6))
+ONESHOT_2RANK_S = 10.9e-6
+_NCCL_SLOPE = (NCCL_2RANK_POINTS[1][1] - NCCL_2RANK_POINTS[0][1]) / (NCCL_2RANK_POINTS[1][0] - NCCL_2RANK_POINTS[0][0])
+_NCCL_BASE = NCCL_2RANK_POINTS[0][1] - NCCL_2RANK_POINTS[0][0] * _NCCL_SLOPE
+ALGOS = ("ring", "tree", "oneshot")
+
+
+def allreduce_s(ranks: int, message_bytes: float, *, algo: str = "tree", two_rank_s: float | None = None) -> float:
+    """One all-reduce of ``message_bytes`` across ``ranks`` ranks, from the 2-rank latency at that size
+    (``two_rank_s``, else the published NCCL line above; ``oneshot``: the published one-shot RDMA figure).
+
+    A small all-reduce is latency-bound: a ring passes 2 (N - 1) hops, a tree 2 log2 N, and at N = 2 both are the
+    2-rank figure, so ring = t2 x (N - 1) and tree = t2 x log2 N (NCCL picks the tree for small messages on a
+    switch; a switchless ring allows only the ring, four-sparks.md §4.3). One-shot RDMA writes to every peer at
+    once: t2 plus (N - 2) more sends of the message at the fabric's ~23 GB/s."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, not {ranks}")
+    if algo not in ALGOS:
+        raise ValueError(f"all-reduce algorithm {algo!r}: one of {', '.join(ALGOS)}")
+    if ranks == 1:
+        return 0.0
+    if algo == "oneshot":
+        t2 = ONESHOT_2RANK_S if two_rank_s is None else two_rank_s
+        return t2 + (ranks - 2) * message_bytes / 23e9
+    t2 = _NCCL_BASE + message_bytes * _NCCL_SLOPE if two_rank_s is None else two_rank_s
+    import math
+    return t2 * ((ranks - 1) if algo == "ring" else math.log2(ranks))
+
+
+def hidden_size(config: dict[str, Any]) -> int:
+    return _int(text_config(config), "hidden_size", "dim")
+
+
+def rank_row(step: StepBytes, config: dict[str, Any], *, tp: int, pp: int = 1, tokens: int = 1,
+             bandwidth: float = GB10_DECODE_BW.value, algo: str = "tree", overlap: float = 0.0,
+             p2p_s: float = 30e-6) -> dict[str, Any]:
+    """One layout's decode step for a single stream: bytes each rank reads (its 1/pp of the layers, 1/tp of
+    each), the resident weights per rank, the all-reduces (two per layer of its stage, each at ``tp`` ranks)
+    and the pipeline hand-offs (pp - 1 sends of the activations, ``p2p_s`` each). At one stream the stages run
+    one after another, so the step is the sum over stages; with pp or more streams in flight every stage is busy
+    and a step of the pipeline takes one stage's time (``stage_ms``)."""
+    if tp < 1 or pp < 1:
+        raise ValueError(f"tp and pp must be >= 1, not {tp} and {pp}")
+    layers = _int(text_config(config), "num_hidden_layers", "n_layers")
+    msg = tokens * hidden_size(config) * 2.0                       # BF16 activations of the step's tokens
+    ar = allreduce_s(tp, msg, algo=algo)
+    per_rank = step.per_rank(tp, tokens=tokens, overlap=overlap) / pp
+    read_stage = per_rank / bandwidth
+    coll_stage = (2 * layers / pp) * ar if tp > 1 else 0.0
+    step_s = pp * (read_stage + coll_stage) + (pp - 1) * p2p_s
+    resident = step.resident() / (tp * pp)
+    return {"tp": tp, "pp": pp, "ranks": tp * pp, "tokens": tokens, "bytes_per_rank": per_rank,
+            "resident_per_rank": resident, "allreduce_us": ar * 1e6, "allreduces": int(2 * layers / pp) if tp > 1 else 0,
+            "read_ms": pp * read_stage * 1e3, "collectives_ms": pp * coll_stage * 1e3,
+            "p2p_ms": (pp - 1) * p2p_s * 1e3, "step_ms": step_s * 1e3, "stage_ms": (read_stage + coll_stage + (p2p_s if pp > 1 else 0)) * 1e3,
+            "tok_s": tokens / step_s}
+
+
+# Checkpoints of the published figures: config values and each tensor group's bytes per parameter
+V41_FLASH_CONFIG: dict[str, Any] = {
+    "architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
+    "hidden_size": 5120, "num_hidden_layers": 40, "num_attention_heads": 64, "num_key_value_heads": 1,
+    "head_dim": 512, "q_lora_rank": 1280, "o_lora_rank": 1024, "o_groups": 8,
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 1152, "sliding_window": 128,
+    "compress_ratios": [0, 0] + [4 if i % 2 == 0 else 128 for i in range(2, 40)],
+    "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 6, "moe_intermediate_size": 2304,
+    "vocab_size": 129280, "hc_mult": 4,
+}
+_V41_ASSUMED = ("V4.1 config (four-sparks.md §6): hidden 5120, 40 layers, 384 routed + 1 shared, top-6, width 2304, "
+                "q_lora 1280; indexer dims and compress-ratio pattern taken from V4-Flash (not published for V4.1)",
+                "Engram (layers 1 and 14) reads FP8 rows of 264 B, a few per token: kilobytes, not counted")
+# EXL3 stores K bits per weight (exl3_k_map.json of MiaAI's 2.9 bpw pack, seeds-repos.md §A.1): routed experts 3
+# (layers 18-22: 2, so 2.875 on average over 40), shared 5 (21 layers) / 4 (19): 4.525, attention 5, lm_head 6;
+# embed, routers, hc_* native.
+EXL3_29 = {"routed_experts": 2.875 / 8, "shared_experts": 4.525 / 8, "attention": 5 / 8, "attention_native": 5 / 8,
+           "lm_head": 6 / 8, "rest": BF16, "embedding": BF16, "hc": F32}
+
+
+def _exl3(bits: float, head: float) -> dict[str, float]:
+    return {"routed_experts": bits / 8, "shared_experts": bits / 8, "attention": bits / 8, "attention_native": bits / 8,
+            "lm_head": head, "rest": BF16, "embedding": BF16, "hc": F32}
+
+
+NATIVE_V4 = {"routed_experts": MXFP4, "shared_experts": FP8_BLOCK128, "attention": FP8_BLOCK128,
+             "attention_native": BF16, "hc": F32, "lm_head": BF16, "rest": BF16, "embedding": BF16}
+
+CHECKPOINTS: dict[str, ArchFacts] = {
+    "v4-flash": ArchFacts(V4_FLASH_CONFIG, NATIVE_V4, "DeepSeek-V4-Flash (0731 / Vision-Exp) as published",
+                          ("MXFP4 experts, FP8 block-128 dense, BF16 head/embed/routers/compressors, F32 mHC",)),
+    "v4.1-native": ArchFacts(V41_FLASH_CONFIG, NATIVE_V4, "DeepSeek-V4.1-Flash as published (MXFP4 experts, FP8 dense)",
+                             _V41_ASSUMED),
+    "v4.1-fp8": ArchFacts(V41_FLASH_CONFIG, {**NATIVE_V4, "routed_experts": FP8_BLOCK128},
+                          "DeepSeek-V4.1-Flash with FP8 block-128 experts (im0xMagnus 'ablated FP8')", _V41_ASSUMED),
+    "v4.1-exl3-2.9": ArchFacts(V41_FLASH_CONFIG, EXL3_29, "MiaAI EXL3 2.9 bpw mul1 (per-group K from exl3_k_map.json)",
+                               _V41_ASSUMED),
+    "v4.1-exl3-2.0": ArchFacts(V41_FLASH_CONFIG, _exl3(2.0, 1 + 1 / 32),
+                               "sfxnz EXL3 2.0 bpw MCG, lm_head MXFP8 (rev 2.0bpw-mcg-lmhead-mxfp8)",
+                               _V41_ASSUMED + ("every EXL3 group at 2.0 bits (the pack's mean; fewer bytes than any "
+                                               "mix with higher-bit attention, so the ceiling errs high)",)),
+    "v4.1-exl3-3.5": ArchFacts(V41_FLASH_CONFIG, _exl3(3.5, 3.5 / 8), "tonyd2wild EXL3 3.5 bpw",
+                               _V41_ASSUMED + ("every EXL3 group, lm_head included, at 3.5 bits (errs high)",)),
+}
+
+
+def checkpoint_step_bytes(name: str) -> StepBytes:
+    a = CHECKPOINTS.get(name)
+    if a is None:
+        raise RunbookError(f"checkpoint {name!r} unknown to the roofline", fix=f"one of {', '.join(CHECKPOINTS)}")
+    return step_bytes_from_config(a.config, a.bytes_per_param, source=a.source, assumptions=a.assumptions)
+
+
+TRANSPORTS = {"nccl": "tree", "nccl-ring": "ring", "oneshot": "oneshot"}   # a figure's all-reduce -> algorithm
+FIGURE_KEYS = ("id", "setup", "checkpoint", "tp", "spec_k", "metric", "value", "transport", "source")
+
+
+def published_ceiling(fig: dict[str, Any]) -> dict[str, Any]:
+    """One published figure against its ceilings (single stream). ``metric`` ``tok_s`` (with the published
+    acceptance length ``tokens_per_step`` when given, else k + 1, every draft accepted: the most a step can
+    yield) or ``step_ms`` (the published decode step time). ``ratio`` = published rate / ceiling rate.
+
+    * ``bound``: 273 GB/s (the LPDDR5X peak), the 2-rank all-reduce of the figure's transport (no N-rank
+      penalty), and every token of a verify step on the first token's experts (overlap 1): the fewest bytes a
+      step can read, so no real run can pass it;
+    * ``independent``: 273 GB/s, tree all-reduce at N ranks, routing independent (overlap 0);
+    * ``decode-shaped``: as ``independent`` at the 230 GB/s a decode GEMV reads (the plan's realistic line)."""
+    missing = [k for k in FIGURE_KEYS if k not in fig]
+    if missing:
+        raise RunbookError(f"published figure {fig.get('id', '?')}: missing {', '.join(missing)}",
+                           fix=f"every figure needs {', '.join(FIGURE_KEYS)}")
+    if fig["metric"] not in ("tok_s", "step_ms"):
+        raise RunbookError(f"published figure {fig['id']}: metric {fig['metric']!r}", fix="tok_s or step_ms")
+    if fig["transport"] not in TRANSPORTS:
+        raise RunbookError(f"published figure {fig['id']}: transport {fig['transport']!r}",
+                           fix=f"one of {', '.join(TRANSPORTS)}")
+    step = checkpoint_step_bytes(fig["checkpoint"])
+    config = CHECKPOINTS[fig["checkpoint"]].config
+    tp, k = int(fig["tp"]), int(fig["spec_k"])
+    m = k + 1
+    per_step = float(fig.get("tokens_per_step") or m)
+    layers = _int(text_config(config), "num_hidden_layers", "n_layers")
+    msg = m * hidden_size(config) * 2.0
+    out: dict[str, Any] = {"id": fig["id"], "setup": fig["setup"], "metric": fig["metric"], "value": fig["value"],
+                           "tokens_per_step": per_step, "acceptance_published": bool(fig.get("tokens_per_step")),
+                           "source": fig["source"]}
+    algo = TRANSPORTS[fig["transport"]]
+    cases = {"bound": (GB10_PEAK_BW.value, allreduce_s(min(tp, 2), msg, algo=algo), 1.0),
+             "independent": (GB10_PEAK_BW.value, allreduce_s(tp, msg, algo=algo), 0.0),
+             "decode-shaped": (GB10_DECODE_BW.value, allreduce_s(tp, msg, algo=algo), 0.0)}
+    def ratio(bw: float, ar: float, overlap: float) -> tuple[float, float]:
+        step_s = step.per_rank(tp, tokens=m, overlap=overlap) / bw + (2 * layers * ar if tp > 1 else 0.0)
+        return step_s, (step_s * 1e3 / float(fig["value"]) if fig["metric"] == "step_ms"
+                        else float(fig["value"]) / (per_step / step_s))
+
+    for name, (bw, ar, overlap) in cases.items():
+        step_s, out[f"{name}_ratio"] = ratio(bw, ar, overlap)
+        out[f"{name}_step_ms"] = step_s * 1e3
+        out[f"{name}_tok_s"] = per_step / step_s
+    # the least overlap that brings the figure under the independent line (0 when it is already under)
+    lo, hi = 0.0, 1.0
+    bw, ar, _ = cases["independent"]
+    if ratio(bw, ar, 0.0)[1] <= 1.0:
+        hi = 0.0
+    else:
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if ratio(bw, ar, mid)[1] <= 1.0 else (mid, hi)
+    out["overlap_needed"] = hi
+    return out
+
+
+def published_table(figures: list[dict[str, Any]]) -> str:
+    """The error table of docs/bench.md (published / ceiling per figure), as markdown."""
+    rows = ["| Figure | Setup | Published | Tokens/step | Bound | Independent @273 | Decode-shaped @230 | Overlap needed | Source |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for f in figures:
+        c = published_ceiling(f)
+        unit = "ms/step" if c["metric"] == "step_ms" else "tok/s"
+        tps = f"{c['tokens_per_step']:.2f}" + ("" if c["acceptance_published"] else " (k+1)")
+        if c["metric"] == "step_ms":
+            tps = f"{int(f['spec_k']) + 1} verified"
+        cells = " | ".join(f"{c[n + '_ratio'] * 100:.0f} %" for n in ("bound", "independent", "decode-shaped"))
+        rows.append(f"| {c['id']} | {c['setup']} | {float(c['value']):g} {unit} | {tps} | {cells} | "
+                    f"{c['overlap_needed']:.2f} | {c['source']} |")
+    return "\n".join(rows)
+
+
+def scale_text(checkpoint: str = "v4.1-native", nodes: tuple[int, ...] = (2, 4, 8, 16), spec_k: int = 5) -> str:
+    """docs/scale.md's numbers: per layout, bytes per rank, resident weights per rank, the all-reduce at N
+    ranks (tree and ring), the single-stream step and tok/s, plain and a k+1 verify step."""
+    step = checkpoint_step_bytes(checkpoint)
+    config = CHECKPOINTS[checkpoint].config
+    lines = [f"{checkpoint}: {step.total / 1e9:.2f} GB read per token (whole model), "
+             f"{step.resident() / 1e9:.1f} GB resident; "
+             f"decode-shaped {GB10_DECODE_BW.value / 1e9:.0f} GB/s; NCCL 2-rank line {_NCCL_BASE * 1e6:.1f} us + "
+             f"{_NCCL_SLOPE * 1e6 * 1024:.3f} us/KiB",
+             f"{'layout':<10} {'algo':<5} {'tokens':>6} {'GB/rank':>8} {'resident GB':>11} {'AR us':>7} {'ARs':>4} "
+             f"{'read ms':>8} {'coll ms':>8} {'step ms':>8} {'steps/s':>7} {'stage ms':>9}"]
+    layouts = [(n, 1) for n in nodes] + [(n // pp, pp) for n in nodes for pp in (2, 4) if n // pp >= 2 and n % pp == 0]
+    for tp, pp in layouts:
+        for algo in ("tree", "ring"):
+            if tp == 2 and algo == "ring":
+                continue
+            for tokens in (1, spec_k + 1):
+                r = rank_row(step, config, tp=tp, pp=pp, tokens=tokens, algo=algo)
+                lines.append(f"{f'TP{tp}xPP{pp}':<10} {algo:<5} {tokens:>6} {r['bytes_per_rank'] / 1e9:>8.2f} "
+                             f"{r['resident_per_rank'] / 1e9:>11.1f} {r['allreduce_us']:>7.1f} {r['allreduces']:>4} "
+                             f"{r['read_ms']:>8.2f} {r['collectives_ms']:>8.2f} {r['step_ms']:>8.2f} "
+                             f"{1e3 / r['step_ms']:>7.1f} {r['stage_ms']:>9.2f}")
+    # single stream: TP=N against TP=N/2 x PP2. PP halves the all-reduces' rank count but each rank now reads
+    # twice the bytes (the stages run one after another), so PP wins only once the 2-rank all-reduce t2 passes
+    # (R/N/bw + p2p) / (2L (f(N) - f(N/2))), f = log2 (tree) or N - 1 (ring); at one stream, plain decode
+    import math
+    layers = _int(text_config(config), "num_hidden_layers", "n_layers")
+    h = hidden_size(config)
+    hc = _int(text_config(config), "hc_mult", default=1)
+    lines.append("single stream, plain decode: TP=N vs TP=N/2 x PP2 tie at a 2-rank all-reduce of")
+    for n in nodes:
+        if n < 4:
+            continue
+        read = step.per_rank(n) / GB10_DECODE_BW.value
+        for algo, f in (("tree", math.log2), ("ring", lambda x: x - 1)):
+            t2 = (read + 30e-6) / (2 * layers * (f(n) - f(n // 2)))
+            lines.append(f"  N={n:<3} {algo}: {t2 * 1e6:6.1f} us (PP wins above it; published 2-rank NCCL 8 KiB: 28 us)")
+    # prefill: what each token puts on the wire per rank. TP: 2 all-reduces per layer of hidden BF16, a ring moving
+    # 2 (N - 1) / N of it; PP: one hand-off of the hc_mult residual streams per stage boundary
+    lines.append("prefill, bytes on the wire per token per rank (at 23 GB/s, the 2-rank NCCL all-reduce busbw of 187 Gb/s):")
+    for n in nodes:
+        tp_bytes = 2 * layers * 2 * (n - 1) / n * h * 2
+        lines.append(f"  TP{n:<3} {tp_bytes / 1e6:6.2f} MB -> {23e9 / tp_bytes:8.0f} tok/s   "
+                     f"PP hand-off {hc * h * 2 / 1e3:5.1f} kB -> {23e9 / (hc * h * 2):8.0f} tok/s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":     # python -m runbook.fit.roofline published FILE.json | scale [CHECKPOINT]
+    import sys
+    if len(sys.argv) >= 3 and sys.argv[1] == "published":
+        print(published_table(json.loads(Path(sys.argv[2]).read_text())["figures"]))
+    elif len(sys.argv) >= 2 and sys.argv[1] == "scale":
+        print(scale_text(*(sys.argv[2:3] or ["v4.1-native"])))
+    else:
+        raise SystemExit("usage: python -m runbook.fit.roofline published FILE.json | scale [CHECKPOINT]")

@@ -29,16 +29,20 @@ REPO = Path(__file__).resolve().parents[2]
 EXPERT = 3 * 4096 * 2048                                     # 25,165,824 params
 # routed: 43 layers x 6 active x EXPERT x MXFP4 (4 bits + an E8M0 scale per 32 = 4.25 bits = 0.53125 B)
 ROUTED = 43 * 6 * 25_165_824 * 0.53125                       # 3,449,290,752 B
-# shared: 43 layers x 1 x EXPERT x FP8 with a float32 scale per 128x128 block (1 + 4/16384 B)
-SHARED = 43 * 25_165_824 * (1 + 4 / 16384)                   # 1,082,394,624 B
+# shared: 43 layers x 1 x EXPERT x FP8 with an E8M0 (1-byte) scale per 128x128 block (1 + 1/16384 B)
+FP8 = 1 + 1 / 16384
+SHARED = 43 * 25_165_824 * FP8                               # 1,082,196,480 B
 # attention per layer: wq_a 4096x1024 + wq_b 1024x(64x512) + wkv 4096x512 + wo_a (64x512)x1024 + wo_b (8x1024)x4096
 ATTN_LAYER = 4_194_304 + 33_554_432 + 2_097_152 + 33_554_432 + 33_554_432      # 106,954,752
 # compress ratios [0, 0, 4, 128, 4, ..., 4]: 21 layers at ratio 4, 20 at ratio 128
-#   KV compressor (weight + gate): ratio 4 2x4096x512x2 = 8,388,608; ratio 128 2x4096x512 = 4,194,304
-#   indexer (ratio 4): wq_b 1024x64x128 = 8,388,608 + weights_proj 4096x64 = 262,144 + compressor 2x4096x128x2 = 2,097,152
-ATTN = (43 * ATTN_LAYER + 21 * 8_388_608 + 20 * 4_194_304 + 21 * (8_388_608 + 262_144 + 2_097_152)) * (1 + 4 / 16384)
+#   KV compressor (wkv + wgate, BF16): ratio 4 2x4096x512x2 = 8,388,608; ratio 128 2x4096x512 = 4,194,304
+#   indexer (ratio 4): wq_b 1024x64x128 = 8,388,608 (FP8) + weights_proj 4096x64 = 262,144 and its compressor
+#   2x4096x128x2 = 2,097,152 (BF16)
+ATTN = ((43 * ATTN_LAYER + 21 * 8_388_608) * FP8
+        + (21 * 8_388_608 + 20 * 4_194_304 + 21 * (262_144 + 2_097_152)) * 2)
 LM_HEAD = 129_280 * 4096 * 2                                 # BF16: 1,059,061,760 B
-ROUTERS = 43 * 4096 * 256 * 2                                # BF16: 90,177,536 B
+# routers BF16 43x4096x256x2 = 90,177,536 B; mHC hc_attn_fn + hc_ffn_fn F32, each (2x4 + 4x4) x (4 x 4096) per layer
+ROUTERS = 43 * 4096 * 256 * 2 + 43 * 2 * 24 * 16384 * 4      # 90,177,536 + 135,266,304 B
 EMBED_ROW = 4096 * 2                                         # one BF16 row per token
 TOTAL = ROUTED + SHARED + ATTN + LM_HEAD + ROUTERS + EMBED_ROW
 PER_RANK = (TOTAL - EMBED_ROW) / 2 + EMBED_ROW               # TP=2: all but the embedding row is split
@@ -322,12 +326,14 @@ def test_header_dump_on_a_node_gives_the_same_bytes_as_reading_locally(tmp_path)
         R.step_bytes_from_dump("bash: python3: command not found")
 
 
-def test_the_verify_step_model_meets_the_published_dspark_steps_per_second():
+def test_the_verify_step_model_stays_above_the_published_dspark_steps_per_second():
     # seeds-repos.md (repo B dual-HCA notes): code 76.0 tok/s at 73.3 % acceptance, prose 37.3 at 25.7 %,
-    # 14-15 steps/s, V4-Flash at k = 6. The config-only verify step at the decode-shaped 230 GB/s and 77 us:
+    # 14-15 steps/s, V4-Flash at k = 6. At the LPDDR5X peak with the 7-token message's all-reduce (tree, 2 ranks)
+    # and independent routing, the verify step is faster than the published one: both figures under their ceiling.
     r = R.Roofline(R.recipe_step_bytes("dspark-v4"), R.V4_FLASH_CONFIG, 2, 256, "nvfp4_ds_mla", 6)
-    step_s = r.verify_bytes() / 230e9 + 86 * 77e-6
-    assert 13.5 < 1 / step_s < 15.0
+    ar = R.allreduce_s(2, 7 * 4096 * 2)
+    step_s = r.verify_bytes() / 273e9 + 86 * ar
+    assert 1 / step_s > 15.0
     for rate, acceptance in ((76.0, 0.733), (37.3, 0.257)):
-        ceiling = r.ceiling(230e9, 77e-6, acceptance_length=1 + 6 * acceptance).tok_s
-        assert 0.95 < rate / ceiling < 1.10, (rate, ceiling)
+        ceiling = r.ceiling(273e9, ar, acceptance_length=1 + 6 * acceptance).tok_s
+        assert 0.8 < rate / ceiling < 1.0, (rate, ceiling)

@@ -145,6 +145,10 @@ def test_step_panel_inputs_lab_and_recipe():
     assert out["bandwidth"] == 11.0e9 and out["allreduce_s"] == pytest.approx(250e-6)
     assert out["comparable"] is False and out["step"]["parts"]["lm_head"] == 2048 * 256 * 4
     assert len(out["rows"]) == 1 and out["rows"][0]["published"] == ""
+    # one row per rank, each at its own probe; 01_network's sweep spans the nodes, so no N-rank factor
+    assert [(r["node"], r["bandwidth_gbs"], r["binds"]) for r in out["rank_rows"]] == [("head", 12.0, False),
+                                                                                     ("worker", 11.0, True)]
+    assert out["rank_rows"][0]["allreduce_us"] == pytest.approx(250.0)
     # a recipe with no probe and no 01_network: the published GB10 figures, said so
     spark = recipe_profile("env/dspark-v4.env")
     res = result("dspark-v4", [case("decode-prose-thinkoff-c1-p1024-d128", "prose", "off", 37.3, 1.6, 500, 300)])
@@ -153,3 +157,23 @@ def test_step_panel_inputs_lab_and_recipe():
     assert out["bandwidth"] == 230e9 and out["bandwidth_note"].startswith("[published]")
     assert out["allreduce_s"] == 77e-6 and out["rows"][0]["measured_over_ceiling"] > 0
     assert "error" in ceiling.panel(_cluster(), recipe_profile("env/exl3-v41.env"), res, {}, network)
+
+
+def test_rank_rows_use_each_ranks_bandwidth_and_the_n_rank_all_reduce():
+    roof = R.Roofline(R.checkpoint_step_bytes("v4.1-native"), R.V41_FLASH_CONFIG, 4, 256, "fp8", 5)
+    membw = {"before": {"spark1": {"gbs": 230.0}, "spark2": {"gbs": 228.0}, "spark3": {"gbs": 70.0},
+                        "spark4": {"gbs": 231.0}, "spark5": {"error": "probe failed"}}}
+    from runbook.benchmark.roofline_panel import rank_rows
+    rows = rank_rows(roof, membw, bandwidth=230e9, allreduce_s=28e-6, ranks=4, allreduce_measured=False)
+    assert [r["node"] for r in rows] == ["spark1", "spark2", "spark3", "spark4"]
+    assert all(r["bytes_per_rank"] == pytest.approx(roof.plain_bytes()) for r in rows)
+    # the 2-rank published latency at four ranks: a tree, x log2 4
+    assert rows[0]["allreduce_us"] == pytest.approx(56.0) and rows[0]["allreduces"] == 80
+    assert rows[2]["read_ms"] == pytest.approx(roof.plain_bytes() / 70e9 * 1e3)
+    assert [r["binds"] for r in rows] == [False, False, True, False]       # the slow-state rank sets the step
+    # 01_network's sweep ran across all four: taken as it is
+    measured = rank_rows(roof, membw, bandwidth=230e9, allreduce_s=40e-6, ranks=4, allreduce_measured=True)
+    assert measured[0]["allreduce_us"] == pytest.approx(40.0)
+    # no probe: one row per rank at the given bandwidth
+    bare = rank_rows(roof, None, bandwidth=230e9, allreduce_s=28e-6, ranks=2, allreduce_measured=False)
+    assert [r["node"] for r in bare] == ["rank 0", "rank 1"] and bare[0]["allreduce_us"] == pytest.approx(28.0)
