@@ -81,3 +81,17 @@ def test_plan_prints_the_layouts_table_and_json(capsys):
     assert main(["plan", "--profile", "env/exl3-v41.env", "--layouts", "tp4,tp2xpp2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [x["layout"] for x in d["layouts"]] == ["TP4", "TP2xPP2"] and d["layouts"][1]["stage_layers"] == [20, 20]
+
+
+def test_docs_fit_table_is_plans_output():
+    """docs/fit.md's V4.1 layouts table is what `plan --layouts` prints today (regenerate it when this fails)."""
+    doc = (REPO_ROOT / "docs" / "fit.md").read_text()
+    r = rows("exl3-v41", "tp2,tp4,tp2xpp2")
+    table = {"TP2 (2 nodes)": r["TP2"], "TP4": r["TP4"], "TP2 x PP2": r["TP2xPP2"]}
+    for label, row in table.items():
+        c = row.ceilings
+        line = (f"| {label} | {row.layout.ranks} | {row.weights / GIB:.1f} | {row.kv_room / GIB:.1f} | "
+                f"{row.kv_tokens:,} | {c['best']['allreduce_us']:.0f} / {c['decode-shaped']['allreduce_us']:.0f} | "
+                f"{c['best']['step_ms']:.2f} / {c['decode-shaped']['step_ms']:.2f} | "
+                f"{c['best']['tok_s']:.1f} / {c['decode-shaped']['tok_s']:.1f} |")
+        assert line in doc, line
