@@ -227,3 +227,11 @@ def test_consistency_check_covers_the_pipeline_size():
     argv = plan.workers[0].serve_argv
     argv[argv.index("--pipeline-parallel-size") + 1] = "1"
     assert any("--pipeline-parallel-size" in x for x in check_consistency(plan))
+
+
+def test_kv_heads_that_tp_is_no_multiple_of():
+    shape = ModelShape(heads=6, kv_heads=2, layers=2, vocab=1920)
+    assert [x.message for x in layout_problems(shape, 3)] == [
+        "TP=3 is not a multiple of num_key_value_heads 2 (vLLM replicates KV heads when TP exceeds them: "
+        "num_kv_head_replicas = TP / 2 must be whole)"]
+    assert layout_problems(ModelShape(heads=8, kv_heads=1, layers=2, vocab=2048), 8) == []   # one KV head: copied

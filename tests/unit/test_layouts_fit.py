@@ -95,3 +95,11 @@ def test_docs_fit_table_is_plans_output():
                 f"{c['best']['step_ms']:.2f} / {c['decode-shaped']['step_ms']:.2f} | "
                 f"{c['best']['tok_s']:.1f} / {c['decode-shaped']['tok_s']:.1f} |")
         assert line in doc, line
+
+
+def test_fit_weights_per_rank_split_over_every_rank_of_the_layout():
+    from runbook.fit.budget import checkpoint_size, weights_per_rank
+    p = load_profile(ENV / "exl3-v41.env", {"TP": "1", "PP": "2", "SPEC_METHOD": "none", "SPEC_TOKENS": "0",
+                                            "WEIGHT_BUDGET_GIB": "0"}, environ={})
+    w = weights_per_rank(p, checkpoint_size(p)).per_rank
+    assert w.value == pytest.approx(196.2 * GIB / 2) and "/ TP=1 x PP=2" in w.note
