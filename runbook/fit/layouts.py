@@ -6,8 +6,8 @@ Memory per rank (pure arithmetic over the fit model's figures, ``budget.py``):
   ``WEIGHT_BUDGET_GIB`` above the even split at the profile's own TP when the profile sets it (seed A's
   ``weight_budget.py`` counts replicated tensors), else the routers and a KV projection TP cannot split (one KV
   head, from the model's config). Under PP the largest stage counts: its share of the layers (vLLM's
-  ``get_pp_indices``: the remainder goes to the stages before the last) plus the embedding (first stage) or
-  ``lm_head`` (last stage), each split by TP;
+  ``get_pp_indices``: the remainder goes to the stages before the last), the replicated part spread over the stages
+  like the layers, plus the embedding (first stage) or ``lm_head`` (last stage), each split by TP;
 * KV room: the largest KV pool one rank can hold, ``min(MemAvailable, MemTotal - OS floor) - weights - runtime``
   (the fit model's boot and steady-state rows solved for the pool), and the tokens it holds: bytes per token from the
   recipe's published boot, times the largest stage's share of the layers (a single KV head is copied to every TP
