@@ -2,7 +2,7 @@
 
 Memory, per host (a Spark is one host; the lab's nodes share one kernel, so their ranks add up):
 
-* weights per rank  W = WEIGHT_BUDGET_GIB, else checkpoint / TP (never below the even split);
+* weights per rank  W = WEIGHT_BUDGET_GIB, else checkpoint / (TP x PP) (never below the even split);
 * KV pool per rank  KV = KV_CACHE_MEMORY_BYTES when pinned, else GPU_MEM_UTIL x total - W - R, where
   R is what vLLM's profiling run measured besides the weights (from a published boot of the recipe);
 * runtime per rank  G = CUDA context, CUDA graphs, workspaces, NCCL (published/nominal per recipe);
@@ -177,11 +177,12 @@ def checkpoint_size(profile, measured: Figure | None = None) -> Figure | None:
 
 def weights_per_rank(profile, checkpoint: Figure | None) -> Weights:
     """W per rank: WEIGHT_BUDGET_GIB (a per-rank figure such as seed A's weight_budget.py, which counts
-    replicated tensors), else the even split checkpoint / TP. A budget below the even split is
-    impossible and is reported against WEIGHT_BUDGET_GIB."""
-    tp = profile.tp
-    split = (Figure(checkpoint.value / tp, DERIVED, f"checkpoint {checkpoint.gib:.2f} GiB [{checkpoint.source}] "
-                    f"/ TP={tp}") if checkpoint else None)
+    replicated tensors), else the even split checkpoint / (TP x PP; plan --layouts weighs uneven stages). A budget
+    below the even split is impossible and is reported against WEIGHT_BUDGET_GIB."""
+    tp, pp = profile.tp, profile.pp
+    ranks = f"TP={tp} x PP={pp}" if pp > 1 else f"TP={tp}"
+    split = (Figure(checkpoint.value / (tp * pp), DERIVED, f"checkpoint {checkpoint.gib:.2f} GiB [{checkpoint.source}] "
+                    f"/ {ranks}") if checkpoint else None)
     budget = gib(profile.weight_budget_gib, PROFILE, "WEIGHT_BUDGET_GIB") if profile.weight_budget_gib > 0 else None
     name = "weights per rank"
     if budget is None and split is None:

@@ -33,6 +33,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--model-dir", metavar="DIR",
                     help="a local checkpoint (config.json + safetensors): the decode roofline from its headers "
                          "(default: the recipe's config values and stated dtypes)")
+    sp.add_argument("--layouts", metavar="LIST",
+                    help="per-rank memory and decode ceiling at these parallel layouts, e.g. tp2,tp3,tp4,tp2xpp2 "
+                         "(docs/fit.md \"Parallel layouts\")")
     sp.add_argument("--json", action="store_true", help="print the plan as JSON")
     sp.set_defaults(func=cmd_plan)
     return sp
@@ -87,6 +90,30 @@ def decode_roofline(profile, model_dir: str | None) -> tuple[str, dict]:
             {**r.to_dict(), "ceilings": {k: c.to_dict() for k, c in ceilings.items()}, "bandwidth_note": note})
 
 
+def layouts_section(profile, text: str, model_dir: str | None, facts, checkpoint: Figure | None) -> tuple[str, list]:
+    """``--layouts``: per-rank memory and the decode ceiling at each layout (layouts.py)."""
+    from . import layouts as L
+    from . import roofline as R
+    wanted = L.parse_layouts(text)
+    roof = L.roofline_or_fallback(profile, model_dir)
+    if profile.is_lab or profile.lab:
+        from ..facts.membw_probe import cpu_probe
+        bw = cpu_probe(64 << 20, 5)
+        ceilings = {"lab CPU": (bw["gbs"] * 1e9, 0.0)}
+        notes = {"lab CPU": f"{bw['label']}: {bw['gbs']:.1f} GB/s measured on this host now; all-reduce latency "
+                            "not included"}
+    else:
+        ceilings = {"best": (R.GB10_PEAK_BW.value, R.ALLREDUCE_FAST.value),
+                    "decode-shaped": (R.GB10_DECODE_BW.value, R.ALLREDUCE_SLOW.value)}
+        notes = {"best": f"[published] {R.GB10_PEAK_BW.note}; {R.ALLREDUCE_FAST.note}",
+                 "decode-shaped": f"[published] {R.GB10_DECODE_BW.note}; {R.ALLREDUCE_SLOW.note}"}
+    rows = L.layout_rows(profile, wanted, roof=roof, facts=facts, checkpoint=checkpoint, ceilings=ceilings)
+    text_out = L.layouts_text(profile, rows, notes)
+    if roof is not None:
+        text_out += f"\n- bytes: {roof.step.source}" + "".join(f"; {a}" for a in roof.step.assumptions)
+    return text_out, [r.to_dict() for r in rows]
+
+
 def cmd_plan(args) -> int:
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     checkpoint = local_checkpoint(args.index) if args.index else None
@@ -103,11 +130,16 @@ def cmd_plan(args) -> int:
                   "disk an empty 4 TB NVMe -- run preflight and pass --facts for measured figures")
     result = plan(profile, facts, checkpoint=checkpoint, origin=origin)
     roof_text, roof_dict = decode_roofline(profile, args.model_dir)
+    lay_text, lay_rows = (layouts_section(profile, args.layouts, args.model_dir, facts, checkpoint)
+                          if args.layouts else ("", None))
     if args.json:
-        print(json.dumps({**result.to_dict(), "roofline": roof_dict}, indent=2, default=str))
+        extra = {"layouts": lay_rows} if lay_rows is not None else {}
+        print(json.dumps({**result.to_dict(), "roofline": roof_dict, **extra}, indent=2, default=str))
     else:
         print(plan_text(result))
         print("\n" + roof_text)
+        if lay_text:
+            print("\n" + lay_text)
     if result.verdict == DOES_NOT_FIT:
         print(f"\n{result.verdict}: turn {', '.join(result.knobs()) or 'the knobs above'}", file=sys.stderr)
         return CheckFailed.exit_code

@@ -323,7 +323,9 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
                  master_port: int) -> list[str]:
     """The `vllm serve` arguments after the positional model, in the recipe's order."""
     p = profile
-    tp_flags = ["--tensor-parallel-size", str(p.tp), "--nnodes", str(p.nnodes), "--node-rank", str(rank),
+    tp_flags = ["--tensor-parallel-size", str(p.tp),
+                *(["--pipeline-parallel-size", str(p.pp)] if p.pp > 1 else []),   # PP=1: vLLM's default, not passed
+                "--nnodes", str(p.nnodes), "--node-rank", str(rank),
                 "--master-addr", p.master_addr, "--master-port", str(master_port)]
     spec = p.speculative_config
     spec_json = json.dumps(spec, separators=(",", ":")) if spec else ""
@@ -337,7 +339,7 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
               "--allowed-origins", ALLOWED_ORIGINS, "--trust-remote-code"]
         if p.quantization:
             f += ["--quantization", p.quantization]
-        f += ["--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", "1"]
+        f += ["--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
         if p.kv_cache_dtype:
             f += ["--kv-cache-dtype", p.kv_cache_dtype]
         if p.kv_block_size:
@@ -669,7 +671,8 @@ def check_consistency(plan: LaunchPlan) -> list[str]:
     a disagreement would hang the rendezvous, so start refuses before running anything."""
     problems = []
     head = plan.head
-    for flag in ("--master-addr", "--master-port", "--nnodes", "--tensor-parallel-size", "--max-model-len"):
+    for flag in ("--master-addr", "--master-port", "--nnodes", "--tensor-parallel-size", "--pipeline-parallel-size",
+                 "--max-model-len"):
         want = flag_value(head.serve_argv, flag)
         for r in plan.workers:
             got = flag_value(r.serve_argv, flag)

@@ -9,6 +9,7 @@ entry every caller imports from.
 - ``nodes.py``  :class:`NodeSpec`: the cluster's nodes in rank order
 - ``load.py``   the file checks, the ``KEY=VALUE`` parse, unknown-key hints, :func:`load_profile`
 - ``rules.py``  the cross-field rules; ``flags.py`` the ``vllm serve`` flags EXTRA_ARGS may not pass
+- ``layouts.py`` which TP x PP the model splits into (its shape: the lab model's config.json, a table for the recipes)
 """
 from __future__ import annotations
 

@@ -30,8 +30,7 @@ class ManagedFlag:
 # the capture sizes to EXTRA_ARGS when given there) and the recipes' fixed switches.
 MANAGED_FLAGS: tuple[ManagedFlag, ...] = (
     ManagedFlag(("--tensor-parallel-size", "-tp"), ("TP",)),
-    ManagedFlag(("--pipeline-parallel-size", "-pp"), why="one GPU per Spark: the launch runs pipeline size 1 "
-             "and TP = NNODES"),
+    ManagedFlag(("--pipeline-parallel-size", "-pp"), ("PP",)),
     ManagedFlag(("--nnodes", "-n"), ("NNODES",)),
     ManagedFlag(("--node-rank", "-r"), why="the launch gives each node its rank in the order HEAD_SSH, "
              "WORKER_SSH, WORKER2_SSH"),

@@ -316,6 +316,7 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
                                        fix=f"add {key}=... (see env/README.md)", path=p, line=ln))
             bad.add(key)
 
+    model._source = src          # the rules resolve local paths against the profile's own checkout
     for c in conflicts(model):
         if bad.intersection(c.keys):
             continue  # a key involved is already reported; its value here is only the default

@@ -104,7 +104,8 @@ class Profile(BaseModel):
                                   "127.0.0.1 or the fabric IP = reached through an SSH forward; anything "
                                   "else serves other machines and needs VLLM_API_KEY (step 04 generates one)")
     master_port: Int(1, 65535) = Field(29501, description="torch.distributed rendezvous port")
-    tp: Int(1, 64) = Field(2, description="--tensor-parallel-size (= NNODES: one GPU per Spark)")
+    tp: Int(1, 64) = Field(2, description="--tensor-parallel-size (TP x PP = NNODES: one GPU per Spark)")
+    pp: Int(1, 64) = Field(1, description="--pipeline-parallel-size (TP x PP = NNODES: one GPU per Spark)")
     nnodes: Int(1, 64) = Field(2, description="--nnodes")
     served_model_name: ServedModelName = Field("", description="--served-model-name")
     model_dir: ModelDir = Field("", description="what vllm serve loads (path in the runtime, or repo id)")

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from ..secrets import mask_tokens
 from .flags import (EGRESS_FLAGS, REACH_FLAGS, RECIPE_MANAGED_FLAGS, WILDCARD_BIND, flags_issue,
                     managed_flags_in)
+from .layouts import (PADDING_RECIPES, PP_SPEC_ISSUE, expert_parallel, layout_problems, model_shape,
+                      valid_tps)
 from .nodes import node_home, resolve_on
 from .types import under
 
@@ -150,10 +152,7 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                         f"NNODES={p.nnodes} but {n} nodes are configured "
                         f"({'WORKER2_SSH set' if p.worker2_ssh else 'WORKER2_SSH empty'})",
                         f"set NNODES={n}, or {'clear' if p.worker2_ssh else 'set'} WORKER2_SSH", at="NNODES")
-    if p.tp != p.nnodes:
-        yield Conflict(("NNODES", "TP"),
-                        f"TP={p.tp} but NNODES={p.nnodes}: each Spark has one GPU, so TP = nodes x 1",
-                        f"set TP={p.nnodes}")
+    yield from layout_conflicts(p)
     if p.lab and not p.is_lab and not p.rehearsal:
         yield Conflict(("RECIPE", "LAB"), f"LAB=1 brings up the embedded lab, but RECIPE={p.recipe}",
                         "use RECIPE=lab with LAB=1, or LAB=0 for real Sparks (or rehearse the recipe on the lab: "
@@ -561,3 +560,45 @@ def _cx_port(hca: str) -> str:
     roceP2p1s0f1 port 1; any other name is its own port (nothing known to pair it with)."""
     m = re.fullmatch(r"roce[pP](?:\d+p)?\d+s0f(\d)", hca)
     return m.group(1) if m else hca
+
+
+def layout_conflicts(p: Profile) -> Iterable[Conflict]:
+    """The profile's layout: TP x PP against the nodes, the model and the engine."""
+    if p.tp * p.pp != p.nnodes:
+        pp = f" x PP={p.pp} = {p.tp * p.pp}" if p.pp > 1 else ""
+        yield Conflict(("NNODES", "TP", "PP"),
+                       f"TP={p.tp}{pp} but NNODES={p.nnodes}: each Spark has one GPU (the lab one CPU rank per node), "
+                       "so TP x PP = nodes x 1",
+                       f"set TP={p.nnodes} and PP=1, or TP x PP = {p.nnodes} (e.g. TP=2 PP=2 on four nodes)")
+    if p.pp > 1 and p.spec_method != "none":
+        yield Conflict(("SPEC_METHOD", "PP"),
+                       f"PP={p.pp} with SPEC_METHOD={p.spec_method}: vLLM cannot run pipeline parallel together with "
+                       f"DSpark/MTP speculative decoding ({PP_SPEC_ISSUE})",
+                       f"set PP=1 and TP={p.nnodes} (every published four-Spark line is TP4), or SPEC_METHOD=none",
+                       at="PP")
+    if p.pp > 1 and p.enforce_eager and (p.is_lab or p.lab):
+        yield Conflict(("ENFORCE_EAGER", "PP"),
+                       f"PP={p.pp} with ENFORCE_EAGER=1 on the lab's CPU vLLM: the engine boots, then dies on the "
+                       "first request (a later stage never allocates its receive buffer: the CPU runner skips the "
+                       "warm-up in eager mode; vllm/v1/worker/cpu_model_runner.py:84-86, docs/four-nodes.md)",
+                       "set ENFORCE_EAGER=0 (compiled: TP2 x PP2 served on the lab, boot ~260 s), or PP=1",
+                       at="ENFORCE_EAGER")
+    shape = model_shape(p)
+    if shape is None:
+        return
+    ep = expert_parallel(p.extra_args_list)
+    pads = p.recipe in PADDING_RECIPES
+    problems = layout_problems(shape, p.tp, p.pp, ep=ep, pads=pads)
+    for key in ("TP", "PP"):
+        found = [x.message for x in problems if x.key == key]
+        if not found:
+            continue
+        if key == "TP":
+            ok = [t for t in valid_tps(shape, max(8, p.nnodes), ep=ep, pads=pads) if p.nnodes % t == 0]
+            fix = (f"use a TP the model splits into ({', '.join(map(str, ok))} on {p.nnodes} node(s), with "
+                   f"PP = {p.nnodes} / TP)" if ok else f"no TP dividing {p.nnodes} node(s) splits this model: use "
+                   "another node count")
+        else:
+            fix = f"set PP <= {shape.layers} (and TP = NNODES / PP)"
+        yield Conflict((key,), f"{p.hf_model_repo or 'the model'} cannot run at TP={p.tp} x PP={p.pp}: "
+                       + "; ".join(found) + f" [shape: {shape.source}]", fix, at=key)
