@@ -26,7 +26,7 @@ body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px a
 h1{font-size:22px;margin-bottom:4px} h2{font-size:18px;border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:32px}
 h3{font-size:15px;margin-bottom:6px} table{border-collapse:collapse;margin:6px 0 12px;width:100%}
 th,td{border:1px solid #d0d0d0;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:break-word}
-td.long,td.wrap,td.small,.small td{overflow-wrap:anywhere}
+td.long,td.wrap,td.small{overflow-wrap:anywhere}
 th{background:#f3f3f3} td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .st{font-weight:600;text-align:center;white-space:nowrap} .muted{color:#777} .small{font-size:12px}
 pre{background:#f7f7f7;border:1px solid #ddd;padding:8px;overflow-x:auto;font-size:12px;white-space:pre-wrap;word-break:break-all}
@@ -64,9 +64,12 @@ def clip(text: str, limit: int) -> str:
 
 
 def cell(value: Any, e: Callable[[Any], str], limit: int = 60, cls: str = "") -> str:
-    """A ``<td>`` of ``value`` shortened to ``limit`` characters; the full text (masked) on hover."""
+    """A ``<td>`` of ``value`` shortened to ``limit`` characters; the full text (masked) on hover. A cut
+    text or one with a long unbroken run (a path, a hash) may break anywhere (class ``long``)."""
     text = "" if value is None else str(value)
-    attr = f' class="{(cls + " long").strip()}"'
+    long = len(text) > limit or any(len(w) > 30 for w in text.split())
+    classes = " ".join(c for c in (cls, "long" if long else "") if c)
+    attr = f' class="{classes}"' if classes else ""
     if len(text) <= limit:
         return f"<td{attr}>{e(text)}</td>"
     return f'<td{attr} title="{e(text)}">{e(clip(text, limit))}</td>'

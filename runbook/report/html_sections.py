@@ -171,13 +171,27 @@ def bench(model: ReportModel, e: Escape, plots: bool) -> list[str]:
     return parts
 
 
-def records_table(records: list[dict[str, Any]], e: Escape) -> str:
-    """A table of flat records: columns empty in every row left out, long texts shortened (full on hover)."""
+def records_table(records: list[dict[str, Any]], e: Escape, note_over: int = 40) -> str:
+    """A table of flat records: columns empty in every row left out; a text column with values longer than
+    ``note_over`` characters (sources, conditions) shows footnote numbers, each text once under the table."""
     cols = [c for c in dict.fromkeys(k for r in records for k in r)
             if any(r.get(c) not in (None, "", [], {}) for r in records)]
-    return table([c.replace("_", " ") for c in cols],
-                 [[f'<td class="num">{fmt(r.get(c))}</td>' if isinstance(r.get(c), (int, float)) else cell(r.get(c), e, 60)
-                   for c in cols] for r in records])
+    noted = {c for c in cols if any(isinstance(r.get(c), str) and len(r[c]) > note_over for r in records)}
+    notes: dict[str, int] = {}
+
+    def td(r: dict[str, Any], c: str) -> str:
+        v = r.get(c)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return f'<td class="num">{fmt(v)}</td>'
+        if c in noted and v not in (None, ""):
+            return f'<td class="small" title="{e(v)}">[{notes.setdefault(str(v), len(notes) + 1)}]</td>'
+        text = "" if v is None else str(v)          # metric names break after an underscore
+        hover = f' title="{e(text)}"' if len(text) > 60 else ""
+        return f"<td{hover}>{e(clip(text, 60)).replace('_', '_<wbr>')}</td>"
+    rows = [[td(r, c) for c in cols] for r in records]
+    foot = "".join(f"<li>{e(text)}</li>" for text in notes)
+    return ('<div class="small">' + table([c.replace("_", " ") + (" [n]" if c in noted else "") for c in cols], rows)
+            + (f'<ol class="notes">{foot}</ol>' if foot else "") + "</div>")
 
 
 def _mb(v: Any) -> str:
