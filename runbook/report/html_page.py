@@ -21,6 +21,7 @@ from .nextstep import headline_text, reasons, what_next
 __all__ = ["render_html", "render_drift", "verdict_headline", "next_section"]
 
 Escape = Callable[[Any], str]
+NEXT_TITLE = "Next"        # the section that says what to run now (08's narrative names it)
 NAV = [("steps", "Steps"), ("matrix", "Checks"), ("drift", "Drift"), ("network", "Network"),
        ("weights", "Weights"), ("engram", "Engram"), ("launch", "Launch"), ("bench", "Benchmark"),
        ("figures", "All figures"), ("profile", "Profile"), ("provenance", "Provenance")]
@@ -73,7 +74,7 @@ def next_section(model: ReportModel, e: Escape) -> list[str]:
         body.append(f"<p>Fix: {e(n.fix)}</p>")
     if n.command:
         body.append(f'<p class="small">then continue the run (its passed steps are skipped):</p><pre>{e(n.command)}</pre>')
-    return ['<div class="next" id="next"><h2 style="margin-top:4px">Next</h2>' + "".join(body) + "</div>"]
+    return [f'<div class="next" id="next"><h2 style="margin-top:4px">{NEXT_TITLE}</h2>' + "".join(body) + "</div>"]
 
 
 def header(model: ReportModel, e: Escape) -> list[str]:
