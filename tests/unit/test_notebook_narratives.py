@@ -11,9 +11,9 @@ import sys
 import typing
 from pathlib import Path
 
-
 from runbook import secrets
 from runbook.cli import build_parser
+from runbook.preflight import node_needs
 from runbook.profile.model import KEYS, Profile
 from runbook.report.html_parts import PAGE_WIDTH
 from runbook.report.html_page import NEXT_TITLE
@@ -104,3 +104,8 @@ def test_the_report_narrative_says_what_the_page_opens_with():
     text = notebook("08")
     assert f"{PAGE_WIDTH:,}-pixel screen" in text                  # the width the browser test holds the page to
     assert "headline" in text and f"**{NEXT_TITLE}**" in text
+
+
+def test_the_preflight_narrative_gives_the_node_python_the_shipped_tools_need():
+    need = ".".join(map(str, node_needs.MIN_PYTHON))
+    assert f"`python3` ({need} or later" in notebook("00")
