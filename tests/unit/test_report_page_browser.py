@@ -21,8 +21,9 @@ import pytest
 
 from runbook.report import write
 from runbook.report.html_parts import PAGE_WIDTH
+from runbook.report.index import REPORT_NAME
 from runbook.secrets import Redactor
-from support.runs import build_full_run, chk, edit_sidecar, recipe_profile, seed_bench_output
+from support.runs import build_full_run, build_run, chk, edit_sidecar, recipe_profile, seed_bench_output
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -56,7 +57,9 @@ def chromium(url: str, profile_dir: Path, height: int, *extra: str) -> subproces
 
 
 @pytest.fixture(scope="module")
-def report_file(tmp_path_factory) -> Path:
+def results(tmp_path_factory) -> Path:
+    """A validated recipe run and a lab run (a candidate missing most requirements), each with its report,
+    and the results index listing both."""
     tmp = tmp_path_factory.mktemp("report-page")
     profile = recipe_profile()
     run = build_full_run(tmp / "results", "20261201-040000-exl3", profile,
@@ -64,17 +67,25 @@ def report_file(tmp_path_factory) -> Path:
     deep = "/".join(f"models--deepseek-ai--DeepSeek-V4-Flash-part{i:02d}" for i in range(6))
     edit_sidecar(run, "00_preflight", lambda sc: sc["checks"].append(
         chk("model cache path", observed=f"/var/cache/hf/{deep}/snapshots/{'f' * 40}", expected="present")))
-    path, _ = write.write_report(run, redactor=Redactor(), index=False)
-    return path
+    write.write_report(run, redactor=Redactor(), index=False)
+    write.write_report(build_run(tmp / "results", "20261201-050000-lab", created="2026-12-01T05:00:00+00:00"),
+                       redactor=Redactor())
+    return tmp / "results"
 
 
-def test_the_report_fits_a_1280_pixel_screen(report_file, tmp_path):
-    page = tmp_path / "probed.html"
-    page.write_text(report_file.read_text().replace("</body>", PROBE + "</body>"))
-    done = chromium(page.as_uri(), tmp_path / "chromium-dom", 900, "--dump-dom")
+def measure(page: Path, tmp: Path) -> dict:
+    """What Chromium lays out for ``page`` at the page width (see PROBE)."""
+    probed = tmp / f"probed-{page.parent.name}-{page.name}"
+    probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    done = chromium(probed.as_uri(), tmp / f"chromium-{probed.stem}", 900, "--dump-dom")
     found = re.search(r'<pre id="overflow-probe">(.*?)</pre>', done.stdout, re.S)
     assert found, f"chromium wrote no measurement (exit {done.returncode}): {done.stderr[-1500:]}"
-    seen = json.loads(html.unescape(found.group(1)))
+    return json.loads(html.unescape(found.group(1)))
+
+
+def test_the_report_fits_a_1280_pixel_screen(results, tmp_path):
+    report_file = results / "20261201-040000-exl3" / REPORT_NAME
+    seen = measure(report_file, tmp_path)
     # the full page, for a person to look at
     shot = tmp_path / "report-1280.png"
     chromium(report_file.as_uri(), tmp_path / "chromium-shot", min(seen["height"] + 40, 16000),
@@ -84,6 +95,14 @@ def test_the_report_fits_a_1280_pixel_screen(report_file, tmp_path):
     assert shot.is_file() and shot.stat().st_size > 10_000, f"no screenshot: {shot}"
     assert seen["inner"] == PAGE_WIDTH and seen["elements"] > 500          # the page rendered, at 1,280
     assert "Published anchors beside ours" in report_file.read_text()       # the wide tables are in it
-    assert seen["scroll"] <= seen["client"], f"document {seen['scroll']} px wide in a {seen['client']} px view: {seen['wide']}; " \
-                                             f"screenshot {shot}"
+    assert seen["scroll"] <= seen["client"], f"document {seen['scroll']} px wide in a {seen['client']} px view: " \
+                                             f"{seen['wide']}; screenshot {shot}"
     assert seen["wide"] == [], f"wider than the {seen['client']} px view: {seen['wide']}; screenshot {shot}"
+
+
+def test_the_results_index_fits_a_1280_pixel_screen(results, tmp_path):
+    page = results / "index.html"
+    assert "missing: hardware, image" in page.read_text()         # the candidate's reasons are listed
+    seen = measure(page, tmp_path)
+    assert seen["inner"] == PAGE_WIDTH and seen["elements"] > 50
+    assert seen["scroll"] <= seen["client"] and seen["wide"] == [], seen
