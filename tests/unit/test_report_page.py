@@ -112,3 +112,15 @@ def test_a_long_cell_is_shortened_with_the_full_text_on_hover_and_secrets_masked
     shown = html.unescape(cell.group(2))
     assert len(shown) == 200 and shown.endswith("…") and long.startswith(shown[:-1])
     assert API not in page
+
+
+def test_a_rehearsals_resume_command_rehearses_again(tmp_path):
+    from runbook.lab import rehearsal
+    profile, _, subs = rehearsal.load_rehearsal("env/dspark-v4.env")
+    run = build_run(tmp_path / "results", "20261201-040000-dspark-v4")
+    (run / "rehearsal.json").write_text(json.dumps(rehearsal.record(profile, [s.to_dict() for s in subs])))
+    first = json.loads((run / "steps/02_weights.json").read_text())["checks"][0]["name"]
+    fail_check(run, "02_weights", first, fix="free space on the head")
+    _, model = page_of(run)
+    assert model.rehearsal and what_next(model).command == \
+        f"python -m runbook run --profile env/lab.env --resume {run.name} --rehearse"
