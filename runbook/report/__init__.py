@@ -10,6 +10,7 @@ Modules, in the order the data flows:
 * ``recompute`` -- figures of 00–04 from their raw files (one function per step section);
 * ``recompute_bench`` -- the 07 figures from ``requests.jsonl``/``chunks.jsonl`` beside ``result.json``;
 * ``verdict``   -- validated / candidate with what is missing, from the run folder alone;
+* ``nextstep``  -- the headline's text and reasons, what to run next (the first failing row's fix, or the comparison);
 * ``collector`` -- run folder → model (the above, guarded: a broken section becomes a note), drift;
 * ``drift``     -- the pure comparison of two report models;
 * ``plots``, ``html_parts``, ``html_sections``, ``html_page`` -- model → self-contained HTML;

@@ -1,7 +1,8 @@
 """The run page: one self-contained HTML document rendered from a ``ReportModel`` (pure; plots embedded).
 
-Order: the verdict (first line: validated, or candidate with what is missing), header (status, check
-counts, provenance line), notes, steps, check matrix, drift, the measured
+Order: the verdict as a headline with its short reasons (every requirement folded below), "Next" (the first
+failing row's fix and the resume command, or the comparison to look at), header (status, check counts,
+provenance line), notes, steps, check matrix, drift, the measured
 sections (:mod:`.html_sections`), all figures, profile, provenance. The whole page passes through the
 redactor before it is returned.
 """
@@ -13,12 +14,14 @@ from typing import Any, Callable
 from ..lab.rehearsal import count, count_text
 from ..secrets import Redactor, default_redactor
 from . import html_sections as sections
-from .html_parts import COLOURS, CSS, escaper, fmt, status_cell, table
+from .html_parts import COLOURS, CSS, cell, clip, escaper, fmt, status_cell, table
 from .model import ReportModel
+from .nextstep import headline_text, reasons, what_next
 
-__all__ = ["render_html", "render_drift", "verdict_line"]
+__all__ = ["render_html", "render_drift", "verdict_headline", "next_section"]
 
 Escape = Callable[[Any], str]
+NEXT_TITLE = "Next"        # the section that says what to run now (08's narrative names it)
 NAV = [("steps", "Steps"), ("matrix", "Checks"), ("drift", "Drift"), ("network", "Network"),
        ("weights", "Weights"), ("engram", "Engram"), ("launch", "Launch"), ("bench", "Benchmark"),
        ("figures", "All figures"), ("profile", "Profile"), ("provenance", "Provenance")]
@@ -28,7 +31,7 @@ def render_html(model: ReportModel, *, redactor: Redactor | None = None, plots: 
     """The report page (pure function of the model; plots rendered here and embedded as data: URIs)."""
     red = redactor or default_redactor()
     e = escaper(red)
-    parts = (verdict_line(model, e) + header(model, e) + substitutions(model, e) + steps(model, e) + matrix(model, e)
+    parts = (verdict_headline(model, e) + next_section(model, e) + header(model, e) + substitutions(model, e) + steps(model, e) + matrix(model, e)
              + ['<h2 id="drift">Drift from the previous good run</h2>', render_drift(model, e)]
              + sections.network(model, e, plots) + sections.weights(model, e) + sections.engram(model, e)
              + sections.launch(model, e, plots) + sections.bench(model, e, plots)
@@ -42,25 +45,42 @@ def render_html(model: ReportModel, *, redactor: Redactor | None = None, plots: 
     return red.redact(page)
 
 
-def verdict_line(model: ReportModel, e: Escape) -> list[str]:
-    """The page's first line, then every requirement with its evidence or what is missing."""
+def verdict_headline(model: ReportModel, e: Escape) -> list[str]:
+    """The page's top: the verdict as a headline, its short reasons, then every requirement (folded)."""
     v = model.verdict
-    if v is None:
-        return []
-    said = "; ".join(v.met) if v.validated else "missing: " + "; ".join(v.missing)
-    rows = [[f"<td>{e(item.split(': ', 1)[0])}</td>", status_cell("PASS" if ok else "N/A"),
-             f'<td class="wrap">{e(item.split(": ", 1)[-1])}</td>']
-            for ok, items in ((False, v.missing), (True, v.met)) for item in items]
-    return [f'<p class="verdict" style="background:{COLOURS.get(v.verdict, "#eee")}">Verdict: <b>{e(v.verdict)}</b>'
-            f' — {e(said)}</p>',
-            '<details><summary>Verdict requirements (validated only when every one is met)</summary>'
-            + table(["requirement", "met", "evidence / what is missing"], rows) + "</details>"]
+    failed = any(s.ran and s.status not in ("passed", "not run", "") for s in model.steps)
+    colour = COLOURS["failed"] if failed else COLOURS.get(v.verdict if v is not None else "", "#eee")
+    items = "".join(f'<li title="{e(full)}">{e(shown)}</li>' if shown != full else f"<li>{e(shown)}</li>"
+                    for shown, full in reasons(model))
+    out = [f'<div class="verdict" style="background:{colour}"><div class="small">Run report · {e(model.run_id)} · '
+           f'profile {e(model.profile_name)}</div><h1>{e(headline_text(model))}</h1>'
+           + (f"<ul>{items}</ul>" if items else "") + "</div>"]
+    if v is not None:
+        rows = [[f"<td>{e(item.split(': ', 1)[0])}</td>", status_cell("PASS" if ok else "N/A"),
+                 f'<td class="wrap">{e(item.split(": ", 1)[-1])}</td>']
+                for ok, items in ((False, v.missing), (True, v.met)) for item in items]
+        out.append('<details><summary>Verdict requirements (validated only when every one is met)</summary>'
+                   + table(["requirement", "met", "evidence / what is missing"], rows) + "</details>")
+    return out
+
+
+def next_section(model: ReportModel, e: Escape) -> list[str]:
+    """What to run now: the first failing row's fix and the resume command, or the comparison to look at."""
+    n = what_next(model)
+    body = [f'<p><b>{e(n.title)}</b>' + (f' — <a href="#{n.anchor}">see below</a>' if n.anchor else "") + "</p>"]
+    if n.detail:
+        body.append(f'<p class="small">{e(clip(n.detail, 400))}</p>')
+    if n.fix:
+        body.append(f"<p>Fix: {e(n.fix)}</p>")
+    if n.command:
+        body.append(f'<p class="small">then continue the run (its passed steps are skipped):</p><pre>{e(n.command)}</pre>')
+    return [f'<div class="next" id="next"><h2 style="margin-top:4px">{NEXT_TITLE}</h2>' + "".join(body) + "</div>"]
 
 
 def header(model: ReportModel, e: Escape) -> list[str]:
     st = model.status
     git = (model.provenance or {}).get("git") or {}
-    parts = [f"<h1>Run report · {e(model.run_id)}</h1>"]
+    parts = []
     parts.append(
         f'<p><span class="badge" style="background:{COLOURS.get(st, "#eee")}">run {e(st)}</span>'
         + "".join(f'<span class="badge" style="background:{COLOURS.get(k, "#eee")}">{e(k)} {v}</span>'
@@ -83,7 +103,7 @@ def steps(model: ReportModel, e: Escape) -> list[str]:
         rows.append([f"<td>{e(s.name)}</td>", f"<td>{e(s.title)}</td>", status_cell(s.status or "?"),
                      f'<td class="num">{fmt(s.seconds, "s")}</td>',
                      "<td>" + " ".join(f"{e(k)}&nbsp;{v}" for k, v in c.items() if v) + "</td>",
-                     f'<td class="small">{e(s.error)}</td>'])
+                     cell(s.error, e, 200, "small")])
     return ['<h2 id="steps">Steps</h2>', table(["step", "title", "status", "duration", "checks", "error"], rows)]
 
 
@@ -100,7 +120,7 @@ def matrix(model: ReportModel, e: Escape) -> list[str]:
             continue
         summary = ", ".join(f"{k} {v}" for k, v in s.counts.items() if v)
         rows = [[f"<td>{e(c.name)}</td>", f"<td>{e(c.node)}</td>", status_cell(c.status),
-                 f"<td>{e(c.observed)}</td>", f"<td>{e(c.expected)}</td>", f'<td class="small">{e(c.fix)}</td>']
+                 cell(c.observed, e, 200), cell(c.expected, e, 200), f'<td class="small">{e(c.fix)}</td>']
                 for c in s.checks]
         parts.append(f"<details open><summary>{e(s.name)} · {e(s.title)} — {e(summary)}</summary>"
                      + table(["check", "node", "status", "observed", "expected", "fix"], rows) + "</details>")
@@ -129,8 +149,8 @@ def render_drift(model: ReportModel, e: Escape) -> str:
     rows = []
     for it in d.items:
         colour = {"worse": "FAIL", "better": "PASS", "changed": "WARN"}.get(it.direction, "WARN")
-        rows.append([f"<td>{e(it.kind)}</td>", f"<td>{e(it.key)}</td>", f'<td class="wrap">{e(it.previous)}</td>',
-                     f'<td class="wrap">{e(it.current)}</td>', status_cell(colour).replace(f">{colour}<", f">{e(it.direction)}<"),
+        rows.append([f"<td>{e(it.kind)}</td>", f"<td>{e(it.key)}</td>", cell(it.previous, e, 80, "wrap"),
+                     cell(it.current, e, 80, "wrap"), status_cell(colour).replace(f">{colour}<", f">{e(it.direction)}<"),
                      f'<td class="small">{e(it.detail)}</td>'])
     out.append(table(["kind", "what", f"previous ({d.previous_run_id})", "this run", "", "detail"], rows))
     return "".join(out)
@@ -159,7 +179,7 @@ def substitutions(model: ReportModel, e: Escape) -> list[str]:
     counts = count_text(count(subs))
     rows = [[f"<td>{e(sub.get('kind') or 'unclassified')}</td>", f"<td>{e(sub.get('goal') or '')}</td>",
              f"<td>{e(sub.get('key'))}{e(' (' + sub['part'] + ')' if sub.get('part') else '')}</td>",
-             f"<td>{e(sub.get('recipe'))}</td>", f"<td>{e(sub.get('lab'))}</td>",
+             cell(sub.get("recipe"), e, 60), cell(sub.get("lab"), e, 60),
              f"<td class='small'>{e(sub.get('group'))}: {e(sub.get('why'))}</td>"]
             for sub in sorted(subs, key=lambda s: (str(s.get("kind") or "unclassified"), str(s.get("goal") or "")))]
     mode = model.rehearsal.get("mode") or {}
@@ -180,7 +200,7 @@ def substitutions(model: ReportModel, e: Escape) -> list[str]:
 
 
 def profile(model: ReportModel, e: Escape) -> list[str]:
-    rows = [[f"<td>{e(k)}</td>", f"<td>{e(json.dumps(v) if not isinstance(v, str) else v)}</td>"]
+    rows = [[f"<td>{e(k)}</td>", cell(json.dumps(v) if not isinstance(v, str) else v, e, 160)]
             for k, v in model.profile.items()]
     return ['<h2 id="profile">Profile</h2><p class="small muted">profile.json of the run (secrets masked).</p>',
             "<details><summary>all keys</summary>" + table(["key", "value"], rows) + "</details>"]
@@ -192,4 +212,4 @@ def provenance(model: ReportModel, e: Escape) -> list[str]:
     items = ([("git", json.dumps(git)), ("python", prov.get("python")), ("host", json.dumps(prov.get("host")))]
              + [(f"package {k}", v) for k, v in (prov.get("packages") or {}).items()])
     return ['<h2 id="provenance">Provenance</h2>',
-            table(["item", "value"], [[f"<td>{e(k)}</td>", f"<td>{e(v)}</td>"] for k, v in items])]
+            table(["item", "value"], [[f"<td>{e(k)}</td>", cell(v, e, 300)] for k, v in items])]

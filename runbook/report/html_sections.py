@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from .html_parts import fmt, img, status_cell, table
+from .html_parts import cell, clip, fmt, img, status_cell, table
 from .model import ReportFigure, ReportModel
 from .plots import plot_bench, plot_memory, plot_network, plot_readiness, plot_roofline
 
-__all__ = ["FIGURE_HEAD", "figure_rows", "not_ran", "network", "weights", "engram", "launch", "bench", "roofline"]
+__all__ = ["FIGURE_HEAD", "figure_rows", "records_table", "not_ran", "network", "weights", "engram", "launch", "bench",
+           "roofline"]
 
 Escape = Callable[[Any], str]
 FIGURE_HEAD = ["figure", "node", "recomputed", "threshold", "recorded by step", "agrees", "recomputed from"]
@@ -35,7 +36,7 @@ def figure_rows(figs: list[ReportFigure], e: Escape) -> list[list[str]]:
         out.append([f"<td>{e(f.label)}</td>", f"<td>{e(f.node)}</td>", f'<td class="num">{fmt(f.value, f.unit)}</td>',
                     f'<td class="num">{thr}</td>', f'<td class="num">{fmt(f.recorded)}</td>',
                     status_cell("PASS" if ok else "FAIL") if ok is not None else f"<td>{mark}</td>",
-                    f'<td class="small">{e(f.source)}</td>'])
+                    cell(f.source, e, 60, "small")])
     return out
 
 
@@ -53,7 +54,7 @@ def network(model: ReportModel, e: Escape, plots: bool) -> list[str]:
         for k, v in sorted(facts.items()):
             if k == "command":
                 continue
-            env_rows.append([f"<td>{e(node)}</td>", f"<td>{e(k)}</td>", f"<td>{e(v)}</td>"])
+            env_rows.append([f"<td>{e(node)}</td>", f"<td>{e(k)}</td>", cell(v, e, 200)])
     if env_rows:
         parts.append("<h3>Node facts used for drift (00 / 01 / 04 sidecars)</h3>")
         parts.append(table(["node", "fact", "value"], env_rows))
@@ -141,7 +142,8 @@ def bench(model: ReportModel, e: Escape, plots: bool) -> list[str]:
                      f"<td>{e(r.get('label'))}</td>", f'<td class="num">{fmt(r.get("median"))}</td>',
                      f'<td class="num">{fmt(r.get("min"))} … {fmt(r.get("max"))}</td>',
                      f'<td class="num">{e(r.get("n"))}</td>', f'<td class="num">{fmt(r.get("published"))}</td>',
-                     f'<td class="small">{e(r.get("published_conditions"))}<br><i>{e(r.get("published_source"))}</i></td>'])
+                     f'<td class="small" title="{e(r.get("published_source"))}">{e(clip(str(r.get("published_conditions") or ""), 160))}'
+                     f'<br><i>{e(clip(str(r.get("published_source") or ""), 60))}</i></td>'])
     if rows:
         parts.append(table(["case", "status", "metric", "median", "min … max", "n", "published",
                             "published conditions / source"], rows))
@@ -149,9 +151,7 @@ def bench(model: ReportModel, e: Escape, plots: bool) -> list[str]:
                        ("anchors", "Published anchors beside ours (ratio = ours / published, same class and condition)")):
         records = B.get(key) or []
         if records:
-            cols = list(records[0])
-            parts.append(f"<h3>{e(title)}</h3>" + table(cols, [[f"<td>{e(fmt(r.get(c)) if isinstance(r.get(c), float) else r.get(c))}</td>"
-                                                               for c in cols] for r in records]))
+            parts.append(f"<h3>{e(title)}</h3>" + records_table(records, e))
     parts += roofline(B, e, plots, model)
     issues = [(c["name"], "FAIL", m) for c in B.get("cases", []) for m in c.get("failures", [])]
     issues += [(c["name"], "WARN", m) for c in B.get("cases", []) for m in c.get("warnings", [])]
@@ -167,8 +167,31 @@ def bench(model: ReportModel, e: Escape, plots: bool) -> list[str]:
                                f'<td class="num">{e((f.spread or {}).get("n", ""))}</td>',
                                f'<td class="num">{fmt(f.recorded)}</td>',
                                (status_cell("PASS" if f.consistent else "FAIL") if f.consistent is not None else "<td>–</td>"),
-                               f'<td class="small">{e(f.source)}</td>'] for f in bf]) + "</details>")
+                               cell(f.source, e, 60, "small")] for f in bf]) + "</details>")
     return parts
+
+
+def records_table(records: list[dict[str, Any]], e: Escape, note_over: int = 40) -> str:
+    """A table of flat records: columns empty in every row left out; a text column with values longer than
+    ``note_over`` characters (sources, conditions) shows footnote numbers, each text once under the table."""
+    cols = [c for c in dict.fromkeys(k for r in records for k in r)
+            if any(r.get(c) not in (None, "", [], {}) for r in records)]
+    noted = {c for c in cols if any(isinstance(r.get(c), str) and len(r[c]) > note_over for r in records)}
+    notes: dict[str, int] = {}
+
+    def td(r: dict[str, Any], c: str) -> str:
+        v = r.get(c)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return f'<td class="num">{fmt(v)}</td>'
+        if c in noted and v not in (None, ""):
+            return f'<td class="small" title="{e(v)}">[{notes.setdefault(str(v), len(notes) + 1)}]</td>'
+        text = "" if v is None else str(v)          # metric names break after an underscore
+        hover = f' title="{e(text)}"' if len(text) > 60 else ""
+        return f"<td{hover}>{e(clip(text, 60)).replace('_', '_<wbr>')}</td>"
+    rows = [[td(r, c) for c in cols] for r in records]
+    foot = "".join(f"<li>{e(text)}</li>" for text in notes)
+    return ('<div class="small">' + table([c.replace("_", " ") + (" [n]" if c in noted else "") for c in cols], rows)
+            + (f'<ol class="notes">{foot}</ol>' if foot else "") + "</div>")
 
 
 def _mb(v: Any) -> str:

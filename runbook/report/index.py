@@ -58,12 +58,14 @@ def write_index(results_root: str | Path, redactor: Redactor | None = None) -> t
     for en in entries:
         link = f'<a href="{html.escape(en["report"])}">{e(en["run_id"])}</a>' if en.get("report") else e(en["run_id"])
         hl = en.get("headline") or {}
-        missing = "; ".join(en.get("verdict_missing") or [])
+        missing = en.get("verdict_missing") or []
+        # the requirements missing, by name; what each lacks is on hover and in the run's report
+        labels = ", ".join(m.split(": ", 1)[0] for m in missing)
         rows.append([f"<td>{link}</td>", f"<td>{e(en.get('profile'))}</td>", status_cell(str(en.get("status"))),
-                     f'<td class="st" style="background:{COLOURS.get(str(en.get("verdict")), "#fff")}">'
-                     f'{e(en.get("verdict") or "?")}'
-                     + (f'<br><span class="small" style="font-weight:normal">{e(missing)}</span>' if missing else "")
-                     + "</td>",
+                     f'<td class="st" style="background:{COLOURS.get(str(en.get("verdict")), "#fff")};white-space:normal"'
+                     + (f' title="{e("; ".join(missing))}"' if missing else "") + f'>{e(en.get("verdict") or "?")}'
+                     + (f'<br><span class="small" style="font-weight:normal">missing: {e(labels)}</span>'
+                        if missing else "") + "</td>",
                      f"<td class='small'>{e(en.get('created'))}</td>",
                      f"<td class='small'>{e(', '.join(en.get('steps') or {}))}</td>"]
                     + [f'<td class="num">{fmt(hl.get(k))}</td>' for k in keys])

@@ -62,7 +62,9 @@ def test_a_run_meeting_every_requirement_is_validated(full_run):
     assert rows["run verdict"].status.value == "PASS"
     page = html_page.render_html(model, redactor=RED)
     body = page.split("<body>", 1)[1]
-    assert body.startswith('<p class="verdict" style="background:#d4edda">Verdict: <b>validated</b> — hardware: LAB=0;')
+    assert body.startswith('<div class="verdict" style="background:#d4edda">')
+    assert "<h1>Validated: the run passed and meets every requirement</h1>" in body
+    assert f"<li>all {len(REQUIREMENTS)} requirements met: hardware, image, model revision," in body
 
 
 def test_an_image_pinned_by_digest_needs_no_node_ids(full_run):
@@ -140,8 +142,9 @@ def test_a_candidate_is_informational_never_a_failure(full_run):
     assert row.status.value == "N/A"
     assert row.observed == "candidate: hardware: LAB=1: the embedded lab (RECIPE=exl3-v41), not the Sparks"
     body = html_page.render_html(model, redactor=RED).split("<body>", 1)[1]
-    assert body.startswith('<p class="verdict" style="background:#fff3cd">Verdict: <b>candidate</b> — missing: '
-                           "hardware: LAB=1: the embedded lab (RECIPE=exl3-v41), not the Sparks</p>")
+    assert body.startswith('<div class="verdict" style="background:#fff3cd">')
+    assert "<h1>Candidate: the run passed, not validated (1 requirement(s) missing)</h1><ul><li>" \
+           "hardware: LAB=1: the embedded lab (RECIPE=exl3-v41), not the Sparks</li></ul>" in body
 
 
 def test_the_lab_profile_is_a_candidate_and_says_why(results, tmp_path):
