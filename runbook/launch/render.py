@@ -478,6 +478,10 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
             env["LIMIT_MM_PER_PROMPT"] = json.dumps(p.limit_mm, separators=(",", ":"))
     else:
         env.update(_LAB_ENV)
+        if p.engram:        # the lab recipe's stand-in for seed A's file-backed Engram reads these (engram_standin.py)
+            env["DSV41_SOURCE"] = expand_home(p.engram_src_dir, facts.home)
+            if facts.packed_engram and p.engram_packed_dir:
+                env["DSV41_PACKED_DIR"] = expand_home(p.engram_packed_dir, facts.home)
     # fabric, per rank (BOOTSTRAP_IF, when set, carries VLLM_HOST_IP and the socket traffic; seed B TP3)
     env["VLLM_HOST_IP"] = spec.host_ip
     # every NCCL variable from the one function step 01's nccl-tests use too: what 01 proves is what runs
@@ -538,6 +542,11 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
         vols.append(f"{cache}/tmp:/tmp")
     else:
         vols.append(f"{cache}/vllm:/root/.cache/vllm")
+        if p.engram:        # at the same paths: the lab recipe's Engram stand-in reads them there
+            vols.append(f"{expand_home(p.engram_src_dir, home)}:{expand_home(p.engram_src_dir, home)}:ro")
+            if facts.packed_engram and p.engram_packed_dir:
+                packed = expand_home(p.engram_packed_dir, home)
+                vols.append(f"{packed}:{packed}:ro")
     for m in facts.runtime_mounts:
         vols.append(f"{m}:{m}:ro")
     if rr is not None:                       # the recipe's files, from this node's checkout, where it mounts them

@@ -28,7 +28,8 @@ The recipe (``recipe.py``): before the ranks start, the pinned checkout is broug
 on the head, rsync to the workers over the fabric; ``checkout.py``) and verified at the pinned commit; a
 reused server only has it verified. After readiness every rank's boot log is searched for the lines its start chain declares
 (e.g. seed B's TP=3 pad on EVERY rank); ``step.data["recipe"]`` records
-``{"repo", "commit", "markers": {node: [found lines]}}``.
+``{"repo", "commit", "markers": {node: [found lines]}}``. With ENGRAM=1 every rank's log must also say that it
+attached its packed Engram shards (``engram_attach.py``, row ``engram attached``).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import checkout, identity, memguard, recipe, render
+from . import checkout, engram_attach, identity, memguard, recipe, render
 from ..facts import ranks
 from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, hang_diagnostics, probe_readiness
 from .stop import stop
@@ -564,6 +565,7 @@ def _after_wait(cluster, profile, plan, result, ev, raise_, *, t0, started, clea
                                 fix="check the log format of this vLLM build"))
     marker_checks(plan, result, logs)
     patch_warning_checks(plan, result, logs)
+    result.checks.add(engram_attach.attach_checks(profile, plan, logs, reused=result.reused))
     return result
 
 

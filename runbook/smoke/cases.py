@@ -66,6 +66,8 @@ __all__ = [
     "context_lengths_for",
     "context_limit_checks",
     "endpoint_checks",
+    "engram_prefill_check",
+    "expected_engram_prefill",
     "guard",
     "needle_checks",
     "parse_metrics",
@@ -448,6 +450,58 @@ def needle_checks(client: ApiClient, profile, rec: Archive, lengths: list[int] |
     return out
 
 
+# Recipe A's short-prompt prefill on two GB10s WITH packed Engram shards (and DSV41_IO_THREADS=96): prompt tokens ->
+# tok/s (seed A README; /work/shared/reference/seeds-repos.md "Short-prompt prefill", run-to-run spread ~10 %). The
+# README puts the packed shards at "25-50 % of prefill": a rank serving Engram from the checkpoint is that much slower.
+ENGRAM_PREFILL_TOK_S = ((10_000, 1041.0), (28_000, 1008.0), (57_000, 965.0))
+ENGRAM_PREFILL_SPAN = (8_192, 65_536)       # needles compared (the figures' range; longer prompts prefill slower)
+ENGRAM_FALLBACK_RATIO = 0.75                # below: as slow as the fallback's lower bound (25 % slower)
+ENGRAM_PREFILL_ROW = "context.engram_prefill"
+
+
+def expected_engram_prefill(tokens: int) -> float:
+    """The published prefill with packed Engram at ``tokens`` (linear between the published points, clamped)."""
+    pts = ENGRAM_PREFILL_TOK_S
+    if tokens <= pts[0][0]:
+        return pts[0][1]
+    for (t0, v0), (t1, v1) in zip(pts, pts[1:]):
+        if tokens <= t1:
+            return v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
+    return pts[-1][1]
+
+
+def engram_prefill_check(profile, needles: list[Check]) -> Check:
+    """The needles' measured prefill (prompt tokens / TTFT) against recipe A's with attached Engram: a WARN when
+    far below it, the signature of ranks serving Engram from the checkpoint (04's ``engram attached`` rows say
+    which). Only recipe A on hardware has a published figure to compare with."""
+    name = ENGRAM_PREFILL_ROW
+    expected = (f"prefill >= {ENGRAM_FALLBACK_RATIO:.0%} of recipe A's with packed Engram "
+                f"({', '.join(f'{v:,.0f} tok/s at {t // 1000}k' for t, v in ENGRAM_PREFILL_TOK_S)})")
+    if not profile.engram:
+        return not_applicable(name, "ENGRAM=0: no Engram tables served", node="head")
+    if profile.recipe != "exl3-v41" or not recipe_spec(profile).hardware:
+        return not_applicable(name, f"recipe {profile.recipe}{' (lab)' if profile.lab else ''}: no published "
+                                    "prefill with packed Engram to compare with", node="head", expected=expected)
+    lo, hi = ENGRAM_PREFILL_SPAN
+    points = [(int(c.data["prompt_tokens"]), float(c.data["prefill_tok_s"])) for c in needles
+              if c.status is Status.PASS and c.data.get("prefill_tok_s") and c.data.get("prompt_tokens")
+              and lo <= int(c.data["prompt_tokens"]) <= hi]
+    if not points:
+        return not_applicable(name, f"no passing needle of {lo:,}-{hi:,} tokens with a prefill figure",
+                              node="head", expected=expected)
+    ratios = [(v / expected_engram_prefill(t), t, v) for t, v in points]
+    worst = min(ratios)
+    observed = "; ".join(f"{v:,.0f} tok/s at {t:,} tokens = {r:.0%} of {expected_engram_prefill(t):,.0f}"
+                         for r, t, v in ratios)
+    return check(name, worst[0] >= ENGRAM_FALLBACK_RATIO, node="head", observed=observed, expected=expected,
+                 warn_only=True, data={"points": [{"tokens": t, "prefill_tok_s": v, "ratio": round(r, 3)}
+                                                  for r, t, v in ratios]},
+                 fix="prefill is as slow as with Engram served from the checkpoint (the fallback's 25-50 % slower "
+                     "prefill): read 04's 'engram attached' rows (a rank that ignored its packed file names it; "
+                     "re-pack with 03 and restart); if every rank attached, look at the other prefill knobs "
+                     "(MAX_NUM_BATCHED_TOKENS, DSV41_IO_THREADS, a busy node)")
+
+
 def spec_decode_check(client: ApiClient, profile, rec: Archive) -> Check:
     c = _ctx(client, profile, rec)
     prof = profile
@@ -523,7 +577,9 @@ def run_smoke(client: ApiClient | None, profile, rec: Archive, *, dry_run: bool 
     out.add(guard("concurrency", lambda: concurrency_check(client, profile, rec, concurrency)))
     if long_context:
         out.add(guard("context.limits", lambda: context_limit_checks(client, profile, rec)))
-        out.add(needle_checks(client, profile, rec, context_lengths))
+        needles = needle_checks(client, profile, rec, context_lengths)
+        out.add(needles)
+        out.add(engram_prefill_check(profile, needles))
     else:
         out.add(not_applicable("context", "long_context=False (parameter): long-context checks skipped", node="head"))
     out.add(guard("spec_decode.acceptance", lambda: spec_decode_check(client, profile, rec)))
