@@ -57,7 +57,8 @@ V41_EXL3_ARCH = R.ArchFacts(
                  "indexer heads, index_head_dim and the compress-ratio pattern taken from V4-Flash (not published "
                  "for V4.1; they move only the attention and KV bytes)"))
 #: recipes whose model the roofline has no config-only entry for (the ceiling helper may add one to roofline.ARCH)
-FALLBACK_ARCH = {"exl3-v41": V41_EXL3_ARCH}
+FALLBACK_ARCH = {"exl3-v41": R.CHECKPOINTS.get("v4.1-exl3-2.9", V41_EXL3_ARCH)}   # the roofline's own entry
+# (per-group EXL3 bits from exl3_k_map.json, native dtypes elsewhere) when it has one
 
 
 @dataclass(frozen=True)

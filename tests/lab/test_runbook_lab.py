@@ -68,11 +68,30 @@ def test_planted_secrets_never_reach_results(lab, tmp_path, monkeypatch):
     assert "***" in files[f"{run_dir.run_id}/commands.jsonl"]
 
 
+BUSY_PORT = 18555
+
+
 def test_failed_step_stops_the_run_and_resume_continues(lab, tmp_path):
-    # sshd listens on 22 in every node, so an API port of 22 must fail preflight
-    run_dir, outcomes = runner.run(PROFILE, overrides={"PORT": "22"}, results_root=tmp_path)
+    # a process on the head listens on the API port, so preflight must fail (PORT=22, sshd's, was used until
+    # validate learnt to refuse ports the nodes serve before anything runs)
+    import subprocess
+    ssh = ["ssh", "-F", str(REPO_ROOT / ".lab/ssh_config"), "spark-head"]
+    listener = subprocess.Popen(ssh + [f"exec python3 -c 'import socket,time; s=socket.socket(); "
+                                       f"s.bind((\"127.0.0.1\", {BUSY_PORT})); s.listen(); time.sleep(600)'"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import time
+        deadline = time.monotonic() + 30
+        while f":{BUSY_PORT} " not in subprocess.run(ssh + ["ss -ltn"], capture_output=True, text=True,
+                                                     timeout=30).stdout:
+            assert time.monotonic() < deadline and listener.poll() is None, "the listener never bound its port"
+            time.sleep(0.3)
+        run_dir, outcomes = runner.run(PROFILE, overrides={"PORT": str(BUSY_PORT)}, results_root=tmp_path)
+    finally:
+        listener.kill()
+        subprocess.run(ssh + [f"pkill -f 'bind..\"127.0.0.1\", {BUSY_PORT}' || true"], timeout=30)
     assert [(o.name, o.status) for o in outcomes] == [("00_preflight", "failed")]
-    assert "API port 22 free" in outcomes[0].error
+    assert f"API port {BUSY_PORT} free" in outcomes[0].error
     nb = json.loads((run_dir.path / "notebooks/00_preflight.ipynb").read_text())
     errors = [c for c in nb["cells"] if c["cell_type"] == "code"
               and any(o.get("output_type") == "error" for o in c.get("outputs", []))]

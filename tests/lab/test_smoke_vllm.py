@@ -55,6 +55,7 @@ if not LAB_PY.exists():
 LAB_NA = {
     "chat.answer": "random weights",
     "spec_decode.acceptance": "SPEC_METHOD=none",
+    "context.engram_prefill": "recipe A's published prefill with packed Engram: hardware only",
 }
 
 
