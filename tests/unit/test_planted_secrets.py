@@ -111,10 +111,7 @@ def test_bench_outputs_are_written_masked(tmp_path, registered):
     out = tmp_path / "bench"
     result.save(out / "result.json")
     write_jsonl(out / "raw" / "requests.jsonl", [{"headers": {"Authorization": f"Bearer {API}"}, "err": HF}])
-    try:
-        write_report(result, out, plot=False)
-    except Exception as err:   # noqa: BLE001 - the tables need figures this minimal case may not have
-        pytest.skip(f"write_report needs a fuller result here: {type(err).__name__}")
+    write_report(result, out, plot=False)     # a crash here fails: it would hide every file the report writes
     files = [f for f in out.rglob("*") if f.is_file()]
     assert {"result.json", "requests.jsonl", "summary.txt"} <= {f.name for f in files}
     for f in files:
