@@ -277,10 +277,13 @@ class Node:
         without a pty sshd sends no signal, so the command ran on (found on a real sshd: ``sleep 30`` outlived its
         2 s timeout). Its processes carry ``CALL_MARKER=token`` in their environment; each is killed with its
         process group (the shell that runs it). Returns what was done, for the error."""
+        command, started = _kill_call_command(token), time.monotonic()
         try:
-            res = conn.run(_kill_call_command(token), hide=True, warn=True, timeout=15, pty=False, in_stream=False)
+            res = conn.run(command, hide=True, warn=True, timeout=15, pty=False, in_stream=False)
         except Exception as exc:  # noqa: BLE001 - the timeout is the error to report; this is its aftermath
             return f"its processes on the node could not be stopped: {type(exc).__name__}: {exc}"
+        self.log.record(CommandResult(self.name, command, res.exited, res.stdout, res.stderr,
+                                      time.monotonic() - started), kind="run")
         pids = res.stdout.split()
         return f"its {len(pids)} process(es) on the node were killed" if pids else "nothing of it was left running"
 
