@@ -234,12 +234,15 @@ class Node:
                  stream: bool) -> CommandResult:
         from invoke.exceptions import CommandTimedOut, UnexpectedExit
 
+        import uuid
+
         conn = self._connection()
         full = self.command_prefix + _with_env(command, env)
+        token = uuid.uuid4().hex               # marks this call's processes on the node (see _kill_call)
         started = time.monotonic()
         try:
-            res = conn.run(full, hide=not stream, warn=True, timeout=timeout, pty=False,
-                           in_stream=io.StringIO(_env_values(env)) if env else False)
+            res = conn.run(f"export {CALL_MARKER}={token}; " + full, hide=not stream, warn=True, timeout=timeout,
+                           pty=False, in_stream=io.StringIO(_env_values(env)) if env else False)
             result = CommandResult(self.name, full, res.exited, res.stdout, res.stderr,
                                    time.monotonic() - started)
         except CommandTimedOut as exc:
@@ -247,7 +250,8 @@ class Node:
             result = CommandResult(self.name, full, 124, out.stdout, out.stderr,
                                    time.monotonic() - started)
             self.log.record(result, kind=kind)
-            raise RemoteError(f"command timed out after {timeout:.0f} s", node=self.name,
+            killed = self._kill_call(conn, token)
+            raise RemoteError(f"command timed out after {timeout:.0f} s ({killed})", node=self.name,
                               observed=self.log.redactor.redact(_summary(full, out.stdout, out.stderr)),
                               expected=f"completion within {timeout:.0f} s",
                               fix="check the node is responsive; raise the timeout only if the step "
@@ -267,6 +271,21 @@ class Node:
                               observed=redact(_summary(full, result.stdout, result.stderr)),
                               expected="exit code 0")
         return result
+
+    def _kill_call(self, conn, token: str) -> str:
+        """Kill what a timed-out call left on the node. Closing the channel (fabric's timeout) stops nothing there:
+        without a pty sshd sends no signal, so the command ran on (found on a real sshd: ``sleep 30`` outlived its
+        2 s timeout). Its processes carry ``CALL_MARKER=token`` in their environment; each is killed with its
+        process group (the shell that runs it). Returns what was done, for the error."""
+        command, started = _kill_call_command(token), time.monotonic()
+        try:
+            res = conn.run(command, hide=True, warn=True, timeout=15, pty=False, in_stream=False)
+        except Exception as exc:  # noqa: BLE001 - the timeout is the error to report; this is its aftermath
+            return f"its processes on the node could not be stopped: {type(exc).__name__}: {exc}"
+        self.log.record(CommandResult(self.name, command, res.exited, res.stdout, res.stderr,
+                                      time.monotonic() - started), kind="run")
+        pids = res.stdout.split()
+        return f"its {len(pids)} process(es) on the node were killed" if pids else "nothing of it was left running"
 
     def put(self, local: str | Path, remote: str) -> None:
         if self.dry_run:
@@ -577,6 +596,19 @@ def map_connect_error(exc: Exception, node: str, target: str, known_hosts) -> Re
                            fix="check the address in HEAD_SSH/WORKER_SSH (or the ssh_config alias), "
                                "that sshd runs, and that the network path is up (lab: make lab-up)")
     return RemoteError(f"SSH to {target} failed: {text}", node=node)
+
+
+#: environment variable that marks every process of one remote call (inherited by its children, never on a command
+#: line), so a call that timed out can be killed on the node
+CALL_MARKER = "SPARK_RUNBOOK_CALL"
+
+
+def _kill_call_command(token: str) -> str:
+    """Shell that SIGKILLs every process whose environment holds ``CALL_MARKER=token``, and its process group, and
+    prints their pids. It runs in its own ssh session: its own processes do not carry the marker."""
+    return (f'for d in /proc/[0-9]*; do grep -qsxzF {CALL_MARKER}={token} "$d/environ" || continue; '
+            f'p=${{d#/proc/}}; g=$(sed "s/.*) //" "$d/stat" 2>/dev/null | cut -d" " -f3); '
+            f'kill -KILL -- "$p" ${{g:+"-$g"}} 2>/dev/null; echo "$p"; done; true')
 
 
 def _with_env(command: str, env: Mapping[str, str] | None) -> str:

@@ -40,10 +40,18 @@ def status(cluster: Cluster, profile) -> dict[str, Any]:
     out: dict[str, Any] = {"nodes": {}}
     for name, st in states.items():
         rank = next((n.rank for n in profile.nodes if n.name == name), None)
-        out["nodes"][name] = ({"rank": rank, "error": str(st)} if isinstance(st, Exception) else
+        out["nodes"][name] = ({"rank": rank, "error": str(st), "fix": getattr(st, "fix", "")}
+                              if isinstance(st, Exception) else
                               {"rank": rank, "state": st.describe(), "running": st.running, "runtime": st.runtime,
                                "pid": st.pid, "container": st.container_status, "fingerprint": st.fingerprint,
                                "vllm_processes": st.processes, "frozen": st.stopped})
+    out["base_url"] = api_address(profile)
+    head = profile.nodes[0].name
+    if "error" in out["nodes"].get(head, {}):
+        # the API is reached over an SSH forward to the head (or on the head): not tried when the head cannot be
+        # read, so the head's own error (a changed host key, refused auth) is what status reports, not the forward's
+        out["health"], out["models"] = None, ""
+        return out
     url = base_url(profile)
     from ..secrets import load_secrets
     key = load_secrets().api_key
@@ -80,8 +88,10 @@ def verdict(state: dict[str, Any], profile) -> tuple[str, str]:
     health_text = f"/health {health or 'no answer'}"
     unread = [n for n, v in nodes.items() if "error" in v]
     if unread:
-        return "unknown", (f"verdict: unknown -- cannot read {', '.join(unread)} ({nodes[unread[0]]['error'][:160]}); "
-                           f"{health_text}; fix: check that node answers: {operator_ssh(profile, unread[0])} true")
+        first = nodes[unread[0]]
+        fix = f"{first['fix']}; then " if first.get("fix") else ""
+        return "unknown", (f"verdict: unknown -- cannot read {', '.join(unread)} ({first['error'].splitlines()[0][:200]}); "
+                           f"{health_text}; fix: {fix}check that node answers: {operator_ssh(profile, unread[0])} true")
     frozen = {n: v["frozen"] for n, v in nodes.items() if v.get("frozen")}
     if frozen:
         where = "; ".join(f"{n}: {len(p)} process(es) ({_pids(p)})" for n, p in frozen.items())
@@ -125,7 +135,7 @@ def table(state: dict[str, Any]) -> list[str]:
     rows = [("node", "rank", "state")]
     for name, v in nodes.items():
         rank = "" if v.get("rank") is None else str(v["rank"])
-        rows.append((name, rank, v.get("error", "")[:100] if "error" in v else v.get("state", "")))
+        rows.append((name, rank, (v.get("error") or "?").splitlines()[0][:100] if "error" in v else v.get("state", "")))
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     lines = [f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]}" for r in rows]
     health = state.get("health")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 
 import json
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,6 +28,7 @@ from runbook.facts import vllm_log
 from runbook.launch.render import NodeFacts, check_consistency, render
 from runbook.profile import KEYS, REPO_ROOT, load_profile
 from support.doubles import FakeCluster, FakeNode, exact
+from support.golden import check_golden
 from support.net import by, fx, lab_node_addr
 
 ENV = REPO_ROOT / "env"
@@ -223,10 +223,8 @@ def test_golden_tp3(name, variant, node):
     r = plan.rank(node)
     rec = {"serve_argv": r.serve_argv, "env": r.env, "secret_env": r.secret_env, "docker_argv": r.docker_argv}
     got = json.loads(json.dumps(rec).replace(str(REPO_ROOT), "<repo>"))
-    path = GOLDEN / f"{name}-{variant}-{node}.json"
-    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
-        path.write_text(json.dumps(got, indent=1) + "\n")
-    assert got == json.loads(path.read_text()), f"render changed; review and UPDATE_GOLDEN=1 ({path})"
+    # a missing golden fails (it is never written by the test that reads it); UPDATE_GOLDEN=1 writes it on request
+    check_golden(GOLDEN / f"{name}-{variant}-{node}.json", json.dumps(got, indent=1) + "\n")
 
 
 # ----------------------------------------------------------------------------- the pad check (boot log)
