@@ -231,12 +231,20 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
             lock.release()
 
 
+def _stop_aside(cluster: Cluster, profile, what: str, *, fix: str) -> None:
+    """Stop another profile's server on the lab's nodes (set aside: its restore command was said); raise when
+    anything of it is left."""
+    from .launch import stop
+    failed = stop.stop(cluster, profile, mem_settle_s=0).checks.failures()
+    if failed:
+        raise ActionError(what, observed="; ".join(f"{c.node}: {c.observed}" for c in failed)[:500], fix=fix)
+
+
 def set_lab_server_aside(profile, *, echo: Callable[[str], None] = print, needed_by: str = "the rehearsal") -> str:
     """A rehearsal runs on the lab's nodes and ports: the lab profile's own server (``make runbook`` leaves it
     up) is stopped first, as ``make test`` does, and the command that starts it again is said. Returns the
     fingerprint it ran with ('' when none ran). The rehearsal's own server then stays up like a real one."""
     from .facts import ranks
-    from .launch import stop
     from .lab.rehearsal import LAB_PROFILES
     lab_path = LAB_PROFILES.get(profile.node_count)
     if lab_path is None:
@@ -249,12 +257,8 @@ def set_lab_server_aside(profile, *, echo: Callable[[str], None] = print, needed
         echo(f"lab: the lab's own server ({lab_path.name}, {before.describe()}) holds the ports {needed_by} "
              f"needs: stopping it; start it again with `python -m runbook start --profile "
              f"{_repo_relative(str(lab_path))}` after `python -m runbook stop --rehearse --profile {profile.source}`")
-        result = stop.stop(cluster, lab, mem_settle_s=0)
-    failed = result.checks.failures()
-    if failed:
-        raise ActionError("the lab's own server could not be set aside for the rehearsal",
-                          observed="; ".join(f"{c.node}: {c.observed}" for c in failed)[:500],
-                          fix=f"python -m runbook stop --profile {_repo_relative(str(lab_path))}")
+        _stop_aside(cluster, lab, "the lab's own server could not be set aside for the rehearsal",
+                    fix=f"python -m runbook stop --profile {_repo_relative(str(lab_path))}")
     return before.fingerprint
 
 
@@ -265,7 +269,6 @@ def set_rehearsal_server_aside(profile, *, echo: Callable[[str], None] = print) 
     ranks run on the lab's head; that server is stopped and the command that starts it again is said. Returns the
     recipe profile set aside ('' when none ran)."""
     from .facts import ranks
-    from .launch import stop
     from .lab.netlab.spec import OPERATOR
     from .lab.rehearsal import load_rehearsal
     with Cluster.from_profile(profile) as cluster:
@@ -287,12 +290,8 @@ def set_rehearsal_server_aside(profile, *, echo: Callable[[str], None] = print) 
                 echo(f"lab: a rehearsal's server ({rel}{as_user}, {st.describe()}) holds the lab's nodes and ports: "
                      f"stopping it; start it again with `python -m runbook start --rehearse --profile {rel}{as_user}` "
                      f"after `python -m runbook stop --profile {_repo_relative(str(profile.source))}`")
-                result = stop.stop(cluster, rehearsed, mem_settle_s=0)
-            failed = result.checks.failures()
-            if failed:
-                raise ActionError("a rehearsal's server could not be set aside for this lab run",
-                                  observed="; ".join(f"{c.node}: {c.observed}" for c in failed)[:500],
-                                  fix=f"python -m runbook stop --rehearse --profile {rel}{as_user}")
+                _stop_aside(cluster, rehearsed, "a rehearsal's server could not be set aside for this lab run",
+                            fix=f"python -m runbook stop --rehearse --profile {rel}{as_user}")
             return rel
     return ""
 
