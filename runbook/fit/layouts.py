@@ -37,28 +37,9 @@ LINK_BW = Figure(200e9 / 8, PUBLISHED, "one CX-7 port at 200 Gb/s per Spark (NVI
                                        "four-sparks.md §1.1)")
 ACT_BYTES = 2                 # BF16 activations: what an all-reduce and a stage hop carry per hidden element
 
-# DeepSeek-V4.1-Flash for the config-only bytes when the roofline states no architecture for the recipe (exl3-v41):
-# four-sparks.md §6 (sqliteai/warp docs/DS41.md, read from the release's config.json; NeMo AutoModel V4.1 page).
-V41_FLASH_CONFIG: dict[str, Any] = {
-    "architectures": ["DeepseekV41ForCausalLM"], "hidden_size": 5120, "num_hidden_layers": 40,
-    "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "q_lora_rank": 1280, "o_lora_rank": 1024,
-    "o_groups": 8, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 1152, "sliding_window": 128,
-    "compress_ratios": [0, 0] + [4 if i % 2 == 0 else 128 for i in range(2, 40)],
-    "n_routed_experts": 384, "n_shared_experts": 1, "num_experts_per_tok": 6, "moe_intermediate_size": 2304,
-    "vocab_size": 129280, "hc_mult": 4,
-}
-EXL3_29 = 2.9 / 8
-V41_EXL3_ARCH = R.ArchFacts(
-    config=V41_FLASH_CONFIG,
-    bytes_per_param={"routed_experts": EXL3_29, "shared_experts": EXL3_29, "attention": EXL3_29, "lm_head": 2.0,
-                     "rest": 2.0, "embedding": 2.0},
-    source="config-only: DeepSeek-V4.1-Flash config values (four-sparks.md §6) at EXL3 2.9 bpw",
-    assumptions=("every linear layer at EXL3's 2.9 bits per weight; lm_head, embedding and routers BF16",
-                 "indexer heads, index_head_dim and the compress-ratio pattern taken from V4-Flash (not published "
-                 "for V4.1; they move only the attention and KV bytes)"))
-#: recipes whose model the roofline has no config-only entry for (the ceiling helper may add one to roofline.ARCH)
-FALLBACK_ARCH = {"exl3-v41": R.CHECKPOINTS.get("v4.1-exl3-2.9", V41_EXL3_ARCH)}   # the roofline's own entry
-# (per-group EXL3 bits from exl3_k_map.json, native dtypes elsewhere) when it has one
+#: recipes whose profile states no architecture for the roofline: the roofline's own config-only checkpoint entry
+#: (V4.1-Flash config values, per-group EXL3 bits from exl3_k_map.json, native dtypes elsewhere; docs/bench.md)
+FALLBACK_ARCH = {"exl3-v41": R.CHECKPOINTS["v4.1-exl3-2.9"]}
 
 
 @dataclass(frozen=True)
