@@ -53,12 +53,18 @@ def shardable(dims: dict, vocab_size: int, tp: int) -> list[str]:
     return why
 
 
-def make_tiny_tp3_model(out_dir, seed: int = 0, rigged: bool = True) -> Path:
-    """:func:`tinymodel.make_tiny_model` (llama) with :data:`TP3_TEXT_DIMS` and a 1920-token vocabulary."""
+def make_shaped_model(out_dir, dims: dict, vocab_size: int, *, seed: int = 0, rigged: bool = True) -> Path:
+    """:func:`tinymodel.make_tiny_model` (llama) with other text dims and vocabulary size: the stand-ins shaped for a
+    tensor/pipeline-parallel size the default tiny model cannot split (TP=3 here, TP=4 and PP=2 in tinymodel_tp4)."""
     defaults = tinymodel.train_tokenizer.__defaults__           # (special_tokens, vocab_size)
-    with mock.patch.dict(tinymodel.TEXT_DIMS, TP3_TEXT_DIMS), \
-            mock.patch.object(tinymodel.train_tokenizer, "__defaults__", (defaults[0], TP3_VOCAB_SIZE)):
+    with mock.patch.dict(tinymodel.TEXT_DIMS, dims), \
+            mock.patch.object(tinymodel.train_tokenizer, "__defaults__", (defaults[0], vocab_size)):
         return tinymodel.make_tiny_model(out_dir, arch="llama", rigged=rigged, seed=seed)
+
+
+def make_tiny_tp3_model(out_dir, seed: int = 0, rigged: bool = True) -> Path:
+    """The tiny model with :data:`TP3_TEXT_DIMS` and a 1920-token vocabulary."""
+    return make_shaped_model(out_dir, TP3_TEXT_DIMS, TP3_VOCAB_SIZE, seed=seed, rigged=rigged)
 
 
 def main(argv: list[str] | None = None) -> int:

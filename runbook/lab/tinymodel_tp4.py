@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from unittest import mock
 
-from . import tinymodel
-from .tinymodel_tp3 import shardable
+from .tinymodel_tp3 import make_shaped_model
 
 TP4_TEXT_DIMS = {
     "hidden_size": 256,
@@ -30,22 +28,9 @@ TP4_TEXT_DIMS = {
 TP4_VOCAB_SIZE = 2048
 
 
-def layout_problems(dims: dict, vocab_size: int, tp: int, pp: int = 1) -> list[str]:
-    """Why a model of these dims cannot run at TP ``tp`` x PP ``pp`` in vLLM ([] = it can)."""
-    why = shardable(dims, vocab_size, tp)
-    if dims["num_hidden_layers"] % pp:
-        why.append(f"num_hidden_layers {dims['num_hidden_layers']} % PP {pp} != 0 (uneven stages)")
-    if dims["num_hidden_layers"] < pp:
-        why.append(f"num_hidden_layers {dims['num_hidden_layers']} < PP {pp}")
-    return why
-
-
 def make_tiny_tp4_model(out_dir, seed: int = 0, rigged: bool = True) -> Path:
-    """:func:`tinymodel.make_tiny_model` (llama) with :data:`TP4_TEXT_DIMS` and a 2048-token vocabulary."""
-    defaults = tinymodel.train_tokenizer.__defaults__           # (special_tokens, vocab_size)
-    with mock.patch.dict(tinymodel.TEXT_DIMS, TP4_TEXT_DIMS), \
-            mock.patch.object(tinymodel.train_tokenizer, "__defaults__", (defaults[0], TP4_VOCAB_SIZE)):
-        return tinymodel.make_tiny_model(out_dir, arch="llama", rigged=rigged, seed=seed)
+    """The tiny model with :data:`TP4_TEXT_DIMS` and a 2048-token vocabulary (TP=4, or TP2 x PP2)."""
+    return make_shaped_model(out_dir, TP4_TEXT_DIMS, TP4_VOCAB_SIZE, seed=seed, rigged=rigged)
 
 
 def main(argv: list[str] | None = None) -> int:
