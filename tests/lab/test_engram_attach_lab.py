@@ -10,7 +10,6 @@ own dir, so neither the profile's own Engram files nor the other lab tests' serv
 from __future__ import annotations
 
 import shlex
-import subprocess
 
 import pytest
 
@@ -22,7 +21,8 @@ from runbook.engram import precheck as engram_precheck
 from runbook.launch import engram_attach, server, stop
 from runbook.launch.plan import render_plan
 from runbook.profile import REPO_ROOT, load_profile
-from runbook.remote import Cluster, quote
+from runbook.remote import Cluster
+from support.tiny import tiny_model_on
 
 VENV = REPO_ROOT / ".lab" / "vllm-venv"
 SRC = "/mnt/nvme/engram-attachtest-src"
@@ -31,8 +31,6 @@ TOOLS = "/tmp/spark-runbook-engram-attachtest"
 MODEL_DIR = "/mnt/nvme/models/tiny-engram-attach"
 OVERRIDES = {"MODEL_DIR": MODEL_DIR, "WEIGHTS_DIR": MODEL_DIR, "READY_TIMEOUT": "900", "HANG_SECONDS": "300",
              "ENGRAM": "1", "ENGRAM_SRC_DIR": SRC, "ENGRAM_PACKED_DIR": PACKED}
-MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json", "chat_template.jinja")
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
@@ -69,16 +67,7 @@ def cluster(lab, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(cluster, tmp_path_factory):
-    missing = [n for n in cluster if not n.read(" && ".join(f"test -s {MODEL_DIR}/{f}" for f in MODEL_FILES)).ok]
-    if missing:
-        out = tmp_path_factory.mktemp("tiny") / "tiny"
-        subprocess.run([str(VENV / "bin" / "python"), "-m", "runbook.lab.tinymodel", "--out", str(out)],
-                       cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
-        for node in missing:
-            node.run(f"mkdir -p {quote(MODEL_DIR)}")
-            for f in MODEL_FILES:
-                node.put(out / f, f"{MODEL_DIR}/{f}")
-    return MODEL_DIR
+    return tiny_model_on(cluster, MODEL_DIR, tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,11 @@ from runbook.api import endpoint
 from runbook.errors import ActionError
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote
+from support.tiny import tiny_model_on
 
 VENV = REPO_ROOT / ".lab" / "vllm-venv"
 MODEL_DIR = "/mnt/nvme/models/tiny-launch"
 OVERRIDES = {"MODEL_DIR": MODEL_DIR, "WEIGHTS_DIR": MODEL_DIR, "READY_TIMEOUT": "900", "HANG_SECONDS": "300"}
-MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json", "chat_template.jinja")
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
@@ -58,16 +57,7 @@ def cluster(lab, tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_model(cluster, tmp_path_factory):
     """The tiny model at MODEL_DIR on every node (node-private /mnt/nvme)."""
-    missing = [n for n in cluster if not n.read(" && ".join(f"test -s {MODEL_DIR}/{f}" for f in MODEL_FILES)).ok]
-    if missing:
-        out = tmp_path_factory.mktemp("tiny") / "tiny"
-        subprocess.run([str(VENV / "bin" / "python"), "-m", "runbook.lab.tinymodel", "--out", str(out)],
-                       cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
-        for node in missing:
-            node.run(f"mkdir -p {quote(MODEL_DIR)}")
-            for f in MODEL_FILES:
-                node.put(out / f, f"{MODEL_DIR}/{f}")
-    return MODEL_DIR
+    return tiny_model_on(cluster, MODEL_DIR, tmp_path_factory.mktemp("tiny"))
 
 
 def _assert_nothing_left(cluster, profile):

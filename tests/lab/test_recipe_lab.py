@@ -8,7 +8,6 @@ whose patch names a function vLLM does not have is refused by the chain on every
 """
 from __future__ import annotations
 
-import subprocess
 import time
 import urllib.request
 
@@ -21,12 +20,11 @@ from runbook.launch.plan import render_plan
 from runbook.api import endpoint
 from runbook.profile import REPO_ROOT, load_profile
 from runbook.remote import Cluster, quote
+from support.tiny import tiny_model_on
 
 VENV = REPO_ROOT / ".lab" / "vllm-venv"
 MODEL_DIR = "/mnt/nvme/models/tiny-recipe"
 OVERRIDES = {"MODEL_DIR": MODEL_DIR, "WEIGHTS_DIR": MODEL_DIR, "READY_TIMEOUT": "900", "HANG_SECONDS": "300"}
-MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-               "tokenizer_config.json", "chat_template.jinja")
 CHECKOUT_ROW = "recipe checkout at the pinned commit"
 MARKER_ROW = "recipe start chain markers in the boot log"
 
@@ -53,16 +51,7 @@ def cluster(lab, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(cluster, tmp_path_factory):
-    missing = [n for n in cluster if not n.read(" && ".join(f"test -s {MODEL_DIR}/{f}" for f in MODEL_FILES)).ok]
-    if missing:
-        out = tmp_path_factory.mktemp("tiny") / "tiny"
-        subprocess.run([str(VENV / "bin" / "python"), "-m", "runbook.lab.tinymodel", "--out", str(out)],
-                       cwd=REPO_ROOT, check=True, capture_output=True, timeout=300)
-        for node in missing:
-            node.run(f"mkdir -p {quote(MODEL_DIR)}")
-            for f in MODEL_FILES:
-                node.put(out / f, f"{MODEL_DIR}/{f}")
-    return MODEL_DIR
+    return tiny_model_on(cluster, MODEL_DIR, tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture
