@@ -29,7 +29,7 @@ def config_from_profile(profile, *, repeats: int | None = None, soak_seconds: fl
     Both run the workload-class panel (prose, code, structured, tool; thinking off and on; C=1)."""
     common = dict(repeats=profile.bench_repeats if repeats is None else repeats,
                   soak_seconds=float(profile.soak_seconds if soak_seconds is None else soak_seconds),
-                  recipe=profile.recipe, label=profile.profile_name,
+                  recipe=profile.recipe, label=profile.profile_name, nodes=profile.node_count,
                   classes=CLASSES, class_thinking=("off", "on"), class_concurrency=1,
                   # the tool class carries its tool definitions (~600 tokens with a chat template): class
                   # prompts are long enough for every class to have a body of its own

@@ -118,7 +118,7 @@ def results_table(result: BenchResult | str | os.PathLike[str], *, previous: Any
                    "n": fig["n"], "previous": pv,
                    "change_pct": (100.0 * (fig["median"] / pv - 1.0)) if pv else None,
                    **_pub_cols(None, None)}
-            matches = _matches(pub, case, metric, wl, th)
+            matches = _matches(pub, case, metric, wl, th, nodes=run_nodes(res))
             for j, i in enumerate(matches):
                 used.add(i)
                 r2 = row if j == 0 else dict(row)
@@ -147,6 +147,8 @@ def _pub_cols(f: dict[str, Any] | None, ours: float | None, thinking: str = "") 
             note += "; source does not state thinking"
         if f.get("nodes", 2) != 2:
             note += f"; {f['nodes']} nodes"
+        if f.get("engine") not in (None, "vllm", "unknown"):
+            note += f"; engine {f['engine']}, not vLLM: a target, not like for like"
     return {"published": f["value"], "ratio": (ours / f["value"]) if (ours is not None and f["value"]) else None,
             "published_kind": f.get("kind", "seed"), "published_workload": f.get("workload", ""),
             "published_thinking": f.get("thinking", ""), "published_conditions": _cond(f),
@@ -174,7 +176,7 @@ def anchors_table(result: BenchResult | str | os.PathLike[str], *, recipe: str |
             for metric, _ in ROWS.get(case.kind, []):
                 fig = case.figures.get(metric)
                 if fig:
-                    for i in _matches(figs, case, metric, wl, th):
+                    for i in _matches(figs, case, metric, wl, th, nodes=run_nodes(res)):
                         found.setdefault(i, (case, fig["median"]))
     rows = []
     for i, f in enumerate(figs):
@@ -238,7 +240,7 @@ def _matched_points(res: BenchResult, pub: list[dict[str, Any]], kind: str, metr
             f = c.figures.get(m)
             if not f:
                 continue
-            for i in _matches(pub, c, m, wl, th):
+            for i in _matches(pub, c, m, wl, th, nodes=run_nodes(res)):
                 if i not in seen and pub[i]["value"]:
                     seen.add(i)
                     out.append((getattr(c, x), pub[i]["value"], f["median"] / pub[i]["value"], pub[i]))
@@ -278,7 +280,7 @@ def _plot_classes(ax, res: BenchResult, classes: list[CaseResult], pub: list[dic
             if acc is not None:
                 ax.annotate(f"acc {acc:.0%}", (x, f["median"]), textcoords="offset points", xytext=(0, 2),
                             ha="center", fontsize=6)
-            for k in _matches(pub, c, "decode_tok_s", *case_class(res, c)):
+            for k in _matches(pub, c, "decode_tok_s", *case_class(res, c), nodes=run_nodes(res)):
                 ax.plot([x], [pub[k]["value"]], marker="s" if pub[k].get("kind", "seed") == "seed" else "D",
                         mfc="none", color="gray")
     ax.set_xticks(range(len(names)), names)
@@ -414,18 +416,26 @@ def write_report(result: BenchResult, out_dir: str | os.PathLike[str], *, previo
 
 def _cond(f: dict[str, Any]) -> str:
     rng = f" (range {f['range'][0]:g}-{f['range'][1]:g})" if f.get("range") else ""
-    return (f"{f.get('kind', 'seed')}: {f['conditions']}; class {f.get('workload', '?')}, thinking "
+    engine = f"; engine {f['engine']}" if f.get("engine") else ""
+    return (f"{f.get('kind', 'seed')}: {f['conditions']}; {f.get('nodes', 2)} nodes{engine}; "
+            f"class {f.get('workload', '?')}, thinking "
             f"{f.get('thinking', '?')}; variant {f.get('variant', 'default')}; ISL {f['prompt_tokens'] or '?'}; "
             f"OSL {f['decode_tokens'] or '?'}; definition: {f['definition']}{rng}")
 
 
+def run_nodes(res: BenchResult) -> int:
+    """The Sparks the measured server ran on (``config.nodes``; a result from before the field: 2)."""
+    return int(res.config.get("nodes") or 2)
+
+
 def _matches(pub: list[dict[str, Any]], case: CaseResult, metric: str, workload: str = "filler",
-             thinking: str = "unknown") -> list[int]:
+             thinking: str = "unknown", *, nodes: int = 2) -> list[int]:
     """Indices of published figures comparable with ``metric`` of ``case``: same kind and concurrency;
     prefill within +-15 % prompt size (any text: prefill speed does not depend on it); decode of the
     same workload class and thinking (a figure or run with thinking unknown matches) and, per
     (source, variant, conditions), only the prompt size nearest to the case's (log distance; a figure
-    without a stated ISL always matches). Figures of another node count are never matched."""
+    without a stated ISL always matches). Figures of another node count than the run's ``nodes`` are never
+    matched."""
     cands: dict[tuple[str, str, str], list[tuple[float, int]]] = {}
     for i, f in enumerate(pub):
         cm = f["comparable_metric"]
@@ -433,7 +443,7 @@ def _matches(pub: list[dict[str, Any]], case: CaseResult, metric: str, workload:
             continue
         kind = _pub_kind(f)
         case_kind = "decode" if case.kind == "class" else case.kind
-        if kind != case_kind or (f["concurrency"] or 1) != case.concurrency or f.get("nodes", 2) != 2:
+        if kind != case_kind or (f["concurrency"] or 1) != case.concurrency or f.get("nodes", 2) != nodes:
             continue
         p = f["prompt_tokens"]
         if kind == "prefill":

@@ -47,6 +47,7 @@ class BenchConfig:
     soak_decode_tokens: int = 0                    # 0 = decode_tokens
     api_key_env: str = ""
     recipe: str = ""                               # lab | exl3-v41 | dspark-v4 (for published figures)
+    nodes: int = 2                                 # Sparks the server runs on: published figures of as many only
     label: str = ""
     extra_body: dict[str, Any] = field(default_factory=dict)
     keep_chunks: bool = True                       # write chunks.jsonl

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..fit.roofline import Roofline, allreduce_s as allreduce_at
 from ..records import NetworkRecord
-from .report import case_class, load_published
+from .report import case_class, load_published, run_nodes
 from .result import BenchResult, CaseResult
 
 __all__ = ["allreduce_latency", "slowest_bandwidth", "panel_rows", "rank_rows", "plot_roofline", "PANEL_COLUMNS",
@@ -83,10 +83,11 @@ def rank_rows(roofline: Roofline, membw: dict[str, Any] | None, *, bandwidth: fl
     return rows
 
 
-def _published(pub: dict[str, Any], recipe: str, workload: str, thinking: str) -> list[dict[str, Any]]:
+def _published(pub: dict[str, Any], recipe: str, workload: str, thinking: str, nodes: int = 2) -> list[dict[str, Any]]:
+    """Single-stream decode figures of the recipe, class and thinking, measured on ``nodes`` Sparks."""
     out = []
     for f in pub.get("figures", []):
-        if recipe not in (f.get("recipes") or [f.get("recipe")]):
+        if recipe not in (f.get("recipes") or [f.get("recipe")]) or f.get("nodes", 2) != nodes:
             continue
         if f.get("comparable_metric", f.get("metric")) != "decode_tok_s" or f.get("concurrency") != 1:
             continue
@@ -121,7 +122,7 @@ def panel_rows(result: BenchResult, roofline: Roofline, *, bandwidth: float, all
         r = Roofline(roofline.step, roofline.config, roofline.tp, context, roofline.kv_dtype, roofline.spec_k)
         plain = r.ceiling(bandwidth, allreduce_s)
         mode = r.ceiling(bandwidth, allreduce_s, acceptance_length=tokens_per_step) if tokens_per_step else None
-        figs = _published(pub, recipe, wl, th)
+        figs = _published(pub, recipe, wl, th, run_nodes(result))
         rows.append({
             "class": wl, "thinking": th, "case": case.name, "context": context, "decode_tok_s": rate,
             "tokens_per_step": tokens_per_step,
@@ -133,8 +134,9 @@ def panel_rows(result: BenchResult, roofline: Roofline, *, bandwidth: float, all
             "ceiling_tok_s": mode.tok_s if mode else None,
             "ceiling_ms_per_step": mode.step_s * 1e3 if mode else None,
             "measured_over_ceiling": (rate / mode.tok_s) if rate and mode else None,
-            "published": "; ".join(f"{f['value']:g} tok/s ({f.get('kind')}: {f.get('conditions', '')[:60]})"
-                                   for f in figs),
+            "published": "; ".join(f"{f['value']:g} tok/s ({f.get('kind')}"
+                                   + (f", engine {f['engine']}" if f.get("engine") not in (None, "vllm") else "")
+                                   + f": {f.get('conditions', '')[:60]})" for f in figs),
             "published_over_ceiling": [f["value"] / mode.tok_s for f in figs] if mode else [],
         })
     return rows
