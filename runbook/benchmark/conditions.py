@@ -25,10 +25,14 @@ class SeedConditions:
     endpoint: str = "chat"
     workload: str = "prose"
     temperature: float = 0.0
+    #: the node counts a run is validated at under these conditions alone; on any other count the verdict also
+    #: needs a published figure of that many Sparks reproduced (report/verdict.py "published N-node figure")
+    nodes: tuple[int, ...] = (2,)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["concurrency"], d["prefill_tokens"] = list(self.concurrency), list(self.prefill_tokens)
+        d["nodes"] = list(self.nodes)
         return d
 
 
@@ -45,7 +49,10 @@ SEEDS: dict[str, SeedConditions] = {
         "dspark-v4", prompt_tokens=256, decode_tokens=128, concurrency=(1, 2, 4, 6), prefill_tokens=PUBLISHED_PREFILL,
         thinking_off={"thinking": False},
         source="seeds-repos.md B.10 matrix (256-token prompts, max_tokens=min_tokens=128, thinking false, "
-               "c=1/2/4/6) at the seed's prose/temp 0 conditions; prefill cases as published in seed 000"),
+               "c=1/2/4/6) at the seed's prose/temp 0 conditions; prefill cases as published in seed 000",
+        # 3: the seed's TP=3 lane (start-tp3.sh, docs/TP3.md) is the same recipe and bench; tp3-dspark runs were
+        # validated under these conditions before the node-count requirement existed, and still are
+        nodes=(2, 3)),
 }
 
 #: profile key -> (field of BenchConfig and SeedConditions, Profile attribute)

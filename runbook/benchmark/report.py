@@ -423,6 +423,36 @@ def _cond(f: dict[str, Any]) -> str:
             f"OSL {f['decode_tokens'] or '?'}; definition: {f['definition']}{rng}")
 
 
+#: a published figure counts as reproduced when our median reaches this share of it (a rate: tok/s). The runbook's
+#: own line: the sources publish one batch or a median of three, and a GB10 slow state alone moves a cell by up
+#: to 1.5x (field-reports-2026-12.md §2 #7), so "within 10 %" is as close as their figures allow.
+MATCH_FLOOR = 0.9
+
+
+def reproduced(result: BenchResult | str | os.PathLike[str], *, nodes: int, recipe: str | None = None,
+               published: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every published rate figure of ``nodes`` Sparks (the recipe's, any engine) that a case of ``result``
+    matches (:func:`_matches`), with ours, the ratio ours/published and whether it is reproduced
+    (ratio >= :data:`MATCH_FLOOR`); best ratio first."""
+    res = _as_result(result)
+    assert res is not None
+    recipe = recipe if recipe is not None else res.config.get("recipe", "")
+    figs = [f for f in _applicable(published, recipe) if f.get("nodes", 2) == nodes and f.get("unit") == "tok/s"]
+    out = []
+    for case in res.cases:
+        wl, th = case_class(res, case)
+        for metric, _ in ROWS.get(case.kind, []):
+            fig = case.figures.get(metric)
+            if not fig:
+                continue
+            for i in _matches(figs, case, metric, wl, th, nodes=nodes):
+                f = figs[i]
+                ratio = fig["median"] / f["value"] if f["value"] else 0.0
+                out.append({"figure": f, "case": case.name, "metric": metric, "ours": fig["median"],
+                            "ratio": ratio, "reproduced": ratio >= MATCH_FLOOR})
+    return sorted(out, key=lambda m: -m["ratio"])
+
+
 def run_nodes(res: BenchResult) -> int:
     """The Sparks the measured server ran on (``config.nodes``; a result from before the field: 2)."""
     return int(res.config.get("nodes") or 2)

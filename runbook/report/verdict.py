@@ -19,6 +19,10 @@ tools               06 checks named ``tools.*`` exist and each is PASS (or WARN)
 bench               the result the 07 sidecar names was measured under its seed's published conditions:
                     config ``conditions.published`` present, chat endpoint, temperature 0, thinking off,
                     the seed's workload and sizes; result not FAIL, at least one decode case
+published N-node    ``NNODES`` is a node count the seed's conditions validate (``SeedConditions.nodes``: 2, and
+figure              3 for recipe B's TP=3 lane), or a published figure of ``NNODES`` Sparks (published.json
+                    ``nodes``; any engine) is reproduced by a bench case: ours >= ``MATCH_FLOOR`` (90 %) of it
+                    (a four-Spark profile stays ``candidate`` until then: issue 39)
 ==================  ==========================================================================================
 """
 from __future__ import annotations
@@ -27,6 +31,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from ..benchmark.conditions import SEEDS
+from ..benchmark.report import MATCH_FLOOR, reproduced
+from ..benchmark.result import BenchResult
 from .model import CANDIDATE, VALIDATED, ReportModel, Verdict
 from .recompute_bench import find_bench_result
 from .runfiles import find_sidecar, number
@@ -238,8 +245,41 @@ def bench(model: ReportModel, run: Path, sidecars: Sidecars) -> Outcome:
     return True, f"{where}: the seed conditions of RECIPE={cfg.get('recipe') or model.profile.get('RECIPE')}"
 
 
+def published_nodes(model: ReportModel, run: Path, sidecars: Sidecars) -> Outcome:
+    p = model.profile
+    recipe, raw = p.get("RECIPE"), p.get("NNODES")
+    try:
+        nodes = int(raw)
+    except (TypeError, ValueError):
+        return False, f"profile.json has no node count (NNODES={raw!r})"
+    seed = SEEDS.get(str(recipe))
+    if seed is None:
+        return True, f"RECIPE={recipe}: no seed, no published figure of any node count (the bench requirement)"
+    if nodes in seed.nodes:
+        return True, f"NNODES={nodes}: the seed's conditions are validated at {', '.join(map(str, seed.nodes))} nodes"
+    name, path, result = find_bench_result(run, sidecars)
+    if result is None:
+        return False, f"NNODES={nodes}: no bench result to set beside the published {nodes}-Spark figures"
+    hits = reproduced(BenchResult.from_dict(result), nodes=nodes, recipe=str(recipe))
+    done = [h for h in hits if h["reproduced"]]
+    if done:
+        h = done[0]
+        f = h["figure"]
+        return True, (f"{h['case']} {h['metric']} {h['ours']:.1f} reproduces the published {nodes}-Spark "
+                      f"{f['value']:g} {f['unit']} (x{h['ratio']:.2f}; {f.get('engine', 'engine not stated')}; "
+                      f"{f['source']})")
+    if not hits:
+        return False, (f"NNODES={nodes}: no bench case matches a published {nodes}-Spark figure of RECIPE={recipe} "
+                       "(class, thinking, concurrency, prompt size): the seed's conditions are validated at "
+                       f"{', '.join(map(str, seed.nodes))} nodes only")
+    h = hits[0]
+    return False, (f"NNODES={nodes}: best {h['case']} {h['metric']} {h['ours']:.1f} = x{h['ratio']:.2f} of the "
+                   f"published {h['figure']['value']:g} ({h['figure']['source']}); reproduced means "
+                   f">= x{MATCH_FLOOR:g}")
+
+
 #: (label, requirement) in the order the reasons are listed
 REQUIREMENTS: tuple[tuple[str, Callable[[ReportModel, Path, Sidecars], Outcome]], ...] = (
     ("hardware", hardware), ("image", image), ("model revision", model_revision),
     ("Engram revision", engram_revision), ("recipe checkout", recipe_checkout), ("smoke", smoke),
-    ("quality gate", quality_gate), ("tools", tools), ("bench", bench))
+    ("quality gate", quality_gate), ("tools", tools), ("bench", bench), ("published N-node figure", published_nodes))
