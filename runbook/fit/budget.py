@@ -247,6 +247,59 @@ def kv_pool(profile, total: Figure, weights: Figure) -> KvPool:
     return KvPool("util", pool, bpt, r)
 
 
+@dataclass
+class Versus:
+    """What more nodes buy per rank against a recipe's profile with fewer (the two-node recipe): each figure
+    ``(base, this)``, from the same fit model as the plan's rows (weights_per_rank, kv_pool, the recipe's bytes
+    per KV token); a KV figure is None where the model has no published bytes per token."""
+    base: str                                # the other profile's file
+    nodes: tuple[int, int]
+    weights_per_rank: tuple[float | None, float | None]
+    kv_pool: tuple[float, float]             # per rank, bytes
+    kv_mode: tuple[str, str]
+    kv_tokens: tuple[int | None, int | None]
+    max_model_len: tuple[int, int]
+    same_checkpoint: bool
+
+    @property
+    def full_requests(self) -> tuple[float | None, float | None]:
+        """Requests of MAX_MODEL_LEN the KV pool holds at once (a single KV head is copied to every TP rank,
+        so a rank holds every request's whole KV: TP frees room, it does not split the per-token bytes)."""
+        return tuple(None if t is None else t / m for t, m in zip(self.kv_tokens, self.max_model_len))  # type: ignore
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"base": self.base, "nodes": list(self.nodes), "weights_per_rank": list(self.weights_per_rank),
+                "kv_pool": list(self.kv_pool), "kv_mode": list(self.kv_mode), "kv_tokens": list(self.kv_tokens),
+                "max_model_len": list(self.max_model_len), "full_requests": list(self.full_requests),
+                "same_checkpoint": self.same_checkpoint}
+
+
+def _repo_path(path) -> str:
+    """A profile's file as the repository names it (env/x.env), else as given."""
+    from pathlib import Path
+    from ..profile import REPO_ROOT
+    p = Path(str(path))
+    try:
+        return str(p.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def versus(profile, base, total: Figure, checkpoint: Figure | None = None) -> Versus:
+    """``profile`` against ``base`` (the same recipe's profile on fewer nodes) on a node of ``total`` memory:
+    weights per rank, the KV pool per rank and the tokens it holds, each computed for both by the plan's own
+    functions. ``checkpoint`` (a measured size) applies to both only when they name the same checkpoint."""
+    same = (profile.hf_model_repo, profile.hf_revision) == (base.hf_model_repo, base.hf_revision)
+    out = []
+    for p in (base, profile):
+        w = weights_per_rank(p, checkpoint_size(p, checkpoint if same else None)).per_rank
+        kv = kv_pool(p, total, w if w is not None else Figure(0.0, DERIVED, "no weights figure"))
+        out.append((w.value if w is not None else None, kv))
+    (wb, kb), (wt, kt) = out
+    return Versus(_repo_path(base.source), (base.node_count, profile.node_count), (wb, wt), (kb.pool.value, kt.pool.value),
+                  (kb.mode, kt.mode), (kb.tokens, kt.tokens), (base.max_model_len, profile.max_model_len), same)
+
+
 # ------------------------------------------------------------------------------------------------
 # memory rows
 # ------------------------------------------------------------------------------------------------

@@ -13,11 +13,11 @@ from pathlib import Path
 from ..errors import CheckFailed, RunbookError
 from ..evidence import RESULTS_ROOT
 from ..profile import load_profile
-from .budget import DOES_NOT_FIT, FITS, plan
+from .budget import DOES_NOT_FIT, FITS, plan, versus
 from .facts import (INDEX_NAME, checkpoint_size_cmd, find_preflight, index_total_size, load_sidecar,
                     local_facts, node_facts_from_sidecar, nominal_facts, parse_checkpoint_size, LocalHost)
 from .figures import MEASURED, Figure
-from .render import plan_text
+from .render import plan_text, versus_text
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -114,6 +114,17 @@ def layouts_section(profile, text: str, model_dir: str | None, facts, checkpoint
     return text_out, [r.to_dict() for r in rows]
 
 
+def two_node_recipe(profile):
+    """The shipped profile of the same recipe (``env/<RECIPE>.env``) when ``profile`` runs it on another number
+    of nodes: what ``plan`` sets the per-rank figures beside. None for the lab, or the same node count."""
+    from ..profile import REPO_ROOT
+    path = REPO_ROOT / "env" / f"{profile.recipe}.env"
+    if profile.is_lab or not path.is_file():
+        return None
+    base = load_profile(path)
+    return base if base.node_count != profile.node_count else None
+
+
 def cmd_plan(args) -> int:
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     checkpoint = local_checkpoint(args.index) if args.index else None
@@ -132,11 +143,18 @@ def cmd_plan(args) -> int:
     roof_text, roof_dict = decode_roofline(profile, args.model_dir)
     lay_text, lay_rows = (layouts_section(profile, args.layouts, args.model_dir, facts, checkpoint)
                           if args.layouts else ("", None))
+    base = two_node_recipe(profile)
+    node = next(iter(facts.values()), None)
+    vs = versus(profile, base, node.mem_total, checkpoint) if base is not None and node is not None else None
     if args.json:
         extra = {"layouts": lay_rows} if lay_rows is not None else {}
+        if vs is not None:
+            extra["versus"] = vs.to_dict()
         print(json.dumps({**result.to_dict(), "roofline": roof_dict, **extra}, indent=2, default=str))
     else:
         print(plan_text(result))
+        if vs is not None:
+            print("\n" + versus_text(vs))
         print("\n" + roof_text)
         if lay_text:
             print("\n" + lay_text)
