@@ -59,12 +59,13 @@ def panel(cluster, profile, result: BenchResult, membw_data: dict[str, Any],
     if ar is None:
         ar, ar_note = ((0.0, f"{ar_note}: no all-reduce cost counted") if on_lab
                        else (R.ALLREDUCE_SLOW.value, f"[published] {R.ALLREDUCE_SLOW.note} ({ar_note})"))
+    measured = network is not None and bool(network.allreduce)
     out: dict[str, Any] = {**roof.to_dict(), "bandwidth": bw, "bandwidth_note": bw_note, "allreduce_s": ar,
-                           "allreduce_note": ar_note, "comparable": not on_lab}
+                           "allreduce_note": ar_note, "allreduce_measured": measured, "comparable": not on_lab}
     if bw:
         out["rows"] = P.panel_rows(result, roof, bandwidth=bw, allreduce_s=ar, recipe=profile.recipe,
                                    comparable=not on_lab)
         out["rank_rows"] = P.rank_rows(roof, membw_data, bandwidth=bw, allreduce_s=ar,
                                        ranks=int(profile.tp),      # the all-reduce spans the TP group
-                                       allreduce_measured=network is not None and bool(network.allreduce))
+                                       allreduce_measured=measured)
     return out

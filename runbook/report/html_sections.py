@@ -239,6 +239,19 @@ def roofline(B: dict[str, Any], e: Escape, plots: bool, model: ReportModel) -> l
             parts.append(table(["class", "thinking", "context", "decode tok/s", "tokens/step", "ms/step", "steps (Δ drafts)",
                                 "accepted (Δ)", "ceiling plain tok/s", "ceiling at acceptance tok/s", "ceiling ms/step",
                                 "measured / ceiling", "published (same class)"], rows))
+    ranks = roof.get("rank_rows") or []
+    if ranks:
+        num = lambda v, f: f'<td class="num">{e(f.format(v))}</td>' if isinstance(v, (int, float)) else "<td>–</td>"
+        rows = [[f"<td>{e(r['rank'])}</td>", f"<td>{e(r['node'])}</td>", num(r.get("bandwidth_gbs"), "{:.1f}"),
+                 num((r.get("bytes_per_rank") or 0) / 1e6, "{:,.1f}"), num(r.get("read_ms"), "{:.2f}"),
+                 num(r.get("allreduce_us"), "{:.0f}"), num(r.get("allreduces"), "{}"),
+                 num(r.get("collectives_ms"), "{:.2f}"), num(r.get("step_ms"), "{:.2f}"), num(r.get("tok_s"), "{:.1f}"),
+                 f"<td>{'binds' if r.get('binds') else ''}</td>"] for r in ranks]
+        parts.append(f"<h3>Roofline per rank ({len(ranks)} ranks; the all-reduce spans TP={e(roof.get('tp'))}: "
+                     f"{'measured across the nodes by 01_network' if roof.get('allreduce_measured') else 'the two-rank figure scaled to the TP group'}"
+                     "; the slowest rank sets the step)</h3>"
+                     + table(["rank", "node", "bandwidth GB/s", "MB per plain step", "read ms", "all-reduce us",
+                              "all-reduces", "collectives ms", "step ms", "ceiling tok/s", ""], rows))
     rec = B.get("reconciliation") or {}
     if rec.get("rows"):
         rows = []

@@ -15,7 +15,7 @@ from typing import Any
 from ..benchmark import metrics
 from ..benchmark.report import anchors_table, class_table, results_table
 from ..benchmark.result import BenchResult, load_records
-from ..benchmark.roofline_panel import panel_rows
+from ..benchmark.roofline_panel import panel_rows, rank_rows
 from ..fit.roofline import Roofline
 from .model import ReportFigure, ReportModel
 from .runfiles import data_paths, find_sidecar, load_json, number, relative
@@ -169,7 +169,7 @@ def roofline(model: ReportModel, data: dict[str, Any], merged: dict[str, Any], r
         return
     keys = ("tp", "context", "kv_dtype", "spec_k", "weights_per_rank", "kv_per_rank", "plain_bytes_per_rank",
             "verify_bytes_per_rank", "allreduces", "bandwidth", "bandwidth_note", "allreduce_s", "allreduce_note",
-            "comparable", "step")
+            "allreduce_measured", "comparable", "step")
     out = {k: roof.get(k) for k in keys}
     if roof.get("bandwidth"):
         try:
@@ -178,6 +178,13 @@ def roofline(model: ReportModel, data: dict[str, Any], merged: dict[str, Any], r
                                      comparable=bool(roof.get("comparable", True)))
         except Exception as exc:  # noqa: BLE001 - an optional section
             model.notes.append(f"bench: roofline rows unavailable ({type(exc).__name__}: {exc})")
+        try:   # one row per rank: its own probe, the all-reduce across the TP group (any node count)
+            out["rank_rows"] = rank_rows(Roofline.from_dict(roof), data.get("membw"),
+                                         bandwidth=float(roof["bandwidth"]),
+                                         allreduce_s=float(roof.get("allreduce_s") or 0.0), ranks=int(roof["tp"]),
+                                         allreduce_measured=bool(roof.get("allreduce_measured")))
+        except Exception as exc:  # noqa: BLE001 - an optional section
+            model.notes.append(f"bench: roofline per rank unavailable ({type(exc).__name__}: {exc})")
     model.bench["roofline"] = out
 
 
