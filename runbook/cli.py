@@ -65,8 +65,9 @@ def cmd_run(args) -> int:
         code = first.exit or ExitStatus.FAILED      # the failing step's class (checks, action, remote, ...)
         console.finish(f"failed at {first.name} (exit {int(code)}) after {len(outcomes)} step(s)" +
                        (f"; verdict: {verdict}" if verdict else ""),
-                       extra=[f"resume after fixing: python -m runbook run --profile {args.profile} "
-                              f"--resume {run_dir.run_id}"])
+                       extra=[x for x in (console.first_fix_text(),) if x]
+                       + [f"resume after fixing: python -m runbook run --profile {args.profile} "
+                          f"--resume {run_dir.run_id}"])
         return code
     word = "dry run done" if args.dry_run else "passed"
     console.finish(f"{word}: {len(outcomes)} step(s) in {duration(took)}" + (f"; verdict: {verdict}" if verdict else "")

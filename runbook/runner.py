@@ -526,7 +526,7 @@ def write_failure_sidecar(run_dir: RunDir, name: str, error: str, *, profile_pat
                 rows += health.explain(cluster, profile)
         except Exception as exc:  # noqa: BLE001 - the explanation is best effort; the error row stands
             rows.append(check("state readable", False, node="cluster", observed=f"{type(exc).__name__}: {exc}"[:500],
-                              expected="the nodes answer", fix="check ssh to the nodes"))
+                              expected="the nodes answer", fix="check ssh to the nodes", cause="node"))
     run_dir.write_sidecar(name, [r.to_record() for r in rows], {"duration_s": round(seconds, 3),
                                                                "written_by": "runner (the step raised)"},
                           "failed")

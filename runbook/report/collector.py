@@ -64,7 +64,8 @@ def steps_of(run_manifest: dict, sidecars: dict[str, dict], red: Redactor) -> li
             info.checks.append(CheckRow(step=name, name=str(rec.get("name", "")), node=str(rec.get("node", "")),
                                         status=str(rec.get("status", "")), observed=str(rec.get("observed", "")),
                                         expected=str(rec.get("expected", "")), fix=str(rec.get("fix", "")),
-                                        evidence=[str(e) for e in rec.get("evidence", []) or []]))
+                                        evidence=[str(e) for e in rec.get("evidence", []) or []],
+                                        cause=str(rec.get("cause", ""))))
         cnt = {s.value: 0 for s in Status}
         for c in info.checks:
             cnt[c.status] = cnt.get(c.status, 0) + 1

@@ -70,6 +70,7 @@ class CheckRow:
     expected: str = ""
     fix: str = ""
     evidence: list[str] = field(default_factory=list)
+    cause: str = ""                   # what the row is evidence of (runbook.checks.CAUSES), ranks the first fix
 
 
 @dataclass

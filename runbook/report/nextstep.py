@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..checks import first_fix
 from .html_parts import clip
 from .model import ReportModel, StepInfo
 
@@ -44,16 +45,17 @@ def _failed(s: StepInfo) -> bool:
 
 
 def what_next(model: ReportModel) -> NextStep:
-    """The first failing row's fix, or (nothing failed) the comparison to look at."""
+    """The first fix (:func:`runbook.checks.first_fix`: a node, server or fabric row outranks the rows it explains,
+    else the first failing row in step order; a step that failed without a FAIL row counts there too), or
+    (nothing failed) the comparison to look at."""
+    ranked = first_fix((s.name, s.checks) for s in model.steps)
+    if ranked is not None and ranked[1].cause:
+        step = next(s for s in model.steps if s.name == ranked[0])
+        return _fix_row(model, step, ranked[1])
     for s in model.steps:
         bad = next((c for c in s.checks if c.status == "FAIL"), None)
         if bad is not None:
-            where = f"{s.name} · check “{bad.name}”" + (f" on {bad.node}" if bad.node else "")
-            seen = "; ".join(x for x in (f"observed {bad.observed}" if bad.observed else "",
-                                         f"expected {bad.expected}" if bad.expected else "") if x)
-            return NextStep("fix", f"Fix {where}", detail=seen,
-                            fix=bad.fix or "the check names no fix: read its evidence under the step's raw/ folder",
-                            command=resume_command(model), anchor="matrix")
+            return _fix_row(model, s, bad)
         if _failed(s):
             error = s.error.strip() or (f"status {s.status}, no error recorded" + (
                 "" if s.has_sidecar else " and no sidecar: the step did not finish"))
@@ -74,6 +76,15 @@ def what_next(model: ReportModel) -> NextStep:
     return NextStep("compare", f"Nothing failed: this run is the baseline the next run of profile "
                     f"{model.profile_name} is compared with", detail=reason,
                     anchor="bench" if model.bench else "figures")
+
+
+def _fix_row(model: ReportModel, s: StepInfo, bad) -> NextStep:
+    where = f"{s.name} · check “{bad.name}”" + (f" on {bad.node}" if bad.node else "")
+    seen = "; ".join(x for x in (f"observed {bad.observed}" if bad.observed else "",
+                                 f"expected {bad.expected}" if bad.expected else "") if x)
+    return NextStep("fix", f"Fix {where}", detail=seen,
+                    fix=bad.fix or "the check names no fix: read its evidence under the step's raw/ folder",
+                    command=resume_command(model), anchor="matrix")
 
 
 def headline_text(model: ReportModel) -> str:
