@@ -61,6 +61,11 @@ def what_next(model: ReportModel) -> NextStep:
                 "" if s.has_sidecar else " and no sidecar: the step did not finish"))
             return NextStep("fix", f"Fix {s.name} ({s.title}): the step {s.status or 'did not finish'}",
                             detail=error.splitlines()[0], fix=error, command=resume_command(model), anchor="steps")
+    if model.other_servers:
+        first = model.other_servers[0]
+        return NextStep("fix", f"Re-run {first.split(' ', 1)[0]}: its evidence belongs to another server start",
+                        detail=first, fix="; ".join(model.other_servers), command=resume_command(model).replace(
+                            "--resume", "--from " + first.split(' ', 1)[0][:2] + " --resume"), anchor="steps")
     d = model.drift
     if d is not None and d.previous_run_id:
         if d.items:
@@ -95,6 +100,8 @@ def headline_text(model: ReportModel) -> str:
         return f"{word}: the run failed at {failed[0].name} ({failed[0].title})"
     if model.status != "passed":
         return f"{word}: the run is {model.status}"
+    if model.other_servers:
+        return f"{word}: not a pass — {len(model.other_servers)} step(s) measured another server start"
     if v is not None and v.validated:
         return f"{word}: the run passed and meets every requirement"
     return f"{word}: the run passed, not validated" + (f" ({len(v.missing)} requirement(s) missing)" if v else "")
@@ -110,6 +117,7 @@ def reasons(model: ReportModel) -> list[tuple[str, str]]:
             text = (f"{s.name} {s.status}" + (f": {fails} check(s) FAIL" if fails else "")
                     + (f" — {s.error.strip().splitlines()[0]}" if s.error.strip() else ""))
             out.append(text)
+    out += model.other_servers
     v = model.verdict
     if v is not None:
         if v.validated:
