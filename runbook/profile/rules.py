@@ -327,7 +327,7 @@ def ring_conflicts(p: Profile) -> Iterable[Conflict]:
 def review_notes(p: Profile) -> list[str]:
     """What ``validate`` lists for review beyond the keys that execute: a switchless ring on real Sparks."""
     if p.topology == "ring":
-        return [f"TOPOLOGY ring ({p.node_count} nodes, the fabric IPs not on one /{CABLE_PREFIX}): "
+        return [f"topology ring ({p.node_count} nodes, the fabric IPs not on one /{CABLE_PREFIX}): "
                 + RING_NCCL.format(n=p.node_count) + ". The runbook renders and plans it only: use an IMAGE "
                 "with that NCCL, or put the nodes on a switch (every <NODE>_IP on one /24)"]
     return []

@@ -193,3 +193,19 @@ def test_the_node_helpers_doctests_hold():
     import runbook.profile.nodes as nodes
     result = doctest.testmod(nodes)
     assert result.attempted >= 5 and result.failed == 0
+
+
+def test_cli_validate_lists_a_ring_for_review():
+    over = []
+    for rank, name in enumerate(NODE_NAMES[:4]):
+        over += ["-p", f"{node_key(name, 'IP')}=10.0.{rank + 1}.{rank + 1}"]
+        if rank >= 2:
+            over += ["-p", f"{node_key(name, 'SSH')}=spark{rank + 1}", "-p", f"{node_key(name, 'CX7_IF')}=enp1s0f0np0",
+                     "-p", f"{node_key(name, 'CX7_IB')}=rocep1s0f0"]
+    r = subprocess.run([sys.executable, "-m", "runbook", "validate", "--profile", "env/exl3-v41.env", "-p", "NNODES=4",
+                        "-p", "TP=4", "-p", "WEIGHT_SYNC=rsync", *over], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].endswith("worker2 spark3, worker3 spark4; topology ring)")
+    assert lines[1].startswith("review: topology ring (4 nodes") and "patched NCCL" in lines[1]
