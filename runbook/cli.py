@@ -65,9 +65,15 @@ def cmd_run(args) -> int:
         code = first.exit or ExitStatus.FAILED      # the failing step's class (checks, action, remote, ...)
         console.finish(f"failed at {first.name} (exit {int(code)}) after {len(outcomes)} step(s)" +
                        (f"; verdict: {verdict}" if verdict else ""),
-                       extra=[f"resume after fixing: python -m runbook run --profile {args.profile} "
-                              f"--resume {run_dir.run_id}"])
+                       extra=[x for x in (console.first_fix_text(),) if x]
+                       + [f"resume after fixing: python -m runbook run --profile {args.profile} "
+                          f"--resume {run_dir.run_id}"])
         return code
+    other = run_dir.manifest().get("other_servers") or []
+    if other:                # every step passed, but 05-07's evidence belongs to another start of the server
+        console.finish(f"not passed: {other[0]}", extra=other[1:] + [
+            f"re-run them: python -m runbook run --profile {args.profile} --resume {run_dir.run_id} --from 05"])
+        return ExitStatus.FAILED
     word = "dry run done" if args.dry_run else "passed"
     console.finish(f"{word}: {len(outcomes)} step(s) in {duration(took)}" + (f"; verdict: {verdict}" if verdict else "")
                    if outcomes else f"nothing to run in {run_dir.run_id}")
