@@ -209,3 +209,19 @@ def test_cli_validate_lists_a_ring_for_review():
     lines = r.stdout.splitlines()
     assert lines[0].endswith("worker2 spark3, worker3 spark4; topology ring)")
     assert lines[1].startswith("review: topology ring (4 nodes") and "patched NCCL" in lines[1]
+
+
+# ----------------------------------------------------------------------------- recipe B's two-port rule by topology
+
+TP3 = REPO / "env" / "tp3-dspark.env"
+
+
+def test_one_port_per_node_is_refused_on_the_triangle_only():
+    """Recipe B's HCA rule: on the triangle (and a ring) every node reaches its two neighbours over its two CX ports;
+    on a switch every peer is behind the one port."""
+    one_port = {"WORKER_CX7_IB": "rocep1s0f0"}
+    hit = [i for i in issues(one_port, TP3) if i.key == "WORKER_CX7_IB"]
+    assert hit and "the triangle" in hit[0].message and "both CX ports" in hit[0].fix
+    switch = {**one_port, "WORKER2_IP": "10.0.22.3"}
+    p = load_profile(TP3, switch, environ=NO_ENV)
+    assert p.topology == "switch" and p.worker_cx7_ib == ["rocep1s0f0"]
