@@ -77,7 +77,7 @@ def fabric_rows(cluster: Cluster, profile) -> list[Check]:
     """Each node's fabric interface state and a short ping to every peer over the path the two share (both
     ways): the subnet of one of the node's given interfaces (``<NODE>_CX7_IF``, its HCAs' netdevs) the peer has
     an address on (:func:`runbook.facts.net.pair_path`, the rails of 01_network): two nodes, the peer's
-    ``<NODE>_IP``; on the TP=3 triangle the worker reaches worker2 over their own cable, not at a head-facing
+    ``<NODE>_IP``; on the TP=3 triangle two workers reach each other over their own cable, not at a head-facing
     address."""
     rows = []
     nodes = list(cluster)
