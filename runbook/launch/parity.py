@@ -1,6 +1,7 @@
 """The parity table: every setting a recipe's own scripts make, beside what the runbook renders, with a verdict.
 
-    table = load_table("exl3-v41")                 # docs/parity/exl3-v41.json (rows; tp3-dspark extends dspark-v4)
+    table = load_table("exl3-v41")                 # docs/parity/exl3-v41.json (rows; tp3-dspark extends dspark-v4,
+                                                   # tp4-v41 extends exl3-v41 with another recipe: base_label)
     plan = parity_plan(table)                      # the profile rendered by render.render, as step 04 would
     problems = check_table(table, plan)            # [] when every rendered item has a row and every *same* holds
     text = to_markdown(table, plan)                # docs/parity/exl3-v41.md (the "ours" column is the render)
@@ -42,7 +43,7 @@ PARITY_DIR = Path(__file__).resolve().parents[2] / "docs" / "parity"
 RENDERED_KINDS = ("env", "docker", "mount", "serve")
 KINDS = (*RENDERED_KINDS, "step", "policy")
 VERDICTS = ("same", "deviation", "n/a")
-TABLES = ("exl3-v41", "dspark-v4", "tp3-dspark")
+TABLES = ("exl3-v41", "dspark-v4", "tp3-dspark", "tp4-v41")
 _REPEATABLE = ("--cap-add", "--ulimit", "--device")
 
 
@@ -52,7 +53,9 @@ def load_table(name: str, directory: Path = PARITY_DIR) -> dict[str, Any]:
     if data.get("extends"):
         base = load_table(data["extends"], directory)
         own = {(r["kind"], r["name"]): r for r in data["rows"]}
-        rows = [own.pop((r["kind"], r["name"]), r) for r in base["rows"]]
+        label = data.get("base_label", "")          # names the base's recipe on the rows this table keeps
+        rows = [own.pop((r["kind"], r["name"]), {**r, "ref": f"{label}: {r['ref']}"} if label else r)
+                for r in base["rows"]]
         rows += [r for r in data["rows"] if (r["kind"], r["name"]) in own]
         rows = [r for r in rows if not r.get("drop")]
         data = {**base, **{k: v for k, v in data.items() if k != "rows"}, "rows": rows}

@@ -68,3 +68,19 @@ def test_plan_prints_it_for_more_nodes_only(capsys):
     for same in ("env/exl3-v41.env", "env/dspark-v4.env"):      # the two-node recipes themselves
         code, out = _plan_cmd(capsys, "--profile", same)
         assert "nodes against the" not in out
+
+
+def test_four_sparks_against_recipe_a():
+    """The four-Spark profile (env/tp4-v41.env) against the two-node recipe it shares its engine and checkpoint
+    with: a quarter of the checkpoint per rank instead of a half, and the pool GPU_MEM_UTIL leaves."""
+    four, two = profile_from("env/tp4-v41.env"), profile_from("env/exl3-v41.env")
+    assert (four.node_count, four.tp, two.node_count, two.tp) == (4, 4, 2, 2)
+    v = budget.versus(four, two, GB10_MEM_TOTAL)
+    assert v.base == "env/exl3-v41.env" and v.nodes == (2, 4) and v.same_checkpoint
+    (w2, _, t2), (w4, kv4, t4) = _model(two), _model(four)
+    assert v.weights_per_rank == (pytest.approx(w2), pytest.approx(w4))
+    ckpt = budget.checkpoint_size(four).value
+    assert w4 < w2 and w2 - w4 == pytest.approx(ckpt / 2 - ckpt / 4, rel=0.01)     # the replicated part stays
+    assert v.kv_mode == ("pinned", "util") and v.kv_pool[1] == pytest.approx(kv4)
+    assert v.kv_tokens == (t2, t4) and t4 > t2 and v.full_requests[1] > v.full_requests[0]
+    assert "4 nodes against the 2-node recipe (env/exl3-v41.env), per rank:" in versus_text(v)

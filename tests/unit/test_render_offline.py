@@ -2,7 +2,7 @@
 and 8): the recipe checkout, the image pull / `docker save --platform` / ship / load, the Engram pack, check and
 probe, every sudo probe, the plan after the probes that precede its start commands; two renders byte-identical with
 no path or temporary name of this machine; `--step N`, `--diff OTHER`; the SSH options in force; a refused secrets
-file exits 2. Golden files of the three recipe profiles (UPDATE_GOLDEN=1 rewrites them, on request only)."""
+file exits 2. Golden files of the recipe profiles (UPDATE_GOLDEN=1 rewrites them, on request only)."""
 from __future__ import annotations
 
 import re
@@ -17,7 +17,7 @@ from runbook.profile import REPO_ROOT, load_profile
 from runbook.weights_tools.nfs import sudo_argvs
 from support.golden import check_golden
 
-RECIPES = ["exl3-v41", "dspark-v4", "tp3-dspark"]
+RECIPES = ["exl3-v41", "dspark-v4", "tp3-dspark", "tp4-v41"]
 GOLDEN = Path(__file__).parent / "golden" / "render"
 HOME = "/home/spark"
 

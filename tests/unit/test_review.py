@@ -34,7 +34,7 @@ def no_network(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", no_ssh)
 
 
-@pytest.mark.parametrize("name", ["exl3-v41", "dspark-v4", "tp3-dspark"])
+@pytest.mark.parametrize("name", ["exl3-v41", "dspark-v4", "tp3-dspark", "tp4-v41"])
 def test_render_prints_every_steps_commands_offline(name, no_network, monkeypatch, capsys):
     monkeypatch.setenv("VLLM_API_KEY", "sk-review-secret-0123456789")
     monkeypatch.setenv("HF_TOKEN", "hf_reviewsecret0123456789")
