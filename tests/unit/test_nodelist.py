@@ -152,6 +152,8 @@ def test_nnodes_must_equal_the_node_count():
     assert "4 nodes are configured" in iss.message and "WORKER3_SSH" in iss.message and "NNODES=4" in iss.fix
     (iss,) = [i for i in issues(nodes_on(3, NNODES="4", TP="4")) if i.key == "NNODES"]
     assert "WORKER3_SSH empty" in iss.message and "set WORKER3_SSH" in iss.fix
+    (iss,) = [i for i in issues(nodes_on(4, NNODES="2", TP="2")) if i.key == "NNODES"]
+    assert "WORKER4_SSH empty" in iss.message and "clear WORKER2_SSH and the *_SSH after it (2 node(s))" in iss.fix
 
 
 def test_a_ninth_node_is_refused():
