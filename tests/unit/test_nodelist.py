@@ -77,7 +77,7 @@ def test_four_node_switch_profile():
 
 
 def test_eight_node_profile_every_rank():
-    p = load_profile(LAB, nodes_on(8, LAB_CPU_BIND="0,1,1,1,1,1,1,1"), environ=NO_ENV)
+    p = load_profile(LAB, nodes_on(8, TP="4", PP="2", ENFORCE_EAGER="0", LAB_CPU_BIND="0,1,1,1,1,1,1,1"), environ=NO_ENV)
     assert p.node_count == 8 and p.topology == "switch"
     assert [n.name for n in p.nodes] == list(NODE_NAMES) and [n.rank for n in p.nodes] == list(range(8))
     assert p.nodes[-1].ssh == "spark-worker7" and p.nodes[-1].fabric_ip == "169.254.77.8"
