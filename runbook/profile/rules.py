@@ -104,7 +104,7 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                                 at=f"{n}_BOOTSTRAP_IP")
     if p.recipe == "dspark-v4" and p.node_count > 2:
         count = "three" if p.node_count == 3 else str(p.node_count)
-        if not p.bootstrap_if:
+        if not p.bootstrap_if and p.topology != "switch":    # on a switch every node shares the fabric /24
             yield Conflict((last_ssh_key(p), "BOOTSTRAP_IF"),
                             f"RECIPE=dspark-v4 with {count} nodes needs BOOTSTRAP_IF: on the TP3 QSFP ring the head "
                             "reaches each worker on a different /24, so Gloo / NCCL socket / TP TCP need an "
