@@ -104,7 +104,7 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                                 at=f"{n}_BOOTSTRAP_IP")
     if p.recipe == "dspark-v4" and p.node_count > 2:
         count = "three" if p.node_count == 3 else str(p.node_count)
-        if not p.bootstrap_if:
+        if not p.bootstrap_if and p.topology != "switch":    # on a switch every node shares the fabric /24
             yield Conflict((last_ssh_key(p), "BOOTSTRAP_IF"),
                             f"RECIPE=dspark-v4 with {count} nodes needs BOOTSTRAP_IF: on the TP3 QSFP ring the head "
                             "reaches each worker on a different /24, so Gloo / NCCL socket / TP TCP need an "
@@ -176,13 +176,19 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
     if p.nnodes != n:
         have = ", ".join(node_key(x.name, "SSH") for x in p.nodes)
         nxt = node_key(NODE_NAMES[n], "SSH") if n < MAX_NODES else ""
-        more = (f"set {nxt} and the *_SSH of each further node up to {node_key(NODE_NAMES[p.nnodes - 1], 'SSH')}"
-                if n < p.nnodes <= MAX_NODES else f"clear the *_SSH of the last {n - p.nnodes} node(s)")
+        if p.nnodes > MAX_NODES:
+            fix = f"set NNODES={n} (a profile names at most {MAX_NODES} nodes)"
+        elif p.nnodes > n:
+            fix = (f"set NNODES={n}, or set {nxt} and the *_SSH of each further node up to "
+                   f"{node_key(NODE_NAMES[p.nnodes - 1], 'SSH')}")
+        elif p.nnodes >= 2:
+            fix = (f"set NNODES={n}, or clear {node_key(NODE_NAMES[p.nnodes], 'SSH')} and the *_SSH after it "
+                   f"({n - p.nnodes} node(s))")
+        else:
+            fix = f"set NNODES={n} (two nodes at least: the head and the worker)"
         yield Conflict(("NNODES", last_ssh_key(p)),
                         f"NNODES={p.nnodes} but {n} nodes are configured ({have} set"
-                        + (f"; {nxt} empty)" if nxt else ")"),
-                        f"set NNODES={n}, or {more}" if p.nnodes <= MAX_NODES else
-                        f"set NNODES={n} (a profile names at most {MAX_NODES} nodes)", at="NNODES")
+                        + (f"; {nxt} empty)" if nxt else ")"), fix, at="NNODES")
     yield from ring_conflicts(p)
     yield from layout_conflicts(p)
     if p.lab and not p.is_lab and not p.rehearsal:

@@ -77,7 +77,7 @@ def test_four_node_switch_profile():
 
 
 def test_eight_node_profile_every_rank():
-    p = load_profile(LAB, nodes_on(8, LAB_CPU_BIND="0,1,1,1,1,1,1,1"), environ=NO_ENV)
+    p = load_profile(LAB, nodes_on(8, TP="4", PP="2", ENFORCE_EAGER="0", LAB_CPU_BIND="0,1,1,1,1,1,1,1"), environ=NO_ENV)
     assert p.node_count == 8 and p.topology == "switch"
     assert [n.name for n in p.nodes] == list(NODE_NAMES) and [n.rank for n in p.nodes] == list(range(8))
     assert p.nodes[-1].ssh == "spark-worker7" and p.nodes[-1].fabric_ip == "169.254.77.8"
@@ -152,6 +152,8 @@ def test_nnodes_must_equal_the_node_count():
     assert "4 nodes are configured" in iss.message and "WORKER3_SSH" in iss.message and "NNODES=4" in iss.fix
     (iss,) = [i for i in issues(nodes_on(3, NNODES="4", TP="4")) if i.key == "NNODES"]
     assert "WORKER3_SSH empty" in iss.message and "set WORKER3_SSH" in iss.fix
+    (iss,) = [i for i in issues(nodes_on(4, NNODES="2", TP="2")) if i.key == "NNODES"]
+    assert "WORKER4_SSH empty" in iss.message and "clear WORKER2_SSH and the *_SSH after it (2 node(s))" in iss.fix
 
 
 def test_a_ninth_node_is_refused():
