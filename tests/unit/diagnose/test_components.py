@@ -125,3 +125,25 @@ def test_a_failed_va_reservation_is_its_own_entry():
     assert f and f[0].fix.startswith("cuMemAddressReserve failed")
     assert _first(text) == "cuda-va-reservation-cap"
 
+
+# --------------------------------------------------------------------------- two older classes, wider from their source
+
+def test_a_cuda_call_oom_inside_graph_capture_is_a_startup_oom():
+    # vLLM captures through `with torch.cuda.graph(` (vllm/compilation/cuda_graph.py:314 @ v0.32.0); capture_end is
+    # torch/cuda/graphs.py:160 @ 2.13.0; a CUDA call's own failure reads "CUDA error: out of memory"
+    text = ('  File "/usr/local/lib/python3.12/dist-packages/vllm/compilation/cuda_graph.py", line 314, in __call__\n'
+            "    with torch.cuda.graph(\n"
+            '  File "/usr/local/lib/python3.12/dist-packages/torch/cuda/graphs.py", line 160, in capture_end\n'
+            "    super().capture_end()\n"
+            "torch.AcceleratorError: CUDA error: out of memory\n")
+    f = _found("cuda-oom-startup", text)
+    assert f and "no size printed" in f[0].fix
+    assert _first(text) == "cuda-oom-startup"
+    assert not _found("cuda-oom-startup", "torch.AcceleratorError: CUDA error: out of memory\n"), "no start-up phase"
+
+
+def test_tool_calls_left_in_content_are_a_parser_problem_in_a_reporters_words():
+    said = ("The model's tool calls come back as plain text in the content field and tool_calls is empty; we serve "
+            "it with the hermes parser.")
+    assert _first(said) == "tool-parser-missing"
+    assert diagnose_text("Which tool calling format does this model use?") == []
