@@ -185,6 +185,7 @@ P2P_CHECK_HANG = Entry(
         "the probe runs again",
     proof="nvidia-smi topo -m; cat /proc/cmdline | grep -o 'iommu=[^ ]*'; ls -la {path}",
     signature=_sig_p2p_hang,
+    inferred=True,                  # a log that stops: the probe is the last thing it did, not an error it printed
     source="vllm-project/vllm vllm/distributed/device_communicators/all_reduce_utils.py:378 @ v0.32.0 "
            "(gpu_p2p_access_check); report vllm-project/vllm#6893",
     words=(r"p2p access cache|gpu_p2p_access_cache|p2p (check|probe)|nccl_p2p_disable|\bp2p\b",
@@ -242,7 +243,9 @@ _SKEW = (r"(?P<library>/\S*?/(?:site|dist)-packages/(?P<package>[\w.-]+?)/\S*?\.
          r"(?P<library>\S+\.so)[^\n]*?: undefined symbol: (?P<symbol>\w+)",
          r"^(?P<package>[\w.-]+) (?P<version>[\w.+-]+) (?:has requirement|requires) (?P<requirement>[^,\n]+), but you "
          r"have (?P<installed>[\w.-]+ [\w.+-]+)",
-         r"ImportError: cannot import name '(?P<name>\w+)' from '(?P<package>[\w.]+)'")
+         # only the serving stack's packages: a name missing from the user's own module is not skew
+         r"ImportError: cannot import name '(?P<name>\w+)' from '(?P<package>(?:torch|transformers|vllm|flash_attn|"
+         r"xformers|triton|flashinfer|huggingface_hub|tokenizers|accelerate|ray|numpy|safetensors|deep_gemm)\b[\w.]*)'")
 
 DEPENDENCY_SKEW = Entry(
     "dependency-skew", "Packages inside the image or venv do not match each other (torch / vLLM / transformers)",
@@ -349,6 +352,7 @@ CUDA_VISIBLE_DEVICES_CONFLICT = Entry(
         "CUDA_VISIBLE_DEVICES; its one GPU is device 0), and let each rank use index 0 of what it sees",
     proof="docker exec <rank container> sh -c 'echo $CUDA_VISIBLE_DEVICES $NVIDIA_VISIBLE_DEVICES; nvidia-smi -L'",
     signature=_sig_cvd_conflict,
+    inferred=True,                  # CUDA's error beside a device selection: the two together, not one message
     source="CUDA runtime cudaErrorInvalidDevice ('invalid device ordinal'); pytorch torch/cuda/__init__.py:689 "
            "@ 2.13.0 (set_device); report vllm-project/vllm#3722 (Ray on docker, invalid device ordinal)",
     words=(r"cuda_visible_devices.{0,200}(invalid device|no cuda gpus|renumber\w*|twice|--gpus|device=|"

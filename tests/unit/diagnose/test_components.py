@@ -147,3 +147,15 @@ def test_tool_calls_left_in_content_are_a_parser_problem_in_a_reporters_words():
             "it with the hermes parser.")
     assert _first(said) == "tool-parser-missing"
     assert diagnose_text("Which tool calling format does this model use?") == []
+
+
+def test_an_inferred_signature_is_never_high_and_a_users_own_import_is_not_skew():
+    # a log that stops at the P2P probe, CUDA's error beside a device selection: symptoms, not the component's error
+    stops = ("INFO 07-29 10:04:03 custom_all_reduce_utils.py:202] generating GPU P2P access cache in "
+             "/root/.cache/vllm/gpu_p2p_access_cache_for_0,1.json")
+    both = "CUDA_VISIBLE_DEVICES=1 python serve.py\nRuntimeError: CUDA error: invalid device ordinal"
+    for text, entry in ((stops, "p2p-check-hang"), (both, "cuda-visible-devices-conflict")):
+        ranked = diagnose_text(text)
+        assert ranked and ranked[0].id == entry and ranked[0].confidence == "medium"
+    assert _first("ImportError: cannot import name 'AutoProcessor' from 'transformers'") == "dependency-skew"
+    assert diagnose_text("ImportError: cannot import name 'helper' from 'myapp.utils'") == []
