@@ -377,12 +377,20 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
 
 
 def _weights_state(profile, cluster, sidecar) -> str:
-    holders = [cluster.head] if profile.weight_sync == "nfs" else list(cluster)
-    layout = weights.weights_layout(profile)
-    for node in holders:
-        tree = layout.tree(weights.on_node(node, profile.weights_dir_on(node.name)))
-        if weights.read_node_manifest(node, tree) is None:
-            return f"no verified weights manifest on {node.name} in {tree}"
+    """What a resume re-checks before skipping a passed 02: a verified manifest still in the tree 02's record
+    names on every node that holds a copy (WEIGHT_SYNC=nfs: the head's). '' when intact, else why not."""
+    try:
+        rec = records.record_from_sidecar(sidecar, records.WeightsRecord)
+    except records.RecordError as err:   # an older run's 02: resume runs it again
+        return f"{err.what}: {err.fix}"
+    names = {node.name for node in cluster}
+    for copy in rec.copies:
+        if not copy.own_copy:
+            continue
+        if copy.node not in names:
+            return f"02 put weights on {copy.node}, which this profile no longer names"
+        if weights.read_node_manifest(cluster[copy.node], copy.tree) is None:
+            return f"no verified weights manifest on {copy.node} in {copy.tree}"
     return ""
 
 

@@ -56,6 +56,11 @@ class Step:
         """Archive several raw outputs at once (name -> text); returns their run-relative paths."""
         return [self.raw(name, text) for name, text in raw.items()]
 
+    def keep(self, archive) -> None:
+        """Record what an ``api.server_info.Archive`` holds: its raw files under raw/<step>/, its data."""
+        self.archive(archive.files)
+        self.data.update(archive.data)
+
     def status(self) -> str:
         return "failed" if self.checks.failures() else "passed"
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
+from ..records import EngramRank, EngramRecord
 from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
                     shell_path, ship_tools, src_of)
 
@@ -243,6 +244,23 @@ def run_pack(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR
 
 
 # -- the numbers recorded ------------------------------------------------------------------------
+
+def engram_record(profile, facts: Mapping[str, Mapping[str, Any]], summary: Mapping[str, Any]) -> EngramRecord:
+    """Step 03's record: each packing rank's packed dir and the files packed (or found complete) and verified
+    there (``summary``: :func:`summarize`'s); ENGRAM=0 (``facts`` empty): no rank."""
+    ranks = []
+    for name, nf in facts.items():
+        rank = int(nf.get("rank", 0))
+        if rank >= int(profile.tp):
+            continue
+        node = summary.get(name) or {}
+        verify = node.get("verify") or {}
+        ranks.append(EngramRank(node=name, rank=rank, packed_dir=packed_of(profile, nf),
+                                files=tuple(sorted((node.get("pack") or {}).get("files") or {})),
+                                verified=verify.get("ok") if verify else None))
+    return EngramRecord(enabled=bool(profile.engram), tp=int(profile.tp),
+                        ranks=tuple(sorted(ranks, key=lambda r: r.rank)))
+
 
 def summarize(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The numbers a report recomputes from: per node pack MB/s, RSS, verify rows, probe IOPS."""

@@ -61,7 +61,9 @@ def test_a_step_writes_its_record_and_a_later_step_reads_it_typed(tmp_path):
 
 def test_a_step_cannot_write_another_steps_record(tmp_path):
     step = make_step(tmp_path, name="05_smoke")
-    with pytest.raises(TypeError, match="05_smoke writes no record, not LaunchRecord"):
+    with pytest.raises(TypeError, match="08_report writes no record, not LaunchRecord"):
+        step.run.write_sidecar("08_report", [], {}, "passed", launch_record())
+    with pytest.raises(TypeError, match="05_smoke writes SmokeRecord, not LaunchRecord"):
         step.run.write_sidecar("05_smoke", [], {}, "passed", launch_record())
     with pytest.raises(TypeError, match="01_network writes NetworkRecord, not LaunchRecord"):
         step.run.write_sidecar("01_network", [], {}, "passed", launch_record())
