@@ -194,13 +194,14 @@ class LaunchRecord(Record):
 class ServedRecord(Record):
     """Which server a serve step talked to: ``server_id`` is 04's start it measured ("" = unknown: base_url given,
     or a dry run), compared with the run's final 04 record (``RunDir.evidence_of_other_servers``)."""
-    base_url: str = ""
-    server_id: str = ""
+    base_url: str
+    server_id: str
 
     @classmethod
-    def of(cls, server) -> "ServedRecord":
+    def of(cls, server, **more: Any) -> "ServedRecord":
         """From the step's ``api.server_info.ServerInfo`` (None: a dry run, no server)."""
-        return cls(base_url=server.base_url, server_id=server.server_id) if server is not None else cls()
+        return cls(base_url=server.base_url if server is not None else "",
+                   server_id=server.server_id if server is not None else "", **more)
 
 
 class SmokeRecord(ServedRecord):
@@ -212,8 +213,8 @@ class VisionToolsRecord(ServedRecord):
 
 
 class BenchRecord(ServedRecord):
-    """Step 07's: also where its result is (run-relative ``raw/07_bench/bench/result.json``)."""
-    result: str = ""
+    """Step 07's: also where its result is (run-relative ``raw/07_bench/bench/result.json``; "" until measured)."""
+    result: str
 
 
 # -- the one table of steps ---------------------------------------------------------------------------------

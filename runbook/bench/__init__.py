@@ -99,7 +99,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     echo(server.describe())
     step.data["server"] = server.describe()
     # which server start the figures belong to (RunDir.evidence_of_other_servers reads it)
-    step.record = BenchRecord.of(server)
+    step.record = BenchRecord.of(server, result="")
     echo(config.to_dict())
     out_dir = step.raw_dir / RAW_DIR_NAME
     # every rank's memory bandwidth before and after: a rank in a slow state makes the bench invalid. The probe
