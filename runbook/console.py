@@ -14,8 +14,8 @@ a pipe, ``TERM=dumb``) gets plain lines with no control codes, and ``NO_COLOR`` 
 The live line counts cells (``cell 5/12``); a line that counts work (``runbook.progress``, the one progress channel:
 ``<what>: 45.0% 1.20/2.70 GiB 500 MB/s eta 3s``), from the file the kernel's counts go to (:meth:`Console.follow_file`
 with ``counts=True``) or streamed by a cell, moves the bar to that work and shows its ETA. Without a terminal a step
-that counts work says where it is after :data:`PLAIN_EVERY_S`, then at doubling intervals: a few lines for hours of
-download, none for a phase shorter than a minute.
+that counts work says where it is after :data:`PLAIN_EVERY_S`, then each time the step has run four times as long: a
+few lines for hours of download, one for a phase of minutes, none for a phase shorter than a minute.
 """
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ FRAMING = ("Input Notebook:", "Output Notebook:", "Working directory:", "Executi
 COUNT_ORDER = (Status.PASS, Status.WARN, Status.FAIL, Status.NA, Status.NOOP, Status.SIMULATED)
 #: rows printed in full when a step ends
 SHOWN = (Status.FAIL, Status.WARN)
-#: without a terminal (no live line) a step that counts work first says where it is after this long, then at
-#: doubling intervals (1, 2, 4, 8 … min into the step)
+#: without a terminal (no live line) a step that counts work first says where it is after this long, then each
+#: time the step has run four times as long (1, 4, 16, 64 … min into the step)
 PLAIN_EVERY_S = 60.0
 
 
@@ -276,9 +276,12 @@ class Console:
                 self._progress.update(self._task, **fields)
         elif not self.live and work is not None and time.monotonic() >= self._plain_next:
             now = time.monotonic()
-            self._plain_next = now + max(PLAIN_EVERY_S, now - self._started)       # doubling: a few lines in all
-            self._print(f"{self._step}: {work.pct:.0f}% {fields['work']}" + (f", {fields['eta']}" if fields["eta"]
-                                                                             else ""))
+            # the next after 4x the time so far: 1, 4, 16, 64 min into the step (a few lines for hours of work,
+            # one for a phase of minutes)
+            self._plain_next = now + max(PLAIN_EVERY_S, 3 * (now - self._started))
+            what = f"{work.label} " if work.label else ""
+            self._print(f"{self._step}: {what}{work.pct:.0f}% {fields['work']}"
+                        + (f", {fields['eta']}" if fields["eta"] else ""))
 
     def step_done(self, result: StepResult, rows: Iterable[Check] = (), where: str = "") -> None:
         """The step's line (status, time, counts), then each failing and warning row in full with its fix, and

@@ -215,5 +215,6 @@ def test_without_a_terminal_counted_work_says_where_it_is(monkeypatch):
         console.detail("Executing Cell 7---------------------------------------")
         console.detail("chatter line before the packer")
         console.detail("[pack] engram-tp0.bin:  45.0% 1.20/2.70 GiB 512 MB/s eta 3s")
-    assert buf.getvalue().splitlines() == ["03_engram: running", "03_engram: 45% 1.20/2.70 GiB, eta 3.0 s"]
+    assert buf.getvalue().splitlines() == ["03_engram: running",
+                                           "03_engram: [pack] engram-tp0.bin 45% 1.20/2.70 GiB, eta 3.0 s"]
     assert parse_work("[pack] engram-tp0.bin:  45.0% 1.20/2.70 GiB").label == "[pack] engram-tp0.bin"

@@ -146,7 +146,8 @@ class Clock:
 
 
 def test_piped_a_long_count_says_where_it_is_a_few_times_not_per_tick(monkeypatch):
-    """Plain lines after 1 min, then at doubling intervals: two hours of ticks every second make a handful."""
+    """Plain lines after 1 min, then at 4x the time so far: two hours of ticks every second make four lines, a
+    phase of three minutes one."""
     console, buf = _plain_console(monkeypatch)
     clock = Clock()
     monkeypatch.setattr(console_mod.time, "monotonic", clock)
@@ -157,9 +158,21 @@ def test_piped_a_long_count_says_where_it_is_a_few_times_not_per_tick(monkeypatc
     lines = buf.getvalue().splitlines()
     assert lines[0] == "02_weights: running"
     said = lines[1:]
-    assert said and all(line.startswith("02_weights: ") and "/7200.0 s" in line for line in said), said
-    assert len(said) == 7, said                # at 1, 2, 4, 8, 16, 32, 64 min
+    assert said and all(line.startswith("02_weights: head weights download ") and "/7200.0 s" in line
+                        for line in said), said
+    assert [line.split()[5] for line in said] == ["60.0/7200.0", "240.0/7200.0", "960.0/7200.0", "3840.0/7200.0"]
     assert "\x1b" not in buf.getvalue()
+
+
+def test_piped_a_phase_of_minutes_adds_one_line(monkeypatch):
+    console, buf = _plain_console(monkeypatch)
+    clock = Clock()
+    monkeypatch.setattr(console_mod.time, "monotonic", clock)
+    with console.step("04_launch", cells=8):
+        for second in range(0, 200):
+            clock.now = 1000.0 + second
+            console.counted(progress.line("ready wait", second, 600, "s"))
+    assert buf.getvalue().splitlines() == ["04_launch: running", "04_launch: ready wait 10% 60.0/600.0 s"]
 
 
 def test_piped_a_short_count_adds_no_line(monkeypatch):
