@@ -16,8 +16,8 @@ standard-library tools that run on a node (the packer, ``weights_tools/node_down
   notebook;
 * in a Jupyter kernel otherwise (JupyterLab by hand): an ipywidgets bar per count, updated at most every
   :data:`EVERY_S`;
-* elsewhere (a command in a terminal, a test): a line on stderr only after :data:`QUIET_S` without an end, then at
-  doubling intervals, and the end of such a long count.
+* elsewhere (a command in a terminal, a test): a line on stderr only after :data:`QUIET_S` without an end, then each
+  time the count has run four times as long, and the end of such a long count.
 
 In a kernel each count's final line is printed into the cell's output when it ends (the archived notebook shows
 the final counts), and every process keeps the final counts (:func:`finals`): ``Step.finish`` writes them into the
@@ -38,7 +38,7 @@ from typing import Callable
 FILE_ENV = "RUNBOOK_PROGRESS_FILE"
 #: at most one update per count this often (file lines, widget updates)
 EVERY_S = 1.0
-#: elsewhere (no console, no kernel): quiet this long, then doubling intervals
+#: elsewhere (no console, no kernel): quiet this long, then at 4x the time so far
 QUIET_S = 30.0
 #: a line that counts work (the packer's form)
 WORK = re.compile(r"(?P<pct>\d+(?:\.\d+)?)%\s+(?P<done>\d+(?:\.\d+)?)/(?P<total>\d+(?:\.\d+)?)\s*(?P<unit>[A-Za-z]+)?")
@@ -136,7 +136,8 @@ class WidgetSink:
 
 
 class StreamSink:
-    """Elsewhere: quiet for :data:`QUIET_S`, then a line at doubling intervals, and the end of a count that spoke."""
+    """Elsewhere: quiet for :data:`QUIET_S`, then a line each time the count has run four times as long, and the end
+    of a count that spoke."""
 
     def __init__(self, stream=None):
         self.stream = stream
@@ -153,7 +154,7 @@ class StreamSink:
         elif now < due:
             return
         else:
-            self._next[id(counter)] = now + max(QUIET_S, 2 * (now - counter.started))
+            self._next[id(counter)] = now + max(QUIET_S, 3 * (now - counter.started))   # as the console: 4x
         print(text, file=self.stream or sys.stderr, flush=True)
 
 

@@ -295,3 +295,17 @@ def test_a_quiet_relay_drops_what_is_not_a_count(seen, capsys):
         relay("weights download:  50.0% 1.00/2.00 GiB")
     assert capsys.readouterr().out == ""
     assert [s[0] for s in seen.shown] == ["head weights download", "head weights download"]
+
+
+def test_outside_a_kernel_and_the_runner_a_long_count_says_where_it_is_a_few_times(monkeypatch):
+    """A command in a terminal (``python -m runbook start``): after 30 s, then at 4x the time so far, and its end."""
+    clock = Clock()
+    monkeypatch.setattr(progress.time, "monotonic", clock)
+    err = io.StringIO()
+    with progress.count("ready wait", 900, "s", every_s=0, to=progress.StreamSink(err)) as bar:
+        for second in range(1, 600):
+            clock.now = 1000.0 + second
+            bar.update(second)
+    lines = err.getvalue().splitlines()
+    assert [line.split()[3] for line in lines] == ["30.0/900.0", "120.0/900.0", "480.0/900.0", "599.0/900.0"], lines
+    assert lines[-1].endswith("in 599.0s")
