@@ -228,6 +228,7 @@ class Counter:
         self._to = to
         self._shown_at: float | None = None
         self._shown: tuple[float, float] | None = None
+        self._first: tuple[float, float] | None = None         # (when, done) at the first update: the ETA's base
         self._lock = threading.Lock()
         self._record()
 
@@ -237,13 +238,13 @@ class Counter:
                                    "seconds": round(time.monotonic() - self.started, 3), "ended": self.closed}
 
     def eta(self) -> float | None:
-        """Seconds left at the rate so far; none for a wait (``s``: its total is a limit, not the work)."""
-        spent = time.monotonic() - self.started
-        if self.unit == "s":
+        """Seconds left at the rate since the first update (what was done before it, a kept partial, is not
+        rate); none for a wait (``s``: its total is a limit, not the work)."""
+        if self.unit == "s" or self._first is None or self.done >= self.total:
             return None
-        if self.done <= 0 or spent <= 0 or self.done >= self.total:
-            return None
-        return (self.total - self.done) * spent / self.done
+        t0, d0 = self._first
+        spent, gained = time.monotonic() - t0, self.done - d0
+        return (self.total - self.done) * spent / gained if spent > 0 and gained > 0 else None
 
     def update(self, done: float, total: float | None = None) -> None:
         """``done`` so far (kept at the highest seen); ``total`` when it became known or changed."""
@@ -253,6 +254,8 @@ class Counter:
             if total is not None:
                 self.total = float(total)
             self.done = max(self.done, min(float(done), self.total))
+            if self._first is None:
+                self._first = (time.monotonic(), self.done)
             now = time.monotonic()
             if self._shown_at is not None:
                 if (self.done, self.total) == self._shown:

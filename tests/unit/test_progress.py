@@ -286,7 +286,10 @@ def test_a_wait_has_no_eta(seen):
     assert console_mod.parse_work("bytes:  10.0% 1.00/10.00 GiB", now=0.0).eta() is None       # one line: no rate
     with progress.count("files", 10, "files") as bar:
         bar.update(5)
-        assert bar.eta() is not None
+        assert bar.eta() is None                 # one update: no rate yet (5 were done before it began)
+        bar._first = (bar._first[0] - 10.0, 5)   # 10 s ago
+        bar.update(7)
+        assert bar.eta() == pytest.approx(3 * 10 / 2, rel=0.05)
 
 
 def test_a_quiet_relay_drops_what_is_not_a_count(seen, capsys):
