@@ -4,6 +4,8 @@ label) and each face shows it its own way.
     with progress.count("weights download head", total=size, unit="B") as bar:
         bar.update(done)                  # absolute count; never goes back (a retry from byte 0 does not count down)
     node.run(cmd, lines=progress.relay("head "))     # a node tool's own counting lines, same format
+    with progress.from_tool("worker image load", size, progress.DD_BYTES) as (bar, lines):
+        node.run("dd if=x.tar status=progress | docker load", lines=lines)     # another tool's progress lines
 
 The wire form is one text line, the Engram packer's (``engram_tools/pack_writer.py``):
 ``<label>: <pct>% <done>/<total> <unit>[ <rate>][ eta <s>s]`` — :func:`line` writes it, :func:`parse` reads it; the
@@ -25,6 +27,7 @@ step's sidecar (``data["progress"]``), masked like the rest of it.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -299,6 +302,33 @@ class Counter:
 def count(label: str, total: float, unit: str = "", **kw) -> Counter:
     """A new count (see :class:`Counter`)."""
     return Counter(label, total, unit, **kw)
+
+
+#: ``dd status=progress`` (stderr): ``1234567 bytes (1.2 MB, 1.2 MiB) copied, 1 s, 1.2 MB/s``
+DD_BYTES = re.compile(r"^(\d+) bytes\b")
+#: ``rsync --info=progress2``: ``  1,234,567  45%   10.50MB/s    0:00:12`` (the separators follow the locale)
+RSYNC_BYTES = re.compile(r"^\s*(\d[\d,.']*)\s+\d+%")
+
+
+class _Uncounted:
+    def update(self, *a, **k) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def from_tool(label: str, total: float, pattern: re.Pattern, *, dry_run: bool = False):
+    """A byte count fed by another tool's own progress lines (:data:`DD_BYTES`, :data:`RSYNC_BYTES`: the first group
+    is the bytes so far): ``with from_tool(...) as (bar, lines): node.run(cmd, lines=lines)``. A dry run counts
+    nothing (``lines`` is None)."""
+    if dry_run:
+        yield _Uncounted(), None
+        return
+    with count(label, total, "B") as bar:
+        def lines(text: str) -> None:
+            m = pattern.match(text)
+            if m:
+                bar.update(int(re.sub(r"\D", "", m.group(1))))
+        yield bar, lines
 
 
 class relay:

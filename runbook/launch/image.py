@@ -24,7 +24,6 @@ image, which ``docker save`` exports whole. A head image of another platform tha
 """
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from dataclasses import dataclass
@@ -139,32 +138,6 @@ def _free_bytes(node: Node, path: str) -> int:
     return system.parse_disk_free(r.stdout).avail_bytes if r.ok else 0
 
 
-#: dd status=progress (stderr): ``1234567 bytes (1.2 MB, 1.2 MiB) copied, 1 s, 1.2 MB/s``
-DD_BYTES = re.compile(r"^(\d+) bytes\b")
-#: rsync --info=progress2: ``  1,234,567  45%   10.50MB/s    0:00:12`` (the separators follow the locale)
-RSYNC_BYTES = re.compile(r"^\s*(\d[\d,.']*)\s+\d+%")
-
-
-class _Uncounted:
-    def update(self, *a, **k) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def counted(label: str, total: int, pattern: re.Pattern, *, dry_run: bool = False):
-    """A byte count (``runbook.progress``) and the line sink that feeds it from a tool's own progress lines
-    (a dry run counts nothing)."""
-    if dry_run:
-        yield _Uncounted(), None
-        return
-    with progress.count(label, total, "B") as bar:
-        def lines(text: str) -> None:
-            m = pattern.match(text)
-            if m:
-                bar.update(int(re.sub(r"\D", "", m.group(1))))
-        yield bar, lines
-
-
 def _file_bytes(node: Node, path: str) -> int:
     out = node.read(f"stat -c %s {quote(path)}", timeout=30).stdout.strip()
     return int(out) if out.isdigit() else 0
@@ -202,17 +175,17 @@ def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[st
     # each phase counted in bytes (runbook.progress): dd's status=progress for the save and the load, rsync's
     # progress2 for the copy; the image's size is the save's estimate until the tar's own size is known
     dry = head.dry_run
-    with counted(f"{target.name} image save", size, DD_BYTES, dry_run=dry) as (bar, lines):
+    with progress.from_tool(f"{target.name} image save", size, progress.DD_BYTES, dry_run=dry) as (bar, lines):
         head.run(f"set -o pipefail; {save} | dd of={quote(tar)} bs=4M status=progress", timeout=3600, lines=lines)
         tar_size = (0 if dry else _file_bytes(head, tar)) or size
         bar.update(tar_size, total=tar_size)
     ssh = " ".join(quote(a) for a in node_ssh_argv(profile, target, target.spec.fabric_ip)[:-1])
     dest = node_ssh_argv(profile, target, target.spec.fabric_ip)[-1]
-    with counted(f"{target.name} image copy", tar_size, RSYNC_BYTES, dry_run=dry) as (bar, lines):
+    with progress.from_tool(f"{target.name} image copy", tar_size, progress.RSYNC_BYTES, dry_run=dry) as (bar, lines):
         head.run(f"rsync -a --partial --inplace --info=progress2 -e {quote(ssh)} {quote(tar)} "
                  f"{quote(dest + ':' + tstage + '/')}", timeout=7200, lines=lines)
         bar.update(tar_size)
-    with counted(f"{target.name} image load", tar_size, DD_BYTES, dry_run=dry) as (bar, lines):
+    with progress.from_tool(f"{target.name} image load", tar_size, progress.DD_BYTES, dry_run=dry) as (bar, lines):
         target.run(f"set -o pipefail; dd if={quote(tstage + '/' + tar_name)} bs=4M status=progress | docker load",
                    timeout=3600, lines=lines)
         bar.update(tar_size)

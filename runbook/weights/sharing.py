@@ -177,10 +177,15 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
     # as the SSH user the runbook logs in with on the worker (root there only when the profile says so)
     target = target or f"{node_user(worker).name}@{worker.spec.fabric_ip}"
     cmd = render_rsync(src_dir, dst_dir, target, ssh=ssh)
-    t0 = time.monotonic()
-    res = head.run(cmd, timeout=timeout, warn=True)
-    seconds = time.monotonic() - t0
     total = sum(f["size"] for f in head_manifest.get("files", []))
+    t0 = time.monotonic()
+    # its --info=progress2 lines count the bytes (runbook.progress); a file already there ends the count early
+    with progress.from_tool(f"{worker.name} weights copy", total, progress.RSYNC_BYTES,
+                            dry_run=head.dry_run) as (bar, lines):
+        res = head.run(cmd, timeout=timeout, warn=True, lines=lines)
+        if res.ok:
+            bar.update(total)
+    seconds = time.monotonic() - t0
     result.data.update(command=cmd, seconds=round(seconds, 2), bytes=total, src=src_dir, dst=dst_dir)
     result.checks.append(check("weights.rsync", res.ok, node=head.name,
                                observed=f"exit {res.exit_code} in {seconds:.1f} s "

@@ -548,3 +548,25 @@ def test_the_downloaders_count_never_goes_back():
     counts.end()
     from runbook import progress
     assert [progress.parse(line).done for line in out.getvalue().splitlines()] == [3.0, 4.0]
+
+
+def test_the_rsync_to_the_worker_counts_its_bytes_from_rsyncs_own_lines(downloaded, tmp_path):
+    """A real rsync (the ssh hop stood in for, as above): its --info=progress2 lines feed ``worker weights copy``
+    through runbook.progress, rising to the head manifest's bytes."""
+    from runbook import progress
+    seen = _Seen()
+    progress.use(seen)
+    progress.reset()
+    try:
+        head, worker = LocalNode("head", 0, fabric_ip="10.77.0.1"), LocalNode("worker", 1, fabric_ip="10.77.0.2")
+        res = W.rsync_to_worker(head, worker, str(downloaded.dest), str(tmp_path / "w"), target="localhost",
+                                ssh="sh -c 'shift; exec \"$@\"' --")
+    finally:
+        progress.use(None)
+        progress.reset()
+    assert res.ok, [c.to_record() for c in res.checks]
+    shown = [s for s in seen.shown if s[0] == "worker weights copy"]
+    done = [s[1] for s in shown]
+    assert len(shown) >= 3 and done == sorted(done), shown      # rsync's own lines, then the end
+    assert 0 < done[0] < res.data["bytes"] and shown[-1] == ("worker weights copy", res.data["bytes"],
+                                                             res.data["bytes"], True)
