@@ -152,8 +152,9 @@ def _server_cluster(args):
     else:
         profile = load_profile(args.profile, overrides=_overrides(args.param))
     names = [n.name for n in profile.nodes]
-    if getattr(args, "node", None) and args.node not in names:
-        raise UsageError(f"no node {args.node!r} in {args.profile}", expected="one of " + ", ".join(names),
+    node = vars(args).get("node")             # only the commands that take one node have the argument
+    if node and node not in names:
+        raise UsageError(f"no node {node!r} in {args.profile}", expected="one of " + ", ".join(names),
                          fix=f"name one of the profile's {len(names)} nodes, or leave the node out (all)")
     return profile, Cluster.from_profile(profile)
 
