@@ -34,9 +34,10 @@ TINY_MODULE = "runbook.lab.tinymodel"
 #: lab Hub repo -> (module that makes it, local model dir); the default is the 2-node tiny model
 TINY_VARIANTS = {
     "spark-runbook/tiny-tp3": ("runbook.lab.tinymodel_tp3", LAB_DIR / "models" / "tiny-tp3"),   # TP=3 shapes
+    "spark-runbook/tiny-tp4": ("runbook.lab.tinymodel_tp4", LAB_DIR / "models" / "tiny-tp4"),   # TP=4, TP2 x PP2
 }
 #: tensor-parallel size -> the tiny model a rehearsal publishes under the recipe's repo id (default: 2-node)
-TINY_BY_TP = {3: TINY_VARIANTS["spark-runbook/tiny-tp3"]}
+TINY_BY_TP = {3: TINY_VARIANTS["spark-runbook/tiny-tp3"], 4: TINY_VARIANTS["spark-runbook/tiny-tp4"]}
 
 
 def tiny_for_tp(tp: int) -> tuple[str, Path]:
