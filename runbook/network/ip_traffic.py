@@ -27,7 +27,8 @@ def short_ends(names: list[str], answered: dict[tuple[str, str], bool]) -> list[
 
 def switch_checks(ctx: Verification, rail: Rail, answered: dict[tuple[str, str], bool], size: int) -> None:
     """``net.switch.<rail>``: on a rail of three or more nodes, every pair answers DF pings of ``size`` bytes;
-    a node whose every pair fails is named, with its switch port as the fix when its NIC has the MTU."""
+    a node whose every pair fails is named, with its switch port as the fix when its NIC has the MTU. A failing
+    row that names the short end is the fabric cause of the lost pings, TCP and collectives (the first fix)."""
     mtu = ctx.profile.fabric_mtu
     names = list(rail.ends)
     pairs = len(names) * (len(names) - 1) // 2
@@ -43,7 +44,7 @@ def switch_checks(ctx: Verification, rail: Rail, answered: dict[tuple[str, str],
                       observed=f"no pair of {len(names)} nodes answers a {size}-byte DF ping",
                       expected=f"every pair through the switch at MTU {mtu}",
                       fix=f"set MTU {mtu} (jumbo frames) on the switch and on every port the nodes use; check the "
-                          "switch ports' VLAN and link state", data={"short": sorted(names)}))
+                          "switch ports' VLAN and link state", data={"short": sorted(names)}, cause="fabric"))
         return
     lost = sum(1 for ok in answered.values() if not ok)
     where = "; ".join(f"{n} {rail.ends[n].iface}: " + (f"NIC MTU {nic[n]}" if nic[n] != mtu else
@@ -57,7 +58,7 @@ def switch_checks(ctx: Verification, rail: Rail, answered: dict[tuple[str, str],
                                  f"set MTU {mtu} on the switch port {n}'s {rail.ends[n].iface} is plugged into "
                                  "(a switch port left at 1500 drops jumbo frames silently)" for n in short)
                        or "see the failing net.ping rows: check the cables and the switch's ports of those pairs"),
-                  data={"short": short}))
+                  data={"short": short}, cause="fabric" if short else ""))
 
 
 def ping_checks(ctx: Verification, rails: list[Rail]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from runbook.checks import Status
+from runbook.checks import Status, check, first_fix
 from runbook.facts import net as fnet
 from runbook.network.context import NetFacts, Rail, RailEnd, Verification
 from runbook.network.ip_traffic import short_ends, switch_checks
@@ -46,7 +46,9 @@ def test_a_switch_port_left_at_1500_is_named():
     assert "worker2 enp1s0f0np0: NIC MTU 9000, so its switch port drops 8972-byte frames" in row.observed
     assert "6 of 12 DF pings lost" in row.observed
     assert row.fix.startswith("set MTU 9000 on the switch port worker2's enp1s0f0np0 is plugged into")
-    assert row.data["short"] == ["worker2"]
+    assert row.data["short"] == ["worker2"] and row.cause == "fabric"
+    lost_ping = check("net.ping.rail0.head->worker2", False, fix="check link, addresses and MTU")
+    assert first_fix([("01_network", [lost_ping, row])])[1] is row        # the switch port, not the first ping
 
 
 def test_a_short_nic_is_named_as_the_nic():
