@@ -108,7 +108,7 @@ def cmd_lab(args) -> int:
     from .lab import netlab
     lab_dir = _lab_dir(args)
     if args.action == "up":
-        info = netlab.up(lab_dir, nodes=args.nodes)
+        info = netlab.up(lab_dir, nodes=args.nodes, topology=args.topology)
         print(json.dumps(info.to_dict(), indent=2, default=str))
     elif args.action == "down":
         from .lab import control
@@ -384,9 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "stdout; the verdict and review list go to stderr")
     val.set_defaults(func=cmd_validate)
 
-    lab = sub.add_parser("lab", help="the embedded two-node lab")
+    lab = sub.add_parser("lab", help="the embedded lab (2 to 8 nodes)")
     lab.add_argument("action", choices=["up", "down", "status"])
-    lab.add_argument("--nodes", type=int, default=2)
+    lab.add_argument("--nodes", type=int, default=2, help="2 to 8 nodes")
+    lab.add_argument("--topology", choices=["cable", "triangle", "switch"],
+                     help="how the fabric is wired (default: a cable for 2 nodes, the triangle for 3, else a switch)")
     lab.add_argument("--lab-dir")
     lab.set_defaults(func=cmd_lab)
 
