@@ -8,7 +8,7 @@ from runbook.lab.rehearsal import (GROUP_CLASS, GROUPS, HARDWARE, LAB_CLASS, SET
                                    count, load_rehearsal, substitutions)
 from runbook.profile import KEYS, load_profile
 
-RECIPES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env"]
+RECIPES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env", "env/tp4-v41.env"]
 SUBSTITUTABLE = {k for _, keys in GROUPS.values() for k in keys}
 
 

@@ -17,7 +17,7 @@ from runbook.lab.rehearsal import (GOALS, HARDWARE, LAB_CLASS, NO_GOAL, SET_BY_R
 from runbook.launch.render import NodeFacts, render
 from runbook.profile import load_profile
 
-RECIPES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env"]
+RECIPES = ["env/exl3-v41.env", "env/dspark-v4.env", "env/tp3-dspark.env", "env/tp4-v41.env"]
 LAB_DIGEST = "sha256:" + "1" * 64
 
 def every_substitution(path: str, ssh_user: str = "") -> list[Substitution]:
