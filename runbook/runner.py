@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import launch, records, weights
+from . import launch, progress, records, weights
 from .checks import CheckList, check
 from .console import ARCHIVE_NAME, Console, StepResult
 from .api import health
@@ -205,7 +205,14 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         status = "passed" if outcomes and all(o.status == "passed" for o in outcomes) else "failed"
         if not outcomes:
             status = "passed" if resume else "empty"
-        run_dir.update_manifest(status=status, finished=time.time())
+        # passed only if what 05-07 measured belongs to the server the run ends with (a resume that restarted it
+        # after them, with their results kept, cannot pass)
+        other = run_dir.evidence_of_other_servers() if status == "passed" else []
+        for line in other:
+            echo(f"not passed: {line}")
+        if other:
+            status = "failed"
+        run_dir.update_manifest(status=status, finished=time.time(), **({"other_servers": other} if other else {}))
         # the report page is rewritten once the run's final status is known (the 08 step wrote it
         # while the run was still "running"); a report problem never changes the run's outcome
         try:
@@ -419,8 +426,11 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
         kernel_fd = os.open(kernel_out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         shown.callback(os.close, kernel_fd)
         shown.enter_context(console.follow_file(kernel_out))
+        counts = scratch / "progress.log"          # the kernel's counted work (runbook.progress): the live line
+        counts.touch(mode=0o600)
+        shown.enter_context(console.follow_file(counts, counts=True))
         shown.enter_context(console.step(name, cells=_cell_count(source)))
-        engine["kernel_manager_class"] = _kernel_writing_to(kernel_fd)
+        engine["kernel_manager_class"] = _kernel_writing_to(kernel_fd, counts)
     try:
         with shown:
             pm.execute_notebook(str(source), str(scratch_nb), parameters=parameters, kernel_name=kernel,
@@ -466,18 +476,22 @@ def _cell_count(notebook: Path) -> int:
         return 0
 
 
-def _kernel_writing_to(fd: int):
+def _kernel_writing_to(fd: int, counts: Path | None = None):
     """A kernel manager class whose kernel writes its stdout and stderr to ``fd`` (a file: a child that keeps
     the descriptor never blocks on it) instead of this terminal: ipykernel's "running over TCP without
     encryption" warning (ipykernel/kernelapp.py ``init_sockets``) and anything a cell's subprocess writes to the
     kernel's own descriptors. nbclient creates it (``NotebookClient.kernel_manager_class``) and starts the kernel
-    through ``start_kernel``, whose keywords reach ``subprocess.Popen`` (jupyter_client/launcher.py)."""
+    through ``start_kernel``, whose keywords reach ``subprocess.Popen`` (jupyter_client/launcher.py).
+    ``counts``: the file the kernel's counted work goes to (``runbook.progress.FILE_ENV`` in its environment;
+    ``env`` is the kernel's whole environment, jupyter_client/manager.py ``pre_start_kernel``)."""
     from jupyter_client.manager import AsyncKernelManager
 
     class StepKernelManager(AsyncKernelManager):
         async def start_kernel(self, **kw):
             kw.setdefault("stdout", fd)
             kw.setdefault("stderr", fd)
+            if counts is not None:
+                kw["env"] = {**(kw.get("env") or os.environ), progress.FILE_ENV: str(counts)}
             return await super().start_kernel(**kw)
 
     return StepKernelManager
@@ -526,7 +540,7 @@ def write_failure_sidecar(run_dir: RunDir, name: str, error: str, *, profile_pat
                 rows += health.explain(cluster, profile)
         except Exception as exc:  # noqa: BLE001 - the explanation is best effort; the error row stands
             rows.append(check("state readable", False, node="cluster", observed=f"{type(exc).__name__}: {exc}"[:500],
-                              expected="the nodes answer", fix="check ssh to the nodes"))
+                              expected="the nodes answer", fix="check ssh to the nodes", cause="node"))
     run_dir.write_sidecar(name, [r.to_record() for r in rows], {"duration_s": round(seconds, 3),
                                                                "written_by": "runner (the step raised)"},
                           "failed")

@@ -334,7 +334,8 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
 
     def fetch(node, dest):
         return download_on_node(node, repo, revision, dest, expected=snap.expected(), endpoint=endpoint,
-                                python=python, allow=files, max_workers=profile.hf_max_workers, token=token)
+                                python=python, allow=files, max_workers=profile.hf_max_workers, token=token,
+                                label="engram source download")
 
     got = fetch(head, paths[head.name])
     checks += got.checks
