@@ -15,9 +15,9 @@ from support.engram import tool_node
 from support.profiles import profile_from
 
 
-def profile(tmp_path, src, env="env/lab.env"):
+def profile(tmp_path, src, env="env/lab.env", **keys):
     """The shipped lab profile (two nodes, TP=2; ``env/lab-tp3.env``: three) with its Engram dirs in tmp_path."""
-    return profile_from(env, ENGRAM_SRC_DIR=src, ENGRAM_PACKED_DIR=tmp_path / "packed")
+    return profile_from(env, ENGRAM_SRC_DIR=src, ENGRAM_PACKED_DIR=tmp_path / "packed", **keys)
 
 
 @pytest.fixture(scope="module")
@@ -132,15 +132,14 @@ def test_space_check_counts_only_rows_a_partial_record_keeps(tmp_path, src):
 def test_tp4_packs_every_rank_and_the_verifier_names_a_corrupted_rank3_file(tmp_path, src):
     """TP = 4 on four nodes (issue 39): each node packs its own rank's rows of the lab's synthetic source, check.py
     verifies every rank's files, and a flipped byte in rank 3's file fails worker3's verify row naming the file.
-    The profile is a stand-in holding only what plan_pack and expected_files read (a four-node profile is not on
-    main yet); it refuses anything else (SimpleNamespace: AttributeError)."""
-    from types import SimpleNamespace
-
-    from runbook.profile.nodes import NodeSpec
+    The profile: env/lab.env grown to four nodes on one /24 (a switch), TP = 4."""
     names = ["head", "worker", "worker2", "worker3"]
-    prof = SimpleNamespace(tp=4, engram_src_dir=str(src), engram_packed_dir=str(tmp_path / "packed"),
-                           nodes=[NodeSpec(n, k, f"spark-{n}", f"169.254.30.{k + 1}", "enp1s0f0np0")
-                                  for k, n in enumerate(names)])
+    four = {"NNODES": "4", "TP": "4", "HEAD_IP": "169.254.77.1", "WORKER_IP": "169.254.77.2"}
+    for rank, name in enumerate(names[2:], start=2):
+        four.update({f"{name.upper()}_SSH": f"spark-{name}", f"{name.upper()}_IP": f"169.254.77.{rank + 1}",
+                     f"{name.upper()}_CX7_IF": "enp1s0f0np0"})
+    prof = profile(tmp_path, src, **four)
+    assert [n.name for n in prof.nodes] == names and prof.tp == 4
     cluster = FakeCluster([tool_node(n, k) for k, n in enumerate(names)])
     tdir = str(tmp_path / "tools")
     checks = step.run_pack(cluster, prof, tools_dir=tdir)
