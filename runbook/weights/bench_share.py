@@ -28,7 +28,7 @@ from ..facts import net as fnet
 from ..lab import switchlab
 from ..profile.nodes import NodeSpec
 from ..remote import CommandLog, Node, SshSettings
-from .sharing import rsync_to_worker
+from .sharing import RSYNC_SSH, rsync_to_worker
 from .transfer import share_to_workers
 from .verify import read_manifest, verify_dir
 
@@ -206,6 +206,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=int, default=5, help="iperf3 duration")
     p.add_argument("--sequential", action="store_true", help="also share one worker after the other")
     p.add_argument("--keep", action="store_true", help="keep the checkpoint for the next run")
+    p.add_argument("--cipher", default="", help="the ssh cipher(s) rsync's ssh asks for (default: step 02's, "
+                                               "sharing.RSYNC_SSH), e.g. chacha20-poly1305@openssh.com")
     args = p.parse_args(argv)
     work = Path(args.dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -225,7 +227,7 @@ def main(argv=None) -> int:
         runs = [True, False] if args.sequential else [True]
         result["share"] = []
         for parallel in runs:
-            one = _share_each(bench, head, workers, str(src), dst, manifest, parallel=parallel)
+            one = _share_each(bench, head, workers, str(src), dst, manifest, parallel=parallel, cipher=args.cipher)
             result["share"].append(one)
         result["load_after"] = os.getloadavg()
     finally:
@@ -246,7 +248,7 @@ def _cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def _share_each(bench, head, workers, src, dst_pattern, manifest, *, parallel):
+def _share_each(bench, head, workers, src, dst_pattern, manifest, *, parallel, cipher=""):
     """``share`` with each worker's own destination (the nodes share this machine's disk)."""
     dsts = {w.name: dst_pattern.format(w.spec.rank) for w in workers}
     for w in workers:
@@ -256,8 +258,9 @@ def _share_each(bench, head, workers, src, dst_pattern, manifest, *, parallel):
         w.close()
     time.sleep(1)                          # sshd reaps the closed sessions (the iperf3 runs', the rm's)
     t0, (busy0, total0), cpu0 = time.monotonic(), _cpu_times(), bench.sessions_cpu_s()
-    results = share_to_workers(workers, lambda w: rsync_to_worker(head, w, src, dsts[w.name], head_manifest=manifest),
-                               parallel=parallel)
+    ssh = f"ssh -o BatchMode=yes -o StrictHostKeyChecking=yes -c {cipher}" if cipher else RSYNC_SSH
+    results = share_to_workers(workers, lambda w: rsync_to_worker(head, w, src, dsts[w.name], head_manifest=manifest,
+                                                                  ssh=ssh), parallel=parallel)
     wall, (busy1, total1) = time.monotonic() - t0, _cpu_times()
     head.close()
     for w in workers:
@@ -273,7 +276,7 @@ def _share_each(bench, head, workers, src, dst_pattern, manifest, *, parallel):
                       "gbit_s": round(total * 8 / secs / 1e9, 3) if secs else None,
                       "failed": [f"{c.name}: {c.observed}" for c in failed]}
     span = (max if parallel else sum)(r["rsync_s"] or 0 for r in rows.values())
-    return {"parallel": parallel, "bytes_per_worker": total, "wall_s_incl_verify": round(wall, 2), "workers": rows,
+    return {"parallel": parallel, "cipher": cipher or "step 02's (sharing.RSYNC_SSH)", "bytes_per_worker": total, "wall_s_incl_verify": round(wall, 2), "workers": rows,
             "rsync_span_s": round(span, 2), "cpu_busy": round((busy1 - busy0) / max(total1 - total0, 1), 3),
             "nodes_cpu_s": round(cpu, 1), "cpu_s_per_gib": round(cpu / (total * len(workers) / GIB), 2),
             "aggregate_gbit_s": round(total * len(workers) * 8 / span / 1e9, 3) if span else None}
@@ -288,7 +291,7 @@ def _print(r: dict) -> None:
     print("iperf3 to all workers at once: " + ", ".join(f"{k} {v:.2f}" for k, v in together.items())
           + f" Gb/s, sum {r['iperf3_together_sum_gbit_s']:.2f}")
     for s in r["share"]:
-        mode = "in parallel" if s["parallel"] else "one after the other"
+        mode = ("in parallel" if s["parallel"] else "one after the other") + f", cipher {s['cipher']}"
         print(f"share {mode}: rsync span {s['rsync_span_s']:.1f} s, aggregate {s['aggregate_gbit_s']:.2f} Gb/s "
               f"(ratio {s['aggregate_gbit_s'] / r['iperf3_together_sum_gbit_s']:.2f} of iperf3 at once, "
               f"{s['aggregate_gbit_s'] / (sum(alone.values()) / len(alone)):.2f} of one iperf3 stream alone); "

@@ -146,10 +146,13 @@ def read_node_manifest(node, directory: str) -> dict[str, Any] | None:
 CREDENTIAL_FILES = ("token", "stored_tokens", ".netrc", ".git-credentials")
 # where rsync keeps a cut file, beside its final name (relative: rsync excludes it from the transfer itself)
 PARTIAL_DIR = ".rsync-partial"
+# rsync's ssh asks for AES-GCM first (the CPU's AES instructions) before ssh's own first choice, ChaCha20: the share
+# is CPU-bound on the ssh and rsync processes, and AES-GCM cut the CPU per GiB by a fifth (docs/weights.md §4b)
+RSYNC_SSH = ("ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
+             "-c aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com")
 
 
-def render_rsync(src_dir: str, dst_dir: str, target: str, *,
-                 ssh: str = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes") -> str:
+def render_rsync(src_dir: str, dst_dir: str, target: str, *, ssh: str = RSYNC_SSH) -> str:
     """rsync head→worker over the fabric address: whole files (no delta CPU), symlinks as symlinks (a hub
     cache's ``snapshots/<rev>/*`` point into ``blobs/``). A file being written is rsync's hidden temp until it is
     complete, then renamed; a cut one is kept in ``PARTIAL_DIR`` beside it, never under its final name (``--partial``
@@ -164,8 +167,7 @@ def render_rsync(src_dir: str, dst_dir: str, target: str, *,
 
 
 def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | None = None,
-                    ssh: str = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes",
-                    head_manifest: dict[str, Any] | None = None, python: str = "python3",
+                    ssh: str = RSYNC_SSH, head_manifest: dict[str, Any] | None = None, python: str = "python3",
                     workers: int = 4, timeout: float = 6 * 3600, tree: str = "") -> ShareResult:
     """Copy the head's verified directory to the worker, verify there by the head manifest, check
     parity. ``tree``: where the verified files sit inside the copied directory (a hub cache:
