@@ -1,0 +1,179 @@
+"""EXECUTOR=ray: the key, validate's refusal on the lab's CPU vLLM, the launch render (goldens), the per-node
+stop/status/logs commands, and the parser of `ray status` over captured real output (tests/unit/data/ray/: Ray 2.60.0
+on netns nodes; the 4-node one from docs/four-nodes.md's run). The cluster itself, for real: tests/lab/
+test_ray_cluster_lab.py."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from runbook import cli
+from runbook.errors import ProfileError
+from runbook.facts import ray as ray_facts
+from runbook.launch.render import NodeFacts, check_consistency, flag_value, render
+from runbook.profile import KEYS, REPO_ROOT, load_profile, refuse_unservable
+from runbook.profile.rules import RAY_CPU_ERROR
+from support.golden import check_golden
+
+ENV = REPO_ROOT / "env"
+DATA = Path(__file__).parent / "data" / "ray"
+GOLDEN = Path(__file__).parent / "golden" / "launch"
+HOME = "/home/spark"
+
+
+def _plan(name: str, overrides=None):
+    p = load_profile(ENV / f"{name}.env", {"EXECUTOR": "ray", **(overrides or {})})
+    return render(p, {n.name: NodeFacts(home=HOME) for n in p.nodes})
+
+
+# ----------------------------------------------------------------------------- the key
+
+def test_executor_key_sits_after_master_port_in_every_env_file_and_defaults_to_mp():
+    assert KEYS[KEYS.index("MASTER_PORT") + 1] == "EXECUTOR"
+    files = sorted(ENV.glob("*.env"))
+    assert files
+    for f in files:
+        keys = [ln.split("=", 1)[0] for ln in f.read_text().splitlines() if re.match(r"^[A-Z0-9_]+=", ln)]
+        assert keys[keys.index("MASTER_PORT") + 1] == "EXECUTOR", f
+        assert load_profile(f).executor == "mp", f
+
+
+def test_executor_refuses_other_values_naming_the_choices():
+    with pytest.raises(ProfileError) as exc:
+        load_profile(ENV / "lab.env", {"EXECUTOR": "rays"})
+    assert "EXECUTOR" in str(exc.value) and "mp|ray" in str(exc.value)
+
+
+# ----------------------------------------------------------------------------- validate: the lab cannot serve through Ray
+
+def test_ray_on_the_lab_is_refused_for_serving_with_the_engine_error_its_cause_and_the_fix(tmp_path):
+    text = (ENV / "lab.env").read_text().replace("EXECUTOR=mp", "EXECUTOR=ray")
+    f = tmp_path / "lab-ray.env"
+    f.write_text(text)
+    p = load_profile(f)                    # loads: render and the Ray cluster alone take it
+    with pytest.raises(ProfileError) as exc:
+        refuse_unservable(p)
+    issue, = exc.value.issues
+    line = 1 + text.splitlines().index("EXECUTOR=ray")
+    assert (issue.key, issue.path, issue.line) == ("EXECUTOR", str(f), line)
+    assert RAY_CPU_ERROR == "ValueError: current platform cpu does not support ray."
+    assert RAY_CPU_ERROR in issue.message and "ray_device_key" in issue.message and "ray_utils.py:574" in issue.message
+    assert "EXECUTOR=mp" in issue.fix
+
+
+def test_validate_cli_refuses_lab_ray_unless_checked_up_to_the_ray_cluster(capsys):
+    assert cli.main(["validate", "--profile", str(ENV / "lab.env"), "-p", "EXECUTOR=ray"]) == ProfileError.exit_code
+    assert RAY_CPU_ERROR in capsys.readouterr().err
+    assert cli.main(["validate", "--profile", str(ENV / "lab.env"), "-p", "EXECUTOR=ray", "--ray-cluster"]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["exl3-v41", "dspark-v4", "tp3-dspark"])
+def test_ray_on_a_real_recipe_is_not_refused(name):
+    refuse_unservable(load_profile(ENV / f"{name}.env", {"EXECUTOR": "ray"}))
+
+
+# ----------------------------------------------------------------------------- render
+
+@pytest.mark.parametrize("name", ["lab", "lab-tp3", "dspark-v4", "tp3-dspark"])
+def test_ray_render_serves_on_the_head_alone_after_ray_on_every_node(name):
+    plan = _plan(name)
+    head, workers = plan.head, plan.workers
+    assert workers and all(r.executor == "ray" for r in plan.ranks)
+    assert flag_value(head.serve_argv, "--distributed-executor-backend") == "ray"
+    for flag in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless"):
+        assert flag not in head.serve_argv, flag
+    assert all(not r.serve_argv and not r.serves for r in workers)
+    gcs = f"{plan.head.env['VLLM_HOST_IP']}:{ray_facts.RAY_PORT}"
+    assert head.ray_argv[head.ray_argv.index("start"):][:3] == ["start", "--block", "--head"]
+    assert head.serve_env == {"RAY_ADDRESS": gcs}
+    for r in plan.ranks:
+        assert flag_value(r.ray_argv, "--node-ip-address") == r.env["VLLM_HOST_IP"]
+        assert flag_value(r.ray_argv, "--num-gpus") == "1"
+        assert json.loads(flag_value(r.ray_argv, "--resources")) == {f"spark_runbook_{r.node}": 1}
+        assert r.env["GLOO_SOCKET_IFNAME"] and r.env["RAY_memory_monitor_refresh_ms"] == "0"
+    assert [flag_value(r.ray_argv, "--address") for r in workers] == [gcs] * len(workers)
+    assert check_consistency(plan) == []
+
+
+def test_ray_consistency_names_a_worker_pointed_at_another_gcs():
+    plan = _plan("lab-tp3")
+    w = plan.workers[1]
+    w.ray_argv[w.ray_argv.index("--address") + 1] = "10.9.9.9:6379"
+    assert check_consistency(plan) == [f"worker2 ray --address 10.9.9.9:6379 but head GCS "
+                                       f"{plan.head.env['VLLM_HOST_IP']}:6379"]
+
+
+def test_mp_fingerprint_is_untouched_and_ray_changes_it():
+    mp = render(load_profile(ENV / "lab.env"), {"head": NodeFacts(home=HOME), "worker": NodeFacts(home=HOME)})
+    assert mp.head.executor == "mp" and not mp.head.ray_argv and "--nnodes" in mp.head.serve_argv
+    assert _plan("lab").fingerprint != mp.fingerprint
+
+
+def _commands_text(plan) -> str:
+    out = [plan.to_text(), "\n# ---- commands, per node (start: head first; stop: vLLM, then Ray)"]
+    for r in plan.ranks:
+        out += [f"\n## {r.node}: ray start", r.ray_start_command()]
+        if r.serves:
+            out += [f"## {r.node}: vllm serve", r.start_command()]
+        out += [f"## {r.node}: ray stop", r.ray_stop_command(),
+                f"## {r.node}: ray status", r.ray_status_command(),
+                f"## {r.node}: ray logs", r.ray_logs_command(50)]
+    return "\n".join(out).replace(str(REPO_ROOT), "<repo>") + "\n"
+
+
+GOLDEN_CASES = [("lab", {}), ("lab", {"RUNTIME": "docker"}), ("lab-tp3", {}), ("dspark-v4", {}), ("tp3-dspark", {})]
+
+
+@pytest.mark.parametrize("name,ov", GOLDEN_CASES, ids=[f"{n}-{o.get('RUNTIME', 'default')}" for n, o in GOLDEN_CASES])
+def test_ray_golden(name, ov):
+    check_golden(GOLDEN / f"{name}-{ov.get('RUNTIME', 'default')}-ray.txt", _commands_text(_plan(name, ov)))
+
+
+def test_ray_commands_in_docker_run_inside_the_nodes_containers():
+    plan = _plan("dspark-v4")
+    head = plan.head
+    assert head.docker_argv[:3] == ["docker", "run", "-d"]
+    assert head.docker_argv[head.docker_argv.index("--entrypoint") + 1:][:2] == ["bash", plan.head.docker_argv[
+        head.docker_argv.index("--entrypoint") + 2]]
+    assert "ray start --block --head" in " ".join(head.docker_argv)
+    assert f"{head.state_dir}:{head.state_dir}" in head.docker_argv        # the serve's pid and log land there
+    assert head.start_command().split(" && ", 1)[1].startswith("docker exec -d -e RAY_ADDRESS=")
+    assert head.ray_stop_command().startswith(f"docker exec {head.container} ray stop")
+    assert head.ray_status_command().startswith(f"docker exec {head.container} sh -c ")
+    proc = _plan("lab").rank("worker")
+    assert proc.ray_stop_command().startswith(f"g=$(cat {proc.ray_pid_path}")
+    assert "-- -$g" not in proc.ray_stop_command()      # dash's kill takes no `--`
+    assert "ray stop" not in proc.ray_stop_command()    # never by name on a host
+
+
+# ----------------------------------------------------------------------------- `ray status`, parsed
+
+def test_status_of_two_nodes_with_their_gpus_names_both():
+    st = ray_facts.parse_status((DATA / "status-2-nodes-gpus.txt").read_text())
+    assert len(st.active) == 2 and st.active[0].startswith("node_a4070489")
+    assert st.totals == {"CPU": 2.0, "GPU": 2.0, "spark_runbook_head": 1.0, "spark_runbook_worker": 1.0}
+    assert st.joined(["head", "worker"]) == ["head", "worker"] and st.complete(["head", "worker"])
+    assert not st.complete(["head", "worker", "worker2"])
+
+
+def test_status_after_a_worker_died_names_it():
+    st = ray_facts.parse_status((DATA / "status-worker-gone.txt").read_text())
+    assert len(st.active) == 1 and st.missing(["head", "worker"]) == ["worker"]
+    assert not st.complete(["head", "worker"])
+    assert st.describe(["head", "worker"]) == "1 active node(s), 1 GPU; joined: head; never joined: worker"
+
+
+def test_status_of_four_cpu_nodes_without_gpus_is_not_complete():
+    st = ray_facts.parse_status((DATA / "status-4-nodes-no-gpus.txt").read_text())
+    names = ["head", "worker", "worker2", "worker3"]
+    assert len(st.active) == 4 and st.gpus == 0 and st.totals["CPU"] == 4.0
+    assert not st.complete(names) and st.missing(names) == names     # no node resource: started by hand
+
+
+def test_status_of_nothing_is_empty():
+    st = ray_facts.parse_status("")
+    assert st.active == [] and st.totals == {} and not st.complete(["head"])
