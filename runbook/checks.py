@@ -35,6 +35,7 @@ class Check:
     fix: str = ""                  # one line, shown when the check did not pass
     evidence: list[str] = field(default_factory=list)   # paths relative to the run dir
     data: dict[str, Any] = field(default_factory=dict) # numbers the report recomputes
+    cause: str = ""                # what a failing row is evidence of, one of CAUSES ("" = this row's own check)
 
     @property
     def failed(self) -> bool:
@@ -43,6 +44,8 @@ class Check:
     def to_record(self) -> dict[str, Any]:
         record = asdict(self)
         record["status"] = self.status.value
+        if not self.cause:            # records of ordinary rows stay as they were
+            record.pop("cause")
         return record
 
     @classmethod
@@ -54,12 +57,44 @@ class Check:
 
 def check(name: str, ok: bool, *, node: str = "", observed: Any = "", expected: Any = "",
           fix: str = "", warn_only: bool = False, evidence: Iterable[str] = (),
-          data: dict[str, Any] | None = None) -> Check:
-    """Build a check from a boolean: PASS if ok, else FAIL (or WARN when ``warn_only``)."""
+          data: dict[str, Any] | None = None, cause: str = "") -> Check:
+    """Build a check from a boolean: PASS if ok, else FAIL (or WARN when ``warn_only``). ``cause``: what the row
+    is evidence of when it fails (:data:`CAUSES`), which ranks its fix in :func:`first_fix`."""
+    if cause and cause not in CAUSES:
+        raise ValueError(f"cause {cause!r} is not one of {CAUSES}")
     status = Status.PASS if ok else (Status.WARN if warn_only else Status.FAIL)
     return Check(name=name, node=node, status=status, observed=str(observed),
                  expected=str(expected), fix="" if ok else fix, evidence=list(evidence),
-                 data=dict(data or {}))
+                 data=dict(data or {}), cause=cause)
+
+
+# What a failing row can be evidence of, the most fundamental first: a node that does not answer explains
+# everything measured on it; a server (API or a rank) gone explains every request that failed after it; a broken
+# fabric explains the collectives. A row without a cause is evidence of its own check only.
+CAUSES = ("node", "server", "fabric")
+
+
+def first_fix(steps: Iterable[tuple[str, Iterable[Any]]]) -> tuple[str, Any] | None:
+    """The one failing row whose fix comes first after a failure, as (step, row): the row with the most fundamental
+    cause (:data:`CAUSES`), else the first failing row in step order. The one place this is decided: the console's
+    last lines and the report's "Next" both ask it, so they cannot name different fixes.
+
+    >>> rows = [("07_bench", [check("/tokenize served", False, fix="serve /tokenize")]),
+    ...         ("07_bench", [check("server answers /health", False, cause="server", fix="the API is gone")])]
+    >>> step, row = first_fix(rows); row.fix
+    'the API is gone'
+    """
+    best: tuple[int, int, str, Check] | None = None
+    order = 0
+    for step, rows in steps:
+        for row in rows:
+            if row.status != Status.FAIL:        # a Check's Status or a report row's "FAIL"
+                continue
+            rank = CAUSES.index(row.cause) if row.cause in CAUSES else len(CAUSES)
+            if best is None or (rank, order) < best[:2]:
+                best = (rank, order, step, row)
+            order += 1
+    return None if best is None else (best[2], best[3])
 
 
 def simulated(item: Check, why: str) -> Check:

@@ -65,9 +65,15 @@ def cmd_run(args) -> int:
         code = first.exit or ExitStatus.FAILED      # the failing step's class (checks, action, remote, ...)
         console.finish(f"failed at {first.name} (exit {int(code)}) after {len(outcomes)} step(s)" +
                        (f"; verdict: {verdict}" if verdict else ""),
-                       extra=[f"resume after fixing: python -m runbook run --profile {args.profile} "
-                              f"--resume {run_dir.run_id}"])
+                       extra=[x for x in (console.first_fix_text(),) if x]
+                       + [f"resume after fixing: python -m runbook run --profile {args.profile} "
+                          f"--resume {run_dir.run_id}"])
         return code
+    other = run_dir.manifest().get("other_servers") or []
+    if other:                # every step passed, but 05-07's evidence belongs to another start of the server
+        console.finish(f"not passed: {other[0]}", extra=other[1:] + [
+            f"re-run them: python -m runbook run --profile {args.profile} --resume {run_dir.run_id} --from 05"])
+        return ExitStatus.FAILED
     word = "dry run done" if args.dry_run else "passed"
     console.finish(f"{word}: {len(outcomes)} step(s) in {duration(took)}" + (f"; verdict: {verdict}" if verdict else "")
                    if outcomes else f"nothing to run in {run_dir.run_id}")
@@ -78,6 +84,7 @@ def cmd_validate(args) -> int:
     """"valid" with what the profile acts on, then the review list; ``--json``: the validated profile (secrets
     masked) on stdout, the rest on stderr."""
     from .profile import executing_keys_changed, load_profile, refuse_unservable
+    from .profile.rules import review_notes
     profile = load_profile(args.profile, overrides=_overrides(args.param))
     if not args.ray_cluster:        # checked up to the Ray cluster alone: EXECUTOR=ray on the lab's CPU vLLM passes
         refuse_unservable(profile)
@@ -86,7 +93,9 @@ def cmd_validate(args) -> int:
         print(json.dumps(profile.redacted(), indent=2, default=str))
     nodes = ", ".join(f"{n.name} {n.ssh}" for n in profile.nodes)
     say(f"{args.profile}: valid (profile {profile.profile_name}, recipe {profile.recipe}, "
-        f"{len(profile.nodes)} nodes: {nodes})")
+        f"{len(profile.nodes)} nodes: {nodes}; topology {profile.topology})")
+    for note in review_notes(profile):
+        say(f"review: {note}")
     changed = executing_keys_changed(profile)
     if changed:     # the profile is code: what runs or is fetched differs from the shipped recipe
         say(f"review: {len(changed)} key(s) that execute or fetch differ from env/{profile.recipe}.env:")
@@ -144,6 +153,10 @@ def _server_cluster(args):
                                        echo=lambda line: print(line, file=sys.stderr), ssh_user=args.ssh_user or "")
     else:
         profile = load_profile(args.profile, overrides=_overrides(args.param))
+    names = [n.name for n in profile.nodes]
+    if getattr(args, "node", None) and args.node not in names:
+        raise UsageError(f"no node {args.node!r} in {args.profile}", expected="one of " + ", ".join(names),
+                         fix=f"name one of the profile's {len(names)} nodes, or leave the node out (all)")
     return profile, Cluster.from_profile(profile)
 
 
@@ -421,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
                              ("status", cmd_status, "state of every vLLM rank and the API: up, partial, frozen, orphaned or stopped"),
                              ("logs", cmd_logs, "the last lines of the vLLM logs")):
         sp = sub.add_parser(name, help=text)
-        sp.add_argument("node", nargs="?", choices=["head", "worker", "worker2"], help="one node (default: all)")
+        sp.add_argument("node", nargs="?", help="one node of the profile: head, worker, worker2 ... (default: all)")
         _server_profile_args(sp)
         if name == "logs":
             sp.add_argument("--tail", type=int, default=100, help="lines per node")

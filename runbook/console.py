@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .checks import Check, Status
+from .checks import Check, Status, first_fix
 
 ARCHIVE_NAME = "console.log"
 
@@ -141,6 +141,7 @@ class Console:
         self._work: Work | None = None
         self._plain_said = 0.0
         self.results: list[StepResult] = []
+        self.failing: list[tuple[str, list[Check]]] = []     # (step, its FAIL rows), for first_fix_text
         self.report_path: Path | None = None
         self.report_verdict = ""
 
@@ -275,6 +276,7 @@ class Console:
         with self._lock:
             self.results.append(result)
             ok = result.status == "passed"
+            self.failing.append((result.name, [r for r in rows if r.status is Status.FAIL]))
             counts = count_text(result.counts)
             line = f"{result.name}: {result.status} in {duration(result.seconds)}" + (f" ({counts})" if counts else "")
             self._append([line])
@@ -293,6 +295,16 @@ class Console:
                 self._print(f"  the executed notebook: {where}")
 
     # ------------------------------------------------------------------ the end
+    def first_fix_text(self) -> str:
+        """The one fix to do first (:func:`runbook.checks.first_fix` over the failing rows shown), "" when no row
+        failed (the step's error then stands alone)."""
+        ranked = first_fix(self.failing)
+        if ranked is None:
+            return ""
+        step, row = ranked
+        where = f"{step} · {row.name}" + (f" on {row.node}" if row.node else "")
+        return f"first fix ({where}): {row.fix or 'the row names no fix: read it above'}"
+
     def report(self, path: Path | None, verdict: str = "", problem: str = "") -> None:
         """Where the report is (printed last by ``finish``); ``problem``: why it was not written."""
         self.report_path, self.report_verdict = path, verdict

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import BusyError
-from .records import Record, record_from_sidecar, record_to_sidecar, step_info
+from .records import (LAUNCH, SERVED_STEPS, LaunchRecord, Record, RecordError, record_from_sidecar,
+                      record_to_sidecar, step_info)
 from .secrets import Redactor, default_redactor
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -225,6 +226,24 @@ class RunDir:
         if sidecar is None and missing_ok:
             return None
         return record_from_sidecar(sidecar, cls, str(self.path / self.sidecar_rel(step)))
+
+    def evidence_of_other_servers(self) -> list[str]:
+        """The server steps (05-07) whose evidence was measured on another start of the server than the one this
+        run's 04 record names (a restart in between: same configuration, other process): one sentence each. A step
+        or a 04 that recorded no server identity (dry run, base_url, an older runbook) is not judged."""
+        try:
+            final = self.read_record(LaunchRecord, missing_ok=True)
+        except RecordError:
+            return []
+        if final is None or not final.server_id:
+            return []
+        out = []
+        for step in SERVED_STEPS:
+            measured = (((self.read_sidecar(step.id) or {}).get("data") or {}).get("server") or {}).get("server_id")
+            if measured and measured != final.server_id:
+                out.append(f"{step.id} was measured on server start {measured}, the run ends with {final.server_id} "
+                           f"({LAUNCH.id} started it again after): re-run {step.id}")
+        return out
 
     # -- scrubbing ----------------------------------------------------------------------------
     def scrub(self) -> list[str]:

@@ -32,11 +32,12 @@ from typing import Any, Callable
 
 from .evidence import atomic_write
 from .errors import ExitStatus, ProfileError, ProfileIssue, RunbookError
-from .profile import KEYS, REPO_ROOT, Profile, is_secret_key, load_profile, parse_env_text
+from .profile import (KEYS, MAX_NODES, NODE_KEY_SUFFIXES, NODE_NAMES, REPO_ROOT, Profile, is_secret_key,
+                      load_profile, node_key, parse_env_text)
 from .secrets import HF_TOKEN_RE, MASK, redactor_from_env
 
 __all__ = ["ProfileForm", "FormError", "show", "SHIPPED_PROFILES", "ENV_DIR", "validate_text",
-           "format_value", "document", "KeyDoc", "Section", "profile_files"]
+           "format_value", "document", "KeyDoc", "Section", "profile_files", "nodes_note"]
 
 ENV_DIR = REPO_ROOT / "env"
 #: the profiles shipped with the repository; the form never overwrites them
@@ -97,6 +98,22 @@ def document(text: str, path: str = "<text>") -> tuple[list[Section], list[Profi
         else:
             pending = []
     return [s for s in sections if s.keys], issues
+
+
+def nodes_note(keys: list[str]) -> str:
+    """The note shown once above a section that holds ``*_SSH`` node keys: the file lists the nodes it has (one
+    line per key and node), and the further nodes up to WORKER7 have the same keys (the form edits the lines a
+    file has; a node is added as lines in the file). "" for a section without node keys."""
+    listed = [n for n in NODE_NAMES if node_key(n, "SSH") in keys]
+    if not listed:
+        return ""
+    shape = ", ".join(f"<NODE>_{s}" for s in NODE_KEY_SUFFIXES)
+    upto = NODE_NAMES[MAX_NODES - 1].upper()
+    further = (f"{NODE_NAMES[len(listed)].upper()} ... {upto} follow the same shape" if len(listed) < MAX_NODES
+               else f"{MAX_NODES} nodes is the most")
+    return (f"Nodes by rank: {', '.join(n.upper() for n in listed)} (each with {shape}); {further}. To add a "
+            "node, add its lines to the file below the others of each key (an empty *_SSH ends the list: no gaps), "
+            "then set NNODES and TP x PP to the node count.")
 
 
 def profile_files(env_dir: Path = ENV_DIR) -> list[Path]:
@@ -366,7 +383,9 @@ class ProfileForm:
             for sec in self.sections:
                 rows = [_Row(doc, self._changed) for doc in sec.keys]
                 self.rows.extend(rows)
-                boxes.append(w.VBox([r.box for r in rows]))
+                note = nodes_note([d.key for d in sec.keys])
+                head = [w.HTML(f'<span style="color:#555;font-size:90%">{html.escape(note)}</span>')] if note else []
+                boxes.append(w.VBox(head + [r.box for r in rows]))
                 titles.append(sec.title)
             self.accordion.children = boxes
             self.accordion.titles = tuple(titles)

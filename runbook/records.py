@@ -104,6 +104,7 @@ class LaunchRecord(Record):
     max_model_len: int
     base_url: str = ""                        # the head's API (http://host:port); "" = no start made
     reused_from: str = ""                     # the earlier run whose server this run reuses (runner.reuse_launch)
+    server_id: str = ""                       # which start of the server (launch.server.server_id); "" = none made
 
 
 # -- the one table of steps ---------------------------------------------------------------------------------
@@ -136,6 +137,7 @@ STEPS: tuple[StepInfo, ...] = (
     StepInfo("08_report", "report", "Report"),
 )
 PREFLIGHT, NETWORK, WEIGHTS, ENGRAM, LAUNCH, SMOKE, VISION_TOOLS, BENCH, REPORT = STEPS
+SERVED_STEPS = (SMOKE, VISION_TOOLS, BENCH)      # what they measure belongs to the server 04 names (its server_id)
 
 
 def step_info(key: str | type[Record]) -> StepInfo:

@@ -214,7 +214,8 @@ def declared_addresses(profile) -> dict[str, dict[str, str]]:
     """node -> {netdev: IPv4} as the profile describes the fabric: each node's ``<NODE>_CX7_IF`` at ``<NODE>_IP``,
     and, for a pair without a shared subnet (:func:`runbook.facts.net.pair_path`, the rails of 01_network), a
     cable between free ports of their HCAs (TP=3 triangle): on the /24 of one end's address when only that end
-    is on it (the head's port toward worker2 on WORKER2_IP's /24), else on the next free /24 (worker<->worker2).
+    is on it (on the TP=3 triangle: the head's port toward the second worker on that worker's /24), else on the next
+    free /24 (between the two workers).
     The review states this assumption; a real run reads the nodes."""
     nodes = list(profile.nodes)
     addrs = {n.name: {n.fabric_if: n.fabric_ip} for n in nodes}

@@ -205,7 +205,14 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         status = "passed" if outcomes and all(o.status == "passed" for o in outcomes) else "failed"
         if not outcomes:
             status = "passed" if resume else "empty"
-        run_dir.update_manifest(status=status, finished=time.time())
+        # passed only if what 05-07 measured belongs to the server the run ends with (a resume that restarted it
+        # after them, with their results kept, cannot pass)
+        other = run_dir.evidence_of_other_servers() if status == "passed" else []
+        for line in other:
+            echo(f"not passed: {line}")
+        if other:
+            status = "failed"
+        run_dir.update_manifest(status=status, finished=time.time(), **({"other_servers": other} if other else {}))
         # the report page is rewritten once the run's final status is known (the 08 step wrote it
         # while the run was still "running"); a report problem never changes the run's outcome
         try:
@@ -526,7 +533,7 @@ def write_failure_sidecar(run_dir: RunDir, name: str, error: str, *, profile_pat
                 rows += health.explain(cluster, profile)
         except Exception as exc:  # noqa: BLE001 - the explanation is best effort; the error row stands
             rows.append(check("state readable", False, node="cluster", observed=f"{type(exc).__name__}: {exc}"[:500],
-                              expected="the nodes answer", fix="check ssh to the nodes"))
+                              expected="the nodes answer", fix="check ssh to the nodes", cause="node"))
     run_dir.write_sidecar(name, [r.to_record() for r in rows], {"duration_s": round(seconds, 3),
                                                                "written_by": "runner (the step raised)"},
                           "failed")

@@ -15,7 +15,8 @@ def reachable(client: ApiClient, rec: Archive, name: str = "server.reachable") -
                  expected="an HTTP answer from GET /health",
                  fix="start the server (04_launch) or pass the right base_url; a refused connection means "
                      "nothing listens there", evidence=ev, data={"latency_s": round(ex.latency_s, 4),
-                                                                 "server": client.server.describe()})
+                                                                 "server": client.server.describe()},
+                 cause="server")
 
 
 def precheck(client: ApiClient | None, dry_run: bool, what: str) -> CheckList | None:

@@ -34,14 +34,16 @@ def server_rows(cluster: Cluster, profile) -> list[Check]:
     rows.append(check("server answers /health", status == 200, node="head",
                       observed=f"HTTP {status}" if status is not None else error[:200],
                       expected="HTTP 200", fix=f"the API is gone: read `python -m runbook logs --profile "
-                                                f"{profile.source}`; restart with 04_launch (action='restart')"))
+                                                f"{profile.source}`; restart with 04_launch (action='restart')",
+                      cause="server"))
     states = cluster.each(lambda node: rank_state(node, profile))
     alive, dead = [], []
     leftovers: dict[str, str] = {}       # node -> its vLLM processes left without their server
     for name, st in states.items():
         if isinstance(st, Exception):
             rows.append(check("rank running", False, node=name, observed=f"cannot read: {str(st)[:200]}",
-                              expected="the rank 04_launch started", fix="check the node is reachable (ssh)"))
+                              expected="the rank 04_launch started", fix="check the node is reachable (ssh)",
+                              cause="node"))
             continue
         (alive if st.running else dead).append(name)
         if not st.running and st.processes:     # its main process died, children (EngineCore, TP workers) did not
@@ -49,7 +51,8 @@ def server_rows(cluster: Cluster, profile) -> list[Check]:
                                f"{', '.join(p.split()[0] for p in st.processes[:6])}")
         rows.append(check("rank running", st.running, node=name, observed=st.describe(),
                           expected="the rank 04_launch started",
-                          fix=f"read its log: python -m runbook logs {name} --profile {profile.source}"))
+                          fix=f"read its log: python -m runbook logs {name} --profile {profile.source}",
+                          cause="server"))
         if st.stopped:          # alive to kill -0 and ps, but it will never answer a collective
             rows.append(check("rank not frozen", False, node=name,
                               observed=f"{len(st.stopped)} vLLM process(es) stopped (state T): "
@@ -59,14 +62,14 @@ def server_rows(cluster: Cluster, profile) -> list[Check]:
                                   f"/proc/<pid>/status names it); if that was not meant, continue them: "
                                   f"{operator_ssh(profile, name)} kill -CONT "
                                   f"{' '.join(p.split()[0] for p in st.stopped)}; otherwise restart every rank "
-                                  f"together: {stop_hint(profile)}, then 04_launch"))
+                                  f"together: {stop_hint(profile)}, then 04_launch", cause="server"))
     if leftovers or (alive and (dead or health.status != 200)):
         held = alive + [f"{name} ({what})" for name, what in leftovers.items()]
         rows.append(check("no orphaned ranks", False, node=",".join([*alive, *leftovers]),
                           observed=f"still running on {', '.join(held)} while "
                                    + (f"{', '.join(dead)} is gone" if dead else "the API does not answer"),
                           expected="every rank serving, or none left running",
-                          fix=f"stop what remains: {stop_hint(profile)}"))
+                          fix=f"stop what remains: {stop_hint(profile)}", cause="server"))
     return rows
 
 
@@ -74,7 +77,7 @@ def fabric_rows(cluster: Cluster, profile) -> list[Check]:
     """Each node's fabric interface state and a short ping to every peer over the path the two share (both
     ways): the subnet of one of the node's given interfaces (``<NODE>_CX7_IF``, its HCAs' netdevs) the peer has
     an address on (:func:`runbook.facts.net.pair_path`, the rails of 01_network): two nodes, the peer's
-    ``<NODE>_IP``; on the TP=3 triangle the worker reaches worker2 over their own cable, not at a head-facing
+    ``<NODE>_IP``; on the TP=3 triangle two workers reach each other over their own cable, not at a head-facing
     address."""
     rows = []
     nodes = list(cluster)
@@ -87,7 +90,7 @@ def fabric_rows(cluster: Cluster, profile) -> list[Check]:
         rows.append(check("fabric link up", link is not None and link.up, node=node.name,
                           observed=f"{iface} {link.state if link else 'missing'}", expected=f"{iface} UP",
                           fix=f"bring the link up on {node.name} (ip link set {iface} up; check the cable and the "
-                              f"other end) and rerun the step"))
+                              f"other end) and rerun the step", cause="fabric"))
         for peer in nodes:
             if peer is node or not peer.spec.fabric_ip:
                 continue
@@ -103,7 +106,8 @@ def fabric_rows(cluster: Cluster, profile) -> list[Check]:
                               observed=f"{ping.received}/{ping.transmitted} replies from {path.peer_ip} over "
                                        f"{path.iface}" + (f" ({ping.error})" if ping.error else ""),
                               expected="every reply", fix="the fabric between these nodes is broken: check both "
-                                                          "links (ip -br link), the cable, and the addresses"))
+                                                          "links (ip -br link), the cable, and the addresses",
+                              cause="fabric"))
     return rows
 
 
@@ -119,7 +123,7 @@ def _no_path_row(name: str, node, peer, ends: dict, profile) -> Check:
                  observed=f"no fabric subnet shared by {node.name} and {peer.name} over the interfaces given ({given})",
                  expected=f"a fabric path {node.name}<->{peer.name}",
                  fix=f"give both nodes the CX-7 port of the cable between them: list its HCA in "
-                     f"{node.name.upper()}_CX7_IB and {peer.name.upper()}_CX7_IB (TP=3: both CX ports on every node)")
+                     f"{node.name.upper()}_CX7_IB and {peer.name.upper()}_CX7_IB (TP=3: both CX ports on every node)", cause="fabric")
 
 
 def explain(cluster: Cluster, profile) -> list[Check]:

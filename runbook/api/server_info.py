@@ -59,6 +59,7 @@ class ServerInfo:
     max_model_len: int = 0          # what the launch step configured (0 = unknown: use the profile)
     source: str = ""                # "parameters" | "steps/04_launch.json"
     api_key: str = ""
+    server_id: str = ""             # which start of the server (04's record); "" = unknown (base_url given)
 
     def __repr__(self) -> str:
         key = MASK if self.api_key else "''"
@@ -69,7 +70,7 @@ class ServerInfo:
 
     def describe(self) -> dict[str, Any]:
         return {"base_url": self.base_url, "model": self.model, "max_model_len": self.max_model_len,
-                "source": self.source, "api_key": "set" if self.api_key else "none"}
+                "source": self.source, "api_key": "set" if self.api_key else "none", "server_id": self.server_id}
 
 
 def _norm_url(url: str) -> str:
@@ -108,7 +109,8 @@ def find_server(profile=None, run_dir: str | Path | None = None, *, base_url: st
     # the record names the head's API; this process's route to it comes from the profile (an SSH forward)
     url = endpoint.base_url(profile) if profile is not None else rec.base_url
     return ServerInfo(_norm_url(url), model or rec.served_model_name or default_model,
-                      int(max_model_len or rec.max_model_len or default_len), f"steps/{LAUNCH_STEP}.json", api_key)
+                      int(max_model_len or rec.max_model_len or default_len), f"steps/{LAUNCH_STEP}.json", api_key,
+                      rec.server_id)
 
 
 def connect(profile, run_dir: str | Path, *, dry_run: bool = False, base_url: str = "", model: str = "",

@@ -97,6 +97,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     route = "direct (base_url)" if base_url else endpoint.api_address(profile)
     echo(f"route: {route}")
     echo(server.describe())
+    step.data["server"] = server.describe()         # which server start the figures belong to (evidence_of_other_servers)
     echo(config.to_dict())
     out_dir = step.raw_dir / RAW_DIR_NAME
     # every rank's memory bandwidth before and after: a rank in a slow state makes the bench invalid. The probe

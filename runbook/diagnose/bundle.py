@@ -282,7 +282,7 @@ def collect_commands(profile, *, state_dirs: Mapping[str, str] | None = None,
             Command(GPU, system.GPU_CMD, 20),
         ]
         for peer in nodes:
-            # over the path the two share (the rails of 01_network): on the TP=3 triangle the worker pings worker2
+            # over the path the two share (the rails of 01_network): on the TP=3 triangle two workers ping each other
             # over their own cable; none (a worker given only its head-facing port): no ping to misread
             path = net.pair_path(ends[spec.name], ends[peer.name]) if peer.name != spec.name else None
             if path is None:

@@ -10,7 +10,8 @@ Scoring (per entry): a log line of the entry, or its signature holding, scores :
 (:data:`DOWNSTREAM_SCORE` for an entry that others explain, such as the 600 s watchdog); each symptom cue
 adds one point, and cues alone count only from :data:`MIN_CUES` on and only with the entry's first cue
 (its anchor: the symptom that defines it). Confidence: ``high`` (a log line or a
-signature), ``medium`` (three or more cues), ``low`` (two cues). Ties keep the catalogue's severity order.
+signature; ``medium`` when the entry's signature infers its cause from a symptom, :attr:`Entry.inferred`),
+``medium`` (three or more cues), ``low`` (two cues). Ties keep the catalogue's severity order.
 """
 from __future__ import annotations
 
@@ -99,6 +100,10 @@ def _line_score(entry: Entry) -> int:
     return DOWNSTREAM_SCORE if entry.downstream else LINE_SCORE
 
 
+def _line_confidence(entry: Entry) -> str:
+    return "medium" if entry.inferred else "high"
+
+
 def diagnose_text(text: str, entries: tuple[Entry, ...] = ENTRIES) -> list[Ranked]:
     """Entries ranked against a pasted log or a symptom sentence (best first); empty: nothing known matches."""
     raw = text.encode("utf-8", "replace")
@@ -110,14 +115,14 @@ def diagnose_text(text: str, entries: tuple[Entry, ...] = ENTRIES) -> list[Ranke
         entry = by_id.get(f.id)
         if entry is None:                     # a signature that raised: never a match
             continue
-        r = found.setdefault(f.id, Ranked(entry, _line_score(entry), "high", fix=f.fix))
+        r = found.setdefault(f.id, Ranked(entry, _line_score(entry), _line_confidence(entry), fix=f.fix))
         r.lines += [e.split(": ", 1)[-1] for e in f.evidence if e not in r.lines]
     for entry in entries:
         if entry.id in found or entry.signature is None:     # no signature: match() read its lines already
             continue
         lines = entry.line_hits(text, 5)
         if lines:
-            found[entry.id] = Ranked(entry, _line_score(entry), "high", lines)
+            found[entry.id] = Ranked(entry, _line_score(entry), _line_confidence(entry), lines)
     prose = _prose(text)
     for entry in entries:
         hits = entry.cues(prose)
@@ -138,7 +143,7 @@ def diagnose_bundle(bundle: B.Bundle, entries: tuple[Entry, ...] = ENTRIES) -> l
         entry = by_id.get(f.id)
         if entry is None:
             continue
-        r = found.setdefault(f.id, Ranked(entry, _line_score(entry), "high", fix=f.fix))
+        r = found.setdefault(f.id, Ranked(entry, _line_score(entry), _line_confidence(entry), fix=f.fix))
         r.lines += [e for e in f.evidence if e not in r.lines]
     return _rank(found, entries)
 

@@ -83,26 +83,28 @@ SEED_B_NCCL: dict[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
 }
 RECIPE_NCCL: dict[str, dict[str, str]] = {"exl3-v41": SEED_A_NCCL, "dspark-v4": SEED_B_NCCL}
-# more than two nodes (seed B TP3, docs/TP3.md; seeds-repos.md §B.11): every pair of nodes has its own cable on its
-# own /24, so a node's HCAs sit on different subnets. NCCL must not merge the ports and must pair GIDs per /24
-# (the default /16 would take 10.0.22 and 10.0.23 for one subnet).
+# a mesh without a switch (seed B TP3's triangle, docs/TP3.md; seeds-repos.md §B.11; a switchless ring likewise):
+# every pair of nodes has its own cable on its own /24, so a node's HCAs sit on different subnets. NCCL must not
+# merge the ports and must pair GIDs per /24 (the default /16 would take 10.0.22 and 10.0.23 for one subnet). On a
+# switch every rank is on one /24 behind its port(s): the recipe's own settings apply unchanged.
 MESH_NCCL: dict[str, str] = {
     "NCCL_IB_MERGE_NICS": "0", "NCCL_IB_SUBNET_AWARE_ROUTING": "1", "NCCL_IB_SUBNET_PREFIX_LEN": "24",
 }
 # what step 01's nccl-tests add over the ranks' environment: the INFO log it reads the transport and HCAs from
+MESH_TOPOLOGIES = ("triangle", "ring")
 NCCL_TESTS_DIAG: dict[str, str] = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
 
 def nccl_env(profile, spec, gid_index: int | None = None) -> dict[str, str]:
     """The NCCL environment of the rank on node ``spec`` (a ``NodeSpec``): the recipe's NCCL settings, the mesh
-    routing when the profile has more than two nodes, and this node's own values -- ``NCCL_SOCKET_IFNAME``
+    routing on a triangle or ring (not on a switch), and this node's own values -- ``NCCL_SOCKET_IFNAME``
     (BOOTSTRAP_IF when set, else its fabric netdev), ``NCCL_IB_HCA`` (its ``<NODE>_CX7_IB``, with EXPECT_RDMA) and
     ``NCCL_IB_GID_INDEX`` (:func:`runbook.profile.rank_gid_index`: pinned, or ``gid_index`` resolved by step 01,
     unset under seed B's auto). The one source of both the serving ranks' NCCL variables (launch render) and step
     01's nccl-tests line (``network/collectives.py``): what 01 proves is what the ranks run."""
     p = profile
     env = dict(RECIPE_NCCL.get(p.recipe, {}))
-    if p.recipe in RECIPE_NCCL and len(p.nodes) > 2:
+    if p.recipe in RECIPE_NCCL and p.topology in MESH_TOPOLOGIES:
         env.update(MESH_NCCL)
     env["NCCL_SOCKET_IFNAME"] = spec.socket_if
     if p.expect_rdma and spec.ib_devs:

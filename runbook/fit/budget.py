@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..checks import Check, Status
+from ..profile.nodes import MAX_NODES, NODE_NAMES, node_key
 from .figures import (DERIVED, DOCKER_ROOT, GIB, LAB_CPU_KV, NOMINAL, PROFILE, PUBLISHED, RECIPES, Figure,
                       RecipeFigures, gib)
 
@@ -258,8 +259,11 @@ def _memory_knob(profile, kv: KvPool, short: float, ranks: int, total: Figure, w
                  weights_alone_short: bool) -> tuple[str, str]:
     """(knob, fix) for a memory row that is ``short`` bytes over."""
     if weights_alone_short:
-        return "TP", ("the weights alone leave no room on this node: add a Spark (WORKER2_SSH, TP=3, NNODES=3) "
-                      "or use a smaller checkpoint (HF_MODEL_REPO, WEIGHTS_GIB)")
+        n = profile.node_count
+        more = (f"add a Spark ({node_key(NODE_NAMES[n], 'SSH')}, TP={n + 1}, NNODES={n + 1}) or "
+                if n < MAX_NODES else "")
+        return "TP", (f"the weights alone leave no room on this node: {more}use a smaller checkpoint "
+                      "(HF_MODEL_REPO, WEIGHTS_GIB)")
     short_gib = short / GIB
     if kv.mode == "pinned":
         new = kv.pool.value - short / ranks

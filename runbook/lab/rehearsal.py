@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import ProfileError, ProfileIssue
 from ..evidence import REPO_ROOT
-from ..profile import Profile, load_profile
+from ..profile import NODE_NAMES, Profile, load_profile, node_key, node_keys
 from . import control, hub, oci
 from .netlab.spec import MGMT_IF, OPERATOR, PORTS, REGISTRY, node_specs
 
@@ -37,11 +37,10 @@ LAB_PROFILES = {2: REPO_ROOT / "env" / "lab.env", 3: REPO_ROOT / "env" / "lab-tp
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     # the lab has as many nodes as the profile names, and binds their CPU ranks itself (Profile.cpu_bind)
     "nodes": ("the Sparks are the lab's network-namespace nodes, reached with the lab's key and host keys",
-              ("HEAD_SSH", "WORKER_SSH", "WORKER2_SSH", "SSH_CONFIG", "SSH_KEY", "KNOWN_HOSTS")),
+              (*node_keys("SSH"), "SSH_CONFIG", "SSH_KEY", "KNOWN_HOSTS")),
     "fabric": ("node addresses: the lab's address of the port the recipe names (the lab's nodes have a Spark's two "
                "CX-7 ports, each cable a veth on its own /24, MTU 9000, and the LAN port enP7s7)",
-               ("HEAD_IP", "WORKER_IP", "WORKER2_IP", "HEAD_CX7_IF", "WORKER_CX7_IF", "WORKER2_CX7_IF",
-                "BOOTSTRAP_IF", "HEAD_BOOTSTRAP_IP", "WORKER_BOOTSTRAP_IP", "WORKER2_BOOTSTRAP_IP")),
+               (*node_keys("IP"), *node_keys("CX7_IF"), "BOOTSTRAP_IF", *node_keys("BOOTSTRAP_IP"))),
     "link": ("a veth carries the real pings and iperf3 of a rehearsal, but not a CX-7's speed: TCP/RTT thresholds "
              "and the link speed are the lab's (RDMA and NCCL thresholds stay: their tools are simulated)",
              ("EXPECT_LINK_GBPS", "MIN_TCP_GBPS", "MAX_RTT_MS")),
@@ -95,9 +94,8 @@ GOALS = (NODE_ADDRESSES, HUB, REGISTRY_HOST, RECIPE_REPOSITORY)
 GOAL_OF_KEY: dict[str, str] = {
     # where the nodes are and how the runbook reaches them (SSH targets, the files that resolve and authenticate
     # them, the fabric and bootstrap addresses, the head address the API binds)
-    **dict.fromkeys(("HEAD_SSH", "WORKER_SSH", "WORKER2_SSH", "SSH_CONFIG", "SSH_KEY", "KNOWN_HOSTS", "API_HOST",
-                     "HEAD_IP", "WORKER_IP", "WORKER2_IP", "HEAD_BOOTSTRAP_IP", "WORKER_BOOTSTRAP_IP",
-                     "WORKER2_BOOTSTRAP_IP"), NODE_ADDRESSES),
+    **dict.fromkeys((*node_keys("SSH"), "SSH_CONFIG", "SSH_KEY", "KNOWN_HOSTS", "API_HOST", *node_keys("IP"),
+                     *node_keys("BOOTSTRAP_IP")), NODE_ADDRESSES),
     **dict.fromkeys(("HF_ENDPOINT", "HF_REVISION", "HF_ENGRAM_REVISION"), HUB),
     "IMAGE": REGISTRY_HOST,              # its registry host; a pinned digest too (DIGEST_WHY: cannot be kept)
     **dict.fromkeys(("RECIPE_REPO", "RECIPE_COMMIT"), RECIPE_REPOSITORY),   # the commit cannot be kept: COMMIT_WHY
@@ -218,14 +216,17 @@ def env_text(value) -> str:
 def lab_profile_for(profile: Profile) -> Profile:
     path = LAB_PROFILES.get(profile.node_count)
     if path is None:
-        raise ProfileError([ProfileIssue("WORKER2_SSH", f"no lab profile for {profile.node_count} nodes",
-                                         fix="rehearse a two- or three-node profile", path=str(profile.source))])
+        counts = " or ".join(str(n) for n in sorted(LAB_PROFILES))
+        raise ProfileError([ProfileIssue(node_keys("SSH")[profile.node_count - 1],
+                                         f"no lab profile for {profile.node_count} nodes",
+                                         fix=f"rehearse a profile of {counts} nodes", path=str(profile.source))])
     return load_profile(path)
 
 
 #: who a rehearsal may log in as on the lab's nodes: root (the default) or the lab's non-root operator
 LAB_USERS = ("root", OPERATOR)
-SSH_KEYS = {"HEAD_SSH": "head", "WORKER_SSH": "worker", "WORKER2_SSH": "worker2"}
+#: each node's ssh key -> the node (its lab alias is spark-<node>)
+SSH_KEYS = {node_key(name, "SSH"): name for name in NODE_NAMES}
 
 
 def as_user(target: str, ssh_user: str) -> str:

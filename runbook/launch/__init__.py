@@ -167,7 +167,7 @@ def record_start(step, profile, result: server.StartResult) -> None:
     step.data.update({"launch": result.data(), "base_url": api_address(profile),
                       "served_model_name": result.plan.served_model_name})
     # where 05-07 find the server (api.server_info.find_server); set once a start was made
-    step.record = step.record.model_copy(update={"base_url": api_address(profile)})
+    step.record = step.record.model_copy(update={"base_url": api_address(profile), "server_id": result.server_id})
 
 
 def state_left(profile, cluster, sidecar: dict[str, Any] | None) -> str:

@@ -73,6 +73,7 @@ class StartResult:
     plan: LaunchPlan
     base_url: str
     reused: bool = False
+    server_id: str = ""         # one start of this server: "<run id>@<head started_at>" of the head's rank record
     readiness: Readiness = field(default_factory=Readiness)
     startup: dict[str, dict[str, Any]] = field(default_factory=dict)      # node -> StartupLog dict
     capacity: list[dict[str, Any]] = field(default_factory=list)
@@ -97,7 +98,7 @@ class StartResult:
     def data(self) -> dict[str, Any]:
         return {"base_url": self.base_url, "served_model_name": self.plan.served_model_name,
                 "max_model_len": self.plan.max_model_len, "fingerprint": self.plan.fingerprint,
-                "runtime": self.plan.runtime, "reused": self.reused,
+                "runtime": self.plan.runtime, "reused": self.reused, "server_id": self.server_id,
                 "readiness_s": {ph: getattr(self.readiness, ph) for ph in PHASES},
                 "head_started_s": self.readiness.head_started,
                 "first_token_text": self.readiness.first_token_text,
@@ -203,6 +204,13 @@ def _workers_not_running(cluster: Cluster, plan: LaunchPlan, settle_s: float = 2
             for n, tail_text in gone.items()}
 
 
+def server_id(head_record: dict[str, Any]) -> str:
+    """Which start of a server this is: the run that started it and when, from the head's rank record ('' when the
+    record says neither). A restart gives a new one, a reuse keeps it: 05-07 record it, the report compares."""
+    started, run = head_record.get("started_at"), head_record.get("run_id") or ""
+    return f"{run}@{float(started):.3f}" if isinstance(started, (int, float)) else ""
+
+
 def exit_code(result: StartResult) -> int:
     """`python -m runbook start`'s exit status for a start result: 0 started, 3 its ranks already ran with the
     same configuration (the seeds' contract: dockerd restores them after a reboot), 1 could not start."""
@@ -260,6 +268,7 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
     if head_st.running:
         if head_st.fingerprint == plan.fingerprint and all(w.running for w in workers_st):
             result.reused = True
+            result.server_id = server_id(head_st.record)
             _recipe_checkout(cluster, profile, result, ship=False)     # read-only: what the running ranks mount
             result.checks.add(Check("server started", node="head", status=Status.NOOP,
                                     observed=f"already running with the same fingerprint "
@@ -359,6 +368,8 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                    "log": rank.log_path, "base_url": result.base_url if rank.rank == 0 else ""}
             node.run(f"mkdir -p {quote(rank.state_dir)} && printf '%s\\n' {quote(json.dumps(rec))} "
                      f"> {quote(rank.record_path)}", timeout=30)
+            if rank.rank == 0:
+                result.server_id = server_id(rec)
             _make_bind_sources(node, rank)
             node.run(rank.start_command(), env=env if rank.secret_env else None, timeout=120)
             started.append(rank.node)

@@ -138,8 +138,8 @@ def _positional_rails_share_subnets(ctx: Verification, per_node: dict[str, list[
 def _subnet_rails(ctx: Verification, per_node: dict[str, list[RailEnd]]) -> list[Rail] | None:
     """Three or more nodes cabled point to point (seed B TP3: two CX ports per Spark, each link its own /24,
     or a head-centred star): a rail is one IPv4 subnet and joins the nodes with an interface in it. Traffic
-    then runs per pair on the rails both ends share. A pair without one (worker<->worker2 when a worker has
-    only its head-facing port) FAILs ``net.path.<a>-<b>`` with EXPECT_RDMA=1: NCCL's ranks talk to every
+    then runs per pair on the rails both ends share. A pair without one (two workers of the triangle when one
+    has only its head-facing port) FAILs ``net.path.<a>-<b>`` with EXPECT_RDMA=1: NCCL's ranks talk to every
     other rank over RoCE and time out in QP RTR (recipe B gives every node both CX ports on its TP=3 path);
     without RDMA their socket traffic crosses BOOTSTRAP_IF and the row is N/A."""
     by_net: dict[str, dict[str, RailEnd]] = {}
@@ -168,7 +168,7 @@ def _subnet_rails(ctx: Verification, per_node: dict[str, list[RailEnd]]) -> list
                             f"{', '.join(lonely)} share no fabric subnet with any other node; rails: {desc or 'none'}"),
                   expected="every node on at least one rail (a subnet shared with another node)",
                   fix="give both ends of each cable addresses in one /24 (seed B TP3: 10.0.22.0/24 head<->worker, "
-                      "10.0.23.0/24 head<->worker2) and list the facing HCAs in <NODE>_CX7_IB"))
+                      "10.0.23.0/24 head<->worker2 on the TP=3 triangle) and list the facing HCAs in <NODE>_CX7_IB"))
     if lonely or not rails:
         return None
     given = {n: fnet.fabric_ends([e.iface for e in ends], ctx.facts[n].ifaces) for n, ends in per_node.items()}

@@ -110,7 +110,7 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
         checks.add(check("ssh reachable", not isinstance(value, Exception), node=name,
                          observed=str(value).splitlines()[0] if isinstance(value, Exception) else f"hostname {value}",
                          expected="key-only SSH with a verified host key",
-                         fix=getattr(value, "fix", "") or "see the error above"))
+                         fix=getattr(value, "fix", "") or "see the error above", cause="node"))
     alive = [n for n in cluster if not isinstance(reach[n.name], Exception)]
     if len(alive) < len(cluster.nodes):
         return checks, {"reach": {k: str(v) for k, v in reach.items()}}

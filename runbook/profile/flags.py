@@ -33,7 +33,7 @@ MANAGED_FLAGS: tuple[ManagedFlag, ...] = (
     ManagedFlag(("--pipeline-parallel-size", "-pp"), ("PP",)),
     ManagedFlag(("--nnodes", "-n"), ("NNODES",)),
     ManagedFlag(("--node-rank", "-r"), why="the launch gives each node its rank in the order HEAD_SSH, "
-             "WORKER_SSH, WORKER2_SSH"),
+             "WORKER_SSH, WORKER2_SSH ... WORKER7_SSH"),
     ManagedFlag(("--master-addr",), ("HEAD_IP",), why="HEAD_BOOTSTRAP_IP when BOOTSTRAP_IF is set"),
     ManagedFlag(("--master-port",), ("MASTER_PORT",)),
     ManagedFlag(("--headless",), why="the launch runs every rank but the head headless", value=False),

@@ -23,6 +23,7 @@ from ..envfile import EnvEntry, describe_invisible, invisible_at
 from ..errors import ProfileError, ProfileIssue
 from ..secrets import HF_TOKEN_RE, PROFILE_SECRETS_HINT as SECRETS_HINT, has_secret_form, mask_tokens
 from .model import KEYS, REPO_ROOT, REQUIRED_KEYS, Profile
+from .nodes import MAX_NODES, NODE_KEY_SUFFIXES
 from .rules import conflicts, serve_conflicts
 from .types import as_text
 
@@ -178,8 +179,12 @@ SEED_ALIASES: dict[str, str] = {
 
 #: keys this runbook no longer reads -> why (a copied profile that still has one is told to delete the line)
 RETIRED_KEYS: dict[str, str] = {
-    "LAB_NODES": "the lab has as many nodes as the profile names (WORKER2_SSH set = 3)",
+    "LAB_NODES": "the lab has as many nodes as the profile names (HEAD_SSH, WORKER_SSH, then one per WORKER2_SSH "
+                 "... WORKER7_SSH set)",
 }
+
+#: a per-node key of a node beyond the last one a profile can name (WORKER8_SSH, ...)
+_BEYOND_LAST_NODE = re.compile(r"WORKER(\d+)_(?:%s)" % "|".join(NODE_KEY_SUFFIXES))
 
 _SECRET_EXACT = {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY", "DSPARK_API_KEYS", "GHCR_TOKEN"}
 
@@ -201,6 +206,12 @@ def _unknown_issue(e: EnvEntry) -> ProfileIssue:
                             path=e.path, line=e.line)
     if key.upper() in KEYS:
         return ProfileIssue(key, "keys are upper case", fix=f"write {key.upper()}", path=e.path, line=e.line)
+    m = _BEYOND_LAST_NODE.fullmatch(key)
+    if m and int(m.group(1)) >= MAX_NODES:
+        return ProfileIssue(key, f"a profile names at most {MAX_NODES} nodes (HEAD, WORKER, WORKER2 ... "
+                            f"WORKER{MAX_NODES - 1}): WORKER{m.group(1)} would be node {int(m.group(1)) + 1}",
+                            fix=(f"delete line {e.line}" if e.line else f"drop -p {key}") +
+                            f" (the runbook runs {MAX_NODES} Sparks at most)", path=e.path, line=e.line)
     if key in RETIRED_KEYS:
         return ProfileIssue(key, f"retired key: {RETIRED_KEYS[key]}", fix=f"delete line {e.line}" if e.line
                             else f"drop -p {key}", path=e.path, line=e.line)

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..secrets import mask_tokens
-from .nodes import NodeSpec, node_specs
+from .nodes import NODE_NAMES, NodeSpec, configured_count, node_key, node_keys, node_specs, topology
 from .types import (Bool, BindAddress, Command, Commit, CpuBind, DefaultThinking, DraftSampleMethod, EngramRevision, Executor,
                     ExtraArgs, Float, Gid, HcaList, HfRepo, HfRevision, IfName, Image, Int, IntList, IPv4,
                     KvCacheDtype, LimitMM, LocalPath, ModelDir, NodePath, RecipeName, RecipeRepo, Runtime, RuntimePath,
@@ -24,6 +24,22 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 _SEED_A = "seed A validate_numeric_config"
 
 
+def _who(name: str, rank: int) -> str:
+    return f"the {name} (rank {rank})" if rank < 2 else f"{name} (rank {rank})"
+
+
+def _per_node(ns: dict, suffix: str, type_: Any, default: Any, describe) -> None:
+    """Declare ``<node>_<suffix>`` for every node of :data:`~.nodes.NODE_NAMES` in rank order into the class
+    namespace ``ns`` (a class body's ``locals()``, which is that namespace): one type and one description shape
+    for every node, so the head, the worker and worker2 ... worker7 have the same keys."""
+    for rank, name in enumerate(NODE_NAMES):
+        attr = node_key(name, suffix).lower()
+        ns["__annotations__"][attr] = type_
+        text = describe(_who(name, rank), rank)
+        ns[attr] = Field(default_factory=list, description=text) if default is list else \
+            Field(default, description=text)
+
+
 class Profile(BaseModel):
     """A validated profile. Build it with :func:`load_profile`; attributes are lower-case keys."""
 
@@ -32,9 +48,8 @@ class Profile(BaseModel):
     # --- identity and nodes
     profile_name: Str() = Field("", description="name shown in reports (default: file stem)")
     recipe: RecipeName = Field("lab", description="which recipe the steps follow")
-    head_ssh: SshTarget = Field("", description="ssh target of the head (rank 0)")
-    worker_ssh: SshTarget = Field("", description="ssh target of the worker (rank 1)")
-    worker2_ssh: SshTarget = Field("", description="ssh target of worker2 (rank 2); empty = 2 nodes")
+    _per_node(locals(), "SSH", SshTarget, "",
+              lambda who, r: f"ssh target of {who}" + (f"; empty = {r} nodes (set without gaps)" if r >= 2 else ""))
     ssh_config: LocalPath = Field("", description="ssh config file for aliases (local path)")
     ssh_key: LocalPath = Field("", description="private key (local path); empty = agent/default keys")
     known_hosts: LocalPath = Field("", description="known_hosts file (local path); empty = ~/.ssh/known_hosts")
@@ -53,24 +68,16 @@ class Profile(BaseModel):
                                   "other ranks in turn on the host's other CPUs")
 
     # --- fabric
-    head_ip: IPv4 = Field("", description="head fabric IPv4 (VLLM_HOST_IP, master address)")
-    worker_ip: IPv4 = Field("", description="worker fabric IPv4")
-    worker2_ip: IPv4 = Field("", description="worker2 fabric IPv4")
-    head_cx7_if: IfName = Field("", description="head fabric netdev (NCCL/GLOO_SOCKET_IFNAME)")
-    worker_cx7_if: IfName = Field("", description="worker fabric netdev")
-    worker2_cx7_if: IfName = Field("", description="worker2 fabric netdev")
-    head_cx7_ib: HcaList = Field(default_factory=list, description="head RoCE HCAs (NCCL_IB_HCA)")
-    worker_cx7_ib: HcaList = Field(default_factory=list, description="worker RoCE HCAs")
-    worker2_cx7_ib: HcaList = Field(default_factory=list, description="worker2 RoCE HCAs")
-    head_gid: Gid = Field("auto", description="head NCCL_IB_GID_INDEX or auto")
-    worker_gid: Gid = Field("auto", description="worker NCCL_IB_GID_INDEX or auto")
-    worker2_gid: Gid = Field("auto", description="worker2 NCCL_IB_GID_INDEX or auto")
+    _per_node(locals(), "IP", IPv4, "", lambda who, r: f"fabric IPv4 of {who} (its VLLM_HOST_IP"
+              + ("; the master address)" if r == 0 else ")"))
+    _per_node(locals(), "CX7_IF", IfName, "", lambda who, r: f"fabric netdev of {who} (NCCL/GLOO_SOCKET_IFNAME)")
+    _per_node(locals(), "CX7_IB", HcaList, list, lambda who, r: f"RoCE HCAs of {who} (NCCL_IB_HCA)")
+    _per_node(locals(), "GID", Gid, "auto", lambda who, r: f"NCCL_IB_GID_INDEX of {who}, or auto")
     fabric_mtu: Int(576, 9216) = Field(9000, description="expected fabric MTU")
     bootstrap_if: IfName = Field("", description="interface common to every node for Gloo / NCCL socket / "
                                  "TP TCP (seed B TP3_BOOTSTRAP_IFNAME); empty = each node's *_CX7_IF")
-    head_bootstrap_ip: IPv4 = Field("", description="head IPv4 on BOOTSTRAP_IF (VLLM_HOST_IP, master address)")
-    worker_bootstrap_ip: IPv4 = Field("", description="worker IPv4 on BOOTSTRAP_IF (its VLLM_HOST_IP)")
-    worker2_bootstrap_ip: IPv4 = Field("", description="worker2 IPv4 on BOOTSTRAP_IF (its VLLM_HOST_IP)")
+    _per_node(locals(), "BOOTSTRAP_IP", IPv4, "", lambda who, r: f"IPv4 of {who} on BOOTSTRAP_IF (its VLLM_HOST_IP"
+              + ("; the master address)" if r == 0 else ")"))
     expect_rdma: Bool = Field(True, description="RoCE devices must exist and pass bandwidth checks")
     expect_gpu: Bool = Field(True, description="a GB10 GPU must be visible on every node")
     expect_link_gbps: Int(0, 1600) = Field(200, description="expected link speed; 0 = do not check")
@@ -227,8 +234,16 @@ class Profile(BaseModel):
 
     @property
     def node_count(self) -> int:
-        """Nodes configured: 3 when WORKER2_SSH is set, else 2."""
-        return 3 if self.worker2_ssh else 2
+        """Nodes configured: the head and the worker, then one per WORKER<k>_SSH set (k = 2, 3, ... without a
+        gap; a WORKER<k>_SSH after a gap is refused by validate)."""
+        return configured_count(self.value(k) for k in node_keys("SSH"))
+
+    @property
+    def topology(self) -> str:
+        """The fabric's shape (:func:`runbook.profile.nodes.topology`): ``cable`` (2 nodes), ``switch`` (3+ nodes
+        whose fabric IPs are all on one /24), ``triangle`` (3 nodes otherwise) or ``ring`` (4+ nodes, not one /24:
+        the switchless ring, rendered and planned only)."""
+        return topology(self.node_count, (self.value(k) for k in node_keys("IP")))
 
     @property
     def master_addr(self) -> str:
@@ -278,7 +293,7 @@ class Profile(BaseModel):
 
     @property
     def nodes(self) -> list[NodeSpec]:
-        """Nodes ordered by rank: head, worker[, worker2]."""
+        """Nodes ordered by rank: head, worker, worker2 ... (``node_count`` of them)."""
         return node_specs(self)
 
     def node(self, name: str) -> NodeSpec:

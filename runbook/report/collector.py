@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..checks import Status
 from ..errors import RunbookError
-from ..evidence import RESULTS_ROOT, discover_steps, previous_good_run
+from ..evidence import RESULTS_ROOT, RunDir, discover_steps, previous_good_run
 from ..secrets import Redactor, default_redactor
 from . import drift as drift_mod
 from . import recompute, recompute_bench
@@ -64,7 +64,8 @@ def steps_of(run_manifest: dict, sidecars: dict[str, dict], red: Redactor) -> li
             info.checks.append(CheckRow(step=name, name=str(rec.get("name", "")), node=str(rec.get("node", "")),
                                         status=str(rec.get("status", "")), observed=str(rec.get("observed", "")),
                                         expected=str(rec.get("expected", "")), fix=str(rec.get("fix", "")),
-                                        evidence=[str(e) for e in rec.get("evidence", []) or []]))
+                                        evidence=[str(e) for e in rec.get("evidence", []) or []],
+                                        cause=str(rec.get("cause", ""))))
         cnt = {s.value: 0 for s in Status}
         for c in info.checks:
             cnt[c.status] = cnt.get(c.status, 0) + 1
@@ -87,7 +88,8 @@ def collect(run_dir: str | Path, *, results_root: str | Path | None = None, drif
                         generated=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                         manifest=manifest, profile=mask_mapping(load_json(run / "profile.json") or {}, red),
                         provenance=load_json(run / "provenance.json") or {},
-                        steps=steps_of(manifest, sidecars, red))
+                        steps=steps_of(manifest, sidecars, red),
+                        other_servers=RunDir(run, red).evidence_of_other_servers())
     for name, builder in SECTIONS:
         try:
             builder(model, run, sidecars)

@@ -70,6 +70,7 @@ class CheckRow:
     expected: str = ""
     fix: str = ""
     evidence: list[str] = field(default_factory=list)
+    cause: str = ""                   # what the row is evidence of (runbook.checks.CAUSES), ranks the first fix
 
 
 @dataclass
@@ -128,6 +129,7 @@ class ReportModel:
     notes: list[str] = field(default_factory=list)      # sections that could not be built, and why
     drift: Any = None                                   # runbook.report.drift.DriftResult | None
     verdict: Verdict | None = None                      # validated | candidate (None: not computed)
+    other_servers: list[str] = field(default_factory=list)   # 05-07 measured on another server start (RunDir)
 
     # -- convenience ------------------------------------------------------------------------------
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..checks import first_fix
 from .html_parts import clip
 from .model import ReportModel, StepInfo
 
@@ -44,21 +45,27 @@ def _failed(s: StepInfo) -> bool:
 
 
 def what_next(model: ReportModel) -> NextStep:
-    """The first failing row's fix, or (nothing failed) the comparison to look at."""
+    """The first fix (:func:`runbook.checks.first_fix`: a node, server or fabric row outranks the rows it explains,
+    else the first failing row in step order; a step that failed without a FAIL row counts there too), or
+    (nothing failed) the comparison to look at."""
+    ranked = first_fix((s.name, s.checks) for s in model.steps)
+    if ranked is not None and ranked[1].cause:
+        step = next(s for s in model.steps if s.name == ranked[0])
+        return _fix_row(model, step, ranked[1])
     for s in model.steps:
         bad = next((c for c in s.checks if c.status == "FAIL"), None)
         if bad is not None:
-            where = f"{s.name} · check “{bad.name}”" + (f" on {bad.node}" if bad.node else "")
-            seen = "; ".join(x for x in (f"observed {bad.observed}" if bad.observed else "",
-                                         f"expected {bad.expected}" if bad.expected else "") if x)
-            return NextStep("fix", f"Fix {where}", detail=seen,
-                            fix=bad.fix or "the check names no fix: read its evidence under the step's raw/ folder",
-                            command=resume_command(model), anchor="matrix")
+            return _fix_row(model, s, bad)
         if _failed(s):
             error = s.error.strip() or (f"status {s.status}, no error recorded" + (
                 "" if s.has_sidecar else " and no sidecar: the step did not finish"))
             return NextStep("fix", f"Fix {s.name} ({s.title}): the step {s.status or 'did not finish'}",
                             detail=error.splitlines()[0], fix=error, command=resume_command(model), anchor="steps")
+    if model.other_servers:
+        first = model.other_servers[0]
+        return NextStep("fix", f"Re-run {first.split(' ', 1)[0]}: its evidence belongs to another server start",
+                        detail=first, fix="; ".join(model.other_servers), command=resume_command(model).replace(
+                            "--resume", "--from " + first.split(' ', 1)[0][:2] + " --resume"), anchor="steps")
     d = model.drift
     if d is not None and d.previous_run_id:
         if d.items:
@@ -76,6 +83,15 @@ def what_next(model: ReportModel) -> NextStep:
                     anchor="bench" if model.bench else "figures")
 
 
+def _fix_row(model: ReportModel, s: StepInfo, bad) -> NextStep:
+    where = f"{s.name} · check “{bad.name}”" + (f" on {bad.node}" if bad.node else "")
+    seen = "; ".join(x for x in (f"observed {bad.observed}" if bad.observed else "",
+                                 f"expected {bad.expected}" if bad.expected else "") if x)
+    return NextStep("fix", f"Fix {where}", detail=seen,
+                    fix=bad.fix or "the check names no fix: read its evidence under the step's raw/ folder",
+                    command=resume_command(model), anchor="matrix")
+
+
 def headline_text(model: ReportModel) -> str:
     """The page's headline: the verdict, and whether the run itself passed."""
     v, failed = model.verdict, [s for s in model.steps if _failed(s)]
@@ -84,6 +100,8 @@ def headline_text(model: ReportModel) -> str:
         return f"{word}: the run failed at {failed[0].name} ({failed[0].title})"
     if model.status != "passed":
         return f"{word}: the run is {model.status}"
+    if model.other_servers:
+        return f"{word}: not a pass — {len(model.other_servers)} step(s) measured another server start"
     if v is not None and v.validated:
         return f"{word}: the run passed and meets every requirement"
     return f"{word}: the run passed, not validated" + (f" ({len(v.missing)} requirement(s) missing)" if v else "")
@@ -99,6 +117,7 @@ def reasons(model: ReportModel) -> list[tuple[str, str]]:
             text = (f"{s.name} {s.status}" + (f": {fails} check(s) FAIL" if fails else "")
                     + (f" — {s.error.strip().splitlines()[0]}" if s.error.strip() else ""))
             out.append(text)
+    out += model.other_servers
     v = model.verdict
     if v is not None:
         if v.validated:

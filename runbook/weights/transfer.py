@@ -110,7 +110,7 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
     head_manifest = read_node_manifest(head, head_tree)
 
     shares: dict[str, Any] = {}
-    for worker in cluster.workers:            # every worker rank (TP=3: worker and worker2), in rank order
+    for worker in cluster.workers:            # every worker rank (1 .. node_count-1), in rank order
         share = share_to_worker(profile, cluster, worker, src=layout.store(roots[head.name]),
                                 dst=layout.store(roots[worker.name]), tree=layout.tree_in_store,
                                 head_manifest=head_manifest, python=python,

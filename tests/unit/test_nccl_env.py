@@ -97,14 +97,25 @@ def test_tp3_nccl_tests_carry_the_ranks_subnet_routing():
         assert env["NCCL_IB_HCA"] == "rocep1s0f0,rocep1s0f1" and "NCCL_IB_GID_INDEX" not in env
 
 
-def test_mesh_routing_is_a_property_of_the_node_count_not_of_tp3():
-    """Two nodes share one cable (no routing knobs); three or more are a mesh of /24s: every node gets them."""
+def test_mesh_routing_is_a_property_of_the_topology_not_of_tp3():
+    """Two nodes share one cable and four on a switch share one /24 (no routing knobs); the triangle and a
+    switchless ring are a mesh of /24s: every node gets them."""
     two = load_profile(ROOT / "env" / "dspark-v4.env")
     three = load_profile(ROOT / "env" / "tp3-dspark.env")
     assert not any("NCCL_IB_SUBNET_AWARE_ROUTING" in e for e in fn.nccl_envs(two).values())
     envs = fn.nccl_envs(three)
-    assert list(envs) == ["head", "worker", "worker2"]
+    assert three.topology == "triangle" and list(envs) == ["head", "worker", "worker2"]
     assert all(e["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1" for e in envs.values())
+    four = {"NNODES": "4", "TP": "4", "WEIGHT_SYNC": "rsync", "BOOTSTRAP_IF": "", "HEAD_BOOTSTRAP_IP": "",
+            "WORKER_BOOTSTRAP_IP": "", "WORKER2_BOOTSTRAP_IP": ""}
+    for rank, name in enumerate(("HEAD", "WORKER", "WORKER2", "WORKER3")):
+        four[f"{name}_IP"] = f"10.0.40.{rank + 1}"
+        four[f"{name}_CX7_IF"] = "enp1s0f0np0"
+        four[f"{name}_CX7_IB"] = "rocep1s0f0"
+    four["WORKER3_SSH"] = "spark4"
+    switch = load_profile(ROOT / "env" / "tp3-dspark.env", overrides=four)
+    assert switch.topology == "switch" and len(fn.nccl_envs(switch)) == 4     # no BOOTSTRAP_IF needed on a switch
+    assert not any("NCCL_IB_SUBNET_AWARE_ROUTING" in e for e in fn.nccl_envs(switch).values())
 
 
 def test_the_reviewed_mpirun_line_and_the_reviewed_ranks_agree():

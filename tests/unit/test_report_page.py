@@ -124,3 +124,39 @@ def test_a_rehearsals_resume_command_rehearses_again(tmp_path):
     _, model = page_of(run)
     assert model.rehearsal and what_next(model).command == \
         f"python -m runbook run --profile env/lab.env --resume {run.name} --rehearse"
+
+
+def test_the_api_gone_outranks_the_missing_endpoint_it_explains(tmp_path):
+    """The field case of issue 37: the head's API killed under a step; the step's own row says /tokenize must be
+    served (07 in the field; any step here), the runner's explanation rows say the API is gone. The first fix is the server's, in the report and
+    on the console alike (one function decides)."""
+    run = build_run(tmp_path / "results", "20261201-040000-lab")
+    own = json.loads((run / "steps/04_launch.json").read_text())["checks"][0]["name"]
+    fail_check(run, "04_launch", own, fix="the server must serve POST /tokenize (vLLM does)")
+
+    def explained(sc):
+        sc["checks"].append({**chk("server answers /health", status="FAIL", observed="connection refused",
+                                   fix="the API is gone: read the logs; restart with 04_launch"), "cause": "server"})
+    edit_sidecar(run, "04_launch", explained)
+    _, model = page_of(run)
+    n = what_next(model)
+    assert n.title == "Fix 04_launch · check “server answers /health” on head"
+    assert n.fix.startswith("the API is gone")
+
+    from runbook.checks import Check, Status
+    from runbook.console import Console
+    import io
+    console = Console(file=io.StringIO())
+    rows = [Check.from_record(c) for c in json.loads((run / "steps/04_launch.json").read_text())["checks"]]
+    assert [r.name for r in rows if r.status is Status.FAIL] == [own, "server answers /health"]
+    console.failing.append(("04_launch", rows))
+    assert console.first_fix_text().startswith("first fix (04_launch · server answers /health on head): the API is gone")
+
+
+def test_a_cause_outside_the_vocabulary_is_refused():
+    import pytest
+    from runbook.checks import check
+    with pytest.raises(ValueError, match="cause 'gpu'"):
+        check("x", False, cause="gpu")
+    assert "cause" not in check("x", False).to_record()         # ordinary rows keep their record shape
+    assert check("x", False, cause="node").to_record()["cause"] == "node"

@@ -56,7 +56,7 @@ def test_cli_validate_says_valid_and_prints_the_review_list():
     r = _validate()
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        f"{EXL3}: valid (profile exl3-v41, recipe exl3-v41, 2 nodes: head spark1, worker spark2)",
+        f"{EXL3}: valid (profile exl3-v41, recipe exl3-v41, 2 nodes: head spark1, worker spark2; topology cable)",
         "review: 1 key(s) that execute or fetch differ from env/exl3-v41.env:",
         "  EXTRA_ARGS=--seed 7   (shipped: (empty))"]
     assert "{" not in r.stdout and r.stderr == ""

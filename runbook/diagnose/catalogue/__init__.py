@@ -6,7 +6,9 @@ Each entry sits beside its signature in the module of its failure family: ``netw
 firewall, fabric), ``nccl`` (NCCL and RDMA settings), ``ranks`` (how the ranks were started), ``runtime``
 (image pull, the server), ``host`` (memory, I/O, kernel, mDNS), ``memory`` (unified-memory accounting,
 pinned memory, JIT builds), ``residue`` (kernel, driver, library and image residue, version skew),
-``perf`` (a server that runs slow or silently wrong); ``entry`` holds :class:`Entry`,
+``perf`` (a server that runs slow or silently wrong), ``components`` (keyed on the emitting component's message
+shape: served-model-name 404, Ray's memory monitor, NCCL HCA sets, Gloo on loopback, the P2P check, host lists,
+dependency skew, missing GPU arch, CUDA_VISIBLE_DEVICES, VA reservations); ``entry`` holds :class:`Entry`,
 :class:`Hit` and the readers the families share. An entry's constant is its id in capitals
 (``oom-killed`` -> ``host.OOM_KILLED``). This module fixes the catalogue's order: ``match`` reports in it
 within a severity and docs/diagnose.md lists it. Sources: ``shared/reference/anchors-2026-12.md``
@@ -15,7 +17,7 @@ public thread.
 """
 from __future__ import annotations
 
-from . import access, engine, host, memory, nccl, network, perf, ranks, residue, runtime, storage
+from . import access, components, engine, host, memory, nccl, network, perf, ranks, residue, runtime, storage
 from .entry import Entry
 
 ENTRIES: tuple[Entry, ...] = (
@@ -25,12 +27,15 @@ ENTRIES: tuple[Entry, ...] = (
     network.FABRIC_MTU_BLACKHOLE,
     nccl.GID_INDEX_PER_NIC,
     nccl.NCCL_IB_NO_DEVICE,
+    components.GLOO_LOOPBACK_HOSTNAME,
     nccl.SOCKET_IFNAME_INVALID,
+    components.NCCL_HCA_SET_MISMATCH,
     ranks.ENV_OVERWRITTEN_BY_HEAD,
     nccl.ROCE_ACTIVE_MTU_LOW,
     ranks.WORKER_NOT_RUNNING,
     ranks.ENV_SPLIT_BY_QUOTING,
     runtime.READY_THEN_DEAD,
+    components.SERVED_MODEL_NAME_MISMATCH,
     runtime.WRONG_MODEL_ON_PORT,
     host.RANK_IN_D_STATE,
     nccl.NCCL_WATCHDOG_TIMEOUT,
@@ -76,6 +81,13 @@ ENTRIES: tuple[Entry, ...] = (
     ranks.RAY_MISSING,
     ranks.RAY_NODE_NOT_JOINED,
     ranks.RAY_PLACEMENT_GROUP,
+    components.RAY_MEMORY_MONITOR_KILL,
+    components.P2P_CHECK_HANG,
+    components.HOST_LIST_SPLIT,
+    components.CUDA_VISIBLE_DEVICES_CONFLICT,
+    components.DEPENDENCY_SKEW,
+    components.ENGINE_BUILD_ARCH_MISSING,
+    components.CUDA_VA_RESERVATION_CAP,
     runtime.NO_COMMON_BLOCK_SIZE,
     perf.GB10_SLOW_STATE,
     perf.ENGRAM_RANK_OFFSET,
@@ -84,5 +96,5 @@ ENTRIES: tuple[Entry, ...] = (
 
 BY_ID = {e.id: e for e in ENTRIES}
 assert len(BY_ID) == len(ENTRIES), "duplicate catalogue ids"
-_DEFINED = {v.id for m in (access, engine, host, memory, nccl, network, perf, ranks, residue, runtime, storage) for v in vars(m).values() if isinstance(v, Entry)}
+_DEFINED = {v.id for m in (access, components, engine, host, memory, nccl, network, perf, ranks, residue, runtime, storage) for v in vars(m).values() if isinstance(v, Entry)}
 assert _DEFINED == set(BY_ID), f"an entry is defined in a family but not listed in ENTRIES: {_DEFINED ^ set(BY_ID)}"

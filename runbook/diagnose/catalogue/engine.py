@@ -39,15 +39,23 @@ KV_CACHE_BELOW_MAX_MODEL_LEN = Entry(
 #: torch's allocator on OOM (c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate X GiB.
 #: GPU N has a total capacity of ..."), counted here only during vLLM's start-up: loading weights, the profile
 #: run or CUDA-graph capture (vllm/v1/worker/gpu_model_runner.py load_model / profile_run / capture_model)
-_OOM_PHASE = r"(?:Loading (?:model )?weights|load_model|profile_run|_dummy_run|[Cc]apturing CUDA graph|capture_model|cuda ?graph)"
-_OOM = (r"OutOfMemoryError: CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ [GM]iB)",)
+#: torch's graph-capture API is a phase too: vLLM captures through `with torch.cuda.graph(` (vllm/compilation/
+#: cuda_graph.py:314 @ v0.32.0), whose CUDAGraph.capture_begin / capture_end (torch/cuda/graphs.py:120,160 @ 2.13.0)
+#: appear as frames of a capture traceback
+_OOM_PHASE = (r"(?:Loading (?:model )?weights|load_model|profile_run|_dummy_run|[Cc]apturing CUDA graph|capture_model|"
+              r"cuda ?graph|torch\.cuda\.graph\(|capture_(?:begin|end)\b)")
+#: besides the allocator's message, a CUDA call of its own can fail with the runtime's cudaErrorMemoryAllocation
+#: string, "CUDA error: out of memory" (raised through C10_CUDA_CHECK, e.g. by capture_end), with no size printed
+_OOM = (r"OutOfMemoryError: CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ [GM]iB)",
+        (r"CUDA error: out of memory", {"tried": "a CUDA call's own allocation (no size printed)"}))
 
 CUDA_OOM_STARTUP = Entry(
     "cuda-oom-startup", "CUDA out of memory while the engine starts (weights, profiling or graph capture)", FATAL,
     symptom="the start dies with `CUDA out of memory. Tried to allocate ...` while loading weights, profiling or "
             "capturing CUDA graphs",
-    detect="torch's `OutOfMemoryError: CUDA out of memory. Tried to allocate N` after vLLM's weight loading, "
-           "profile run or CUDA-graph capture lines in the same log; the allocation size is extracted",
+    detect="torch's `OutOfMemoryError: CUDA out of memory. Tried to allocate N` (or a CUDA call's `CUDA error: out "
+           "of memory`) after vLLM's weight loading, profile run or CUDA-graph capture lines (or torch's capture "
+           "frames) in the same log; the allocation size is extracted",
     cause="gpu_memory_utilization leaves too little for the start-up's own peaks (activations of "
           "max_num_batched_tokens, the graphs of every capture size) beside the weights; on GB10 page cache and "
           "other processes also count as used",
@@ -58,7 +66,8 @@ CUDA_OOM_STARTUP = Entry(
     signature=extracting(*_OOM, after=(_OOM_PHASE, 20000)),
     source="pytorch c10/cuda/CUDACachingAllocator.cpp (the OOM message); vllm-project/vllm "
            "vllm/v1/worker/gpu_model_runner.py:5028 load_model, :6133 profile_run, :6482 capture_model (:6657 "
-           "'Capturing CUDA graphs') @ v0.32.0; report vllm-project/vllm#46307",
+           "'Capturing CUDA graphs'), vllm/compilation/cuda_graph.py:314 (torch.cuda.graph) @ v0.32.0; torch/cuda/"
+           "graphs.py:120,160 @ 2.13.0 (capture_begin/end); report vllm-project/vllm#46307",
     words=(r"cuda out of memory|\boom\b|out of memory",
            r"(graph|cudagraph) captur\w*|captur\w+ (cuda )?graphs?|start\w*|load\w* (the )?weights|profil\w+",
            r"gpu[_ ]memory[_ ]utili[sz]ation|enforce[- ]eager|max[_ ]num[_ ]batched"),
@@ -89,7 +98,16 @@ TOOL_PARSER_MISSING = Entry(
     source="vllm-project/vllm vllm/renderers/online_renderer.py:268,278 (tool_choice checks), "
            "vllm/entrypoints/launchers/launcher.py:362 (invalid tool call parser) @ v0.32.0; report "
            "vllm-project/vllm#55754",
-    words=(r"tool[- _]call[- _]parser|tool parser|enable[- _]auto[- _]tool[- _]choice",
-           r"tool[ _]calls? (come|came|are|were|return\w*|show\w*)|(?<!auto_)tool_choice|function call\w*|\b400\b",
+    # the anchor: the flags, or the API's own symptom of a missing or wrong parser (the call left in `content`,
+    # `tool_calls` empty); the second cue also knows the parser names vLLM registers
+    # (vllm/tool_parsers/__init__.py _TOOL_PARSERS_TO_REGISTER @ v0.32.0)
+    words=(r"tool[- _]call[- _]parser|tool parser|enable[- _]auto[- _]tool[- _]choice|"
+           r"tool[ _]calls?\b.{0,80}\b(in|inside|into|as) (the )?(`?content`?|plain text|text|message)\b|"
+           r"tool_calls\W{0,3}(is |are |was |were |stays? |comes? back )?(empty|\[\]|null|none|missing)|<tool_call>|"
+           r"function[ _]call\w*.{0,80}\b(in|as) (the )?(`?content`?|plain text|text)\b",
+           r"tool[ _]calls? (come|came|are|were|return\w*|show\w*)|(?<!auto_)tool_choice|function call\w*|\b400\b|"
+           r"\b(hermes|llama3_json|llama4_json|llama4_pythonic|pythonic|mistral|qwen3_coder|qwen3_xml|qwen3_json|"
+           r"deepseek_v3\d?|deepseek_v4\d?|glm4[57]|kimi_k[23]|granite\d*|xlam|minimax_m[23]|seed_oss|functiongemma|"
+           r"gemma4|phi4_mini_json|jamba|internlm)\b",
            r"400|not set|missing|wrong|mismatch\w*|plain text|as text|in (the )?content|invalid"),
     lab="none yet: the lab's 06 tool step against a server started without a parser would produce it")

