@@ -24,6 +24,13 @@ GOLDEN = Path(__file__).parent / "golden" / "launch"
 HOME = "/home/spark"
 
 
+#: four Sparks on a switch (one /24), recipe B's profile grown by two nodes
+FOUR = {"WORKER2_SSH": "spark-3", "WORKER2_IP": "10.0.0.3", "WORKER2_CX7_IF": "enp1s0f0np0",
+        "WORKER2_CX7_IB": "rocep1s0f0", "WORKER3_SSH": "spark-4", "WORKER3_IP": "10.0.0.4",
+        "WORKER3_CX7_IF": "enp1s0f0np0", "WORKER3_CX7_IB": "rocep1s0f0", "NNODES": "4", "TP": "4",
+        "WEIGHT_SYNC": "rsync"}
+
+
 def _plan(name: str, overrides=None):
     p = load_profile(ENV / f"{name}.env", {"EXECUTOR": "ray", **(overrides or {})})
     return render(p, {n.name: NodeFacts(home=HOME) for n in p.nodes})
@@ -78,9 +85,11 @@ def test_ray_on_a_real_recipe_is_not_refused(name):
 
 # ----------------------------------------------------------------------------- render
 
-@pytest.mark.parametrize("name", ["lab", "lab-tp3", "dspark-v4", "tp3-dspark"])
-def test_ray_render_serves_on_the_head_alone_after_ray_on_every_node(name):
-    plan = _plan(name)
+@pytest.mark.parametrize("name,ov,nodes", [("lab", {}, 2), ("lab-tp3", {}, 3), ("dspark-v4", {}, 2),
+                                          ("tp3-dspark", {}, 3), ("dspark-v4", FOUR, 4)])
+def test_ray_render_serves_on_the_head_alone_after_ray_on_every_node(name, ov, nodes):
+    plan = _plan(name, ov)
+    assert len(plan.ranks) == nodes
     head, workers = plan.head, plan.workers
     assert workers and all(r.executor == "ray" for r in plan.ranks)
     assert flag_value(head.serve_argv, "--distributed-executor-backend") == "ray"
@@ -125,12 +134,14 @@ def _commands_text(plan) -> str:
     return "\n".join(out).replace(str(REPO_ROOT), "<repo>") + "\n"
 
 
-GOLDEN_CASES = [("lab", {}), ("lab", {"RUNTIME": "docker"}), ("lab-tp3", {}), ("dspark-v4", {}), ("tp3-dspark", {})]
+GOLDEN_CASES = [("lab", {}, "default"), ("lab", {"RUNTIME": "docker"}, "docker"), ("lab-tp3", {}, "default"),
+                ("dspark-v4", {}, "default"), ("tp3-dspark", {}, "default"), ("dspark-v4", FOUR, "4nodes")]
 
 
-@pytest.mark.parametrize("name,ov", GOLDEN_CASES, ids=[f"{n}-{o.get('RUNTIME', 'default')}" for n, o in GOLDEN_CASES])
-def test_ray_golden(name, ov):
-    check_golden(GOLDEN / f"{name}-{ov.get('RUNTIME', 'default')}-ray.txt", _commands_text(_plan(name, ov)))
+@pytest.mark.parametrize("name,ov,tag", GOLDEN_CASES, ids=[f"{n}-{t}" for n, _, t in GOLDEN_CASES])
+def test_ray_golden(name, ov, tag):
+    """2, 3 and 4 nodes, process and docker: the whole plan and every node's start/serve/stop/status/logs line."""
+    check_golden(GOLDEN / f"{name}-{tag}-ray.txt", _commands_text(_plan(name, ov)))
 
 
 def test_ray_commands_in_docker_run_inside_the_nodes_containers():
