@@ -27,6 +27,7 @@ from .render import LaunchPlan, flag_value
 __all__ = ["RayUp", "node_table", "start_cluster", "stop_cluster"]
 
 JOIN_ROW = "ray cluster: every node joined"
+JOIN_TIMEOUT_S = 300       # a start waits this long (at most READY_TIMEOUT) for every node to join
 GCS_ROW = "ray head up (GCS answers)"
 
 
@@ -115,7 +116,7 @@ def stop_cluster(nodes: Mapping[str, Any], plan: LaunchPlan, *, grace: int = 30)
     for r in plan.ranks:
         t0 = time.monotonic()
         res = nodes[r.node].run(r.ray_stop_command(grace), timeout=grace + 60, warn=True)
-        left = nodes[r.node].read(_left_command(r), timeout=30)
+        left = nodes[r.node].read(r.ray_left_command(), timeout=30)
         gone = res.ok and not (left.stdout or "").strip()
         if gone and r.runtime == "process":
             nodes[r.node].run(f"rm -f {r.ray_pid_path}", timeout=30)
@@ -125,14 +126,3 @@ def stop_cluster(nodes: Mapping[str, Any], plan: LaunchPlan, *, grace: int = 30)
                           expected="no Ray process of this node left",
                           fix=f"on {r.node}: {r.ray_stop_command(grace)}"))
     return rows
-
-
-def _left_command(r) -> str:
-    """What is left of the node's Ray (read-only): the ``ray start`` group's members, or its container's Ray."""
-    if r.runtime == "docker":
-        return (f"docker exec {r.container} sh -c 'ps -eo pid=,args= | grep -E \"raylet|gcs_server\" "
-                f"| grep -v grep' 2>/dev/null; true")
-    pid = r.ray_pid_path
-    # zombies (stat Z) hold nothing: they wait for whoever reaps orphans on that host
-    return (f"g=$(cat {pid} 2>/dev/null); [ -n \"$g\" ] && ps -eo pid=,pgid=,stat=,args= 2>/dev/null "
-            f"| awk -v g=\"$g\" '$2 == g && $3 !~ /^Z/'; true")

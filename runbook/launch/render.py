@@ -261,6 +261,17 @@ class RankLaunch:
         """The tails of this node's Ray session logs (raylet, GCS, the Ray workers' stderr), read-only."""
         return self._in_runtime(ray_facts.logs_command(self.node, tail_lines))
 
+    def ray_left_command(self) -> str:
+        """What is left of this node's Ray (read-only; empty = nothing): the members of its ``ray start`` process
+        group, or the Ray daemons in its container. Zombies (stat Z) hold nothing: they wait for whoever reaps
+        orphans on that host."""
+        if self.runtime == "docker":
+            return self._in_runtime("ps -eo pid=,stat=,args= | grep -E 'raylet|gcs_server' | grep -v grep; true") \
+                + " 2>/dev/null; true"
+        pid = shlex.quote(self.ray_pid_path)
+        return (f"g=$(cat {pid} 2>/dev/null); [ -n \"$g\" ] && ps -eo pid=,pgid=,stat=,args= 2>/dev/null "
+                f"| awk -v g=\"$g\" '$2 == g && $3 !~ /^Z/'; true")
+
     def ray_stop_command(self, grace: int = 30) -> str:
         """Shell line that ends this node's Ray after vLLM: docker, ``ray stop`` inside the container (its own pid
         namespace: only this node's Ray); process, SIGTERM to the ``ray start`` process group, then SIGKILL after
@@ -277,6 +288,9 @@ class RankLaunch:
 
     @property
     def pid_path(self) -> str:
+        """The pid the watch follows: the rank's vLLM; on a Ray worker (no vLLM of its own), its ``ray start``."""
+        if self.executor == "ray" and not self.serve_argv:
+            return self.ray_pid_path
         return f"{self.state_dir}/{self.node}.pid"
 
     @property
@@ -757,7 +771,9 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
         r = RankLaunch(node=spec.name, rank=spec.rank, headless=headless, runtime=p.runtime,
                        serve_argv=serve, env=env, secret_env=secret_env, state_dir=state_dir,
                        container=p.container_on(spec.name) if p.runtime == "docker" else "",
-                       log_path="" if p.runtime == "docker" and not ray else f"{state_dir}/{spec.name}.log")
+                       log_path=("" if p.runtime == "docker" and not ray else
+                                 ray_facts.log_path(state_dir, spec.name) if ray and not serve else
+                                 f"{state_dir}/{spec.name}.log"))
         if ray:
             ray_bin = ray_bin_parts(p)
             r.executor, r.ray_argv = "ray", _ray_start_argv(p, spec, ray_bin)
