@@ -106,13 +106,15 @@ class NetnsNode:
     raises on a non-zero exit; ``run``: raises ``RemoteError`` unless ``warn``), for code written against the
     remote layer (e.g. ``launch.ray_cluster``) on a switch's bare nodes, which have no sshd."""
 
-    def __init__(self, sw: Switch, k: int, name: str):
-        self.sw, self.k, self.name = sw, k, name
+    def __init__(self, sw: Switch, k: int, name: str, *, home: str = "", spec=None):
+        self.sw, self.k, self.name, self.home = sw, k, name, home     # home: the node's $HOME ("" = this host's)
+        self.spec = spec        # the profile's NodeSpec of this node (remote.Cluster orders its nodes by rank)
         self.dry_run = False
 
     def _execute(self, command: str, timeout: float) -> CommandResult:
         t0 = time.monotonic()
-        proc = run_local(node_argv(self.sw, self.k, ["sh", "-c", command]), timeout=timeout, check=False,
+        env = ["env", f"HOME={self.home}"] if self.home else []
+        proc = run_local(node_argv(self.sw, self.k, [*env, "sh", "-c", command]), timeout=timeout, check=False,
                          node=self.name)
         return CommandResult(self.name, command, proc.returncode, proc.stdout, proc.stderr,
                              round(time.monotonic() - t0, 3))

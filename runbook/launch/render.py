@@ -281,10 +281,12 @@ class RankLaunch:
             return (f"docker exec {shlex.quote(self.container)} {' '.join(shlex.quote(a) for a in self.ray_argv[:self.ray_argv.index('start')])} "
                     f"stop --grace-period {int(grace)} >/dev/null 2>&1; true")
         pid = shlex.quote(self.ray_pid_path)
-        # `kill -SIG -PGID`: dash's kill takes no `--` (sh -c on a node may be dash)
+        # `kill -SIG -PGID`: dash's kill takes no `--` (sh -c on a node may be dash); a member counts until it is
+        # gone or a zombie (which `kill -0` still finds until whoever reaps orphans there gets to it)
+        live = f"ps -eo pgid=,stat= | awk -v g=$g '$1 == g && $2 !~ /^Z/' | grep -q ."
         return (f"g=$(cat {pid} 2>/dev/null); [ -n \"$g\" ] || exit 0; kill -TERM -$g 2>/dev/null; "
-                f"i=0; while kill -0 -$g 2>/dev/null && [ $i -lt {int(grace)} ]; do sleep 1; i=$((i+1)); done; "
-                f"kill -KILL -$g 2>/dev/null; true")
+                f"i=0; while {live} && [ $i -lt {int(grace)} ]; do sleep 1; i=$((i+1)); done; "
+                f"kill -KILL -$g 2>/dev/null; i=0; while {live} && [ $i -lt 5 ]; do sleep 1; i=$((i+1)); done; true")
 
     @property
     def pid_path(self) -> str:
