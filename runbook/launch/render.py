@@ -283,7 +283,7 @@ class RankLaunch:
         pid = shlex.quote(self.ray_pid_path)
         # `kill -SIG -PGID`: dash's kill takes no `--` (sh -c on a node may be dash); a member counts until it is
         # gone or a zombie (which `kill -0` still finds until whoever reaps orphans there gets to it)
-        live = f"ps -eo pgid=,stat= | awk -v g=$g '$1 == g && $2 !~ /^Z/' | grep -q ."
+        live = "ps -eo pgid=,stat= | awk -v g=$g '$1 == g && $2 !~ /^Z/' | grep -q ."
         return (f"g=$(cat {pid} 2>/dev/null); [ -n \"$g\" ] || exit 0; kill -TERM -$g 2>/dev/null; "
                 f"i=0; while {live} && [ $i -lt {int(grace)} ]; do sleep 1; i=$((i+1)); done; "
                 f"kill -KILL -$g 2>/dev/null; i=0; while {live} && [ $i -lt 5 ]; do sleep 1; i=$((i+1)); done; true")
