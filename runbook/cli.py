@@ -110,7 +110,7 @@ def cmd_lab(args) -> int:
     from .lab import netlab
     lab_dir = _lab_dir(args)
     if args.action == "up":
-        info = netlab.up(lab_dir, nodes=args.nodes)
+        info = netlab.up(lab_dir, nodes=args.nodes, topology=args.topology)
         print(json.dumps(info.to_dict(), indent=2, default=str))
     elif args.action == "down":
         from .lab import control
@@ -154,8 +154,9 @@ def _server_cluster(args):
     else:
         profile = load_profile(args.profile, overrides=_overrides(args.param))
     names = [n.name for n in profile.nodes]
-    if getattr(args, "node", None) and args.node not in names:
-        raise UsageError(f"no node {args.node!r} in {args.profile}", expected="one of " + ", ".join(names),
+    node = vars(args).get("node")             # only the commands that take one node have the argument
+    if node and node not in names:
+        raise UsageError(f"no node {node!r} in {args.profile}", expected="one of " + ", ".join(names),
                          fix=f"name one of the profile's {len(names)} nodes, or leave the node out (all)")
     return profile, Cluster.from_profile(profile)
 
@@ -388,9 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "cannot serve through Ray, passes)")
     val.set_defaults(func=cmd_validate)
 
-    lab = sub.add_parser("lab", help="the embedded two-node lab")
+    lab = sub.add_parser("lab", help="the embedded lab (2 to 8 nodes)")
     lab.add_argument("action", choices=["up", "down", "status"])
-    lab.add_argument("--nodes", type=int, default=2)
+    lab.add_argument("--nodes", type=int, default=2, help="2 to 8 nodes")
+    lab.add_argument("--topology", choices=["cable", "triangle", "switch"],
+                     help="how the fabric is wired (default: a cable for 2 nodes, the triangle for 3, else a switch)")
     lab.add_argument("--lab-dir")
     lab.set_defaults(func=cmd_lab)
 

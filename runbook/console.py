@@ -11,8 +11,11 @@ papermill streams (its ``Executing Cell N`` / ``Ending Cell N`` markers and each
 stderr (its transport warning) and the summary. On a terminal the live line is drawn by rich; anything else (CI,
 a pipe, ``TERM=dumb``) gets plain lines with no control codes, and ``NO_COLOR`` drops colour (rich honours it).
 
-The live line counts cells (``cell 5/12``); a streamed line that counts work, in the packer's form
-``<what>: 45.0% 1.20/2.70 GiB 500 MB/s eta 3s``, moves the bar to that work and shows its ETA.
+The live line counts cells (``cell 5/12``); a line that counts work (``runbook.progress``, the one progress channel:
+``<what>: 45.0% 1.20/2.70 GiB 500 MB/s eta 3s``), from the file the kernel's counts go to (:meth:`Console.follow_file`
+with ``counts=True``) or streamed by a cell, moves the bar to that work and shows its ETA. Without a terminal a step
+that counts work says where it is after :data:`PLAIN_EVERY_S`, then each time the step has run four times as long: a
+few lines for hours of download, one for a phase of minutes, none for a phase shorter than a minute.
 """
 from __future__ import annotations
 
@@ -27,15 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from . import progress
 from .checks import Check, Status, first_fix
 
 ARCHIVE_NAME = "console.log"
 
 #: papermill's cell markers (engines.py: ``Executing Cell {n:-<40}`` / ``Ending Cell {n:-<43}``)
 CELL_MARK = re.compile(r"^(Executing|Ending) Cell (\d+)-*\s*$")
-#: a line that counts work: ``<pct>% <done>/<total> <unit>`` (runbook/engram_tools/pack_writer.py's form)
-WORK = re.compile(r"(?P<pct>\d+(?:\.\d+)?)%\s+(?P<done>\d+(?:\.\d+)?)/(?P<total>\d+(?:\.\d+)?)\s*(?P<unit>[A-Za-z]+)?")
-GIVEN_ETA = re.compile(r"\beta\s+(\d+(?:\.\d+)?)\s*s\b")
 #: papermill's own lines around a notebook, and a styled table's repr: not what the step is doing
 FRAMING = ("Input Notebook:", "Output Notebook:", "Working directory:", "Executing notebook with kernel:",
            "<pandas.io.formats.style.Styler")
@@ -43,7 +44,8 @@ FRAMING = ("Input Notebook:", "Output Notebook:", "Working directory:", "Executi
 COUNT_ORDER = (Status.PASS, Status.WARN, Status.FAIL, Status.NA, Status.NOOP, Status.SIMULATED)
 #: rows printed in full when a step ends
 SHOWN = (Status.FAIL, Status.WARN)
-#: without a terminal (no live line) a step that counts work says where it is at most this often
+#: without a terminal (no live line) a step that counts work first says where it is after this long, then each
+#: time the step has run four times as long (1, 4, 16, 64 … min into the step)
 PLAIN_EVERY_S = 60.0
 
 
@@ -86,9 +88,12 @@ class Work:
     seen: list[tuple[float, float]] = field(default_factory=list)   # (monotonic time, pct)
 
     def eta(self) -> float | None:
-        """The line's own ETA, else the rate since the first line of this work."""
+        """The line's own ETA, else the rate since the first line of this work; none for a wait (seconds of a
+        limit: ``ready wait``)."""
         if self.eta_s is not None:
             return self.eta_s
+        if self.unit == "s":
+            return None
         if len(self.seen) < 2:
             return None
         (t0, p0), (t1, p1) = self.seen[0], self.seen[-1]
@@ -100,13 +105,12 @@ class Work:
 def parse_work(line: str, before: Work | None = None, now: float | None = None) -> Work | None:
     """The counted work a streamed line reports, or None. ``before``: the same work's previous line (its
     samples are kept for the ETA while the total and unit stay the same)."""
-    m = WORK.search(line)
-    if not m:
+    reading = progress.parse(line)
+    if reading is None:
         return None
     now = time.monotonic() if now is None else now
-    given = GIVEN_ETA.search(line[m.end():])
-    work = Work(pct=min(float(m["pct"]), 100.0), done=m["done"], total=m["total"], unit=m["unit"] or "",
-                eta_s=float(given.group(1)) if given else None, label=line[:m.start()].strip().rstrip(":"))
+    work = Work(pct=reading.pct, done=reading.done_text, total=reading.total_text, unit=reading.unit,
+                eta_s=reading.eta_s, label=reading.label)
     same = before is not None and (before.total, before.unit) == (work.total, work.unit) and before.pct <= work.pct
     work.seen = (before.seen if same else []) + [(now, work.pct)]
     return work
@@ -139,7 +143,7 @@ class Console:
         self._step = ""
         self._cells = 0
         self._work: Work | None = None
-        self._plain_said = 0.0
+        self._plain_next = 0.0
         self.results: list[StepResult] = []
         self.failing: list[tuple[str, list[Check]]] = []     # (step, its FAIL rows), for first_fix_text
         self.report_path: Path | None = None
@@ -192,6 +196,11 @@ class Console:
                 for one in lines:
                     self._follow(one)
 
+    def counted(self, line: str) -> None:
+        """One line of the progress channel: moves the live line (the bar, its ETA; plain: a few lines)."""
+        with self._lock:
+            self._follow(line)
+
     def _follow(self, line: str) -> None:
         if not self._step:
             return
@@ -213,7 +222,8 @@ class Console:
     def step(self, name: str, cells: int = 0) -> Iterator[None]:
         """The live line of one step while it runs (plain mode: one line when it starts)."""
         with self._lock:
-            self._step, self._cells, self._work, self._plain_said = name, cells, None, time.monotonic()
+            self._step, self._cells, self._work = name, cells, None
+            self._started, self._plain_next = time.monotonic(), time.monotonic() + PLAIN_EVERY_S
             self._append([f"--- {name}"])
             if self.live:
                 self._ensure_progress()
@@ -265,10 +275,14 @@ class Console:
                 self._progress.update(self._task, total=self._cells or None, completed=max(cell - 1, 0), **fields)
             else:
                 self._progress.update(self._task, **fields)
-        elif not self.live and work is not None and time.monotonic() - self._plain_said >= PLAIN_EVERY_S:
-            self._plain_said = time.monotonic()
-            self._print(f"{self._step}: {work.pct:.0f}% {fields['work']}" + (f", {fields['eta']}" if fields["eta"]
-                                                                             else ""))
+        elif not self.live and work is not None and time.monotonic() >= self._plain_next:
+            now = time.monotonic()
+            # the next after 4x the time so far: 1, 4, 16, 64 min into the step (a few lines for hours of work,
+            # one for a phase of minutes)
+            self._plain_next = now + max(PLAIN_EVERY_S, 3 * (now - self._started))
+            what = f"{work.label} " if work.label else ""
+            self._print(f"{self._step}: {what}{work.pct:.0f}% {fields['work']}"
+                        + (f", {fields['eta']}" if fields["eta"] else ""))
 
     def step_done(self, result: StepResult, rows: Iterable[Check] = (), where: str = "") -> None:
         """The step's line (status, time, counts), then each failing and warning row in full with its fix, and
@@ -379,8 +393,10 @@ class Console:
             self.close()
 
     @contextlib.contextmanager
-    def follow_file(self, path: Path, every_s: float = 0.2) -> Iterator[None]:
-        """Lines appended to ``path`` (the kernel's stdout and stderr) go to the full stream as they come."""
+    def follow_file(self, path: Path, every_s: float = 0.2, *, counts: bool = False) -> Iterator[None]:
+        """Lines appended to ``path`` (the kernel's stdout and stderr) go to the full stream as they come.
+        ``counts``: the file of the kernel's counts (``runbook.progress``): they only move the live line (the
+        final counts reach the full stream with the cell's output)."""
         stop = threading.Event()
         path = Path(path)
 
@@ -392,13 +408,13 @@ class Console:
                     partial += chunk
                     *lines, partial = partial.split("\n")
                     for line in lines:
-                        self.detail(line, moves=False)
+                        self.counted(line) if counts else self.detail(line, moves=False)
                 elif stop.is_set():
                     break
                 else:
                     stop.wait(every_s)
             if partial:
-                self.detail(partial, moves=False)
+                self.counted(partial) if counts else self.detail(partial, moves=False)
 
         fh = path.open("r", encoding="utf-8", errors="replace")
         thread = threading.Thread(target=pump, args=(fh,), name="console-follow", daemon=True)

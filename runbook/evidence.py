@@ -239,7 +239,11 @@ class RunDir:
             return []
         out = []
         for step in SERVED_STEPS:
-            measured = (((self.read_sidecar(step.id) or {}).get("data") or {}).get("server") or {}).get("server_id")
+            try:
+                rec = self.read_record(step.record, missing_ok=True)
+                measured = rec.server_id if rec is not None else ""
+            except RecordError:          # a run made before records (or a step that ended first): its data
+                measured = (((self.read_sidecar(step.id) or {}).get("data") or {}).get("server") or {}).get("server_id")
             if measured and measured != final.server_id:
                 out.append(f"{step.id} was measured on server start {measured}, the run ends with {final.server_id} "
                            f"({LAUNCH.id} started it again after): re-run {step.id}")

@@ -219,19 +219,21 @@ class Node:
     def read(self, command: str, *, timeout: float = DEFAULT_READ_TIMEOUT,
              env: Mapping[str, str] | None = None) -> CommandResult:
         """Run a read-only probe. Executed even in dry-run; never raises on a non-zero exit."""
-        return self._execute(command, timeout=timeout, env=env, kind="read", warn=True, stream=False)
+        return self._execute(command, timeout=timeout, env=env, kind="read", warn=True, lines=None)
 
     def run(self, command: str, *, timeout: float = DEFAULT_RUN_TIMEOUT, warn: bool = False,
-            env: Mapping[str, str] | None = None, stream: bool = False) -> CommandResult:
-        """Run a command that changes the node. Dry-run records it without executing."""
+            env: Mapping[str, str] | None = None, lines: Callable[[str], None] | None = None) -> CommandResult:
+        """Run a command that changes the node. Dry-run records it without executing. ``lines``: each line of
+        its stdout and stderr as it comes (``runbook.progress.relay``: a tool's counting lines), besides the
+        result's."""
         if self.dry_run:
             result = CommandResult(self.name, self.command_prefix + _with_env(command, env), 0, dry_run=True)
             self.log.record(result, kind="run")
             return result
-        return self._execute(command, timeout=timeout, env=env, kind="run", warn=warn, stream=stream)
+        return self._execute(command, timeout=timeout, env=env, kind="run", warn=warn, lines=lines)
 
     def _execute(self, command: str, *, timeout: float, env, kind: str, warn: bool,
-                 stream: bool) -> CommandResult:
+                 lines: Callable[[str], None] | None) -> CommandResult:
         from invoke.exceptions import CommandTimedOut, UnexpectedExit
 
         import uuid
@@ -240,9 +242,12 @@ class Node:
         full = self.command_prefix + _with_env(command, env)
         token = uuid.uuid4().hex               # marks this call's processes on the node (see _kill_call)
         started = time.monotonic()
+        shown = {}
+        if lines is not None:       # invoke writes what it echoes to these streams (runners.py ``_handle_output``)
+            shown = {"out_stream": _Lines(lines), "err_stream": _Lines(lines)}
         try:
-            res = conn.run(f"export {CALL_MARKER}={token}; " + full, hide=not stream, warn=True, timeout=timeout,
-                           pty=False, in_stream=io.StringIO(_env_values(env)) if env else False)
+            res = conn.run(f"export {CALL_MARKER}={token}; " + full, hide=lines is None, warn=True, timeout=timeout,
+                           pty=False, in_stream=io.StringIO(_env_values(env)) if env else False, **shown)
             result = CommandResult(self.name, full, res.exited, res.stdout, res.stderr,
                                    time.monotonic() - started)
         except CommandTimedOut as exc:
@@ -264,6 +269,9 @@ class Node:
             self._conn = None
             raise RemoteError(f"connection to {self.spec.ssh} lost: {exc}", node=self.name,
                               fix="check the node is up and sshd is running") from exc
+        finally:
+            for each in shown.values():
+                each.close()                # a last line without its newline
         self.log.record(result, kind=kind)
         if not result.ok and not warn:
             redact = self.log.redactor.redact
@@ -609,6 +617,33 @@ def _kill_call_command(token: str) -> str:
     return (f'for d in /proc/[0-9]*; do grep -qsxzF {CALL_MARKER}={token} "$d/environ" || continue; '
             f'p=${{d#/proc/}}; g=$(sed "s/.*) //" "$d/stat" 2>/dev/null | cut -d" " -f3); '
             f'kill -KILL -- "$p" ${{g:+"-$g"}} 2>/dev/null; echo "$p"; done; true')
+
+
+class _Lines(io.TextIOBase):
+    """A text stream handing each complete line (``\n`` or ``\r``: rsync's progress redraws) to ``sink``; the
+    part after the last break waits for the next write."""
+
+    def __init__(self, sink: Callable[[str], None]):
+        super().__init__()
+        self.sink, self.partial = sink, ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *done, self.partial = re.split(r"\r\n|\r|\n", self.partial + text)
+        for line in done:
+            self.sink(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.partial:
+            self.sink(self.partial)
+            self.partial = ""
+        super().close()
 
 
 def _with_env(command: str, env: Mapping[str, str] | None) -> str:

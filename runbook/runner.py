@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import launch, records, weights
+from . import launch, progress, records, weights
 from .checks import CheckList, check
 from .console import ARCHIVE_NAME, Console, StepResult
 from .api import health
@@ -377,12 +377,20 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
 
 
 def _weights_state(profile, cluster, sidecar) -> str:
-    holders = [cluster.head] if profile.weight_sync == "nfs" else list(cluster)
-    layout = weights.weights_layout(profile)
-    for node in holders:
-        tree = layout.tree(weights.on_node(node, profile.weights_dir_on(node.name)))
-        if weights.read_node_manifest(node, tree) is None:
-            return f"no verified weights manifest on {node.name} in {tree}"
+    """What a resume re-checks before skipping a passed 02: a verified manifest still in the tree 02's record
+    names on every node that holds a copy (WEIGHT_SYNC=nfs: the head's). '' when intact, else why not."""
+    try:
+        rec = records.record_from_sidecar(sidecar, records.WeightsRecord)
+    except records.RecordError as err:   # an older run's 02: resume runs it again
+        return f"{err.what}: {err.fix}"
+    names = {node.name for node in cluster}
+    for copy in rec.copies:
+        if not copy.own_copy:
+            continue
+        if copy.node not in names:
+            return f"02 put weights on {copy.node}, which this profile no longer names"
+        if weights.read_node_manifest(cluster[copy.node], copy.tree) is None:
+            return f"no verified weights manifest on {copy.node} in {copy.tree}"
     return ""
 
 
@@ -426,8 +434,11 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
         kernel_fd = os.open(kernel_out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         shown.callback(os.close, kernel_fd)
         shown.enter_context(console.follow_file(kernel_out))
+        counts = scratch / "progress.log"          # the kernel's counted work (runbook.progress): the live line
+        counts.touch(mode=0o600)
+        shown.enter_context(console.follow_file(counts, counts=True))
         shown.enter_context(console.step(name, cells=_cell_count(source)))
-        engine["kernel_manager_class"] = _kernel_writing_to(kernel_fd)
+        engine["kernel_manager_class"] = _kernel_writing_to(kernel_fd, counts)
     try:
         with shown:
             pm.execute_notebook(str(source), str(scratch_nb), parameters=parameters, kernel_name=kernel,
@@ -473,18 +484,22 @@ def _cell_count(notebook: Path) -> int:
         return 0
 
 
-def _kernel_writing_to(fd: int):
+def _kernel_writing_to(fd: int, counts: Path | None = None):
     """A kernel manager class whose kernel writes its stdout and stderr to ``fd`` (a file: a child that keeps
     the descriptor never blocks on it) instead of this terminal: ipykernel's "running over TCP without
     encryption" warning (ipykernel/kernelapp.py ``init_sockets``) and anything a cell's subprocess writes to the
     kernel's own descriptors. nbclient creates it (``NotebookClient.kernel_manager_class``) and starts the kernel
-    through ``start_kernel``, whose keywords reach ``subprocess.Popen`` (jupyter_client/launcher.py)."""
+    through ``start_kernel``, whose keywords reach ``subprocess.Popen`` (jupyter_client/launcher.py).
+    ``counts``: the file the kernel's counted work goes to (``runbook.progress.FILE_ENV`` in its environment;
+    ``env`` is the kernel's whole environment, jupyter_client/manager.py ``pre_start_kernel``)."""
     from jupyter_client.manager import AsyncKernelManager
 
     class StepKernelManager(AsyncKernelManager):
         async def start_kernel(self, **kw):
             kw.setdefault("stdout", fd)
             kw.setdefault("stderr", fd)
+            if counts is not None:
+                kw["env"] = {**(kw.get("env") or os.environ), progress.FILE_ENV: str(counts)}
             return await super().start_kernel(**kw)
 
     return StepKernelManager

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import progress
 from .checks import Check, CheckList, Status
 from .evidence import RESULTS_ROOT, RunDir, provenance
 from .profile import Profile, load_profile
@@ -56,6 +57,11 @@ class Step:
         """Archive several raw outputs at once (name -> text); returns their run-relative paths."""
         return [self.raw(name, text) for name, text in raw.items()]
 
+    def keep(self, archive) -> None:
+        """Record what an ``api.server_info.Archive`` holds: its raw files under raw/<step>/, its data."""
+        self.archive(archive.files)
+        self.data.update(archive.data)
+
     def status(self) -> str:
         return "failed" if self.checks.failures() else "passed"
 
@@ -66,6 +72,9 @@ class Step:
                 self._cluster.close()
             status = self.status()
             self.data.setdefault("duration_s", round(time.monotonic() - self.started, 3))
+            counted = progress.finals()
+            if counted:                 # the step's counted work as it ended (the sidecar is masked as written)
+                self.data["progress"] = counted
             self.run.write_sidecar(self.name, self.checks.to_records(), self.data, status, self.record)
             self.run.record_step(self.name, checks=self.checks.counts(), check_status=status,
                                  sidecar=self.run.sidecar_rel(self.name))
@@ -89,6 +98,7 @@ def begin(name: str, profile_path: str | Path, *, run_dir: str | Path = "", dry_
         run.write_json("provenance.json", provenance(profile))
         run.update_manifest(mode="interactive")
     run.record_step(name, kernel_started=time.time(), dry_run=dry_run)
+    progress.reset()                    # this step's counts only (a kernel may run one step after another)
     return Step(name, profile, run, dry_run=dry_run)
 
 

@@ -33,7 +33,7 @@ from ..benchmark.reconcile import reconcile, reconciliation_table
 from ..benchmark.result import SCHEMA_VERSION, BenchConfig, BenchResult, CaseResult, write_raw
 from ..benchmark.runner import arun_benchmark, run_benchmark
 from ..checks import not_applicable
-from ..records import NetworkRecord
+from ..records import BenchRecord, NetworkRecord
 from . import ceiling, membw
 from .config import RAW_DIR_NAME, config_from_profile, cross_check, previous_result
 
@@ -97,7 +97,9 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     route = "direct (base_url)" if base_url else endpoint.api_address(profile)
     echo(f"route: {route}")
     echo(server.describe())
-    step.data["server"] = server.describe()         # which server start the figures belong to (evidence_of_other_servers)
+    step.data["server"] = server.describe()
+    # which server start the figures belong to (RunDir.evidence_of_other_servers reads it)
+    step.record = BenchRecord.of(server, result="")
     echo(config.to_dict())
     out_dir = step.raw_dir / RAW_DIR_NAME
     # every rank's memory bandwidth before and after: a rank in a slow state makes the bench invalid. The probe
@@ -133,6 +135,7 @@ def run(step, *, base_url: str = "", model: str = "", repeats: int | None = None
     step.data["membw"] = membw_data
     step.data["bench"] = {"result": str(out_dir.relative_to(step.run.path) / "result.json"), "route": route,
                           "valid": valid}
+    step.record = step.record.model_copy(update={"result": step.data["bench"]["result"]})   # the report's result
     cross, cross_data = cross_check(profile, server, result, step.raw_dir / "vllm-bench",
                                     enabled=vllm_cross_check, python=vllm_python, tokenizer=vllm_tokenizer)
     if cross_data:

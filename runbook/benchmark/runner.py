@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from .. import __version__
+from .. import __version__, progress
 from ..errors import BenchError
 from . import metrics as M
 from .client import (
@@ -87,6 +87,7 @@ class _Run:
     http: Any = None
     api: ServerAPI | None = None
     builders: dict[_Spec, PromptBuilder] = field(default_factory=dict)
+    counted: Any = None            # the cases' requests done (runbook.progress), set after the warm-up
 
     @property
     def spec(self) -> _Spec:
@@ -135,6 +136,8 @@ class _Run:
             ready += 1
             await go.wait()
             await stream_request(self.http, spec.endpoint, bodies[i], recs[i], timeout_s=tmo)
+            if self.counted is not None:
+                self.counted.advance()
 
         await self.http.warm(n)                    # n idle keep-alive connections before the barrier
         tasks = [asyncio.create_task(one(i)) for i in range(n)]
@@ -428,6 +431,7 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
             raise BenchError("warm-up requests failed", observed=warm_err[0][:300],
                              expected="HTTP 200 streams with usage", fix="check the server log")
         cases: list[CaseResult] = []
+        run.counted = progress.count("bench requests", case_requests(cfg), "requests")
         for c in cfg.concurrency:
             cases.append(await run.case("decode", c, cfg.prompt_tokens, cfg.decode_tokens))
         for p in cfg.prefill_tokens:
@@ -437,10 +441,13 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
                 cases.append(await run.case("class", cfg.class_concurrency, cfg.class_prompt_tokens or
                                             cfg.prompt_tokens, cfg.class_decode_tokens or cfg.decode_tokens,
                                             workload=wl, thinking=th))
+        run.counted.close()
         soak = await run.soak() if cfg.soak_seconds > 0 else None
         await run.http.close()
     finally:
         run.api.close()
+        if run.counted is not None:
+            run.counted.close()
     gc.unfreeze()
     env = _environment(info, cfg.api_key_env)
     env["reset_prefix_cache"] = run.reset_ok
@@ -457,6 +464,14 @@ async def arun_benchmark(base_url: str, model: str, config: BenchConfig | None =
         write_raw(out, run.records, run.t0, run.snapshots, keep_chunks=cfg.keep_chunks)
         result.save(out / "result.json")
     return result
+
+
+def case_requests(cfg: BenchConfig) -> int:
+    """The requests of the cases (each case's waves: repeats x concurrency; no warm-up, no soak): the total the
+    bench counts done."""
+    decode = sum(cfg.concurrency) + len(cfg.prefill_tokens)
+    panel = len(cfg.classes) * len(cfg.class_thinking) * cfg.class_concurrency
+    return cfg.repeats * (decode + panel)
 
 
 def served_models(info: dict[str, Any]) -> list[str] | None:

@@ -26,12 +26,13 @@ def run(step, *, check_samples: int = 256, probe_seconds: float = 3.0, echo=prin
     from .precheck import precheck
     from .read_probe import run_probe
     from .slim_source import make_slim_source
-    from .packing import applicable, blocked_nodes, disabled_checks, plan_pack, run_pack
+    from .packing import applicable, blocked_nodes, disabled_checks, engram_record, plan_pack, run_pack
     profile, cluster = step.profile, step.cluster
     enabled, reason = applicable(profile)
     echo(reason)
     if not enabled:
         step.add(disabled_checks(profile, reason))
+        step.record = engram_record(profile, {}, {})
         return {}
     if profile.is_lab:
         step.add(prepare_lab_source(cluster, profile))
@@ -50,7 +51,9 @@ def run(step, *, check_samples: int = 256, probe_seconds: float = 3.0, echo=prin
                       skip=blocked()))
     step.add(make_slim_source(cluster, profile, facts))   # recipe A's /engram-src (N/A elsewhere)
     step.add(run_probe(cluster, profile, facts, results=results, seconds=probe_seconds, skip=blocked()))
-    return record(step, results)
+    summary = record(step, results)
+    step.record = engram_record(profile, facts, summary)     # records.EngramRecord: which rank's files are where
+    return summary
 
 
 def record(step, results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

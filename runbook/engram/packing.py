@@ -21,13 +21,16 @@ multi-hour ``PACK_TIMEOUT_S`` on real 47 GiB files.
 """
 from __future__ import annotations
 
+import contextlib
 import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import progress
 from ..checks import Check, CheckList, Status, check, not_applicable
+from ..records import EngramRank, EngramRecord
 from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
                     shell_path, ship_tools, src_of)
 
@@ -196,7 +199,8 @@ def run_pack(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR
 
     ``skip``: nodes where an earlier check failed (not started, an N/A row says why).
     ``results``: filled with each node's raw tool summaries ({node: {"pack": …, "check": …}}).
-    ``stream``: echo the packer's progress lines live (fabric ``hide=False``)."""
+    ``stream``: the packer's output live, its counting lines through ``runbook.progress`` (one count per node
+    and shard file), the rest echoed."""
     plans = plan_pack(profile, facts, tools_dir=tools_dir, layers=layers, check_samples=check_samples,
                       progress_every=progress_every, extra_args=extra_args)
     skip = set(skip)
@@ -217,7 +221,8 @@ def run_pack(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR
                                    node=node.name, expected="pack and verify")]
         ship_tools(node, tools_dir)
         t0 = time.monotonic()
-        res = node.run(cmds[1], timeout=timeout, warn=True, stream=stream)
+        with progress.relay(f"{node.name} ") if stream else contextlib.nullcontext() as relay:
+            res = node.run(cmds[1], timeout=timeout, warn=True, lines=relay)
         if is_dry(node, res):
             node.run(cmds[2], timeout=CHECK_TIMEOUT_S, warn=True)     # recorded too: the verify that follows
             return [not_applicable("engram pack", f"dry-run: not run: {cmds[1]}", node=node.name,
@@ -243,6 +248,23 @@ def run_pack(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR
 
 
 # -- the numbers recorded ------------------------------------------------------------------------
+
+def engram_record(profile, facts: Mapping[str, Mapping[str, Any]], summary: Mapping[str, Any]) -> EngramRecord:
+    """Step 03's record: each packing rank's packed dir and the files packed (or found complete) and verified
+    there (``summary``: :func:`summarize`'s); ENGRAM=0 (``facts`` empty): no rank."""
+    ranks = []
+    for name, nf in facts.items():
+        rank = int(nf.get("rank", 0))
+        if rank >= int(profile.tp):
+            continue
+        node = summary.get(name) or {}
+        verify = node.get("verify") or {}
+        ranks.append(EngramRank(node=name, rank=rank, packed_dir=packed_of(profile, nf),
+                                files=tuple(sorted((node.get("pack") or {}).get("files") or {})),
+                                verified=verify.get("ok") if verify else None))
+    return EngramRecord(enabled=bool(profile.engram), tp=int(profile.tp),
+                        ranks=tuple(sorted(ranks, key=lambda r: r.rank)))
+
 
 def summarize(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The numbers a report recomputes from: per node pack MB/s, RSS, verify rows, probe IOPS."""

@@ -119,6 +119,15 @@ def scatter_read(fd: int, groups: list[list[memoryview]], unit: int, offset: int
 
 # -- packing one layer ----------------------------------------------------------------------
 
+
+def scaled_bytes(done: int, total: int) -> str:
+    """``1.20/2.70 GiB``: both in the total's binary unit, as ``runbook.progress.line`` writes a count of bytes
+    (this tool imports nothing of the runbook); a lab-sized file reads in MiB, not ``0.00/0.01 GiB``."""
+    for name, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if total >= size:
+            return f"{done / size:.2f}/{total / size:.2f} {name}"
+    return f"{done}/{total} B"
+
 class Packer:
     def __init__(self, args, layout: L.EngramLayout):
         self.args = args
@@ -276,7 +285,7 @@ class Packer:
                     mbs = (row + n - start_rows) * rb / dt / 1e6
                     pct = 100.0 * (row + n) / max(rr.rows, 1)
                     left = (rr.rows - row - n) * rb / (mbs * 1e6) if mbs > 0 else 0.0
-                    log(f"{rr.file_name}: {pct:5.1f}% {(row + n) * rb / GiB:.2f}/{rr.rows * rb / GiB:.2f} GiB "
+                    log(f"{rr.file_name}: {pct:5.1f}% {scaled_bytes((row + n) * rb, rr.rows * rb)} "
                         f"{mbs:.0f} MB/s eta {left:.0f}s")
                 if args.stop_after_chunks and self.chunks_written >= args.stop_after_chunks:
                     log(f"test hook: stopping hard after {self.chunks_written} chunk(s)")

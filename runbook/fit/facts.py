@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 from ..errors import RunbookError
-from ..records import PREFLIGHT
+from ..records import PREFLIGHT, PreflightRecord, record_from_sidecar
 from ..facts import system
 from .budget import FsFacts, NodeCapacity, hf_cache_repo_dir
 from .figures import (DOCKER_ROOT, GB10_DISK, GB10_INODES, GB10_MEM_AVAILABLE, GB10_MEM_TOTAL, MEASURED,
@@ -244,41 +244,28 @@ def local_facts(profile, host: LocalHost | None = None) -> dict[str, NodeCapacit
 
 
 def node_facts_from_sidecar(profile, sidecar: Mapping[str, Any], where: str) -> dict[str, NodeCapacity]:
-    """Node facts cached in a preflight sidecar (``steps/00_preflight.json``).
+    """Node facts from a preflight sidecar (``steps/00_preflight.json``), read through its
+    :class:`~runbook.records.PreflightRecord` (a sidecar without one is a ``RecordError`` naming 00_preflight).
 
-    A sidecar written with the fit planner holds them whole under ``data.fit.facts``. An older one
-    holds MemAvailable per node (``data.nodes``) and free bytes per disk label (the
-    ``disk free at <label> path`` checks); MemTotal and inodes then stay nominal."""
-    data = sidecar.get("data") or {}
-    fit = data.get("fit") or {}
-    if fit.get("facts"):
-        return {name: NodeCapacity.from_dict(d) for name, d in fit["facts"].items()}
-    nodes = data.get("nodes") or {}
-    if not nodes:
-        raise RunbookError(f"{where}: no node facts (data.nodes is empty: preflight did not reach the nodes)",
+    A record written with the fit planner holds them whole (``capacity``). Without a plan (a server of the
+    runbook's held the memory) it holds MemAvailable/MemTotal and the free bytes of each probed path per node;
+    inodes then stay nominal."""
+    rec = record_from_sidecar(dict(sidecar), PreflightRecord, where)
+    if rec.capacity:
+        return {name: NodeCapacity.from_dict(d) for name, d in rec.capacity.items()}
+    if not rec.nodes:
+        raise RunbookError(f"{where}: no node facts (the preflight record names no node: it did not reach them)",
                            fix="run the preflight step again (python -m runbook run --only 00_preflight), "
                                "or plan without --facts")
-    disk: dict[str, dict[str, system.DiskFree]] = {}
-    for rec in sidecar.get("checks") or []:
-        name, node, d = rec.get("name", ""), rec.get("node", ""), rec.get("data") or {}
-        if name.startswith("disk free at ") and name.endswith(" path") and "free_bytes" in d:
-            label = name[len("disk free at "):-len(" path")]
-            mount = str(rec.get("observed", "")).rpartition(" free on ")[2] or "?"
-            disk.setdefault(node, {})[label] = system.DiskFree("", int(d["free_bytes"]), 0, mount)
     gathered = {}
-    for name, summary in nodes.items():
-        mem = {}
-        if summary.get("mem_available") is not None:
-            mem["MemAvailable"] = int(summary["mem_available"])
-        if summary.get("mem_total") is not None:
-            mem["MemTotal"] = int(summary["mem_total"])
-        gathered[name] = {"mem": mem, "disk": disk.get(name, {}),
-                          "docker": summary.get("docker"),
-                          "image": summary.get("image_id")}
+    for name, node in rec.nodes.items():
+        mem = {k: v for k, v in (("MemAvailable", node.mem_available), ("MemTotal", node.mem_total)) if v is not None}
+        disk = {label: system.DiskFree("", d.free_bytes, 0, d.mount) for label, d in node.disk_free.items()}
+        gathered[name] = {"mem": mem, "disk": disk, "docker": node.docker, "image": node.image_id or None}
     facts = node_facts_from_gather(profile, gathered, where=f"cached preflight of {{node}} ({where})")
     for f in facts.values():
         for fs in f.paths.values():
-            fs.size_bytes = None       # the old sidecar keeps free bytes only
+            fs.size_bytes = None       # the record keeps free bytes only
     return facts
 
 

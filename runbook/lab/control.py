@@ -34,9 +34,10 @@ TINY_MODULE = "runbook.lab.tinymodel"
 #: lab Hub repo -> (module that makes it, local model dir); the default is the 2-node tiny model
 TINY_VARIANTS = {
     "spark-runbook/tiny-tp3": ("runbook.lab.tinymodel_tp3", LAB_DIR / "models" / "tiny-tp3"),   # TP=3 shapes
+    "spark-runbook/tiny-tp4": ("runbook.lab.tinymodel_tp4", LAB_DIR / "models" / "tiny-tp4"),   # TP=4, TP2 x PP2
 }
 #: tensor-parallel size -> the tiny model a rehearsal publishes under the recipe's repo id (default: 2-node)
-TINY_BY_TP = {3: TINY_VARIANTS["spark-runbook/tiny-tp3"]}
+TINY_BY_TP = {3: TINY_VARIANTS["spark-runbook/tiny-tp3"], 4: TINY_VARIANTS["spark-runbook/tiny-tp4"]}
 
 
 def tiny_for_tp(tp: int) -> tuple[str, Path]:
@@ -77,10 +78,28 @@ def lab_root(node) -> Iterator:
         root.close()
 
 
+def lab_topology(profile) -> str:
+    """How the lab wires the profile's nodes: ``profile.topology`` where the profile has it; else the shape of its
+    fabric addresses: 2 nodes a cable, 3 nodes on different /24s the triangle, nodes all on one /24 a switch."""
+    from .netlab.spec import TOPOLOGIES
+    nodes = profile.nodes
+    topology = getattr(profile, "topology", None)
+    if not topology:
+        nets = {n.fabric_ip.rpartition(".")[0] for n in nodes}
+        topology = ("cable" if len(nodes) == 2 else "switch" if len(nets) == 1
+                    else "triangle" if len(nodes) == 3 else "ring")
+    if topology not in TOPOLOGIES:
+        raise LabError(f"the lab cannot wire a {topology}", observed=f"{len(nodes)} nodes, fabric addresses "
+                       + ", ".join(n.fabric_ip for n in nodes), expected=" | ".join(TOPOLOGIES),
+                       fix="put every node's fabric address (HEAD_IP, WORKER_IP, WORKER<k>_IP) on one /24 for the "
+                           "lab's switch (env/lab-tp4.env: 169.254.30.<rank + 1>)")
+    return topology
+
+
 def ensure_lab(profile, *, echo=print):
     """Bring the lab up (idempotent) for this profile: nodes, tiny model, Hub endpoint."""
     from . import netlab
-    info = netlab.up(LAB_DIR, nodes=len(profile.nodes))
+    info = netlab.up(LAB_DIR, nodes=len(profile.nodes), topology=lab_topology(profile))
     if profile.hf_endpoint:
         # a rehearsal pinned the stand-in shaped for its TP (rehearsal.publish_models); a lab profile pins main
         revision = ensure_tiny_repo(profile.hf_model_repo, tp=profile.tp if profile.rehearsal else None, echo=echo)

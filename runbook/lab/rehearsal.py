@@ -31,7 +31,7 @@ from ..profile import NODE_NAMES, Profile, load_profile, node_key, node_keys
 from . import control, hub, oci
 from .netlab.spec import MGMT_IF, OPERATOR, PORTS, REGISTRY, node_specs
 
-LAB_PROFILES = {2: REPO_ROOT / "env" / "lab.env", 3: REPO_ROOT / "env" / "lab-tp3.env"}
+LAB_PROFILES = {2: REPO_ROOT / "env" / "lab.env", 3: REPO_ROOT / "env" / "lab-tp3.env", 4: REPO_ROOT / "env" / "lab-tp4.env"}
 
 # key groups the lab cannot keep, and why (shown in every rehearsal's evidence and report)
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {

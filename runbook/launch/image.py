@@ -5,9 +5,10 @@
 
 Identity is the digest of ``RootFS.Layers`` (seed A: overlay2 and containerd disagree on ``.Id``, and
 ``docker save | docker load`` drops RepoDigests). When a worker lacks the head's image it is shipped
-over the fabric: ``docker save -o`` into a staging dir on the head (free space checked first on both
+over the fabric: ``docker save | dd`` into a staging dir on the head (free space checked first on both
 ends: tar size x 2 + margin on the worker), a resumable copy (``rsync --partial --inplace`` over
-ssh to the worker's fabric address; re-running resumes), ``docker load -i`` on the worker, then the
+ssh to the worker's fabric address; re-running resumes), ``dd | docker load`` on the worker (each phase's bytes
+counted through ``runbook.progress``), then the
 layer digests are compared again and the staging files removed. A digest-pinned IMAGE is pulled on every
 node that lacks it; a moving tag is pulled on the head only and shipped. A lab profile never pulls (``lab up``
 imports its image); a rehearsal pulls the recipe's image from the lab registry (``runbook.lab.oci``). A failed
@@ -28,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .. import progress
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ActionError
 from ..facts import system
@@ -95,8 +97,9 @@ def _arch(platform: str) -> str:
 
 
 def save_command(image: str, tar: str, facts: ShipFacts, *, node: str = "worker") -> str:
-    """The ``docker save`` that writes exactly the target node's platform of ``image`` to ``tar``, or
-    ActionError (before anything is written) when no such command exists here."""
+    """The ``docker save`` that writes exactly the target node's platform of ``image`` to ``tar`` (``-``: to its
+    stdout, for a counted copy), or ActionError (before anything is written) when no such command exists here."""
+    out = "" if tar == "-" else f" -o {quote(tar)}"
     if not facts.target_platform:
         raise ActionError(f"cannot read the docker platform of {node}", node=node,
                           expected="`docker version --format '{{.Server.Os}}/{{.Server.Arch}}'` answers",
@@ -108,7 +111,7 @@ def save_command(image: str, tar: str, facts: ShipFacts, *, node: str = "worker"
                           fix=f"docker pull --platform {facts.target_platform} {image} on the head, then rerun")
     api = min(_api(facts.client_api), _api(facts.server_api))
     if api >= SAVE_PLATFORM_API:
-        return f"docker save --platform {quote(facts.target_platform)} -o {quote(tar)} {quote(image)}"
+        return f"docker save --platform {quote(facts.target_platform)}{out} {quote(image)}"
     if facts.containerd_store:
         raise ActionError("this docker cannot save one platform of a multi-arch image", node="head",
                           observed=f"docker API client {facts.client_api or '?'} / daemon {facts.server_api or '?'} "
@@ -119,7 +122,7 @@ def save_command(image: str, tar: str, facts: ShipFacts, *, node: str = "worker"
                               "naming platforms' manifests the tar does not hold (recipe A's users saw `docker "
                               "load` fail on it with 'blobs/sha256/<id>: no such file'; containerd's importers "
                               "fail on it with 'content digest …: not found')")
-    return f"docker save -o {quote(tar)} {quote(image)}"        # the classic store: one platform, saved whole
+    return f"docker save{out} {quote(image)}"        # the classic store: one platform, saved whole
 
 
 def image_infos(cluster: Cluster, image: str) -> dict[str, ImageInfo | None]:
@@ -133,6 +136,11 @@ def image_infos(cluster: Cluster, image: str) -> dict[str, ImageInfo | None]:
 def _free_bytes(node: Node, path: str) -> int:
     r = node.read(system.disk_free_cmd(path))
     return system.parse_disk_free(r.stdout).avail_bytes if r.ok else 0
+
+
+def _file_bytes(node: Node, path: str) -> int:
+    out = node.read(f"stat -c %s {quote(path)}", timeout=30).stdout.strip()
+    return int(out) if out.isdigit() else 0
 
 
 def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[str, Any]:
@@ -163,16 +171,28 @@ def _ship(cluster: Cluster, profile, target: Node, checks: CheckList) -> dict[st
     tar = f"{stage}/{tar_name}"
     facts = parse_ship_facts(head.read(ship_facts_cmd(profile.image), timeout=30).stdout,
                              target.read(TARGET_PLATFORM_CMD, timeout=30).stdout)
-    save = save_command(profile.image, tar, facts, node=target.name)
-    head.run(save, timeout=3600)
+    save = save_command(profile.image, "-", facts, node=target.name)
+    # each phase counted in bytes (runbook.progress): dd's status=progress for the save and the load, rsync's
+    # progress2 for the copy; the image's size is the save's estimate until the tar's own size is known
+    dry = head.dry_run
+    with progress.from_tool(f"{target.name} image save", size, progress.DD_BYTES, dry_run=dry) as (bar, lines):
+        head.run(f"set -o pipefail; {save} | dd of={quote(tar)} bs=4M status=progress", timeout=3600, lines=lines)
+        tar_size = (0 if dry else _file_bytes(head, tar)) or size
+        bar.update(tar_size, total=tar_size)
     ssh = " ".join(quote(a) for a in node_ssh_argv(profile, target, target.spec.fabric_ip)[:-1])
     dest = node_ssh_argv(profile, target, target.spec.fabric_ip)[-1]
-    head.run(f"rsync -a --partial --inplace -e {quote(ssh)} {quote(tar)} {quote(dest + ':' + tstage + '/')}",
-             timeout=7200)
-    target.run(f"docker load -i {quote(tstage + '/' + tar_name)}", timeout=3600)
+    with progress.from_tool(f"{target.name} image copy", tar_size, progress.RSYNC_BYTES, dry_run=dry) as (bar, lines):
+        head.run(f"rsync -a --partial --inplace --info=progress2 -e {quote(ssh)} {quote(tar)} "
+                 f"{quote(dest + ':' + tstage + '/')}", timeout=7200, lines=lines)
+        bar.update(tar_size)
+    with progress.from_tool(f"{target.name} image load", tar_size, progress.DD_BYTES, dry_run=dry) as (bar, lines):
+        target.run(f"set -o pipefail; dd if={quote(tstage + '/' + tar_name)} bs=4M status=progress | docker load",
+                   timeout=3600, lines=lines)
+        bar.update(tar_size)
     target.run(f"rm -f {quote(tstage + '/' + tar_name)}", timeout=60)
     head.run(f"rm -f {quote(tar)}", timeout=60)
-    return {"bytes": size, "seconds": round(time.monotonic() - t0, 2), "via": f"rsync to {target.spec.fabric_ip}",
+    return {"bytes": size, "tar_bytes": tar_size, "seconds": round(time.monotonic() - t0, 2),
+            "via": f"rsync to {target.spec.fabric_ip}",
             "platform": facts.target_platform, "save": save}
 
 

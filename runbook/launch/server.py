@@ -45,6 +45,7 @@ from ..facts import ranks
 from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, hang_diagnostics, probe_readiness
 from .stop import stop
 from ..api.endpoint import api_address, base_url
+from .. import progress
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..errors import ALREADY_RUNNING, ActionError, ExitStatus
 from ..facts import system, vllm_log
@@ -489,64 +490,69 @@ def _wait_ready(cluster, profile, plan, result, url, api_key, t0, started, guard
         what, node, observed, fix = guard.breach_row_text()
         return (memguard.GUARD_ROW, what, node, observed, fix)
 
-    while True:
-        now = time.monotonic()
-        watches = cluster.each(lambda n: ranks.watch(n, plan.rank(n.name), fresh=started))
-        if (failure := memory_failure()) is not None:      # before "died": the guard stopped them
-            break
-        for name, w in watches.items():
-            if isinstance(w, Exception):
-                dead_count[name] += 1
-                continue
-            if guard is None and w.mem_available is not None:
-                result.memory_profile.setdefault(name, []).append([round(now - t0, 1), w.mem_available])
-            if ranks.log_progressed(prev[name], w):
-                last_progress = now
-            prev[name] = w
-            dead_count[name] = 0 if w.alive else dead_count[name] + 1
-        head_dead = dead_count["head"] >= 1
-        dead_workers = [r.node for r in plan.workers if dead_count[r.node] >= WORKER_DEAD_POLLS]
-        if head_dead or dead_workers:
-            who = "head" if head_dead else dead_workers[0]
-            failure = ("ranks alive while starting", f"the {who} rank died before the server was ready", who,
-                       f"{who} process/container gone {now - t0:.0f} s after launch"
-                       + (guard.last_seen(who) if guard is not None else ""),
-                       "read both log tails below (a rank the kernel's OOM killer ended leaves no Python error: "
-                       "dmesg | grep -i oom); fix the cause, then start again")
-            break
-        if master_probe.pending:
-            master_probe.poll(cluster, plan)
-            if master_probe.blocked_polls >= MASTER_BLOCKED_POLLS:
-                failure = ("workers reach the master port", "a worker cannot open a TCP connection to the head's "
-                           "rendezvous port while the head listens on it", ",".join(master_probe.blocked),
-                           master_probe.observed,
-                           "a firewall on the head (or between the nodes) drops the master port: allow MASTER_PORT "
-                           "from the workers' fabric addresses (ufw allow from <worker ip> to any port <port>; "
-                           "nft list ruleset / iptables -S), then start again")
+    # counted work (runbook.progress): the ranks running of all, the seconds waited of READY_TIMEOUT
+    with progress.count("ranks up", len(plan.ranks), "ranks") as up, \
+            progress.count("ready wait", profile.ready_timeout, "s") as waited:
+        while True:
+            now = time.monotonic()
+            watches = cluster.each(lambda n: ranks.watch(n, plan.rank(n.name), fresh=started))
+            if (failure := memory_failure()) is not None:      # before "died": the guard stopped them
                 break
-        try:
-            probe_readiness(profile, url, api_key, ready, t0)
-        except ActionError as exc:
-            failure = memory_failure() or ("models served", exc.what, "head", exc.observed, exc.fix)
-            break
-        if (failure := memory_failure()) is not None:
-            break
-        if ready.done:
-            break
-        if hang_s and time.monotonic() - last_progress > hang_s:
-            diagnostics = hang_diagnostics(cluster, plan)
-            failure = ("log progress (hang detector)", f"no new log line on any rank for {hang_s} s", "cluster",
-                       f"silent since {last_progress - t0:.0f} s after launch (periodic lines excluded)",
-                       ("read the diagnostics (py-spy dumps / ps / log tails); usual causes: a rendezvous "
-                        "that never completes (wrong master address/port, firewall, socket IF), a stuck collective"))
-            break
-        if time.monotonic() > deadline:
-            failure = ("ready within READY_TIMEOUT", f"not ready after {profile.ready_timeout} s", "head",
-                       f"reached: {', '.join(p for p in PHASES if getattr(ready, p) is not None) or 'nothing'}",
-                       "raise READY_TIMEOUT only if the log shows steady progress; otherwise read the log tails")
-            break
-        pause = max(0.5, POLL_S - (time.monotonic() - now))
-        guard.wait(pause) if guard is not None else time.sleep(pause)
+            for name, w in watches.items():
+                if isinstance(w, Exception):
+                    dead_count[name] += 1
+                    continue
+                if guard is None and w.mem_available is not None:
+                    result.memory_profile.setdefault(name, []).append([round(now - t0, 1), w.mem_available])
+                if ranks.log_progressed(prev[name], w):
+                    last_progress = now
+                prev[name] = w
+                dead_count[name] = 0 if w.alive else dead_count[name] + 1
+            up.update(sum(1 for w in watches.values() if not isinstance(w, Exception) and w.alive))
+            waited.update(now - t0)
+            head_dead = dead_count["head"] >= 1
+            dead_workers = [r.node for r in plan.workers if dead_count[r.node] >= WORKER_DEAD_POLLS]
+            if head_dead or dead_workers:
+                who = "head" if head_dead else dead_workers[0]
+                failure = ("ranks alive while starting", f"the {who} rank died before the server was ready", who,
+                           f"{who} process/container gone {now - t0:.0f} s after launch"
+                           + (guard.last_seen(who) if guard is not None else ""),
+                           "read both log tails below (a rank the kernel's OOM killer ended leaves no Python error: "
+                           "dmesg | grep -i oom); fix the cause, then start again")
+                break
+            if master_probe.pending:
+                master_probe.poll(cluster, plan)
+                if master_probe.blocked_polls >= MASTER_BLOCKED_POLLS:
+                    failure = ("workers reach the master port", "a worker cannot open a TCP connection to the head's "
+                               "rendezvous port while the head listens on it", ",".join(master_probe.blocked),
+                               master_probe.observed,
+                               "a firewall on the head (or between the nodes) drops the master port: allow MASTER_PORT "
+                               "from the workers' fabric addresses (ufw allow from <worker ip> to any port <port>; "
+                               "nft list ruleset / iptables -S), then start again")
+                    break
+            try:
+                probe_readiness(profile, url, api_key, ready, t0)
+            except ActionError as exc:
+                failure = memory_failure() or ("models served", exc.what, "head", exc.observed, exc.fix)
+                break
+            if (failure := memory_failure()) is not None:
+                break
+            if ready.done:
+                break
+            if hang_s and time.monotonic() - last_progress > hang_s:
+                diagnostics = hang_diagnostics(cluster, plan)
+                failure = ("log progress (hang detector)", f"no new log line on any rank for {hang_s} s", "cluster",
+                           f"silent since {last_progress - t0:.0f} s after launch (periodic lines excluded)",
+                           ("read the diagnostics (py-spy dumps / ps / log tails); usual causes: a rendezvous "
+                            "that never completes (wrong master address/port, firewall, socket IF), a stuck collective"))
+                break
+            if time.monotonic() > deadline:
+                failure = ("ready within READY_TIMEOUT", f"not ready after {profile.ready_timeout} s", "head",
+                           f"reached: {', '.join(p for p in PHASES if getattr(ready, p) is not None) or 'nothing'}",
+                           "raise READY_TIMEOUT only if the log shows steady progress; otherwise read the log tails")
+                break
+            pause = max(0.5, POLL_S - (time.monotonic() - now))
+            guard.wait(pause) if guard is not None else time.sleep(pause)
     return failure, diagnostics
 
 

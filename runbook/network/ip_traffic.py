@@ -1,29 +1,81 @@
 """IP traffic over every rail: a don't-fragment ping at the fabric MTU and iperf3's TCP bandwidth, both
 directions. Servers are one-shot (``iperf3 -s -1``) under ``timeout``; these stay real in a rehearsal.
 
-Check rows: ``net.ping.<rail>.<a>-><b>``, ``net.tcp.<rail>.<a>-><b>``.
+Check rows: ``net.ping.<rail>.<a>-><b>``, ``net.switch.<rail>`` (a rail of three or more nodes: a switch; names the
+node whose switch port drops jumbo frames), ``net.tcp.<rail>.<a>-><b>``.
 """
 from __future__ import annotations
 
 from ..checks import check
 from ..facts import net as fnet
-from .context import Verification, Rail, concurrently, pairs_on, read, text_of
+from .context import Verification, Rail, concurrently, iface_of, pairs_on, read, text_of
 
 IPERF_BASE_PORT = 5301
 
 
+def short_ends(names: list[str], answered: dict[tuple[str, str], bool]) -> list[str] | None:
+    """On a switch (one subnet, three or more nodes), the nodes whose every DF ping, to or from them, was lost
+    while some pair without them got through: the short end is that node's port (its NIC or its switch port:
+    a port left at 1500 drops the frame silently, so the sender sees plain loss). [] when nothing is lost or no
+    node is in every lost pair; None when no pair got through (the switch itself, or every port)."""
+    if all(answered.values()):
+        return []
+    if not any(answered.values()):
+        return None
+    return [n for n in names if all(not ok for (a, b), ok in answered.items() if n in (a, b))]
+
+
+def switch_checks(ctx: Verification, rail: Rail, answered: dict[tuple[str, str], bool], size: int) -> None:
+    """``net.switch.<rail>``: on a rail of three or more nodes, every pair answers DF pings of ``size`` bytes;
+    a node whose every pair fails is named, with its switch port as the fix when its NIC has the MTU. A failing
+    row that names the short end is the fabric cause of the lost pings, TCP and collectives (the first fix)."""
+    mtu = ctx.profile.fabric_mtu
+    names = list(rail.ends)
+    pairs = len(names) * (len(names) - 1) // 2
+    short = short_ends(names, answered)
+    nic = {n: iface_of(ctx.facts[n], rail.ends[n].iface).mtu for n in names}
+    if all(answered.values()):
+        ctx.add(check(f"net.switch.{rail.name}", True, node="cluster",
+                      observed=f"{pairs} pairs of {len(names)} nodes answer {size}-byte DF pings both ways",
+                      expected=f"every pair through the switch at MTU {mtu}"))
+        return
+    if short is None:
+        ctx.add(check(f"net.switch.{rail.name}", False, node="cluster",
+                      observed=f"no pair of {len(names)} nodes answers a {size}-byte DF ping",
+                      expected=f"every pair through the switch at MTU {mtu}",
+                      fix=f"set MTU {mtu} (jumbo frames) on the switch and on every port the nodes use; check the "
+                          "switch ports' VLAN and link state", data={"short": sorted(names)}, cause="fabric"))
+        return
+    lost = sum(1 for ok in answered.values() if not ok)
+    where = "; ".join(f"{n} {rail.ends[n].iface}: " + (f"NIC MTU {nic[n]}" if nic[n] != mtu else
+                                                       f"NIC MTU {nic[n]}, so its switch port drops {size}-byte frames")
+                      for n in short) or "no single node"
+    ctx.add(check(f"net.switch.{rail.name}", False, node="cluster",
+                  observed=f"{lost} of {len(answered)} DF pings lost; every one to or from {', '.join(short) or '?'} "
+                           f"({where})" if short else f"{lost} of {len(answered)} DF pings lost, no node in all of them",
+                  expected=f"every pair through the switch at MTU {mtu}",
+                  fix=("; ".join(f"set MTU {mtu} on {n}'s {rail.ends[n].iface}" if nic[n] != mtu else
+                                 f"set MTU {mtu} on the switch port {n}'s {rail.ends[n].iface} is plugged into "
+                                 "(a switch port left at 1500 drops jumbo frames silently)" for n in short)
+                       or "see the failing net.ping rows: check the cables and the switch's ports of those pairs"),
+                  data={"short": short}, cause="fabric" if short else ""))
+
+
 def ping_checks(ctx: Verification, rails: list[Rail]) -> None:
-    """A full-MTU don't-fragment ping over every rail, both directions."""
+    """A full-MTU don't-fragment ping over every rail, both directions; on a rail of three or more nodes (a switch)
+    also ``net.switch.<rail>`` (:func:`switch_checks`)."""
     mtu = ctx.profile.fabric_mtu
     max_rtt = ctx.profile.max_rtt_ms
     size = mtu - 28
     for rail in rails:
+        answered: dict[tuple[str, str], bool] = {}
         for a, b in pairs_on(ctx, rail):
             src, dst = rail.ends[a.name], rail.ends[b.name]
             name = f"ping_{rail.name}_{a.name}_to_{b.name}.txt"
             r = read(a, fnet.ping_cmd(dst.ip, size=size, count=5, iface=src.iface), ctx.timeout)
             ev = [ctx.save(name, text_of(r))]
             p = fnet.parse_ping(text_of(r))
+            answered[(a.name, b.name)] = p.ok
             label = f"net.ping.{rail.name}.{a.name}->{b.name}"
             if not p.ok:
                 hint = (f"local MTU is {p.local_mtu}: set {mtu} on {src.iface}" if p.local_mtu else
@@ -40,6 +92,8 @@ def ping_checks(ctx: Verification, rails: list[Rail]) -> None:
                           expected=f"0% loss, rtt avg <= {max_rtt} ms (MAX_RTT_MS)",
                           fix="unexplained high RTT: treat as a blocker (degraded link state seen after NM churn; cold boot both nodes)",
                           evidence=ev, data={"rtt_avg_ms": p.rtt_avg_ms, "rtt_max_ms": p.rtt_max_ms}))
+        if len(rail.ends) >= 3:
+            switch_checks(ctx, rail, answered, size)
 
 
 def iperf_checks(ctx: Verification, rails: list[Rail], seconds: int) -> None:

@@ -1,12 +1,12 @@
 """Step 00 — preflight: can these nodes run the recipe at all? Reads facts, changes nothing.
 
-    runbook.preflight.run(step)        # checks and node facts into the step
+    runbook.preflight.run(step)        # checks, node facts and its PreflightRecord into the step
 
 Check names → code: every row is built in ``verify.py`` (``run_checks`` and the ``_<topic>`` helpers).
 """
 from __future__ import annotations
 
-from .verify import run_checks
+from .verify import preflight_record, run_checks
 
 
 def run(step) -> None:
@@ -14,3 +14,4 @@ def run(step) -> None:
     checks, facts = run_checks(step.cluster, step.profile)
     step.add(checks)
     step.data.update(facts)
+    step.record = preflight_record(facts)   # what `runbook plan --facts` and the report read (records.PreflightRecord)

@@ -16,6 +16,7 @@ from ..facts import residue, system
 from ..facts.system import plan_image
 from ..lab import sim
 from ..facts.ranks import RankState, rank_state
+from ..records import DiskFree, PreflightNode, PreflightRecord
 from ..remote import Cluster, Node, node_ssh_argv, quote
 from .node_needs import node_needs
 
@@ -491,10 +492,24 @@ def _clock(offsets: dict[str, Any], profile) -> Check:
                  data={"spread_ms": spread_ms, "uncertainty_ms": uncertainty_ms})
 
 
+def preflight_record(data: dict[str, Any]) -> PreflightRecord:
+    """Step 00's record (``runbook.records.PreflightRecord``) from the facts ``run_checks`` returned."""
+    nodes = {}
+    for name, n in (data.get("nodes") or {}).items():
+        nodes[name] = PreflightNode(hostname=n.get("hostname") or "", kernel=n.get("kernel") or "",
+                                    docker=n.get("docker"), image_id=n.get("image_id") or "",
+                                    mem_available=n.get("mem_available"), mem_total=n.get("mem_total"),
+                                    disk_free={label: DiskFree(**d) for label, d in (n.get("disk_free") or {}).items()})
+    return PreflightRecord(nodes=nodes, capacity=((data.get("fit") or {}).get("facts") or {}))
+
+
 def _node_summary(f: dict[str, Any]) -> dict[str, Any]:
     return {"os": f["os"].pretty_name, "kernel": f["os"].kernel, "machine": f["os"].machine,
             "hostname": f["os"].hostname, "mem_available": f["mem"].get("MemAvailable"),
             "mem_total": f["mem"].get("MemTotal"),
             "docker": f["docker"], "image_id": f["image"].image_id if f["image"] else None,
             "image_layers": f["image"].layers if f["image"] else None,
-            "gpus": f["gpus"], "driver": f["driver"], "listening": sorted(f["listening"])}
+            "gpus": f["gpus"], "driver": f["driver"], "listening": sorted(f["listening"]),
+            # each probed path's filesystem (an unreadable one is left out: its row says why)
+            "disk_free": {label: {"mount": d.mount, "free_bytes": d.avail_bytes} for label, d in f["disk"].items()
+                          if isinstance(d, system.DiskFree)}}

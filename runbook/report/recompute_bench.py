@@ -18,7 +18,8 @@ from ..benchmark.result import BenchResult, load_records
 from ..benchmark.roofline_panel import panel_rows
 from ..fit.roofline import Roofline
 from .model import ReportFigure, ReportModel
-from .runfiles import data_paths, find_sidecar, load_json, number, relative
+from ..records import BenchRecord
+from .runfiles import data_paths, find_sidecar, load_json, number, record_of, relative
 
 __all__ = ["RECOMPUTED_METRICS", "BENCH_REL_TOL", "BENCH_TIME_ABS_TOL", "LOWER_IS_BETTER", "find_bench_result",
            "recompute_bench_figures", "bench", "bench_result", "bench_unit", "roofline", "data_of"]
@@ -43,7 +44,8 @@ def find_bench_result(run: Path, sidecars: dict[str, dict[str, Any]]) -> tuple[s
     ``result`` key of its data (or a result embedded in the data itself: path None)."""
     name, sc = find_sidecar(sidecars, "bench")
     data = (sc or {}).get("data") or {}
-    for rel in data_paths(data, "result"):
+    rec = record_of(sidecars, BenchRecord)       # a run made before records: the paths in its data
+    for rel in ([rec.result] if rec is not None and rec.result else data_paths(data, "result")):
         p = run / rel
         obj = load_json(p) if p.is_file() else None
         if _is_result(obj):

@@ -13,7 +13,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["load_json", "read_text", "relative", "number", "read_sidecars", "find_sidecar", "evidence_file",
+from ..records import Record, RecordError, record_from_sidecar, step_info
+
+__all__ = ["load_json", "read_text", "relative", "number", "read_sidecars", "find_sidecar", "record_of", "evidence_file",
            "first_evidence", "data_paths", "where"]
 
 
@@ -67,6 +69,19 @@ def find_sidecar(sidecars: dict[str, dict[str, Any]], suffix: str) -> tuple[str,
         if name == suffix or name.endswith("_" + suffix):
             return name, sc
     return "", None
+
+
+def record_of(sidecars: dict[str, dict[str, Any]], cls: type[Record]) -> Record | None:
+    """The typed record (``runbook.records``) of the step that writes ``cls``, or None when the run has no
+    readable one (a run made before records, a step that ended before writing it): the report then reads the
+    sidecar's raw data, so such runs still render."""
+    _, sc = find_sidecar(sidecars, step_info(cls).package)
+    if sc is None:
+        return None
+    try:
+        return record_from_sidecar(sc, cls)
+    except RecordError:
+        return None
 
 
 def evidence_file(run: Path, rec: dict[str, Any], rx: re.Pattern) -> Path | None:

@@ -27,9 +27,10 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from ..records import PreflightRecord, WeightsRecord
 from .model import CANDIDATE, VALIDATED, ReportModel, Verdict
 from .recompute_bench import find_bench_result
-from .runfiles import find_sidecar, number
+from .runfiles import find_sidecar, number, record_of
 
 __all__ = ["run_verdict", "REQUIREMENTS"]
 
@@ -84,8 +85,10 @@ def image(model: ReportModel, run: Path, sidecars: Sidecars) -> Outcome:
                        if runtime else "profile.json has no RUNTIME")
     if re.search(r"@" + IMAGE_DIGEST.pattern + r"$", ref):
         return True, f"IMAGE={ref} is pinned by digest"
-    _, pre = find_sidecar(sidecars, "preflight")
-    facts = ((pre or {}).get("data") or {}).get("nodes") or {}
+    rec = record_of(sidecars, PreflightRecord)
+    _, pre = find_sidecar(sidecars, "preflight")      # a run made before records: the sidecar's data
+    facts = ({n: {"image_id": f.image_id} for n, f in rec.nodes.items()} if rec is not None
+             else ((pre or {}).get("data") or {}).get("nodes") or {})
     nodes = sorted(set(facts) | set(_rank_nodes(model)))
     tag = f"IMAGE={ref or '(empty)'} has no @sha256:<digest>"
     if not nodes:
@@ -115,9 +118,9 @@ def _revision(recorded: Any, key: str, configured: Any, where: str) -> Outcome:
 
 def model_revision(model: ReportModel, run: Path, sidecars: Sidecars) -> Outcome:
     name, sc = find_sidecar(sidecars, "weights")
-    data = (sc or {}).get("data") or {}
-    return _revision(data.get("revision"), "HF_REVISION", model.profile.get("HF_REVISION"),
-                     f"steps/{name or '02_weights'}.json")
+    rec = record_of(sidecars, WeightsRecord)
+    revision = rec.revision if rec is not None else ((sc or {}).get("data") or {}).get("revision")
+    return _revision(revision, "HF_REVISION", model.profile.get("HF_REVISION"), f"steps/{name or '02_weights'}.json")
 
 
 def engram_revision(model: ReportModel, run: Path, sidecars: Sidecars) -> Outcome:
@@ -127,7 +130,9 @@ def engram_revision(model: ReportModel, run: Path, sidecars: Sidecars) -> Outcom
     if not on:
         return True, "ENGRAM=0 (no Engram tables)"
     name, sc = find_sidecar(sidecars, "weights")
-    source = ((sc or {}).get("data") or {}).get("engram") or {}
+    rec = record_of(sidecars, WeightsRecord)
+    source = ({"revision": rec.engram.revision if rec.engram else ""} if rec is not None
+              else ((sc or {}).get("data") or {}).get("engram") or {})
     return _revision(source.get("revision"), "HF_ENGRAM_REVISION", model.profile.get("HF_ENGRAM_REVISION"),
                      f"steps/{name or '02_weights'}.json data.engram")
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import progress
 from ..checks import Check, Status, check, not_applicable
 from ..errors import RemoteError
 from ..facts import system
@@ -176,10 +177,15 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
     # as the SSH user the runbook logs in with on the worker (root there only when the profile says so)
     target = target or f"{node_user(worker).name}@{worker.spec.fabric_ip}"
     cmd = render_rsync(src_dir, dst_dir, target, ssh=ssh)
-    t0 = time.monotonic()
-    res = head.run(cmd, timeout=timeout, warn=True)
-    seconds = time.monotonic() - t0
     total = sum(f["size"] for f in head_manifest.get("files", []))
+    t0 = time.monotonic()
+    # its --info=progress2 lines count the bytes (runbook.progress); a file already there ends the count early
+    with progress.from_tool(f"{worker.name} weights copy", total, progress.RSYNC_BYTES,
+                            dry_run=head.dry_run) as (bar, lines):
+        res = head.run(cmd, timeout=timeout, warn=True, lines=lines)
+        if res.ok:
+            bar.update(total)
+    seconds = time.monotonic() - t0
     result.data.update(command=cmd, seconds=round(seconds, 2), bytes=total, src=src_dir, dst=dst_dir)
     result.checks.append(check("weights.rsync", res.ok, node=head.name,
                                observed=f"exit {res.exit_code} in {seconds:.1f} s "
@@ -202,9 +208,11 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
 def render_node_download(tool: str, repo: str, revision: str, dest: str, *, python: str = "python3",
                          endpoint: str | None = None, allow: Iterable[str] = (), ignore: Iterable[str] = (),
                          max_workers: int = 8, timeout: int = 120, token_file: str = "", files: str = "",
-                         layout: str = node_download.LAYOUT) -> str:
+                         layout: str = node_download.LAYOUT, label: str = "") -> str:
     parts = [python, tool, "--repo", repo, "--revision", require_pinned(revision), "--dest", dest,
              "--layout", layout, "--max-workers", int(max_workers), "--timeout", int(timeout), "--no-progress"]
+    if label:                   # the bytes counted on stderr (runbook.progress's form), relayed by download_on_node
+        parts += ["--label", label]
     if endpoint:
         parts += ["--endpoint", endpoint]
     if files:
@@ -222,7 +230,8 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
                      endpoint: str | None = None, python: str = "python3", allow: Iterable[str] = (),
                      ignore: Iterable[str] = (), max_workers: int = 8, timeout: int = 120,
                      token: str | None = None, verify_workers: int = 4,
-                     run_timeout: float = 12 * 3600, layout: str = node_download.LAYOUT) -> ShareResult:
+                     run_timeout: float = 12 * 3600, layout: str = node_download.LAYOUT,
+                     label: str = "weights download") -> ShareResult:
     """The node downloads the pinned revision itself (from ``endpoint``) into ``dest`` in ``layout``
     and verifies it (``data["tree"]``: the verified directory on the node).
 
@@ -230,6 +239,7 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
     library only, so no ``huggingface_hub`` or other package is needed there). The files to fetch are
     ``expected`` (the Hub metadata read here), shipped as JSON next to the tools. The token, if any, goes
     to a 0600 file in the node's private tools dir (never on the command line) and is removed afterwards.
+    The bytes are counted through ``runbook.progress`` as ``<node> <label>``.
     """
     result = ShareResult("download-both")
     dest = on_node(node, dest)
@@ -252,10 +262,12 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
             os.unlink(local)
     cmd = render_node_download(tools["node_download"], repo, revision, dest, python=python,
                                endpoint=endpoint, allow=allow, ignore=ignore, max_workers=max_workers,
-                               timeout=timeout, token_file=token_file, files=files_remote, layout=layout)
+                               timeout=timeout, token_file=token_file, files=files_remote, layout=layout,
+                               label=label)
     t0 = time.monotonic()
     try:
-        res = node.run(cmd, timeout=run_timeout, warn=True)
+        with progress.relay(f"{node.name} ", quiet=True) as counted:      # its JSON line stays in the result
+            res = node.run(cmd, timeout=run_timeout, warn=True, lines=counted)
     finally:
         node.run(f"rm -f {_q(files_remote)}" + (f" {_q(token_file)}" if token_file else ""), timeout=30, warn=True)
     seconds = time.monotonic() - t0

@@ -24,6 +24,7 @@ from ..facts import system
 from .download import RepoSnapshot, fetch_metadata, hf_token_for, require_pinned
 from ..weights_tools.layout import weights_layout
 from ..facts.node_paths import on_node
+from ..records import EngramSource, WeightsCopy, WeightsRecord
 from .sharing import (ShareResult, cache_dir_is_local, download_on_node, kernel_nfs_until_server, nfs_share,
                       nfs_userspace_share, read_node_manifest, rsync_to_worker, verify_on_node)
 from ..lab.control import lab_root
@@ -140,6 +141,23 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
     if compare_sha256sum and head_manifest:
         data["hash_rate"] = hash_rate_on_node(head, head_tree, head_manifest, python)
     return checks, data
+
+
+def weights_record(profile, data: dict[str, Any]) -> WeightsRecord:
+    """Step 02's record from the data ``download_verify_share`` returned: where the verified tree is on each
+    node (WEIGHT_SYNC=nfs: the workers read the head's, they hold no copy of their own)."""
+    copies = tuple(WeightsCopy(node=name, weights_dir=p["weights_dir"], tree=p["tree"],
+                               own_copy=profile.weight_sync != "nfs" or rank == 0)     # paths: the head first
+                   for rank, (name, p) in enumerate(data["paths"].items()))
+    eng = data.get("engram") or {}
+    engram = None
+    if eng.get("enabled"):
+        engram = EngramSource(repo=eng.get("repo", ""), revision=eng.get("revision", ""),
+                              files=tuple(eng.get("files") or ()), paths=dict(eng.get("paths") or {}),
+                              source=eng.get("source", ""))
+    return WeightsRecord(repo=data["repo"], revision=data["revision"], files=data["files"],
+                         total_bytes=data["total_bytes"], layout=data["layout"], mode=data["mode"], copies=copies,
+                         engram=engram)
 
 
 def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, head_manifest, python: str,
@@ -294,7 +312,8 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
 
     def fetch(node, dest):
         return download_on_node(node, repo, revision, dest, expected=snap.expected(), endpoint=endpoint,
-                                python=python, allow=files, max_workers=profile.hf_max_workers, token=token)
+                                python=python, allow=files, max_workers=profile.hf_max_workers, token=token,
+                                label="engram source download")
 
     got = fetch(head, paths[head.name])
     checks += got.checks

@@ -12,7 +12,12 @@ CLI::
     python3 node_download.py --repo ORG/NAME --revision SHA40 --dest DIR [--endpoint URL]
         [--files EXPECTED.json] [--allow PATTERN ...] [--ignore PATTERN ...] [--max-workers 8]
         [--timeout 120] [--etag-timeout 30] [--token-file PATH] [--no-progress] [--layout local_dir|hub_cache]
-prints one JSON line {"ok", "path", "revision", "seconds", "layout", "resumable"}; exit 0 / 1.
+        [--label WHAT]
+prints one JSON line {"ok", "path", "revision", "seconds", "layout", "resumable"}; exit 0 / 1. With ``--label``
+the bytes still to fetch are counted on stderr, at most every :data:`COUNT_EVERY_S` and once at the end, in the
+runbook's progress form (``runbook/progress.py``: ``<label>: 45.0% 1.20/2.70 GiB eta 30s``; a partial kept from
+an earlier run counts as done, and the count never goes back when a server ignores a Range and a file starts over).
+``--no-progress``: no ``fetched <file>`` line per file.
 
 What is fetched: the files of ``--files`` (the runbook's expected-file document: path, size, and the Hub's
 ``sha256`` for an LFS file or ``git_sha1`` for a plain one, read from the Hub by the runbook), else the
@@ -48,6 +53,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -63,6 +69,53 @@ PARTIAL_DIR = (".cache", "runbook", "partial")
 READ_SIZE = 1 << 20        # written and flushed per MiB: a killed run leaves what it received
 RETRIES = 5                # a cut transfer is continued (Range) this many times within one run
 USER_AGENT = "spark-runbook-node-download/1"
+COUNT_EVERY_S = 1.0        # --label: a counting line at most this often
+_BINARY = (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024))
+
+
+class Counts:
+    """The bytes of one snapshot's files, counted for ``--label`` (thread-safe: the fetch pool's threads)."""
+
+    def __init__(self, label, have, total, stream=None, every_s=None):
+        self.label, self.total = label, int(total)
+        self.every_s = COUNT_EVERY_S if every_s is None else every_s
+        self.have = dict(have)                   # file key -> bytes on disk
+        self.shown = -1
+        self.done = self.first = sum(self.have.values())     # first: kept from an earlier run (not in the rate)
+        self.stream = stream
+        self.started = time.monotonic()
+        self._at = 0.0
+        self._lock = threading.Lock()
+
+    def line(self, done):
+        """The runbook's progress form (``runbook.progress.line``; this tool imports nothing of the runbook)."""
+        pct = 100.0 * done / self.total if self.total else 100.0
+        name, size = next(((n, s) for n, s in _BINARY if self.total >= s), ("B", 1))
+        fig = (f"{done / size:.2f}/{self.total / size:.2f}" if size > 1 else f"{done}/{self.total}")
+        spent = time.monotonic() - self.started
+        eta = (f" eta {(self.total - done) * spent / (done - self.first):.0f}s"
+               if 0 < done - self.first and done < self.total else "")
+        return f"{self.label}: {pct:5.1f}% {fig} {name}{eta}"
+
+    def start(self):
+        self._say(self.done)
+
+    def set(self, key, nbytes):
+        with self._lock:
+            self.have[key] = nbytes
+            self.done = max(self.done, sum(self.have.values()))   # never back (a 200 to a Range starts over)
+            if time.monotonic() - self._at >= self.every_s:
+                self._say(self.done)
+
+    def end(self):
+        with self._lock:
+            self._say(self.total)
+
+    def _say(self, done):
+        if done == self.shown:
+            return
+        self.shown, self._at = done, time.monotonic()
+        print(self.line(done), file=self.stream or sys.stderr, flush=True)
 
 
 def repo_folder(repo):
@@ -196,7 +249,7 @@ def _link(layout, dest, repo, revision, f):
     os.replace(tmp, link)
 
 
-def _fetch_one(url, token, base, final, f, timeout, progress):
+def _fetch_one(url, token, base, final, f, timeout, progress, counts=None):
     """The file into its partial (continued with Range), then renamed to ``final``. Returns the record."""
     name, size = f["path"], int(f["size"])
     part = partial_path(base, _key(f))
@@ -242,6 +295,8 @@ def _fetch_one(url, token, base, final, f, timeout, progress):
                                     break
                                 fh.write(chunk)
                                 fh.flush()
+                                if counts is not None:
+                                    counts.set(_key(f), fh.tell())
                         except http.client.IncompleteRead as cut:   # keep what arrived before the cut
                             fh.write(cut.partial)
                             raise
@@ -291,12 +346,12 @@ def write_ref(dest, repo, revision, ref="main"):
 
 def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore_patterns=None,
              max_workers=8, download_timeout=120, etag_timeout=30, token=None, progress=True,
-             fetched=None, files=None, layout=LAYOUT):
+             fetched=None, files=None, layout=LAYOUT, label=""):
     """Pinned download into ``dest`` in ``layout``. ``files``: the expected files ([{"path", "size",
     "sha256" | "git_sha1"}], the runbook's Hub metadata), else read from the Hub API; both filtered by the
     patterns. Files already complete are kept. Returns the tree (:func:`tree_dir`); ``fetched`` (a list)
     receives one record per LFS file fetched: {"path", "size", "resumed_from"} (``resumed_from`` > 0:
-    bytes an earlier run had already fetched)."""
+    bytes an earlier run had already fetched). ``label``: count the bytes on stderr (:class:`Counts`)."""
     if not SHA40.match(revision or ""):
         raise ValueError(f"revision must be a pinned 40-hex commit sha, got {revision!r}")
     _check_layout(layout)
@@ -316,15 +371,23 @@ def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore
             continue
         todo.append(f)
 
+    counts = None
+    if label:
+        counts = Counts(label, {_key(f): min(partial_bytes(base, _key(f)), int(f["size"])) for f in todo},
+                        sum(int(f["size"]) for f in todo))
+        counts.start()
+
     def fetch(f):
         record = _fetch_one(resolve_url(repo, revision, f["path"], endpoint), token, base,
-                            _final_path(layout, dest, repo, f), f, download_timeout, progress)
+                            _final_path(layout, dest, repo, f), f, download_timeout, progress, counts)
         _link(layout, dest, repo, revision, f)
         return record
 
     todo.sort(key=lambda f: -int(f["size"]))        # the long transfers first: the pool ends sooner
     with ThreadPoolExecutor(max_workers=max(1, int(max_workers))) as pool:
         records = list(pool.map(fetch, todo))
+    if counts is not None:
+        counts.end()
     if fetched is not None:
         by_path = {f["path"]: f for f in files}
         fetched.extend(r for r in records if by_path[r["path"]].get("sha256"))
@@ -348,6 +411,7 @@ def main(argv=None):
     ap.add_argument("--token-file", default="")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--layout", choices=LAYOUTS, default=LAYOUT)
+    ap.add_argument("--label", default="", help="count the bytes on stderr under this name")
     args = ap.parse_args(argv)
     token = None
     if args.token_file:
@@ -365,7 +429,7 @@ def main(argv=None):
                         allow_patterns=args.allow, ignore_patterns=args.ignore,
                         max_workers=args.max_workers, download_timeout=args.timeout,
                         etag_timeout=args.etag_timeout, token=token, progress=not args.no_progress,
-                        fetched=fetched, files=files, layout=args.layout)
+                        fetched=fetched, files=files, layout=args.layout, label=args.label)
     except Exception as err:  # noqa: BLE001 - report as JSON, never echo the token
         msg = str(err)
         if token:

@@ -124,7 +124,7 @@ def test_recipe_a_pulls_on_the_head_and_ships_the_node_platform_to_the_worker(la
                                        cluster.worker.read(image.TARGET_PLATFORM_CMD).stdout)
         TIMINGS["docker_facts"] = facts.__dict__
         takes_platform = min(_api(facts.client_api), _api(facts.server_api)) >= image.SAVE_PLATFORM_API
-        assert shipped["worker"]["save"].startswith("docker save --platform " if takes_platform else "docker save -o ")
+        assert shipped["worker"]["save"].startswith("docker save --platform " if takes_platform else "docker save ")
 
 
 def test_the_ship_refuses_the_other_platforms_image_before_saving(lab):
@@ -140,7 +140,7 @@ def test_the_ship_refuses_the_other_platforms_image_before_saving(lab):
         assert out.data["plan"] == "ship", out.data
         failed = _rows(out)[("image shipped", "worker")]
         assert failed.failed and other in failed.observed and f"--platform {oci.native_platform()}" in failed.fix
-        assert not any(c.startswith("docker save") for c in _commands(cluster, "head")), "saved before refusing"
+        assert not any("docker save" in c for c in _commands(cluster, "head")), "saved before refusing"
         control.ensure_rehearsal_image(profile, lab, echo=print)            # leave no foreign image behind
 
 

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from runbook.errors import RemoteError
 from runbook.facts import ranks
@@ -162,7 +162,7 @@ class FakeNode:
         return self._answer(Call("read", command, timeout, True, env))
 
     def run(self, command: str, *, timeout: float = DEFAULT_RUN_TIMEOUT, warn: bool = False,
-            env: Mapping[str, str] | None = None, stream: bool = False) -> CommandResult:
+            env: Mapping[str, str] | None = None, lines: Callable[[str], None] | None = None) -> CommandResult:
         if self.read_only:
             raise AssertionError(f"{self!r} is read-only: the step must not change nodes, asked to run: {command[:300]}")
         if self.dry_run:
@@ -171,6 +171,9 @@ class FakeNode:
             self.log.record(result, kind="run")
             return result
         result = self._answer(Call("run", command, timeout, warn, env))
+        if lines is not None:              # as remote.Node: each line of both streams, besides the result
+            for line in (result.stdout + result.stderr).splitlines():
+                lines(line)
         if not result.ok and not warn:
             raise RemoteError(f"command failed with exit code {result.exit_code}", node=self.name,
                               observed=f"$ {command}\n{result.stderr}", expected="exit code 0")

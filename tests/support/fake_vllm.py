@@ -368,10 +368,23 @@ class FakeVllm:
 
 
 @contextmanager
-def serve_http(fake: FakeVllm, host: str = "127.0.0.1") -> Iterator[str]:
+def serve_http(fake: FakeVllm, host: str = "127.0.0.1", *, open_connections: set | None = None) -> Iterator[str]:
     """``fake`` as a real HTTP server on a free port (for a notebook kernel, another process); yields its
-    base URL. Every request goes through :meth:`FakeVllm.handle`, so it refuses what the fake does."""
+    base URL. Every request goes through :meth:`FakeVllm.handle`, so it refuses what the fake does.
+    ``open_connections``: HTTP/1.1 keep-alive, as vLLM's uvicorn serves, and the set holds one entry per TCP
+    connection a client still keeps open (the server sees it end only when the client closes it)."""
     class Handler(BaseHTTPRequestHandler):
+        if open_connections is not None:
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                open_connections.add(self)
+
+            def finish(self) -> None:
+                open_connections.discard(self)
+                super().finish()
+
         def _answer(self) -> None:
             size = int(self.headers.get("content-length") or 0)
             req = httpx.Request(self.command, f"http://{host}{self.path}", headers=dict(self.headers.items()),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import re
 from pathlib import Path
 
@@ -66,6 +67,35 @@ def test_a_passing_run_shows_steps_and_summary_and_archives_the_full_stream(cli_
                  lines[-1]):
         assert text in archive, text
     assert re.search(r"^alpha slow\s+worker\s+WARN\s+3 s", archive, re.M)       # the step's own check table
+
+
+COUNTING = ("from runbook import progress\n"
+            "with progress.count('head weights download', 3 * 2 ** 20, 'B', every_s=0) as bar:\n"
+            "    for done in range(0, 3 * 2 ** 20 + 1, 2 ** 16):\n"
+            "        bar.update(done)")
+
+
+def test_a_step_that_counts_work_adds_no_line_piped_and_keeps_its_final_counts(cli_run, capsys):
+    """The progress channel under ``run``: the kernel's counts go to the file the console follows (not into the
+    notebook, not a line per tick in a pipe); the final line is in the archived notebook and console.log, the
+    final counts in the step's sidecar."""
+    books, go = cli_run
+    notebook(books, "02_gamma", COUNTING, "step.add(check('gamma ok', True, node='head', observed='fine'))\n"
+                                           "step.finish()")
+    code, run = go()
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert [line for line in out.splitlines() if "weights download" in line] == []
+    saved = json.loads((run / "notebooks" / "02_gamma.ipynb").read_text())
+    outputs = [o for cell in saved["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", [])]
+    text = "".join("".join(o.get("text", "")) for o in outputs if o["output_type"] == "stream")
+    assert re.search(r"^head weights download: 100\.0% 3\.00/3\.00 MiB in \d+\.\ds$", text, re.M), text
+    assert text.count("head weights download") == 1            # the end only, not the 49 updates
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+    assert "head weights download: 100.0% 3.00/3.00 MiB" in (run / "console.log").read_text()
+    counted = json.loads((run / "steps" / "02_gamma.json").read_text())["data"]["progress"]
+    assert {k: counted["head weights download"][k] for k in ("done", "total", "unit", "ended")} == \
+        {"done": 3 * 2 ** 20, "total": 3 * 2 ** 20, "unit": "B", "ended": True}
 
 
 def test_verbose_shows_the_full_stream(cli_run, capsys):
@@ -185,5 +215,6 @@ def test_without_a_terminal_counted_work_says_where_it_is(monkeypatch):
         console.detail("Executing Cell 7---------------------------------------")
         console.detail("chatter line before the packer")
         console.detail("[pack] engram-tp0.bin:  45.0% 1.20/2.70 GiB 512 MB/s eta 3s")
-    assert buf.getvalue().splitlines() == ["03_engram: running", "03_engram: 45% 1.20/2.70 GiB, eta 3.0 s"]
+    assert buf.getvalue().splitlines() == ["03_engram: running",
+                                           "03_engram: [pack] engram-tp0.bin 45% 1.20/2.70 GiB, eta 3.0 s"]
     assert parse_work("[pack] engram-tp0.bin:  45.0% 1.20/2.70 GiB").label == "[pack] engram-tp0.bin"

@@ -66,3 +66,49 @@ def test_a_run_in_a_100_column_terminal_fits_and_ends_with_the_report(tmp_path):
     assert [line.split()[0] for line in shown[header + 2:header + 4]] == ["00_alpha", "01_beta"]
     assert shown[-2].startswith("passed: 2 step(s) in ")
     assert shown[-1] == f"report: {run / 'report.html'}"
+
+
+COUNTING = """import os, time
+from runbook import progress
+with progress.count('head weights download', 100 * 2 ** 20, 'B', every_s=0) as bar:
+    bar.update(20 * 2 ** 20)
+    time.sleep(0.5)
+    bar.update(40 * 2 ** 20)
+    while not os.path.exists({mark!r}):
+        time.sleep(0.1)
+    bar.update(100 * 2 ** 20)"""
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
+def test_counted_work_is_a_live_bar_with_its_eta_in_a_terminal(tmp_path):
+    """Issue 38 item 2 in a real terminal: while a step counts (runbook.progress in the kernel), its live line shows
+    the bar, the figures and the ETA; when it ends the line goes and the screen is the usual one."""
+    books, results = tmp_path / "notebooks", tmp_path / "results"
+    mark = tmp_path / "go-on"
+    notebook(books, "02_gamma", COUNTING.format(mark=str(mark)), "step.finish()")
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(root=str(ROOT), tests=str(ROOT / "tests"), books=str(books),
+                                    results=str(results)))
+    sock = f"runbook-bar-{tmp_path.name}"
+    command = (f"cd {ROOT} && env -u NO_COLOR RUNBOOK_SECRETS_FILE={tmp_path / 'none.env'} "
+               f"{sys.executable} {driver}; echo EXIT=$?; sleep 600")
+    _tmux(sock, "-f", "/dev/null", "new-session", "-d", "-s", "run", "-x", "100", "-y", "50", command)
+    try:
+        deadline = time.monotonic() + 300
+        live = ""
+        while time.monotonic() < deadline and "40.00/100.00 MiB" not in live and "EXIT=" not in live:
+            time.sleep(0.5)
+            live = _tmux(sock, "capture-pane", "-p", "-t", "run")
+        mark.touch()
+        screen = ""
+        while time.monotonic() < deadline and "EXIT=" not in screen:
+            time.sleep(1)
+            screen = _tmux(sock, "capture-pane", "-p", "-S", "-", "-t", "run")
+    finally:
+        mark.touch()
+        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=30)
+    (line,) = [row for row in live.splitlines() if "40.00/100.00 MiB" in row]
+    print(f"[live line] {line}")
+    assert "02_gamma" in line and "━" in line and "eta" in line, live
+    rows = [row.rstrip() for row in screen.splitlines() if row.strip()]
+    assert rows[-1] == "EXIT=0" and not [row for row in rows if "MiB" in row], screen

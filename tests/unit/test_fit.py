@@ -14,7 +14,9 @@ from runbook.errors import RunbookError
 from runbook.facts import system
 from runbook.fit import budget, cli, facts as ff, figures, fit_checks, plan, plan_text
 from runbook.fit.figures import GIB, PUBLISHED_CHECKS
+from runbook.preflight.verify import preflight_record
 from runbook.profile import load_profile
+from runbook.records import PreflightRecord, RecordError, record_to_sidecar
 
 A, B, LAB = "env/exl3-v41.env", "env/dspark-v4.env", "env/lab.env"
 
@@ -290,18 +292,21 @@ def test_fit_checks_for_preflight():
     assert {c.data["sources"]["have"] for c in failed} == {"measured"}
 
 
-def _legacy_sidecar():
-    # what runbook.preflight writes today (data.nodes + "disk free at <label> path" checks)
-    checks = [{"name": "disk free at weights path", "node": n, "status": "PASS",
-               "observed": "812.40 GiB free on /mnt/nvme", "expected": ">= 196.20 GiB", "fix": "", "evidence": [],
-               "data": {"free_bytes": int(812.4 * GIB), "need_gib": 196.2}} for n in ("head", "worker")]
-    nodes = {n: {"mem_available": int(113.2 * GIB), "docker": "28.1", "image_id": None} for n in ("head", "worker")}
-    return {"step": "00_preflight", "status": "passed", "checks": checks, "data": {"nodes": nodes}}
+def _preflight_sidecar(capacity=None):
+    """What runbook.preflight writes: its record (records.PreflightRecord) beside the data, here without a fit plan
+    (a server of the runbook's held the memory): MemAvailable and each probed path's free bytes per node."""
+    nodes = {n: {"hostname": n, "mem_available": int(113.2 * GIB), "docker": "28.1", "image_id": None,
+                 "disk_free": {"weights": {"mount": "/mnt/nvme", "free_bytes": int(812.4 * GIB)}}}
+             for n in ("head", "worker")}
+    data = {"nodes": nodes, **({"fit": {"facts": capacity}} if capacity else {})}
+    rec = preflight_record(data)
+    return {"step": "00_preflight", "status": "passed", "checks": [], "data": data,
+            "record": record_to_sidecar("00_preflight", rec)}
 
 
-def test_legacy_sidecar_gives_measured_memory_and_free_bytes():
+def test_a_record_without_a_plan_gives_measured_memory_and_free_bytes():
     profile = load_profile(A)
-    facts = ff.node_facts_from_sidecar(profile, _legacy_sidecar(), "x.json")
+    facts = ff.node_facts_from_sidecar(profile, _preflight_sidecar(), "x.json")
     assert facts["head"].mem_available.source == figures.MEASURED
     assert facts["head"].mem_available.gib == pytest.approx(113.2)
     assert facts["head"].mem_total.source == figures.NOMINAL
@@ -315,26 +320,38 @@ def test_legacy_sidecar_gives_measured_memory_and_free_bytes():
     assert na
 
 
-def test_new_sidecar_round_trips_the_plan_facts():
+def test_a_record_round_trips_the_plan_facts():
     profile = load_profile(A)
     first = plan(profile, ff.node_facts_from_gather(profile, _gathered(profile, {})))
-    side = {"step": "00_preflight", "checks": [], "data": {"fit": first.to_dict()}}
+    side = _preflight_sidecar(capacity=first.to_dict()["facts"])
     again = plan(profile, ff.node_facts_from_sidecar(profile, side, "x.json"))
     assert [r.to_dict() for r in again.rows] == [r.to_dict() for r in first.rows]
 
 
-def test_sidecar_without_nodes_is_refused():
+def test_a_record_without_nodes_is_refused():
     profile = load_profile(A)
+    side = {"step": "00_preflight", "status": "passed", "data": {},
+            "record": record_to_sidecar("00_preflight", PreflightRecord(nodes={}))}
     with pytest.raises(RunbookError) as err:
-        ff.node_facts_from_sidecar(profile, {"step": "00_preflight", "data": {}}, "x.json")
+        ff.node_facts_from_sidecar(profile, side, "x.json")
     assert "00_preflight" in err.value.fix
+
+
+def test_a_sidecar_without_its_record_is_refused_naming_preflight():
+    """A preflight sidecar of a runbook before records (data.nodes and the `disk free at` rows only) is not read
+    by its row names any more: re-run 00_preflight."""
+    profile = load_profile(A)
+    old = {k: v for k, v in _preflight_sidecar().items() if k != "record"}
+    with pytest.raises(RecordError, match="00_preflight's sidecar holds no PreflightRecord") as err:
+        ff.node_facts_from_sidecar(profile, old, "x.json")
+    assert "re-run 00_preflight" in err.value.fix
 
 
 def _run(root, run_id, profile_name, created):
     run = root / run_id
     (run / "steps").mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"profile": profile_name, "created": created}))
-    (run / "steps" / "00_preflight.json").write_text(json.dumps(_legacy_sidecar()))
+    (run / "steps" / "00_preflight.json").write_text(json.dumps(_preflight_sidecar()))
     return run
 
 

@@ -28,6 +28,7 @@ def test_parse_ship_facts():
 def test_save_command_names_the_target_platform():
     new = ShipFacts("1.48", "1.51", True, "linux/arm64", "linux/arm64")
     assert save_command("img:t", "/s/x.tar", new) == "docker save --platform linux/arm64 -o /s/x.tar img:t"
+    assert save_command("img:t", "-", new) == "docker save --platform linux/arm64 img:t"       # to stdout
     # an older client caps the API: no --platform flag; the containerd store may hold an index: refused
     with pytest.raises(ActionError) as err:
         save_command("img:t", "/s/x.tar", ShipFacts("1.47", "1.51", True, "linux/arm64", "linux/arm64"))
@@ -40,6 +41,15 @@ def test_save_command_names_the_target_platform():
     assert "docker pull --platform linux/arm64 img:t" in err.value.fix
     with pytest.raises(ActionError):
         save_command("img:t", "/s/x.tar", ShipFacts("1.48", "1.48", False, "linux/arm64", ""))
+
+
+TAR_BYTES = 1_050_000                 # the saved tar: a little more than the image's 1,000,000 bytes
+# what dd (status=progress, \r between updates) and rsync (--info=progress2) print while they go
+DD_SAVE = ("\r400000 bytes (400 kB, 391 KiB) copied, 1 s, 400 kB/s\r1000000 bytes (1.0 MB, 977 KiB) copied, 2 s, "
+           "500 kB/s\n0+1 records in\n0+1 records out\n1050000 bytes (1.1 MB, 1.0 MiB) copied, 2.1 s, 500 kB/s\n")
+DD_LOAD = ("\r600000 bytes (600 kB, 586 KiB) copied, 1 s, 600 kB/s\n"
+           "1050000 bytes (1.1 MB, 1.0 MiB) copied, 1.7 s, 617 kB/s\n")
+RSYNC = "\r        524,288  49%  500.00kB/s    0:00:01\r      1,050,000 100%  512.00kB/s    0:00:02 (xfr#1, to-chk=0/1)\n"
 
 
 def _nodes(*, worker_pull_ok: bool, load_err: str = ""):
@@ -61,7 +71,7 @@ def _nodes(*, worker_pull_ok: bool, load_err: str = ""):
         if load_err:
             return res(1, "", load_err)
         present["worker"] = True
-        return res(0, "Loaded image")
+        return res(0, "Loaded image", DD_LOAD)
 
     df = "/home/u/.cache\n900000000000 1000000000000 /\n"
     common = [(r"^printf %s \"\$HOME\"$", "/home/u"), (r"^mkdir -p ", ""), (r"df -B1", df), (r"^rm -f ", "")]
@@ -70,11 +80,13 @@ def _nodes(*, worker_pull_ok: bool, load_err: str = ""):
                                                      "linux/arm64\n"),
         (r"\{\{\.Id\}\} \{\{json \.RootFS\.Layers\}\}", inspect("head")),
         (r"\{\{\.Size\}\}", "1000000"), (r"^docker pull ", pull("head", True)),
-        (r"^docker save ", ""), (r"^rsync ", ""), *common])
+        (r"^set -o pipefail; docker save ", res(0, "", DD_SAVE)), (r"^stat -c %s ", f"{TAR_BYTES}\n"),
+        (r"^rsync ", RSYNC), *common])
     worker = FakeNode("worker", 1, rules=[
         (r"\{\{\.Id\}\} \{\{json \.RootFS\.Layers\}\}", inspect("worker")),
         (r"^docker version --format '\{\{\.Server\.Os", "linux/arm64\n"),
-        (r"^docker pull ", pull("worker", worker_pull_ok)), (r"^docker load ", load), *common])
+        (r"^docker pull ", pull("worker", worker_pull_ok)), (r"^set -o pipefail; dd if=.* \| docker load\Z", load),
+        *common])
     return head, worker
 
 
@@ -87,9 +99,9 @@ def test_pinned_image_missing_on_head_worker_pull_fails_ships_from_head():
     rows = {(c.name, c.node): c for c in out}
     assert rows[("runtime image identical", "cluster")].status.value == "PASS", [str(c) for c in out]
     assert rows[("image pulled", "worker")].status.value == "WARN"
-    saves = [c for c in head.runs() if c.startswith("docker save ")]
+    saves = [c for c in head.runs() if c.startswith("set -o pipefail; docker save ")]
     assert saves and all("--platform linux/arm64" in c for c in saves), head.runs()
-    assert any(c.startswith("docker load -i ") for c in worker.runs())
+    assert any(c.endswith("| docker load") for c in worker.runs())
     assert out.data["shipped"]["worker"]["platform"] == "linux/arm64"
 
 
@@ -125,3 +137,33 @@ def test_only_a_pull_that_stopped_the_image_step_goes_to_the_catalogue():
     stopped = ensure_image(FakeCluster([head, worker]), profile)
     assert stopped.failures() and sorted(failed_pulls(stopped)) == ["worker"]
     assert failed_pulls(None) == {}
+
+
+def test_the_ship_counts_each_phases_bytes_up_to_the_tar(monkeypatch):
+    """Issue 38 item 2: the save (dd), the copy (rsync progress2) and the load (dd) report through runbook.progress
+    as ``<node> image save|copy|load``: rising counts that end at the tar's size (the save's total starts as the
+    image's size and becomes the tar's once it is written)."""
+    from runbook import progress
+
+    class Seen:
+        def __init__(self):
+            self.shown = []
+
+        def show(self, counter, text, final):
+            self.shown.append((counter.label, counter.done, counter.total, final))
+
+    seen = Seen()
+    progress.use(seen)
+    progress.reset()
+    try:
+        head, worker = _nodes(worker_pull_ok=False)
+        out = ensure_image(FakeCluster([head, worker]), load_profile(ENV / "dspark-v4.env"))
+    finally:
+        progress.use(None)
+        progress.reset()
+    assert not out.failures(), [str(c) for c in out]
+    for phase, between in (("save", [400000, 1000000]), ("copy", [524288]), ("load", [600000])):
+        shown = [s for s in seen.shown if s[0] == f"worker image {phase}"]
+        assert [s[1] for s in shown] == [*between, TAR_BYTES, TAR_BYTES], (phase, shown)
+        assert shown[-1] == (f"worker image {phase}", TAR_BYTES, TAR_BYTES, True)
+    assert out.data["shipped"]["worker"]["tar_bytes"] == TAR_BYTES

@@ -18,7 +18,8 @@ PKG = Path(__file__).resolve().parents[2] / "runbook"
 # never another step (a step package uses the shared services below it, never a sibling).
 LAYERS = [
     {"__init__", "errors", "checks"},                # the package root holds only its docstring and version
-    {"secrets", "envfile", "console"},              # console: what `run` shows a person (rich), below every user
+    {"secrets", "envfile", "progress", "console"},  # progress: the one channel for counted work; console: what
+                                                     # `run` shows a person (rich), below every user
     {"profile"},
     {"remote", "evidence", "records"},              # records: the table of steps and their typed records
     {"facts"},

@@ -25,6 +25,7 @@ import pytest
 
 from runbook.errors import ProfileError
 from runbook.lab.netlab.files import write_files
+from runbook.lab.netlab.spec import NODE_NAMES as LAB_NODE_NAMES
 from runbook.lab.netlab.spec import node_specs as lab_node_specs
 from runbook.lab.rehearsal import load_rehearsal
 from runbook.profile import (KEYS, KV_CACHE_DTYPES, MANAGED_FLAGS, REACH_FLAGS, RECIPE_MANAGED_FLAGS,
@@ -836,7 +837,7 @@ def test_the_labs_own_ssh_config_is_accepted(tmp_path):
     lab_dir.mkdir()
     write_files(lab_dir, lab_node_specs(3))
     configs = [lab_dir / "ssh_config", *sorted(lab_dir.glob("nodes/*/etc/ssh_config"))]
-    assert len(configs) == 4 and all("Host " in c.read_text() for c in configs)
+    assert len(configs) == 1 + len(LAB_NODE_NAMES) and all("Host " in c.read_text() for c in configs)
     for config in configs:
         with nothing_leaves_the_process():
             load_profile(BASES["lab"], {"SSH_CONFIG": str(config)}, environ={})

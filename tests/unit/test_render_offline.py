@@ -70,11 +70,13 @@ def test_render_shows_the_checkout_the_image_ship_and_the_engram_pack(name, caps
     assert any(e.startswith("[head] [run] docker pull ") for e in launch)
     for w in workers:
         tar = f"{HOME}/{p.cache_dir.removeprefix('~/')}/image-ship-{w.name}/"
-        load = [i for i, e in enumerate(launch) if e.startswith(f"[{w.name}] [run] docker load -i {tar}")]
+        load = [i for i, e in enumerate(launch) if e.startswith(f"[{w.name}] [run] set -o pipefail; dd if={tar}")
+                and e.endswith(" | docker load")]
         copy = [i for i, e in enumerate(launch) if e.startswith("[head] [run] rsync -a --partial --inplace ")
                 and f"{w.fabric_ip}:{tar}" in e]
-        save = [i for i, e in enumerate(launch) if e.startswith("[head] [run] docker save --platform linux/arm64 -o ")
-                and i < copy[0]]
+        save = [i for i, e in enumerate(launch)
+                if e.startswith("[head] [run] set -o pipefail; docker save --platform linux/arm64 ")
+                and " | dd of=" in e and i < copy[0]]
         assert load and copy and save and copy[0] < load[0], w.name
     # the Engram pack, its verify and the read probe on every rank's node (recipe A)
     engram = entries(section(text, "03_engram"))

@@ -3,6 +3,7 @@ the whole step against a fake vLLM server, including the failures it must catch.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from support.fake_vllm import (
@@ -18,7 +19,7 @@ from support.fake_vllm import (
 from runbook.smoke import cases as smoke
 from runbook.checks import Status
 from runbook.errors import RunbookError
-from runbook.records import LaunchRecord, RecordError
+from runbook.records import LaunchRecord, RecordError, SmokeRecord, VisionToolsRecord
 from runbook.api.server_info import (
     ApiClient,
     Archive,
@@ -495,10 +496,12 @@ def test_smoke_and_vision_tools_run_record_rows_raw_files_and_data(tmp_path, mon
     step = make_step(tmp_path)
     fake = FakeVllm(model=step.profile.served_model_name, max_model_len=step.profile.max_model_len)
     with serve_http(fake) as url:
-        client = runbook.smoke.run(step, base_url=url, long_context=False)
+        server = runbook.smoke.run(step, base_url=url, long_context=False)
         vt = make_step(tmp_path, name="06_vision_tools")
         runbook.vision_tools.run(vt, base_url=url)
-    assert client is not None and step.data["server"]["base_url"] == url
+    assert server is not None and server.base_url == url and step.data["server"]["base_url"] == url
+    assert step.record == SmokeRecord(base_url=url, server_id="") and vt.record == VisionToolsRecord(base_url=url,
+                                                                                                      server_id="")
     names = [c.name for c in step.checks]
     assert names[0] == "server.reachable" and names[-1] == "quality.garble" and "quality.score" in names
     assert {"server_version", "served_max_model_len", "chat", "quality"} <= set(step.data)
@@ -510,3 +513,52 @@ def test_smoke_and_vision_tools_run_record_rows_raw_files_and_data(tmp_path, mon
     assert vt_names[0].startswith("vision.") and vt_names[-1] == "quality.garble" and "tools.single" in vt_names
     assert all((vt.run.path / p).is_file() for c in vt.checks for p in c.evidence)
     assert vt.data["quality"]["garble"]["answers"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# 05/06 share one client session that the step closes (api/session.step_session), over real HTTP
+# ------------------------------------------------------------------------------------------------
+
+def _all_closed(conns: set) -> bool:
+    """The fake sees a kept-alive connection end once the client closes it (its handler thread reads EOF)."""
+    deadline = time.monotonic() + 20
+    while conns and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not conns
+
+
+def test_smoke_and_vision_tools_close_their_client_when_they_return(tmp_path, monkeypatch):
+    import runbook.smoke
+    import runbook.vision_tools
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "none.env"))
+    step = make_step(tmp_path)
+    fake = FakeVllm(model=step.profile.served_model_name, max_model_len=step.profile.max_model_len)
+    conns: set = set()
+    with serve_http(fake, open_connections=conns) as url:
+        kept = runbook.smoke.run(step, base_url=url, long_context=False)    # what the notebook holds after the cell
+        assert fake.requests and _all_closed(conns), f"{len(conns)} connections still open after 05"
+        asked = len(fake.requests)
+        vt = make_step(tmp_path, name="06_vision_tools")
+        kept_vt = runbook.vision_tools.run(vt, base_url=url)
+        assert len(fake.requests) > asked and _all_closed(conns), f"{len(conns)} connections still open after 06"
+    assert kept is not None and kept_vt is not None
+
+
+def test_the_session_closes_its_client_and_keeps_the_archive_when_a_case_raises(tmp_path, monkeypatch):
+    from runbook.api.session import step_session
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "none.env"))
+    step = make_step(tmp_path)
+    fake = FakeVllm(model=step.profile.served_model_name, max_model_len=step.profile.max_model_len)
+    conns: set = set()
+    with serve_http(fake, open_connections=conns) as url:
+        with pytest.raises(RuntimeError, match="a case crashed"):
+            with step_session(step.profile, step.run.path, f"raw/{step.name}", add=step.add, keep=step.keep,
+                              base_url=url) as (client, rec):
+                ex = client.get("/health")
+                archive(rec, "server.reachable", ex)
+                assert ex.status == 200 and conns          # kept alive while the step runs
+                raise RuntimeError("a case crashed")
+        assert _all_closed(conns), f"{len(conns)} connections still open after the step failed"
+    assert (step.raw_dir / "server.reachable.json").is_file()      # what was asked before the crash is kept

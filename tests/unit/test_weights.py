@@ -468,3 +468,105 @@ def test_a_gated_repo_downloads_with_the_token_only_in_the_secrets_file(repo, do
                                  expected=snap.expected(), python=sys.executable)
     assert res.ok, [c.to_record() for c in res.checks]
     assert worker.commands and all(token not in c for c in worker.commands)
+
+
+# ------------------------------------------------------------------------------ counted progress (issue 38 item 2)
+class _Seen:
+    """What the progress channel showed: (label, done, total, final)."""
+
+    def __init__(self):
+        self.shown = []
+
+    def show(self, counter, text, final):
+        self.shown.append((counter.label, counter.done, counter.total, final))
+
+
+def test_download_on_node_counts_its_bytes_up_to_the_total(repo, downloaded, tmp_path, monkeypatch):
+    """The node's downloader prints its bytes in the progress form; download_on_node relays them into the channel
+    as ``<node> weights download``: counts that rise and end at the snapshot's size, kept for the sidecar."""
+    from runbook import progress
+    seen = _Seen()
+    progress.use(seen)
+    progress.reset()
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    worker = LocalNode("worker", 1, fabric_ip="10.77.0.2", home=tmp_path / "worker home")
+    try:
+        with HubServer(repo.root) as server:
+            res = W.download_on_node(worker, REPO, repo.sha, str(tmp_path / "wd"), endpoint=server.url,
+                                     expected=downloaded.snap.expected(), python=sys.executable, token="")
+        finals = progress.finals()
+    finally:
+        progress.use(None)
+        progress.reset()
+    assert res.ok, [c.to_record() for c in res.checks]
+    shown = [s for s in seen.shown if s[0] == "worker weights download"]
+    assert shown, seen.shown
+    done = [s[1] for s in shown]
+    assert done == sorted(done) and shown[-1][3] and shown[-1][1] == shown[-1][2]
+    total_mib = downloaded.snap.total_bytes / 2 ** 20
+    assert finals["worker weights download"]["total"] == pytest.approx(total_mib, abs=0.01)
+    assert finals["worker weights download"]["unit"] == "MiB" and finals["worker weights download"]["ended"]
+
+
+def test_the_downloader_counts_every_chunk_never_back_and_a_kept_partial_as_done(repo, hub, tmp_path, monkeypatch):
+    """In-process, unthrottled: a line per MiB written, rising through a cut and its Range resume; a partial an
+    earlier run left counts from the start."""
+    import io
+    import contextlib
+    from runbook import progress
+    dest = tmp_path / "w"
+    snap = W.fetch_metadata(REPO, repo.sha, endpoint=hub.url)
+    big = next(f for f in snap.files if f.path == BIG)
+    base = node_download.store_dir("local_dir", str(dest), REPO)
+    part = node_download.partial_path(base, big.sha256)
+    os.makedirs(os.path.dirname(part))
+    with open(part, "wb") as fh:
+        fh.write((repo.src / BIG).read_bytes()[:5 << 20])      # 5 MiB kept from an earlier run
+    hub.add_fault(BIG, cut_after=8 << 20)                      # cut 8 MiB into the resumed part: Range again
+    monkeypatch.setattr(node_download, "COUNT_EVERY_S", 0.0)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        node_download.snapshot(REPO, repo.sha, str(dest), endpoint=hub.url, files=[f.expected() for f in snap.files],
+                               progress=False, max_workers=1, label="weights download")
+    readings = [progress.parse(line) for line in err.getvalue().splitlines()]
+    assert readings and all(r is not None and r.label == "weights download" for r in readings), err.getvalue()
+    done = [r.done for r in readings]
+    assert done == sorted(done) and len(done) > 10
+    assert readings[0].done == pytest.approx(5.0, abs=0.01) and readings[0].unit == "MiB"
+    assert readings[-1].done == readings[-1].total == pytest.approx(snap.total_bytes / 2 ** 20, abs=0.01)
+    assert len([e for e in hub.log if e.method == "GET" and e.path == BIG]) == 2       # the cut was resumed
+
+
+def test_the_downloaders_count_never_goes_back():
+    """A server answering a Range with 200 starts the file over: its bytes on disk drop, the count does not."""
+    import io
+    out = io.StringIO()
+    counts = node_download.Counts("weights download", {"a": 0, "b": 0}, 4 << 20, stream=out, every_s=0)
+    counts.set("a", 3 << 20)
+    counts.set("a", 1 << 20)
+    counts.set("b", 1 << 20)
+    counts.end()
+    from runbook import progress
+    assert [progress.parse(line).done for line in out.getvalue().splitlines()] == [3.0, 4.0]
+
+
+def test_the_rsync_to_the_worker_counts_its_bytes_from_rsyncs_own_lines(downloaded, tmp_path):
+    """A real rsync (the ssh hop stood in for, as above): its --info=progress2 lines feed ``worker weights copy``
+    through runbook.progress, rising to the head manifest's bytes."""
+    from runbook import progress
+    seen = _Seen()
+    progress.use(seen)
+    progress.reset()
+    try:
+        head, worker = LocalNode("head", 0, fabric_ip="10.77.0.1"), LocalNode("worker", 1, fabric_ip="10.77.0.2")
+        res = W.rsync_to_worker(head, worker, str(downloaded.dest), str(tmp_path / "w"), target="localhost",
+                                ssh="sh -c 'shift; exec \"$@\"' --")
+    finally:
+        progress.use(None)
+        progress.reset()
+    assert res.ok, [c.to_record() for c in res.checks]
+    shown = [s for s in seen.shown if s[0] == "worker weights copy"]
+    done = [s[1] for s in shown]
+    assert len(shown) >= 3 and done == sorted(done), shown      # rsync's own lines, then the end
+    assert 0 < done[0] < res.data["bytes"] and shown[-1] == ("worker weights copy", res.data["bytes"],
+                                                             res.data["bytes"], True)

@@ -1,26 +1,32 @@
-"""The embedded lab: two (or three) "Sparks" on this one machine.
+"""The embedded lab: two to eight "Sparks" on this one machine.
 
 Each node is a network namespace ``nl-<name>`` whose PID 1 is ``nodeinit.sh`` (own UTS, mount and
-PID namespaces; see that file), which becomes the node's sshd. Topology::
+PID namespaces; see that file), which becomes the node's sshd. Node names in rank order: head, worker, worker2 ..
+worker7. Topology::
 
     root netns (the "laptop" running the runbook)
       nlbr0 10.77.0.1/24 --+-- nl-m-head    <-> enP7s7 10.77.0.11/24  [nl-head,    hostname spark-head]
                            +-- nl-m-worker  <-> enP7s7 10.77.0.12/24  [nl-worker,  hostname spark-worker]
-                           +-- nl-m-worker2 <-> enP7s7 10.77.0.13/24  [nl-worker2, hostname spark-worker2]  (3 nodes)
+                           +-- nl-m-worker2 <-> enP7s7 10.77.0.13/24  [nl-worker2, hostname spark-worker2]  (3+ nodes)
+                           +-- ... nl-m-worker<k> <-> enP7s7 10.77.0.<11 + k>                                (up to 8)
       guard routes: unreachable 10.77.0.0/16 and each fabric /24 (lab prefixes never follow the default route)
 
-    The fabric: every node has a Spark's two CX-7 ports, enp1s0f0np0 and enp1s0f1np1 (MTU 9000); each cable is a
-    veth between two nodes' ports, on its own /24 (a node's address there is .<rank + 1>); no bridge (spec.LINKS):
-    2 nodes, one cable, the ports every shipped 2-node profile names (exl3-v41, dspark-v4, lab):
+    The fabric: every node has a Spark's two CX-7 ports, enp1s0f0np0 and enp1s0f1np1 (MTU 9000). Three cablings
+    (spec.LINKS, spec.SWITCH; the profile's node list chooses, control.lab_topology):
+    cable (2 nodes): one veth, the ports every shipped 2-node profile names (exl3-v41, dspark-v4, lab):
         head enp1s0f1np1 169.254.77.1 <-> worker enp1s0f0np0 169.254.77.2
-        (head enp1s0f0np0 and worker enp1s0f1np1: no cable, DOWN, no address: dummy netdevs)
-    3 nodes, seed B's TP3 triangle:
+        (head enp1s0f0np0 and worker enp1s0f1np1: no cable, DOWN, no address)
+    triangle (3 nodes), seed B's TP3 ring, each cable its own /24:
         head   enp1s0f0np0 169.254.22.1 <-> worker  enp1s0f0np0 169.254.22.2
         head   enp1s0f1np1 169.254.23.1 <-> worker2 enp1s0f1np1 169.254.23.3
         worker enp1s0f1np1 169.254.24.2 <-> worker2 enp1s0f0np0 169.254.24.3
+    switch (3 to 8 nodes): the bridge nlsw0 (MTU 9000, no address: the host is not on the fabric) is the switch;
+        each node's enp1s0f0np0 169.254.30.<rank + 1>/24 is a veth whose root end nl-s-<node> (MTU 9000) is a
+        port of it; enp1s0f1np1 is uncabled.
     The management veth is named like a Spark's LAN port, enP7s7 (seed B's TP3 bootstrap interface): the one
-    network all nodes share. Going from 2 to 3 nodes and back (``up(nodes=…)`` on a healthy lab) adds or removes
-    worker2 and re-cables the fabric; the head's and the worker's namespaces, processes and files stay.
+    network all nodes share. ``up`` with another node count or topology on a healthy lab adds or removes nodes and
+    re-cables the fabric; the nodes it keeps keep their namespaces, processes and files (on a switch that stays a
+    switch their cables stay too: a node joins by plugging its port in).
 
 Nodes have no default route. After sshd answers, ``dockerd`` is started in each node over SSH (as a
 runbook would on a real node) and a tiny busybox image ``spark-runbook/lab-runtime:1`` is imported on
@@ -64,13 +70,13 @@ from .dockerd import dockerd_script, ensure_image, parse_kv
 from .files import lab_paths, write_files, write_hosts
 from .health import DOCKERD, NODE, lab_status, other_running_lab, repairs, unreachable_live_nodes
 from .host import node_pid1, ssh
-from .host import run_local
-from .network import create_network, recable, wait_carrier
+from .host import link_exists, run_local
+from .network import create_network, recable, switch_port, wait_carrier
 from .nodes import cgroup_mounts, kill_node, remove_overlays, start_node, wait_port
 from .packages import ensure_packages
 from .registry import start_registry
-from .spec import (DEFAULT_LAB_DIR, IMAGE, MARKER, NODE_PRIVATE, NODEINIT, LabInfo, LabNode, Log, node_specs,
-                   read_state, write_state)
+from .spec import (DEFAULT_LAB_DIR, GUARD_ROUTES, IMAGE, MARKER, NODE_NAMES, NODE_PRIVATE, NODEINIT, PORTS, LabInfo,
+                   LabNode, Log, default_topology, node_specs, read_state, state_topology, write_state)
 from .teardown import lab_present, rm_cgroups, teardown
 
 __all__ = ["LabInfo", "LabNode", "default_lab_dir", "down", "info", "status", "up"]
@@ -151,10 +157,12 @@ def status(lab_dir: Path | None = None) -> dict:
     return lab_status(Path(lab_dir or DEFAULT_LAB_DIR).resolve())
 
 
-def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -> LabInfo:
-    """Bring the lab up (idempotent) and return how to reach it.
+def up(lab_dir: Path | None = None, nodes: int = 2, topology: str | None = None, *, log: Log | None = None) -> LabInfo:
+    """Bring the lab up (idempotent) and return how to reach it: ``nodes`` nodes (2 to 8) wired as ``topology``
+    (``cable``, ``triangle`` or ``switch``; None: :func:`spec.default_topology`).
 
-    A healthy running lab with the same node count is returned as is (``reused=True``). A lab whose nodes lost
+    A healthy running lab with the same node count and topology is returned as is (``reused=True``); a healthy lab
+    of another shape gains or loses nodes and is re-cabled under its running nodes (``_recount``). A lab whose nodes lost
     their processes but kept their namespaces and links (a session's processes ended, a PID 1 killed) gets them
     started again in place (``restarted``: node -> what; one log line says so). Anything else that looks like a
     lab (namespaces, links, routes, dead nodes, cgroups) is torn down first.
@@ -163,7 +171,8 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
     timer = _Timer()
     _require_root("up")
     lab_dir = Path(lab_dir or DEFAULT_LAB_DIR).resolve()
-    specs = node_specs(nodes)
+    topology = topology or default_topology(nodes)
+    specs = node_specs(nodes, topology)
     with _locked(lab_dir):
         with timer.phase("packages"):
             ensure_packages(log)
@@ -173,7 +182,10 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                            observed=f"lab from {other}", expected=f"no lab, or the lab of {lab_dir}",
                            fix=f"bring it down first: `python -m runbook lab down --lab-dir {other}`")
         state = read_state(lab_dir)
-        if state and state.get("node_count") in (2, 3) and "info" in state:
+        if state and state.get("node_count") in range(2, len(NODE_NAMES) + 1) and "info" in state:
+            # a guard route this version adds (the switch's /24) is no reason to rebuild a running lab
+            run_local(["ip", "-batch", "-"], input="".join(f"route replace unreachable {r}\n" for r in GUARD_ROUTES),
+                      timeout=30, what="the lab's guard routes")
             with timer.phase("check"):
                 st = lab_status(lab_dir)
             if st["nodes_healthy"]:
@@ -183,8 +195,8 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                 if not st["apt_proxy"]["healthy"]:
                     with timer.phase("apt proxy"):
                         start_apt_proxy(lab_dir, log)
-                if state["node_count"] != nodes:     # add or remove worker2: the head and the worker stay up
-                    return _recount(lab_dir, state, st, nodes, timer, log)
+                if (state["node_count"], state_topology(state)) != (nodes, topology):   # the kept nodes stay up
+                    return _recount(lab_dir, state, st, nodes, topology, timer, log)
                 lab = LabInfo.from_dict(state["info"])
                 lab.reused = True
                 lab.image_ids = {k: v["image_id"] for k, v in st["nodes"].items()}
@@ -198,7 +210,7 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                                expected="every running node answers the lab's SSH with its pinned host key",
                                fix="find out why (e.g. `ssh -F " + str(lab_paths(lab_dir)[0]) + " spark-<node> true`); "
                                    "to rebuild the lab on purpose: `python -m runbook lab down`, then run again")
-            fix = repairs(st, nodes)
+            fix = repairs(st, nodes) if state_topology(state) == topology else None
             if fix:
                 return _restart(lab_dir, state, st, fix, timer, log)
             bad = {k: [f for f in ("netns_exists", "sshd_alive", "ssh_ok", "dockerd_alive", "registry_insecure",
@@ -214,7 +226,7 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
 
         created: list[str] = []
         with timer.phase("files"):
-            write_files(lab_dir, specs)
+            write_files(lab_dir, specs, topology)
             # bind targets must exist on the shared root fs (the node-private files /etc/passwd and /etc/group do)
             dirs = [t for t in NODE_PRIVATE.values() if t not in ("/etc/passwd", "/etc/group")]
             for mp in ("/mnt/nvme", "/var/lib/docker", *dirs):
@@ -223,13 +235,13 @@ def up(lab_dir: Path | None = None, nodes: int = 2, *, log: Log | None = None) -
                     created.append(mp)
             if not NODEINIT.exists():
                 raise LabError("nodeinit.sh is missing", observed=str(NODEINIT), fix="reinstall the package")
-        state = {"node_count": nodes, "lab_dir": str(lab_dir), "created_mountpoints": created,
+        state = {"node_count": nodes, "topology": topology, "lab_dir": str(lab_dir), "created_mountpoints": created,
                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pids": {}}
         write_state(lab_dir, state)
         MARKER.write_text(json.dumps({"lab_dir": str(lab_dir)}) + "\n")
 
         with timer.phase("network"):
-            create_network(specs)
+            create_network(specs, topology)
         with timer.phase("registry"):        # on the bridge's host address, which exists from here on
             state["registry_pid"] = start_registry(lab_dir, log)
         with timer.phase("apt proxy"):
@@ -286,7 +298,7 @@ def _restart(lab_dir: Path, state: dict, st: dict, fix: dict[str, str], timer: _
     whose PID 1 is gone gets a new one in its namespace (sshd, first login, dockerd), a node whose dockerd is gone
     gets dockerd; the registry and the apt proxy too when they are down. Namespaces, links, keys and the nodes' files
     (their overlay layers too: a node's installed packages survive its restart, as a Spark's survive a reboot) stay."""
-    specs = node_specs(state["node_count"])
+    specs = node_specs(state["node_count"], state_topology(state))
     dead = [n for n in specs if fix.get(n.name) == NODE]
     no_dockerd = [n for n in specs if fix.get(n.name) == DOCKERD]
     if not st["registry"]["healthy"]:
@@ -326,17 +338,19 @@ def _restart(lab_dir: Path, state: dict, st: dict, fix: dict[str, str], timer: _
     return lab
 
 
-def _recount(lab_dir: Path, state: dict, st: dict, nodes: int, timer: _Timer, log: Log) -> LabInfo:
-    """The healthy lab of ``state`` with ``nodes`` nodes: worker2 added (its namespace, PID 1, sshd, dockerd,
-    image) or removed (its processes, namespace and cgroups), and the fabric re-cabled from one cabling to the
-    other. The head and the worker keep their namespaces, processes, management addresses and files."""
-    old = state["node_count"]
-    specs, before = node_specs(nodes), node_specs(old)
+def _recount(lab_dir: Path, state: dict, st: dict, nodes: int, topology: str, timer: _Timer, log: Log) -> LabInfo:
+    """The healthy lab of ``state`` with ``nodes`` nodes wired as ``topology``: nodes added (their namespace, PID 1,
+    sshd, dockerd, image) or removed (their processes, namespace and cgroups), and the fabric re-cabled from one
+    cabling to the other (on a switch that stays a switch, only the added nodes are plugged in). The nodes in both
+    keep their namespaces, processes, management addresses and files."""
+    old, old_topology = state["node_count"], state_topology(state)
+    specs, before = node_specs(nodes, topology), node_specs(old, old_topology)
     kept = [n for n in specs if n.name in {b.name for b in before}]
     added = [n for n in specs if n not in kept and n.name not in {b.name for b in before}]
     removed = [b for b in before if b.name not in {n.name for n in specs}]
-    log(f"{'adding' if added else 'removing'} {', '.join(n.alias for n in added + removed)} and re-cabling the fabric "
-        f"for {nodes} nodes (the head and the worker stay up)")
+    what = ", ".join([*(f"adding {n.alias}" for n in added), *(f"removing {n.alias}" for n in removed)])
+    log(f"{what or 'keeping the nodes'}; {old_topology} -> {topology} for {nodes} nodes "
+        f"({', '.join(n.alias for n in kept)} stay up)")
     with timer.phase("remove"):
         for n in removed:
             kill_node(n.netns, n.name)
@@ -344,13 +358,20 @@ def _recount(lab_dir: Path, state: dict, st: dict, nodes: int, timer: _Timer, lo
             remove_overlays(lab_dir, n.name)
             state["pids"].pop(n.name, None)
         rm_cgroups([n.name for n in removed])
+        # a deleted namespace's veths (their root ends: management, switch port, empty cages) go a moment later;
+        # the node joining again at once (2 -> 5 -> 2 -> 3) must not meet its old names
+        gone = [name for n in removed for name in (n.mgmt_veth, switch_port(n.name),
+                                                  *(f"nl-u-{n.name}-{k}" for k in range(len(PORTS))))]
+        deadline = time.monotonic() + 5
+        while any(link_exists(name) for name in gone) and time.monotonic() < deadline:
+            time.sleep(0.05)
     with timer.phase("files"):     # every node's files exist from `up`; running nodes keep theirs (bind-mounted)
-        write_hosts(lab_dir, specs)
-    state["node_count"] = nodes
+        write_hosts(lab_dir, specs, topology)
+    state["node_count"], state["topology"] = nodes, topology
     state.pop("info", None)                  # until the new cabling is up
     write_state(lab_dir, state)
     with timer.phase("network"):
-        recable(kept, added, nodes)
+        recable(kept, added, nodes, topology, old_topology)
     ids = {n.name: st["nodes"][n.name]["image_id"] for n in kept}
     if added:
         ids = _start_nodes(lab_dir, specs, added, state, ids, timer, log)

@@ -13,7 +13,7 @@ from runbook.weights_tools.nfs import SUDOERS_FILE, sudoers_line
 from .host import run_local
 from .nodes import home_shares
 from .spec import (FABRIC_NETS, MGMT_PREFIX, NODE_NAMES, OPERATOR, OPERATOR_UID, LabNode, all_addresses,
-                   node_specs, peer_address)
+                   default_topology, node_specs, peer_address)
 
 
 def lab_paths(lab_dir: Path) -> tuple[Path, Path, Path]:
@@ -115,22 +115,23 @@ def _ssh_common(key: Path, known_hosts: Path) -> list[str]:
             "  ConnectTimeout 5", "  ServerAliveInterval 10", "  LogLevel ERROR"]
 
 
-def write_hosts(lab_dir: Path, specs: list[LabNode]) -> None:
-    """Each node's /etc/hosts for the ``len(specs)``-node cabling: a peer's name is its address on the cable from
-    this node (on the triangle, worker2 is 169.254.24.3 from the worker and 169.254.23.3 from the head). Written
-    in place: the running nodes have the file bind-mounted."""
+def write_hosts(lab_dir: Path, specs: list[LabNode], topology: str | None = None) -> None:
+    """Each node's /etc/hosts for the ``len(specs)``-node ``topology``: a peer's name is its address on the cable
+    from this node (on the triangle, worker2 is 169.254.24.3 from the worker and 169.254.23.3 from the head; on the
+    switch every peer's one switch address). Written in place: the running nodes have the file bind-mounted."""
+    topology = topology or default_topology(len(specs))
     for n in specs:
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-        lines += [f"{peer_address(len(specs), n.name, p.name) or p.fabric_ip}\t{p.alias}" for p in specs if p is not n]
+        lines += [f"{peer_address(len(specs), n.name, p.name, topology) or p.fabric_ip}\t{p.alias}" for p in specs if p is not n]
         lines += [f"{n.fabric_ip}\t{n.alias}"]
         path = lab_dir / "nodes" / n.name / "etc" / "hosts"
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
 
 
-def write_files(lab_dir: Path, specs: list[LabNode]) -> None:
-    """Keys, configs and node dirs of all three nodes (a 2-node lab can take worker2 in without new files or
-    pins), and the /etc/hosts of the ``len(specs)``-node cabling."""
+def write_files(lab_dir: Path, specs: list[LabNode], topology: str | None = None) -> None:
+    """Keys, configs and node dirs of all the lab's nodes (spec.NODE_NAMES: a 2-node lab can take worker2 ..
+    worker7 in without new files or pins), and the /etc/hosts of the ``len(specs)``-node ``topology``."""
     ssh_config, key, known_hosts = lab_paths(lab_dir)
     _keygen(key, "spark-runbook-lab")
     key.chmod(0o600)
@@ -201,4 +202,4 @@ def write_files(lab_dir: Path, specs: list[LabNode]) -> None:
     ips = " ".join([n.mgmt_ip for n in every] + [ip for n in every for ip in all_addresses(n.name)])
     lines += [f"Host {ips}", *common, ""]
     ssh_config.write_text("\n".join(lines))
-    write_hosts(lab_dir, specs)
+    write_hosts(lab_dir, specs, topology)

@@ -16,11 +16,11 @@ from .aptproxy import apt_proxy_status, node_apt_conf
 from .dockerd import REGISTRIES_FORMAT, insecure_registry_known, parse_kv
 from .files import lab_paths
 from .host import link_exists, netns_exists, node_pid1, pid_alive, proc_comm, run_local, ssh, tail_text
-from .network import link_states
+from .network import link_states, switch_port
 from .nodes import overlay_upper
 from .registry import registry_status
-from .spec import (APT_PROXY_CONF, BRIDGE, FABRIC_MTU, GUARD_ROUTES, IMAGE, MARKER, OPERATOR, OPERATOR_UID, OVERLAYS,
-                   STATE_FILE, LabNode, node_specs, read_state)
+from .spec import (APT_PROXY_CONF, BRIDGE, FABRIC_MTU, GUARD_ROUTES, IMAGE, MARKER, NODE_NAMES, OPERATOR, OPERATOR_UID,
+                   OVERLAYS, STATE_FILE, SWITCH, SWITCH_NET, LabNode, node_specs, read_state, state_topology)
 from .teardown import lab_present
 
 
@@ -60,6 +60,10 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
     # every cabled port of this cabling (the triangle's or the twin-cabled pair's): state and MTU
     d["ports"] = {port: {"ip": ip, "state": states.get(port, {}).get("operstate"), "mtu": states.get(port, {}).get("mtu")}
                   for port, ip in n.ports}
+    if n.fabric_ip.startswith(SWITCH_NET + "."):     # its switch port (the root end of its cable), MTU 9000 too
+        sw = link_states(None).get(switch_port(n.name), {})
+        d["switch_port"] = {"name": switch_port(n.name), "state": sw.get("operstate"), "mtu": sw.get("mtu"),
+                            "master": sw.get("master")}
     d["ssh_ok"] = False
     d["hostname"] = None
     d["dockerd_alive"] = False
@@ -95,16 +99,24 @@ def _probe_node(cfg: Path | None, n: LabNode, state_node: dict | None) -> dict:
                 d["ssh_error"] = tail_text(res.stderr, 300)
     d["healthy"] = bool(d["netns_exists"] and d["sshd_alive"] and d["ssh_ok"] and d["hostname"] == n.alias
                         and all(p["state"] == "UP" and p["mtu"] == FABRIC_MTU for p in d["ports"].values())
+                        and _switch_port_ok(d)
                         and d["dockerd_alive"] and d["image_id"] and d["registry_insecure"]
                         and d["operator"] and d["own_packages"])
     return d
 
 
+def _switch_port_ok(d: dict) -> bool:
+    """A node on the switch has its switch port on the switch, UP, at the fabric MTU (no switch: True)."""
+    sw = d.get("switch_port")
+    return sw is None or (sw["state"] == "UP" and sw["mtu"] == FABRIC_MTU and sw["master"] == SWITCH)
+
+
 def lab_status(lab_dir: Path) -> dict:
     """The lab's health (what ``status`` returns): every node probed, the bridge, the guard routes."""
     state = read_state(lab_dir)
-    count = (state or {}).get("node_count") or (3 if netns_exists("nl-worker2") else 2)
-    specs = node_specs(count)
+    count = (state or {}).get("node_count") or sum(1 for name in NODE_NAMES if netns_exists(f"nl-{name}")) or 2
+    topology = state_topology({"node_count": count, **(state or {})})
+    specs = node_specs(count, topology)
     cfg = lab_paths(lab_dir)[0]
     with ThreadPoolExecutor(max_workers=len(specs)) as ex:
         probes = list(ex.map(lambda n: _probe_node(cfg, n, (state or {}).get("pids", {}).get(n.name)), specs))
@@ -117,6 +129,7 @@ def lab_status(lab_dir: Path) -> dict:
         "lab_dir": str(lab_dir),
         "state_file": (lab_dir / STATE_FILE).exists(),
         "node_count": count,
+        "topology": topology,
         "bridge_up": link_exists(BRIDGE) and Path(f"/sys/class/net/{BRIDGE}/operstate").read_text().strip() == "up",
         "guard_routes": {g: g in guards for g in GUARD_ROUTES},
         "nodes": {p_n.name: p for p_n, p in zip(specs, probes)},
@@ -155,7 +168,8 @@ def repairs(status: dict, node_count: int) -> dict[str, str] | None:
     for name, n in status["nodes"].items():
         if n["healthy"]:
             continue
-        cabled = n["netns_exists"] and all(p["state"] == "UP" and p["mtu"] == FABRIC_MTU for p in n["ports"].values())
+        cabled = (n["netns_exists"] and all(p["state"] == "UP" and p["mtu"] == FABRIC_MTU for p in n["ports"].values())
+                  and _switch_port_ok(n))
         if not cabled:
             return None
         if not n["sshd_alive"]:

@@ -13,7 +13,8 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_LAB_DIR = REPO_ROOT / ".lab"
 NODEINIT = Path(__file__).parent.parent / "nodeinit.sh"   # runbook/lab/nodeinit.sh
 
-NODE_NAMES = ("head", "worker", "worker2")
+# rank order: head, worker, then worker2 .. worker7 (at most 8 nodes, HELPERS/issue 39)
+NODE_NAMES = ("head", "worker", *(f"worker{k}" for k in range(2, 8)))
 BRIDGE = "nlbr0"
 BRIDGE_IP = "10.77.0.1"
 MGMT_PREFIX = "10.77.0"
@@ -42,13 +43,21 @@ class Link:
 # enp1s0f1np1 <-> worker enp1s0f0np0). Three nodes: seed B's TP3 triangle (docs/tp3.md; its 10.0.22/10.0.23.0/24
 # become 169.254.22/23 here): head enp1s0f0np0 <-> worker enp1s0f0np0, head enp1s0f1np1 <-> worker2 enp1s0f1np1,
 # and worker enp1s0f1np1 <-> worker2 enp1s0f0np0 (the ring's third side, which only both-port HCAs reach).
-LINKS: dict[int, tuple[Link, ...]] = {
-    2: (Link(("head", PORTS[1]), ("worker", PORTS[0]), "169.254.77"),),
-    3: (Link(("head", PORTS[0]), ("worker", PORTS[0]), "169.254.22"),
-        Link(("head", PORTS[1]), ("worker2", PORTS[1]), "169.254.23"),
-        Link(("worker", PORTS[1]), ("worker2", PORTS[0]), "169.254.24")),
+LINKS: dict[str, tuple[Link, ...]] = {
+    "cable": (Link(("head", PORTS[1]), ("worker", PORTS[0]), "169.254.77"),),
+    "triangle": (Link(("head", PORTS[0]), ("worker", PORTS[0]), "169.254.22"),
+                 Link(("head", PORTS[1]), ("worker2", PORTS[1]), "169.254.23"),
+                 Link(("worker", PORTS[1]), ("worker2", PORTS[0]), "169.254.24")),
 }
-FABRIC_NETS = tuple(dict.fromkeys(link.net for links in LINKS.values() for link in links))
+# The switch (issue 39, 3 to 8 nodes): one Linux bridge with MTU 9000 stands for the switch; every node's first
+# CX-7 port is cabled to its own switch port (a veth whose root end ``nl-s-<node>`` is a port of the bridge, MTU
+# 9000 too: a port left at 1500 drops jumbo frames silently, as a switch port does), on one /24, the node at
+# ``.<rank + 1>``. The second port stays uncabled. Nothing routes beyond that /24 (the nodes have no default route).
+SWITCH = "nlsw0"
+SWITCH_NET = "169.254.30"
+SWITCH_PORT = PORTS[0]
+TOPOLOGIES = ("cable", "triangle", "switch")
+FABRIC_NETS = (*dict.fromkeys(link.net for links in LINKS.values() for link in links), SWITCH_NET)
 GUARD_ROUTES = ("10.77.0.0/16", *(f"{net}.0/24" for net in FABRIC_NETS))
 IMAGE = "spark-runbook/lab-runtime:1"
 # the lab's registry (Debian's docker-registry): on the management bridge's host address, plain HTTP, which the
@@ -93,8 +102,8 @@ Log = Callable[[str], None]
 @dataclass(frozen=True)
 class LabNode:
     """One lab node: ``name`` is the runbook's node name, ``alias`` the ssh_config alias/hostname."""
-    name: str          # head / worker / worker2
-    alias: str         # spark-head / spark-worker / spark-worker2
+    name: str          # head / worker / worker2 .. worker7
+    alias: str         # spark-head / spark-worker / spark-worker2 ..
     rank: int
     netns: str         # nl-head
     mgmt_ip: str       # 10.77.0.11 (on enP7s7)
@@ -154,12 +163,34 @@ class LabInfo:
                    restarted=dict(d.get("restarted", {})))
 
 
-def links(nodes: int) -> tuple[Link, ...]:
-    """The cables of the ``nodes``-node lab (:data:`LINKS`)."""
-    if nodes not in LINKS:
-        raise LabError("the lab supports 2 or 3 nodes", observed=f"nodes={nodes}", expected="2 or 3",
-                       fix="name two nodes (HEAD_SSH, WORKER_SSH) or three (and WORKER2_SSH) in the profile")
-    return LINKS[nodes]
+def default_topology(nodes: int) -> str:
+    """The lab's cabling when the profile names none: a cable for 2 nodes, the triangle for 3, else the switch."""
+    return {2: "cable", 3: "triangle"}.get(nodes, "switch")
+
+
+def check_shape(nodes: int, topology: str) -> None:
+    """LabError unless the lab can wire ``nodes`` nodes as ``topology``: 2 to 8 nodes; a cable joins 2, the triangle
+    3, the switch 3 to 8."""
+    fits = {"cable": (2,), "triangle": (3,), "switch": tuple(range(3, len(NODE_NAMES) + 1))}
+    if topology not in fits:
+        raise LabError("the lab cannot wire this topology", observed=f"topology={topology!r}",
+                       expected=" | ".join(TOPOLOGIES),
+                       fix="name the nodes' fabric addresses as one of the lab's cablings (env/lab*.env)")
+    if nodes not in fits[topology]:
+        raise LabError(f"the lab's {topology} takes {' or '.join(map(str, fits[topology][:1]))}"
+                       f"{'' if len(fits[topology]) == 1 else f' to {fits[topology][-1]}'} nodes",
+                       observed=f"nodes={nodes}, topology={topology}",
+                       expected=f"{fits[topology][0]}..{fits[topology][-1]} nodes" if len(fits[topology]) > 1
+                       else f"{fits[topology][0]} nodes",
+                       fix="name 2 to 8 nodes in the profile (HEAD_SSH, WORKER_SSH, WORKER2_SSH .. WORKER7_SSH): "
+                           "2 on a cable, 3 on the triangle or a switch, 4 to 8 on a switch")
+
+
+def links(nodes: int, topology: str | None = None) -> tuple[Link, ...]:
+    """The point-to-point cables of the ``nodes``-node lab (:data:`LINKS`; none on the switch)."""
+    topology = topology or default_topology(nodes)
+    check_shape(nodes, topology)
+    return LINKS.get(topology, ())
 
 
 def port_ip(link: Link, node: str) -> str:
@@ -167,31 +198,46 @@ def port_ip(link: Link, node: str) -> str:
     return f"{link.net}.{NODE_NAMES.index(node) + 1}"
 
 
-def node_ports(nodes: int, name: str) -> list[tuple[str, str]]:
+def switch_ip(node: str) -> str:
+    """``node``'s address on the switch: ``169.254.30.<rank + 1>``."""
+    return f"{SWITCH_NET}.{NODE_NAMES.index(node) + 1}"
+
+
+def node_ports(nodes: int, name: str, topology: str | None = None) -> list[tuple[str, str]]:
     """(port, address) of every cabled port of node ``name`` in the ``nodes``-node lab, the port toward the head
-    first (the head's: toward the worker; of two such cables the first in :data:`LINKS`)."""
+    first (the head's: toward the worker; of two such cables the first in :data:`LINKS`); on the switch the one
+    switch port."""
+    topology = topology or default_topology(nodes)
+    if topology == "switch":
+        check_shape(nodes, topology)
+        return [(SWITCH_PORT, switch_ip(name))]
     peer = "worker" if name == "head" else "head"
     out = []
-    for k, link in enumerate(links(nodes)):
+    for k, link in enumerate(links(nodes, topology)):
         for (node, port), (other, _) in (link.ends(), link.ends()[::-1]):
             if node == name:
                 out.append((other != peer, k, port, port_ip(link, name)))
     return [(port, ip) for *_, port, ip in sorted(out)]
 
 
-def peer_address(nodes: int, src: str, dst: str) -> str:
-    """``dst``'s address on the cable from ``src`` ('' when none joins them)."""
-    for link in links(nodes):
+def peer_address(nodes: int, src: str, dst: str, topology: str | None = None) -> str:
+    """``dst``'s address on the cable (or the switch) from ``src`` ('' when none joins them)."""
+    topology = topology or default_topology(nodes)
+    if topology == "switch":
+        return switch_ip(dst)
+    for link in links(nodes, topology):
         names = {link.a[0], link.b[0]}
         if names == {src, dst}:
             return port_ip(link, dst)
     return ""
 
 
-def node_specs(nodes: int = 2) -> list[LabNode]:
+def node_specs(nodes: int = 2, topology: str | None = None) -> list[LabNode]:
+    topology = topology or default_topology(nodes)
+    check_shape(nodes, topology)
     out = []
     for i, name in enumerate(NODE_NAMES[:nodes]):
-        ports = node_ports(nodes, name)
+        ports = node_ports(nodes, name, topology)
         out.append(LabNode(name=name, alias=f"spark-{name}", rank=i, netns=f"nl-{name}",
                            mgmt_ip=f"{MGMT_PREFIX}.{11 + i}", fabric_if=ports[0][0], fabric_ip=ports[0][1],
                            mgmt_veth=f"nl-m-{name}", ports=tuple(ports)))
@@ -199,10 +245,10 @@ def node_specs(nodes: int = 2) -> list[LabNode]:
 
 
 def all_addresses(name: str) -> list[str]:
-    """Every fabric address node ``name`` has in any lab (host keys are pinned for all of them, so adding or
-    removing worker2 re-cables without new known_hosts)."""
-    return list(dict.fromkeys(port_ip(link, name) for links_ in LINKS.values() for link in links_
-                              if name in (link.a[0], link.b[0])))
+    """Every fabric address node ``name`` has in any lab, the switch's included (host keys are pinned for all of
+    them, so a node joining or leaving re-cables without new known_hosts)."""
+    return list(dict.fromkeys([*(port_ip(link, name) for links_ in LINKS.values() for link in links_
+                                 if name in (link.a[0], link.b[0])), switch_ip(name)]))
 
 
 def read_state(lab_dir: Path) -> dict | None:
@@ -211,6 +257,11 @@ def read_state(lab_dir: Path) -> dict | None:
         return json.loads((lab_dir / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
+
+
+def state_topology(state: dict) -> str:
+    """The topology a state file records (a lab from before the switch recorded only its node count)."""
+    return state.get("topology") or default_topology(state["node_count"])
 
 
 def write_state(lab_dir: Path, state: dict) -> None:

@@ -14,7 +14,8 @@ from .host import link_exists, netns_exists, run_local, tail_text
 from .aptproxy import stop_apt_proxy
 from .nodes import kill_node, remove_overlays
 from .registry import stop_registry
-from .spec import BRIDGE, FABRIC_BRIDGE, GUARD_ROUTES, MARKER, NODE_NAMES, PORTS, STATE_FILE, Log, read_state
+from .spec import (BRIDGE, FABRIC_BRIDGE, GUARD_ROUTES, MARKER, NODE_NAMES, PORTS, STATE_FILE, SWITCH, Log,
+                   read_state)
 
 
 def rm_cgroups(names: list[str]) -> int:
@@ -61,9 +62,11 @@ def teardown(lab_dir: Path, log: Log | None) -> list[str]:
             notes.append(f"ip reported: {tail_text(res.stderr, 300)}")
     # nl-u-*: the root ends of the veths that stand for uncabled ports (network._link_cmds); nl-f-*: an older lab's
     empty_cages = [f"nl-u-{n}-{k}" for n in NODE_NAMES for k in range(len(PORTS))]
-    all_links = ([BRIDGE, FABRIC_BRIDGE] + [f"nl-m-{n}" for n in NODE_NAMES] + [f"nl-f-{n}" for n in NODE_NAMES]
-                 + empty_cages)
-    peers = [f"nl-m-{n}" for n in NODE_NAMES] + [f"nl-f-{n}" for n in NODE_NAMES] + empty_cages
+    # nl-s-*: the switch ports (network.switch_port)
+    switch_ports = [f"nl-s-{n}" for n in NODE_NAMES]
+    all_links = ([BRIDGE, FABRIC_BRIDGE, SWITCH] + [f"nl-m-{n}" for n in NODE_NAMES] + [f"nl-f-{n}" for n in NODE_NAMES]
+                 + empty_cages + switch_ports)
+    peers = [f"nl-m-{n}" for n in NODE_NAMES] + [f"nl-f-{n}" for n in NODE_NAMES] + empty_cages + switch_ports
     deadline = time.monotonic() + 2          # the root-netns veth peers vanish shortly after netns del
     while ns_cmds and any(link_exists(l) for l in peers) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -108,6 +111,6 @@ def teardown(lab_dir: Path, log: Log | None) -> list[str]:
 def lab_present() -> bool:
     """Whether anything of a lab (a node netns, a bridge) exists on this machine."""
     return (any(netns_exists(f"nl-{n}") for n in NODE_NAMES) or link_exists(BRIDGE)
-            or link_exists(FABRIC_BRIDGE))
+            or link_exists(FABRIC_BRIDGE) or link_exists(SWITCH))
 
 
