@@ -85,7 +85,7 @@ def test_ray_on_a_real_recipe_is_not_refused(name):
 
 # ----------------------------------------------------------------------------- render
 
-@pytest.mark.parametrize("name,ov,nodes", [("lab", {}, 2), ("lab-tp3", {}, 3), ("dspark-v4", {}, 2),
+@pytest.mark.parametrize("name,ov,nodes", [("lab", {}, 2), ("lab-tp3", {}, 3), ("lab-tp4", {}, 4), ("dspark-v4", {}, 2),
                                           ("tp3-dspark", {}, 3), ("dspark-v4", FOUR, 4)])
 def test_ray_render_serves_on_the_head_alone_after_ray_on_every_node(name, ov, nodes):
     plan = _plan(name, ov)
@@ -135,6 +135,7 @@ def _commands_text(plan) -> str:
 
 
 GOLDEN_CASES = [("lab", {}, "default"), ("lab", {"RUNTIME": "docker"}, "docker"), ("lab-tp3", {}, "default"),
+                ("lab-tp4", {}, "default"),
                 ("dspark-v4", {}, "default"), ("tp3-dspark", {}, "default"), ("dspark-v4", FOUR, "4nodes")]
 
 
