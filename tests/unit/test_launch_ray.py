@@ -189,3 +189,36 @@ def test_status_of_four_cpu_nodes_without_gpus_is_not_complete():
 def test_status_of_nothing_is_empty():
     st = ray_facts.parse_status("")
     assert st.active == [] and st.totals == {} and not st.complete(["head"])
+
+
+# ----------------------------------------------------------------------------- the start's wait, over captured output
+
+def test_start_names_the_worker_ray_status_never_shows_and_never_starts_vllm():
+    """The head's GCS answers (the captured status of a cluster its worker left), the worker's `ray start`
+    returns; the wait ends at its timeout naming the worker. Every command is the plan's own."""
+    from runbook.launch import ray_cluster
+    from support.doubles import FakeCluster, FakeNode, res
+    plan = _plan("lab")
+    gone = (DATA / "status-worker-gone.txt").read_text()
+    head = FakeNode("head", 0, rules=[(r"ray start --block --head", res(0, "101\n")),
+                                      (r"ray status --address 169\.254\.77\.1:6379", res(0, gone))])
+    worker = FakeNode("worker", 1, rules=[(r"ray start --block --address 169\.254\.77\.1:6379", res(0, "202\n"))])
+    up = ray_cluster.start_cluster(FakeCluster([head, worker]), plan, timeout=0.3, poll=0.05)
+    assert [c.name for c in up.checks] == [ray_cluster.GCS_ROW, ray_cluster.JOIN_ROW]
+    gcs, join = up.checks
+    assert not gcs.failed and join.failed and join.data["missing"] == ["worker"]
+    assert "never joined: worker" in join.observed and join.fix.startswith("on worker: ")
+    assert not any("serve" in c.command for n in (head, worker) for c in n.calls)   # vLLM was never started
+    assert head.calls[0].command == plan.head.ray_start_command()       # the head's GCS first
+
+
+def test_start_waits_for_every_node_with_its_gpu():
+    from runbook.launch import ray_cluster
+    from support.doubles import FakeCluster, FakeNode, res
+    plan = _plan("lab")
+    both = (DATA / "status-2-nodes-gpus.txt").read_text()
+    head = FakeNode("head", 0, rules=[(r"ray start --block --head", res(0, "101\n")),
+                                      (r"ray status --address", res(0, both))])
+    worker = FakeNode("worker", 1, rules=[(r"ray start --block --address", res(0, "202\n"))])
+    up = ray_cluster.start_cluster(FakeCluster([head, worker]), plan, timeout=5, poll=0.05)
+    assert up.ok and up.status.joined(["head", "worker"]) == ["head", "worker"]
