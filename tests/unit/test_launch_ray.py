@@ -222,3 +222,13 @@ def test_start_waits_for_every_node_with_its_gpu():
     worker = FakeNode("worker", 1, rules=[(r"ray start --block --address", res(0, "202\n"))])
     up = ray_cluster.start_cluster(FakeCluster([head, worker]), plan, timeout=5, poll=0.05)
     assert up.ok and up.status.joined(["head", "worker"]) == ["head", "worker"]
+
+
+def test_render_shows_a_lab_ray_profile_every_node_ray_first_then_the_heads_serve(capsys):
+    """The offline review takes EXECUTOR=ray on the lab (validate/start refuse it): the commands recorded for
+    step 04 are each node's `ray start`, head first, then the head's serve, and no worker serve."""
+    assert cli.main(["render", "--profile", str(ENV / "lab.env"), "-p", "EXECUTOR=ray", "--step", "4"]) == 0
+    runs = [ln for ln in capsys.readouterr().out.splitlines() if re.match(r"^\[\w+\] \[run\] ", ln)]
+    starts = [(ln.split()[0], "ray start" in ln, "vllm_cli.py serve" in ln) for ln in runs
+              if "ray start --block" in ln or "vllm_cli.py serve" in ln]
+    assert starts == [("[head]", True, False), ("[worker]", True, False), ("[head]", False, True)]
