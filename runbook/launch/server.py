@@ -251,12 +251,14 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
         _identity(cluster, profile, plan, result, ev)        # the reads are recorded; a difference does not stop it
         # recorded, not run: each rank's start command in start order (workers first; under ray every node's Ray,
         # the head's first, then the head's serve), the key by name only
-        ray = plan.head.executor == "ray"
-        for rank in (plan.ranks if ray else sorted(plan.ranks, key=lambda r: -r.rank)):
-            _make_bind_sources(cluster[rank.node], rank)
-            if ray:
+        if plan.head.executor == "ray":
+            for rank in plan.ranks:
+                _make_bind_sources(cluster[rank.node], rank)
                 cluster[rank.node].run(rank.ray_start_command(), timeout=120)
-        for rank in ([plan.head] if ray else sorted(plan.ranks, key=lambda r: -r.rank)):
+            cluster[plan.head.node].run(plan.head.start_command(), timeout=120,
+                                        env={"VLLM_API_KEY": api_key or "***"} if plan.head.secret_env else None)
+        for rank in ([] if plan.head.executor == "ray" else sorted(plan.ranks, key=lambda r: -r.rank)):
+            _make_bind_sources(cluster[rank.node], rank)
             cluster[rank.node].run(rank.start_command(),
                                    env={"VLLM_API_KEY": api_key or "***"} if rank.secret_env else None, timeout=120)
         result.checks.add(not_applicable("server started", "dry run: the rendered commands above were "
