@@ -79,15 +79,10 @@ def lab_root(node) -> Iterator:
 
 
 def lab_topology(profile) -> str:
-    """How the lab wires the profile's nodes: ``profile.topology`` where the profile has it; else the shape of its
-    fabric addresses: 2 nodes a cable, 3 nodes on different /24s the triangle, nodes all on one /24 a switch."""
+    """How the lab wires the profile's nodes: ``profile.topology`` (a cable, the triangle or a switch; the lab has no
+    switchless ring)."""
     from .netlab.spec import TOPOLOGIES
-    nodes = profile.nodes
-    topology = getattr(profile, "topology", None)
-    if not topology:
-        nets = {n.fabric_ip.rpartition(".")[0] for n in nodes}
-        topology = ("cable" if len(nodes) == 2 else "switch" if len(nets) == 1
-                    else "triangle" if len(nodes) == 3 else "ring")
+    nodes, topology = profile.nodes, profile.topology
     if topology not in TOPOLOGIES:
         raise LabError(f"the lab cannot wire a {topology}", observed=f"{len(nodes)} nodes, fabric addresses "
                        + ", ".join(n.fabric_ip for n in nodes), expected=" | ".join(TOPOLOGIES),

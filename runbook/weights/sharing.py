@@ -25,7 +25,7 @@ from .. import progress
 from ..checks import Check, Status, check, not_applicable
 from ..errors import RemoteError
 from ..facts import system
-from ..remote import private_dir_command
+from ..remote import private_dir_command, tail
 from ..weights_tools import node_download, verify_manifest
 from ..weights_tools.nfs import (SUDO_RULES, export_line, exports_file, render_nfs, single_ipv4, sudo_argvs, sudo_check,
                                  sudo_probe_cmd, sudoers_fix)
@@ -144,23 +144,30 @@ def read_node_manifest(node, directory: str) -> dict[str, Any] | None:
 
 # a logged-in user's Hugging Face token files and netrc never leave the node they are on
 CREDENTIAL_FILES = ("token", "stored_tokens", ".netrc", ".git-credentials")
+# where rsync keeps a cut file, beside its final name (relative: rsync excludes it from the transfer itself)
+PARTIAL_DIR = ".rsync-partial"
+# rsync's ssh asks for AES-GCM first (the CPU's AES instructions) before ssh's own first choice, ChaCha20: the share
+# is CPU-bound on the ssh and rsync processes, and AES-GCM cut the CPU per GiB by a fifth (docs/weights.md §4b)
+RSYNC_SSH = ("ssh -o BatchMode=yes -o StrictHostKeyChecking=yes "
+             "-c aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com")
 
 
-def render_rsync(src_dir: str, dst_dir: str, target: str, *,
-                 ssh: str = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes") -> str:
-    """rsync head→worker over the fabric address: whole files (no delta CPU), keep partials, symlinks
-    as symlinks (a hub cache's ``snapshots/<rev>/*`` point into ``blobs/``). Manifests are never copied
-    (at any depth: a hub cache keeps its manifest in ``snapshots/<rev>``), so the worker must hash its
-    own bytes. ``target`` is ``user@<WORKER_IP>`` (the fabric address, never the management one)."""
+def render_rsync(src_dir: str, dst_dir: str, target: str, *, ssh: str = RSYNC_SSH) -> str:
+    """rsync head→worker over the fabric address: whole files (no delta CPU), symlinks as symlinks (a hub
+    cache's ``snapshots/<rev>/*`` point into ``blobs/``). A file being written is rsync's hidden temp until it is
+    complete, then renamed; a cut one is kept in ``PARTIAL_DIR`` beside it, never under its final name (``--partial``
+    left the half file there, where a reader could take it for the weights). A re-run skips the finished files and
+    sends the cut one again. Manifests are never copied (at any depth: a hub cache keeps its manifest in
+    ``snapshots/<rev>``), so the worker must hash its own bytes. ``target`` is ``user@<WORKER_IP>`` (the fabric
+    address, never the management one)."""
     credentials = " ".join(f"--exclude={_q(name)}" for name in CREDENTIAL_FILES)
-    return (f"rsync -a --whole-file --partial --info=progress2,stats1 --mkpath "
+    return (f"rsync -a --whole-file --partial-dir={PARTIAL_DIR} --info=progress2,stats1 --mkpath "
             f"--exclude=/.cache/ --exclude={_q(MANIFEST_NAME)} --exclude={_q('.' + MANIFEST_NAME + '.*')} "
             f"{credentials} -e {_q(ssh)} {_q(src_dir.rstrip('/') + '/')} {_q(target + ':' + dst_dir.rstrip('/') + '/')}")
 
 
 def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | None = None,
-                    ssh: str = "ssh -o BatchMode=yes -o StrictHostKeyChecking=yes",
-                    head_manifest: dict[str, Any] | None = None, python: str = "python3",
+                    ssh: str = RSYNC_SSH, head_manifest: dict[str, Any] | None = None, python: str = "python3",
                     workers: int = 4, timeout: float = 6 * 3600, tree: str = "") -> ShareResult:
     """Copy the head's verified directory to the worker, verify there by the head manifest, check
     parity. ``tree``: where the verified files sit inside the copied directory (a hub cache:
@@ -187,11 +194,14 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
             bar.update(total)
     seconds = time.monotonic() - t0
     result.data.update(command=cmd, seconds=round(seconds, 2), bytes=total, src=src_dir, dst=dst_dir)
-    result.checks.append(check("weights.rsync", res.ok, node=head.name,
-                               observed=f"exit {res.exit_code} in {seconds:.1f} s "
-                                        f"({total / max(seconds, 1e-9) / 1e9:.2f} GB/s incl. skipped files)",
-                               expected="exit 0", fix="see the rsync output in commands.jsonl; re-run resumes "
-                                                     "(--partial)", data=dict(result.data)))
+    rate = f"({total / max(seconds, 1e-9) / 1e9:.2f} GB/s incl. skipped files)"
+    log = "" if res.ok else tail(res.stderr or res.stdout, 5)
+    result.checks.append(check("weights.rsync", res.ok, node=worker.name,
+                               observed=f"{head.name} -> {worker.name} ({target}): exit {res.exit_code} in "
+                                        f"{seconds:.1f} s " + (rate if res.ok else f"; rsync said: {log}"),
+                               expected="exit 0", fix="see the rsync output in commands.jsonl; a re-run sends only "
+                                                     "the files not yet complete on the worker",
+                               data=dict(result.data)))
     if not res.ok or res.dry_run:
         return result
     report = verify_on_node(worker, dst_tree, manifest_to_expected(head_manifest), python=python,

@@ -15,6 +15,8 @@ import json
 import posixpath
 import shlex
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..checks import Check, CheckList, check, not_applicable
@@ -110,21 +112,24 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
     head_tree = layout.tree(roots[head.name])
     head_manifest = read_node_manifest(head, head_tree)
 
+    def share_weights(worker) -> ShareResult:
+        return share_to_worker(profile, cluster, worker, src=layout.store(roots[head.name]),
+                               dst=layout.store(roots[worker.name]), tree=layout.tree_in_store,
+                               head_manifest=head_manifest, python=python,
+                               download=lambda node, dest: download_on_node(
+                                   node, snap.repo, snap.revision, layout.download_dir(dest), expected=snap.expected(),
+                                   endpoint=endpoint, python=python, max_workers=profile.hf_max_workers,
+                                   layout=layout.kind, token=token),
+                               space=lambda node, dest: free_space(node, layout.download_dir(dest), layout.tree(dest),
+                                                                   snap, margin, key=_workers_key(profile)),
+                               name="weights",
+                               worker_root=roots[worker.name], worker_tree=layout.tree(roots[worker.name]))
+
     shares: dict[str, Any] = {}
-    for worker in cluster.workers:            # every worker rank (1 .. node_count-1), in rank order
-        share = share_to_worker(profile, cluster, worker, src=layout.store(roots[head.name]),
-                                dst=layout.store(roots[worker.name]), tree=layout.tree_in_store,
-                                head_manifest=head_manifest, python=python,
-                                download=lambda node, dest: download_on_node(
-                                    node, snap.repo, snap.revision, layout.download_dir(dest), expected=snap.expected(),
-                                    endpoint=endpoint, python=python, max_workers=profile.hf_max_workers,
-                                    layout=layout.kind, token=token),
-                                space=lambda node, dest: free_space(node, layout.download_dir(dest), layout.tree(dest),
-                                                                    snap, margin, key=_workers_key(profile)),
-                                name="weights",
-                                worker_root=roots[worker.name], worker_tree=layout.tree(roots[worker.name]))
+    for worker_name, share in share_to_workers(cluster.workers, share_weights,
+                                               parallel=shares_in_parallel(profile, cluster)).items():
         checks.add(share.checks)
-        shares[worker.name] = share.data
+        shares[worker_name] = share.data
     data["share"] = shares[cluster.workers[0].name]       # the (first) worker, as with two nodes
     if len(shares) > 1:
         data["shares"] = shares
@@ -158,6 +163,41 @@ def weights_record(profile, data: dict[str, Any]) -> WeightsRecord:
     return WeightsRecord(repo=data["repo"], revision=data["revision"], files=data["files"],
                          total_bytes=data["total_bytes"], layout=data["layout"], mode=data["mode"], copies=copies,
                          engram=engram)
+
+
+SHARE_PARALLEL = 4      # workers receiving at once: each rsync costs the head one ssh cipher stream (a core)
+
+
+def shares_in_parallel(profile, cluster) -> bool:
+    """rsync and download-both run on every worker at once. NFS stays in rank order: the lab's one userspace server
+    holds port 2049 per worker, and an export moves no bytes up front. So does a dry run and the offline review:
+    their commands are recorded, and compared, in rank order."""
+    return profile.weight_sync != "nfs" and not cluster.head.dry_run
+
+
+def share_to_workers(workers, share_one: Callable[[Any], ShareResult], *, parallel: bool,
+                     limit: int = SHARE_PARALLEL) -> dict[str, ShareResult]:
+    """``share_one(worker)`` for every worker, at most ``limit`` at once when ``parallel`` (else one after the
+    other); results in rank order. Each share keeps its own timeout, verification and parity rows. A share that
+    raises a :class:`RunbookError` (its command timed out, the connection was lost, the verifier could not run)
+    becomes one ``weights.share`` FAIL naming that worker; the other workers' shares go on and keep their rows."""
+    workers = list(workers)
+
+    def one(worker) -> ShareResult:
+        try:
+            return share_one(worker)
+        except RunbookError as err:
+            return ShareResult("share", checks=[check(
+                "weights.share", False, node=worker.name,
+                observed=f"{worker.name}: {err.what}" + (f" ({err.observed[-400:]})" if err.observed else ""),
+                expected=f"the head's verified files on {worker.name}, verified there",
+                fix=err.fix or f"re-run step 02: {worker.name} resumes from what it already has")])
+
+    if not parallel or len(workers) < 2:
+        return {w.name: one(w) for w in workers}
+    with ThreadPoolExecutor(max_workers=max(1, min(limit, len(workers)))) as pool:
+        futures = {w.name: pool.submit(one, w) for w in workers}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, head_manifest, python: str,
@@ -321,15 +361,18 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
     if not got.ok and not head.dry_run:
         return _relabel(checks, "weights.engram"), data
     head_manifest = read_node_manifest(head, paths[head.name])
+
+    def share_engram(worker) -> ShareResult:
+        return share_to_worker(profile, cluster, worker, src=paths[head.name], dst=paths[worker.name], tree="",
+                               head_manifest=head_manifest, python=python, download=fetch,
+                               space=lambda node, dest: free_space(node, dest, dest, snap, margin, key="ENGRAM_SRC_DIR"),
+                               name="engram", worker_root=paths[worker.name], worker_tree=paths[worker.name])
+
     shares = {}
-    for worker in workers:
-        share = share_to_worker(profile, cluster, worker, src=paths[head.name], dst=paths[worker.name], tree="",
-                                head_manifest=head_manifest, python=python, download=fetch,
-                                space=lambda node, dest: free_space(node, dest, dest, snap, margin, key="ENGRAM_SRC_DIR"),
-                                name="engram", worker_root=paths[worker.name],
-                                worker_tree=paths[worker.name])
+    for worker_name, share in share_to_workers(workers, share_engram,
+                                               parallel=shares_in_parallel(profile, cluster)).items():
         checks += share.checks
-        shares[worker.name] = share.data
+        shares[worker_name] = share.data
     data["shares"] = shares
     return _relabel(checks, "weights.engram"), data
 

@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.slow]
 PROFILE = "env/lab-tp4.env"
 # the bench's repeats, levels and soak shortened (not part of the server's fingerprint): what this run proves is
 # four ranks through every step, not the figures
-SHORT_BENCH = {"BENCH_REPEATS": "1", "BENCH_CONCURRENCY": "1,2", "SOAK_SECONDS": "10"}
+SHORT_BENCH = {"BENCH_REPEATS": "1", "BENCH_CONCURRENCY": "1", "SOAK_SECONDS": "0", "BENCH_DECODE_TOKENS": "32",
+               "BENCH_PREFILL_TOKENS": "256"}
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from support.engram import tool_node
 from support.profiles import profile_from
 
 
-def profile(tmp_path, src, env="env/lab.env"):
+def profile(tmp_path, src, env="env/lab.env", **keys):
     """The shipped lab profile (two nodes, TP=2; ``env/lab-tp3.env``: three) with its Engram dirs in tmp_path."""
-    return profile_from(env, ENGRAM_SRC_DIR=src, ENGRAM_PACKED_DIR=tmp_path / "packed")
+    return profile_from(env, ENGRAM_SRC_DIR=src, ENGRAM_PACKED_DIR=tmp_path / "packed", **keys)
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +127,40 @@ def test_space_check_counts_only_rows_a_partial_record_keeps(tmp_path, src):
     c, _ = precheck.space_checks(prof, node_facts, config)
     assert c.status is Status.FAIL and c.fix.startswith("free 1 bytes on ")
     assert step.exit_fix(143) == step.STOPPED_FIX and step.exit_fix(3) == step.EXIT_FIX[3]
+
+
+def test_tp4_packs_every_rank_and_the_verifier_names_a_corrupted_rank3_file(tmp_path, src):
+    """TP = 4 on four nodes (issue 39): each node packs its own rank's rows of the lab's synthetic source, check.py
+    verifies every rank's files, and a flipped byte in rank 3's file fails worker3's verify row naming the file.
+    The profile: env/lab.env grown to four nodes on one /24 (a switch), TP = 4."""
+    names = ["head", "worker", "worker2", "worker3"]
+    four = {"NNODES": "4", "TP": "4", "HEAD_IP": "169.254.77.1", "WORKER_IP": "169.254.77.2"}
+    for rank, name in enumerate(names[2:], start=2):
+        four.update({f"{name.upper()}_SSH": f"spark-{name}", f"{name.upper()}_IP": f"169.254.77.{rank + 1}",
+                     f"{name.upper()}_CX7_IF": "enp1s0f0np0"})
+    prof = profile(tmp_path, src, **four)
+    assert [n.name for n in prof.nodes] == names and prof.tp == 4
+    cluster = FakeCluster([tool_node(n, k) for k, n in enumerate(names)])
+    tdir = str(tmp_path / "tools")
+    checks = step.run_pack(cluster, prof, tools_dir=tdir)
+    assert not checks.failures(), checks.to_text()
+    verified = [c for c in checks if c.name.startswith("engram packed L") and c.name.endswith(" verify")]
+    assert sorted({c.node for c in verified}) == sorted(names) and len(verified) == 4 * 2      # 4 ranks x 2 layers
+    expected = precheck.expected_files(prof, L.load_config(str(src)))
+    assert sorted(expected) == sorted(names)
+    for layer in (1, 14):                      # the four ranks' rows cover the table once, in rank order
+        ranges = [next(r for r in expected[n] if r.layer == layer) for n in names]
+        assert [r.file_name for r in ranges] == [f"engram-l{layer}-r{k}of4.bin" for k in range(4)]
+        assert ranges[0].lo == 0 and all(a.hi == b.lo for a, b in zip(ranges, ranges[1:]))
+        for r in ranges:
+            assert (tmp_path / "packed" / r.file_name).stat().st_size == r.packed_bytes
+
+    bad = tmp_path / "packed" / "engram-l14-r3of4.bin"
+    data = bytearray(bad.read_bytes())
+    data[-1] ^= 0xFF                               # the last row: always among the verifier's samples
+    bad.write_bytes(bytes(data))
+    again = step.run_pack(cluster, prof, tools_dir=tdir)
+    (failed,) = again.failures()
+    assert failed.node == "worker3" and failed.name == "engram packed L14 verify"
+    assert "engram-l14-r3of4.bin" in failed.observed and "differ from the source" in failed.observed
+    assert str(bad) in failed.fix

@@ -4,11 +4,13 @@ topology ``ensure_lab`` takes from a profile's node list. Rendered, not run: the
 from __future__ import annotations
 
 import ipaddress
-from types import SimpleNamespace
 
 import pytest
 
 from runbook.errors import LabError
+from runbook.profile import load_profile
+from runbook.profile.nodes import node_key
+from runbook.profile.model import REPO_ROOT as REPO
 from runbook.lab.control import lab_topology
 from runbook.lab.netlab import network
 from runbook.lab.netlab.files import write_files
@@ -91,19 +93,36 @@ def test_files_name_every_node_by_alias_and_pin_its_switch_address(tmp_path):
     assert "169.254.30.*" in (lab_dir / "nodes" / "worker3" / "etc" / "ssh_config").read_text()
 
 
-def _profile(*ips, topology=None):
-    nodes = [SimpleNamespace(name=n, fabric_ip=ip) for n, ip in zip(NODE_NAMES, ips)]
-    return SimpleNamespace(nodes=nodes, **({"topology": topology} if topology else {}))
+LAB = REPO / "env" / "lab.env"
+
+
+def _on(count: int, net) -> dict[str, str]:
+    """env/lab.env grown to ``count`` nodes, rank r at ``net(r)``."""
+    out = {"NNODES": str(count), "TP": str(count), "WEIGHT_SYNC": "rsync"}
+    for rank, name in enumerate(NODE_NAMES[:count]):
+        out[node_key(name, "IP")] = net(rank)
+        if rank >= 2:
+            out[node_key(name, "SSH")] = f"spark-{name}"
+            out[node_key(name, "CX7_IF")] = "enp1s0f0np0"
+    return out
 
 
 def test_the_profile_node_list_chooses_the_cabling():
-    assert lab_topology(_profile("169.254.77.1", "169.254.77.2")) == "cable"
-    assert lab_topology(_profile("169.254.22.1", "169.254.22.2", "169.254.23.3")) == "triangle"
-    assert lab_topology(_profile(*(f"169.254.30.{r}" for r in range(1, 4)))) == "switch"
-    assert lab_topology(_profile(*(f"169.254.30.{r}" for r in range(1, 5)))) == "switch"
-    assert lab_topology(_profile("1.1.1.1", "1.1.1.2", topology="switch")) == "switch"      # the profile's word
+    assert lab_topology(load_profile(LAB)) == "cable"
+    assert lab_topology(load_profile(REPO / "env" / "lab-tp3.env")) == "triangle"
+    assert lab_topology(load_profile(REPO / "env" / "lab-tp4.env")) == "switch"
+    three = load_profile(REPO / "env" / "lab-tp3.env", {**_on(3, lambda r: f"169.254.30.{r + 1}"),
+                                                        "HEAD_CX7_IF": "enp1s0f0np0", "WORKER_CX7_IF": "enp1s0f0np0"},
+                         environ={})
+    assert lab_topology(three) == "switch"
+    # a switchless ring loads as a recipe profile (validate reviews its NCCL), but the lab cannot wire one
+    ring = load_profile(REPO / "env" / "exl3-v41.env", {**_on(4, lambda r: f"10.0.{r or 4}.{r + 1}"),
+                                                        "WORKER2_SSH": "spark3", "WORKER3_SSH": "spark4",
+                                                        "WORKER2_CX7_IB": "rocep1s0f0", "WORKER3_CX7_IB": "rocep1s0f0"},
+                        environ={})
+    assert ring.topology == "ring"
     with pytest.raises(LabError, match="ring"):
-        lab_topology(_profile("169.254.1.1", "169.254.1.2", "169.254.2.3", "169.254.3.4"))
+        lab_topology(ring)
 
 
 def test_a_switch_port_off_the_switch_is_not_repaired_in_place():

@@ -14,6 +14,7 @@ import dataclasses
 
 import json
 import re
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -266,8 +267,11 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
         "download-both", checks=[check("weights.verified", True, node=node.name)], data={"node": node.name}))
     monkeypatch.setattr(wstep, "read_node_manifest", lambda node, d: {"files": []})
 
+    both = threading.Barrier(2, timeout=30)      # each share waits for the other: one after the other, it breaks
+
     def fake_rsync(head, worker, src, dst, **k):
         calls.append((head.name, worker.name, dst))
+        both.wait()
         return ShareResult("rsync", checks=[check("weights.parity", True, node="cluster")],
                            data={"seconds": 1.0, "to": worker.name})
 
@@ -276,8 +280,8 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
              (exact(node_paths.USER_CMD), "/home/spark\n1000\nspark\n")]
     cluster = FakeCluster([FakeNode(n, k, read_only=True, rules=rules) for k, n in enumerate(NODES)])
     checks, data = wstep.download_verify_share(cluster, labtp3(), compare_sha256sum=False)
-    assert [c[1] for c in calls] == ["worker", "worker2"]
-    assert data["share"] == {"seconds": 1.0, "to": "worker"} and set(data["shares"]) == {"worker", "worker2"}
+    assert sorted(c[1] for c in calls) == ["worker", "worker2"]        # both at once
+    assert data["share"] == {"seconds": 1.0, "to": "worker"} and list(data["shares"]) == ["worker", "worker2"]
     assert not checks.failures()
 
 
