@@ -232,3 +232,18 @@ def test_render_shows_a_lab_ray_profile_every_node_ray_first_then_the_heads_serv
     starts = [(ln.split()[0], "ray start" in ln, "vllm_cli.py serve" in ln) for ln in runs
               if "ray start --block" in ln or "vllm_cli.py serve" in ln]
     assert starts == [("[head]", True, False), ("[worker]", True, False), ("[head]", False, True)]
+
+
+def test_a_ray_worker_runs_when_its_ray_start_runs():
+    """status, the health rows and a second start read a Ray worker's state from its ray start's pid (it runs no
+    vLLM); the head is still its vLLM rank."""
+    from runbook.facts import ranks
+    from support.doubles import FakeNode
+    profile = load_profile(ENV / "lab.env", {"EXECUTOR": "ray"})
+    ps = "  4242  4242 Sl /x/python /x/ray-site/bin/ray start --block --address 169.254.77.1:6379\n"
+    worker = FakeNode("worker", 1, rules=[(r"cat /root/\.cache/spark-runbook/launch/worker\.ray\.pid ",
+                                           "4242\n@@\n@@\n@@\n@@\n" + ps)])
+    st = ranks.rank_state(worker, profile, "/root")
+    assert st.running and st.pid == 4242 and st.runtime == "process" and not st.processes
+    gone = FakeNode("worker", 1, rules=[(r"worker\.ray\.pid", "4242\n@@\n@@\n@@\n@@\n")])
+    assert not ranks.rank_state(gone, profile, "/root").running
