@@ -247,3 +247,21 @@ def test_a_ray_worker_runs_when_its_ray_start_runs():
     assert st.running and st.pid == 4242 and st.runtime == "process" and not st.processes
     gone = FakeNode("worker", 1, rules=[(r"worker\.ray\.pid", "4242\n@@\n@@\n@@\n@@\n")])
     assert not ranks.rank_state(gone, profile, "/root").running
+
+
+def test_diagnose_collects_each_nodes_ray_logs_and_reads_them():
+    """The bundle of an EXECUTOR=ray profile holds each node's Ray log (ray start's output and the session logs),
+    and the catalogue reads it: a worker's GCS error there names ray-node-not-joined with the address."""
+    from runbook.diagnose import bundle as B
+    from runbook.diagnose.match import match
+    profile = load_profile(ENV / "lab.env", {"EXECUTOR": "ray"})
+    cmds = B.collect_commands(profile)
+    ray_logs = {n: [c.cmd for c in cs if c.name == B.RAY_LOG] for n, cs in cmds.items()}
+    assert set(ray_logs) == {"head", "worker"} and all(len(v) == 1 for v in ray_logs.values())
+    assert "worker.ray.log" in ray_logs["worker"][0] and ray_facts.logs_dir("worker") in ray_logs["worker"][0]
+    assert not any(c.name == B.RAY_LOG for cs in B.collect_commands(load_profile(ENV / "lab.env")).values()
+                   for c in cs)
+    line = ("[2026-12-05 12:19:20,489 W 2702 2702] rpc_client.h:153: Failed to connect to GCS at address "
+            "10.80.0.11:6379 within 5 seconds.")      # a worker's ray start log, tests/lab/test_ray_cluster_lab.py
+    found = [f for f in match(B.Bundle(texts={"worker": {B.RAY_LOG: line}})) if f.id == "ray-node-not-joined"]
+    assert found and "10.80.0.11:6379" in found[0].fix
