@@ -9,7 +9,7 @@ LAB_VLLM_VENV := .lab/vllm-venv
 APT_PACKAGES := openssh-server iperf3 ethtool iputils-ping sshfs busybox-static docker.io rsync \
   nfs-ganesha nfs-ganesha-vfs libnfs-utils openmpi-bin perftest docker-registry sudo nfs-kernel-server
 
-.PHONY: install runbook rehearse test check test-unit test-lab lab-up lab-down lab-status lab-deps lab-vllm jupyter browser-deps test-browser clean-results
+.PHONY: install runbook rehearse test check test-unit test-lab lab-up lab-down lab-status lab-deps lab-vllm lab-ray jupyter browser-deps test-browser clean-results
 
 install: $(VENV)/.installed
 
@@ -34,6 +34,13 @@ $(LAB_VLLM_VENV)/.installed-vision: runbook/lab/install_vllm.sh
 	bash runbook/lab/install_vllm.sh --vision $(LAB_VLLM_VENV)
 	touch $@
 
+# PyPI's Ray for EXECUTOR=ray on the lab (5 s, 242 MB): .lab/ray-site beside the venv, installed with its pip
+# (only ray and msgpack, which the venv lacks), on PYTHONPATH only for Ray's own commands (docs/four-nodes.md)
+lab-ray: .lab/ray-site/.installed
+.lab/ray-site/.installed: runbook/lab/install_vllm.sh $(LAB_VLLM_VENV)/.installed-vision
+	bash runbook/lab/install_vllm.sh --vision --ray $(LAB_VLLM_VENV)
+	touch $@
+
 lab-up: install lab-deps
 	$(PY) -m runbook lab up
 lab-down: install
@@ -53,7 +60,7 @@ rehearse: install lab-deps lab-vllm
 	$(PY) -m runbook run --rehearse --profile $(PROFILE) $(ARGS)
 
 # Both print diagnose's measured accuracy on the tests' corpus first (its floor is a unit test).
-test: install lab-deps lab-vllm browser-deps
+test: install lab-deps lab-vllm lab-ray browser-deps
 	$(PY) -m runbook diagnose --accuracy
 	$(PY) -m pytest tests -n 2 --dist loadgroup $(ARGS)
 

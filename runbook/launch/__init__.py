@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checks import Check, CheckList
+from ..profile import refuse_unservable
 from ..secrets import load_secrets
 from . import checkout, diagnosis, exposure, image, selfcheck, server, status, stop, warmup
 from ..api.endpoint import api_address
@@ -59,6 +60,8 @@ def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go
     restart, then (when no row failed and ``go``) the start until the first token. On an exception the
     partial outcome rides on it as ``.outcome``."""
     out = LaunchOutcome(plan=plan)
+    if go and not cluster.dry_run:          # a render shows the commands; a start is refused before anything runs
+        refuse_unservable(profile)          # (EXECUTOR=ray on the lab's CPU vLLM)
     try:
         out.image = image.ensure_image(cluster, profile)
         out.checks.add(out.image)

@@ -34,6 +34,17 @@ NCCL and vLLM knobs, and for the lab the CPU knobs (``VLLM_CPU_KVCACHE_SPACE``, 
 runbook's environment at start time (shown as ``***``), and it is not part of the fingerprint.
 
 The worker's argv equals the head's plus ``--headless`` (both seeds pass ``--port`` to the worker too).
+
+``EXECUTOR=ray`` (NVIDIA's DGX Spark vLLM playbook, nvidia/vllm/README.md "Run on two Sparks" steps 4-8, through
+vLLM's examples/online_serving/run_cluster.sh; sparkrun src/sparkrun/orchestration/scripts.py
+generate_ray_head_script / generate_ray_worker_script / generate_exec_serve_script): every node runs
+``ray start --block`` with the rank's environment above (the Ray workers vLLM places there inherit it from the
+raylet), in the recipe's container (docker: the container's command; process: a ``setsid`` group), the head with
+``--head --node-ip-address <its host_ip> --port 6379``, each worker with ``--address <head>:6379
+--node-ip-address <its host_ip>``, each declaring one GPU and a resource named after the node
+(``facts/ray.py``); once ``ray status`` shows every node, ``vllm serve ... --distributed-executor-backend ray``
+runs on the head alone (``docker exec`` into the head's container), without ``--nnodes``/``--node-rank``/
+``--master-addr``/``--headless``: Ray places the ranks.
 """
 from __future__ import annotations
 
@@ -45,6 +56,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..facts import ray as ray_facts
 from ..facts.nccl import nccl_env
 from ..secrets import MASK
 from ..facts.ranks import FINGERPRINT_LABEL, STATE_SUBDIR
@@ -192,9 +204,95 @@ class RankLaunch:
     entry_script: str = ""         # generated recipe entrypoint (seeds), written to entry_path at start
     entry_path: str = ""           # node path of the generated entrypoint
     recipe_markers: list[str] = field(default_factory=list)   # lines this rank's boot log must show
+    executor: str = "mp"           # EXECUTOR: mp | ray
+    ray_argv: list[str] = field(default_factory=list)      # ray: this node's `ray start --block ...`
+    serve_env: dict[str, str] = field(default_factory=dict)   # ray: what only the head's vllm serve gets (RAY_ADDRESS)
+
+    @property
+    def ray_pid_path(self) -> str:
+        return ray_facts.pid_path(self.state_dir, self.node)
+
+    @property
+    def ray_log_path(self) -> str:
+        return ray_facts.log_path(self.state_dir, self.node)
+
+    @property
+    def serves(self) -> bool:
+        """This node runs ``vllm serve`` (every node under mp; the head alone under ray)."""
+        return bool(self.serve_argv)
+
+    def ray_display_argv(self) -> list[str]:
+        env = [f"{k}={v}" for k, v in self.env.items()]
+        return list(self.docker_argv) if self.runtime == "docker" else ["env", *env, *self.ray_argv]
+
+    def ray_start_command(self) -> str:
+        """Shell line that starts this node's Ray (``ray start --block``) and returns at once: docker, the
+        container whose command it is; process, its own session and process group, whose pid is kept (stop signals
+        that group: every Ray daemon of the node is in it)."""
+        if self.runtime == "docker":
+            argv = list(self.docker_argv)
+            argv = argv[:3] + ["--label", f"{FINGERPRINT_LABEL}={self.fingerprint}"] + argv[3:]
+            prepare = f"mkdir -p {shlex.quote(self.state_dir)}"
+            if self.entry_script:
+                prepare += f" && printf '%s' {shlex.quote(self.entry_script)} > {shlex.quote(self.entry_path)}"
+            return (f"{prepare} || exit 1; docker rm -f {shlex.quote(self.container)} >/dev/null 2>&1; "
+                    + " ".join(shlex.quote(a) for a in argv))
+        env = " ".join(shlex.quote(f"{k}={v}") for k, v in self.env.items())
+        d, log, pid = (shlex.quote(x) for x in (self.state_dir, self.ray_log_path, self.ray_pid_path))
+        ray = " ".join(shlex.quote(a) for a in [*self.entry_argv, *self.ray_argv])
+        return (f"mkdir -p {d} && cd {d} || exit 1; [ -f {log} ] && mv -f {log} {log}.1; "
+                f"env {env} setsid nohup {ray} > {log} 2>&1 < /dev/null & echo $! > {pid}; cat {pid}")
+
+    def _in_runtime(self, command: str) -> str:
+        """A read-only command where this node's Ray runs: in its container under docker."""
+        if self.runtime == "docker":
+            return f"docker exec {shlex.quote(self.container)} sh -c {shlex.quote(command)}"
+        return command
+
+    def ray_status_command(self) -> str:
+        """``ray status`` against the head's GCS, run where this node's Ray runs (read-only)."""
+        ray_cli = self.ray_argv[:self.ray_argv.index("start")]
+        address = (f"{flag_value(self.ray_argv, '--node-ip-address')}:{flag_value(self.ray_argv, '--port')}"
+                   if "--head" in self.ray_argv else flag_value(self.ray_argv, "--address"))
+        env = {k: v for k, v in self.env.items() if k == "PYTHONPATH"} if self.runtime == "process" else None
+        return self._in_runtime(ray_facts.status_command(ray_cli, address or "", env))
+
+    def ray_logs_command(self, tail_lines: int = 100) -> str:
+        """The tails of this node's Ray session logs (raylet, GCS, the Ray workers' stderr), read-only."""
+        return self._in_runtime(ray_facts.logs_command(self.node, tail_lines))
+
+    def ray_left_command(self) -> str:
+        """What is left of this node's Ray (read-only; empty = nothing): the members of its ``ray start`` process
+        group, or the Ray daemons in its container. Zombies (stat Z) hold nothing: they wait for whoever reaps
+        orphans on that host."""
+        if self.runtime == "docker":
+            return self._in_runtime("ps -eo pid=,stat=,args= | grep -E 'raylet|gcs_server' | grep -v grep; true") \
+                + " 2>/dev/null; true"
+        pid = shlex.quote(self.ray_pid_path)
+        return (f"g=$(cat {pid} 2>/dev/null); [ -n \"$g\" ] && ps -eo pid=,pgid=,stat=,args= 2>/dev/null "
+                f"| awk -v g=\"$g\" '$2 == g && $3 !~ /^Z/'; true")
+
+    def ray_stop_command(self, grace: int = 30) -> str:
+        """Shell line that ends this node's Ray after vLLM: docker, ``ray stop`` inside the container (its own pid
+        namespace: only this node's Ray); process, SIGTERM to the ``ray start`` process group, then SIGKILL after
+        ``grace`` s. Never a bare ``ray stop`` on a host: it kills every Ray process there by name
+        (ray/scripts/scripts.py, docs/four-nodes.md)."""
+        if self.runtime == "docker":
+            return (f"docker exec {shlex.quote(self.container)} {' '.join(shlex.quote(a) for a in self.ray_argv[:self.ray_argv.index('start')])} "
+                    f"stop --grace-period {int(grace)} >/dev/null 2>&1; true")
+        pid = shlex.quote(self.ray_pid_path)
+        # `kill -SIG -PGID`: dash's kill takes no `--` (sh -c on a node may be dash); a member counts until it is
+        # gone or a zombie (which `kill -0` still finds until whoever reaps orphans there gets to it)
+        live = "ps -eo pgid=,stat= | awk -v g=$g '$1 == g && $2 !~ /^Z/' | grep -q ."
+        return (f"g=$(cat {pid} 2>/dev/null); [ -n \"$g\" ] || exit 0; kill -TERM -$g 2>/dev/null; "
+                f"i=0; while {live} && [ $i -lt {int(grace)} ]; do sleep 1; i=$((i+1)); done; "
+                f"kill -KILL -$g 2>/dev/null; i=0; while {live} && [ $i -lt 5 ]; do sleep 1; i=$((i+1)); done; true")
 
     @property
     def pid_path(self) -> str:
+        """The pid the watch follows: the rank's vLLM; on a Ray worker (no vLLM of its own), its ``ray start``."""
+        if self.executor == "ray" and not self.serve_argv:
+            return self.ray_pid_path
         return f"{self.state_dir}/{self.node}.pid"
 
     @property
@@ -207,14 +305,26 @@ class RankLaunch:
 
     def display_argv(self) -> list[str]:
         """The argv shown to the user (docker run ... or env ... vllm serve ...)."""
+        if self.executor == "ray" and self.runtime == "docker":     # the serve, exec'd in the Ray container
+            return ["docker", "exec", "-d", *[x for k, v in self.serve_env.items() for x in ("-e", f"{k}={v}")],
+                    *[x for k in self.secret_env for x in ("-e", k)], self.container, *self.serve_argv]
         if self.runtime == "docker":
             return list(self.docker_argv)
-        env = [f"{k}={v}" for k, v in self.env.items()] + [f"{k}={MASK}" for k in self.secret_env]
+        env = ([f"{k}={v}" for k, v in {**self.env, **self.serve_env}.items()]
+               + [f"{k}={MASK}" for k in self.secret_env])
         return ["env", *env, *self.entry_argv, *self.serve_argv]
 
     def start_command(self) -> str:
         """Shell line that starts this rank on its node and returns at once. Secret values are
         supplied by the caller's ``env=`` (exported before this line, masked in the command log)."""
+        if self.executor == "ray" and self.runtime == "docker":
+            # the head's serve inside its Ray container; the container's environment is the rank's, and the pid
+            # and log land in the state dir it mounts
+            serve = " ".join(shlex.quote(a) for a in self.serve_argv)
+            inner = (f"echo $$ > {shlex.quote(self.pid_path)}; exec {serve} > {shlex.quote(self.log_path)} 2>&1")
+            argv = self.display_argv()[:-len(self.serve_argv)]
+            return (f"echo {shlex.quote(self.fingerprint)} > {shlex.quote(self.fp_path)} && "
+                    + " ".join(shlex.quote(a) for a in argv) + f" sh -c {shlex.quote(inner)}")
         if self.runtime == "docker":
             argv = list(self.docker_argv)
             label = ["--label", f"{FINGERPRINT_LABEL}={self.fingerprint}"]
@@ -225,7 +335,7 @@ class RankLaunch:
             return (f"{prepare} || exit 1; "
                     f"docker rm -f {shlex.quote(self.container)} >/dev/null 2>&1; "
                     + " ".join(shlex.quote(a) for a in argv))
-        env = " ".join(shlex.quote(f"{k}={v}") for k, v in self.env.items())
+        env = " ".join(shlex.quote(f"{k}={v}") for k, v in {**self.env, **self.serve_env}.items())
         serve = " ".join(shlex.quote(a) for a in [*self.entry_argv, *self.serve_argv])
         d, log = shlex.quote(self.state_dir), shlex.quote(self.log_path)
         # `;` not `&&` before the background job: `a && b &` would background the whole list and
@@ -279,6 +389,15 @@ class LaunchPlan:
         if self.recipe_chain:
             rc = self.recipe_chain
             out.append(f"# recipe {rc['name']}: {rc['repo']} @ {rc['commit']} in {rc['dir']}")
+        if self.ranks and self.ranks[0].executor == "ray":
+            out.append(f"# executor ray: Ray on every node (head first), then `ray status` until "
+                       f"{len(self.ranks)} nodes and {len(self.ranks)} GPU, then vllm serve on the head alone")
+            for r in self.ranks:                                  # start order: the head's GCS first
+                out.append(f"\n## ray node {r.rank} on {r.node}{' (head)' if r.rank == 0 else ''}")
+                out.append(_pretty(r.ray_display_argv()))
+            out.append(f"\n## vllm serve on {self.head.node} (--distributed-executor-backend ray)")
+            out.append(_pretty(self.head.display_argv()))
+            return "\n".join(out)
         for r in sorted(self.ranks, key=lambda r: -r.rank):      # start order: workers first
             out.append(f"\n## rank {r.rank} on {r.node}{' (headless)' if r.headless else ''}")
             if self.recipe_chain:
@@ -319,14 +438,65 @@ def vllm_bin_parts(profile) -> list[str]:
     return out
 
 
+#: the lab's Ray: PyPI's ray, installed with the lab venv's pip `--no-deps --target` beside that venv
+#: (runbook/lab/install_vllm.sh --ray), on PYTHONPATH only for what Ray runs: a vLLM that can import ray imports it
+#: in every process (measured: +25 MiB peak RSS each), so the mp ranks keep a venv without it
+LAB_RAY_SITE = ".lab/ray-site"
+LAB_OBJECT_STORE_BYTES = 100 * 1024 * 1024     # Ray's floor is 75 MiB; the lab's nodes share one /dev/shm
+
+
+def lab_ray_site(profile) -> str:
+    """The lab's Ray site dir (``<repo>/.lab/ray-site``), run by the python of VLLM_BIN."""
+    return str(profile.resolve_path(LAB_RAY_SITE))
+
+
+def ray_bin_parts(profile) -> list[str]:
+    """The Ray CLI in the runtime: ``ray`` from the image (the playbook's NGC image and sparkrun's carry it); the
+    lab: the venv's python running the Ray site's ``ray`` script."""
+    if profile.lab:
+        return [vllm_bin_parts(profile)[0], f"{lab_ray_site(profile)}/bin/ray"]
+    return ["ray"]
+
+
+def _ray_env(profile) -> dict[str, str]:
+    """What Ray's daemons need beyond the rank's environment: no memory monitor (the playbook's and sparkrun's
+    RAY_memory_monitor_refresh_ms=0: it kills workers of a node whose memory a model fills on purpose)."""
+    env = {"RAY_memory_monitor_refresh_ms": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    if profile.lab:
+        env["PYTHONPATH"] = lab_ray_site(profile)
+    return env
+
+
+def _ray_start_argv(profile, spec, ray_bin: list[str]) -> list[str]:
+    """``ray start --block`` for one node: the head's GCS on its host_ip:6379, each worker joining it with its own
+    --node-ip-address (Ray's own guess goes through a default route a fabric does not have), one GPU each, and a
+    resource named after the node so ``ray status`` names who joined (facts/ray.py)."""
+    p = profile
+    a = [*ray_bin, "start", "--block"]
+    if spec.is_head:
+        a += ["--head", "--node-ip-address", spec.host_ip, "--port", str(ray_facts.RAY_PORT),
+              "--include-dashboard", "false"]     # worker: `ray start` refuses the flag (Ray 2.60 scripts.py:1204)
+    else:
+        a += ["--address", f"{p.nodes[0].host_ip}:{ray_facts.RAY_PORT}", "--node-ip-address", spec.host_ip]
+    # one GPU per Spark; the lab's CPU nodes declare one too, so the wait is the same rule (N nodes, N GPU)
+    a += ["--num-gpus", "1", "--resources", json.dumps({ray_facts.NODE_RESOURCE.format(node=spec.name): 1}),
+          "--temp-dir", ray_facts.temp_dir(spec.name), "--disable-usage-stats"]
+    if p.lab:       # one CPU rank per lab node, and a small object store on the one /dev/shm the nodes share
+        a += ["--num-cpus", "1", "--object-store-memory", str(LAB_OBJECT_STORE_BYTES)]
+    return a
+
+
 def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
                  master_port: int) -> list[str]:
-    """The `vllm serve` arguments after the positional model, in the recipe's order."""
+    """The `vllm serve` arguments after the positional model, in the recipe's order. Under EXECUTOR=ray the
+    head's only: no --nnodes/--node-rank/--master-addr/--master-port/--headless (Ray places the ranks)."""
     p = profile
+    ray = p.executor == "ray"
+    rendezvous = [] if ray else ["--nnodes", str(p.nnodes), "--node-rank", str(rank),
+                                 "--master-addr", p.master_addr, "--master-port", str(master_port)]
     tp_flags = ["--tensor-parallel-size", str(p.tp),
                 *(["--pipeline-parallel-size", str(p.pp)] if p.pp > 1 else []),   # PP=1: vLLM's default, not passed
-                "--nnodes", str(p.nnodes), "--node-rank", str(rank),
-                "--master-addr", p.master_addr, "--master-port", str(master_port)]
+                *rendezvous]
     spec = p.speculative_config
     spec_json = json.dumps(spec, separators=(",", ":")) if spec else ""
     limit_mm = json.dumps(p.limit_mm, separators=(",", ":")) if p.limit_mm else ""
@@ -359,7 +529,7 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
               "--enable-chunked-prefill"]
         if spec_json:
             f += ["--speculative-config", spec_json]
-        f += ["--tokenizer-mode", p.tokenizer_mode, "--distributed-executor-backend", "mp",
+        f += ["--tokenizer-mode", p.tokenizer_mode, "--distributed-executor-backend", p.executor,
               "--moe-backend", "flashinfer_b12x"]
         if p.tool_call_parser:
             f += ["--tool-call-parser", p.tool_call_parser, "--enable-auto-tool-choice"]
@@ -381,8 +551,7 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
                 f += ["--limit-mm-per-prompt", limit_mm]
         else:
             f += ["--language-model-only"]
-        f += ["--nnodes", str(p.nnodes), "--node-rank", str(rank), "--master-addr", p.master_addr,
-              "--master-port", str(master_port)]
+        f += rendezvous
         if headless:
             f += ["--headless"]
         f += p.extra_args_list
@@ -391,7 +560,7 @@ def _serve_flags(profile, *, rank: int, headless: bool, api_key_set: bool,
     # seed A start.sh inner script (A.3); the lab uses the same shape
     f += ["--served-model-name", p.served_model_name, "--host", p.api_host, "--port", str(p.port),
           "--allowed-origins", ALLOWED_ORIGINS, *tp_flags,
-          "--distributed-executor-backend", "mp", "--tokenizer-mode", p.tokenizer_mode]
+          "--distributed-executor-backend", p.executor, "--tokenizer-mode", p.tokenizer_mode]
     if p.tool_call_parser:
         f += ["--tool-call-parser", p.tool_call_parser]
     if p.reasoning_parser:
@@ -501,7 +670,7 @@ def _rank_env(profile, spec, facts: NodeFacts, *, rank: int, headless: bool, mas
 
 def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str, str],
                  secret_env: list[str], serve_argv: list[str], vllm_bin: list[str], rr=None,
-                 entry_path: str = "") -> list[str]:
+                 entry_path: str = "", state_dir: str = "") -> list[str]:
     p = profile
     home = facts.home
     name = p.container_on(spec.name)
@@ -549,6 +718,8 @@ def _docker_argv(profile, spec, facts: NodeFacts, *, rank: int, env: Mapping[str
                 vols.append(f"{packed}:{packed}:ro")
     for m in facts.runtime_mounts:
         vols.append(f"{m}:{m}:ro")
+    if state_dir:                            # ray: the head's serve writes its pid and log there (docker exec)
+        vols.append(f"{state_dir}:{state_dir}")
     if rr is not None:                       # the recipe's files, from this node's checkout, where it mounts them
         checkout = expand_home(p.recipe_dir, home).rstrip("/")
         vols += [f"{checkout}/{m.source}".rstrip("/") + f":{m.target}:ro" for m in rr.mounts]
@@ -591,17 +762,26 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
         if unknown:
             raise ValueError(f"node_overrides supports master_port only, got {sorted(unknown)}")
         master_port = int(ov.get("master_port", p.master_port))
-        headless = not spec.is_head
+        ray = p.executor == "ray"
+        headless = not spec.is_head and not ray
         secret_env = ["VLLM_API_KEY"] if (api_key_set and spec.is_head) else []
         env = _rank_env(p, spec, nf, rank=spec.rank, headless=headless, master_port=master_port)
         serve = [*vllm_bin, "serve", p.model_dir,
                  *_serve_flags(p, rank=spec.rank, headless=headless, api_key_set=api_key_set,
-                               master_port=master_port)]
+                               master_port=master_port)] if spec.is_head or not ray else []
         state_dir = f"{expand_home(p.cache_dir, nf.home)}/{STATE_SUBDIR}"
         r = RankLaunch(node=spec.name, rank=spec.rank, headless=headless, runtime=p.runtime,
                        serve_argv=serve, env=env, secret_env=secret_env, state_dir=state_dir,
                        container=p.container_on(spec.name) if p.runtime == "docker" else "",
-                       log_path="" if p.runtime == "docker" else f"{state_dir}/{spec.name}.log")
+                       log_path=("" if p.runtime == "docker" and not ray else
+                                 ray_facts.log_path(state_dir, spec.name) if ray and not serve else
+                                 f"{state_dir}/{spec.name}.log"))
+        if ray:
+            ray_bin = ray_bin_parts(p)
+            r.executor, r.ray_argv = "ray", _ray_start_argv(p, spec, ray_bin)
+            r.env.update(_ray_env(p))
+            if spec.is_head:
+                r.serve_env = {"RAY_ADDRESS": f"{p.nodes[0].host_ip}:{ray_facts.RAY_PORT}"}
         rr = rank_recipe(p, is_head=spec.is_head, api_key_set=bool(secret_env))
         if rr is not None:
             recipes[spec.name] = rr
@@ -610,7 +790,11 @@ def render(profile, facts: Mapping[str, NodeFacts] | None = None, *, api_key_set
                 r.entry_script, r.entry_path = rr.script, f"{state_dir}/{spec.name}.entrypoint.sh"
             if p.runtime == "process":
                 r.entry_argv = [rr.shell, f"{expand_home(p.recipe_dir, nf.home).rstrip('/')}/{rr.entry}"]
-        if p.runtime == "docker":
+        if p.runtime == "docker" and ray:     # the node's container runs its Ray; the serve is exec'd into the head's
+            r.docker_argv = _docker_argv(p, spec, nf, rank=spec.rank, env=env, secret_env=[],
+                                         serve_argv=r.ray_argv, vllm_bin=ray_bin, rr=rr, entry_path=r.entry_path,
+                                         state_dir=state_dir)
+        elif p.runtime == "docker":
             r.docker_argv = _docker_argv(p, spec, nf, rank=spec.rank, env=env, secret_env=secret_env,
                                          serve_argv=serve, vllm_bin=vllm_bin, rr=rr, entry_path=r.entry_path)
         ranks.append(r)
@@ -662,7 +846,10 @@ def fingerprint(ranks: list[RankLaunch]) -> str:
     (only whether a secret is passed)."""
     payload = [{"node": r.node, "runtime": r.runtime, "argv": r.docker_argv or [*r.entry_argv, *r.serve_argv],
                 "env": sorted(r.env.items()), "secrets": sorted(r.secret_env),
-                "entry_script": hashlib.sha256(r.entry_script.encode()).hexdigest()} for r in ranks]
+                "entry_script": hashlib.sha256(r.entry_script.encode()).hexdigest(),
+                # ray only (the mp fingerprints stay what they were): its start and the serve's own environment
+                **({"ray": r.ray_argv, "serve": r.serve_argv, "serve_env": sorted(r.serve_env.items())}
+                   if r.executor == "ray" else {})} for r in ranks]
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -680,6 +867,13 @@ def check_consistency(plan: LaunchPlan) -> list[str]:
     a disagreement would hang the rendezvous, so start refuses before running anything."""
     problems = []
     head = plan.head
+    if head.executor == "ray":      # one rendezvous: every worker's Ray joins the head's GCS
+        want = f"{flag_value(head.ray_argv, '--node-ip-address')}:{flag_value(head.ray_argv, '--port')}"
+        for r in plan.workers:
+            got = flag_value(r.ray_argv, "--address")
+            if got != want:
+                problems.append(f"{r.node} ray --address {got} but head GCS {want}")
+        return problems
     for flag in ("--master-addr", "--master-port", "--nnodes", "--tensor-parallel-size", "--pipeline-parallel-size",
                  "--max-model-len"):
         want = flag_value(head.serve_argv, flag)

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import checkout, engram_attach, identity, memguard, recipe, render
+from . import checkout, engram_attach, identity, memguard, ray_cluster, recipe, render
 from ..facts import ranks
 from .readiness import MASTER_BLOCKED_POLLS, PHASES, MasterProbe, Readiness, hang_diagnostics, probe_readiness
 from .stop import stop
@@ -249,8 +249,15 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
                          raise_=raise_)
     if cluster.head.dry_run:
         _identity(cluster, profile, plan, result, ev)        # the reads are recorded; a difference does not stop it
-        # recorded, not run: each rank's start command in start order (workers first), the key by name only
-        for rank in sorted(plan.ranks, key=lambda r: -r.rank):
+        # recorded, not run: each rank's start command in start order (workers first; under ray every node's Ray,
+        # the head's first, then the head's serve), the key by name only
+        if plan.head.executor == "ray":
+            for rank in plan.ranks:
+                _make_bind_sources(cluster[rank.node], rank)
+                cluster[rank.node].run(rank.ray_start_command(), timeout=120)
+            cluster[plan.head.node].run(plan.head.start_command(), timeout=120,
+                                        env={"VLLM_API_KEY": api_key or "***"} if plan.head.secret_env else None)
+        for rank in ([] if plan.head.executor == "ray" else sorted(plan.ranks, key=lambda r: -r.rank)):
             _make_bind_sources(cluster[rank.node], rank)
             cluster[rank.node].run(rank.start_command(),
                                    env={"VLLM_API_KEY": api_key or "***"} if rank.secret_env else None, timeout=120)
@@ -347,6 +354,14 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
     t0 = time.monotonic()
     started: list[str] = []
     attempted: list[str] = []     # started, or tried to: a failed `docker run` can leave a created container
+    if plan.head.executor == "ray":
+        failed = _start_ray(cluster, profile, plan, result, env, run_id, raise_, cleanup, t0)
+        if failed is not None:
+            return failed
+        if on_launched is not None:
+            on_launched()
+        return _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, cleanup=cleanup, t0=t0,
+                          started=True)
     try:
         for rank in sorted(plan.ranks, key=lambda r: -r.rank):
             node = cluster[rank.node]
@@ -389,6 +404,44 @@ def _start(cluster, profile, plan, result, url, api_key, ev, raise_, consistency
         on_launched()
     return _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, cleanup=cleanup, t0=t0,
                       started=True)
+
+
+def _start_record(node, rank, plan, result, run_id) -> dict:
+    rec = {"fingerprint": plan.fingerprint, "runtime": rank.runtime, "started_at": time.time(), "run_id": run_id,
+           "mem_available_before": result.mem_before.get(rank.node), "container": rank.container,
+           "log": rank.log_path, "base_url": result.base_url if rank.rank == 0 else ""}
+    node.run(f"mkdir -p {quote(rank.state_dir)} && printf '%s\\n' {quote(json.dumps(rec))} "
+             f"> {quote(rank.record_path)}", timeout=30)
+    return rec
+
+
+def _start_ray(cluster, profile, plan, result, env, run_id, raise_, cleanup, t0):
+    """EXECUTOR=ray: Ray on every node (the head's GCS first), ``ray status`` until every node joined with its GPU
+    (a node that never joined is named), then ``vllm serve`` on the head alone. Returns the failed result, or None
+    once the head's serve was started."""
+    records = {}
+    for rank in plan.ranks:
+        records[rank.node] = _start_record(cluster[rank.node], rank, plan, result, run_id)
+        _make_bind_sources(cluster[rank.node], rank)
+    up = ray_cluster.start_cluster(cluster, plan, timeout=min(profile.ready_timeout, ray_cluster.JOIN_TIMEOUT_S))
+    result.checks.add(up.checks)
+    result.raw["ray-status.txt"] = up.status_text
+    if not up.ok:
+        bad = next(c for c in up.checks if c.failed)
+        if cleanup:
+            result.checks.add(ray_cluster.stop_cluster(cluster, plan, grace=10))
+            stop(cluster, profile, grace=10, mem_settle_s=0, together=True)
+        return _fail(result, bad.name, "the Ray cluster did not come up on every node: vLLM was not started",
+                     node=bad.node, observed=bad.observed, expected=bad.expected, fix=bad.fix, raise_=raise_)
+    head = plan.head
+    cluster[head.node].run(head.start_command(), env=env if head.secret_env else None, timeout=120)
+    result.server_id = server_id(records[head.node])
+    result.readiness.head_started = round(time.monotonic() - t0, 3)
+    result.checks.add(check("ranks launched (Ray on every node, then vllm serve on the head)", True, node="cluster",
+                            observed=f"{up.status.describe([r.node for r in plan.ranks])}; vllm serve started on "
+                                     f"{head.node} {result.readiness.head_started:.1f} s after the first ray start",
+                            expected="every node in the Ray cluster, then the head's serve"))
+    return None
 
 
 def _readiness(cluster, profile, plan, result, url, api_key, ev, raise_, *, cleanup, t0, started):

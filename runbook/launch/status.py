@@ -12,6 +12,8 @@ from .readiness import api_get, models_ok
 from ..api.endpoint import api_address, base_url
 from ..errors import ExitStatus
 from ..remote import Cluster, operator_ssh, quote
+from . import ray_cluster
+from .render import NodeFacts, render
 
 __all__ = [
     "VERDICT_EXIT",
@@ -47,6 +49,12 @@ def status(cluster: Cluster, profile) -> dict[str, Any]:
                                "vllm_processes": st.processes, "frozen": st.stopped})
     out["base_url"] = api_address(profile)
     head = profile.nodes[0].name
+    if profile.executor == "ray" and "error" not in out["nodes"].get(head, {}):
+        out["ray"] = ray_table(cluster, profile)
+        for name, v in out["nodes"].items():     # a Ray worker runs no vLLM of its own: it runs when it joined
+            if name != head and "error" not in v:
+                joined = name in out["ray"]["joined"]
+                v["running"], v["state"] = joined, ("in the Ray cluster" if joined else "not in the Ray cluster")
     if "error" in out["nodes"].get(head, {}):
         # the API is reached over an SSH forward to the head (or on the head): not tried when the head cannot be
         # read, so the head's own error (a changed host key, refused auth) is what status reports, not the forward's
@@ -61,6 +69,16 @@ def status(cluster: Cluster, profile) -> dict[str, Any]:
     out["health"] = code
     out["models"] = models_ok(mtext, profile)[1] if mcode == 200 else ""
     return out
+
+
+def ray_table(cluster: Cluster, profile) -> dict[str, Any]:
+    """EXECUTOR=ray: Ray's node table from ``ray status`` on the head (read-only): which nodes joined, which not."""
+    home = cluster.head.read("printf %s \"$HOME\"").stdout.strip() or "/root"
+    plan = render(profile, {n.name: NodeFacts(home=home) for n in profile.nodes})
+    st, text = ray_cluster.node_table(cluster, plan)
+    names = [n.name for n in profile.nodes]
+    return {"joined": st.joined(names), "missing": st.missing(names), "active": len(st.active), "gpus": st.gpus,
+            "line": st.describe(names) if st.active else f"no answer from ray status ({text.strip()[-200:]})"}
 
 
 def is_up(state: dict[str, Any]) -> bool:
@@ -139,13 +157,16 @@ def table(state: dict[str, Any]) -> list[str]:
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     lines = [f"{r[0]:<{width[0]}}  {r[1]:<{width[1]}}  {r[2]}" for r in rows]
     health = state.get("health")
+    if state.get("ray"):
+        lines.append(f"ray: {state['ray']['line']}")
     lines.append(f"api {state.get('base_url')}: /health {health or 'no answer'}"
                  + (f"; {state['models']}" if state.get("models") else ""))
     return lines
 
 
 def logs(cluster: Cluster, profile, node: str = "head", tail_lines: int = 100) -> str:
-    """The last lines of one rank's log (process log file or docker logs)."""
+    """The last lines of one rank's log (process log file or docker logs); under EXECUTOR=ray also that node's
+    ``ray start`` log and the tails of its Ray session logs (raylet, GCS, the Ray workers' stderr)."""
     n = cluster[node]
     home = n.read("printf %s \"$HOME\"").stdout.strip() or "/root"
     sd = ranks.state_dir(profile, home)
@@ -153,4 +174,9 @@ def logs(cluster: Cluster, profile, node: str = "head", tail_lines: int = 100) -
     res = n.read(f"if docker inspect {quote(container)} >/dev/null 2>&1; then "
                  f"docker logs --tail {int(tail_lines)} {quote(container)} 2>&1; "
                  f"else tail -n {int(tail_lines)} {quote(sd + '/' + node + '.log')} 2>&1; fi", timeout=60)
-    return res.stdout
+    if profile.executor != "ray":
+        return res.stdout
+    rank = render(profile, {s.name: NodeFacts(home=home) for s in profile.nodes}).rank(node)
+    ray = n.read(f"tail -n {int(tail_lines)} {quote(rank.ray_log_path)} 2>/dev/null; "
+                 + rank.ray_logs_command(tail_lines), timeout=60)
+    return res.stdout + f"\n==> Ray on {node} <==\n" + ray.stdout

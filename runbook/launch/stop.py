@@ -19,6 +19,7 @@ from typing import Any
 from ..facts import ranks
 from ..checks import Check, CheckList, check, not_applicable
 from ..remote import Cluster, Node, quote
+from .render import NodeFacts, render
 
 __all__ = [
     "MEM_ROW",
@@ -47,6 +48,15 @@ def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str
     info: dict[str, Any] = {"before": st.describe(), "processes_before": st.processes}
     container = profile.container_on(node.name)
     sd = ranks.state_dir(profile, home)
+    ray = _ray_rank(profile, node.name, home)
+    if ray is not None and ray.runtime == "docker" and st.container_status:
+        # EXECUTOR=ray: vLLM first (the head's serve, exec'd in the container), then the node's Ray, then the container
+        if ray.serves:
+            node.run(f"docker exec {quote(container)} sh -c "
+                     + quote(f"p=$(cat {ray.pid_path} 2>/dev/null) && kill -TERM $p 2>/dev/null; i=0; "
+                             f"while [ -n \"$p\" ] && kill -0 $p 2>/dev/null && [ $i -lt {int(grace)} ]; do "
+                             f"sleep 1; i=$((i+1)); done; true") + " 2>/dev/null; true", timeout=grace + 60)
+        node.run(ray.ray_stop_command(int(grace)), timeout=grace + 60)
     # containers: stop (SIGTERM, grace) then remove
     if st.container_status:
         node.run(f"docker stop -t {int(grace)} {quote(container)} >/dev/null 2>&1; "
@@ -78,20 +88,34 @@ def _stop_node(node: Node, profile, grace: float) -> tuple[list[Check], dict[str
         while left and time.monotonic() < end:
             time.sleep(0.5)
             left = _our_left(node, group)
+    ray_left = ""
+    if ray is not None and ray.runtime == "process":       # then the node's Ray: its `ray start` process group
+        node.run(ray.ray_stop_command(int(grace)), timeout=grace + 60)
+        ray_left = node.read(ray.ray_left_command(), timeout=30).stdout.strip()
+        if not ray_left:
+            node.run(f"rm -f {quote(ray.ray_pid_path)}", timeout=30)
     node.run(f"rm -f {quote(sd + '/' + node.name + '.pid')} {quote(sd + '/' + node.name + '.fingerprint')} "
              f"{quote(sd + '/' + node.name + '.json')}; true", timeout=30)
     after = ranks.rank_state(node, profile, home)
-    gone = not after.processes and not after.container_status
+    gone = not after.processes and not after.container_status and not ray_left
     info["after"] = after.describe()
     info["stop_s"] = round(time.monotonic() - t0, 1)
     checks = [check("no vLLM process or container left", gone, node=node.name,
                     observed=(f"gone after {info['stop_s']} s (was: {info['before']})" if gone else
-                              f"left: {'; '.join(after.processes[:4])} {after.container_status}"),
+                              f"left: {'; '.join(after.processes[:4])} {after.container_status} "
+                              f"{('Ray: ' + ray_left[:300]) if ray_left else ''}".rstrip()),
                     expected="nothing", fix=f"kill the listed pids / docker rm -f {container} on {node.name}")]
     info["mem_available_before"] = (st.record or {}).get("mem_available_before")
     info["run_id"] = (st.record or {}).get("run_id") or ""
     info["pin_path"] = ranks.pin_path(profile, home, node.name)
     return checks, info
+
+
+def _ray_rank(profile, name: str, home: str):
+    """The node's rendered launch under EXECUTOR=ray (its Ray commands and pid file), None under mp."""
+    if profile.executor != "ray":
+        return None
+    return render(profile, {n.name: NodeFacts(home=home) for n in profile.nodes}).rank(name)
 
 
 MEM_ROW = "MemAvailable back to its pre-launch value"

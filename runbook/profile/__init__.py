@@ -16,7 +16,8 @@ from __future__ import annotations
 from ..envfile import EnvEntry
 from .flags import MANAGED_FLAGS, REACH_FLAGS, RECIPE_MANAGED_FLAGS, flags_issue, managed_flags_in
 from .load import (EXECUTING_KEYS, KNOWN_ENV_VARS, MAX_PROFILE_BYTES, OVERRIDE, SEED_ALIASES, ProfileWarning,
-                   executing_keys_changed, is_secret_key, load_profile, parse_env_file, parse_env_text)
+                   executing_keys_changed, is_secret_key, load_profile, parse_env_file, parse_env_text,
+                   refuse_unservable)
 from .model import KEYS, REPO_ROOT, REQUIRED_KEYS, Profile, round_up
 from .nodes import (MAX_NODES, NODE_KEY_SUFFIXES, NODE_NAMES, TOPOLOGIES, NodeSpec, absent_node_keys, node_key,
                     node_keys, rank_gid_index)
@@ -25,7 +26,7 @@ from .types import KV_CACHE_DTYPES
 __all__ = [
     "Profile", "NodeSpec", "rank_gid_index",
     "MAX_NODES", "NODE_NAMES", "NODE_KEY_SUFFIXES", "TOPOLOGIES", "absent_node_keys", "node_key", "node_keys", "ProfileWarning", "load_profile", "parse_env_file", "parse_env_text",
-    "EXECUTING_KEYS", "executing_keys_changed",
+    "EXECUTING_KEYS", "executing_keys_changed", "refuse_unservable",
     "EnvEntry", "KEYS", "REQUIRED_KEYS", "KNOWN_ENV_VARS", "OVERRIDE", "REPO_ROOT",
     "is_secret_key", "round_up",
     # tables the tests check against vLLM and the seed recipes

@@ -24,7 +24,7 @@ from ..errors import ProfileError, ProfileIssue
 from ..secrets import HF_TOKEN_RE, PROFILE_SECRETS_HINT as SECRETS_HINT, has_secret_form, mask_tokens
 from .model import KEYS, REPO_ROOT, REQUIRED_KEYS, Profile
 from .nodes import MAX_NODES, NODE_KEY_SUFFIXES
-from .rules import conflicts
+from .rules import conflicts, serve_conflicts
 from .types import as_text
 
 OVERRIDE = "<override>"
@@ -347,6 +347,20 @@ def load_profile(path: str | os.PathLike, overrides: Mapping[str, Any] | None = 
     model._overrides = {e.key: e.value for e in ov_entries}
     model._reload = load_profile
     return model
+
+
+def refuse_unservable(profile: Profile) -> None:
+    """Raise :class:`ProfileError` at the key's line when the profile cannot serve (``rules.serve_conflicts``):
+    what ``validate``, ``start`` and ``run`` refuse before anything runs, while ``render`` and the Ray cluster alone
+    still take the profile."""
+    issues = []
+    for c in serve_conflicts(profile):
+        at = c.at or c.keys[-1]
+        path = OVERRIDE if at in profile.overrides else str(profile.source or "<profile>")
+        issues.append(ProfileIssue(at, c.message, fix=c.fix, path=path, line=profile.key_lines.get(at, 0)
+                                   if path != OVERRIDE else 0))
+    if issues:
+        raise ProfileError(issues)
 
 
 #: keys whose value runs code, fetches bytes, sends data out or decides whom the runbook trusts (docs/security.md:

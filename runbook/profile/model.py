@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ..secrets import mask_tokens
 from .nodes import NODE_NAMES, NodeSpec, configured_count, node_key, node_keys, node_specs, topology
-from .types import (Bool, BindAddress, Command, Commit, CpuBind, DefaultThinking, DraftSampleMethod, EngramRevision,
+from .types import (Bool, BindAddress, Command, Commit, CpuBind, DefaultThinking, DraftSampleMethod, EngramRevision, Executor,
                     ExtraArgs, Float, Gid, HcaList, HfRepo, HfRevision, IfName, Image, Int, IntList, IPv4,
                     KvCacheDtype, LimitMM, LocalPath, ModelDir, NodePath, RecipeName, RecipeRepo, Runtime, RuntimePath,
                     ServedModelName, ShmSize, SpecMethod, SshTarget, Str, ToolStrictLevel, Url, WeightSync, Word)
@@ -111,6 +111,9 @@ class Profile(BaseModel):
                                   "127.0.0.1 or the fabric IP = reached through an SSH forward; anything "
                                   "else serves other machines and needs VLLM_API_KEY (step 04 generates one)")
     master_port: Int(1, 65535) = Field(29501, description="torch.distributed rendezvous port")
+    executor: Executor = Field("mp", description="vLLM's distributed executor: mp (vLLM's own multi-node "
+                               "launcher, a rank per node) or ray (a Ray cluster in the recipe's container on every "
+                               "node, then `vllm serve --distributed-executor-backend ray` on the head alone)")
     tp: Int(1, 64) = Field(2, description="--tensor-parallel-size (TP x PP = NNODES: one GPU per Spark)")
     pp: Int(1, 64) = Field(1, description="--pipeline-parallel-size (TP x PP = NNODES: one GPU per Spark)")
     nnodes: Int(1, 64) = Field(2, description="--nnodes")

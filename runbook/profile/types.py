@@ -469,6 +469,7 @@ Command = Annotated[str, BeforeValidator(_command)]
 # field table reads as a forward reference to linters (the table in model.py uses these names).
 RecipeName = Choice("lab", "exl3-v41", "dspark-v4")
 Runtime = Choice("docker", "process")
+Executor = Choice("mp", "ray")
 ServedModelName = Str(r"\S+", "a name without spaces", "tiny")
 KvCacheDtype = Choice("", *KV_CACHE_DTYPES)
 SpecMethod = Choice("none", "dspark")

@@ -81,6 +81,8 @@ ENTRIES: tuple[Entry, ...] = (
     ranks.RAY_MISSING,
     ranks.RAY_NODE_NOT_JOINED,
     ranks.RAY_PLACEMENT_GROUP,
+    ranks.RAY_CPU_PLATFORM,
+    ranks.RAY_OBJECT_STORE,
     components.RAY_MEMORY_MONITOR_KILL,
     components.P2P_CHECK_HANG,
     components.HOST_LIST_SPLIT,

