@@ -131,7 +131,10 @@ def _commands_text(plan) -> str:
         out += [f"## {r.node}: ray stop", r.ray_stop_command(),
                 f"## {r.node}: ray status", r.ray_status_command(),
                 f"## {r.node}: ray logs", r.ray_logs_command(50)]
-    return "\n".join(out).replace(str(REPO_ROOT), "<repo>") + "\n"
+    text = "\n".join(out)
+    if str(REPO_ROOT) in text:      # a lab plan runs the checkout's own venv: its fingerprint hashes this path
+        text = text.replace(plan.fingerprint, "<fingerprint>").replace(plan.fingerprint[:16], "<fingerprint>")
+    return text.replace(str(REPO_ROOT), "<repo>") + "\n"
 
 
 GOLDEN_CASES = [("lab", {}, "default"), ("lab", {"RUNTIME": "docker"}, "docker"), ("lab-tp3", {}, "default"),
