@@ -75,7 +75,7 @@ def test_recipe_a_ships_the_node_platform_from_a_containerd_store(lab, c8d):
         out = image.ensure_image(cluster, profile)
         assert out.data["plan"] == "pull-head" and not out.failures(), out.to_text()
         shipped = out.data["shipped"]
-        assert shipped["worker"]["save"].startswith(f"docker save --platform {native} -o "), shipped
+        assert shipped["worker"]["save"].startswith(f"docker save --platform {native} "), shipped
         rows = {(c.name, c.node): c for c in out}
         assert rows[("runtime image identical", "cluster")].status is Status.PASS
         # the containerd store names an image by its index: the head's is the pulled index, the worker's the
