@@ -382,7 +382,7 @@ class Console:
         saved = root.handlers[:]
         handler = self.logging_handler()
         root.handlers = [handler]
-        out, err = _LineWriter(self.detail), _LineWriter(self.detail)
+        out, err = LineWriter(self.detail), LineWriter(self.detail)
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 yield
@@ -441,19 +441,20 @@ def plain_table(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
 
 
-class _LineWriter(io.TextIOBase):
-    """A text stream that hands each complete line to ``sink``."""
+class LineWriter(io.TextIOBase):
+    """A text stream that hands each complete line to ``sink``; the part after the last break waits for the next
+    write (``flush_line``/``close`` hand it on). ``breaks``: the regex that ends a line -- ``\n`` for captured output,
+    ``\r\n|\r|\n`` for a tool whose progress redraws with ``\r`` (rsync, dd: ``remote.Node.run(lines=)``)."""
 
-    def __init__(self, sink: Callable[[str], None]):
+    def __init__(self, sink: Callable[[str], None], breaks: str = r"\n"):
         super().__init__()
-        self.sink, self.partial = sink, ""
+        self.sink, self.partial, self.breaks = sink, "", re.compile(breaks)
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        self.partial += text
-        *lines, self.partial = self.partial.split("\n")
+        *lines, self.partial = self.breaks.split(self.partial + text)
         for line in lines:
             self.sink(line)
         return len(text)
@@ -462,3 +463,7 @@ class _LineWriter(io.TextIOBase):
         if self.partial:
             self.sink(self.partial)
             self.partial = ""
+
+    def close(self) -> None:
+        self.flush_line()
+        super().close()

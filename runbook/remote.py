@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
+from .console import LineWriter
 from .errors import BusyError, RemoteError, RunbookError
 from .secrets import Redactor, default_redactor
 
@@ -84,6 +85,9 @@ class CommandResult:
     def ok(self) -> bool:
         return self.exit_code == 0
 
+
+# a tool's progress line ends at \n or at the \r it redraws with (rsync --info=progress2, dd status=progress)
+TOOL_LINE_BREAKS = r"\r\n|\r|\n"
 
 class CommandLog:
     """Append-only JSONL log of every command run (secrets masked). Safe across threads;
@@ -244,7 +248,8 @@ class Node:
         started = time.monotonic()
         shown = {}
         if lines is not None:       # invoke writes what it echoes to these streams (runners.py ``_handle_output``)
-            shown = {"out_stream": _Lines(lines), "err_stream": _Lines(lines)}
+            shown = {"out_stream": LineWriter(lines, TOOL_LINE_BREAKS),
+                     "err_stream": LineWriter(lines, TOOL_LINE_BREAKS)}
         try:
             res = conn.run(f"export {CALL_MARKER}={token}; " + full, hide=lines is None, warn=True, timeout=timeout,
                            pty=False, in_stream=io.StringIO(_env_values(env)) if env else False, **shown)
@@ -617,33 +622,6 @@ def _kill_call_command(token: str) -> str:
     return (f'for d in /proc/[0-9]*; do grep -qsxzF {CALL_MARKER}={token} "$d/environ" || continue; '
             f'p=${{d#/proc/}}; g=$(sed "s/.*) //" "$d/stat" 2>/dev/null | cut -d" " -f3); '
             f'kill -KILL -- "$p" ${{g:+"-$g"}} 2>/dev/null; echo "$p"; done; true')
-
-
-class _Lines(io.TextIOBase):
-    """A text stream handing each complete line (``\n`` or ``\r``: rsync's progress redraws) to ``sink``; the
-    part after the last break waits for the next write."""
-
-    def __init__(self, sink: Callable[[str], None]):
-        super().__init__()
-        self.sink, self.partial = sink, ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        *done, self.partial = re.split(r"\r\n|\r|\n", self.partial + text)
-        for line in done:
-            self.sink(line)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.partial:
-            self.sink(self.partial)
-            self.partial = ""
-        super().close()
 
 
 def _with_env(command: str, env: Mapping[str, str] | None) -> str:
