@@ -227,17 +227,18 @@ class RunDir:
             return None
         return record_from_sidecar(sidecar, cls, str(self.path / self.sidecar_rel(step)))
 
-    def evidence_of_other_servers(self) -> list[str]:
+    def evidence_of_other_servers(self) -> dict[str, str]:
         """The server steps (05-07) whose evidence was measured on another start of the server than the one this
-        run's 04 record names (a restart in between: same configuration, other process): one sentence each. A step
+        run's 04 record names (a restart in between: same configuration, other process): step id -> one sentence,
+        in step order. A step
         or a 04 that recorded no server identity (dry run, base_url, an older runbook) is not judged."""
         try:
             final = self.read_record(LaunchRecord, missing_ok=True)
         except RecordError:
-            return []
+            return {}
         if final is None or not final.server_id:
-            return []
-        out = []
+            return {}
+        out = {}
         for step in SERVED_STEPS:
             try:
                 rec = self.read_record(step.record, missing_ok=True)
@@ -245,8 +246,8 @@ class RunDir:
             except RecordError:          # a run made before records (or a step that ended first): its data
                 measured = (((self.read_sidecar(step.id) or {}).get("data") or {}).get("server") or {}).get("server_id")
             if measured and measured != final.server_id:
-                out.append(f"{step.id} was measured on server start {measured}, the run ends with {final.server_id} "
-                           f"({LAUNCH.id} started it again after): re-run {step.id}")
+                out[step.id] = (f"{step.id} was measured on server start {measured}, the run ends with "
+                                f"{final.server_id} ({LAUNCH.id} started it again after): re-run {step.id}")
         return out
 
     # -- scrubbing ----------------------------------------------------------------------------

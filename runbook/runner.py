@@ -207,8 +207,8 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
             status = "passed" if resume else "empty"
         # passed only if what 05-07 measured belongs to the server the run ends with (a resume that restarted it
         # after them, with their results kept, cannot pass)
-        other = run_dir.evidence_of_other_servers() if status == "passed" else []
-        for line in other:
+        other = run_dir.evidence_of_other_servers() if status == "passed" else {}
+        for line in other.values():
             echo(f"not passed: {line}")
         if other:
             status = "failed"

@@ -129,7 +129,7 @@ class ReportModel:
     notes: list[str] = field(default_factory=list)      # sections that could not be built, and why
     drift: Any = None                                   # runbook.report.drift.DriftResult | None
     verdict: Verdict | None = None                      # validated | candidate (None: not computed)
-    other_servers: list[str] = field(default_factory=list)   # 05-07 measured on another server start (RunDir)
+    other_servers: dict[str, str] = field(default_factory=dict)   # step -> why: 05-07 measured on another server start
 
     # -- convenience ------------------------------------------------------------------------------
     @property

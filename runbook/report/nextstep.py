@@ -33,11 +33,12 @@ class NextStep:
         return asdict(self)
 
 
-def resume_command(model: ReportModel) -> str:
-    """The command that continues this run (its passed steps are skipped), as ``runbook run`` prints it."""
+def resume_command(model: ReportModel, start: str = "") -> str:
+    """The command that continues this run (its passed steps are skipped), as ``runbook run`` prints it;
+    ``start``: from that step on (``--from``), passed or not."""
     source = model.manifest.get("profile_source") or model.profile_name or "<profile>"
-    return (f"python -m runbook run --profile {source} --resume {model.run_id}"
-            + (" --rehearse" if model.rehearsal else ""))
+    return (f"python -m runbook run --profile {source}" + (f" --from {start}" if start else "")
+            + f" --resume {model.run_id}" + (" --rehearse" if model.rehearsal else ""))
 
 
 def _failed(s: StepInfo) -> bool:
@@ -62,10 +63,10 @@ def what_next(model: ReportModel) -> NextStep:
             return NextStep("fix", f"Fix {s.name} ({s.title}): the step {s.status or 'did not finish'}",
                             detail=error.splitlines()[0], fix=error, command=resume_command(model), anchor="steps")
     if model.other_servers:
-        first = model.other_servers[0]
-        return NextStep("fix", f"Re-run {first.split(' ', 1)[0]}: its evidence belongs to another server start",
-                        detail=first, fix="; ".join(model.other_servers), command=resume_command(model).replace(
-                            "--resume", "--from " + first.split(' ', 1)[0][:2] + " --resume"), anchor="steps")
+        step, why = next(iter(model.other_servers.items()))
+        return NextStep("fix", f"Re-run {step}: its evidence belongs to another server start", detail=why,
+                        fix="; ".join(model.other_servers.values()), command=resume_command(model, step[:2]),
+                        anchor="steps")
     d = model.drift
     if d is not None and d.previous_run_id:
         if d.items:
@@ -117,7 +118,7 @@ def reasons(model: ReportModel) -> list[tuple[str, str]]:
             text = (f"{s.name} {s.status}" + (f": {fails} check(s) FAIL" if fails else "")
                     + (f" — {s.error.strip().splitlines()[0]}" if s.error.strip() else ""))
             out.append(text)
-    out += model.other_servers
+    out += model.other_servers.values()
     v = model.verdict
     if v is not None:
         if v.validated:

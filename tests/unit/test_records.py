@@ -323,7 +323,7 @@ def test_the_server_a_serve_step_measured_comes_from_its_record(tmp_path):
     run.write_sidecar("05_smoke", [], {"server": {"server_id": "runB@2.000"}}, "passed",
                       SmokeRecord(base_url="http://h:8000", server_id="runA@1.000"))
     other = run.evidence_of_other_servers()
-    assert len(other) == 1 and other[0].startswith("05_smoke was measured on server start runA@1.000")
+    assert list(other) == ["05_smoke"] and other["05_smoke"].startswith("05_smoke was measured on server start runA@1.000")
     run.write_sidecar("05_smoke", [], {"server": {"server_id": "runA@1.000"}}, "passed")     # a run before records
     assert len(run.evidence_of_other_servers()) == 1
 

@@ -31,8 +31,8 @@ def test_a_step_measured_on_an_earlier_start_is_named_and_the_report_does_not_ca
     smoke = rd.read_sidecar("05_smoke") or {"checks": [], "data": {}}
     rd.write_sidecar("05_smoke", smoke["checks"], {**smoke["data"], "server": {"server_id": "runA@100.000"}}, "passed")
     other = rd.evidence_of_other_servers()
-    assert len(other) == 1 and other[0].startswith("05_smoke was measured on server start runA@100.000, the run "
-                                                   "ends with runB@200.000")
+    assert list(other) == ["05_smoke"] and other["05_smoke"].startswith(
+        "05_smoke was measured on server start runA@100.000, the run ends with runB@200.000")
     man = json.loads((run / "manifest.json").read_text())
     assert man["status"] == "passed"
     model = collector.collect(run, drift=False)
@@ -50,7 +50,7 @@ def test_the_same_start_or_no_identity_is_not_judged(tmp_path):
     rd.write_sidecar("04_launch", launch["checks"], launch["data"], "passed", launch_record("runB@200.000"))
     smoke = rd.read_sidecar("05_smoke") or {"checks": [], "data": {}}
     rd.write_sidecar("05_smoke", smoke["checks"], {**smoke["data"], "server": {"server_id": "runB@200.000"}}, "passed")
-    assert rd.evidence_of_other_servers() == []
+    assert rd.evidence_of_other_servers() == {}
     rd.write_sidecar("04_launch", launch["checks"], launch["data"], "passed", launch_record(""))   # an older 04
-    assert rd.evidence_of_other_servers() == []
+    assert rd.evidence_of_other_servers() == {}
     assert "not a pass" not in headline_text(collector.collect(run, drift=False))
