@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from runbook import progress
 from runbook.checks import Status
 from runbook.engram_tools import layout as L
 from runbook.engram_tools import pack_partial, pack_writer, synth
@@ -24,6 +25,7 @@ from runbook.engram import packing as step
 from runbook.engram.facts import gather_facts
 from runbook.engram.precheck import precheck
 from runbook.engram.tools import TOOL_FILES
+from support.counts import assert_rising_to_the_end, seeing
 from support.doubles import FakeCluster, LocalNode
 from support.engram import PY, expected_file, run_tool, tool_node
 from support.profiles import profile_from
@@ -349,30 +351,15 @@ def test_second_packer_on_a_locked_partial_is_refused_and_changes_nothing(tools,
 def test_the_packers_progress_lines_reach_the_progress_channel(tools, src, tmp_path):
     """Issue 38 item 2: run_pack(stream=True) relays the real packer's counting lines into runbook.progress as
     ``<node> [engram-pack] <file>``: counts that rise and end at the file's size; its other lines are still echoed."""
-    from runbook import progress
-
-    class Seen:
-        def __init__(self):
-            self.shown = []
-
-        def show(self, counter, text, final):
-            self.shown.append((counter.label, counter.done, counter.total, final))
-
-    seen = Seen()
-    progress.use(seen)
-    progress.reset()
-    try:
+    with seeing() as seen:
         cluster = FakeCluster([LocalNode("head", 0)])
         prof = profile_from("env/lab.env", ENGRAM_SRC_DIR=src, ENGRAM_PACKED_DIR=tmp_path / "packed", ENGRAM_GIB=0)
         rr = rank_range(src, 1, 0, 2)
         checks = step.run_pack(cluster, prof, tools_dir=str(tools.parent / "relay-tools"), layers=[1], stream=True,
                                progress_every=1, extra_args=["--skip-space-check", "--chunk-rows", "2048"])
-    finally:
-        progress.use(None)
+        finals = progress.finals()
     assert not checks.failures(), checks.to_text()
     shown = [s for s in seen.shown if s[0] == f"head [engram-pack] {rr.file_name}"]
     assert len(shown) > 2, seen.shown
-    done = [s[1] for s in shown]
-    assert done == sorted(done) and shown[-1][3] and shown[-1][1] == shown[-1][2]
-    assert progress.finals()[f"head [engram-pack] {rr.file_name}"]["ended"]
-    progress.reset()
+    assert_rising_to_the_end(shown)
+    assert finals[f"head [engram-pack] {rr.file_name}"]["ended"]

@@ -10,7 +10,8 @@ import pytest
 from runbook.errors import ActionError
 from runbook.launch.image import ShipFacts, ensure_image, parse_ship_facts, save_command
 from runbook.profile import load_profile
-from tests.support.doubles import FakeCluster, FakeNode, res
+from support.counts import seeing
+from support.doubles import FakeCluster, FakeNode, res
 
 ENV = Path(__file__).resolve().parents[2] / "env"
 LAYERS = '["sha256:l1","sha256:l2"]'
@@ -143,24 +144,9 @@ def test_the_ship_counts_each_phases_bytes_up_to_the_tar(monkeypatch):
     """Issue 38 item 2: the save (dd), the copy (rsync progress2) and the load (dd) report through runbook.progress
     as ``<node> image save|copy|load``: rising counts that end at the tar's size (the save's total starts as the
     image's size and becomes the tar's once it is written)."""
-    from runbook import progress
-
-    class Seen:
-        def __init__(self):
-            self.shown = []
-
-        def show(self, counter, text, final):
-            self.shown.append((counter.label, counter.done, counter.total, final))
-
-    seen = Seen()
-    progress.use(seen)
-    progress.reset()
-    try:
+    with seeing() as seen:
         head, worker = _nodes(worker_pull_ok=False)
         out = ensure_image(FakeCluster([head, worker]), load_profile(ENV / "dspark-v4.env"))
-    finally:
-        progress.use(None)
-        progress.reset()
     assert not out.failures(), [str(c) for c in out]
     for phase, between in (("save", [400000, 1000000]), ("copy", [524288]), ("load", [600000])):
         shown = [s for s in seen.shown if s[0] == f"worker image {phase}"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.doubles import FakeCluster, FakeNode
+from support.memnodes import GIB, readiness_ready_at_poll, sample_text, sampling_node, start_nodes
 from test_launch_render import _plan
 
 from runbook.errors import ActionError
@@ -20,19 +21,7 @@ from runbook.launch.stop import MEM_ROW, StopResult
 from runbook.profile import REPO_ROOT, load_profile
 
 DATA = Path(__file__).parent / "data" / "psi"
-GIB = 1024 ** 3
 HOME = "/home/spark"
-
-
-def psi_line(some: float, full: float) -> str:
-    """The PSI file as MEM_SAMPLE_CMD prints it (joined on one line)."""
-    return (f"some avg10={some:.2f} avg60=0.00 avg300=0.00 total=12 "
-            f"full avg10={full:.2f} avg60=0.00 avg300=0.00 total=7 ")
-
-
-def sample_text(gib: float, some: float | None = 0.0, full: float | None = 0.0) -> str:
-    psi = psi_line(some, full) if some is not None else ""
-    return f"{int(gib * GIB) // 1024}\n{psi}\n"
 
 
 def profile(**over):
@@ -104,19 +93,9 @@ def test_breach_of(mem, full, floor, psi_max, what):
         assert "MEM_PSI_FULL_MAX" in b.observed() and "30.00 %" in b.observed()
 
 
-def _sampling_node(name, rank, values, *, psi=True):
-    """A node whose MemAvailable follows ``values`` (GiB), the last one repeated."""
-    seq = list(values)
-
-    def answer(cmd):
-        v = seq.pop(0) if len(seq) > 1 else seq[0]
-        return sample_text(v, 0.5 if psi else None, 1.5 if psi else None)
-    return FakeNode(name, rank, read_only=True, rules=[(re.escape(system.MEM_SAMPLE_CMD) + r"\Z", answer)])
-
-
 def test_the_guard_stops_at_the_first_sample_below_the_floor_and_records_the_minimum():
-    head = _sampling_node("head", 0, [9, 8, 8])
-    worker = _sampling_node("worker", 1, [9, 6, 3.5, 2.0], psi=False)
+    head = sampling_node("head", 0, [9, 8, 8])
+    worker = sampling_node("worker", 1, [9, 6, 3.5, 2.0], psi=False)
     cluster = FakeCluster([head, worker])
     calls = []
     guard = memguard.MemoryGuard(cluster, profile(MEM_FLOOR_GIB=4), time.monotonic(), period=0.02,
@@ -155,7 +134,7 @@ def test_a_breach_the_guard_did_not_stop_never_says_its_stop_failed():
 
 
 def test_the_guard_samples_at_its_own_pace_and_counts_a_node_that_does_not_answer():
-    head = _sampling_node("head", 0, [9])
+    head = sampling_node("head", 0, [9])
     worker = FakeNode("worker", 1, read_only=True, rules=[
         (re.escape(system.MEM_SAMPLE_CMD), ActionError("no answer"))])
     guard = memguard.MemoryGuard(FakeCluster([head, worker]), profile(), time.monotonic(), period=0.3).start()
@@ -172,17 +151,6 @@ def test_the_guard_samples_at_its_own_pace_and_counts_a_node_that_does_not_answe
 
 
 # ----------------------------------------------------------------------------- the start
-
-def _start_nodes(worker_mem: list[float], stop_calls: list):
-    """Two lab ranks that keep running (watch: alive, log growing) while the worker's memory falls."""
-    def rank_node(name, rank, mems):
-        node = _sampling_node(name, rank, mems)
-        node.rules.append((re.escape(ranks.MEM_LINE), sample_text(9) + "alive\n5\nINFO loading"))
-        node.rules.append((r"^tail -n 5000 ", "INFO loading weights"))
-        node.rules.append((re.escape(system.LISTEN_CMD) + r"\Z", ""))      # the master port not bound yet
-        return node
-    return FakeCluster([rank_node("head", 0, [9]), rank_node("worker", 1, worker_mem)])
-
 
 def test_a_start_whose_rank_crosses_the_floor_is_aborted_at_once_with_the_cause(monkeypatch):
     """The readiness probe blocks for 3 s (the first request can run a minute): the guard's thread still samples
@@ -205,7 +173,7 @@ def test_a_start_whose_rank_crosses_the_floor_is_aborted_at_once_with_the_cause(
     monkeypatch.setattr(server, "stop", fake_stop)
     monkeypatch.setattr(server, "probe_readiness", slow_probe)
     monkeypatch.setattr(memguard, "MEM_POLL_S", 0.05)
-    cluster = _start_nodes([9, 7, 5, 3.2], stopped_at)
+    cluster = start_nodes([9, 7, 5, 3.2])
     result = server.StartResult(plan=plan, base_url="http://x")
     t0 = time.monotonic()
     with pytest.raises(ActionError) as err:
@@ -227,24 +195,7 @@ def test_a_start_whose_rank_crosses_the_floor_is_aborted_at_once_with_the_cause(
 
 
 def test_a_start_that_stays_above_the_floor_records_the_minimum_per_rank(monkeypatch):
-    prof = profile(MEM_FLOOR_GIB=4)
-    plan = _plan("lab")
-    polls = []
-
-    def ready_on_fifth_poll(profile, url, api_key, ready, t0):
-        polls.append(1)
-        if len(polls) >= 5:
-            for ph in server.PHASES:
-                setattr(ready, ph, 1.0)
-            ready.models_detail = "tiny"
-    monkeypatch.setattr(server, "stop", lambda *a, **k: pytest.fail("nothing to stop"))
-    monkeypatch.setattr(server, "probe_readiness", ready_on_fifth_poll)
-    monkeypatch.setattr(server, "POLL_S", 0.3)
-    monkeypatch.setattr(memguard, "MEM_POLL_S", 0.05)
-    cluster = _start_nodes([9, 6.5, 5, 7], [])
-    result = server.StartResult(plan=plan, base_url="http://x", mem_before={"head": 9 * GIB, "worker": 9 * GIB})
-    server._readiness(cluster, prof, plan, result, "http://x", "", lambda n, t: n, True, cleanup=True,
-                      t0=time.monotonic(), started=True)
+    result = readiness_ready_at_poll(monkeypatch, profile(MEM_FLOOR_GIB=4), _plan("lab"), [9, 6.5, 5, 7], 5)
     rows = {c.node: c for c in result.checks if c.name == memguard.MIN_ROW}
     assert sorted(rows) == ["head", "worker"] and all(r.status.value == "PASS" for r in rows.values())
     assert "5.00 GiB" in rows["worker"].observed and "before launch 9.00 GiB" in rows["worker"].observed
@@ -355,7 +306,7 @@ def test_the_guard_aborts_on_memory_pressure_above_the_ceiling_with_memory_still
     pressured = iter([(2.0, 0.0), (30.0, 12.0), (60.0, 41.5)])
     worker = FakeNode("worker", 1, read_only=True, rules=[
         (re.escape(system.MEM_SAMPLE_CMD), lambda cmd: sample_text(20, *next(pressured)))])
-    guard = memguard.MemoryGuard(FakeCluster([_sampling_node("head", 0, [20]), worker]),
+    guard = memguard.MemoryGuard(FakeCluster([sampling_node("head", 0, [20]), worker]),
                                  profile(MEM_FLOOR_GIB=4, MEM_PSI_FULL_MAX=25), time.monotonic(), period=0.02)
     guard.start()
     assert guard.breached.wait(10)

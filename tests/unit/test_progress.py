@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import threading
 
 import pytest
 
@@ -14,42 +13,13 @@ from runbook import console as console_mod
 from runbook import progress
 from runbook.console import Console
 from runbook.weights_tools import node_download
-
-
-class Seen:
-    """A sink that keeps what the channel showed: (label, done, total, final)."""
-
-    def __init__(self):
-        self.shown: list[tuple[str, float, float, bool]] = []
-        self.lines: list[str] = []
-        self._lock = threading.Lock()
-
-    def show(self, counter, text, final):
-        with self._lock:
-            self.shown.append((counter.label, counter.done, counter.total, final))
-            self.lines.append(text)
-
-    def of(self, label):
-        return [s for s in self.shown if s[0] == label]
+from support.counts import assert_rising_to_the_end, seeing
 
 
 @pytest.fixture
-def seen(monkeypatch):
-    sink = Seen()
-    progress.use(sink)
-    progress.reset()
-    yield sink
-    progress.use(None)
-    progress.reset()
-
-
-def assert_counts_up_to_total(shown):
-    """Shown counts rise (never back), the last one is final and at its total."""
-    assert shown, "nothing was counted"
-    done = [s[1] for s in shown]
-    assert done == sorted(done), done
-    label, last, total, final = shown[-1]
-    assert final and last == total, shown[-1]
+def seen():
+    with seeing() as sink:
+        yield sink
 
 
 # ---------------------------------------------------------------------------------------------- the wire line
@@ -85,7 +55,7 @@ def test_counts_never_go_back_and_are_throttled(seen):
     shown = seen.of("weights download head")
     # the first update, the one reaching the total, the end: nothing per tick in between
     assert [(s[1], s[3]) for s in shown] == [(0.0, False), (1000.0, False), (1000.0, True)]
-    assert_counts_up_to_total(shown)
+    assert_rising_to_the_end(shown)
     final = progress.finals()["weights download head"]
     assert (final["done"], final["total"], final["unit"], final["ended"]) == (1000.0, 1000.0, "B", True)
 
@@ -109,7 +79,7 @@ def test_relay_turns_a_tools_lines_into_counts_and_echoes_the_rest(seen):
                      "[pack] t0.bin:  40.0% 0.80/2.00 GiB", "[pack] t0.bin: 100.0% 2.00/2.00 GiB", '{"ok": true}']:
             relay(line)
     assert echoed == ["engram-pack: start", '{"ok": true}']
-    assert_counts_up_to_total(seen.of("worker [pack] t0.bin"))
+    assert_rising_to_the_end(seen.of("worker [pack] t0.bin"))
 
 
 # ---------------------------------------------------------------------------------------------- the faces
