@@ -10,68 +10,12 @@
 //   ARTIFACTS        directory for screenshots          (default ./test-artifacts)
 //   CHROMIUM         browser executable                 (default /usr/bin/chromium)
 //   RUN_TIMEOUT_S    seconds allowed for Run All        (default 150)
-// Prints one JSON line (prefixed "RESULT ") with what it saw; exits 0 unless the browser part broke.
-import { chromium } from "playwright-core";
-import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import path from "node:path";
+// Prints one JSON line (prefixed "RESULT ") with what it saw; exits 0 unless the browser part broke. The browser,
+// the notebook's opening and the kernel's settling are jupyter_page.mjs's.
+import { startBrowser } from "./jupyter_page.mjs";
 
-const env = process.env;
-const base = env.JUPYTER_URL;
-const token = env.JUPYTER_TOKEN;
-const notebook = env.NOTEBOOK;
-if (!base || !token || !notebook) {
-  console.error("JUPYTER_URL, JUPYTER_TOKEN and NOTEBOOK are required");
-  process.exit(2);
-}
-const kernelDisplay = env.KERNEL_DISPLAY || "Python (runbook)";
-const artifacts = path.resolve(env.ARTIFACTS || "test-artifacts");
-const runTimeout = 1000 * Number(env.RUN_TIMEOUT_S || 150);
-mkdirSync(artifacts, { recursive: true });
-
-const t0 = Date.now();
-const log = (msg) => console.error(`[ui ${((Date.now() - t0) / 1000).toFixed(1)}s] ${msg}`);
-const result = { steps: [], screenshots: [], console_errors: [] };
-const step = (name) => { result.steps.push({ name, t: (Date.now() - t0) / 1000 }); log(name); };
-
-const profileDir = mkdtempSync(path.join(tmpdir(), "runbook-chromium-"));   // empty --user-data-dir
-const context = await chromium.launchPersistentContext(profileDir, {
-  executablePath: env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage"],
-  viewport: { width: 1440, height: 1000 },
-});
-const page = context.pages()[0] || (await context.newPage());
-page.on("console", (m) => { if (m.type() === "error") result.console_errors.push(m.text().slice(0, 300)); });
-page.on("pageerror", (e) => result.console_errors.push(String(e).slice(0, 300)));
-
-// When the kernel connects, the widget manager asks it for every widget's state: "request_states" on the
-// jupyter.widget.control comm, answered by "update_states" once the kernel has imported ipywidgets, else the
-// comm is closed and the manager falls back to a comm_info_request. Cells that create widgets before that
-// answer meet ipywidgets' own race: the answer lists widgets whose comm_open the page has not handled yet, the
-// manager opens a second comm for them and the form's children are lost ("Error: widget model not found";
-// CI, a loaded 2-core machine, saw it once). A person waits for the page to settle; so does this script.
-const widgetStates = { requested: 0, answered: 0 };
-const frameText = (f) => (typeof f === "string" ? f : Buffer.from(f).toString("latin1"));
-const msgType = (text) => (text.match(/"msg_type":\s*"(\w+)"/) || [])[1];
-page.on("websocket", (ws) => {
-  ws.on("framesent", (f) => { if (frameText(f.payload).includes("request_states")) widgetStates.requested++; });
-  ws.on("framereceived", (f) => {
-    const text = frameText(f.payload);
-    if (widgetStates.requested && (text.includes("update_states") || msgType(text) === "comm_info_reply")) {
-      widgetStates.answered++;
-    }
-  });
-});
-
-async function shot(name) {
-  const file = path.join(artifacts, name);
-  await page.screenshot({ path: file });
-  result.screenshots.push(file);
-  log(`screenshot ${file}`);
-}
+const runTimeout = 1000 * Number(process.env.RUN_TIMEOUT_S || 150);
+const { page, result, step, shot, openNotebook, runAll, finish, t0 } = await startBrowser();
 
 // Open "runtime and serve", type an invalid MAX_NUM_SEQS, see the message under that key, undo; what was seen goes
 // into result.form.
@@ -106,51 +50,10 @@ async function checkForm(form) {
 }
 
 try {
-  // ---------------------------------------------------------------- open the notebook
-  const url = `${base}/lab/tree/${notebook.split("/").map(encodeURIComponent).join("/")}?token=${token}`;
-  step("open JupyterLab");
-  await page.goto(url, { waitUntil: "domcontentloaded", timeout: 90_000 });
-  const panel = page.locator(".jp-NotebookPanel:visible").first();
-  await page.locator(".jp-NotebookPanel:visible, .jp-Dialog").first().waitFor({ state: "visible", timeout: 90_000 });
-  const opened = page.locator(".jp-Dialog", { hasText: "Cannot open" });
-  if (await opened.count()) throw new Error("JupyterLab: " + (await opened.innerText()).replace(/\s+/g, " "));
-  await panel.waitFor({ state: "visible", timeout: 90_000 });
-  await page.locator(".jp-NotebookPanel:visible .jp-Cell").first().waitFor({ timeout: 60_000 });
-  step("notebook open");
-
-  // ---------------------------------------------------------------- the kernel
-  // A kernel picker appears only if the notebook's kernel is unknown; choose the runbook kernel then.
-  const dialog = page.locator(".jp-Dialog");
-  if (await dialog.isVisible().catch(() => false)) {
-    const select = dialog.locator("select");
-    if (await select.count()) await select.selectOption({ label: kernelDisplay });
-    await dialog.locator("button.jp-mod-accept").click();
-  }
-  const kernelName = panel.locator(".jp-Toolbar .jp-KernelName, .jp-Toolbar [data-jp-item-name='kernelName']").first();
-  await page.waitForFunction(
-    (want) => [...document.querySelectorAll(".jp-NotebookPanel .jp-Toolbar")].some((t) => t.textContent.includes(want)),
-    kernelDisplay, { timeout: 60_000 });
-  result.kernel = (await kernelName.textContent().catch(() => "")).trim();
-  // idle: the execution indicator says so once the kernel has started
-  await page.waitForFunction(() => {
-    const ind = document.querySelector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator");
-    return ind && ind.getAttribute("data-status") === "idle";
-  }, null, { timeout: 90_000 });
-  step(`kernel ${result.kernel} idle`);
-  const settleBy = Date.now() + 30_000;
-  while (Date.now() < settleBy && (widgetStates.requested === 0 || widgetStates.answered < widgetStates.requested)) {
-    await page.waitForTimeout(200);
-  }
-  result.widget_states = { ...widgetStates };
-  if (widgetStates.requested === 0 || widgetStates.answered < widgetStates.requested) {
-    throw new Error(`the widget manager's state request was not answered in 30 s: ${JSON.stringify(widgetStates)}`);
-  }
-  step(`widget manager restored (${widgetStates.answered}/${widgetStates.requested} state requests answered)`);
+  await openNotebook();
 
   // ---------------------------------------------------------------- Run -> Run All Cells
-  await page.locator(".lm-MenuBar-itemLabel", { hasText: /^Run$/ }).click();
-  await page.locator(".lm-Menu-itemLabel", { hasText: /^Run All Cells$/ }).click();
-  step("Run All Cells clicked");
+  await runAll();
 
   // wait: every cell left the queue ([*]) and either the last code cell has a number or an error showed
   const state = () => page.evaluate(() => {
@@ -240,10 +143,5 @@ try {
 } catch (err) {
   result.failure = String(err && err.stack || err).slice(0, 3000);
   await shot("jupyter_ui_failure.png").catch(() => {});
-} finally {
-  await context.close().catch(() => {});
-  rmSync(profileDir, { recursive: true, force: true });
 }
-result.seconds = (Date.now() - t0) / 1000;
-console.log("RESULT " + JSON.stringify(result));
-process.exit(result.failure ? 1 : 0);
+await finish();

@@ -1,15 +1,20 @@
 """JupyterLab as a person uses it: headless Chromium (Debian's /usr/bin/chromium driven by npm
-playwright-core in tests/browser/) opens a copy of notebooks/00_preflight.ipynb in a real JupyterLab
-server, checks the `runbook` kernel, edits the profile form, runs Run -> Run All Cells and reads the
-summary table from the DOM: every check PASS or N/A. Screenshots land in test-artifacts/.
+playwright-core in tests/browser/) against a real JupyterLab server. Screenshots land in test-artifacts/.
 
-Needs the lab (root) plus `apt-get install -y --no-install-recommends chromium` and `npm ci` in
-tests/browser; `make test-browser` does all of it.
+* The preflight (needs the lab): a copy of notebooks/00_preflight.ipynb, the `runbook` kernel, the profile form
+  edited, Run -> Run All Cells, the summary table read from the DOM: every check PASS or N/A.
+* A long cell's progress widget (no lab): a cell runs the bench against the reference server on loopback (a real
+  producer of runbook.progress, about 17 s); while its prompt is [*] its output holds the channel's progress bar
+  and the bar's count moves; when it ends the bar is complete (issue 38 item 7).
+
+Needs `apt-get install -y --no-install-recommends chromium` and `npm ci` in tests/browser (the preflight also the
+lab, root); `make test-browser` does all of it.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,7 +39,6 @@ INSTALL = ("make test-browser, or: apt-get install -y --no-install-recommends ch
            "(cd tests/browser && npm ci)")
 
 pytestmark = [
-    pytest.mark.lab,
     pytest.mark.browser,
     pytest.mark.skipif(not Path(CHROMIUM).is_file(), reason=f"chromium not installed ({INSTALL})"),
     pytest.mark.skipif(NODE is None, reason="node not installed (Node.js >= 18)"),
@@ -135,6 +139,18 @@ def scratch():
     shutil.rmtree(d, ignore_errors=True)
 
 
+def _browser(script: str, server: JupyterLab, notebook: Path, run_timeout_s: int) -> tuple[dict, str]:
+    """Run tests/browser/<script> on ``notebook`` in ``server``; what it saw (its RESULT line) and its log."""
+    env = dict(os.environ, JUPYTER_URL=server.url, JUPYTER_TOKEN=server.token, NOTEBOOK=str(notebook.relative_to(ROOT)),
+               ARTIFACTS=str(ARTIFACTS), CHROMIUM=CHROMIUM, RUN_TIMEOUT_S=str(run_timeout_s))
+    proc = subprocess.run([NODE, script], cwd=BROWSER_DIR, env=env, capture_output=True, text=True,
+                          timeout=run_timeout_s + 70)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"no result from the browser (rc {proc.returncode}):\n{proc.stderr[-3000:]}\n{server.tail()}"
+    return json.loads(lines[-1][len("RESULT "):]), proc.stderr
+
+
+@pytest.mark.lab
 @pytest.mark.timeout(300)
 def test_preflight_run_all_in_jupyterlab(lab, scratch, tmp_path):
     nb = _copy_notebook(scratch)
@@ -146,18 +162,11 @@ def test_preflight_run_all_in_jupyterlab(lab, scratch, tmp_path):
     try:
         specs = server.wait()
         assert "runbook" in specs["kernelspecs"] and specs["default"] == "runbook", specs
-        env = dict(os.environ, JUPYTER_URL=server.url, JUPYTER_TOKEN=server.token,
-                   NOTEBOOK=str(nb.relative_to(ROOT)), ARTIFACTS=str(ARTIFACTS), CHROMIUM=CHROMIUM,
-                   RUN_TIMEOUT_S="170")
-        proc = subprocess.run([NODE, "jupyter_ui.mjs"], cwd=BROWSER_DIR, env=env, capture_output=True,
-                              text=True, timeout=240)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert lines, f"no result from the browser (rc {proc.returncode}):\n{proc.stderr[-3000:]}\n{server.tail()}"
-        result = json.loads(lines[-1][len("RESULT "):])
+        result, log = _browser("jupyter_ui.mjs", server, nb, 170)
         evidence = result.get("evidence", "")
-        print(proc.stderr)
+        print(log)
         print(json.dumps({k: v for k, v in result.items() if k != "table"}, indent=1))
-        assert not result.get("failure"), f"{result['failure']}\n{proc.stderr[-2000:]}\n{server.tail()}"
+        assert not result.get("failure"), f"{result['failure']}\n{log[-2000:]}\n{server.tail()}"
         assert result["kernel"] == "Python (runbook)"
         assert not result["errors"], "a cell raised:\n" + "\n".join(result["errors"])
         assert result["prompts"] and all(p.startswith("[") and p[1:-2].isdigit() for p in result["prompts"]), \
@@ -188,3 +197,81 @@ def test_preflight_run_all_in_jupyterlab(lab, scratch, tmp_path):
             run = run if run.is_absolute() else ROOT / run
             if run.is_dir() and run.resolve().parent == (ROOT / "results").resolve():
                 shutil.rmtree(run, ignore_errors=True)
+
+
+# A real producer of the progress channel, long enough to watch: the bench (runbook.benchmark.runner counts
+# "bench requests") against the reference server in the kernel, 16 requests of 40 tokens 50 ms apart, one case
+# after another: about 17 s, the count rising every 2 s. Nothing leaves loopback.
+BENCH_REQUESTS = 16
+BENCH_CELL = f"""\
+import runbook
+from runbook.benchmark.refserver import RefConfig, serve_in_thread
+from runbook.benchmark.result import BenchConfig
+from runbook.benchmark.runner import case_requests, run_benchmark
+
+cfg = BenchConfig(prompt_tokens=40, decode_tokens=40, concurrency=(1, 2), prefill_tokens=(50,), repeats=4,
+                  warmup_requests=1)
+assert case_requests(cfg) == {BENCH_REQUESTS}
+with serve_in_thread(RefConfig(interval_s=0.05)) as srv:
+    res = run_benchmark(srv.base_url, "ref-model", cfg)
+print("runbook from", runbook.__file__)
+print("bench", res.status)
+"""
+FIGURES = re.compile(r"(\d+)/(\d+) requests")
+
+
+def _one_cell_notebook(dest: Path, source: str) -> Path:
+    nb = {"nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"kernelspec": {"name": "runbook", "display_name": "Python (runbook)", "language": "python"}},
+          "cells": [{"cell_type": "code", "id": "long-cell", "metadata": {}, "execution_count": None,
+                     "outputs": [], "source": source}]}
+    out = dest / "long_cell.ipynb"
+    out.write_text(json.dumps(nb, indent=1) + "\n")
+    return out
+
+
+def _count(bar: dict) -> tuple[int, int]:
+    m = FIGURES.search(bar["figures"])
+    assert m, f"no 'done/total requests' next to the bar: {bar}"
+    return int(m[1]), int(m[2])
+
+
+@pytest.mark.timeout(300)
+def test_a_long_cell_shows_its_progress_widget_moving_while_it_runs(scratch, tmp_path):
+    """Issue 38 item 7: JupyterLab by hand shows the channel's bar (progress.WidgetSink) in the running cell's
+    output, its count rises while the prompt is [*], and it ends complete (full, success style, N/N)."""
+    nb = _one_cell_notebook(scratch, BENCH_CELL)
+    for old in ARTIFACTS.glob("jupyter_progress_*.png"):     # screenshots of this run only
+        old.unlink()
+    server = JupyterLab(tmp_path)
+    try:
+        specs = server.wait()
+        assert specs["default"] == "runbook", specs
+        result, log = _browser("jupyter_progress.mjs", server, nb, 150)
+        print(log)
+        print(json.dumps(result, indent=1))
+        assert not result.get("failure"), f"{result['failure']}\n{log[-2000:]}\n{server.tail()}"
+        assert result["kernel"] == "Python (runbook)"
+        final = result["final"]
+        assert not result["errors"], "the cell raised:\n" + "\n".join(result["errors"])
+        assert f"runbook from {ROOT / 'runbook' / '__init__.py'}" in final["text"], final["text"]  # this checkout
+        assert "bench PASS" in final["text"], final["text"]
+        # while the cell ran: its output held the bar, read twice with the prompt [*], and the count moved
+        running = result["running"]
+        assert len(running) == 2, f"no progress bar seen moving while the cell ran ([*]): {running}\n{log}"
+        for reading in running:
+            assert reading["prompt"] == "[*]:" and [b["label"] for b in reading["bars"]] == ["bench requests"], reading
+        (first,), (second,) = running[0]["bars"], running[1]["bars"]
+        (d1, t1), (d2, t2) = _count(first), _count(second)
+        assert t1 == t2 == BENCH_REQUESTS and d1 < d2 < BENCH_REQUESTS, (first, second)
+        assert not first["success"] and not second["success"], (first, second)
+        # the end: the cell numbered, the same bar full in the success style with all requests done
+        assert re.fullmatch(r"\[\d+\]:", final["prompt"]), final["prompt"]
+        (bar,) = final["bars"]
+        assert bar["label"] == "bench requests" and bar["success"] and bar["width"] == "100%", bar
+        assert _count(bar) == (BENCH_REQUESTS, BENCH_REQUESTS), bar
+        assert f"bench requests: 100.0% {BENCH_REQUESTS}/{BENCH_REQUESTS} requests in " in final["text"]
+        shots = {Path(p).name for p in result["screenshots"] if Path(p).is_file()}
+        assert {"jupyter_progress_running.png", "jupyter_progress_done.png"} <= shots, shots
+    finally:
+        server.stop()
