@@ -27,11 +27,22 @@ def _marked_timed(path: str) -> bool:
     return "pytest.mark.timed" in Path(path).read_text(encoding="utf-8")
 
 
+@functools.lru_cache(maxsize=None)
+def _marked_own_netns(path: str) -> bool:
+    """A tests/lab file that marks itself ``own_netns``: it builds its own namespaces (``lab.switchlab``) and never
+    touches the embedded lab, so it need not wait for the lab group (the Ray cluster test: about 2.5 minutes)."""
+    return "pytest.mark.own_netns" in Path(path).read_text(encoding="utf-8")
+
+
 def in_lab_group(nodeid: str) -> bool:
     """Lab tests (one machine-wide resource, shared session fixtures) and the tests of files marked ``timed`` (they
     judge wall-clock against the reference server, so a starved worker would fail them): one worker, in order."""
     path = Path(TESTS).parent / nodeid.split("::", 1)[0]
-    return LAB in path.parents or (path.suffix == ".py" and path.is_file() and _marked_timed(str(path)))
+    if path.suffix != ".py" or not path.is_file():
+        return LAB in path.parents
+    if LAB in path.parents:
+        return not _marked_own_netns(str(path))
+    return _marked_timed(str(path))
 
 
 def pytest_xdist_make_scheduler(config, log):

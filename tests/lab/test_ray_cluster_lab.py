@@ -24,7 +24,8 @@ from runbook.remote import Cluster, CommandLog
 from runbook.launch.render import LAB_RAY_SITE, NodeFacts, render
 from runbook.profile import REPO_ROOT, load_profile
 
-pytestmark = [pytest.mark.vllm]
+# own_netns: its switch is its own (10.80.0.0/24), so `make test` runs it beside the lab group, not in it
+pytestmark = [pytest.mark.vllm, pytest.mark.own_netns]
 
 VENV = vllm_lab.lab_vllm_venv()
 RAY_SITE = REPO_ROOT / LAB_RAY_SITE
