@@ -116,7 +116,10 @@ FIREWALL_MASTER_PORT = Entry(
     proof="timeout 5 bash -c '</dev/tcp/{master_addr}/{master_port}' && echo open   # from the worker",
     signature=_sig_firewall, source="anchors-2026-12 #2; issue 16 item 1",
     lines=(r"\[UFW BLOCK\].*DPT=\d+",),
-    words=(r"firewall|\bufw\b|iptables|nftables|\bnft\b",
+    # the anchor needs the multi-node context in the same report (a rendezvous, a port of the start, NCCL/torch/Ray/
+    # vLLM): a firewall that blocks ssh or a web site is not this entry
+    words=(r"^(?=.*(\bmaster[_ ]?(port|addr)|\b29\d{3}\b|rendezvous|clients joined|\bnccl\b|\btorch|\bvllm\b|\bray\b|"
+           r"distributed|\branks?\b|tcpstore)).*?(firewall|\bufw\b|iptables|nftables|\bnft\b)",
            r"port|29\d{3}|rendezvous|master",
            r"hang|time[ds]? ?out|block|drop|clients joined|refus",),
     lab="tests/lab/test_diagnose_lab.py::test_firewall_dropping_the_master_port_is_named_within_a_minute")
