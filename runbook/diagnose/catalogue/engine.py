@@ -97,8 +97,8 @@ TOOL_PARSER_MISSING = Entry(
     proof="grep -n 'tool-call-parser\\|tool_call_parser' <launch plan>; vllm serve --help | grep -A3 tool-call-parser",
     signature=extracting(*_TOOL),
     source="vllm-project/vllm vllm/renderers/online_renderer.py:268,278 (tool_choice checks), "
-           "vllm/entrypoints/launchers/launcher.py:362 (invalid tool call parser) @ v0.32.0; report "
-           "vllm-project/vllm#55754",
+           "vllm/entrypoints/launchers/launcher.py:362 (invalid tool call parser), vllm/parser/gemma4.py:40 (Gemma 4's "
+           "`<|tool_call>` opener, left in the text without its parser) @ v0.32.0; report vllm-project/vllm#55754",
     # the anchor: the flags, or the API's own symptom of a missing or wrong parser (the call left in `content`,
     # `tool_calls` empty); the second cue also knows the parser names vLLM registers
     # (vllm/tool_parsers/__init__.py _TOOL_PARSERS_TO_REGISTER @ v0.32.0)

@@ -154,3 +154,13 @@ def test_a_firewall_outside_the_multi_node_start_is_not_the_master_port():
     # the same words with the rendezvous in them still are
     assert _first("With ufw enabled on the head, the worker's connection to the master port 29501 is refused and the "
                   "start hangs.").id == "firewall-master-port"
+
+
+def test_the_engine_cores_generic_death_line_is_a_symptom_not_a_confident_name():
+    # the four-node lab's Ray head log (docs/four-nodes.md, corpus rcpu-01): the start error above it is the cause
+    text = ('File ".../vllm/v1/executor/ray_utils.py", line 574, in initialize_ray_cluster\n    raise ValueError(\n'
+            "ValueError: current platform cpu does not support ray.\n"
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    assert _first(text).id == "ray-cpu-platform"
+    alone = _first("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    assert (alone.id, alone.confidence) == ("memory-pinned-after-failed-start", "medium")
