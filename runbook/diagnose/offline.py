@@ -7,7 +7,9 @@ same signatures (the text stands in for every log of one node) plus each entry's
 (:attr:`Entry.lines`) and symptom cues (:attr:`Entry.words`).
 
 Scoring (per entry): a log line of the entry, or its signature holding, scores :data:`LINE_SCORE`
-(:data:`DOWNSTREAM_SCORE` for an entry that others explain, such as the 600 s watchdog); each symptom cue
+(:data:`DOWNSTREAM_SCORE` for an entry that others explain, such as the 600 s watchdog); a symptom
+(:attr:`Entry.symptoms`: a component's message that other causes can also produce) scores
+:data:`SYMPTOM_SCORE` with confidence ``medium`` at most; each symptom cue
 adds one point, and cues alone count only from :data:`MIN_CUES` on and only with the entry's first cue
 (its anchor: the symptom that defines it). Confidence: ``high`` (a log line or a
 signature; ``medium`` when the entry's signature infers its cause from a symptom, :attr:`Entry.inferred`),
@@ -28,6 +30,7 @@ from .inputs import Budget, InputError, read_folder, read_text
 from .match import match, render_fix
 
 LINE_SCORE = 10
+SYMPTOM_SCORE = 6                 # a message other causes can also produce: below any line, above most cue sets
 DOWNSTREAM_SCORE = 4
 MIN_CUES = 2
 MAX_TEXT_BYTES = 8 << 20          # the end of a larger log is kept: the failure is usually last
@@ -123,6 +126,11 @@ def diagnose_text(text: str, entries: tuple[Entry, ...] = ENTRIES) -> list[Ranke
         lines = entry.line_hits(text, 5)
         if lines:
             found[entry.id] = Ranked(entry, _line_score(entry), _line_confidence(entry), lines)
+    for entry in entries:
+        if entry.id not in found:
+            lines = entry.symptom_hits(text)
+            if lines:
+                found[entry.id] = Ranked(entry, SYMPTOM_SCORE, "medium", lines)
     prose = _prose(text)
     for entry in entries:
         hits = entry.cues(prose)

@@ -25,8 +25,14 @@ HF_GATED_REPO_TOKEN = Entry(
     proof="HF_TOKEN=... huggingface-cli whoami; huggingface-cli download {repo} config.json   # on the failing node",
     signature=extracting(*_GATED),
     source="huggingface/huggingface_hub src/huggingface_hub/utils/_http.py:890 @ 2.4.0 (hf_raise_for_status, "
-           "GatedRepoError); "
+           "GatedRepoError); symptoms: _http.py:933-952 @ 2.4.0 (a 401 is the Hub's answer for a private or gated repo "
+           "without authentication and for a missing repo, raised as RepositoryNotFoundError); "
            "reports tenstorrent/tt-inference-server#37, lastmile-ai/aiconfig#1000",
+    # symptoms (never high): the Hub's 401 for a file or repo URL, as huggingface_hub, requests or a Rust client
+    # (hf-hub, candle) print it: no token or a token without access; a wrong repo id answers the same
+    symptoms=(r"https://huggingface\.co/(?P<repo>[\w.-]+/[\w.-]+)/resolve/\S*: status code 401\b",
+              r"\b401 Client Error\b[^\n]*(?:\n[^\n]*){0,3}?(?:Unauthorized|Repository Not Found) for url: "
+              r"https://huggingface\.co/"),
     words=(r"gated\b.{0,20}\b(repo|model)|gatedrepoerror|accept\w* (the )?licen[cs]e",
            r"hf_token|token|401|403|unauthori[sz]ed|log ?in",
            r"worker|second node|other node|only on|rented|remote"),

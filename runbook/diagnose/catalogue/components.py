@@ -33,6 +33,9 @@ SERVED_MODEL_NAME_MISMATCH = Entry(
         "started, another server holds the port (wrong-model-on-port)",
     proof="curl -s <api_url>/v1/models | python3 -m json.tool | grep '\"id\"'",
     signature=extracting(*_UNKNOWN_MODEL),
+    # symptom (never high): a client's own wording of that 404 ("The request model: X does not exist!"): the same
+    # refusal re-raised by a client library, so the name is the one asked for, not proof of the server's answer
+    symptoms=(r"\bmodel\b[:\s`'\"]{1,3}[\w./:@-]+[`'\"]?\s+does not exist",),
     source="vllm-project/vllm vllm/entrypoints/openai/models/serving.py:58, vllm/entrypoints/serve/engine/serving.py:213 "
            "@ v0.32.0; report spark-arena/sparkrun#257 (bench 404 on served-model-name)",
     # not when the reporter says another server or model answers (wrong-model-on-port)
@@ -74,7 +77,10 @@ RAY_MEMORY_MONITOR_KILL = Entry(
            "the logs of Ray 2.44), python/ray/exceptions.py OutOfMemoryError; report vllm-project/vllm#15102",
     words=(r"killed due to (the node running low on memory|memory pressure)|memory[ _]monitor|"
            r"ray_memory_usage_threshold|ray_memory_monitor|\bray oom\b|running low on memory",
-           r"\bray\b|raylet|worker|actor|\btask\b"),
+           r"\bray\b|raylet|worker|actor|\btask\b",
+           # the monitor compares the node's host memory (RAM) with its threshold: a report of the node's RAM or of a
+           # host-memory-hungry option (vLLM's sleep mode offloads weights to host memory) is its third cue
+           r"\b\d+ ?g(i?b)? (of )?(ram|memory)\b|\bram\b|host memory|system memory|\bsleep\b"),
     lab="none: the lab runs the mp backend")
 
 # --------------------------------------------------------------------------- NCCL: HCA sets differ between ranks
@@ -356,9 +362,11 @@ CUDA_VISIBLE_DEVICES_CONFLICT = Entry(
     source="CUDA runtime cudaErrorInvalidDevice ('invalid device ordinal'); pytorch torch/cuda/__init__.py:689 "
            "@ 2.13.0 (set_device); report vllm-project/vllm#3722 (Ray on docker, invalid device ordinal)",
     words=(r"cuda_visible_devices.{0,200}(invalid device|no cuda gpus|renumber\w*|twice|--gpus|device=|"
-           r"nvidia_visible_devices)|(invalid device|--gpus|nvidia_visible_devices|device=).{0,200}"
+           r"nvidia_visible_devices|\bcuda:[1-9]\b)|(invalid device|--gpus|nvidia_visible_devices|device=).{0,200}"
            r"cuda_visible_devices",
-           r"invalid device( ordinal)?|no cuda gpus|renumber\w*|twice|two places|set (it )?(again|also)",
+           r"invalid device( ordinal)?|no cuda gpus|renumber\w*|twice|two places|set (it )?(again|also)|"
+           # CUDA renumbers the visible devices from 0: a report that the process still indexes the physical number
+           r"\bcuda:\d\b.{0,60}(wrong|instead|should be|only sees|as cuda:0)|only sees (gpu|device) \d",
            r"docker|container|\bray\b|k8s|\bpod\b|\branks?\b|worker|vllm"),
     lab="none: the lab has no GPU")
 

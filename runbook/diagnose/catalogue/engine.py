@@ -1,9 +1,10 @@
 """The engine's own start-up refusals and the API's: a KV cache smaller than max_model_len, CUDA out of memory
-while loading or capturing graphs, and tool calls without (or with the wrong) tool-call parser. Each extracts
-the numbers or names the fix needs."""
+while loading or capturing graphs, tool calls without (or with the wrong) tool-call parser, a request longer than
+the served max_model_len, and a chat request to a model without a chat template. Each extracts the numbers or
+names the fix needs."""
 from __future__ import annotations
 
-from .entry import FATAL, Entry, extracting
+from .entry import DEGRADED, FATAL, Entry, extracting
 
 #: vLLM's KV check at start-up: V1 vllm/v1/core/kv_cache_utils.py:1030 at vllm 0.32.0 (the lab's pin; :1011 "No
 #: available memory for the cache blocks") ("To serve at
@@ -96,14 +97,17 @@ TOOL_PARSER_MISSING = Entry(
     proof="grep -n 'tool-call-parser\\|tool_call_parser' <launch plan>; vllm serve --help | grep -A3 tool-call-parser",
     signature=extracting(*_TOOL),
     source="vllm-project/vllm vllm/renderers/online_renderer.py:268,278 (tool_choice checks), "
-           "vllm/entrypoints/launchers/launcher.py:362 (invalid tool call parser) @ v0.32.0; report "
-           "vllm-project/vllm#55754",
+           "vllm/entrypoints/launchers/launcher.py:362 (invalid tool call parser), vllm/parser/gemma4.py:40 (Gemma 4's "
+           "`<|tool_call>` opener, left in the text without its parser) @ v0.32.0; report vllm-project/vllm#55754",
     # the anchor: the flags, or the API's own symptom of a missing or wrong parser (the call left in `content`,
     # `tool_calls` empty); the second cue also knows the parser names vLLM registers
     # (vllm/tool_parsers/__init__.py _TOOL_PARSERS_TO_REGISTER @ v0.32.0)
+    # (`<|tool_call>`: Gemma 4's opener, vllm/parser/gemma4.py:40 @ v0.32.0; `<tool_call>`: Hermes/Qwen/GLM's, left as
+    # raw text when no parser takes it out)
     words=(r"tool[- _]call[- _]parser|tool parser|enable[- _]auto[- _]tool[- _]choice|"
            r"tool[ _]calls?\b.{0,80}\b(in|inside|into|as) (the )?(`?content`?|plain text|text|message)\b|"
-           r"tool_calls\W{0,3}(is |are |was |were |stays? |comes? back )?(empty|\[\]|null|none|missing)|<tool_call>|"
+           r"tool_calls\W{0,3}(is |are |was |were |stays? |comes? back )?(empty|\[\]|null|none|missing)|<\|?tool_call\|?>|"
+           r"raw tool[- _]call (text|output|tokens?)|tool[- _]call\w*.{0,80}instead of (executing|calling|running)|"
            r"function[ _]call\w*.{0,80}\b(in|as) (the )?(`?content`?|plain text|text)\b",
            r"tool[ _]calls? (come|came|are|were|return\w*|show\w*)|(?<!auto_)tool_choice|function call\w*|\b400\b|"
            r"\b(hermes|llama3_json|llama4_json|llama4_pythonic|pythonic|mistral|qwen3_coder|qwen3_xml|qwen3_json|"
@@ -111,3 +115,56 @@ TOOL_PARSER_MISSING = Entry(
            r"gemma4|phi4_mini_json|jamba|internlm)\b",
            r"400|not set|missing|wrong|mismatch\w*|plain text|as text|in (the )?content|invalid"),
     lab="none yet: the lab's 06 tool step against a server started without a parser would produce it")
+
+
+#: vLLM's length check of a request's prompt against the served max_model_len (vllm/renderers/params.py:389,528
+#: @ v0.32.0: "This model's maximum context length is N tokens. However, your prompt contains M input tokens ...";
+#: earlier releases: "However, you requested M tokens (P in the messages, C in the completion)"), answered as HTTP 400
+_OVER_LEN = (r"maximum context length is (?P<max_model_len>\d+) tokens\. However, you requested (?P<asked>\d+) tokens",
+             r"maximum context length is (?P<max_model_len>\d+) tokens\. However, your prompt contains (?:at least )?"
+             r"(?P<asked>\d+ (?:input tokens|characters))")
+
+REQUEST_OVER_MAX_MODEL_LEN = Entry(
+    "request-over-max-model-len", "A request is longer than the served max_model_len", DEGRADED,
+    symptom="a request gets HTTP 400 `This model's maximum context length is N tokens. However, you requested M "
+            "tokens` while the server keeps serving others",
+    detect="vLLM's length refusal in an API answer or a log; the served max_model_len and the request's length "
+           "are extracted",
+    cause="the prompt (plus max_tokens) of that request is longer than the server's max_model_len: a client that "
+          "sends its whole history or asks for max_tokens up to the model card's context, not the served one",
+    fix="the server serves {max_model_len} tokens and the request needed {asked}: shorten the prompt or max_tokens "
+        "(clients can read max_model_len from /v1/models), or serve a larger MAX_MODEL_LEN if the KV cache holds it "
+        "(kv-cache-below-max-model-len says when it does not)",
+    proof="curl -s <api_url>/v1/models | python3 -m json.tool | grep max_model_len",
+    signature=extracting(*_OVER_LEN),
+    source="vllm-project/vllm vllm/renderers/params.py:389,528 @ v0.32.0; report gpustack/gpustack#929 (8204 "
+           "tokens asked of an 8192-token server)",
+    words=(r"maximum context length|context (length|window) (exceeded|is too (short|small))|"
+           r"(exceeds?|longer than|over) (the )?(max_model_len|max[- _]model[- _]len|context (length|window))",
+           r"\b400\b|request\w*|prompt|max_tokens|messages?|tokens"),
+    lab="none yet: a lab request longer than the tiny model's max_model_len would produce it")
+
+#: vLLM's chat-template resolution (vllm/renderers/hf.py:797-801 @ v0.32.0, ChatTemplateResolutionError, and the
+#: same text in vllm/entrypoints/openai/chat_completion/protocol.py:362): the tokenizer defines no chat_template and
+#: none was passed
+_NO_TEMPLATE = (r"default chat template is no longer allowed, so you must provide a chat template",
+                r"ChatTemplateResolutionError")
+
+CHAT_TEMPLATE_MISSING = Entry(
+    "chat-template-missing", "A chat request to a model without a chat template", DEGRADED,
+    symptom="/v1/chat/completions answers HTTP 400 `As of transformers v4.44, default chat template is no longer "
+            "allowed ...` while /v1/completions works",
+    detect="vLLM's ChatTemplateResolutionError text in an API answer or a log",
+    cause="the served model's tokenizer defines no chat_template (a base model, or a quantized or converted copy "
+          "that lost tokenizer_config.json's template or its chat_template.jinja) and the server got no "
+          "--chat-template",
+    fix="start with `--chat-template <the original model's template .jinja>` (or copy chat_template.jinja from the "
+        "original repo into the weights folder), or use /v1/completions for a base model",
+    proof="python3 -c \"import json;print('chat_template' in json.load(open('<weights>/tokenizer_config.json')))\"; "
+          "ls <weights>/chat_template.jinja",
+    signature=extracting(*_NO_TEMPLATE),
+    source="vllm-project/vllm vllm/renderers/hf.py:797-801, vllm/entrypoints/openai/chat_completion/protocol.py:362 "
+           "@ v0.32.0; reports THUDM/LongWriter#39, vllm-project/vllm#29849",
+    words=(r"chat[- _]template",
+           r"no longer allowed|missing|does not define|doesn'?t (have|define)|not (found|defined)|\b400\b|--chat-template"),
+    lab="none yet: the lab's tiny model served without its chat template would produce it")

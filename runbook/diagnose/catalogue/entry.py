@@ -43,6 +43,8 @@ class Entry:
     lines: tuple[str, ...] = ()     # regexes (case-insensitive) over one log line each: the failure's own text
     words: tuple[str, ...] = ()     # regexes over a reporter's prose: symptom cues; the first is the anchor
                                     # (offline, cues alone need the anchor and one more)
+    symptoms: tuple[str, ...] = ()  # regexes over the whole text: a component's own message that this entry usually
+                                    # explains but other causes can also produce (offline: ranked, never "high")
     lab: str = "none"               # the lab injection that produces it, or "none: <why>"
     downstream: bool = False        # a consequence that other entries explain (ranks below them offline)
     inferred: bool = False          # the signature infers the cause from a symptom (a log that stops, two settings
@@ -56,6 +58,20 @@ class Entry:
         if not rx.search(text):             # one pass over the whole text rejects most logs (MULTILINE: ^ is a line start)
             return []
         return lines_matching(text, rx, limit)
+
+    def symptom_hits(self, text: str, limit: int = 3) -> list[str]:
+        """The lines where one of :attr:`symptoms` matches: the line of its group ``at`` if it has one, else the
+        line it starts on (a pattern may span lines: a signal line, then the NCCL frames under it)."""
+        out: list[str] = []
+        for rx in _compiled_each(self.symptoms):
+            for m in rx.finditer(text):
+                at = m.start("at") if "at" in rx.groupindex else m.start()
+                line = text[text.rfind("\n", 0, at) + 1:].partition("\n")[0].strip()[:300]
+                if line not in out:
+                    out.append(line)
+                if len(out) >= limit:
+                    return out
+        return out
 
     def cues(self, prose: str) -> dict[int, str]:
         """The :attr:`words` cues that hold in ``prose`` (lower-cased, whitespace folded): cue index -> the

@@ -104,9 +104,13 @@ MEMORY_PINNED_AFTER_FAILED_START = Entry(
         "no automatic restarts (`restart: no`); a vLLM with the UMA release fix (>= 0.24, PR #45179)",
     proof="pgrep -af 'vllm|EngineCore' || grep -E 'MemTotal|MemAvailable' /proc/meminfo",
     signature=_sig_pinned,
-    source="vllm-project/vllm#45179 (comment 2026-07-07); Blackwellboy/model-serving-minefield#45; "
+    source="vllm-project/vllm#45179 (comment 2026-07-07); vllm/v1/engine/utils.py:1432 @ v0.32.0 (the offline "
+           "symptom); Blackwellboy/model-serving-minefield#45; "
            "bringup-anchors §5.17; field-reports-2026-12 §2 #2",
-    lines=(r"Engine core initialization failed\..*Failed core proc\(s\): \{\}",),
+    # a symptom, never high: vLLM prints it after any engine-core death at start (vllm/v1/engine/utils.py:1432 @
+    # v0.32.0); the empty proc list fits memory pinned by a dead start, but a start error above it (Ray on CPU, a
+    # missing interface) is its own entry and outranks it
+    symptoms=(r"Engine core initialization failed\..*Failed core proc\(s\): \{\}",),
     words=(r"only (a |the )?(full )?(host )?reboot|reboot(ing)? (is the only|fixes|clears|frees|helps)|until (a |i |we )?reboot|(needs?|required?) a reboot|reboot (the|each) (node|host|box)",
            r"(memory|ram|\bgb\b|\bgib\b|uma|uvm).{0,60}(not|never|isn'?t|wasn'?t|stays?|remain\w*|still).{0,25}(freed|released|return\w*|come back|reclaimed|pinned|held|allocated|used|trapped)|leak\w*|trapped",
            r"fail\w* (start|launch|boot|load|attempt|run|init)|crash\w*|killed|ctrl[+-]c|each (retry|attempt|failed)|no process(es)? (is |are )?(left|running|alive)|nothing (is )?running"),

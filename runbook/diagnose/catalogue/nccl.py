@@ -54,10 +54,18 @@ GID_INDEX_PER_NIC = Entry(
           "global NCCL_IB_GID_INDEX hands one NIC a link-local GID and its queue pair never connects",
     fix="set *_GID=auto (resolved per node and checked per HCA), or pin an index valid on every HCA of that node",
     proof="grep -H . /sys/class/infiniband/{hca}/ports/1/gid_attrs/types/* /sys/class/infiniband/{hca}/ports/1/gids/*",
-    signature=_sig_gid_per_nic, source="anchors-2026-12 #3; bringup-anchors §5.5",
+    signature=_sig_gid_per_nic, source="anchors-2026-12 #3; bringup-anchors §5.5; symptom: NVIDIA/nccl "
+           "src/transport/net_ib.cc:2543 @ v2.28.9-1, :818 @ v2.7.8-1 (completion status 12, retry exceeded); report "
+           "NVIDIA/nccl#426 (the maintainer: error 12 right away means the NICs cannot talk RoCE; fixed by the GID "
+           "index)",
     lab="none: no RoCE device in the lab (fixture follows the sysfs format)",
     lines=(r"ibv_modify_qp failed with (error )?61",
            r"ibv_modify_qp.*No data available",),
+    # symptom (never high): a work completion with IBV_WC_RETRY_EXC_ERR (12) as NCCL prints it (src/transport/net_ib.cc
+    # :2543 @ v2.28.9-1 `status=IBV_WC_RETRY_EXC_ERR(12)`, :818 @ v2.7.8-1 `Got completion with error 12`): the
+    # peer never acknowledged the queue pair's packets; right after connect that is most often a GID (RoCE v1/v2,
+    # link-local) the path cannot route, less often the MTU or the switch's lossless settings
+    symptoms=(r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error 12\b|status=IBV_WC_RETRY_EXC_ERR\(12\))",),
     words=(r"gid[_ ]?index|\bgid\b|gids",
            r"unhandled system error|ibv_modify_qp|errno 61|link-local|fe80|::ffff",
            r"nccl|roce|rdma|hca|nic",))
@@ -93,8 +101,11 @@ NCCL_IB_NO_DEVICE = Entry(
 
 
 def _sig_socket_ifname(b: B.Bundle) -> list[Hit]:
+    # NCCL src/misc/socket.cc:819 @ v2.28.9-1: ncclSocketInit gets an address no interface filled (family neither
+    # AF_INET nor AF_INET6) when NCCL_SOCKET_IFNAME matched nothing; src/bootstrap.cc:114: "no socket interface found"
     rx = re.compile(r"Unable to find address for: \S+|no socket interface found|ncclInvalidUsage|"
-                    r"Gloo connectFullMesh failed|NCCL_SOCKET_IFNAME set to an interface that")
+                    r"Gloo connectFullMesh failed|NCCL_SOCKET_IFNAME set to an interface that|"
+                    r"with family -?\d+ is neither AF_INET\(\d+\) nor AF_INET6")
     hits = []
     for node, text in b.logs():
         ev = lines_matching(text, rx, 2)
@@ -113,12 +124,14 @@ def _sig_socket_ifname(b: B.Bundle) -> list[Hit]:
 SOCKET_IFNAME_INVALID = Entry(
     "socket-ifname-invalid", "Socket interface name does not exist on the node", FATAL,
     symptom="rank dies at init (`ncclInvalidUsage`, `Unable to find address for: <if>`)",
-    detect="`Unable to find address for:`, `no socket interface found`, `ncclInvalidUsage` or "
+    detect="`Unable to find address for:`, `no socket interface found`, `ncclInvalidUsage`, NCCL's `connecting to "
+           "address with family N is neither AF_INET nor AF_INET6` (an address no interface filled) or "
            "`Gloo connectFullMesh failed` in a rank log",
     cause="NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME / TP_SOCKET_IFNAME names an interface that node does not have",
     fix="set *_CX7_IF (or BOOTSTRAP_IF) to the node's real netdev; never `lo`",
     proof="ip -br addr; tr '\\0' '\\n' < /proc/<rank pid>/environ | grep SOCKET_IFNAME",
-    signature=_sig_socket_ifname, source="anchors-2026-12 #4; bringup-anchors §5.4",
+    signature=_sig_socket_ifname, source="anchors-2026-12 #4; bringup-anchors §5.4; NVIDIA/nccl src/misc/socket.cc:819, "
+           "src/bootstrap.cc:114 @ v2.28.9-1",
     lab="capture_netns socket_ifname (gloo with a missing interface)",
     words=(r"socket_ifname|ifname|interface name",
            r"not found|does(n'?t| not) exist|wrong|invalid|unable to find address|loopback|127\.0\.0\.1|\blo\b|connectfullmesh",

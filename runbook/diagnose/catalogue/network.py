@@ -114,9 +114,14 @@ FIREWALL_MASTER_PORT = Entry(
     fix="allow the port on the fabric: `sudo ufw allow in on {fabric_if} to any port {master_port} proto tcp` "
         "(or remove the drop rule), then start again",
     proof="timeout 5 bash -c '</dev/tcp/{master_addr}/{master_port}' && echo open   # from the worker",
-    signature=_sig_firewall, source="anchors-2026-12 #2; issue 16 item 1",
+    signature=_sig_firewall, source="anchors-2026-12 #2; issue 16 item 1; the kernel line is ufw's logging chain "
+           "(`-A ufw-after-logging-input -j LOG --log-prefix \"[UFW BLOCK] \"` in the rules ufw writes; read by rule, "
+           "no line pinned)",
     lines=(r"\[UFW BLOCK\].*DPT=\d+",),
-    words=(r"firewall|\bufw\b|iptables|nftables|\bnft\b",
+    # the anchor needs the multi-node context in the same report (a rendezvous, a port of the start, NCCL/torch/Ray/
+    # vLLM): a firewall that blocks ssh or a web site is not this entry
+    words=(r"^(?=.*(\bmaster[_ ]?(port|addr)|\b29\d{3}\b|rendezvous|clients joined|\bnccl\b|\btorch|\bvllm\b|\bray\b|"
+           r"distributed|\branks?\b|tcpstore)).*?(firewall|\bufw\b|iptables|nftables|\bnft\b)",
            r"port|29\d{3}|rendezvous|master",
            r"hang|time[ds]? ?out|block|drop|clients joined|refus",),
     lab="tests/lab/test_diagnose_lab.py::test_firewall_dropping_the_master_port_is_named_within_a_minute")

@@ -150,11 +150,45 @@ DRIVER_NOT_LOADED = Entry(
         "previous kernel; hold kernel updates on cluster nodes",
     proof="nvidia-smi; uname -r; ls /lib/modules/$(uname -r)/ | grep -i nvidia",
     signature=None,
-    source="bringup-anchors §5.14 (TechPreacher preboot-check)",
+    source="bringup-anchors §5.14 (TechPreacher preboot-check); symptom: NVIDIA/libnvidia-container src/driver.c:101 "
+           "@ 06deb20d (dlopen of libnvidia-ml.so.1)",
     lines=(r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver",
            r"nvml error: driver not loaded|\bDriver Not Loaded\b", r"Found no NVIDIA driver on your system"),
+    # symptom (never high): the container toolkit cannot dlopen NVML on the host (libnvidia-container src/driver.c:101
+    # @ 06deb20d: xdlopen of libnvidia-ml.so.1 before nvmlInit_v2): no driver user space there (not installed, or not
+    # loaded after a kernel update); a docker that cannot see the host's libraries (snap) says the same
+    symptoms=(r"load library failed: libnvidia-ml\.so\.1: cannot open shared object file",),
     words=(r"nvidia-smi (fails|failed|doesn'?t work|errors?)|couldn'?t communicate with the nvidia driver|driver not loaded|no nvidia driver",
            r"kernel (update|upgrade)|after (an? )?(update|upgrade|apt)|\bdkms\b|unattended-upgrade"),
+    lab="none: no NVIDIA driver in the lab")
+
+
+#: NVML's NVML_ERROR_LIB_RM_VERSION_MISMATCH (18, "RM detects a driver/library version mismatch"; vllm/third_party/
+#: pynvml.py:244 @ v0.32.0), as nvidia-smi prints it ("Failed to initialize NVML: Driver/library version mismatch"),
+#: as libnvidia-container wraps it (src/driver.c:46,104 @ 06deb20d: "nvml error: " + the NVML text, from nvmlInit_v2)
+#: and as NCCL logs a failed nvmlInit_v2
+_NVML_MISMATCH = (r"Failed to initialize NVML: Driver/library version mismatch",
+                  r"nvml error: driver/library version mismatch",
+                  r"nvmlInit\w*\(\) failed: Driver/library version mismatch")
+
+NVML_DRIVER_LIBRARY_MISMATCH = Entry(
+    "nvml-driver-library-mismatch", "The loaded NVIDIA kernel module is older than the driver libraries", FATAL,
+    symptom="`nvidia-smi` says `Failed to initialize NVML: Driver/library version mismatch`; `docker run --gpus` "
+            "fails with `nvml error: driver/library version mismatch`",
+    detect="NVML's `Driver/library version mismatch` as nvidia-smi, the container toolkit or NCCL print it",
+    cause="the driver's user-space libraries were upgraded (often by unattended-upgrades) while the old nvidia "
+          "kernel module stays loaded until a reboot, so NVML refuses to talk to it",
+    fix="reboot the node (or stop every GPU process and reload the nvidia modules), then hold the driver packages "
+        "(`apt-mark hold` on the nvidia driver packages) on cluster nodes so both nodes keep the same driver",
+    proof="cat /proc/driver/nvidia/version; dpkg -l | grep -E 'nvidia-(driver|utils|compute-utils)'; "
+          "grep -i nvidia /var/log/apt/history.log | tail",
+    signature=None,
+    source="NVML nvmlReturn_t NVML_ERROR_LIB_RM_VERSION_MISMATCH (vllm/third_party/pynvml.py:244 @ v0.32.0); "
+           "NVIDIA/libnvidia-container src/driver.c:46,104 @ 06deb20d (`nvml error` from nvmlInit_v2); reports "
+           "illinois-scicomp/machine-shop-maintenance#60 (a reboot fixed it), #70 (kernel module 520, nvidia-smi 525)",
+    lines=_NVML_MISMATCH,
+    words=(r"driver/library version mismatch|nvml.{0,40}version mismatch",
+           r"nvidia-smi|nvml|reboot\w*|upgrad\w*|update\w*|apt"),
     lab="none: no NVIDIA driver in the lab")
 
 

@@ -28,8 +28,16 @@ NCCL_SHM_TOO_SMALL = Entry(
     proof="docker exec <rank container> df -h /dev/shm; ls -la /dev/shm | grep nccl",
     signature=extracting(*_SHM),
     source="NVIDIA/nccl src/misc/shmutils.cc ncclShmOpen (fallocate WARN and the fail: WARN; the log's own "
-           "misc/shmutils.cc:112/:132), src/include/shm.h:28,48 before 2.12; report vllm-project/vllm#1710",
-    words=(r"/dev/shm|shm[- _]size|shared memory segment|--ipc",
+           "misc/shmutils.cc:112/:132), src/include/shm.h:28,48 before 2.12; symptoms: shmutils.cc:96 and shm.h:22 "
+           "@ v2.7.8-1 (the segment's MAP_SHARED mmap), src/init.cc:2687 @ v2.28.9-1 (ncclSystemError's text); "
+           "report vllm-project/vllm#1710",
+    # symptoms (never high): a SIGBUS under NCCL frames is a touch of a /dev/shm page tmpfs cannot back (mmap(2));
+    # a bare `unhandled system error` (ncclSystemError: a system call failed) with no NCCL WARN naming the call is,
+    # in a container, most often the same 64 MiB /dev/shm
+    symptoms=(r"(?:Bus error|signal 7\b|SIGBUS)[^\n]*(?:\n[^\n]*){0,12}?(?:\bnccl\w*|libnccl)",
+              r"\bnccl\w*[^\n]{0,80}(?:Bus error|SIGBUS)",
+              r"\A(?![\s\S]*NCCL WARN)[\s\S]*?(?P<at>\bNCCL (?:Error 2|failure [^\n]*)\W+unhandled system error)"),
+    words=(r"/dev/shm|shm[- _]size|shared memory segment|--ipc|ncclshmopen",
            r"nccl|docker|container|no space|64 ?mi?b",),
     lab="none yet: a lab rank container started with --shm-size=64m and NCCL's shm transport would produce it "
         "(the lab's CPU ranks use gloo)")
@@ -40,6 +48,8 @@ _DISK = ((r"failed to register layer: (?:[^\n]*?)no space left on device", {"pat
          r"(?:write|mkdir|open|create|copy|rename) (?P<path>/(?!dev/shm)[^\s:]+): no space left on device",
          (r"\[Errno 28\] No space left on device(?:: '(?P<path>/(?!dev/shm)[^']+)')?", {"path": "the written path"}),
          r"target location (?P<path>/\S+) only has (?P<free_mb>[\d.]+) MB free disk space",
+         # a Rust tool (hf-hub, the xet client): std::io::Error's Display is "{detail} (os error {code})"
+         (r"No space left on device \(os error 28\)", {"path": "the written path"}),
          r"(?P<path>/tmp/ray\S*) is over (?P<percent>\d+)% full")
 
 DISK_FULL = Entry(
@@ -60,6 +70,8 @@ DISK_FULL = Entry(
     signature=extracting(*_DISK),
     source="moby/moby distribution/xfer/download.go (`failed to register layer: %v`); huggingface_hub "
            "file_download.py:774-776 @ 2.4.0 (_check_disk_space); ray src/ray/common/file_system_monitor.cc; "
+           "rust-lang/rust library/std/src/io/error.rs (impl Display for Error: `{detail} (os error {code})`; "
+           "the function read, no line pinned); "
            "reports moby/moby#32811, NVIDIA-NeMo/Speech#1029, sickcodes/Docker-OSX#314",
     words=(r"disk (is |was |got )?(full|filled)|out of disk|fail\w* to register (the )?layer|errno 28|free disk space|"
            r"no space left on device.{0,80}(disk|\bdf\b|partition|volume|layer|cache|/tmp|/var)|"
