@@ -2,7 +2,6 @@
 ``support`` (``from support.runs import build_run``), so no test module imports another."""
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
@@ -14,35 +13,11 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 
-LAB = Path(TESTS) / "lab"
+from support.lab_group import LAB, in_lab_group  # noqa: E402  (needs TESTS on sys.path, above)
+
 # niceness of an xdist worker while it runs a test outside the lab group: the lab's CPU vLLM ranks (started by the
 # nodes' sshd, nice 0) keep both cores when they need them, and the unit tests fill the time the lab tests wait
 UNIT_NICE = 15
-
-
-@functools.lru_cache(maxsize=None)
-def _marked_timed(path: str) -> bool:
-    """A test file that marks itself ``timed`` (module ``pytestmark``): read from its source, because xdist's
-    scheduler sees node ids only."""
-    return "pytest.mark.timed" in Path(path).read_text(encoding="utf-8")
-
-
-@functools.lru_cache(maxsize=None)
-def _marked_own_netns(path: str) -> bool:
-    """A tests/lab file that marks itself ``own_netns``: it builds its own namespaces (``lab.switchlab``) and never
-    touches the embedded lab, so it need not wait for the lab group (the Ray cluster test: about 2.5 minutes)."""
-    return "pytest.mark.own_netns" in Path(path).read_text(encoding="utf-8")
-
-
-def in_lab_group(nodeid: str) -> bool:
-    """Lab tests (one machine-wide resource, shared session fixtures) and the tests of files marked ``timed`` (they
-    judge wall-clock against the reference server, so a starved worker would fail them): one worker, in order."""
-    path = Path(TESTS).parent / nodeid.split("::", 1)[0]
-    if path.suffix != ".py" or not path.is_file():
-        return LAB in path.parents
-    if LAB in path.parents:
-        return not _marked_own_netns(str(path))
-    return _marked_timed(str(path))
 
 
 def pytest_xdist_make_scheduler(config, log):
