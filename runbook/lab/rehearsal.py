@@ -28,6 +28,7 @@ from pathlib import Path
 from ..errors import ProfileError, ProfileIssue
 from ..evidence import REPO_ROOT
 from ..profile import NODE_NAMES, Profile, load_profile, node_key, node_keys
+from ..profile.rules import LAB_RAY_CPU_SITE, LAB_RAY_CPU_WHY
 from . import control, hub, oci
 from .netlab.spec import MGMT_IF, OPERATOR, PORTS, REGISTRY, node_specs
 
@@ -282,7 +283,22 @@ def substitutions(profile: Profile, *, ssh_user: str = "") -> list[Substitution]
         on_fabric = profile.api_host in (profile.head_ip, profile.head_bootstrap_ip)
         out.append(Substitution("API_HOST", profile.api_host, lab.head_ip if on_fabric else "0.0.0.0", "nodes",
                                 "the API binds an address of the head, which is the lab's head node"))
+    if profile.executor == "ray":
+        out.append(ray_cpu_substitution())
     return out
+
+
+#: EXECUTOR=ray on the lab: the key's value is kept; what the lab changes under it is the CPU vLLM's Ray device key
+RAY_DEVICE_PART = "the vLLM platform's Ray device key"
+
+
+def ray_cpu_substitution() -> Substitution:
+    """EXECUTOR=ray rehearsed: kept as ``ray``, but the lab's CPU vLLM serves through Ray only with the lab-only
+    substitution (:data:`runbook.profile.rules.LAB_RAY_CPU_WHY`), listed here so rehearsal.json and the report
+    say so (class *hardware*: the engine group, vLLM's CPU build in place of its GPU build)."""
+    return Substitution("EXECUTOR", "GPU (vLLM's CUDA platform sets it)",
+                        f"GPU (LAB ONLY: {LAB_RAY_CPU_SITE}/sitecustomize.py sets it on the CPU platform)", "engine",
+                        LAB_RAY_CPU_WHY, part=RAY_DEVICE_PART, value="ray")
 
 
 LAB_PORT_WHY = ("the lab's nodes have one netdev per CX-7 port, {ports} (a Spark's twins enP2p1s0f*np* are not "

@@ -635,6 +635,9 @@ def _after_wait(cluster, profile, plan, result, ev, raise_, *, t0, started, clea
                                 fix="check the log format of this vLLM build"))
     marker_checks(plan, result, logs)
     patch_warning_checks(plan, result, logs)
+    sub = ray_cluster.substitution_check(profile, plan, logs.get(plan.head.node, ""), reused=result.reused)
+    if sub is not None:
+        result.checks.add(sub)
     result.checks.add(engram_attach.attach_checks(profile, plan, logs, reused=result.reused))
     return result
 

