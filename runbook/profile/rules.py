@@ -360,7 +360,9 @@ LAB_RAY_CPU_WHY = ("vLLM's CPU build has no Ray device key (`ray_device_key` is 
                    "(vllm/v1/executor/ray_utils.py:574); the lab puts " + LAB_RAY_CPU_SITE + " on its Ray processes' "
                    "PYTHONPATH, whose sitecustomize gives the CPU platform the key \"GPU\" (each lab node's `ray start` "
                    "declares --num-gpus 1, a Spark's one GB10), so placement, actors and ranks take a Spark's path; "
-                   "the ranks still compute on the CPU")
+                   "the ranks still compute on the CPU; and its CPU SHM group name gets the node's /dev/shm identity, "
+                   "so ranks on different nodes use gloo as under mp instead of one shared-memory segment across "
+                   "nodes (`RuntimeError: open shm in SHMManager failed. errno: 2`, the CPU communicator only)")
 
 
 def lab_ray_missing(p: Profile) -> list[str]:

@@ -33,6 +33,16 @@ def _fake_vllm(tmp_path, key: str = ""):
             device_name = "cpu"
             ray_device_key = {key!r}
     """))
+    comm = pkg.parent / "distributed" / "device_communicators"
+    comm.mkdir(parents=True, exist_ok=True)
+    for d in (comm.parent, comm):
+        (d / "__init__.py").write_text("")
+    (comm / "cpu_communicator.py").write_text(textwrap.dedent("""
+        class _CPUSHMDistributed:
+            @staticmethod
+            def make_group_name(communicator):
+                return f"{communicator}-tp-[0-1]-cpushm"
+    """))
     return tmp_path / "fake"
 
 
@@ -58,6 +68,16 @@ def test_the_hook_leaves_a_platform_that_has_a_key_and_a_process_that_never_impo
     assert r.returncode == 0 and r.stdout.strip() == "'CPU' ''" and LAB_RAY_CPU_MARKER not in r.stderr
     r = _run(tmp_path, "import sys; print(sorted(m for m in sys.modules if m.startswith('vllm')))")
     assert r.returncode == 0 and r.stdout.strip() == "[]" and not r.stderr
+
+
+def test_the_shm_group_name_carries_the_nodes_dev_shm_so_ranks_on_two_nodes_never_share_one_segment(tmp_path):
+    code = ("import os; from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed as D; "
+            "print(D.make_group_name('7'), D().make_group_name('7'), os.stat('/dev/shm').st_dev)")
+    r = _run(tmp_path, code)
+    assert r.returncode == 0, r.stderr
+    name, again, dev = r.stdout.split()
+    assert name == again == f"7-tp-[0-1]-cpushm-shm{dev}"       # class and instance lookups agree
+    assert "CPU SHM group name per /dev/shm" in r.stderr
 
 
 def test_the_switch_turns_the_hook_off_and_the_unpatched_platform_comes_back(tmp_path):

@@ -34,8 +34,10 @@ import os
 import sys
 
 TARGET = "vllm.platforms.cpu"
+SHM_TARGET = "vllm.distributed.device_communicators.cpu_communicator"
 RAY_DEVICE_KEY = "GPU"
 MARKER = "[spark-runbook lab] LAB-ONLY SUBSTITUTION: vLLM CpuPlatform.ray_device_key = 'GPU'"
+SHM_MARKER = "[spark-runbook lab] LAB-ONLY SUBSTITUTION: vLLM CPU SHM group name per /dev/shm"
 #: set to 0 to load this directory without the patch (the unpatched error comes back)
 SWITCH = "SPARK_RUNBOOK_LAB_RAY_CPU"
 
@@ -49,6 +51,47 @@ def patch(cls) -> bool:
     return True
 
 
+def shm_domain() -> str:
+    """Which shared memory this process sees: the device of its ``/dev/shm`` (a lab node's own tmpfs, in its own
+    mount namespace; one host's processes share it)."""
+    try:
+        return f"shm{os.stat('/dev/shm').st_dev}"
+    except OSError:
+        return "shm-none"
+
+
+def patch_shm_group_name(cls) -> bool:
+    """The second thing Ray needs on the lab's CPU vLLM: its CPU SHM communicator (``cpu_communicator.py:34-45``)
+    is used when every rank of a TP/PP group computes the same SHM group name (``_all_group_ranks_share_shm_group_name``),
+    which under ``mp`` across nodes they do not (each node's own ``VLLM_DIST_IDENT``), but under Ray they do (one
+    ``distributed_init_method`` for all): the ranks then open one shared-memory segment across nodes, and a node with
+    its own /dev/shm fails with ``RuntimeError: open shm in SHMManager failed. errno: 2`` (measured on the lab;
+    cross-host SHM is vllm-project/vllm#46716's deadlock on real hosts). The group name gets the /dev/shm's identity
+    (:func:`shm_domain`), so ranks that do not share /dev/shm fall back to torch.distributed (gloo), as under mp."""
+    orig = cls.__dict__.get("make_group_name")
+    if orig is None or getattr(orig, "_spark_runbook_lab", False):
+        return False
+    inner = orig.__func__ if isinstance(orig, staticmethod) else orig
+
+    def make_group_name(communicator):
+        return f"{inner(communicator)}-{shm_domain()}"
+
+    make_group_name._spark_runbook_lab = True
+    cls.make_group_name = staticmethod(make_group_name)
+    return True
+
+
+def _apply(module) -> None:
+    if module.__name__ == TARGET:
+        cls = getattr(module, "CpuPlatform", None)
+        if cls is not None and patch(cls):
+            sys.stderr.write(f"{MARKER} (pid {os.getpid()}; runbook/lab/ray_cpu_site)\n")
+    elif module.__name__ == SHM_TARGET:
+        cls = getattr(module, "_CPUSHMDistributed", None)
+        if cls is not None and patch_shm_group_name(cls):
+            sys.stderr.write(f"{SHM_MARKER} (pid {os.getpid()}; runbook/lab/ray_cpu_site)\n")
+
+
 class _PatchingLoader(importlib.abc.Loader):
     def __init__(self, inner):
         self.inner = inner
@@ -59,14 +102,12 @@ class _PatchingLoader(importlib.abc.Loader):
     def exec_module(self, module):
         module.__spec__.loader = module.__loader__ = self.inner
         self.inner.exec_module(module)
-        cls = getattr(module, "CpuPlatform", None)
-        if cls is not None and patch(cls):
-            sys.stderr.write(f"{MARKER} (pid {os.getpid()}; runbook/lab/ray_cpu_site)\n")
+        _apply(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET:
+        if fullname not in (TARGET, SHM_TARGET):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
@@ -84,10 +125,9 @@ def install() -> bool:
     imported is patched at once."""
     if os.environ.get(SWITCH, "1") == "0":
         return False
-    mod = sys.modules.get(TARGET)
-    if mod is not None and getattr(mod, "CpuPlatform", None) is not None:
-        if patch(mod.CpuPlatform):
-            sys.stderr.write(f"{MARKER} (pid {os.getpid()}; runbook/lab/ray_cpu_site)\n")
+    for name in (TARGET, SHM_TARGET):
+        if sys.modules.get(name) is not None:
+            _apply(sys.modules[name])
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
     return True
