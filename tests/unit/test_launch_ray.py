@@ -116,11 +116,11 @@ def test_validate_cli_refuses_lab_ray_without_the_labs_ray_unless_checked_up_to_
     assert "valid" in capsys.readouterr().out
 
 
-def test_lab_ray_profile_is_lab_env_with_executor_ray_only():
+def test_lab_ray_profile_is_lab_env_with_executor_ray_and_engram_off():
     ray, mp = load_profile(ENV / "lab-ray.env"), load_profile(ENV / "lab.env")
     assert (ray.executor, ray.lab, ray.node_count, ray.tp) == ("ray", True, 2, 2)
     differ = [k for k in KEYS if ray.value(k) != mp.value(k)]
-    assert differ == ["PROFILE_NAME", "EXECUTOR"], differ
+    assert differ == ["PROFILE_NAME", "EXECUTOR", "ENGRAM"], differ
 
 
 def test_lab_ray_render_puts_the_substitution_on_every_ray_process_path_and_nowhere_else():
