@@ -235,6 +235,15 @@ def test_status_of_two_nodes_with_their_gpus_names_both():
     assert not st.complete(["head", "worker", "worker2"])
 
 
+def test_status_while_vllm_serves_counts_the_gpus_its_placement_group_holds():
+    """Captured from the lab's EXECUTOR=ray server (env/lab-ray.env): Ray appends `(2.0 used of 2.0 reserved in
+    placement groups)` to the GPU line, which the parser once skipped (`status` said 0 GPU while serving)."""
+    text = (DATA / "status-2-nodes-serving.txt").read_text()
+    assert "2.0/2.0 GPU (2.0 used of 2.0 reserved in placement groups)" in text
+    st = ray_facts.parse_status(text)
+    assert st.totals["GPU"] == 2.0 and st.gpus == 2.0 and st.complete(["head", "worker"])
+
+
 def test_status_after_a_worker_died_names_it():
     st = ray_facts.parse_status((DATA / "status-worker-gone.txt").read_text())
     assert len(st.active) == 1 and st.missing(["head", "worker"]) == ["worker"]
