@@ -33,7 +33,9 @@ HF_GATED_REPO_TOKEN = Entry(
     symptoms=(r"https://huggingface\.co/(?P<repo>[\w.-]+/[\w.-]+)/resolve/\S*: status code 401\b",
               r"\b401 Client Error\b[^\n]*(?:\n[^\n]*){0,3}?(?:Unauthorized|Repository Not Found) for url: "
               r"https://huggingface\.co/"),
-    words=(r"gated\b.{0,20}\b(repo|model)|gatedrepoerror|accept\w* (the )?licen[cs]e",
+    words=(r"gated\b.{0,20}\b(repo|model)|gatedrepoerror|accept\w* (the )?licen[cs]e|"
+           r"\b(401|unauthori[sz]ed)\b.{0,60}\b(hugging ?face|hf|hf_token|the hub)\b|"
+           r"\b(hugging ?face|hf|hf_token|the hub)\b.{0,60}\b(401|unauthori[sz]ed)\b",
            r"hf_token|token|401|403|unauthori[sz]ed|log ?in",
            r"worker|second node|other node|only on|rented|remote"),
     lab="none: the lab never reaches huggingface.co")
@@ -84,7 +86,7 @@ NVIDIA_CONTAINER_TOOLKIT_MISSING = Entry(
            "src/cli/configure.c:226 @ 09df17a2 (`initialization error: %s` after nvc_init); container-device-interface "
            "pkg/cdi/cache.go (unresolvable CDI devices); reports mayooot/grok-docker#2, "
            "NVIDIA/nvidia-container-toolkit#556 (driver rpc error), NVIDIA/nvidia-docker#1780 (cannot open shared "
-           "object file)",
+           "object file), NVIDIA/nvidia-container-toolkit#146 (unresolvable CDI devices)",
     words=(r"could not select device driver|nvidia-container-toolkit|container toolkit|nvidia-ctk|--gpus|"
            r"nvidia-container-cli|nvidia container runtime|nvidia-docker|gpus? (is |are )?not (visible|available|"
            r"found|detected) (in|inside) (the |my |a )?(docker|container)|"
@@ -151,6 +153,7 @@ IMAGE_ARCH_MISMATCH = Entry(
            "NVIDIA/nvidia-docker#1116 (nvidia/cuda on Jetson: not multi-arch)",
     words=(r"exec format error|no matching manifest|no match for platform|(platform|architecture) (\w+ )?(does not|doesn'?t) match|"
            r"wrong (architecture|platform)|(only|no) (an? )?(arm64|amd64|aarch64|x86[_-]64) (image|build|tag|variant|manifest)|"
+           r"only (has|have|ships|provides|publishes|offers) (an? )?(amd64|x86[_-]64|x86) (image|build|tag|variant|manifest)|"
            r"not (built|available|published) for (arm64|aarch64|amd64|arm)|"
            r"(image|container|tag) (is |was )?(built )?(only )?for (x86[_-]64|amd64|x86)\b|"
            r"(x86[_-]64|amd64|x86)[- ]only (image|build|tag|container)|"

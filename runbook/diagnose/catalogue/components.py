@@ -476,8 +476,9 @@ MPI_TCP_CONNECT_FAILED = Entry(
     proof="ip -br addr | grep -F {address}; nc -zv {address} {port}",
     signature=extracting(*_MPI_TCP),
     source="open-mpi/ompi opal/mca/btl/tcp/help-mpi-btl-tcp.txt:35 [client connect fail] @ 023a4a82, "
-           "opal/mca/btl/tcp/btl_tcp_endpoint.c (mca_btl_tcp_endpoint_complete_connect); report open-mpi/ompi#11936 "
-           "(the maintainers' list: interfaces without a route between nodes)",
+           "opal/mca/btl/tcp/btl_tcp_endpoint.c (mca_btl_tcp_endpoint_complete_connect); reports "
+           "jbornschein/mpi4py-examples#11 (a link-local 169.254 address), NVIDIA/nccl-tests#132 (nccl-tests across "
+           "two nodes), open-mpi/ompi#11936 (the maintainers' list: interfaces without a route between nodes)",
     words=(r"btl_tcp_if_include|oob_tcp_if_include|btl_tcp_if_exclude|failed to tcp connect to a peer",
            r"\bmpirun\b|open ?mpi|\bmpi\b|nccl-tests",
            r"docker0|172\.17\.|interface|hang\w*|connect\w*"),

@@ -94,9 +94,11 @@ CUDA_OOM_STARTUP = Entry(
            ":5028 load_model, :6133 profile_run, :6482 capture_model (:6657 "
            "'Capturing CUDA graphs'), vllm/compilation/cuda_graph.py:314 (torch.cuda.graph) @ v0.32.0; torch/cuda/"
            "graphs.py:120,160 @ 2.13.0 (capture_begin/end); reports vllm-project/vllm#46307, vllm-project/vllm#7593 (OOM "
-           "while capturing CUDA graphs), vllm-project/vllm#19186",
-    words=(r"cuda out of memory|\boom\b|out of memory",
-           r"(graph|cudagraph) captur\w*|captur\w+ (cuda )?graphs?|start\w*|load\w* (the )?weights|profil\w+",
+           "while capturing CUDA graphs), vllm-project/vllm#19186, vllm-project/vllm#17939 (the sampler warm-up's OOM)",
+    words=(r"cuda out of memory|\boom(s|ed|ing)?\b|out of memory|runs? out of (gpu |cuda |device )?memory",
+           r"(graph|cudagraph) captur\w*|captur\w+ (cuda )?graphs?|start[- ]?up|(server|engine|vllm|vllm serve) "
+           r"(start|boot|launch)\w*|(while|when|during|at) (the server |vllm |the engine )?(start|boot|launch)(ing|s)?\b|"
+           r"load\w* (the )?weights|profil\w+",
            r"gpu[_ ]memory[_ ]utili[sz]ation|enforce[- ]eager|max[_ ]num[_ ]batched"),
     lab="none: the lab has no GPU")
 
@@ -124,7 +126,8 @@ TOOL_PARSER_MISSING = Entry(
     signature=extracting(*_TOOL),
     source="vllm-project/vllm vllm/renderers/online_renderer.py:268,278 (tool_choice checks), "
            "vllm/entrypoints/launchers/launcher.py:362 (invalid tool call parser), vllm/parser/gemma4.py:40 (Gemma 4's "
-           "`<|tool_call>` opener, left in the text without its parser) @ v0.32.0; report vllm-project/vllm#55754",
+           "`<|tool_call>` opener, left in the text without its parser) @ v0.32.0; reports vllm-project/vllm#55754, langchain4j/langchain4j#3475 (the refusal "
+           "JSON-escaped in an OpenAI-style error)",
     # the anchor: the flags, or the API's own symptom of a missing or wrong parser (the call left in `content`,
     # `tool_calls` empty); the second cue also knows the parser names vLLM registers
     # (vllm/tool_parsers/__init__.py _TOOL_PARSERS_TO_REGISTER @ v0.32.0)
@@ -184,7 +187,7 @@ _HF_NO_TEMPLATE = (r"Cannot use (?:chat template functions|apply_chat_template(?
                    r"(?P<owner>tokenizer)\.chat_template is not set",
                    r"Cannot use apply_chat_template because this (?P<owner>processor) does not have a chat template")
 _SERVING = (r"\bvllm\b|sglang|/v1/|chat[/ _]completions|\"object\": ?\"error\"|BadRequestError|api[_ ]server|"
-            r"serving_chat|\bOpenAI\b|\bserv(?:e|er|ing)\b|\bendpoint\b")
+            r"serving_chat|\bOpenAI\b|invalid_request_error|\bserv(?:e|er|ing)\b|\bendpoint\b")
 
 CHAT_TEMPLATE_MISSING = Entry(
     "chat-template-missing", "A chat request to a model without a chat template", DEGRADED,
@@ -209,6 +212,6 @@ CHAT_TEMPLATE_MISSING = Entry(
            "processing_utils.py:2054 @ 5.19.0; reports THUDM/LongWriter#39, vllm-project/vllm#29849, "
            "sgl-project/sglang#3385 (a base Llama-3.2-1B has no template), OpenRLHF/OpenRLHF#613",
     words=(r"chat[- _]template",
-           r"no longer allowed|missing|does not define|doesn'?t (have|define)|not (found|defined|set)|\b400\b|"
-           r"--chat-template|no (chat[- _])?template|base model|apply_chat_template"),
+           r"no longer allowed|missing|does not define|doesn'?t (have|define)|not (found|defined)|\b400\b|--chat-template|"
+           r"\bvllm\b|sglang|/v1/chat|chat (request|completion)s?\b"),
     lab="none yet: the lab's tiny model served without its chat template would produce it")

@@ -56,7 +56,7 @@ GID_INDEX_PER_NIC = Entry(
     proof="grep -H . /sys/class/infiniband/{hca}/ports/1/gid_attrs/types/* /sys/class/infiniband/{hca}/ports/1/gids/*",
     signature=_sig_gid_per_nic, source="anchors-2026-12 #3; bringup-anchors §5.5; symptom: NVIDIA/nccl "
            "src/transport/net_ib.cc:2543 @ v2.28.9-1, :1909 @ v2.21.5-1, :818 @ v2.7.8-1 (completion status 12, retry "
-           "exceeded); report "
+           "exceeded); reports NVIDIA/nccl#1814 (status=12, the numeric form), "
            "NVIDIA/nccl#426 (the maintainer: error 12 right away means the NICs cannot talk RoCE; fixed by the GID "
            "index)",
     lab="none: no RoCE device in the lab (fixture follows the sysfs format)",

@@ -412,7 +412,9 @@ RAY_PLACEMENT_GROUP = Entry(
            r"Current node has no GPU available\.",
            r"The number of required GPUs exceeds the total number of available GPUs in the placement group\."
            r"(?: Required number of devices: \d+\. Total number of devices: \d+\.)?"),
-    words=(r"placement[- ]group", r"\bray\b|pack|spread", r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide"),
+    words=(r"placement[- ]group", r"\bray\b|pack|spread",
+           r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide|(can'?t|cannot) (create|reserve|satisfy)|"
+           r"only (sees|shows|lists|counts) (the |one )?gpu|without (its|a|the|any) gpu|not enough gpus|no gpu available"),
     lab="none: the lab runs the mp backend only")
 
 RAY_CPU_PLATFORM = Entry(

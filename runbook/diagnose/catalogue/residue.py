@@ -208,6 +208,6 @@ VERSION_SKEW = Entry(
     signature=None,
     source="bringup-anchors §5.14 (eugr verify_cluster_image_consistency)",
     lines=(r"Version mismatch: The cluster was started with",),
-    words=(r"version (mismatch|skew)|(different|mismatched) (versions?|images?|builds?|digests?)",
+    words=(r"version (mismatch|skew)|(different|mismatched) ([\w.-]+ ){0,2}(versions?|images?|builds?|digests?)",
            r"head|worker|node|both (nodes|sparks)", r"\bray\b|vllm|nccl|image|driver|python"),
     lab="none yet: a worker with a different image tag (issue 25 item 4)")
