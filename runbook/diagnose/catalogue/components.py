@@ -2,7 +2,8 @@
 36 left without an entry: vLLM's unknown-model 404 (a served-model-name mismatch), Ray's memory monitor, NCCL's
 HCA sets that differ between ranks, Gloo bound to a loopback address, vLLM's P2P check that never returns, a
 launcher's host list split wrongly, dependency skew, an engine build without the GPU's architecture, a
-CUDA_VISIBLE_DEVICES set on top of another device selection, and a CUDA virtual-address reservation cap.
+CUDA_VISIBLE_DEVICES set on top of another device selection, a CUDA virtual-address reservation cap, and
+OpenMPI's daemon launch (ssh, PATH, host names) and TCP transport (an unreachable interface's address).
 
 Each signature extracts the names and values its fix needs (the model asked for, the node and the threshold, the
 device counts, the loopback address, the host string, the package and library, the architecture, the device
