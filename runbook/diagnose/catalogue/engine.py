@@ -95,7 +95,7 @@ CUDA_OOM_STARTUP = Entry(
            "'Capturing CUDA graphs'), vllm/compilation/cuda_graph.py:314 (torch.cuda.graph) @ v0.32.0; torch/cuda/"
            "graphs.py:120,160 @ 2.13.0 (capture_begin/end); reports vllm-project/vllm#46307, vllm-project/vllm#7593 (OOM "
            "while capturing CUDA graphs), vllm-project/vllm#19186, vllm-project/vllm#17939 (the sampler warm-up's OOM)",
-    words=(r"cuda out of memory|\boom(s|ed|ing)?\b|out of memory|runs? out of (gpu |cuda |device )?memory",
+    words=(r"cuda out of memory|\boom(s|ed|ing)?\b(?![- ]?kill)|out of memory(?!: kill)|runs? out of (gpu |cuda |device )?memory",
            r"(graph|cudagraph) captur\w*|captur\w+ (cuda )?graphs?|start[- ]?up|(server|engine|vllm|vllm serve) "
            r"(start|boot|launch)\w*|(while|when|during|at) (the server |vllm |the engine )?(start|boot|launch)(ing|s)?\b|"
            r"load\w* (the )?weights|profil\w+",

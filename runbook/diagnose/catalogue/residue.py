@@ -135,7 +135,8 @@ CUDA_TOOLCHAIN_NEWER_THAN_DRIVER = Entry(
            "ggml-org/llama.cpp#1648",
     lines=(r"provided PTX was compiled with an unsupported toolchain", r"CUDA error 222\b|cudaErrorUnsupportedPtxVersion",
            r"CUDA driver version is insufficient for CUDA runtime version"),
-    words=(r"error 222|\bptx\b|unsupported toolchain|driver version is insufficient",
+    words=(r"error 222|\bptx\b|unsupported toolchain|driver version is insufficient|"
+           r"(nvidia |gpu |host )?driver (is |was )?too old|driver .{0,30}older than (the )?(cuda|toolkit|image)",
            r"driver (is )?(too )?old|older driver|newer (cuda|toolkit|toolchain|image)|upgrad\w* (the )?driver|cuda 1[23]|toolkit"),
     lab="none: no NVIDIA driver in the lab")
 

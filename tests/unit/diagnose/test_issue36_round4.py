@@ -189,6 +189,10 @@ def test_mpi_tcp_connect_failure_names_the_address_and_the_interface_flag():
     ("chat-template-missing", "vLLM rejects chat requests because the tokenizer has no chat_template set."),
     ("mpi-tcp-connect-failed", "nccl-tests over mpirun hangs because Open MPI tries to connect over docker0 "
                                "172.17.0.1; btl_tcp_if_include fixed it."),
+    # the kernel's OOM killer is host memory, not a CUDA allocation at start-up
+    ("oom-killed", "The kernel OOM killer killed the vLLM process on the worker while loading weights."),
+    ("cuda-toolchain-newer-than-driver", "The image's CUDA 13 is newer than the driver supports, so torch says the "
+                                         "driver is too old."),
 ])
 def test_specific_words_name_the_cause_never_high(expect, text):
     top = _first(text)
