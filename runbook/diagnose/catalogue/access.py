@@ -134,17 +134,28 @@ _ARCH = (r"no matching manifest for (?P<platform>[\w/]+)(?: in the manifest list
          # runtime's ENOEXEC text): the image's entrypoint is a binary of another architecture
          r"standard_init_linux\.go:\d+: exec user process caused:? \\?\"?exec format error")
 
+def _arch_what(pattern: str) -> str:
+    """What an architecture message says happened, for the fix."""
+    if "exec" in pattern.lower():
+        return "the node executed a binary built for another architecture"
+    if "does not match" in pattern:
+        return "the image pulled is built for another platform"
+    return "the registry has no manifest for it"
+
+
 IMAGE_ARCH_MISMATCH = Entry(
     "image-arch-mismatch", "The image has no build for the node's architecture", FATAL,
     symptom="the pull fails with `no matching manifest for linux/arm64/v8`, or the container exits at once with "
             "`exec format error`",
-    detect="`no matching manifest for <platform>`, `no image found in image index for architecture`, docker's "
-           "platform-mismatch warning or `exec format error`; the platform is extracted",
+    detect="`no matching manifest for <platform>`, `no image found in image index for architecture`, containerd's "
+           "`no match for platform in manifest`, docker's platform-mismatch warning or `exec format error` (runc's "
+           "`exec user process caused`); the platform, the image and the binary are extracted",
     cause="the image (tag) is built for linux/amd64 only, while a DGX Spark is linux/arm64 (aarch64)",
-    fix="use an image built for linux/arm64 (the Spark recipes' images, NGC's arm64 tags), or build one on the "
-        "node; check with `docker manifest inspect <image>` that it lists linux/arm64",
+    fix="the image has no build for {platform} ({what}); use an image built for linux/arm64 (the Spark recipes' "
+        "images, NGC's arm64 tags), or build one on the node; check with `docker manifest inspect {image}` that it "
+        "lists linux/arm64",
     proof="docker manifest inspect {image} | grep -A2 platform; uname -m",
-    signature=extracting(*_ARCH),
+    signature=extracting(*[(p, {"platform": "linux/arm64", "what": _arch_what(p)}) for p in _ARCH]),
     source="moby/moby distribution/pull_v2.go (no matching manifest); containers/image (no image found in image "
            "index); containerd core/images/handlers.go LimitManifests @ 0556f45c (no match for platform in manifest); opencontainers/runc "
            "libcontainer/standard_init_linux.go:228 @ v1.0.0 (newSystemErrorWithCause(err, \"exec user process\"); from v1.1 the "
