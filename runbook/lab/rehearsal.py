@@ -297,7 +297,7 @@ def ray_cpu_substitution() -> Substitution:
     substitution (:data:`runbook.profile.rules.LAB_RAY_CPU_WHY`), listed here so rehearsal.json and the report
     say so (class *hardware*: the engine group, vLLM's CPU build in place of its GPU build)."""
     return Substitution("EXECUTOR", "GPU (vLLM's CUDA platform sets it)",
-                        f"GPU (LAB ONLY: {LAB_RAY_CPU_SITE}/sitecustomize.py sets it on the CPU platform)", "engine",
+                        f"GPU (LAB ONLY: {LAB_RAY_CPU_SITE} sets it on the CPU platform)", "engine",
                         LAB_RAY_CPU_WHY, part=RAY_DEVICE_PART, value="ray")
 
 

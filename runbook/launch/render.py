@@ -458,8 +458,8 @@ def ray_bin_parts(profile) -> list[str]:
 def _ray_env(profile) -> dict[str, str]:
     """What Ray's daemons need beyond the rank's environment: no memory monitor (the playbook's and sparkrun's
     RAY_memory_monitor_refresh_ms=0: it kills workers of a node whose memory a model fills on purpose). The lab: its
-    Ray site and the lab-only substitution dir on PYTHONPATH (every Ray process of the node, the head's serve and its
-    EngineCore import that dir's sitecustomize; the Ray actors inherit it from the raylet)."""
+    Ray site and the lab-only substitution dir on PYTHONPATH (the head's serve arms it through vllm_cli.py, and Ray's
+    runtime-env hook puts the dir first for every actor: runbook/lab/ray_cpu_site/spark_runbook_lab_ray_cpu.py)."""
     env = {"RAY_memory_monitor_refresh_ms": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     if profile.lab:     # the lab's Ray, and (LAB ONLY) the CPU vLLM's Ray device key: profile.rules.LAB_RAY_CPU_WHY
         env["PYTHONPATH"] = f"{lab_ray_site(profile)}:{profile.resolve_path(LAB_RAY_CPU_SITE)}"

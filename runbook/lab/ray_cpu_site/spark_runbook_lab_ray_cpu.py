@@ -20,11 +20,13 @@ does not support ray.``), the placement-group sort (``ray_utils.py:416-420``) an
 (``ray_executor_v2.py:147-150``, ``ray_utils.py:97-104``). Each lab node's ``ray start`` declares ``--num-gpus 1``
 (the lab's stand-in for a Spark's one GB10), so the key given here is ``"GPU"``: the placement group, the actors'
 ``num_gpus=1`` and ``get_accelerator_ids()["GPU"]`` then take exactly the path they take on a Spark's CUDA platform
-(``ray_executor_v2.py:_get_actor_resource_kwargs``), one bundle per node. Nothing else is changed: the ranks still
+(``ray_executor_v2.py:_get_actor_resource_kwargs``), one bundle per node. The second change is the CPU SHM
+communicator's group name (:func:`patch_shm_group_name`: ranks on different nodes use gloo, as under mp). Nothing else
+is changed: the ranks still
 compute on the CPU (``CpuPlatform``: gloo, ``torch.device("cpu")``); the ``CUDA_VISIBLE_DEVICES=0`` Ray sets on each
 actor is read by no CPU code path.
 
-The patch is applied lazily, when ``vllm.platforms.cpu`` is imported (an import hook: nothing is imported here, so
+The patches are applied lazily, when vLLM imports their module (an import hook: nothing is imported here, so
 Ray's own daemons and any process that never loads vLLM are untouched), and announces itself once per process on
 stderr (:data:`MARKER`), so every boot log that ran it says so. Standalone: imports nothing from ``runbook``.
 """
