@@ -313,7 +313,7 @@ def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bo
         return None
     with Cluster.from_profile(profile) as cluster:
         for name in checkable:
-            why = STATE_CHECKS[name](profile, cluster, run_dir.read_sidecar(name))
+            why = STATE_CHECKS[name](cluster, profile, run_dir.read_sidecar(name))
             if why:
                 return name, why
     return None
@@ -352,7 +352,7 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
     fingerprint = record.fingerprint
     try:
         with Cluster.from_profile(profile) as cluster:
-            why = launch.state_left(profile, cluster, sidecar)
+            why = launch.state_left(cluster, profile, sidecar)
             if not why:
                 now = launch_plan(cluster, profile, earlier.read_record(NetworkRecord, missing_ok=True)).fingerprint
                 if now != fingerprint:
@@ -376,7 +376,7 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
     return prev.name
 
 
-def _weights_state(profile, cluster, sidecar) -> str:
+def _weights_state(cluster, profile, sidecar) -> str:
     """What a resume re-checks before skipping a passed 02: a verified manifest still in the tree 02's record
     names on every node that holds a copy (WEIGHT_SYNC=nfs: the head's). '' when intact, else why not."""
     try:

@@ -170,7 +170,7 @@ def record_start(step, profile, result: server.StartResult) -> None:
     step.record = step.record.model_copy(update={"base_url": api_address(profile), "server_id": result.server_id})
 
 
-def state_left(profile, cluster, sidecar: dict[str, Any] | None) -> str:
+def state_left(cluster, profile, sidecar: dict[str, Any] | None) -> str:
     """What a resume re-checks before skipping a passed 04: every rank still runs the configuration that
     step started (same fingerprint). '' when intact, else why not."""
     try:

@@ -25,7 +25,7 @@ def run(step, *, traffic: bool = True, iperf_seconds: int = 3, install_tools: bo
         install_tools = step.profile.install_net_tools
     if step.profile.rehearsal:
         step.add(sim.install(step.cluster, step.profile))
-    net = verify_network(step.profile, step.cluster, traffic=traffic, iperf_seconds=iperf_seconds,
+    net = verify_network(step.cluster, step.profile, traffic=traffic, iperf_seconds=iperf_seconds,
                          install_tools=install_tools)
     step.add(net.checks)
     step.archive(net.raw)
