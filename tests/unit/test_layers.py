@@ -302,6 +302,28 @@ def test_step_packages_expose_run(name):
         f"runbook/{name}/__init__.py: run must take the step first and only keyword knobs after it"
 
 
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_step_run_returns_one_outcome(name):
+    """One outcome type: every step's ``run`` is annotated ``-> StepOutcome`` and each of its returns is
+    ``step.outcome(shown)`` (runbook/step.py): what the notebook shows, the status and the record."""
+    tree = ast.parse((PKG / name / "__init__.py").read_text())
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    assert run.returns is not None and ast.unparse(run.returns) == "StepOutcome", \
+        f"runbook/{name}/__init__.py: run must be annotated -> StepOutcome"
+    returns = []
+
+    def visit(node):                      # run's own returns, not those of a function defined inside it
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Return):
+                returns.append(child)
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                visit(child)
+    visit(run)
+    wrong = [r.lineno for r in returns if not (isinstance(r.value, ast.Call)
+                                               and ast.unparse(r.value.func) == "step.outcome")]
+    assert returns and not wrong, f"runbook/{name}/__init__.py: run returns other than step.outcome(...) at {wrong}"
+
+
 def test_every_module_is_in_the_design_map():
     """docs/DESIGN.md lists every module of the package (its "Every module" table), so a newcomer finds any
     module's purpose in one place."""

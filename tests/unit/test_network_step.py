@@ -458,7 +458,7 @@ def test_install_net_tools_is_a_real_profile_key(monkeypatch, tmp_path):
     assert profile.install_net_tools is True
     seen = {}
 
-    def fake_verify(prof, cluster, **kw):
+    def fake_verify(cluster, prof, **kw):
         seen.update(kw)
         raise RuntimeError("stop after the call")
     monkeypatch.setattr(step01, "verify_network", fake_verify)

@@ -161,7 +161,8 @@ def test_launch_writes_its_record_and_the_smoke_step_finds_the_server_through_it
     with pytest.raises(CheckFailed) if step.checks.failures() else contextlib.nullcontext():
         step.finish(display=False)
     rec = step.run.read_record(LaunchRecord)
-    assert rec.fingerprint == outcome.plan.fingerprint and len(rec.fingerprint) == 64
+    assert rec.fingerprint == outcome.shown.plan.fingerprint and len(rec.fingerprint) == 64
+    assert outcome.record == step.record and outcome.step == "04_launch"
     assert [(r.node, r.rank, r.headless) for r in rec.ranks] == [("head", 0, False), ("worker", 1, True)]
     assert (rec.served_model_name, rec.max_model_len) == (step.profile.served_model_name, step.profile.max_model_len)
     assert rec.base_url == runbook.launch.api_address(step.profile)
@@ -366,6 +367,7 @@ def test_the_report_finds_07s_result_through_its_record(tmp_path):
 def test_engram_step_with_engram_off_writes_its_record(tmp_path):
     import runbook.engram
     step = make_step(tmp_path, name="03_engram", overrides={"ENGRAM": "0"})
-    runbook.engram.run(step, echo=lambda *a, **k: None)
+    outcome = runbook.engram.run(step, echo=lambda *a, **k: None)
+    assert (outcome.shown, outcome.status, outcome.record) == ({}, "passed", step.record)
     step.finish(display=False)
     assert step.run.read_record(EngramRecord) == EngramRecord(enabled=False, tp=int(step.profile.tp))
