@@ -152,8 +152,7 @@ def apply(step, action: str, plan: LaunchPlan) -> LaunchOutcome:
                 try:
                     record(step, profile, partial)
                 except Exception as secondary:           # the start's own error stays the one raised
-                    err.add_note(f"recording what ran before it also failed: {type(secondary).__name__}: "
-                                 f"{secondary}")
+                    note(err, f"recording what ran before it also failed: {type(secondary).__name__}: {secondary}")
             raise
         record(step, profile, outcome)
     elif action == "stop":
@@ -163,6 +162,15 @@ def apply(step, action: str, plan: LaunchPlan) -> LaunchOutcome:
     elif action == "status":
         outcome.status = status.status(step.cluster, profile)
     return outcome
+
+
+def note(err: BaseException, text: str) -> None:
+    """Add ``text`` to ``err``'s notes (``BaseException.add_note`` from Python 3.11; the same ``__notes__`` list
+    before it, which 3.10's traceback does not print but a reader of the exception finds)."""
+    if hasattr(err, "add_note"):
+        err.add_note(text)
+    else:
+        err.__notes__ = [*getattr(err, "__notes__", ()), text]
 
 
 def verify(step, outcome: LaunchOutcome) -> None:

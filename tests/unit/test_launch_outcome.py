@@ -107,3 +107,17 @@ def test_run_returns_the_step_outcome_with_the_launch_shown(launch_step, monkeyp
     assert isinstance(outcome, StepOutcome) and outcome.step == "04_launch" and outcome.status == "passed"
     assert outcome.shown.plan is PLAN and outcome.shown.status == {"head": "not running"}
     assert outcome.record == step.record and outcome.record.fingerprint == PLAN.fingerprint
+
+
+def test_the_note_also_lands_where_add_note_is_missing():
+    """Python 3.10 (``requires-python >=3.10``) has no ``add_note``: the note goes to ``__notes__`` all the same,
+    and never raises in place of the start's error."""
+    class Older:                     # an exception object of 3.10: no add_note
+        pass
+    err = Older()
+    runbook.launch.note(err, "first")
+    runbook.launch.note(err, "second")
+    assert err.__notes__ == ["first", "second"]
+    real = RemoteError("x")
+    runbook.launch.note(real, "third")
+    assert real.__notes__ == ["third"]
