@@ -78,6 +78,21 @@ def ship_tools(node, remote_dir: str | None = None) -> dict[str, str]:
     return out
 
 
+_SHIPPED_LOCK = threading.Lock()
+
+
+def ship_tools_once(node) -> dict[str, str]:
+    """:func:`ship_tools` for a node that several shares use at once (the head of a stream share to every worker):
+    shipped by the first, under a lock, and not again while this node object lives, so no share overwrites a
+    script another share's command is starting from."""
+    with _SHIPPED_LOCK:
+        shipped = getattr(node, "_runbook_shipped_tools", None)
+        if shipped is None or node.dry_run:
+            shipped = ship_tools(node)
+            node._runbook_shipped_tools = shipped
+        return shipped
+
+
 def _json_name(prefix: str, node, data: Any) -> str:
     """A name for ``data`` shipped as JSON to ``node``: from the node and the content, so one run's commands are
     the same every time (the offline review compares them byte for byte) and two nodes sharing a filesystem (the
@@ -245,12 +260,15 @@ def render_stream_recv(tool: str, dst: str, expected: str, bind: str, *, token_f
                                     f"{deadline:g}"])
 
 
-def render_stream_send(tool: str, src: str, files: str, host: str, port: int, bind: str, *, token_file: str,
+def render_stream_send(tool: str, src: str, files: str, host: str, port: int, *, token_file: str, bind: str = "",
                        python: str = "python3", streams: int = STREAM_STREAMS,
                        timeout: float = STREAM_TIMEOUT) -> str:
+    """The head's sender. No ``--bind`` by default: the kernel picks the source address of the route to the worker's
+    fabric address, as rsync's ssh does (on the TP=3 triangle each worker is reached over its own link)."""
     return " ".join(_q(p) for p in [python, tool, "send", "--src", src, "--files", files, "--host", host,
-                                    "--port", int(port), "--bind", bind, "--token-file", token_file,
-                                    "--streams", int(streams), "--timeout", f"{timeout:g}"])
+                                    "--port", int(port), *(["--bind", bind] if bind else []),
+                                    "--token-file", token_file, "--streams", int(streams),
+                                    "--timeout", f"{timeout:g}"])
 
 
 def stream_to_worker(head, worker, src_dir: str, dst_dir: str, *, head_manifest: dict[str, Any] | None = None,
@@ -275,7 +293,7 @@ def stream_to_worker(head, worker, src_dir: str, dst_dir: str, *, head_manifest:
         return result
     expected = manifest_to_expected(head_manifest)
     total = sum(f["size"] for f in expected["files"])
-    head_tools, worker_tools = ship_tools(head), ship_tools(worker)
+    head_tools, worker_tools = ship_tools_once(head), ship_tools(worker)
     key = _json_name("stream", worker, expected)
     w = {k: posixpath.join(worker_tools["dir"], f"{key}.{k}") for k in ("expected", "token", "state", "stop")}
     h = {k: posixpath.join(head_tools["dir"], f"{key}.{k}") for k in ("files", "token")}
@@ -318,10 +336,11 @@ def stream_to_worker(head, worker, src_dir: str, dst_dir: str, *, head_manifest:
                                            fix=f"check {python} on {worker.name} (>= 3.8) and that "
                                                f"{worker.spec.fabric_ip} is its address"))
                 worker.run(f"touch {_q(w['stop'])}", timeout=30, warn=True)
+                receiver.join(timeout + 10)          # it sees the stop file within a second
                 return result
             _put_json(head, {"files": need}, h["files"])
             send_cmd = render_stream_send(head_tools["stream_share"], src_tree, h["files"], worker.spec.fabric_ip,
-                                          (state or {}).get("port", 0), head.spec.fabric_ip, token_file=h["token"],
+                                          (state or {}).get("port", 0), token_file=h["token"],
                                           python=python, streams=streams, timeout=timeout)
             result.data["command"] = send_cmd
             with progress.from_tool(f"{worker.name} weights stream", total, progress.RSYNC_BYTES,

@@ -141,7 +141,7 @@ def already_verified(root, expected):
 
 
 class Receiver:
-    def __init__(self, root, expected, token, *, timeout=60.0, hash_workers=2, pipe_size=PIPE_SIZE):
+    def __init__(self, root, expected, token, *, timeout=60.0, hash_workers=None, pipe_size=PIPE_SIZE):
         self.root = os.path.abspath(root)
         self.expected = expected
         self.token = token.encode()
@@ -157,7 +157,9 @@ class Receiver:
         self.received_bytes = 0
         self.refused = 0
         self.errors = []
-        self.hashing = ThreadPoolExecutor(max_workers=hash_workers)
+        # files hashed as they complete, beside the transfer: half the cores, 2 to 8 (sha256 costs about as much CPU
+        # per byte as the TCP stack does: docs/weights.md §4c)
+        self.hashing = ThreadPoolExecutor(max_workers=hash_workers or max(2, min(8, (os.cpu_count() or 2) // 2)))
         self.pending = []
         self.all_done = threading.Event()
         if not self.need:

@@ -221,3 +221,27 @@ def test_the_profile_key_is_validated_naming_it():
     with pytest.raises(ProfileError, match="hub cache"):
         profile_from("env/tp3-dspark.env", WEIGHT_TRANSPORT="stream")
     assert profile_from("env/tp4-v41.env", WEIGHT_TRANSPORT="stream").weight_transport == "stream"
+
+
+def test_three_workers_at_once_each_verified(tmp_path):
+    """share_to_workers over stream_to_worker, three workers in parallel (the head's tools shipped once, each
+    worker's receiver on its own address), every worker's rows kept."""
+    from runbook.weights.transfer import share_to_workers
+    src = tmp_path / "head-weights"
+    expected = _tree(src)
+    assert W.verify_dir(src, expected)["ok"]
+    manifest = W.read_manifest(src)
+    head, _ = _nodes(tmp_path)
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]),
+           "LANG": "C.UTF-8"}
+    workers = [LocalNode(f"worker{k}", k, home=tmp_path / f"w{k} home", fabric_ip=f"127.0.0.{k + 1}", env=env)
+               for k in (1, 2, 3)]
+    results = share_to_workers(workers, lambda w: W.stream_to_worker(
+        head, w, str(src), str(tmp_path / f"{w.name}-weights"), head_manifest=manifest, python=sys.executable,
+        timeout=5, streams=2), parallel=True)
+    assert list(results) == ["worker1", "worker2", "worker3"]
+    for name, r in results.items():
+        assert not [c for c in r.checks if c.failed], (name, [(c.name, c.observed) for c in r.checks])
+        assert f"127.0.0.{int(name[-1]) + 1}" in {c.name: c for c in r.checks}["weights.stream"].observed
+        assert W.verify_dir(tmp_path / f"{name}-weights", expected)["ok"]
+    assert sum(1 for c in head.commands if "stream_share.py" in str(c) and c.startswith("put")) <= 1
