@@ -315,29 +315,31 @@ def stream_to_worker(head, worker, src_dir: str, dst_dir: str, *, head_manifest:
         receiver.start()
         state = None
         until = time.monotonic() + ready_s
-        while not worker.dry_run and receiver.is_alive() and time.monotonic() < until:
+        while not worker.dry_run and time.monotonic() < until:
+            alive = receiver.is_alive()              # read before the state: a receiver with nothing to take exits
             res = worker.read(f"cat {_q(w['state'])} 2>/dev/null", timeout=30)
             state = _last_json(res.stdout) if res.ok else None
-            if state:
+            if state or not alive:
                 break
             time.sleep(0.2)
+        if not state and not worker.dry_run:
+            # it never listened (exited, or still not up): its own words, e.g. the address is not the worker's
+            worker.run(f"touch {_q(w['stop'])}", timeout=30, warn=True)
+            receiver.join(timeout + 10)              # it sees the stop file within a second
+            res = got.get("recv")
+            said = (_last_json(res.stdout) or {}).get("error") if res else None
+            said = said or (tail((res.stderr or res.stdout) if res else "", 3) or "no answer")
+            result.checks.append(check("weights.stream", False, node=worker.name,
+                                       observed=f"the receiver on {worker.name} did not listen within {ready_s:g} s: "
+                                                f"{said}",
+                                       expected=f"listening on {worker.spec.fabric_ip} (the fabric address)",
+                                       fix=f"check {python} on {worker.name} (>= 3.8), that {worker.spec.fabric_ip} "
+                                           f"is its address and that {dst_tree} can be written"))
+            return result
         need = [f for f in expected["files"] if state and f["path"] in set(state.get("need", []))]
         if worker.dry_run:
             need = expected["files"]
-        if need or worker.dry_run:
-            if not state and not worker.dry_run:
-                receiver.join(5)
-                res = got.get("recv")
-                said = tail((res.stderr or res.stdout) if res else "", 3) or "no answer"
-                result.checks.append(check("weights.stream", False, node=worker.name,
-                                           observed=f"the receiver on {worker.name} did not listen within "
-                                                    f"{ready_s:g} s: {said}",
-                                           expected=f"listening on {worker.spec.fabric_ip} (the fabric address)",
-                                           fix=f"check {python} on {worker.name} (>= 3.8) and that "
-                                               f"{worker.spec.fabric_ip} is its address"))
-                worker.run(f"touch {_q(w['stop'])}", timeout=30, warn=True)
-                receiver.join(timeout + 10)          # it sees the stop file within a second
-                return result
+        if need:
             _put_json(head, {"files": need}, h["files"])
             send_cmd = render_stream_send(head_tools["stream_share"], src_tree, h["files"], worker.spec.fabric_ip,
                                           (state or {}).get("port", 0), token_file=h["token"],

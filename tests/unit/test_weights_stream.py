@@ -245,3 +245,18 @@ def test_three_workers_at_once_each_verified(tmp_path):
         assert f"127.0.0.{int(name[-1]) + 1}" in {c.name: c for c in r.checks}["weights.stream"].observed
         assert W.verify_dir(tmp_path / f"{name}-weights", expected)["ok"]
     assert sum(1 for c in head.commands if "stream_share.py" in str(c) and c.startswith("put")) <= 1
+
+
+def test_a_receiver_that_cannot_start_is_named_with_its_reason(tmp_path):
+    src = tmp_path / "head-weights"
+    expected = _tree(src)
+    assert W.verify_dir(src, expected)["ok"]
+    head, worker = _nodes(tmp_path)
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the worker's weights directory should be")
+    result = W.stream_to_worker(head, worker, str(src), str(blocked / "m"), python=sys.executable, timeout=2,
+                                ready_s=10)
+    [row] = result.checks
+    assert row.name == "weights.stream" and row.failed
+    assert "did not listen" in row.observed and "Not a directory" in row.observed
+    assert not any("stream_share.py send" in c for c in head.commands)       # nothing was sent
