@@ -360,6 +360,10 @@ def stream_to_worker(head, worker, src_dir: str, dst_dir: str, *, head_manifest:
                    timeout=30, warn=True)
     seconds = time.monotonic() - t0
     if worker.dry_run:
+        result.checks.append(not_applicable("weights.stream", "dry run: the receiver's and the sender's commands are "
+                                            "recorded, nothing is sent", node=worker.name,
+                                            expected="every file of the head manifest on the worker, "
+                                                     "sha256-verified on arrival"))
         return result
     recv = _last_json(got["recv"].stdout if got.get("recv") else "") or {}
     send = _last_json(got["send"].stdout) if got.get("send") else {"ok": True, "bytes": 0, "seconds": 0}

@@ -260,3 +260,21 @@ def test_a_receiver_that_cannot_start_is_named_with_its_reason(tmp_path):
     assert row.name == "weights.stream" and row.failed
     assert "did not listen" in row.observed and "Not a directory" in row.observed
     assert not any("stream_share.py send" in c for c in head.commands)       # nothing was sent
+
+
+def test_a_dry_run_records_both_commands_and_sends_nothing(tmp_path):
+    src = tmp_path / "head-weights"
+    expected = _tree(src)
+    assert W.verify_dir(src, expected)["ok"]
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]),
+           "LANG": "C.UTF-8"}
+    head = LocalNode("head", 0, home=tmp_path / "h", fabric_ip="127.0.0.1", env=env, dry_run=True)
+    worker = LocalNode("worker", 1, home=tmp_path / "w", fabric_ip="127.0.0.2", env=env, dry_run=True)
+    result = W.stream_to_worker(head, worker, str(src), str(tmp_path / "dst"), python="python3")
+    [row] = result.checks
+    assert row.name == "weights.stream" and row.status.name == "NA" and "dry run" in row.observed
+    recv = [c for c in worker.runs() if "stream_share.py recv" in c]
+    send = [c for c in head.runs() if "stream_share.py send" in c]
+    assert len(recv) == 1 and "--bind 127.0.0.2" in recv[0] and "--token-file" in recv[0]
+    assert len(send) == 1 and "--host 127.0.0.2" in send[0] and "--bind" not in send[0]
+    assert not (tmp_path / "dst").exists()
