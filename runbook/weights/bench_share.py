@@ -1,6 +1,6 @@
 """Benchmark (not a test): step 02's share of a synthetic checkpoint from the head to N-1 workers at once, by each
-WEIGHT_TRANSPORT (rsync over real SSH; stream: sendfile/splice over plain TCP), against the fabric's TCP rate measured the way step 01 measures it (iperf3, one stream, head to
-worker, JSON). Nodes are network namespaces on a switch of their own (``lab.switchlab``: a Linux bridge, MTU 9000),
+WEIGHT_TRANSPORT (rsync over real SSH; stream: sendfile/splice over plain TCP), against the fabric's TCP rate
+measured the way step 01 measures it (iperf3, one stream, head to worker, JSON). Nodes are network namespaces on a switch of their own (``lab.switchlab``: a Linux bridge, MTU 9000),
 each with its own throwaway sshd (private /run and /root, like ``tests/support/sshd.py``), never the embedded lab::
 
     sudo python -m runbook.weights.bench_share --gib 3 --workers 3 --repeat 3    # ~3 GiB in 3 shards, head + 3 workers
@@ -403,7 +403,8 @@ def _print_medians(r: dict) -> None:
     m = r.get("medians") or {}
     if not m:
         return
-    print(f"\nmedians over {m['rounds']} round(s): iperf3 one stream alone (step 01) {m['iperf3_one_stream_gbit_s']:.2f}"
+    print(f"\nmedians over {m['rounds']} round(s): iperf3 one stream alone (step 01) "
+          f"{m['iperf3_one_stream_gbit_s']:.2f}"
           f" Gb/s, to all {r['workers']} workers at once {m['iperf3_together_sum_gbit_s']:.2f} Gb/s")
     for t, v in m["transports"].items():
         print(f"  {t}: aggregate {v['aggregate_gbit_s']:.2f} Gb/s (runs {', '.join(f'{a:.2f}' for a in v['all'])}); "

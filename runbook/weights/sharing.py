@@ -63,14 +63,14 @@ def tools_dir(node) -> str:
     return posixpath.join(node_user(node).home, TOOLS_SUBDIR)
 
 
-def ship_tools(node, remote_dir: str | None = None) -> dict[str, str]:
-    """Copy the standard-library tools (``verify_manifest.py``, ``node_download.py``, ``stream_share.py``) into the node's private
-    tools dir (:func:`tools_dir`, made private by :func:`runbook.remote.private_dir_command`); they run with the node's ``python3``
-    and import no package of it. Returns remote paths (``dir``: the directory)."""
+def ship_tools(node, remote_dir: str | None = None, *, extra: tuple = ()) -> dict[str, str]:
+    """Copy the standard-library tools (``verify_manifest.py``, ``node_download.py``; ``extra`` modules too, e.g.
+    ``stream_share`` for WEIGHT_TRANSPORT=stream) into the node's private tools dir (:func:`tools_dir`, made private
+    by :func:`runbook.remote.private_dir_command`); they run with the node's ``python3`` and import no package of it. Returns remote paths (``dir``: the directory)."""
     remote_dir = remote_dir or tools_dir(node)
     node.run(private_dir_command(remote_dir), timeout=30)
     out = {"dir": remote_dir}
-    for mod in (verify_manifest, node_download, stream_share):
+    for mod in (verify_manifest, node_download, *extra):
         name = Path(mod.__file__).name
         remote = posixpath.join(remote_dir, name)
         node.put(mod.__file__, remote)
@@ -82,13 +82,13 @@ _SHIPPED_LOCK = threading.Lock()
 
 
 def ship_tools_once(node) -> dict[str, str]:
-    """:func:`ship_tools` for a node that several shares use at once (the head of a stream share to every worker):
-    shipped by the first, under a lock, and not again while this node object lives, so no share overwrites a
-    script another share's command is starting from."""
+    """:func:`ship_tools` (with ``stream_share``) for a node that several shares use at once (the head of a stream
+    share to every worker): shipped by the first, under a lock, and not again while this node object lives, so no
+    share overwrites a script another share's command is starting from."""
     with _SHIPPED_LOCK:
         shipped = getattr(node, "_runbook_shipped_tools", None)
         if shipped is None or node.dry_run:
-            shipped = ship_tools(node)
+            shipped = ship_tools(node, extra=(stream_share,))
             node._runbook_shipped_tools = shipped
         return shipped
 
@@ -293,7 +293,7 @@ def stream_to_worker(head, worker, src_dir: str, dst_dir: str, *, head_manifest:
         return result
     expected = manifest_to_expected(head_manifest)
     total = sum(f["size"] for f in expected["files"])
-    head_tools, worker_tools = ship_tools_once(head), ship_tools(worker)
+    head_tools, worker_tools = ship_tools_once(head), ship_tools(worker, extra=(stream_share,))
     key = _json_name("stream", worker, expected)
     w = {k: posixpath.join(worker_tools["dir"], f"{key}.{k}") for k in ("expected", "token", "state", "stop")}
     h = {k: posixpath.join(head_tools["dir"], f"{key}.{k}") for k in ("files", "token")}

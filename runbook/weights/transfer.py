@@ -208,7 +208,7 @@ def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, 
     directory for this content, ``worker_tree`` its verified tree)."""
     head, mode = cluster.head, profile.weight_sync
     probe = posixpath.join(tree, "config.json")
-    if mode == "rsync" and getattr(profile, "weight_transport", "rsync") == "stream":
+    if mode == "rsync" and profile.weight_transport == "stream":
         return stream_to_worker(head, worker, src, dst, head_manifest=head_manifest, python=python, tree=tree)
     if mode == "rsync":
         return rsync_to_worker(head, worker, src, dst, head_manifest=head_manifest, python=python, tree=tree)
