@@ -96,7 +96,7 @@ class NetFacts:
 class Verification:
     """One verification: the profile's knobs, each node's facts, the raw evidence and the checks so far."""
 
-    def __init__(self, profile, cluster, raw_dir):
+    def __init__(self, cluster, profile, raw_dir):
         self.profile = profile
         self.cluster = cluster
         self.nodes = list(cluster.nodes)
