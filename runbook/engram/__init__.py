@@ -5,7 +5,8 @@
 Check names → code: ``engram source``, ``engram python3``, ``engram source size|parity``, ``engram layout``,
 ``engram packed dir free space`` in ``precheck.py``; ``engram pack …`` and ``engram packed … verify`` in
 ``packing.py`` (with the N/A rows of ENGRAM=0); ``engram slim source`` in ``slim_source.py``; ``engram read
-probe …`` in ``read_probe.py``; ``lab fixture: …`` in ``lab_source.py``. The read-only node facts are in
+probe …`` in ``read_probe.py``; ``lab fixture: …`` in ``lab/engram_source.py`` (the lab's, through
+``step.site.engram_source``). The read-only node facts are in
 ``facts.py``, shipping the tools in ``tools.py``; the byte layout (``layout.py``) and the node-side tools ``pack.py`` (with
 ``pack_partial.py``, ``pack_writer.py``), ``check.py``, ``probe.py`` and ``slim.py`` are in ``runbook/engram_tools/``.
 """
@@ -22,7 +23,6 @@ def run(step, *, check_samples: int = 256, probe_seconds: float = 3.0, echo=prin
     """Engram packing in order, each stage skipping the nodes an earlier stage failed on; returns the
     per-node pack and probe figures (also recorded in ``step.data``). ENGRAM=0: N/A rows only."""
     from .facts import gather_facts
-    from .lab_source import prepare_lab_source
     from .precheck import precheck
     from .read_probe import run_probe
     from .slim_source import make_slim_source
@@ -34,8 +34,8 @@ def run(step, *, check_samples: int = 256, probe_seconds: float = 3.0, echo=prin
         step.add(disabled_checks(profile, reason))
         step.record = engram_record(profile, {}, {})
         return {}
-    if profile.is_lab:
-        step.add(prepare_lab_source(cluster, profile))
+    if step.site.engram_source is not None:        # the lab generates the source 02 downloads on the Sparks
+        step.add(step.site.engram_source(cluster, profile))
     else:
         echo("not the lab: the Engram source comes from 02_weights (HF_ENGRAM_REPO)")
     facts = gather_facts(cluster, profile)

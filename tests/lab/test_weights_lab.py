@@ -143,7 +143,7 @@ def test_nfs_mode_serves_the_export_for_real_with_a_userspace_server(lab_profile
 def test_nfs_mode_names_a_file_that_differs_on_the_export(lab_profile):
     """A byte changed under the export after the head's manifest was taken: parity over NFS names it."""
     profile = lab_profile.with_overrides({"WEIGHT_SYNC": "nfs"})
-    from runbook.weights.sharing import nfs_userspace_share
+    from runbook.lab.nfs import nfs_userspace_share
     with Cluster.from_profile(profile) as cluster, _sshfs_undone(cluster.worker, profile.weights_dir):
         checks, _ = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
         assert not _failed(checks), _failed(checks)
@@ -163,7 +163,7 @@ def test_nfs_mode_names_a_file_that_differs_on_the_export(lab_profile):
 
 
 def test_nfs_mode_refuses_a_port_2049_held_by_another_server(lab_profile, hold_port):
-    from runbook.weights.sharing import nfs_userspace_share
+    from runbook.lab.nfs import nfs_userspace_share
     with Cluster.from_profile(lab_profile) as cluster, hold_port(cluster.head, 2049, ip=lab_profile.head_ip):
         share = nfs_userspace_share(cluster.head, cluster.worker, lab_profile.weights_dir,
                                     lab_profile.weights_dir, head_manifest=None)

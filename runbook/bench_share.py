@@ -3,12 +3,15 @@ SSH and rsync, against the fabric's TCP rate measured the way step 01 measures i
 worker, JSON). Nodes are network namespaces on a switch of their own (``lab.switchlab``: a Linux bridge, MTU 9000),
 each with its own throwaway sshd (private /run and /root, like ``tests/support/sshd.py``), never the embedded lab::
 
-    sudo python -m runbook.weights.bench_share --gib 3 --workers 3          # ~3 GiB in 3 shards, head + 3 workers
+    sudo python -m runbook.bench_share --gib 3 --workers 3          # ~3 GiB in 3 shards, head + 3 workers
 
 Prints, and writes to ``<dir>/result.json``: iperf3 head->worker alone (step 01's figure) and to every worker at once,
 then the share (``transfer.share_to_workers`` over ``sharing.rsync_to_worker``: the runbook's own code, verification
 and parity on each worker included), per worker and in aggregate, with the ratio of each rate to the TCP rate beside
 it. Everything it made is removed at the end (``--keep`` keeps the checkpoint for the next run).
+
+A top-level module beside the runner: it drives a step's code (``runbook.weights``) on the lab's switch
+(``runbook.lab.switchlab``), and neither the lab (below the steps) nor a step (which never imports the lab) may.
 """
 from __future__ import annotations
 
@@ -24,13 +27,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..facts import net as fnet
-from ..lab import switchlab
-from ..profile.nodes import NodeSpec
-from ..remote import CommandLog, Node, SshSettings
-from .sharing import RSYNC_SSH, rsync_to_worker
-from .transfer import share_to_workers
-from .verify import read_manifest, verify_dir
+from .facts import net as fnet
+from .lab import switchlab
+from .profile.nodes import NodeSpec
+from .remote import CommandLog, Node, SshSettings
+from .weights.sharing import RSYNC_SSH, rsync_to_worker
+from .weights.transfer import share_to_workers
+from .weights.verify import read_manifest, verify_dir
 
 GIB = 1 << 30
 CHUNK = 64 << 20
