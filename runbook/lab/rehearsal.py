@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import ProfileError, ProfileIssue
 from ..evidence import REPO_ROOT
 from ..profile import NODE_NAMES, Profile, load_profile, node_key, node_keys
-from ..site import GOALS, HARDWARE, HUB, LAB_CLASS, NO_GOAL, NODE_ADDRESSES, RECIPE_REPOSITORY, REGISTRY_HOST, count
+from ..site import HARDWARE, HUB, LAB_CLASS, NO_GOAL, NODE_ADDRESSES, RECIPE_REPOSITORY, REGISTRY_HOST, count
 from . import control, hub, oci
 from .netlab.spec import MGMT_IF, OPERATOR, PORTS, REGISTRY, node_specs
 
