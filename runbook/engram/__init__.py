@@ -6,8 +6,8 @@ Check names → code: ``engram source``, ``engram python3``, ``engram source siz
 ``engram packed dir free space`` in ``precheck.py``; ``engram pack …`` and ``engram packed … verify`` in
 ``packing.py`` (with the N/A rows of ENGRAM=0); ``engram slim source`` in ``slim_source.py``; ``engram read
 probe …`` in ``read_probe.py``; ``lab fixture: …`` in ``lab/engram_source.py`` (the lab's, through
-``step.site.engram_source``). The read-only node facts are in
-``facts.py``, shipping the tools in ``tools.py``; the byte layout (``layout.py``) and the node-side tools ``pack.py`` (with
+``step.site.engram_source``). The read-only node facts are in ``facts.py``; shipping the tools in
+``engram_tools/ship.py``; the byte layout (``layout.py``) and the node-side tools ``pack.py`` (with
 ``pack_partial.py``, ``pack_writer.py``), ``check.py``, ``probe.py`` and ``slim.py`` are in ``runbook/engram_tools/``.
 """
 from __future__ import annotations

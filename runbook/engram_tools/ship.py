@@ -7,6 +7,9 @@ per-node tools dir with ``node.put`` (``ship_tools``) and run with the node's ``
 ``node.run`` (docs/DESIGN.md, remote layer). A script imports only its siblings, so whatever a shipped
 script imports must be in its file set: ``pack.py`` needs ``pack_partial.py``, ``pack_writer.py`` and
 ``layout.py`` beside it. Each prints one JSON line last (``parse_tool_json``).
+
+This module runs on the runbook's machine and is never shipped (not in :data:`TOOL_FILES`): step 03 and the lab's
+Engram source (``runbook.lab.engram_source``) both ship and read the tools through it, so it sits below them both.
 """
 from __future__ import annotations
 

@@ -268,7 +268,8 @@ def tools_checks(ctx: Verification, tests_dir: str, install: bool) -> None:
         return      # the lab's profiles (no RDMA): its nodes run the host's iperf3 and ethtool, which `lab up` needs
 
     def one(node):
-        t = locate(node, ctx.profile, site=ctx.site, tests_dir=tests_dir, need_perftest=need_perftest, need_nccl=need_nccl)
+        t = locate(node, ctx.profile, site=ctx.site, tests_dir=tests_dir, need_perftest=need_perftest,
+                   need_nccl=need_nccl)
         ctx.nccl_dirs[node.name] = t.nccl_dir or (t.candidates[0] if t.candidates else "")
         return tools_check(node, t, need_perftest=need_perftest, need_nccl=need_nccl, install=install,
                            rehearsal=ctx.rehearsal)
