@@ -112,7 +112,8 @@ OOM_KILLED = Entry(
     proof="dmesg -T | grep -iE 'out of memory|oom-kill'; journalctl -u earlyoom -n 50",
     signature=_sig_oom, source="anchors-2026-12 seed B; bringup-anchors §5.16",
     words=(r"oom[- ]?kill|killed by (the )?(kernel|oom)|out of memory: killed|earlyoom|oomd|oom killer",
-           r"(rank|worker|vllm|process|engine|container|server).{0,40}(vanish|disappear|killed|gone|exit|died)",),
+           r"(rank|worker|vllm|process|engine|container|server).{0,40}(vanish|disappear|killed|gone|exit|died)|"
+           r"(killed|kills|killing|reaped) (the |a |our |my )?(vllm|rank|worker|engine|server|process|container)",),
     lab="capture_netns oom_killed (a memory cgroup's OOM kill)")
 
 

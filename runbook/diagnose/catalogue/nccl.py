@@ -55,7 +55,8 @@ GID_INDEX_PER_NIC = Entry(
     fix="set *_GID=auto (resolved per node and checked per HCA), or pin an index valid on every HCA of that node",
     proof="grep -H . /sys/class/infiniband/{hca}/ports/1/gid_attrs/types/* /sys/class/infiniband/{hca}/ports/1/gids/*",
     signature=_sig_gid_per_nic, source="anchors-2026-12 #3; bringup-anchors §5.5; symptom: NVIDIA/nccl "
-           "src/transport/net_ib.cc:2543 @ v2.28.9-1, :818 @ v2.7.8-1 (completion status 12, retry exceeded); report "
+           "src/transport/net_ib.cc:2543 @ v2.28.9-1, :1909 @ v2.21.5-1, :818 @ v2.7.8-1 (completion status 12, retry "
+           "exceeded); reports NVIDIA/nccl#1814 (status=12, the numeric form), "
            "NVIDIA/nccl#426 (the maintainer: error 12 right away means the NICs cannot talk RoCE; fixed by the GID "
            "index)",
     lab="none: no RoCE device in the lab (fixture follows the sysfs format)",
@@ -65,7 +66,8 @@ GID_INDEX_PER_NIC = Entry(
     # :2543 @ v2.28.9-1 `status=IBV_WC_RETRY_EXC_ERR(12)`, :818 @ v2.7.8-1 `Got completion with error 12`): the
     # peer never acknowledged the queue pair's packets; right after connect that is most often a GID (RoCE v1/v2,
     # link-local) the path cannot route, less often the MTU or the switch's lossless settings
-    symptoms=(r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error 12\b|status=IBV_WC_RETRY_EXC_ERR\(12\))",),
+    # (v2.21.5-1 src/transport/net_ib.cc:1909 prints the status as a number: `with status=12 opcode=...`)
+    symptoms=(r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error 12\b|status=(?:IBV_WC_RETRY_EXC_ERR\()?12\b)",),
     words=(r"gid[_ ]?index|\bgid\b|gids",
            r"unhandled system error|ibv_modify_qp|errno 61|link-local|fe80|::ffff",
            r"nccl|roce|rdma|hca|nic",))

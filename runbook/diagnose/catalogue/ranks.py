@@ -384,19 +384,37 @@ RAY_NODE_NOT_JOINED = Entry(
 RAY_PLACEMENT_GROUP = Entry(
     "ray-placement-group", "Ray never satisfies the placement group", FATAL,
     symptom="the start waits, then `Cannot provide a placement group ... within N seconds`",
-    detect="`Cannot provide a placement group` in a rank log",
-    cause="on multi-NIC hosts the PACK strategy anchors to a route address that differs from Ray's bind address, "
-          "so the GPUs of the second node never count",
-    fix="set VLLM_HOST_IP / RAY_NODE_IP_ADDRESS per node to its fabric address, use the SPREAD strategy, or the "
-        "mp backend",
+    detect="`Cannot provide a placement group`, its wait, or vLLM's placement checks (`Current node has no GPU "
+           "available`, `driver node id ... is not included in a placement group`, `The number of required GPUs "
+           "exceeds ...`) in a rank log",
+    cause="the GPUs Ray counts do not add up to TP x PP where vLLM asks for them: a node joined without its GPU or "
+          "not at all, the engine runs on a node with no GPU bundle, or (multi-NIC hosts) the PACK strategy anchors to "
+          "a route address that differs from Ray's bind address, so the GPUs of the second node never count",
+    fix="`ray status` must list one GPU per rank, on the nodes you expect: a node that joined without its GPU (`ray "
+        "start` inside a container without `--gpus all`, or `--num-gpus=0`) or never joined leaves the group short "
+        "(restart its Ray with the GPU); the engine's own node must hold a GPU bundle (start vLLM on a GPU node of "
+        "the cluster); on multi-NIC hosts set VLLM_HOST_IP / RAY_NODE_IP_ADDRESS per node to its fabric address, use "
+        "the SPREAD strategy, or the mp backend",
     proof="ray status; ray list nodes",
     signature=None,
-    source="vLLM vllm/v1/executor/ray_utils.py:468 (waiting), :490/:502 (Cannot provide a placement group) @ "
-           "v0.32.0; eugr/spark-vllm-docker#227 (bringup-anchors §5.12)",
+    source="vLLM vllm/v1/executor/ray_utils.py:468 (waiting), :490/:502 (Cannot provide a placement group), :311, "
+           ":601, :635 (the placement checks) @ v0.32.0; eugr/spark-vllm-docker#227 (bringup-anchors §5.12); reports "
+           "vllm-project/vllm#13093, #29265 (Current node has no GPU available)",
     lines=(r"Cannot provide a placement group",
            # vLLM's wait before it gives up (vllm/v1/executor/ray_utils.py:468 @ v0.32.0, _wait_until_pg_ready)
-           r"Waiting for creating a placement group of specs for \d+ seconds"),
-    words=(r"placement[- ]group", r"\bray\b|pack|spread", r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide"),
+           r"Waiting for creating a placement group of specs for \d+ seconds",
+           # vLLM's own placement checks (vllm/v1/executor/ray_utils.py @ v0.32.0): the node that runs the engine holds
+           # no GPU bundle (:311 `driver node id X is not included in a placement group`, :635 `Current node has no GPU
+           # available`: the head's Ray was started without its GPU, or the engine runs on a node Ray counts no GPU
+           # on), or the cluster has fewer GPUs than TP x PP (:601 `The number of required GPUs exceeds the total
+           # number of available GPUs in the placement group`: a node did not join with its GPU)
+           r"driver node id \w+ is not included in a placement group",
+           r"Current node has no GPU available\.",
+           r"The number of required GPUs exceeds the total number of available GPUs in the placement group\."
+           r"(?: Required number of devices: \d+\. Total number of devices: \d+\.)?"),
+    words=(r"placement[- ]group", r"\bray\b|pack|spread",
+           r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide|(can'?t|cannot) (create|reserve|satisfy)|"
+           r"only (sees|shows|lists|counts) (the |one )?gpu|without (its|a|the|any) gpu|not enough gpus|no gpu available"),
     lab="none: the lab runs the mp backend only")
 
 RAY_CPU_PLATFORM = Entry(

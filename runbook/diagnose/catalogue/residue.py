@@ -135,7 +135,8 @@ CUDA_TOOLCHAIN_NEWER_THAN_DRIVER = Entry(
            "ggml-org/llama.cpp#1648",
     lines=(r"provided PTX was compiled with an unsupported toolchain", r"CUDA error 222\b|cudaErrorUnsupportedPtxVersion",
            r"CUDA driver version is insufficient for CUDA runtime version"),
-    words=(r"error 222|\bptx\b|unsupported toolchain|driver version is insufficient",
+    words=(r"error 222|\bptx\b|unsupported toolchain|driver version is insufficient|"
+           r"(nvidia |gpu |host )?driver (is |was )?too old|driver .{0,30}older than (the )?(cuda|toolkit|image)",
            r"driver (is )?(too )?old|older driver|newer (cuda|toolkit|toolchain|image)|upgrad\w* (the )?driver|cuda 1[23]|toolkit"),
     lab="none: no NVIDIA driver in the lab")
 
@@ -153,11 +154,15 @@ DRIVER_NOT_LOADED = Entry(
     source="bringup-anchors §5.14 (TechPreacher preboot-check); symptom: NVIDIA/libnvidia-container src/driver.c:101 "
            "@ 06deb20d (dlopen of libnvidia-ml.so.1)",
     lines=(r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver",
-           r"nvml error: driver not loaded|\bDriver Not Loaded\b", r"Found no NVIDIA driver on your system"),
-    # symptom (never high): the container toolkit cannot dlopen NVML on the host (libnvidia-container src/driver.c:101
-    # @ 06deb20d: xdlopen of libnvidia-ml.so.1 before nvmlInit_v2): no driver user space there (not installed, or not
-    # loaded after a kernel update); a docker that cannot see the host's libraries (snap) says the same
-    symptoms=(r"load library failed: libnvidia-ml\.so\.1: cannot open shared object file",),
+           r"(?<!nvml error: )\bDriver Not Loaded\b", r"Found no NVIDIA driver on your system"),
+    # symptoms (never high): the container toolkit's hook (nvidia-container-cli, its own entry:
+    # nvidia-container-toolkit-missing) reporting what nvc_init met on the host: it cannot dlopen NVML
+    # (libnvidia-container src/driver.c:101 @ 06deb20d: xdlopen of libnvidia-ml.so.1 before nvmlInit_v2), or NVML says
+    # NVML_ERROR_DRIVER_NOT_LOADED (it could not open /dev/nvidiactl: no module loaded, or a namespace without the
+    # device nodes); no driver user space (not installed, or not loaded after a kernel update), or a docker that cannot
+    # see the host's libraries (snap), says the same
+    symptoms=(r"load library failed: libnvidia-ml\.so\.1: cannot open shared object file",
+              r"nvml error: driver not loaded"),
     words=(r"nvidia-smi (fails|failed|doesn'?t work|errors?)|couldn'?t communicate with the nvidia driver|driver not loaded|no nvidia driver",
            r"kernel (update|upgrade)|after (an? )?(update|upgrade|apt)|\bdkms\b|unattended-upgrade"),
     lab="none: no NVIDIA driver in the lab")
@@ -204,6 +209,6 @@ VERSION_SKEW = Entry(
     signature=None,
     source="bringup-anchors §5.14 (eugr verify_cluster_image_consistency)",
     lines=(r"Version mismatch: The cluster was started with",),
-    words=(r"version (mismatch|skew)|(different|mismatched) (versions?|images?|builds?|digests?)",
+    words=(r"version (mismatch|skew)|(different|mismatched) ([\w.-]+ ){0,2}(versions?|images?|builds?|digests?)",
            r"head|worker|node|both (nodes|sparks)", r"\bray\b|vllm|nccl|image|driver|python"),
     lab="none yet: a worker with a different image tag (issue 25 item 4)")
