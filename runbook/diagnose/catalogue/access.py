@@ -59,8 +59,10 @@ _CTK = ((r"could not select device driver (?P<driver>\"[^\"]*\" )?with capabilit
         # requirement errors): the toolkit is installed but cannot set up the GPU; the reason is what nvc_init said
         # NVML's own driver answers wrapped by the hook (driver not loaded, driver/library version mismatch, NVML not
         # loadable) are the driver entries' (driver-not-loaded, nvml-driver-library-mismatch): not this one's
+        # a CUDA image's own requirement (NVIDIA_REQUIRE_CUDA=cuda>=X) the driver does not meet is the image's CUDA
+        # being newer than the driver: cuda-toolchain-newer-than-driver, not the toolkit
         r"nvidia-container-cli: (?P<stage>initialization|detection|mount|ldcache|requirement|container|device|permission) "
-        r"error: (?!nvml error: driver|load library failed: libnvidia-ml)"
+        r"error: (?!nvml error: driver|load library failed: libnvidia-ml|unsatisfied condition: cuda\s*>)"
         r"(?P<reason>[^\n\\\"]{3,160}?)(?=\\|\"|: unknown|\.?\s*$)")
 
 NVIDIA_CONTAINER_TOOLKIT_MISSING = Entry(

@@ -317,11 +317,59 @@ ENGINE_BUILD_ARCH_MISSING = Entry(
            r"image|wheel|build|vllm|torch|pytorch"),
     lab="none: the lab has no GPU")
 
+# --------------------------------------------------------------------------- more GPUs asked for than the node has
+
+#: vLLM's own count checks: the mp executor (vllm/v1/executor/multiproc_executor.py _check_executor_parameters:
+#: "please set tensor_parallel_size (N) to less than max local gpu count (M)", "please ensure that world_size (N) is
+#: less than than max local gpu count (M)"; before 0.6 without the numbers), ParallelConfig's refusal ("Tensor
+#: parallel size (N) cannot be larger than the number of available GPUs (M)", reports vllm-project/vllm#30061,
+#: #30261) and the Ray executor of vLLM < 0.10 (ray_utils initialize_ray_cluster: "The number of required GPUs
+#: exceeds the total number of available GPUs in the cluster."; the placement-group variant is ray-placement-group's)
+_MORE_GPUS = (r"please set tensor_parallel_size \((?P<requested>\d+)\) to less than max local gpu count "
+              r"\((?P<present>\d+)\)",
+              r"please ensure that world_size \((?P<requested>\d+)\) is less than(?: than)? max local gpu count "
+              r"\((?P<present>\d+)\)",
+              r"please set tensor_parallel_size to less than max local gpu count",
+              r"Tensor parallel size \((?P<requested>\d+)\) cannot be larger than the number of available GPUs "
+              r"\((?P<present>\d+)\)",
+              r"The number of required GPUs exceeds the total number of available GPUs in the cluster")
+
+MORE_GPUS_REQUESTED_THAN_PRESENT = Entry(
+    "more-gpus-requested-than-present", "More GPUs (ranks per node) asked for than the node has", FATAL,
+    symptom="the start is refused with `please set tensor_parallel_size (N) to less than max local gpu count (M)` / "
+            "`Tensor parallel size (N) cannot be larger than the number of available GPUs (M)`, or a rank dies in "
+            "`torch.cuda.set_device(local_rank)` with `CUDA error: invalid device ordinal`",
+    detect="vLLM's own count checks (requested and present counts extracted); torch's `invalid device ordinal` "
+           "under a `set_device` frame is a symptom (medium): the rank's index is past the devices it sees",
+    cause="the launch asks one node for more GPUs than it has (or than the container sees): a tensor-parallel "
+          "size above the node's GPU count without spreading it over nodes, more ranks per node (nproc_per_node, "
+          "local_rank) than GPUs; a DGX Spark has one GPU, so TP x PP ranks need that many nodes",
+    fix="the launch asked for {requested} GPU(s) where {present} are present: spread the ranks over the nodes "
+        "(one rank per Spark: TP x PP = the number of nodes, with --nnodes or a Ray cluster), or lower "
+        "--tensor-parallel-size / nproc_per_node to the GPUs each node has; `nvidia-smi -L` inside the rank's "
+        "container must list as many as one node's ranks",
+    proof="nvidia-smi -L; docker exec <rank container> nvidia-smi -L; python3 -c 'import torch; "
+          "print(torch.cuda.device_count())'",
+    signature=extracting(*_MORE_GPUS),
+    source="vLLM vllm/v1/executor/multiproc_executor.py _check_executor_parameters (the max local gpu count "
+           "asserts), ParallelConfig's `cannot be larger than the number of available GPUs` (reports "
+           "vllm-project/vllm#30061, #30261; its file:line not located in the index), vllm ray_utils "
+           "initialize_ray_cluster before 0.10; symptom: pytorch torch/cuda/__init__.py set_device with CUDA's "
+           "cudaErrorInvalidDevice; the set_device case's only report is the held-out google/lasr#6",
+    symptoms=(r"(?:\bset_device\b|_cuda_setDevice)[^\n]*(?:\n[^\n]*){0,6}?\n(?P<at>[^\n]*invalid device ordinal)",),
+    words=(r"(more|too many) (gpus|ranks|processes|workers) than|(larger|more|greater) than the number of "
+           r"(available )?gpus|exceeds? the (total )?number of (available )?gpus|only (has|have) (one|1|a single) gpu|"
+           r"max local gpu count",
+           r"tensor[_ -]parallel|\btp\b|world[_ ]size|nproc|local_rank|ranks? per node",
+           r"vllm|torch|cuda|spark|node"),
+    lab="none: the lab has no GPU")
+
 # --------------------------------------------------------------------------- CUDA_VISIBLE_DEVICES on top of another selection
 
 _ORDINAL = re.compile(r"invalid device ordinal|cudaErrorInvalidDevice|No CUDA GPUs are available")
 _SELECTION = re.compile(r"\b(?P<key>CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES)\b\s*[=:]\s*[\"']?(?P<value>[\w,-]*)|"
-                        r"--gpus[ =]+[\"']?(?P<gpus>[^\s\"']+)")
+                        # `--gpus all` selects every device: it narrows nothing, so it is no second selection
+                        r"--gpus[ =]+[\"']?(?!all\b)(?P<gpus>[^\s\"']+)")
 
 
 def _sig_cvd_conflict(b: B.Bundle) -> list[Hit]:

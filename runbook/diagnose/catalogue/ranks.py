@@ -273,9 +273,12 @@ API_PORT_IN_USE = Entry(
     # uvicorn's own bind error names the API's address; a bare `[Errno 98]` can be any socket (see port-race), so
     # it counts only raised from asyncio's create_server (the server socket uvicorn asks for)
     signature=extracting(_API_BIND, _API_CREATE_SERVER),
+    # the second cue is the API server itself, and the third never counts without it: another program's bind error
+    # (a broker, a database, nginx) is not this entry's
     words=(r"port (8000|\d{4,5}) (is )?(already )?(in use|taken|busy)|address already in use|errno 98",
            r"\bapi\b|server|vllm serve|uvicorn|openai|endpoint",
-           r"^(?!.*(random|intermittent|now and then|occasionally|sometimes|race|concurrent\w*|zmq)).*$"),
+           r"^(?!.*(random|intermittent|now and then|occasionally|sometimes|race|concurrent\w*|zmq))"
+           r".*(\bapi\b|server|vllm|uvicorn|openai|endpoint)"),
     lab="prevented before a start: PORT checked closed on every node (launch/server.py `_ports_held`, the same check as the master port's lab tests)")
 
 
@@ -455,7 +458,8 @@ RAY_OBJECT_STORE = Entry(
     source="ray-project/ray python/ray/_private/services.py:2232-2258 @ 2.60.0 (the size check and the /tmp "
            "fallback), python/ray/exceptions.py:618-632 (ObjectStoreFullError)",
     lines=(r"The configured object store size \([\d.]+ GB\) exceeds /dev/shm size",
-           r"The object store is using \S+ instead of /dev/shm",
+           # services.py's warning as Ray prints it; a pasted log may wrap it after "instead"
+           r"The object store is using \S+ instead(?: of /dev/shm|\s*$)", r"/dev/shm has only \d+ bytes available",
            r"ObjectStoreFullError|The local object store is full"),
     words=(r"object[ _-]store", r"/dev/shm|shm[- ]size|full|too small|exceeds"),
     lab="none: the lab's netns nodes share the host's /dev/shm, big enough for their 100 MiB stores")
