@@ -142,19 +142,20 @@ def _render(profile_path, *, home: str, overrides) -> tuple[list[str], list[tupl
             stopped = ""
             try:
                 with contextlib.redirect_stdout(io.StringIO()):      # the steps' own progress lines
-                    result = entry(step)
+                    outcome = entry(step)
             except Exception as exc:  # noqa: BLE001 - a step that needs a real answer stops; the review goes on
-                result, stopped = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                outcome, stopped = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             entries = log.entries[first:]
             lines = [f"# [{e['node']}] {e['command']}" if e["kind"] == "note" else
                      f"[{e['node']}] [{e['kind']}] {e['command']}" for e in entries]
-            if name == LAUNCH.id and result is not None:
+            if name == LAUNCH.id and outcome is not None:
                 # the plan, rank by rank, where its start commands run: after the probes that precede them
-                starts = [redactor.redact(r.start_command()) for r in result.plan.ranks]
+                plan = outcome.shown.plan          # the step's StepOutcome shows its LaunchOutcome
+                starts = [redactor.redact(r.start_command()) for r in plan.ranks]
                 at = next((i for i, e in enumerate(entries)
                            if e["kind"] == "run" and any(s in e["command"] for s in starts)), len(lines))
                 lines[at:at] = ["# the rendered plan of the start commands below:",
-                                *result.plan.to_text().splitlines(), ""]
+                                *plan.to_text().splitlines(), ""]
             if not entries:
                 lines.append("(no command on the nodes)")
             if stopped:

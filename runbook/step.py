@@ -1,7 +1,7 @@
 """What a notebook calls: ``begin`` (validation + provenance) and ``Step.finish`` (summary).
 
     step = runbook.step.begin("00_preflight", profile_path, run_dir=run_dir, dry_run=dry_run)
-    step.add(runbook.preflight.run_checks(step))
+    outcome = runbook.preflight.run(step)     # every step's run returns a StepOutcome: outcome.shown is displayed
     step.finish()        # table, sidecar, raises CheckFailed on any FAIL
 
 Run interactively (``run_dir`` empty) a step opens a new run folder of its own, so interactive
@@ -15,6 +15,7 @@ steps in the layer drawing.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -27,6 +28,17 @@ from .records import Record
 from .remote import Cluster
 from .secrets import redactor_from_env
 from .site import Site
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What every step's ``run(step, …)`` returns (``step.outcome(shown)``): what its notebook shows, the status of
+    the step's rows when ``run`` returned, and the step's typed record if it has one. The notebook keeps it as
+    ``outcome`` and displays ``outcome.shown``; ``step.finish()`` still renders the table and raises on a FAIL."""
+    step: str                           # the step's name, e.g. "03_engram"
+    shown: Any                          # what the notebook displays: a figure, figures, the launch's plan and start…
+    status: str                         # "passed" | "failed": the rows recorded so far (Step.status)
+    record: Record | None = None        # the typed record run set (runbook.records), None for a step without one
 
 
 class Step:
@@ -72,6 +84,10 @@ class Step:
 
     def status(self) -> str:
         return "failed" if self.checks.failures() else "passed"
+
+    def outcome(self, shown: Any = None) -> StepOutcome:
+        """What ``run`` returns: ``shown`` (what the notebook displays) with the status and record as they are now."""
+        return StepOutcome(self.name, shown, self.status(), self.record)
 
     def finish(self, display: bool = True) -> None:
         """Render the table, write the sidecar and manifest entry, raise if any check failed."""

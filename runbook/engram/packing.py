@@ -194,15 +194,18 @@ def run_pack(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR
              timeout: float = PACK_TIMEOUT_S, on_result: Callable[[str, dict], None] | None = None,
              results: dict[str, dict] | None = None, skip: Iterable[str] = (), stream: bool = False,
              check_samples: int = 256, progress_every: int | None = None,
-             extra_args: Sequence[str] = ()) -> CheckList:
+             extra_args: Sequence[str] = (), plans: Mapping[str, list[str]] | None = None) -> CheckList:
     """Ship the tools, pack and verify on every node in parallel; one CheckList for the step.
 
+    ``plans``: the commands to run (:func:`plan_pack`'s, so what a step showed is what runs); default: the plan
+    of the arguments here.
     ``skip``: nodes where an earlier check failed (not started, an N/A row says why).
     ``results``: filled with each node's raw tool summaries ({node: {"pack": …, "check": …}}).
     ``stream``: the packer's output live, its counting lines through ``runbook.progress`` (one count per node
     and shard file), the rest echoed."""
-    plans = plan_pack(profile, facts, tools_dir=tools_dir, layers=layers, check_samples=check_samples,
-                      progress_every=progress_every, extra_args=extra_args)
+    if plans is None:
+        plans = plan_pack(profile, facts, tools_dir=tools_dir, layers=layers, check_samples=check_samples,
+                          progress_every=progress_every, extra_args=extra_args)
     skip = set(skip)
     checks = CheckList()
     results = results if results is not None else {}

@@ -96,7 +96,7 @@ class NetFacts:
 class Verification:
     """One verification: the profile's knobs, each node's facts, the raw evidence and the checks so far."""
 
-    def __init__(self, profile, cluster, raw_dir, site: Site = SPARKS_SITE):
+    def __init__(self, cluster, profile, raw_dir, site: Site = SPARKS_SITE):
         self.profile = profile
         self.site = site
         self.cluster = cluster

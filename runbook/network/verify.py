@@ -2,7 +2,7 @@
 
 ``runbook.network.run`` calls::
 
-    net = verify_network(profile, cluster, raw_dir)     # net.checks, net.raw ({name: text}), net.record
+    net = verify_network(cluster, profile, raw_dir)     # net.checks, net.raw ({name: text}), net.record
     fig = plot_bandwidth(checks, profile)                       # bandwidth.py
 
 This module holds the order; each check row is computed in the module of its family (``rails.py``,
@@ -72,7 +72,7 @@ def network_record(ctx: Verification, rails, gid: GidPlan | None) -> NetworkReco
         allreduce=tuple(sweeps), nccl_busbw_gbs=nccl)
 
 
-def verify_network(profile, cluster, raw_dir: str | Path | None = None, *, traffic: bool = True,
+def verify_network(cluster, profile, raw_dir: str | Path | None = None, *, traffic: bool = True,
                    sweep_python: str | None = None, nccl_tests_dir: str = "",
                    iperf_seconds: int = 3, sweep_max_bytes: int = SWEEP_MAX_BYTES,
                    min_sweep_busbw_gbs: float = 0.0, install_tools: bool = False,
@@ -88,7 +88,7 @@ def verify_network(profile, cluster, raw_dir: str | Path | None = None, *, traff
     (``tools.py``); otherwise a missing tool FAILs ``net.tools`` with the commands. ``site``: where the
     hardware-only tools are the site's simulators (a rehearsal: their GID tables, nccl-tests, SIMULATED rows).
     """
-    ctx = Verification(profile, cluster, raw_dir, site)
+    ctx = Verification(cluster, profile, raw_dir, site)
     collect_base(ctx)
     if not early_validation(ctx):
         return NetworkRun(ctx.checks, ctx.raw, network_record(ctx, None, None))

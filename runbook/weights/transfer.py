@@ -111,7 +111,7 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
     head_manifest = read_node_manifest(head, head_tree)
 
     def share_weights(worker) -> ShareResult:
-        return share_to_worker(profile, cluster, worker, src=layout.store(roots[head.name]),
+        return share_to_worker(cluster, profile, worker, src=layout.store(roots[head.name]),
                                dst=layout.store(roots[worker.name]), tree=layout.tree_in_store,
                                head_manifest=head_manifest, python=python,
                                download=lambda node, dest: download_on_node(
@@ -125,14 +125,14 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
 
     shares: dict[str, Any] = {}
     for worker_name, share in share_to_workers(cluster.workers, share_weights,
-                                               parallel=shares_in_parallel(profile, cluster)).items():
+                                               parallel=shares_in_parallel(cluster, profile)).items():
         checks.add(share.checks)
         shares[worker_name] = share.data
     data["share"] = shares[cluster.workers[0].name]       # the (first) worker, as with two nodes
     if len(shares) > 1:
         data["shares"] = shares
 
-    engram_checks, data["engram"] = engram_source(profile, cluster, python=python, endpoint=endpoint, margin=margin,
+    engram_checks, data["engram"] = engram_source(cluster, profile, python=python, endpoint=endpoint, margin=margin,
                                                   token=token, site=site)
     checks.add(engram_checks)
 
@@ -166,7 +166,7 @@ def weights_record(profile, data: dict[str, Any]) -> WeightsRecord:
 SHARE_PARALLEL = 4      # workers receiving at once: each rsync costs the head one ssh cipher stream (a core)
 
 
-def shares_in_parallel(profile, cluster) -> bool:
+def shares_in_parallel(cluster, profile) -> bool:
     """rsync and download-both run on every worker at once. NFS stays in rank order: the lab's one userspace server
     holds port 2049 per worker, and an export moves no bytes up front. So does a dry run and the offline review:
     their commands are recorded, and compared, in rank order."""
@@ -198,7 +198,7 @@ def share_to_workers(workers, share_one: Callable[[Any], ShareResult], *, parall
         return {name: future.result() for name, future in futures.items()}
 
 
-def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, head_manifest, python: str,
+def share_to_worker(cluster, profile, worker, *, src: str, dst: str, tree: str, head_manifest, python: str,
                     download, space, name: str, worker_root: str, worker_tree: str,
                     site: Site = SPARKS_SITE) -> ShareResult:
     """Bring the head's verified directory ``src`` to ``worker`` at ``dst`` by WEIGHT_SYNC (``tree``:
@@ -308,7 +308,7 @@ def _relabel(checks, prefix: str) -> list[Check]:
     return [dataclasses.replace(c, name=c.name.replace("weights.", prefix + ".", 1)) for c in checks]
 
 
-def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin: int,
+def engram_source(cluster, profile, *, python: str, endpoint: str | None, margin: int,
                   token: str = "", site: Site = SPARKS_SITE) -> tuple[list[Check], dict]:
     """ENGRAM=1: HF_ENGRAM_REPO@HF_ENGRAM_REVISION (pinned) -> ENGRAM_SRC_DIR on every node that
     packs (rank < TP; each packs its own rank's rows from its own ENGRAM_SRC_DIR), only the files recipe
@@ -365,14 +365,15 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
     head_manifest = read_node_manifest(head, paths[head.name])
 
     def share_engram(worker) -> ShareResult:
-        return share_to_worker(profile, cluster, worker, src=paths[head.name], dst=paths[worker.name], tree="",
+        return share_to_worker(cluster, profile, worker, src=paths[head.name], dst=paths[worker.name], tree="",
                                head_manifest=head_manifest, python=python, download=fetch,
                                space=lambda node, dest: free_space(node, dest, dest, snap, margin, key="ENGRAM_SRC_DIR"),
-                               name="engram", worker_root=paths[worker.name], worker_tree=paths[worker.name])
+                               name="engram", worker_root=paths[worker.name], worker_tree=paths[worker.name],
+                               site=site)
 
     shares = {}
     for worker_name, share in share_to_workers(workers, share_engram,
-                                               parallel=shares_in_parallel(profile, cluster)).items():
+                                               parallel=shares_in_parallel(cluster, profile)).items():
         checks += share.checks
         shares[worker_name] = share.data
     data["shares"] = shares

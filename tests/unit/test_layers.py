@@ -189,7 +189,21 @@ def cycles(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
-RULES = ("layer", "upward", "step_to_step", "step_to_lab", "private", "dynamic", "module_cycle", "component_cycle")
+RULES = ("layer", "upward", "step_to_step", "step_to_lab", "private", "dynamic", "module_cycle", "component_cycle",
+         "argument_order")
+
+
+def argument_order(path: Path, rel: str) -> list[str]:
+    """Every function (and lambda) of one module whose parameters put ``profile`` before ``cluster``: the one order
+    is ``(cluster, profile, …)`` (docs/DESIGN.md), so a positional call never swaps the two unnoticed."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+            if "profile" in names and "cluster" in names and names.index("profile") < names.index("cluster"):
+                found.append(f"{rel}:{node.lineno}: {getattr(node, 'name', 'lambda')}({', '.join(names)}) puts "
+                             f"profile before cluster (the order is (cluster, profile, …))")
+    return found
 
 
 def layer_violations(pkg: Path) -> dict[str, list[str]]:
@@ -200,6 +214,7 @@ def layer_violations(pkg: Path) -> dict[str, list[str]]:
     for path in tree.modules:
         mod = tree.module_name(path)
         me = component(mod)
+        out["argument_order"] += argument_order(path, tree.rel(path))
         if me not in LAYER_OF:
             out["layer"].append(f"{tree.rel(path)}: component {me!r} has no layer in LAYERS")
             continue
@@ -281,6 +296,11 @@ def test_no_cycle_between_components():
     assert not REAL["component_cycle"], "\n".join(REAL["component_cycle"])
 
 
+def test_cluster_comes_before_profile():
+    """One argument order in the whole package: ``(cluster, profile, …)``, never ``(profile, cluster, …)``."""
+    assert not REAL["argument_order"], "\n".join(REAL["argument_order"])
+
+
 @pytest.mark.parametrize("name", sorted(STEPS))
 def test_step_packages_expose_run(name):
     """Every step package's ``__init__`` defines ``run(step, *, knobs...)``: the one entry its notebook calls."""
@@ -290,6 +310,28 @@ def test_step_packages_expose_run(name):
     args = runs[0].args
     assert [a.arg for a in args.posonlyargs + args.args] == ["step"], \
         f"runbook/{name}/__init__.py: run must take the step first and only keyword knobs after it"
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_step_run_returns_one_outcome(name):
+    """One outcome type: every step's ``run`` is annotated ``-> StepOutcome`` and each of its returns is
+    ``step.outcome(shown)`` (runbook/step.py): what the notebook shows, the status and the record."""
+    tree = ast.parse((PKG / name / "__init__.py").read_text())
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    assert run.returns is not None and ast.unparse(run.returns) == "StepOutcome", \
+        f"runbook/{name}/__init__.py: run must be annotated -> StepOutcome"
+    returns = []
+
+    def visit(node):                      # run's own returns, not those of a function defined inside it
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Return):
+                returns.append(child)
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                visit(child)
+    visit(run)
+    wrong = [r.lineno for r in returns if not (isinstance(r.value, ast.Call)
+                                               and ast.unparse(r.value.func) == "step.outcome")]
+    assert returns and not wrong, f"runbook/{name}/__init__.py: run returns other than step.outcome(...) at {wrong}"
 
 
 def test_every_module_is_in_the_design_map():
@@ -402,6 +444,21 @@ def test_planted_import_by_computed_name(tmp_path):
                                                 'mod = importlib.import_module(NAME)\n'})
     assert found["dynamic"] == ["runbook/api/guards.py:3: import by a computed name (write the module's name as a "
                                 "literal)"]
+
+
+def test_planted_profile_before_cluster(tmp_path):
+    """A function (or lambda) taking ``profile`` before ``cluster`` is reported, wherever the two sit; the
+    documented order and a function with only one of them are not."""
+    found = planted(tmp_path, {"launch/server.py": "from ..api import client\n\n"
+                                                   "def start(cluster, profile, plan):\n    return client\n\n"
+                                                   "def stop(profile, *, cluster=None):\n    return profile\n\n"
+                                                   "def status(profile):\n    return profile\n\n"
+                                                   "later = lambda profile, node, cluster: node\n"})
+    assert found["argument_order"] == [
+        "runbook/launch/server.py:6: stop(profile, cluster) puts profile before cluster (the order is (cluster, "
+        "profile, …))",
+        "runbook/launch/server.py:12: lambda(profile, node, cluster) puts profile before cluster (the order is "
+        "(cluster, profile, …))"]
 
 
 # -- step_to_lab: a step reaches the lab in none of the ways an import can be written ------------------------------

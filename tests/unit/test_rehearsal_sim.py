@@ -349,7 +349,7 @@ def test_all_reduce_perf_without_libmpi_says_so(exl3, tmp_path):
 def _rehearse(path, tmp_path):
     profile = load(path)
     cluster = sim_cluster(profile, tmp_path)
-    checks, raw = network.verify_network(profile, cluster, tmp_path / "raw", site=site_for(profile))
+    checks, raw = network.verify_network(cluster, profile, tmp_path / "raw", site=site_for(profile))
     return profile, cluster, checks, raw
 
 

@@ -54,9 +54,9 @@ def earlier(tmp_path, monkeypatch):
         try:
             server = find_server(profile_from("env/lab.env"), run_dir.path, api_key="")
         except RunbookError as err:
-            return runner.StepOutcome(name, "failed", 0.0, err.what)
+            return runner.StepRun(name, "failed", 0.0, err.what)
         state["ran"].append((name, server.source))
-        return runner.StepOutcome(name, "passed", 0.0)
+        return runner.StepRun(name, "passed", 0.0)
     monkeypatch.setattr(runner, "execute_step", fake_step)
     return run, results, state
 

@@ -351,7 +351,7 @@ def _net_profile():
 
 def _verify(cluster):
     """01_network's public entry over canned nodes: every rail's static facts, ping and TCP per pair."""
-    checks, _ = network.verify_network(_net_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, _net_profile(), None)
     return checks
 
 
@@ -408,8 +408,8 @@ def _triangle(worker2_ports=2):
 def _rails_of(cluster):
     from runbook.network import rails as net_rails
     from runbook.network.context import Verification
-    ctx = Verification(tp3(EXPECT_RDMA=1, EXPECT_GPU=0, EXPECT_LINK_GBPS=0, MIN_TCP_GBPS=0.1, COMMAND_TIMEOUT=20),
-                       cluster, None)
+    ctx = Verification(cluster,
+                       tp3(EXPECT_RDMA=1, EXPECT_GPU=0, EXPECT_LINK_GBPS=0, MIN_TCP_GBPS=0.1, COMMAND_TIMEOUT=20), None)
     net_rails.collect_base(ctx)
     assert net_rails.early_validation(ctx), ctx.checks.to_text()
     return ctx, net_rails.build_rails(ctx)

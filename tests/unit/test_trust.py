@@ -283,8 +283,8 @@ def test_run_exits_with_the_failing_steps_class(monkeypatch, capsys):
 
     class Done:
         run_id, path = "r1", Path("/tmp/r1")
-    monkeypatch.setattr(runner, "run", lambda *a, **k: (Done, [runner.StepOutcome("00_preflight", "passed", 1),
-                                                               runner.StepOutcome("01_network", "failed", 1, "x", 5)]))
+    monkeypatch.setattr(runner, "run", lambda *a, **k: (Done, [runner.StepRun("00_preflight", "passed", 1),
+                                                               runner.StepRun("01_network", "failed", 1, "x", 5)]))
     assert cli.main(["run", "--profile", str(REPO / "env" / "lab.env"), "--no-lab"]) == 5
 
 
