@@ -30,6 +30,7 @@ from . import bench, engram, launch, network, preflight, weights
 from .errors import UsageError
 from .evidence import RunDir
 from .facts import net as fnet
+from .lab.site import site_for
 from .launch.image import TARGET_PLATFORM_CMD, ship_facts_cmd
 from .profile import REPO_ROOT, load_profile
 from .remote import Cluster, CommandLog
@@ -104,6 +105,7 @@ def ssh_lines(profile) -> list[str]:
 
 def _render(profile_path, *, home: str, overrides) -> tuple[list[str], list[tuple[str, list[str]]]]:
     profile = load_profile(profile_path, overrides=overrides)
+    site = site_for(profile)           # the one builder of sites, as step.begin calls it
     load_secrets()                     # a refused secrets file stops here (exit 2), as it would stop the run
     homes = {n.name: home or _default_home(n.ssh) for n in profile.nodes}
     # the facts the review declares: each node's home (and the user it implies) and its fabric as the profile
@@ -134,7 +136,7 @@ def _render(profile_path, *, home: str, overrides) -> tuple[list[str], list[tupl
     try:
         run = RunDir.create(profile.profile_name, scratch, redactor)
         for name, entry in STEPS:
-            step = Step(name, profile, run, dry_run=True)
+            step = Step(name, profile, run, site=site, dry_run=True)
             step._cluster = _InOrder.offline(profile, facts=facts, log=log)
             first = len(log.entries)
             stopped = ""

@@ -335,6 +335,7 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
     or "" (then the step says there is no server, as before)."""
     from .checks import Check, Status
     from .evidence import previous_good_run
+    from .lab.site import site_for
     from .launch.plan import launch_plan
     from .records import LaunchRecord, NetworkRecord, RecordError
     if LAUNCH in steps or not any(s[:2] in SERVER_STEPS for s in steps) or run_dir.read_sidecar(LAUNCH):
@@ -356,7 +357,8 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
         with Cluster.from_profile(profile) as cluster:
             why = launch.state_left(cluster, profile, sidecar)
             if not why:
-                now = launch_plan(cluster, profile, earlier.read_record(NetworkRecord, missing_ok=True)).fingerprint
+                now = launch_plan(cluster, profile, earlier.read_record(NetworkRecord, missing_ok=True),
+                                  site=site_for(profile)).fingerprint
                 if now != fingerprint:
                     why = (f"the profile now renders fingerprint {now[:12]}, the server of run {prev.name} runs "
                            f"{fingerprint[:12]}")

@@ -6,6 +6,11 @@
 
 Run interactively (``run_dir`` empty) a step opens a new run folder of its own, so interactive
 and headless runs leave the same evidence layout.
+
+``begin`` attaches the profile's site (``step.site``: ``runbook.lab.site.site_for(profile)``, the one builder):
+what differs between the Sparks, the lab and a rehearsal reaches a step package through it, never through an
+import of ``runbook.lab`` (docs/DESIGN.md, "The site"). That is why this module sits above the lab and below the
+steps in the layer drawing.
 """
 from __future__ import annotations
 
@@ -17,10 +22,12 @@ from typing import Any, Iterable
 from . import progress
 from .checks import Check, CheckList, Status
 from .evidence import RESULTS_ROOT, RunDir, provenance
+from .lab.site import site_for
 from .profile import Profile, load_profile
 from .records import Record
 from .remote import Cluster
 from .secrets import redactor_from_env
+from .site import Site
 
 
 @dataclass(frozen=True)
@@ -35,9 +42,10 @@ class StepOutcome:
 
 
 class Step:
-    def __init__(self, name: str, profile: Profile, run: RunDir, *, dry_run: bool = False):
+    def __init__(self, name: str, profile: Profile, run: RunDir, *, site: Site, dry_run: bool = False):
         self.name = name
         self.profile = profile
+        self.site = site                        # what differs on this site (runbook.site): site_for(profile)
         self.run = run
         self.dry_run = dry_run
         self.checks = CheckList()
@@ -115,7 +123,7 @@ def begin(name: str, profile_path: str | Path, *, run_dir: str | Path = "", dry_
         run.update_manifest(mode="interactive")
     run.record_step(name, kernel_started=time.time(), dry_run=dry_run)
     progress.reset()                    # this step's counts only (a kernel may run one step after another)
-    return Step(name, profile, run, dry_run=dry_run)
+    return Step(name, profile, run, site=site_for(profile), dry_run=dry_run)
 
 
 _STATUS_COLOURS = {Status.PASS.value: "#d4edda", Status.FAIL.value: "#f8d7da",

@@ -184,11 +184,12 @@ def verify(step, server, plan: BenchPlan, result: BenchResult, membw_data: dict[
                           "route": plan.route, "valid": valid}
     step.record = step.record.model_copy(update={"result": step.data["bench"]["result"]})   # the report's result
     cross, cross_data = cross_check(profile, server, result, step.raw_dir / "vllm-bench",
-                                    enabled=vllm_cross_check, python=vllm_python, tokenizer=vllm_tokenizer)
+                                    enabled=vllm_cross_check, python=vllm_python, tokenizer=vllm_tokenizer,
+                                    site=step.site)
     if cross_data:
         cross_data["log"] = str(Path(cross_data["log"]).relative_to(step.run.path))
         step.data["vllm_cross_check"] = cross_data
     step.add(cross)
-    panel = ceiling.panel(step.cluster, profile, result, membw_data, network)
+    panel = ceiling.panel(step.cluster, profile, result, membw_data, network, site=step.site)
     step.data["roofline"] = panel
     return valid, cross, panel

@@ -11,8 +11,9 @@ the numbers and the record.
 Check names → code: ``engram source``, ``engram python3``, ``engram source size|parity``, ``engram layout``,
 ``engram packed dir free space`` in ``precheck.py``; ``engram pack …`` and ``engram packed … verify`` in
 ``packing.py`` (with the N/A rows of ENGRAM=0); ``engram slim source`` in ``slim_source.py``; ``engram read
-probe …`` in ``read_probe.py``; ``lab fixture: …`` in ``lab_source.py``. The read-only node facts are in
-``facts.py``, shipping the tools in ``tools.py``; the byte layout (``layout.py``) and the node-side tools ``pack.py`` (with
+probe …`` in ``read_probe.py``; ``lab fixture: …`` in ``lab/engram_source.py`` (the lab's, through
+``step.site.engram_source``). The read-only node facts are in ``facts.py``; shipping the tools in
+``engram_tools/ship.py``; the byte layout (``layout.py``) and the node-side tools ``pack.py`` (with
 ``pack_partial.py``, ``pack_writer.py``), ``check.py``, ``probe.py`` and ``slim.py`` are in ``runbook/engram_tools/``.
 """
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import Any
 
 from ..step import StepOutcome
 from .facts import gather_facts
-from .lab_source import prepare_lab_source
 from .packing import applicable, blocked_nodes, disabled_checks, engram_record, plan_pack, run_pack, summarize
 from .precheck import precheck as precheck_rows     # the name `precheck` stays the submodule
 from .read_probe import run_probe
@@ -52,10 +52,10 @@ def run(step, *, check_samples: int = 256, probe_seconds: float = 3.0, echo=prin
 
 
 def read_facts(step, *, echo=print) -> dict[str, dict[str, Any]]:
-    """Facts: the lab's fixture source first (RECIPE=lab; elsewhere 02_weights brought it), then what each node
+    """Facts: the lab's fixture source first (RECIPE=lab: ``step.site.engram_source``; elsewhere 02_weights brought it), then what each node
     has (read-only), and the rows packing needs to pass (python3, the source, its size and parity, free space)."""
-    if step.profile.is_lab:
-        step.add(prepare_lab_source(step.cluster, step.profile))
+    if step.site.engram_source is not None:        # the lab generates the source 02 downloads on the Sparks
+        step.add(step.site.engram_source(step.cluster, step.profile))
     else:
         echo("not the lab: the Engram source comes from 02_weights (HF_ENGRAM_REPO)")
     facts = gather_facts(step.cluster, step.profile)

@@ -5,7 +5,7 @@ What ``engram.run`` calls, in order (every function returns Checks; nothing rais
 failure, the other node's answer is always kept)::
 
     enabled, reason = applicable(profile)            # ENGRAM=0 -> disabled_checks(profile, reason)
-    lab_source.prepare_lab_source(cluster, profile)  # RECIPE=lab only: synthetic V4.1-style source
+    step.site.engram_source(cluster, profile)        # the lab (RECIPE=lab) only: synthetic V4.1-style source
     facts = facts.gather_facts(cluster, profile)     # read-only: python, source files, free space
     precheck.precheck(profile, facts)                # source rows, then free space vs bytes still to write
     run_pack(cluster, profile, facts, results=results, skip=blocked_nodes(checks), stream=True)
@@ -31,7 +31,7 @@ from typing import Any
 from .. import progress
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..records import EngramRank, EngramRecord
-from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
+from ..engram_tools.ship import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
                     shell_path, ship_tools, src_of)
 
 PACK_TIMEOUT_S = 4 * 3600          # 2 x 47 GiB per node; NFS-sourced worker reads are the slow part

@@ -124,7 +124,7 @@ def plan_launch(step, action: str) -> LaunchPlan:
     if action in ("start", "restart"):
         step.add([exposure.ensure_api_key(profile, dry_run=step.dry_run)])   # before the plan renders the key
         step.run.redactor.add_current()      # a key generated just now is masked in this step's evidence too
-    plan = launch_plan(step.cluster, profile, step.run.read_record(NetworkRecord, missing_ok=True))
+    plan = launch_plan(step.cluster, profile, step.run.read_record(NetworkRecord, missing_ok=True), site=step.site)
     step.data["rendered"] = plan.to_record()
     step.data["fingerprint"] = plan.fingerprint
     step.record = LaunchRecord(fingerprint=plan.fingerprint, served_model_name=plan.served_model_name,

@@ -8,11 +8,10 @@ Check names → code (one ``<topic>_checks`` function per family; ``verify.py`` 
 ``net.tcp.*``: ``ip_traffic.py``; ``net.tools`` (perftest, OpenMPI, nccl-tests: found, installed when allowed, or
 a FAIL with the commands): ``tools.py``; ``net.nccl.*``, ``net.allreduce``: ``collectives.py``. The shared
 state and probe helpers: ``context.py``; the bandwidth rows and chart: ``bandwidth.py``.
-In a rehearsal the hardware-only tools are the simulators of ``runbook.lab.sim``, installed first.
+In a rehearsal the hardware-only tools are the simulators of ``runbook.lab.sim``, installed first (``step.site``).
 """
 from __future__ import annotations
 
-from ..lab import sim
 from ..step import StepOutcome
 from .bandwidth import bandwidth_rows, plot_bandwidth
 from .verify import verify_network
@@ -24,10 +23,9 @@ def run(step, *, traffic: bool = True, iperf_seconds: int = 3, install_tools: bo
     node lacks (``tools.py``'s table) instead of failing with the commands."""
     if install_tools is None:
         install_tools = step.profile.install_net_tools
-    if step.profile.rehearsal:
-        step.add(sim.install(step.cluster, step.profile))
+    step.add(step.site.install_simulators(step.cluster, step.profile))      # none on the Sparks
     net = verify_network(step.cluster, step.profile, traffic=traffic, iperf_seconds=iperf_seconds,
-                         install_tools=install_tools)
+                         install_tools=install_tools, site=step.site)
     step.add(net.checks)
     step.archive(net.raw)
     step.record = net.record          # what 04 and the bench read (runbook.records.NetworkRecord)

@@ -13,7 +13,7 @@ from .verify import preflight_record, run_checks
 def run(step) -> StepOutcome:
     """Read every node's facts, compare them with the profile, record checks and facts in ``step``; the notebook
     shows the table (``step.finish``), so the outcome shows nothing more."""
-    checks, facts = run_checks(step.cluster, step.profile)
+    checks, facts = run_checks(step.cluster, step.profile, site=step.site)
     step.add(checks)
     step.data.update(facts)
     step.record = preflight_record(facts)   # what `runbook plan --facts` and the report read (records.PreflightRecord)

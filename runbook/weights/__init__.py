@@ -105,7 +105,8 @@ def run(step, *, compare_sha256sum: bool = True) -> StepOutcome:
     """Download, verify, share and compare on every node; record checks, data and the step's
     :class:`~runbook.records.WeightsRecord` in ``step``; shows the data."""
     from .transfer import download_verify_share, weights_record
-    checks, data = download_verify_share(step.cluster, step.profile, compare_sha256sum=compare_sha256sum)
+    checks, data = download_verify_share(step.cluster, step.profile, compare_sha256sum=compare_sha256sum,
+                                         site=step.site)
     step.add(checks)
     step.data.update(data)
     step.record = weights_record(step.profile, data)    # what a resume and the report read

@@ -23,12 +23,14 @@ LAYERS = [
     {"profile"},
     {"remote", "evidence", "records"},              # records: the table of steps and their typed records
     {"facts"},
-    {"step", "fit", "diagnose"},                     # what every step records through; shared models
+    {"site", "fit", "diagnose"},                     # what differs between Sparks, lab and rehearsal; shared models
     {"api", "engram_tools", "weights_tools"},        # shared services: the server's API; Engram's and the weights' node tools
     {"answers", "benchmark"},                        # what a good answer is; the benchmark engine
-    {"lab"},                                         # the embedded lab: below the steps, which may use it
+    {"lab"},                                         # the embedded lab; it builds the sites (lab.site.site_for)
+    {"step"},                                        # what every step records through; begin attaches the site
     {"preflight", "network", "weights", "engram", "launch", "smoke", "vision_tools", "bench", "report"},
-    {"runner", "form", "review"},                    # the papermill runner, the profile form, the offline review
+    {"runner", "form", "review", "bench_share"},     # the papermill runner, the profile form, the offline review,
+                                                     # the benchmark of step 02's share on a switch of its own
     {"cli", "__main__"},
 ]
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
@@ -187,7 +189,7 @@ def cycles(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
-RULES = ("layer", "upward", "step_to_step", "private", "dynamic", "module_cycle", "component_cycle",
+RULES = ("layer", "upward", "step_to_step", "step_to_lab", "private", "dynamic", "module_cycle", "component_cycle",
          "argument_order")
 
 
@@ -231,6 +233,8 @@ def layer_violations(pkg: Path) -> dict[str, list[str]]:
                                      f"(layer {LAYER_OF[other]}){via}")
             if me in STEPS and other in STEPS and other != me:
                 out["step_to_step"].append(f"{where}: step {me} imports step {ref.target}{via}")
+            if me in STEPS and other == "lab":
+                out["step_to_lab"].append(f"{where}: step {me} imports {ref.target}{via} (ask step.site: runbook.site)")
             private = [n for n in ref.names if n.startswith("_") and not n.startswith("__")]
             if private and ref.target != mod:
                 out["private"].append(f"{where}: imports {private} from {ref.target}")
@@ -259,6 +263,12 @@ def test_no_upward_imports():
 def test_no_step_imports_another_step():
     """A step package reaches what another step also needs through a shared layer below both."""
     assert not REAL["step_to_step"], "\n".join(REAL["step_to_step"])
+
+
+def test_no_step_imports_the_lab():
+    """What differs between the Sparks, the lab and a rehearsal reaches a step through its site (``step.site``,
+    built by ``runbook.lab.site``): a step package never imports ``runbook.lab`` in any form."""
+    assert not REAL["step_to_lab"], "\n".join(REAL["step_to_lab"])
 
 
 def test_every_step_has_a_package():
@@ -396,7 +406,7 @@ def test_the_clean_planted_package_passes(tmp_path):
 def test_planted_import_module_upward(tmp_path):
     found = planted(tmp_path, {"api/client.py": 'import importlib\n\ndef later():\n'
                                               '    return importlib.import_module("runbook.launch.server")\n'})
-    assert found["upward"] == ["runbook/api/client.py:4: api (layer 6) imports runbook.launch.server (layer 9) "
+    assert found["upward"] == ["runbook/api/client.py:4: api (layer 6) imports runbook.launch.server (layer 10) "
                                "(through import_module)"]
 
 
@@ -409,7 +419,7 @@ def test_planted_aliased_relative_import_module_between_steps(tmp_path):
 
 def test_planted_dunder_import_upward(tmp_path):
     found = planted(tmp_path, {"api/guards.py": 'def later():\n    return __import__("runbook.launch", fromlist=["x"])\n'})
-    assert found["upward"] == ["runbook/api/guards.py:2: api (layer 6) imports runbook.launch (layer 9) "
+    assert found["upward"] == ["runbook/api/guards.py:2: api (layer 6) imports runbook.launch (layer 10) "
                                "(through __import__)"]
 
 
@@ -449,3 +459,34 @@ def test_planted_profile_before_cluster(tmp_path):
         "profile, …))",
         "runbook/launch/server.py:12: lambda(profile, node, cluster) puts profile before cluster (the order is "
         "(cluster, profile, …))"]
+
+
+# -- step_to_lab: a step reaches the lab in none of the ways an import can be written ------------------------------
+
+LAB = {"lab/__init__.py": '"""lab"""\n', "lab/sim.py": "def install():\n    return []\n"}
+
+
+@pytest.mark.parametrize("plant, line, via", [
+    ({"smoke/__init__.py": "import runbook.lab.sim\n\ndef run(step):\n    return step\n"},
+     "runbook/smoke/__init__.py:1: step smoke imports runbook.lab.sim", ""),
+    ({"launch/server.py": "from ..lab import sim\n\ndef start():\n    return sim\n"},
+     "runbook/launch/server.py:1: step launch imports runbook.lab.sim", ""),
+    ({"launch/server.py": "def start():\n    from ..lab.sim import install\n    return install()\n"},
+     "runbook/launch/server.py:2: step launch imports runbook.lab.sim", ""),
+    ({"launch/server.py": 'import importlib\n\ndef start():\n    return importlib.import_module("runbook.lab.sim")\n'},
+     "runbook/launch/server.py:4: step launch imports runbook.lab.sim", " (through import_module)"),
+    ({"smoke/__init__.py": "import runbook.api\n\ndef run(step):\n    return runbook.lab.sim.install()\n"},
+     "runbook/smoke/__init__.py:4: step smoke imports runbook.lab.sim", " (through attribute)"),
+], ids=["import", "from_import", "lazy_import", "import_module", "attribute_chain"])
+def test_planted_step_imports_the_lab(tmp_path, plant, line, via):
+    """Each way of reaching the lab from a step is reported by step_to_lab, and by no other rule: the lab's layer is
+    below the steps', so without this rule none of them would fail."""
+    found = planted(tmp_path, {**LAB, **plant})
+    assert found["step_to_lab"] == [f"{line}{via} (ask step.site: runbook.site)"]
+    assert not any(v for rule, v in found.items() if rule != "step_to_lab"), found
+
+
+def test_the_planted_lab_itself_is_clean(tmp_path):
+    """The planted lab package alone breaks no rule (so each plant above fails only for its import)."""
+    found = planted(tmp_path, LAB)
+    assert not any(found.values()), found

@@ -449,6 +449,7 @@ def test_install_net_tools_is_a_real_profile_key(monkeypatch, tmp_path):
     from pathlib import Path
 
     import runbook.network as step01
+    from runbook.site import SPARKS_SITE
     from runbook.profile import load_profile
     env = Path(__file__).resolve().parents[2] / "env"
     shipped = sorted(env.glob("*.env"))
@@ -463,10 +464,11 @@ def test_install_net_tools_is_a_real_profile_key(monkeypatch, tmp_path):
         raise RuntimeError("stop after the call")
     monkeypatch.setattr(step01, "verify_network", fake_verify)
     from types import SimpleNamespace
-    step = SimpleNamespace(profile=profile, cluster=None)      # a step double: only what run() reads first
+    added = []
+    step = SimpleNamespace(profile=profile, cluster=None, site=SPARKS_SITE, add=added.extend)   # what run() reads first
     with pytest.raises(RuntimeError, match="stop after the call"):
         step01.run(step)
-    assert seen["install_tools"] is True
+    assert seen["install_tools"] is True and seen["site"] is SPARKS_SITE and added == []   # no simulator on Sparks
 
 
 def test_rank_failures_name_the_setting_of_the_failing_rank():

@@ -279,7 +279,9 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
     rules = [(r"; df -B1 --output=avail,size,target ", "/mnt/nvme\n1099511627776 3998614986752 /mnt/nvme\n"),
              (exact(node_paths.USER_CMD), "/home/spark\n1000\nspark\n")]
     cluster = FakeCluster([FakeNode(n, k, read_only=True, rules=rules) for k, n in enumerate(NODES)])
-    checks, data = wstep.download_verify_share(cluster, labtp3(), compare_sha256sum=False)
+    from runbook.lab.site import site_for
+    profile = labtp3()
+    checks, data = wstep.download_verify_share(cluster, profile, compare_sha256sum=False, site=site_for(profile))
     assert sorted(c[1] for c in calls) == ["worker", "worker2"]        # both at once
     assert data["share"] == {"seconds": 1.0, "to": "worker"} and list(data["shares"]) == ["worker", "worker2"]
     assert not checks.failures()

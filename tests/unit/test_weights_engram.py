@@ -16,6 +16,7 @@ from runbook.engram import facts as engram_facts
 from runbook.engram import precheck as engram_precheck
 from runbook.errors import RunbookError
 from runbook.lab.hub import ENGRAM_OTHER_SHARD, HubServer, publish_engram_source, publish_repo
+from runbook.lab.site import site_for
 from runbook.profile import load_profile
 from runbook.weights import MANIFEST_NAME
 from runbook.weights import transfer as wstep
@@ -140,6 +141,6 @@ def test_the_lab_profile_keeps_its_synthetic_source(tmp_path):
     assert p.engram
     head, worker = local_pair(tmp_path)
     rows, data = wstep.engram_source(FakeCluster([head, worker]), p, python=sys.executable,
-                                     endpoint=None, margin=0)
+                                     endpoint=None, margin=0, site=site_for(p))
     assert [(r.name, r.status) for r in rows] == [("weights.engram.source", Status.NA)]
     assert "prepare_lab_source" in rows[0].observed and head.commands == [] and worker.commands == []
