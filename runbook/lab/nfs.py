@@ -200,10 +200,14 @@ def sshfs_stand_in(head, worker, export_dir: str, mountpoint: str, *, probe: str
     """What the worker's kernel NFS mount gives on Sparks, where it cannot run (the lab): the head's export,
     read-only at the same mountpoint, here over the fabric with sshfs (FUSE). What reads it next (03's packer,
     04's ranks) then sees the head's files, not an empty directory of its own. Idempotent: an sshfs mount of
-    the same source stays."""
+    the same source stays; one of another source at the mountpoint is unmounted first."""
     source = f"{head.spec.fabric_ip}:{export_dir}"
     mounted = f"{source} {mountpoint} fuse.sshfs "
-    res = worker.run(f"mkdir -p {_q(mountpoint)} && {{ grep -qF {_q(mounted)} /proc/mounts || "
+    # an sshfs of another source at this mountpoint (the head's address on another lab shape: the cable's before
+    # the switch) goes first, lazily: its server may be gone, and then the mkdir below would block on it
+    stale = (f"awk -v mp={_q(mountpoint)} -v src={_q(source)} '$2 == mp && $3 == \"fuse.sshfs\" && $1 != src "
+             f"{{ found = 1 }} END {{ exit !found }}' /proc/mounts && umount -l {_q(mountpoint)}; ")
+    res = worker.run(stale + f"mkdir -p {_q(mountpoint)} && {{ grep -qF {_q(mounted)} /proc/mounts || "
                      f"timeout 60 sshfs -o ro,allow_other,reconnect,ServerAliveInterval=15 {_q(source)} {_q(mountpoint)}; }} && "
                      f"test -e {_q(posixpath.join(mountpoint, probe))}", timeout=90, warn=True)
     return check("weights.nfs.lab_mount", res.ok, node=worker.name,

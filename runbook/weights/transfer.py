@@ -208,6 +208,10 @@ def share_to_worker(cluster, profile, worker, *, src: str, dst: str, tree: str, 
     kernel's NFS client (``site.nfs_stand_in``: the lab): the kernel mode up to them, then the stand-in."""
     head, mode = cluster.head, profile.weight_sync
     probe = posixpath.join(tree, "config.json")
+    if mode in ("rsync", "download-both"):
+        mounted = copy_target_mount(worker, dst, mode=mode)
+        if mounted is not None:
+            return ShareResult(mode, checks=[mounted])
     if mode == "rsync" and profile.weight_transport == "stream":
         return stream_to_worker(head, worker, src, dst, head_manifest=head_manifest, python=python, tree=tree)
     if mode == "rsync":
@@ -232,6 +236,27 @@ def share_to_worker(cluster, profile, worker, *, src: str, dst: str, tree: str, 
         return ShareResult("nfs", checks=[*kernel, *rows], data=data)
     return nfs_share(head, worker, src, dst, execute=True, head_manifest=head_manifest, python=python,
                      name=name, tree=tree, probe=probe)
+
+
+def copy_target_mount(worker, dst: str, *, mode: str) -> Check | None:
+    """A FAIL when the worker's copy target is (or lies in) a network mount: a folder an earlier WEIGHT_SYNC=nfs run
+    mounted read-only from the head keeps its mount when the profile (or another profile with the same path)
+    copies instead, and the copy would write into the head's export or fail on a read-only mount. Read from
+    /proc/mounts, which never blocks on a dead server. None when the target is the worker's own disk."""
+    res = worker.read(system.MOUNTS_CMD, timeout=15)
+    if not res.ok:
+        return None
+    target = on_node(worker, dst).rstrip("/")
+    holding = [m for m in system.parse_network_mounts(res.stdout)
+               if target == m.mountpoint.rstrip("/") or target.startswith(m.mountpoint.rstrip("/") + "/")]
+    if not holding:
+        return None
+    m = holding[-1]                      # the last mounted is the one the path reaches
+    return check("weights.copy_target", False, node=worker.name,
+                 observed=f"{target} is in a network mount: {m.fstype} {m.source} on {m.mountpoint}",
+                 expected=f"WEIGHT_SYNC={mode} copies onto the worker's own disk",
+                 fix=(f"unmount it (an earlier WEIGHT_SYNC=nfs share, or another profile's): sudo umount "
+                      f"{shlex.quote(m.mountpoint)}, then re-run 02; or keep the share with WEIGHT_SYNC=nfs"))
 
 
 def free_space(node, dest: str, tree: str, snap: RepoSnapshot, margin: int, *, key: str) -> Check:

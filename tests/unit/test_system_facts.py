@@ -100,3 +100,24 @@ def test_a_timed_out_probe_gets_a_fix_naming_the_mount_that_does_not_answer():
     facts = {**facts, system.unanswered_mounts_cmd(mounts): ""}
     worker = Cluster.offline(profile_from("env/lab.env"), facts={"worker": facts}, log=CommandLog(None)).workers[0]
     assert "every network mount answering" in _why_unreadable(worker, RemoteError("command timed out after 30 s"))
+
+
+def test_a_copy_onto_a_worker_folder_that_is_a_network_mount_is_refused_before_it_writes():
+    # the lab's tp4-v41 rehearsal after exl3-v41 (same WEIGHTS_DIR, WEIGHT_SYNC=nfs then rsync): the worker's folder
+    # was still the read-only share of the head's export
+    from runbook.remote import Cluster, CommandLog
+    from runbook.weights.transfer import copy_target_mount
+    from support.profiles import profile_from
+
+    def worker(mounts: str):
+        facts = {"worker": {system.MOUNTS_CMD: mounts}}
+        return Cluster.offline(profile_from("env/lab.env"), facts=facts, log=CommandLog(None)).workers[0]
+
+    row = copy_target_mount(worker(PROC_MOUNTS), "/root/.cache/dsv41-flash-exl3/model", mode="rsync")
+    assert row is not None and row.failed and row.name == "weights.copy_target"
+    assert "fuse.sshfs 169.254.77.1:/root/.cache/dsv41-flash-exl3/model" in row.observed
+    assert "sudo umount /root/.cache/dsv41-flash-exl3/model" in row.fix
+    # a folder inside the mount is refused too; the worker's own disk and a sibling folder are not
+    assert copy_target_mount(worker(PROC_MOUNTS), "/root/.cache/dsv41-flash-exl3/model/sub", mode="rsync").failed
+    assert copy_target_mount(worker(PROC_MOUNTS), "/root/.cache/dsv41-flash-exl3/model2", mode="rsync") is None
+    assert copy_target_mount(worker("/dev/vda / ext4 rw 0 0\n"), "/root/.cache/m", mode="download-both") is None

@@ -255,7 +255,7 @@ def test_pad_line_parsed_and_checked():
 
 def test_weights_step_shares_to_every_worker(monkeypatch):
     from runbook.checks import check
-    from runbook.facts import node_paths
+    from runbook.facts import node_paths, system
     from runbook.weights import transfer as wstep
     from runbook.weights.sharing import ShareResult
 
@@ -277,7 +277,8 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
 
     monkeypatch.setattr(wstep, "rsync_to_worker", fake_rsync)
     rules = [(r"; df -B1 --output=avail,size,target ", "/mnt/nvme\n1099511627776 3998614986752 /mnt/nvme\n"),
-             (exact(node_paths.USER_CMD), "/home/spark\n1000\nspark\n")]
+             (exact(node_paths.USER_CMD), "/home/spark\n1000\nspark\n"),
+             (exact(system.MOUNTS_CMD), "/dev/nvme0n1p2 /mnt/nvme ext4 rw,relatime 0 0\n")]  # no network mount
     cluster = FakeCluster([FakeNode(n, k, read_only=True, rules=rules) for k, n in enumerate(NODES)])
     from runbook.lab.site import site_for
     profile = labtp3()
