@@ -342,7 +342,7 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
                           "to its commit")], data
     snap = full.select(files)
     data["total_bytes"] = snap.total_bytes
-    packers = [n for n in [cluster.head, *cluster.workers] if n.spec.rank < int(profile.tp)]
+    packers = [n for n in [cluster.head, *cluster.workers] if profile.holds_rank(n.spec.rank)]
     head, workers = packers[0], packers[1:]
     paths = {n.name: on_node(n, profile.engram_src_dir, key="ENGRAM_SRC_DIR") for n in packers}
     data["paths"] = paths
