@@ -221,7 +221,8 @@ def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, 
     if on_lab(profile):
         # no nfsd or kernel NFS client here: the kernel mode runs as the profile's user up to them (sudo probe,
         # exports file, exportfs), then the lab's userspace server and mount stand in for the kernel's, as root
-        kernel = kernel_nfs_until_server(head, worker, src, dst, name=name, probe=probe)
+        kernel = kernel_nfs_until_server(head, worker, src, dst, name=name, probe=probe,
+                                         worker_ips=[w.spec.fabric_ip for w in cluster.workers])
         if any(c.failed for c in kernel):
             return ShareResult("nfs", checks=kernel)
         with lab_root(head) as head_root, lab_root(worker) as worker_root:
@@ -230,7 +231,7 @@ def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, 
         share.checks[:0] = kernel
         return share
     return nfs_share(head, worker, src, dst, execute=True, head_manifest=head_manifest, python=python,
-                     name=name, tree=tree, probe=probe)
+                     name=name, tree=tree, probe=probe, worker_ips=[w.spec.fabric_ip for w in cluster.workers])
 
 
 def free_space(node, dest: str, tree: str, snap: RepoSnapshot, margin: int, *, key: str) -> Check:
