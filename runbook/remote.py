@@ -160,6 +160,9 @@ class Node:
         self.command_prefix = command_prefix     # rehearsal_path_prefix(profile); '' on real nodes
         self._conn = None
         self._conn_lock = threading.Lock()
+        # one SFTP transfer at a time on the connection: fabric's lazily opened SFTP client, shared by every thread,
+        # hung when three shares put files onto the head at once (bench_share, WEIGHT_TRANSPORT=stream)
+        self._sftp_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Node({self.name!r}, ssh={self.spec.ssh!r})"
@@ -305,13 +308,17 @@ class Node:
             self.log.record(CommandResult(self.name, f"put {local} -> {remote}", 0, dry_run=True), kind="run")
             return
         started = time.monotonic()
-        self._connection().put(str(local), remote)
+        conn = self._connection()
+        with self._sftp_lock:
+            conn.put(str(local), remote)
         self.log.record(CommandResult(self.name, f"put {local} -> {remote}", 0,
                                       duration_s=time.monotonic() - started), kind="run")
 
     def get(self, remote: str, local: str | Path) -> None:
         started = time.monotonic()
-        self._connection().get(remote, str(local))
+        conn = self._connection()
+        with self._sftp_lock:
+            conn.get(remote, str(local))
         self.log.record(CommandResult(self.name, f"get {remote} -> {local}", 0,
                                       duration_s=time.monotonic() - started), kind="read")
 

@@ -142,6 +142,52 @@ def parse_disk_free(text: str) -> DiskFree:
     return DiskFree(lines[0].strip(), int(avail), int(size), mount.strip())
 
 
+#: reading /proc/mounts never touches a mount, so it answers when a df or a stat under a dead network mount hangs
+MOUNTS_CMD = "cat /proc/mounts"
+#: filesystems whose server can go away under the mount (then every stat below it blocks)
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "9p", "ceph", "glusterfs", "lustre", "fuse.sshfs", "fuse.rclone",
+              "fuse.s3fs", "fuse.glusterfs")
+
+
+@dataclass
+class Mount:
+    source: str
+    mountpoint: str
+    fstype: str
+
+
+def _unescape_mount_field(field_text: str) -> str:
+    # /proc/mounts writes space, tab, newline and backslash in a path as octal escapes (\040 ...)
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_text)
+
+
+def parse_network_mounts(text: str) -> list[Mount]:
+    """The network filesystems of ``/proc/mounts``::
+
+        169.254.77.1:/root/.cache/m /root/.cache/m fuse.sshfs ro,nosuid,nodev,relatime,user_id=0 0 0
+        spark1:/srv/models /mnt/models nfs4 rw,relatime,vers=4.2,hard,proto=tcp 0 0
+    """
+    mounts = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] in NETWORK_FS:
+            mounts.append(Mount(_unescape_mount_field(parts[0]), _unescape_mount_field(parts[1]), parts[2]))
+    return mounts
+
+
+def unanswered_mounts_cmd(mounts: list[Mount], seconds: int = 5) -> str:
+    """Each network mount stat'ed under a hard time limit (SIGKILL: a task blocked on a dead NFS server ignores
+    SIGTERM); prints ``NOANSWER <mountpoint>`` for each that does not answer."""
+    return "; ".join(f"timeout -s KILL {seconds} stat -f -c %T {shlex.quote(m.mountpoint)} >/dev/null 2>&1 || "
+                     f"echo NOANSWER {shlex.quote(m.mountpoint)}" for m in mounts) or "true"
+
+
+def parse_unanswered_mounts(text: str, mounts: list[Mount]) -> list[Mount]:
+    """The mounts ``unanswered_mounts_cmd`` named (``NOANSWER /mnt/models``)."""
+    dead = {line.split(None, 1)[1].strip() for line in text.splitlines() if line.startswith("NOANSWER ")}
+    return [m for m in mounts if m.mountpoint in dead]
+
+
 def disk_inodes_cmd(path: str) -> str:
     """Free and total inodes of the filesystem holding ``path`` (or its nearest existing parent),
     and its device number (``stat %d``: two paths with the same device are one filesystem, even

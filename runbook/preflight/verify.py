@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable, simulated
+from ..errors import RunbookError
 from .. import fit
 from ..facts import net as fnet
 from ..facts import residue, system
@@ -103,6 +104,28 @@ def clock_offsets(cluster: Cluster) -> dict[str, tuple[float, float]]:
     return cluster.each(probe)
 
 
+def _why_unreadable(node: Node, error: Exception) -> str:
+    """The fix for a node whose probes failed. A probe that timed out is most often a df or a stat under a network
+    mount whose server is gone (NFS, sshfs: every stat below it blocks): /proc/mounts, which never blocks, names the
+    network mounts, and each is stat'ed under a hard limit to name the one that does not answer."""
+    fix = getattr(error, "fix", "") or ""
+    if "timed out" not in str(error):
+        return fix or "run the command of the commands log on the node by hand and read its error"
+    try:
+        mounts = system.parse_network_mounts(node.read(system.MOUNTS_CMD, timeout=10).stdout)
+        dead = system.parse_unanswered_mounts(
+            node.read(system.unanswered_mounts_cmd(mounts), timeout=10 + 6 * len(mounts)).stdout, mounts) \
+            if mounts else []
+    except RunbookError:
+        return fix or "a probe hung on the node: find the blocked process (ps -eo pid,stat,wchan,args | grep ' D')"
+    if dead:
+        return ("a network mount does not answer, and every probe under it blocks: " +
+                "; ".join(f"{m.fstype} {m.source} on {m.mountpoint}" for m in dead) +
+                f" -- bring its server back, or unmount it: sudo umount -l {quote(dead[0].mountpoint)}; then re-run 00")
+    return fix or ("a probe hung on the node with every network mount answering: find the blocked process "
+                   "(ps -eo pid,stat,wchan,args | grep ' D') and re-run 00")
+
+
 def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
     """All preflight checks. Returns the checks and the facts (for the sidecar)."""
     checks = CheckList()
@@ -123,7 +146,8 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
     for name, value in facts.items():
         if isinstance(value, Exception):
             checks.add(check("facts readable", False, node=name, observed=str(value).splitlines()[0],
-                             expected="all preflight probes answer"))
+                             expected="all preflight probes answer",
+                             fix=_why_unreadable(next(n for n in cluster.nodes if n.name == name), value)))
     good = {k: v for k, v in facts.items() if not isinstance(v, Exception)}
 
     checks.add(fabric_ssh_checks(cluster, profile))

@@ -16,7 +16,7 @@ from .nodes import NODE_NAMES, NodeSpec, configured_count, node_key, node_keys, 
 from .types import (Bool, BindAddress, Command, Commit, CpuBind, DefaultThinking, DraftSampleMethod, EngramRevision, Executor,
                     ExtraArgs, Float, Gid, HcaList, HfRepo, HfRevision, IfName, Image, Int, IntList, IPv4,
                     KvCacheDtype, LimitMM, LocalPath, ModelDir, NodePath, RecipeName, RecipeRepo, Runtime, RuntimePath,
-                    ServedModelName, ShmSize, SpecMethod, SshTarget, Str, ToolStrictLevel, Url, WeightSync, Word)
+                    ServedModelName, ShmSize, SpecMethod, SshTarget, Str, ToolStrictLevel, Url, WeightSync, WeightTransport, Word)
 
 #: the checkout: relative profile and local paths resolve against it
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -157,6 +157,9 @@ class Profile(BaseModel):
     weights_dir: NodePath = Field("", description="weights directory on the head")
     worker_weights_dir: NodePath = Field("", description="weights directory on workers; empty = WEIGHTS_DIR")
     weight_sync: WeightSync = Field("nfs", description="how workers get weights")
+    weight_transport: WeightTransport = Field("rsync", description="WEIGHT_SYNC=rsync's transport: rsync over ssh, or "
+                                              "stream (plain TCP on the fabric, sendfile/splice, token, sha256 on "
+                                              "arrival)")
     weights_gib: Float(0) = Field(0.0, description="expected weights size, GiB; 0 = unknown")
     hf_max_workers: Int(1, 64) = Field(8, description="parallel download workers")
     engram: Bool = Field(False, description="V4.1 Engram tables served from NVMe")

@@ -150,6 +150,7 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                         "use WEIGHT_SYNC=rsync (seed B: prepare copies the weights to WORKER2 when NFS=0) "
                         "or download-both; WEIGHT_SYNC=nfs works on a cable (2 nodes) and on a switch (every "
                         "*_IP on one /24)", at="WEIGHT_SYNC")
+    yield from transport_conflicts(p)
     if p.lab_cpu_bind:
         items = [x for x in p.lab_cpu_bind.split(",") if x]
         if not p.is_lab and not p.rehearsal:
@@ -362,6 +363,25 @@ def serve_conflicts(p: Profile) -> Iterable[Conflict]:
                        "set in platforms/cpu.py)",
                        "set EXECUTOR=mp to serve on the lab (the Ray cluster alone still comes up: "
                        "`python -m runbook validate --ray-cluster` and runbook.launch.ray_cluster)", at="EXECUTOR")
+
+
+def transport_conflicts(p: Profile) -> Iterable[Conflict]:
+    """WEIGHT_TRANSPORT=stream carries WEIGHT_SYNC=rsync's copy, and only a local_dir layout's plain files."""
+    if p.weight_transport != "stream":
+        return
+    if p.weight_sync != "rsync":
+        yield Conflict(("WEIGHT_SYNC", "WEIGHT_TRANSPORT"),
+                       f"WEIGHT_TRANSPORT=stream with WEIGHT_SYNC={p.weight_sync}: the transport is how the head's "
+                       "copy reaches a worker, only WEIGHT_SYNC=rsync copies (nfs mounts the head's export, "
+                       "download-both has every worker download)",
+                       "set WEIGHT_SYNC=rsync, or remove WEIGHT_TRANSPORT (default rsync)", at="WEIGHT_TRANSPORT")
+    elif p.model_dir and p.model_dir == p.hf_model_repo:
+        yield Conflict(("MODEL_DIR", "WEIGHT_TRANSPORT"),
+                       f"WEIGHT_TRANSPORT=stream with MODEL_DIR={p.model_dir} (a hub cache: snapshots/<rev> are "
+                       "symlinks into blobs/, with refs/main): the stream sends the manifest's files as plain files "
+                       "and would not rebuild that tree",
+                       "set WEIGHT_TRANSPORT=rsync for a hub cache (it keeps the symlinks), or MODEL_DIR to the path "
+                       "WEIGHTS_DIR is mounted at (local_dir layout)", at="WEIGHT_TRANSPORT")
 
 
 def served_ports(p: Profile) -> dict[int, str]:

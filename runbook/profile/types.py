@@ -479,4 +479,5 @@ ToolStrictLevel = Choice("", "auto", "function", "parameter")
 HfRevision = Str(r"\S+", "a revision (a 40-hex commit id; the lab may use a branch)",
                  "64ba41b6c916a587db06eae2e19b7845f7be6e6b")
 WeightSync = Choice("nfs", "rsync", "download-both")
+WeightTransport = Choice("rsync", "stream")
 EngramRevision = Str(r"\S+", "a revision", "main")

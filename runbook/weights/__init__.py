@@ -45,6 +45,7 @@ from .sharing import (
                        render_rsync,
                        rsync_to_worker,
                        ship_tools,
+                       stream_to_worker,
                        sudo_check,
                        verify_on_node,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "require_pinned",
     "rsync_to_worker",
     "ship_tools",
+    "stream_to_worker",
     "sudo_check",
     "verify_checks",
     "verify_dir",

@@ -280,7 +280,8 @@ def verify_checks(report: dict[str, Any], *, node: str = "") -> list[Check]:
         if r["status"] != "ok":
             out.append(check(f"weights.file:{r['path']}", False, node=node,
                              observed=f"{r['status']}: {r['observed']}", expected=r["expected"],
-                             fix="delete the file and re-run the download (download(repair=True))"))
+                             fix="re-run step 02 (python -m runbook run --profile <your profile> --from 02): the download fetches "
+                                 "again every file whose bytes are not the pinned revision's"))
     n = len(report.get("files", []))
     out.append(check("weights.verified", bool(report.get("ok")), node=node,
                      observed=(f"{n - len(report.get('failed', []))}/{n} files ok; hashed "

@@ -13,8 +13,10 @@ import hashlib
 import json
 import os
 import posixpath
+import secrets
 import shlex
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from ..checks import Check, Status, check, not_applicable
 from ..errors import RemoteError
 from ..facts import system
 from ..remote import private_dir_command, tail
-from ..weights_tools import node_download, verify_manifest
+from ..weights_tools import node_download, stream_share, verify_manifest
 from ..weights_tools.nfs import (SUDO_RULES, export_line, exports_file, render_nfs, single_ipv4, sudo_argvs, sudo_check,
                                  sudo_probe_cmd, sudoers_fix)
 from .download import fetched_check, hf_token, require_pinned, verify_checks
@@ -34,6 +36,7 @@ from ..facts.node_paths import node_user, on_node
 from .verify import manifest_to_expected, parity
 from ..weights_tools.verify_manifest import MANIFEST_NAME
 
+GIB_B = 1 << 30
 TOOLS_SUBDIR = ".cache/spark-runbook/tools"      # under the SSH user's home: private (0700), never /tmp
 
 
@@ -60,19 +63,34 @@ def tools_dir(node) -> str:
     return posixpath.join(node_user(node).home, TOOLS_SUBDIR)
 
 
-def ship_tools(node, remote_dir: str | None = None) -> dict[str, str]:
-    """Copy the standard-library tools (``verify_manifest.py``, ``node_download.py``) into the node's private
-    tools dir (:func:`tools_dir`, made private by :func:`runbook.remote.private_dir_command`); they run with the node's ``python3``
-    and import no package of it. Returns remote paths (``dir``: the directory)."""
+def ship_tools(node, remote_dir: str | None = None, *, extra: tuple = ()) -> dict[str, str]:
+    """Copy the standard-library tools (``verify_manifest.py``, ``node_download.py``; ``extra`` modules too, e.g.
+    ``stream_share`` for WEIGHT_TRANSPORT=stream) into the node's private tools dir (:func:`tools_dir`, made private
+    by :func:`runbook.remote.private_dir_command`); they run with the node's ``python3`` and import no package of it. Returns remote paths (``dir``: the directory)."""
     remote_dir = remote_dir or tools_dir(node)
     node.run(private_dir_command(remote_dir), timeout=30)
     out = {"dir": remote_dir}
-    for mod in (verify_manifest, node_download):
+    for mod in (verify_manifest, node_download, *extra):
         name = Path(mod.__file__).name
         remote = posixpath.join(remote_dir, name)
         node.put(mod.__file__, remote)
         out[mod.__name__.rsplit(".", 1)[-1]] = remote
     return out
+
+
+_SHIPPED_LOCK = threading.Lock()
+
+
+def ship_tools_once(node) -> dict[str, str]:
+    """:func:`ship_tools` (with ``stream_share``) for a node that several shares use at once (the head of a stream
+    share to every worker): shipped by the first, under a lock, and not again while this node object lives, so no
+    share overwrites a script another share's command is starting from."""
+    with _SHIPPED_LOCK:
+        shipped = getattr(node, "_runbook_shipped_tools", None)
+        if shipped is None or node.dry_run:
+            shipped = ship_tools(node, extra=(stream_share,))
+            node._runbook_shipped_tools = shipped
+        return shipped
 
 
 def _json_name(prefix: str, node, data: Any) -> str:
@@ -206,6 +224,182 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
         return result
     report = verify_on_node(worker, dst_tree, manifest_to_expected(head_manifest), python=python,
                             workers=workers)
+    result.checks.extend(verify_checks(report, node=worker.name))
+    result.checks.append(parity(head_manifest, read_node_manifest(worker, dst_tree), node=worker.name))
+    result.data["verify"] = {k: report.get(k) for k in ("bytes_hashed", "seconds", "gbps", "failed")}
+    return result
+
+
+# -------------------------------------------------------------------------------------------
+# stream (WEIGHT_TRANSPORT=stream): sendfile on the head, splice on the worker, plain TCP on the fabric
+
+STREAM_STREAMS = 4          # TCP connections per worker
+STREAM_TIMEOUT = 60.0       # seconds without progress on a connection, or without a connection, before giving up
+STREAM_READY_S = 60.0       # for the receiver to listen and say which files it needs
+
+
+def _put_private_text(node, remote: str, text: str) -> None:
+    """``text`` into a new 0600 file on the node (created empty with umask 077 first, then filled by ``put``):
+    never on a command line, never in the command log."""
+    node.run(f"umask 077 && : > {_q(remote)} && chmod 600 {_q(remote)}", timeout=30)
+    fd, local = tempfile.mkstemp()
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        node.put(local, remote)
+    finally:
+        os.unlink(local)
+
+
+def render_stream_recv(tool: str, dst: str, expected: str, bind: str, *, token_file: str, state_file: str,
+                       stop_file: str, python: str = "python3", timeout: float = STREAM_TIMEOUT,
+                       deadline: float = 6 * 3600) -> str:
+    return " ".join(_q(p) for p in [python, tool, "recv", "--dir", dst, "--expected", expected, "--bind", bind,
+                                    "--port", 0, "--token-file", token_file, "--state-file", state_file,
+                                    "--stop-file", stop_file, "--timeout", f"{timeout:g}", "--deadline",
+                                    f"{deadline:g}"])
+
+
+def render_stream_send(tool: str, src: str, files: str, host: str, port: int, *, token_file: str, bind: str = "",
+                       python: str = "python3", streams: int = STREAM_STREAMS,
+                       timeout: float = STREAM_TIMEOUT) -> str:
+    """The head's sender. No ``--bind`` by default: the kernel picks the source address of the route to the worker's
+    fabric address, as rsync's ssh does (on the TP=3 triangle each worker is reached over its own link)."""
+    return " ".join(_q(p) for p in [python, tool, "send", "--src", src, "--files", files, "--host", host,
+                                    "--port", int(port), *(["--bind", bind] if bind else []),
+                                    "--token-file", token_file, "--streams", int(streams),
+                                    "--timeout", f"{timeout:g}"])
+
+
+def stream_to_worker(head, worker, src_dir: str, dst_dir: str, *, head_manifest: dict[str, Any] | None = None,
+                     python: str = "python3", workers: int = 4, streams: int = STREAM_STREAMS,
+                     timeout: float = STREAM_TIMEOUT, deadline: float = 6 * 3600, tree: str = "",
+                     ready_s: float = STREAM_READY_S) -> ShareResult:
+    """The head's verified files to the worker over plain TCP on the fabric (``stream_share.py``, shipped to both
+    nodes): the worker's receiver listens on its fabric address (a free port), skips the files it already holds
+    verified, and takes ``streams`` connections from the head's sender, which must present a one-time random token
+    (a 0600 file on each node, never on a command line). Each file is sha256-verified on arrival before it gets its
+    name; then the worker's directory is verified (the manifest) and compared with the head's (parity). Only the
+    files of the head manifest cross (never a credential file or a cache). ``tree``: where the verified files sit
+    inside the directory (only ``""``: a hub cache's symlinks need rsync, the profile refuses the pair)."""
+    result = ShareResult("stream")
+    src_dir, dst_dir = on_node(head, src_dir), on_node(worker, dst_dir)
+    src_tree, dst_tree = posixpath.join(src_dir, tree), posixpath.join(dst_dir, tree)
+    head_manifest = head_manifest or read_node_manifest(head, src_tree)
+    if not head_manifest:
+        result.checks.append(check("weights.head_manifest", False, node=head.name,
+                                   observed=f"no {MANIFEST_NAME} in {src_tree}",
+                                   expected="a verified head tree", fix="run the download/verify on the head first"))
+        return result
+    expected = manifest_to_expected(head_manifest)
+    total = sum(f["size"] for f in expected["files"])
+    head_tools, worker_tools = ship_tools_once(head), ship_tools(worker, extra=(stream_share,))
+    key = _json_name("stream", worker, expected)
+    w = {k: posixpath.join(worker_tools["dir"], f"{key}.{k}") for k in ("expected", "token", "state", "stop")}
+    h = {k: posixpath.join(head_tools["dir"], f"{key}.{k}") for k in ("files", "token")}
+    token = secrets.token_hex(32)
+    recv_cmd = render_stream_recv(worker_tools["stream_share"], dst_tree, w["expected"], worker.spec.fabric_ip,
+                                  token_file=w["token"], state_file=w["state"], stop_file=w["stop"], python=python,
+                                  timeout=timeout, deadline=deadline)
+    result.data.update(src=src_dir, dst=dst_dir, bytes=total, streams=streams, receiver=recv_cmd)
+    got: dict[str, Any] = {}
+    t0 = time.monotonic()
+    try:
+        worker.run(f"rm -f {_q(w['state'])} {_q(w['stop'])}", timeout=30)
+        _put_json(worker, expected, w["expected"])
+        if not worker.dry_run:
+            _put_private_text(worker, w["token"], token)
+            _put_private_text(head, h["token"], token)
+        receiver = threading.Thread(target=lambda: got.update(recv=worker.run(recv_cmd, timeout=deadline + 120,
+                                                                              warn=True)), daemon=True)
+        receiver.start()
+        state = None
+        until = time.monotonic() + ready_s
+        while not worker.dry_run and time.monotonic() < until:
+            alive = receiver.is_alive()              # read before the state: a receiver with nothing to take exits
+            res = worker.read(f"cat {_q(w['state'])} 2>/dev/null", timeout=30)
+            state = _last_json(res.stdout) if res.ok else None
+            if state or not alive:
+                break
+            time.sleep(0.2)
+        if not state and not worker.dry_run:
+            # it never listened (exited, or still not up): its own words, e.g. the address is not the worker's
+            worker.run(f"touch {_q(w['stop'])}", timeout=30, warn=True)
+            receiver.join(timeout + 10)              # it sees the stop file within a second
+            res = got.get("recv")
+            said = (_last_json(res.stdout) or {}).get("error") if res else None
+            said = said or (tail((res.stderr or res.stdout) if res else "", 3) or "no answer")
+            result.checks.append(check("weights.stream", False, node=worker.name,
+                                       observed=f"the receiver on {worker.name} did not listen within {ready_s:g} s: "
+                                                f"{said}",
+                                       expected=f"listening on {worker.spec.fabric_ip} (the fabric address)",
+                                       fix=f"check {python} on {worker.name} (>= 3.8), that {worker.spec.fabric_ip} "
+                                           f"is its address and that {dst_tree} can be written"))
+            return result
+        need = [f for f in expected["files"] if state and f["path"] in set(state.get("need", []))]
+        if worker.dry_run:
+            need = expected["files"]
+        if need:
+            _put_json(head, {"files": need}, h["files"])
+            send_cmd = render_stream_send(head_tools["stream_share"], src_tree, h["files"], worker.spec.fabric_ip,
+                                          (state or {}).get("port", 0), token_file=h["token"],
+                                          python=python, streams=streams, timeout=timeout)
+            result.data["command"] = send_cmd
+            with progress.from_tool(f"{worker.name} weights stream", total, progress.RSYNC_BYTES,
+                                    dry_run=head.dry_run) as (bar, _lines):
+                sent = head.run(send_cmd, timeout=deadline, warn=True)
+                if sent.ok:
+                    bar.update(total)
+            got["send"] = sent
+            if not sent.ok:
+                worker.run(f"touch {_q(w['stop'])}", timeout=30, warn=True)
+        receiver.join(deadline + 180)
+    finally:
+        head.run(f"rm -f {_q(h['token'])} {_q(h['files'])}", timeout=30, warn=True)
+        worker.run(f"rm -f {_q(w['token'])} {_q(w['expected'])} {_q(w['state'])} {_q(w['stop'])}",
+                   timeout=30, warn=True)
+    seconds = time.monotonic() - t0
+    if worker.dry_run:
+        result.checks.append(not_applicable("weights.stream", "dry run: the receiver's and the sender's commands are "
+                                            "recorded, nothing is sent", node=worker.name,
+                                            expected="every file of the head manifest on the worker, "
+                                                     "sha256-verified on arrival"))
+        return result
+    recv = _last_json(got["recv"].stdout if got.get("recv") else "") or {}
+    send = _last_json(got["send"].stdout) if got.get("send") else {"ok": True, "bytes": 0, "seconds": 0}
+    send = send or {"ok": False, "errors": [tail(got["send"].stderr or got["send"].stdout, 3)]}
+    moved = int(send.get("bytes") or 0)
+    secs = float(send.get("seconds") or 0)
+    result.data.update(seconds=round(seconds, 2), send_seconds=secs, sent_bytes=moved,
+                       received=recv.get("received", []), skipped=recv.get("skipped", []),
+                       gbit_s=round(moved * 8 / secs / 1e9, 3) if secs else None)
+    ok = bool(recv.get("ok")) and bool(send.get("ok"))
+    if ok:
+        observed = (f"{head.name} -> {worker.name} ({worker.spec.fabric_ip}): {len(recv.get('received', []))} files, "
+                    f"{moved / GIB_B:.2f} GiB in {secs:.1f} s"
+                    + (f" ({moved * 8 / secs / 1e9:.2f} Gb/s, {send.get('streams')} streams)" if secs else "")
+                    + (f"; {len(recv.get('skipped', []))} already verified there, kept" if recv.get("skipped") else ""))
+    else:
+        why = [f"{p}: {r}" for p, r in (recv.get("failed") or {}).items()][:4]
+        why += (send.get("errors") or [])[:2] + (recv.get("errors") or [])[:2]
+        if recv.get("stopped"):
+            why.append(recv["stopped"])
+        if not recv:
+            res = got.get("recv")
+            why.append(f"receiver exit {res.exit_code if res else '?'}: "
+                       f"{tail((res.stderr or res.stdout) if res else '', 3)}")
+        if recv.get("refused_connections"):
+            why.append(f"{recv['refused_connections']} connection(s) with a wrong token refused")
+        observed = f"{head.name} -> {worker.name}: " + "; ".join(str(x) for x in why)
+    result.checks.append(check("weights.stream", ok, node=worker.name, observed=observed,
+                               expected="every file of the head manifest on the worker, sha256-verified on arrival",
+                               fix="a re-run sends only the files not yet verified on the worker; check that the "
+                                   "head reaches the worker's fabric address on a TCP port above 1024 "
+                                   "(WEIGHT_TRANSPORT=rsync uses ssh instead)",
+                               data=dict(result.data)))
+    if not ok:
+        return result
+    report = verify_on_node(worker, dst_tree, expected, python=python, workers=workers)
     result.checks.extend(verify_checks(report, node=worker.name))
     result.checks.append(parity(head_manifest, read_node_manifest(worker, dst_tree), node=worker.name))
     result.data["verify"] = {k: report.get(k) for k in ("bytes_hashed", "seconds", "gbps", "failed")}

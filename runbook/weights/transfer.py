@@ -28,7 +28,7 @@ from ..weights_tools.layout import weights_layout
 from ..facts.node_paths import on_node
 from ..records import EngramSource, WeightsCopy, WeightsRecord
 from .sharing import (ShareResult, cache_dir_is_local, download_on_node, kernel_nfs_until_server, nfs_share,
-                      nfs_userspace_share, read_node_manifest, rsync_to_worker, verify_on_node)
+                      nfs_userspace_share, read_node_manifest, rsync_to_worker, stream_to_worker, verify_on_node)
 from ..lab.control import lab_root
 from .verify import manifest_to_expected, parity
 from ..engram_tools.layout import engram_shards
@@ -208,6 +208,8 @@ def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, 
     directory for this content, ``worker_tree`` its verified tree)."""
     head, mode = cluster.head, profile.weight_sync
     probe = posixpath.join(tree, "config.json")
+    if mode == "rsync" and profile.weight_transport == "stream":
+        return stream_to_worker(head, worker, src, dst, head_manifest=head_manifest, python=python, tree=tree)
     if mode == "rsync":
         return rsync_to_worker(head, worker, src, dst, head_manifest=head_manifest, python=python, tree=tree)
     if mode == "download-both":

@@ -36,7 +36,9 @@ against the Hub's sha256 / git blob id (``verify_manifest``, also standard libra
 Two layouts (``--layout``), chosen by the runbook from the profile:
 
 * ``local_dir`` -- ``<dest>/<files>``: a plain tree (recipe A's ``hf download --local-dir``; what
-  ``vllm serve /model`` loads from a bind mount).
+  ``vllm serve /model`` loads from a bind mount). A file already there of the right size is kept only if its
+  bytes are the pinned revision's (the verifier's manifest when the file is unchanged since it was hashed, else
+  the file hashed); another revision's file is fetched again and replaces it (rename, never half-written).
 * ``hub_cache`` -- ``<dest>`` is an HF hub cache (``HF_HUB_CACHE`` = ``HF_HOME/hub``):
   ``models--org--name/blobs/<etag>`` (the sha256 of an LFS file, the git blob id of a plain one: the Hub's
   ETags), ``snapshots/<rev>/<files>`` as relative symlinks into ``blobs``, and ``refs/main`` = the pinned
@@ -48,6 +50,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import fnmatch
+import hashlib
 import http.client
 import json
 import os
@@ -66,6 +69,7 @@ SHA40 = re.compile(r"^[0-9a-f]{40}$")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
 PARTIAL_DIR = (".cache", "runbook", "partial")
+VERIFIED_MANIFEST = ".runbook-manifest.json"     # verify_manifest.MANIFEST_NAME (this file is shipped alone)
 READ_SIZE = 1 << 20        # written and flushed per MiB: a killed run leaves what it received
 RETRIES = 5                # a cut transfer is continued (Range) this many times within one run
 USER_AGENT = "spark-runbook-node-download/1"
@@ -232,6 +236,37 @@ def _complete(path, size):
         return False
 
 
+def _verified_entries(tree):
+    """The verifier's record of this tree (``verify_manifest.MANIFEST_NAME``: path -> size, mtime, hashes) or {}."""
+    try:
+        with open(os.path.join(tree, VERIFIED_MANIFEST)) as fh:
+            return {e["path"]: e for e in json.load(fh).get("files", []) if isinstance(e, dict) and "path" in e}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def _matches(path, f, entry):
+    """Whether the file at ``path`` holds ``f``'s bytes: the verifier's entry when size and mtime are unchanged
+    since it hashed the file (no read), else the file hashed now (sha256 for an LFS file, the git blob id else)."""
+    want = ("sha256", f["sha256"]) if f.get("sha256") else ("git_sha1", _key(f))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if entry and entry.get("size") == st.st_size and entry.get("mtime_ns") == st.st_mtime_ns:
+        return entry.get(want[0]) == want[1]
+    h = hashlib.sha256() if want[0] == "sha256" else hashlib.sha1(b"blob %d\0" % st.st_size)
+    buf = bytearray(READ_SIZE)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+    return h.hexdigest() == want[1]
+
+
 def _link(layout, dest, repo, revision, f):
     """hub_cache: ``snapshots/<rev>/<path>`` -> ``../../blobs/<etag>`` (relative, as huggingface_hub links)."""
     if layout != "hub_cache":
@@ -363,8 +398,16 @@ def snapshot(repo, revision, dest, *, endpoint=None, allow_patterns=None, ignore
     tree = tree_dir(layout, dest, repo, revision)
     os.makedirs(tree, exist_ok=True)
     todo = []
+    known = _verified_entries(tree) if layout == "local_dir" else {}
     for f in files:
-        if _complete(os.path.join(tree, f["path"]), int(f["size"])):
+        here = os.path.join(tree, f["path"])
+        if _complete(here, int(f["size"])):
+            # a plain tree names files by path, not by content: a file of another revision (or another repo
+            # downloaded into the same folder) can have the right size; it is kept only if its bytes are this
+            # revision's (huggingface_hub's local_dir keeps an etag per file for the same reason)
+            if layout != "local_dir" or _matches(here, f, known.get(f["path"])):
+                continue
+            todo.append(f)
             continue
         if _complete(_final_path(layout, dest, repo, f), int(f["size"])):
             _link(layout, dest, repo, revision, f)        # the blob is there, its link is not

@@ -55,3 +55,48 @@ def test_parse_gpus():
 def test_disk_free_cmd_quotes_path():
     cmd = system.disk_free_cmd("/mnt/my dir; rm -rf /")
     assert "'/mnt/my dir; rm -rf /'" in cmd
+
+
+# a dead network mount (its server gone) blocks every df/stat below it: preflight names it from /proc/mounts
+PROC_MOUNTS = (  # captured on a lab worker after its cable's address went away (the sshfs stand-in of an NFS share)
+    "/dev/vda /var/lib/nfs ext4 rw,relatime,discard,resv_strict,resuid=65534,resgid=65534 0 0\n"
+    "169.254.77.1:/root/.cache/dsv41-flash-exl3/model /root/.cache/dsv41-flash-exl3/model fuse.sshfs "
+    "ro,nosuid,nodev,relatime,user_id=0,group_id=0,allow_other 0 0\n"
+    "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n"
+    "spark1:/srv/my\\040models /mnt/my\\040models nfs4 rw,relatime,vers=4.2,hard,proto=tcp 0 0\n")
+
+
+def test_network_mounts_are_read_from_proc_mounts_with_their_escapes():
+    mounts = system.parse_network_mounts(PROC_MOUNTS)
+    assert [(m.fstype, m.source, m.mountpoint) for m in mounts] == [
+        ("fuse.sshfs", "169.254.77.1:/root/.cache/dsv41-flash-exl3/model", "/root/.cache/dsv41-flash-exl3/model"),
+        ("nfs4", "spark1:/srv/my models", "/mnt/my models")]
+
+
+def test_a_mount_that_does_not_answer_is_named_by_the_probe_run_in_a_real_shell(tmp_path):
+    import subprocess
+    gone = system.Mount("spark1:/srv/x", str(tmp_path / "not there"), "nfs4")     # stat fails like a dead server
+    alive = system.Mount("spark1:/srv/y", str(tmp_path), "nfs4")
+    cmd = system.unanswered_mounts_cmd([gone, alive], seconds=2)
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert system.parse_unanswered_mounts(out.stdout, [gone, alive]) == [gone]
+    assert system.unanswered_mounts_cmd([]) == "true"
+
+
+def test_a_timed_out_probe_gets_a_fix_naming_the_mount_that_does_not_answer():
+    from runbook.errors import RemoteError
+    from runbook.preflight.verify import _why_unreadable
+    from runbook.remote import Cluster, CommandLog
+    from support.profiles import profile_from
+    mounts = system.parse_network_mounts(PROC_MOUNTS)
+    facts = {system.MOUNTS_CMD: PROC_MOUNTS,
+             system.unanswered_mounts_cmd(mounts): "NOANSWER /root/.cache/dsv41-flash-exl3/model\n"}
+    worker = Cluster.offline(profile_from("env/lab.env"), facts={"worker": facts}, log=CommandLog(None)).workers[0]
+    fix = _why_unreadable(worker, RemoteError("command timed out after 30 s (its 1 process(es) were killed)"))
+    assert "fuse.sshfs 169.254.77.1:/root/.cache/dsv41-flash-exl3/model on /root/.cache/dsv41-flash-exl3/model" in fix
+    assert "sudo umount -l /root/.cache/dsv41-flash-exl3/model" in fix and "my models" not in fix
+    # every mount answering: the fix says where to look instead of naming one
+    facts = {**facts, system.unanswered_mounts_cmd(mounts): ""}
+    worker = Cluster.offline(profile_from("env/lab.env"), facts={"worker": facts}, log=CommandLog(None)).workers[0]
+    assert "every network mount answering" in _why_unreadable(worker, RemoteError("command timed out after 30 s"))

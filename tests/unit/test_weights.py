@@ -570,3 +570,39 @@ def test_the_rsync_to_the_worker_counts_its_bytes_from_rsyncs_own_lines(download
     assert len(shown) >= 3 and done == sorted(done), shown      # rsync's own lines, then the end
     assert 0 < done[0] < res.data["bytes"] and shown[-1] == ("worker weights copy", res.data["bytes"],
                                                              res.data["bytes"], True)
+
+
+def test_a_plain_tree_of_another_revision_is_fetched_again_where_its_bytes_differ(repo, downloaded, tmp_path):
+    """local_dir names files by path: a folder downloaded at one revision and then pinned to another holds files
+    of the right size with the wrong bytes (seen on the lab: two rehearsals of one repo id, README.md and
+    config.json of equal sizes). The downloader fetches those again, and only those; the rest is kept unread
+    where the verifier's manifest says it is unchanged."""
+    src = tmp_path / "src-b"
+    shutil.copytree(repo.src, src)
+    config = json.loads((src / "config.json").read_text())
+    config["hidden"] = 46                                 # same length, other bytes
+    (src / "config.json").write_text(json.dumps(config))
+    big = bytearray((src / BIG).read_bytes())
+    big[-1] ^= 0xFF                                       # an LFS file of the same size, one byte changed
+    (src / BIG).write_bytes(bytes(big))
+    root = tmp_path / "hub-b"
+    shutil.copytree(repo.root, root)
+    sha_b = publish_repo(root, REPO, src)
+    assert sha_b != repo.sha
+    dest = _copy(downloaded.dest, tmp_path)
+    assert (dest / "config.json").stat().st_size == (src / "config.json").stat().st_size
+    with HubServer(root) as server:
+        node_download.snapshot(REPO, sha_b, str(dest), endpoint=server.url, progress=False)
+        sent = {name: server.bytes_sent(name) for name in ("config.json", BIG, "README.md",
+                                                             "model-00002-of-00002.safetensors")}
+        snap = W.fetch_metadata(REPO, sha_b, endpoint=server.url)
+    assert sent["config.json"] > 0 and sent[BIG] == BIG_SIZE, sent
+    assert sent["README.md"] == 0 and sent["model-00002-of-00002.safetensors"] == 0, sent
+    report = verify_manifest.verify(dest, snap.expected())
+    assert report["ok"], report["failed"]
+    assert (dest / "config.json").read_text() == (src / "config.json").read_text()
+
+
+def test_the_downloader_reads_the_verifiers_manifest_by_its_name():
+    # node_download.py is shipped alone to a node, so it names the verifier's file itself
+    assert node_download.VERIFIED_MANIFEST == verify_manifest.MANIFEST_NAME

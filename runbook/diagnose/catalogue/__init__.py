@@ -8,7 +8,8 @@ firewall, fabric), ``nccl`` (NCCL and RDMA settings), ``ranks`` (how the ranks w
 pinned memory, JIT builds), ``residue`` (kernel, driver, library and image residue, version skew),
 ``perf`` (a server that runs slow or silently wrong), ``components`` (keyed on the emitting component's message
 shape: served-model-name 404, Ray's memory monitor, NCCL HCA sets, Gloo on loopback, the P2P check, host lists,
-dependency skew, missing GPU arch, CUDA_VISIBLE_DEVICES, VA reservations); ``entry`` holds :class:`Entry`,
+dependency skew, missing GPU arch, more GPUs than the node has, CUDA_VISIBLE_DEVICES, VA reservations, OpenMPI's daemon launch and TCP
+transport); ``entry`` holds :class:`Entry`,
 :class:`Hit` and the readers the families share. An entry's constant is its id in capitals
 (``oom-killed`` -> ``host.OOM_KILLED``). This module fixes the catalogue's order: ``match`` reports in it
 within a severity and docs/diagnose.md lists it. Sources: ``shared/reference/anchors-2026-12.md``
@@ -29,6 +30,7 @@ ENTRIES: tuple[Entry, ...] = (
     nccl.NCCL_IB_NO_DEVICE,
     components.GLOO_LOOPBACK_HOSTNAME,
     nccl.SOCKET_IFNAME_INVALID,
+    nccl.NO_IP_INTERFACE_IN_CONTAINER,
     components.NCCL_HCA_SET_MISMATCH,
     ranks.ENV_OVERWRITTEN_BY_HEAD,
     nccl.ROCE_ACTIVE_MTU_LOW,
@@ -71,6 +73,7 @@ ENTRIES: tuple[Entry, ...] = (
     memory.AUTOTUNE_BARRIER_TIMEOUT,
     residue.NCCL_BUILD_MISMATCH,
     residue.CMA_TOTAL_ZERO,
+    residue.MEMLOCK_LIMIT_LOW,
     residue.IMAGE_NCCL_CONF_RESIDUE,
     residue.CUDA_TOOLCHAIN_NEWER_THAN_DRIVER,
     residue.DRIVER_NOT_LOADED,
@@ -89,10 +92,13 @@ ENTRIES: tuple[Entry, ...] = (
     components.RAY_MEMORY_MONITOR_KILL,
     components.P2P_CHECK_HANG,
     components.HOST_LIST_SPLIT,
+    components.MORE_GPUS_REQUESTED_THAN_PRESENT,
     components.CUDA_VISIBLE_DEVICES_CONFLICT,
     components.DEPENDENCY_SKEW,
     components.ENGINE_BUILD_ARCH_MISSING,
     components.CUDA_VA_RESERVATION_CAP,
+    components.MPI_DAEMON_LAUNCH_FAILED,
+    components.MPI_TCP_CONNECT_FAILED,
     runtime.NO_COMMON_BLOCK_SIZE,
     perf.GB10_SLOW_STATE,
     perf.ENGRAM_RANK_OFFSET,

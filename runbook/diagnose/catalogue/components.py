@@ -2,7 +2,8 @@
 36 left without an entry: vLLM's unknown-model 404 (a served-model-name mismatch), Ray's memory monitor, NCCL's
 HCA sets that differ between ranks, Gloo bound to a loopback address, vLLM's P2P check that never returns, a
 launcher's host list split wrongly, dependency skew, an engine build without the GPU's architecture, a
-CUDA_VISIBLE_DEVICES set on top of another device selection, and a CUDA virtual-address reservation cap.
+CUDA_VISIBLE_DEVICES set on top of another device selection, a CUDA virtual-address reservation cap, and
+OpenMPI's daemon launch (ssh, PATH, host names) and TCP transport (an unreachable interface's address).
 
 Each signature extracts the names and values its fix needs (the model asked for, the node and the threshold, the
 device counts, the loopback address, the host string, the package and library, the architecture, the device
@@ -316,11 +317,59 @@ ENGINE_BUILD_ARCH_MISSING = Entry(
            r"image|wheel|build|vllm|torch|pytorch"),
     lab="none: the lab has no GPU")
 
+# --------------------------------------------------------------------------- more GPUs asked for than the node has
+
+#: vLLM's own count checks: the mp executor (vllm/v1/executor/multiproc_executor.py _check_executor_parameters:
+#: "please set tensor_parallel_size (N) to less than max local gpu count (M)", "please ensure that world_size (N) is
+#: less than than max local gpu count (M)"; before 0.6 without the numbers), ParallelConfig's refusal ("Tensor
+#: parallel size (N) cannot be larger than the number of available GPUs (M)", reports vllm-project/vllm#30061,
+#: #30261) and the Ray executor of vLLM < 0.10 (ray_utils initialize_ray_cluster: "The number of required GPUs
+#: exceeds the total number of available GPUs in the cluster."; the placement-group variant is ray-placement-group's)
+_MORE_GPUS = (r"please set tensor_parallel_size \((?P<requested>\d+)\) to less than max local gpu count "
+              r"\((?P<present>\d+)\)",
+              r"please ensure that world_size \((?P<requested>\d+)\) is less than(?: than)? max local gpu count "
+              r"\((?P<present>\d+)\)",
+              r"please set tensor_parallel_size to less than max local gpu count",
+              r"Tensor parallel size \((?P<requested>\d+)\) cannot be larger than the number of available GPUs "
+              r"\((?P<present>\d+)\)",
+              r"The number of required GPUs exceeds the total number of available GPUs in the cluster")
+
+MORE_GPUS_REQUESTED_THAN_PRESENT = Entry(
+    "more-gpus-requested-than-present", "More GPUs (ranks per node) asked for than the node has", FATAL,
+    symptom="the start is refused with `please set tensor_parallel_size (N) to less than max local gpu count (M)` / "
+            "`Tensor parallel size (N) cannot be larger than the number of available GPUs (M)`, or a rank dies in "
+            "`torch.cuda.set_device(local_rank)` with `CUDA error: invalid device ordinal`",
+    detect="vLLM's own count checks (requested and present counts extracted); torch's `invalid device ordinal` "
+           "under a `set_device` frame is a symptom (medium): the rank's index is past the devices it sees",
+    cause="the launch asks one node for more GPUs than it has (or than the container sees): a tensor-parallel "
+          "size above the node's GPU count without spreading it over nodes, more ranks per node (nproc_per_node, "
+          "local_rank) than GPUs; a DGX Spark has one GPU, so TP x PP ranks need that many nodes",
+    fix="the launch asked for {requested} GPU(s) where {present} are present: spread the ranks over the nodes "
+        "(one rank per Spark: TP x PP = the number of nodes, with --nnodes or a Ray cluster), or lower "
+        "--tensor-parallel-size / nproc_per_node to the GPUs each node has; `nvidia-smi -L` inside the rank's "
+        "container must list as many as one node's ranks",
+    proof="nvidia-smi -L; docker exec <rank container> nvidia-smi -L; python3 -c 'import torch; "
+          "print(torch.cuda.device_count())'",
+    signature=extracting(*_MORE_GPUS),
+    source="vLLM vllm/v1/executor/multiproc_executor.py _check_executor_parameters (the max local gpu count "
+           "asserts), ParallelConfig's `cannot be larger than the number of available GPUs` (reports "
+           "vllm-project/vllm#30061, #30261; its file:line not located in the index), vllm ray_utils "
+           "initialize_ray_cluster before 0.10; symptom: pytorch torch/cuda/__init__.py set_device with CUDA's "
+           "cudaErrorInvalidDevice; the set_device case's only report is the held-out google/lasr#6",
+    symptoms=(r"(?:\bset_device\b|_cuda_setDevice)[^\n]*(?:\n[^\n]*){0,6}?\n(?P<at>[^\n]*invalid device ordinal)",),
+    words=(r"(more|too many) (gpus|ranks|processes|workers) than|(larger|more|greater) than the number of "
+           r"(available )?gpus|exceeds? the (total )?number of (available )?gpus|only (has|have) (one|1|a single) gpu|"
+           r"max local gpu count",
+           r"tensor[_ -]parallel|\btp\b|world[_ ]size|nproc|local_rank|ranks? per node",
+           r"vllm|torch|cuda|spark|node"),
+    lab="none: the lab has no GPU")
+
 # --------------------------------------------------------------------------- CUDA_VISIBLE_DEVICES on top of another selection
 
 _ORDINAL = re.compile(r"invalid device ordinal|cudaErrorInvalidDevice|No CUDA GPUs are available")
 _SELECTION = re.compile(r"\b(?P<key>CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES)\b\s*[=:]\s*[\"']?(?P<value>[\w,-]*)|"
-                        r"--gpus[ =]+[\"']?(?P<gpus>[^\s\"']+)")
+                        # `--gpus all` selects every device: it narrows nothing, so it is no second selection
+                        r"--gpus[ =]+[\"']?(?!all\b)(?P<gpus>[^\s\"']+)")
 
 
 def _sig_cvd_conflict(b: B.Bundle) -> list[Hit]:
@@ -399,3 +448,87 @@ CUDA_VA_RESERVATION_CAP = Entry(
            r"cuda|\bgpu\b|nccl|\bvmm\b|\bpool\b|unified|gb10|spark|grace",
            r"fail\w*|hang\w*|exhaust\w*|\bcap\b|limit|out of memory|no_memory|\boom\b"),
     lab="none: the lab has no GPU")
+
+
+# --------------------------------------------------------------------------- OpenMPI: mpirun's daemons and TCP transport
+
+#: OpenMPI's own banners (open-mpi/ompi orte/mca/errmgr/base/help-errmgr-base.txt:32 [failed-daemon-launch], :55
+#: [failed-daemon], :62 [node-died] @ 097df599; PRRTE says PRTE): mpirun could not start (or lost) its daemon on a
+#: node. The banner lists five possible causes; the line the launcher printed before it (ssh's or the remote shell's)
+#: names the one that happened, so only that pair is a line; the banner alone is a symptom
+_MPI_BANNER = r"(?:ORTE|PRTE|PRRTE) was unable to reliably start one or more daemons"
+_BEFORE_BANNER = r"[^\n]*\n(?:[^\n]*\n){0,6}?[^\n]*" + _MPI_BANNER
+_MPI_LAUNCH = (
+    (r"ssh: Could not resolve hostname (?P<host>[\w.-]+)" + _BEFORE_BANNER,
+     {"reason": "ssh on the launching node cannot resolve that host name (add it to /etc/hosts on every node, or "
+                "use the address in the host list)"}),
+    (r"(?P<host>[\w.@-]+): Permission denied \(publickey" + _BEFORE_BANNER,
+     {"reason": "no password-less ssh to that node as this user (copy the key: `ssh-copy-id`)"}),
+    (r"Host key verification failed" + _BEFORE_BANNER,
+     {"host": "<the node in the host list>",
+      "reason": "the node's host key is not in known_hosts (ssh to it once by hand, as the user mpirun runs as)"}),
+    (r"ssh: connect to host (?P<host>[\w.-]+) port (?P<port>\d+): (?P<error>[^\n]+)" + _BEFORE_BANNER,
+     {"reason": "ssh cannot reach that node (down, wrong address, or a firewall on its ssh port)"}),
+    # the remote, non-interactive shell cannot find the daemon (bash's `<name>: command not found`): OpenMPI is not
+    # on that node's PATH for non-interactive logins, or not installed there at the same prefix
+    (r"(?:bash|sh|zsh|ksh|dash)(?:: line \d+)?: (?P<binary>orted|prted|prte)(?:: command not found|: not found)",
+     {"host": "<the node in the host list>",
+      "reason": "the daemon is not on that node's PATH for a non-interactive ssh (pass `mpirun --prefix <the OpenMPI "
+                "install dir>` or build OpenMPI with --enable-orterun-prefix-by-default; install the same OpenMPI "
+                "there)"}),
+)
+
+MPI_DAEMON_LAUNCH_FAILED = Entry(
+    "mpi-daemon-launch-failed", "mpirun could not start its daemon on a node (ssh, PATH or host name)", FATAL,
+    symptom="`mpirun` (nccl-tests across nodes) stops at once with `ORTE was unable to reliably start one or more "
+            "daemons`, after an ssh or `orted: command not found` line",
+    detect="OpenMPI's daemon-launch banner with the ssh or shell error printed just before it (`Could not resolve "
+           "hostname`, `Permission denied (publickey)`, `Host key verification failed`, `connect to host`), or the "
+           "remote shell's `orted: command not found`; the host, port and daemon are extracted. The banner alone is "
+           "a symptom (medium): it lists five possible causes",
+    cause="mpirun starts its daemon (orted / prted) on every other node over ssh as the same user: that ssh failed "
+          "(name, key, host key, reachability) or the non-interactive shell there does not find OpenMPI",
+    fix="mpirun could not start its daemon on {host}: {reason}. Check from the launching node: `ssh {host} which "
+        "orted` must print the same OpenMPI path as on the head, with no prompt",
+    proof="ssh -o BatchMode=yes {host} 'which orted prted mpirun; echo $PATH'; getent hosts {host}",
+    signature=extracting(*_MPI_LAUNCH),
+    source="open-mpi/ompi orte/mca/errmgr/base/help-errmgr-base.txt:32 [failed-daemon-launch] @ 097df599 (the "
+           "banner and its five causes), orte/mca/plm/rsh (the ssh launch); reports awslabs/awsome-distributed-ai#868 "
+           "(ssh: Could not resolve hostname before the banner), openpmix/prrte#1493, open-mpi/ompi#11936",
+    symptoms=(_MPI_BANNER, r"An ORTE daemon has unexpectedly failed after launch",
+              r"(?:ORTE|PRTE) has lost communication with (?:its daemon|a remote daemon)"),
+    words=(r"\borted\b|\bprted\b|unable to (reliably )?start one or more daemons|orte was unable|mpirun (fails|failed|"
+           r"can'?t|cannot|won'?t) (to )?(start|launch|reach|connect)",
+           r"\bmpirun\b|open ?mpi|\bmpi\b|nccl-tests|all_reduce_perf",
+           r"ssh|hostfile|--host|path|ld_library_path|prefix|passwordless|known_hosts"),
+    lab="none yet: a lab mpirun to a node name missing from /etc/hosts would produce it")
+
+#: OpenMPI's TCP BTL on a failed connect (opal/mca/btl/tcp/help-mpi-btl-tcp.txt:35 [client connect fail] @ 023a4a82:
+#: "WARNING: Open MPI failed to TCP connect to a peer MPI process ... Message: connect() to <addr>:<port> failed /
+#: Error: <strerror> (<errno>)"; older releases: btl_tcp_endpoint.c's "connect() to <addr> failed: <strerror>")
+_MPI_TCP = (r"Open MPI failed to TCP connect to a peer MPI process[\s\S]{0,400}?connect\(\) to (?P<address>[\d.]+):"
+            r"(?P<port>\d+) failed\s*\n\s*Error:\s*(?P<error>[^\n]+)",
+            r"mca_btl_tcp_endpoint_complete_connect\] connect\(\) to (?P<address>[\d.]+) failed: (?P<error>[^\n]+)")
+
+MPI_TCP_CONNECT_FAILED = Entry(
+    "mpi-tcp-connect-failed", "OpenMPI's TCP transport connects to an address the peer cannot reach", FATAL,
+    symptom="the MPI job (nccl-tests) starts on both nodes, then hangs or fails with `Open MPI failed to TCP connect "
+            "to a peer MPI process ... connect() to 172.17.0.1:1024 failed`",
+    detect="OpenMPI's TCP BTL connect failure; the address, port and errno text are extracted",
+    cause="OpenMPI's TCP transport uses every up interface by default and advertises addresses such as docker0's "
+          "172.17.0.1, a bridge, a link-local or a management address the peer cannot reach (or reaches through a "
+          "firewall); the connect to that address fails",
+    fix="the connect to {address}:{port} failed ({error}): pin OpenMPI to the fabric interface with `mpirun --mca "
+        "btl_tcp_if_include {fabric_if} --mca oob_tcp_if_include {fabric_if}` (an interface name or a CIDR), or "
+        "exclude the others (`--mca btl_tcp_if_exclude lo,docker0`); open the ports between the nodes if a "
+        "firewall drops them",
+    proof="ip -br addr | grep -F {address}; nc -zv {address} {port}",
+    signature=extracting(*_MPI_TCP),
+    source="open-mpi/ompi opal/mca/btl/tcp/help-mpi-btl-tcp.txt:35 [client connect fail] @ 023a4a82, "
+           "opal/mca/btl/tcp/btl_tcp_endpoint.c (mca_btl_tcp_endpoint_complete_connect); reports "
+           "jbornschein/mpi4py-examples#11 (a link-local 169.254 address), NVIDIA/nccl-tests#132 (nccl-tests across "
+           "two nodes), open-mpi/ompi#11936 (the maintainers' list: interfaces without a route between nodes)",
+    words=(r"btl_tcp_if_include|oob_tcp_if_include|btl_tcp_if_exclude|failed to tcp connect to a peer",
+           r"\bmpirun\b|open ?mpi|\bmpi\b|nccl-tests",
+           r"docker0|172\.17\.|interface|hang\w*|connect\w*"),
+    lab="none yet: a lab mpirun with docker0 up on both nodes and no if_include would produce it")

@@ -6,6 +6,19 @@ from __future__ import annotations
 
 from .entry import DEGRADED, FATAL, Entry, extracting
 
+
+def _either(*sigs):
+    """A signature that holds where any of ``sigs`` holds (the first one's hits on a node win)."""
+    def sig(b):
+        out, seen = [], set()
+        for s in sigs:
+            for h in s(b):
+                if h.node not in seen:
+                    seen.add(h.node)
+                    out.append(h)
+        return out
+    return sig
+
 #: vLLM's KV check at start-up: V1 vllm/v1/core/kv_cache_utils.py:1030 at vllm 0.32.0 (the lab's pin; :1011 "No
 #: available memory for the cache blocks") ("To serve at
 #: least one request with the models's max seq len (X), (Y GiB KV cache is needed, which is larger than the
@@ -44,11 +57,19 @@ KV_CACHE_BELOW_MAX_MODEL_LEN = Entry(
 #: cuda_graph.py:314 @ v0.32.0), whose CUDAGraph.capture_begin / capture_end (torch/cuda/graphs.py:120,160 @ 2.13.0)
 #: appear as frames of a capture traceback
 _OOM_PHASE = (r"(?:Loading (?:model )?weights|load_model|profile_run|_dummy_run|[Cc]apturing CUDA graph|capture_model|"
-              r"cuda ?graph|torch\.cuda\.graph\(|capture_(?:begin|end)\b)")
+              r"cuda[ _]?graph|torch\.cuda\.graph\(|capture_(?:begin|end)\b|compile_or_warm_up_model|"
+              r"determine_available_memory|_dummy_sampler_run)")
 #: besides the allocator's message, a CUDA call of its own can fail with the runtime's cudaErrorMemoryAllocation
 #: string, "CUDA error: out of memory" (raised through C10_CUDA_CHECK, e.g. by capture_end), with no size printed
-_OOM = (r"OutOfMemoryError: CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ [GM]iB)",
+_OOM = (r"(?:OutOfMemoryError|RuntimeError): CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+ [GM]iB)",
         (r"CUDA error: out of memory", {"tried": "a CUDA call's own allocation (no size printed)"}))
+#: vLLM's own start-up OOM messages need no phase line: they say it (vllm/v1/worker/gpu_model_runner.py:5140
+#: "Failed to load model - not enough GPU memory", :5991 "CUDA out of memory occurred when warming up sampler with N
+#: dummy requests", :6094 the pooler's @ v0.32.0)
+_OOM_OWN = ((r"Failed to load model - not enough GPU memory(?:.{0,400}?Tried to allocate (?P<tried>[\d.]+ [GM]iB))?",
+             {"tried": "the weights' own allocation"}),
+            (r"CUDA out of memory occurred when warming up (?P<warmup>sampler|pooler) with (?P<num_reqs>\d+) dummy "
+             r"requests", {"tried": "the sampler/pooler warm-up's activations"}))
 
 CUDA_OOM_STARTUP = Entry(
     "cuda-oom-startup", "CUDA out of memory while the engine starts (weights, profiling or graph capture)", FATAL,
@@ -56,21 +77,28 @@ CUDA_OOM_STARTUP = Entry(
             "capturing CUDA graphs",
     detect="torch's `OutOfMemoryError: CUDA out of memory. Tried to allocate N` (or a CUDA call's `CUDA error: out "
            "of memory`) after vLLM's weight loading, profile run or CUDA-graph capture lines (or torch's capture "
-           "frames) in the same log; the allocation size is extracted",
+           "frames) in the same log, or vLLM's own `Failed to load model - not enough GPU memory` / `CUDA out of "
+           "memory occurred when warming up sampler`; the allocation size is extracted",
     cause="gpu_memory_utilization leaves too little for the start-up's own peaks (activations of "
           "max_num_batched_tokens, the graphs of every capture size) beside the weights; on GB10 page cache and "
           "other processes also count as used",
-    fix="the failed allocation was {tried}: lower GPU_MEMORY_UTILIZATION or MAX_NUM_BATCHED_TOKENS, capture fewer "
+    fix="the failed allocation was {tried}: lower GPU_MEMORY_UTILIZATION or MAX_NUM_BATCHED_TOKENS (MAX_NUM_SEQS for "
+        "the sampler warm-up), capture fewer "
         "graph sizes (--cuda-graph-sizes / --enforce-eager to confirm), and free page cache and other GPU users "
         "before the start",
     proof="grep -nE 'out of memory|Capturing CUDA graph|Loading weights' <rank log>; free -g",
-    signature=extracting(*_OOM, after=(_OOM_PHASE, 20000)),
+    signature=_either(extracting(*_OOM_OWN), extracting(*_OOM, after=(_OOM_PHASE, 20000))),
     source="pytorch c10/cuda/CUDACachingAllocator.cpp (the OOM message); vllm-project/vllm "
-           "vllm/v1/worker/gpu_model_runner.py:5028 load_model, :6133 profile_run, :6482 capture_model (:6657 "
+           "vllm/v1/worker/gpu_model_runner.py:5140 (Failed to load model - not enough GPU memory), :5991 (CUDA out of "
+           "memory occurred when warming up sampler), "
+           ":5028 load_model, :6133 profile_run, :6482 capture_model (:6657 "
            "'Capturing CUDA graphs'), vllm/compilation/cuda_graph.py:314 (torch.cuda.graph) @ v0.32.0; torch/cuda/"
-           "graphs.py:120,160 @ 2.13.0 (capture_begin/end); report vllm-project/vllm#46307",
-    words=(r"cuda out of memory|\boom\b|out of memory",
-           r"(graph|cudagraph) captur\w*|captur\w+ (cuda )?graphs?|start\w*|load\w* (the )?weights|profil\w+",
+           "graphs.py:120,160 @ 2.13.0 (capture_begin/end); reports vllm-project/vllm#46307, vllm-project/vllm#7593 (OOM "
+           "while capturing CUDA graphs), vllm-project/vllm#19186, vllm-project/vllm#17939 (the sampler warm-up's OOM)",
+    words=(r"cuda out of memory|\boom(s|ed|ing)?\b(?![- ]?kill)|out of memory(?!: kill)|runs? out of (gpu |cuda |device )?memory",
+           r"(graph|cudagraph) captur\w*|captur\w+ (cuda )?graphs?|start[- ]?up|(server|engine|vllm|vllm serve) "
+           r"(start|boot|launch)\w*|(while|when|during|at) (the server |vllm |the engine )?(start|boot|launch)(ing|s)?\b|"
+           r"load\w* (the )?weights|profil\w+",
            r"gpu[_ ]memory[_ ]utili[sz]ation|enforce[- ]eager|max[_ ]num[_ ]batched"),
     lab="none: the lab has no GPU")
 
@@ -79,7 +107,7 @@ CUDA_OOM_STARTUP = Entry(
 #: --enable-auto-tool-choice and --tool-call-parser to be set', 'tool_choice="required" requires
 #: --tool-call-parser to be set') and the start-up check of the parser name
 #: (vllm/entrypoints/launchers/launcher.py:362 validate_api_server_args: "invalid tool call parser: X (chose from { ... })")
-_TOOL = (r"(?P<what>\"?auto\"? tool choice) requires --enable-auto-tool-choice and --tool-call-parser to be set",
+_TOOL = (r"(?P<what>\\?\"?auto\\?\"? tool choice) requires --enable-auto-tool-choice and --tool-call-parser to be set",
          r"tool_choice=\\?\"?(?P<what>[\w\"\\]+?)\\?\"? requires --tool-call-parser to be set",
          r"requires --tool-call-parser to be set",
          r"invalid tool call parser: (?P<parser>[\w.-]+)")
@@ -98,7 +126,8 @@ TOOL_PARSER_MISSING = Entry(
     signature=extracting(*_TOOL),
     source="vllm-project/vllm vllm/renderers/online_renderer.py:268,278 (tool_choice checks), "
            "vllm/entrypoints/launchers/launcher.py:362 (invalid tool call parser), vllm/parser/gemma4.py:40 (Gemma 4's "
-           "`<|tool_call>` opener, left in the text without its parser) @ v0.32.0; report vllm-project/vllm#55754",
+           "`<|tool_call>` opener, left in the text without its parser) @ v0.32.0; reports vllm-project/vllm#55754, langchain4j/langchain4j#3475 (the refusal "
+           "JSON-escaped in an OpenAI-style error)",
     # the anchor: the flags, or the API's own symptom of a missing or wrong parser (the call left in `content`,
     # `tool_calls` empty); the second cue also knows the parser names vLLM registers
     # (vllm/tool_parsers/__init__.py _TOOL_PARSERS_TO_REGISTER @ v0.32.0)
@@ -148,23 +177,41 @@ REQUEST_OVER_MAX_MODEL_LEN = Entry(
 #: same text in vllm/entrypoints/openai/chat_completion/protocol.py:362): the tokenizer defines no chat_template and
 #: none was passed
 _NO_TEMPLATE = (r"default chat template is no longer allowed, so you must provide a chat template",
-                r"ChatTemplateResolutionError")
+                r"ChatTemplateResolutionError",
+                )
+#: transformers' own refusal (tokenization_utils_base.py:3271 get_chat_template @ 5.19.0; older releases: "Cannot use
+#: apply_chat_template() because tokenizer.chat_template is not set"), and a processor's (processing_utils.py:2054 @
+#: 5.19.0). Any transformers user meets it (a trainer, a notebook): it is this entry only where the text shows a
+#: server answering a chat request (vLLM, SGLang, an OpenAI-style error or endpoint)
+_HF_NO_TEMPLATE = (r"Cannot use (?:chat template functions|apply_chat_template(?:\(\))?) because "
+                   r"(?P<owner>tokenizer)\.chat_template is not set",
+                   r"Cannot use apply_chat_template because this (?P<owner>processor) does not have a chat template")
+_SERVING = (r"\bvllm\b|sglang|/v1/|chat[/ _]completions|\"object\": ?\"error\"|BadRequestError|api[_ ]server|"
+            r"serving_chat|\bOpenAI\b|invalid_request_error|\bserv(?:e|er|ing)\b|\bendpoint\b")
 
 CHAT_TEMPLATE_MISSING = Entry(
     "chat-template-missing", "A chat request to a model without a chat template", DEGRADED,
     symptom="/v1/chat/completions answers HTTP 400 `As of transformers v4.44, default chat template is no longer "
             "allowed ...` while /v1/completions works",
-    detect="vLLM's ChatTemplateResolutionError text in an API answer or a log",
+    detect="vLLM's ChatTemplateResolutionError text in an API answer or a log, or transformers' `Cannot use chat "
+           "template functions because tokenizer.chat_template is not set` (a processor's: `does not have a chat "
+           "template`) where the text shows a server (vLLM, SGLang, an OpenAI-style endpoint or error); which object "
+           "lacks the template is extracted",
     cause="the served model's tokenizer defines no chat_template (a base model, or a quantized or converted copy "
           "that lost tokenizer_config.json's template or its chat_template.jinja) and the server got no "
           "--chat-template",
-    fix="start with `--chat-template <the original model's template .jinja>` (or copy chat_template.jinja from the "
-        "original repo into the weights folder), or use /v1/completions for a base model",
+    fix="the {owner} has no chat template: start with `--chat-template <the original model's template .jinja>` (or "
+        "copy chat_template.jinja from the original (instruct) repo into the weights folder), or use /v1/completions "
+        "for a base model",
     proof="python3 -c \"import json;print('chat_template' in json.load(open('<weights>/tokenizer_config.json')))\"; "
           "ls <weights>/chat_template.jinja",
-    signature=extracting(*_NO_TEMPLATE),
+    signature=_either(extracting(*[(p, {"owner": "tokenizer"}) for p in _NO_TEMPLATE]),
+                      extracting(*_HF_NO_TEMPLATE, within=_SERVING)),
     source="vllm-project/vllm vllm/renderers/hf.py:797-801, vllm/entrypoints/openai/chat_completion/protocol.py:362 "
-           "@ v0.32.0; reports THUDM/LongWriter#39, vllm-project/vllm#29849",
+           "@ v0.32.0; huggingface/transformers src/transformers/tokenization_utils_base.py:3271 (get_chat_template), "
+           "processing_utils.py:2054 @ 5.19.0; reports THUDM/LongWriter#39, vllm-project/vllm#29849, "
+           "sgl-project/sglang#3385 (a base Llama-3.2-1B has no template), OpenRLHF/OpenRLHF#613",
     words=(r"chat[- _]template",
-           r"no longer allowed|missing|does not define|doesn'?t (have|define)|not (found|defined)|\b400\b|--chat-template"),
+           r"no longer allowed|missing|does not define|doesn'?t (have|define)|not (found|defined)|\b400\b|--chat-template|"
+           r"\bvllm\b|sglang|/v1/chat|chat (request|completion)s?\b"),
     lab="none yet: the lab's tiny model served without its chat template would produce it")

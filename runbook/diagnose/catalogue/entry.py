@@ -135,7 +135,7 @@ def command_output(rec: dict) -> str:
 
 def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ...] = LINE_TEXTS, unless: str = "",
                check: Callable[[dict[str, str]], bool] | None = None,
-               after: tuple[str, int] | None = None) -> Callable[[B.Bundle], list[Hit]]:
+               after: tuple[str, int] | None = None, within: str = "") -> Callable[[B.Bundle], list[Hit]]:
     """A signature for a family of messages: each pattern is the emitting source's message with named groups
     (``path``, ``port``, ``component``, ``package``, numbers) that go into the hit's evidence and fill the fix's
     ``{placeholders}``. ``unless``: a text holding it is explained by another entry. ``check``: the extracted
@@ -143,6 +143,8 @@ def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ..
     ``(regex, {"path": "/var/lib/docker"})`` for what its message implies but does not print. ``after``: (regex,
     chars): a match counts only when that regex occurs within ``chars`` before it (the phase an error belongs to);
     searched backwards from each match, never forwards from each phase line, so a long log stays linear.
+    ``within``: a text counts only when it also holds this regex somewhere (the context that makes a library's
+    message this entry's: a server, not any user of the library).
     Besides a node's logs it reads what the runbook's own commands on that node printed when they failed
     (``commands.jsonl``; a command that later ran again and passed no longer counts): a failed `docker run` or
     `docker pull` says why there, not in a rank log."""
@@ -150,6 +152,7 @@ def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ..
                 else (re.compile(p[0], re.IGNORECASE | re.MULTILINE), p[1]) for p in patterns]
     skip = re.compile(unless, re.IGNORECASE | re.MULTILINE) if unless else None
     before = (re.compile(after[0], re.IGNORECASE | re.MULTILINE), after[1]) if after else None
+    context = re.compile(within, re.IGNORECASE | re.MULTILINE) if within else None
 
     def sig(b: B.Bundle) -> list[Hit]:
         hits = []
@@ -164,7 +167,7 @@ def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ..
             ev: list[str] = []
             found: dict[str, str] = {}
             for text in dict.fromkeys([*(b.text(node, name) for name in texts), "\n".join(printed.get(node, []))]):
-                if not text or (skip and skip.search(text)):
+                if not text or (skip and skip.search(text)) or (context and not context.search(text)):
                     continue
                 for rx, implied in compiled:
                     for m in rx.finditer(text):
@@ -197,6 +200,12 @@ _CLIENT_TIMEOUT = re.compile(r"client socket has (?:timed out after \d+ms while 
                              r"failed to connect to any network address of) \((\S+?), (\d+)\)")
 
 STARTUP_DONE = re.compile(r"Application startup complete")
+
+#: NCCL's wrapper of the verbs call (NVIDIA/nccl src/misc/ibvwrap.cc wrap_ibv_reg_mr*: WARN "Call to
+#: ibv_reg_mr_iova2 failed with error %s"): ENOMEM from the kernel's pin of the pages. Three causes print it: the
+#: process's RLIMIT_MEMLOCK (ib_umem_get's check against the locked-memory limit), a kernel with no CMA on GB10, a
+#: kernel's own registration regression. A symptom for each of the three entries, never "high" on its own.
+REG_MR_ENOMEM = r"ibv_reg_mr\w*(?:[^\n]*failed with error Cannot allocate memory|[^\n]*\bENOMEM\b)"
 
 
 def lines_matching(text: str, rx: re.Pattern, limit: int = 3) -> list[str]:

@@ -8,7 +8,7 @@ import re
 
 from ...facts import hostlog, procs, system
 from .. import bundle as B
-from .entry import FATAL, WARNING, Entry, Hit, rendezvous_failures
+from .entry import FATAL, REG_MR_ENOMEM, WARNING, Entry, Hit, rendezvous_failures
 
 
 _RANK_NAMES = re.compile(r"python|vllm|VLLM|EngineCore|pt_main_thread|ray::", re.IGNORECASE)
@@ -112,7 +112,8 @@ OOM_KILLED = Entry(
     proof="dmesg -T | grep -iE 'out of memory|oom-kill'; journalctl -u earlyoom -n 50",
     signature=_sig_oom, source="anchors-2026-12 seed B; bringup-anchors §5.16",
     words=(r"oom[- ]?kill|killed by (the )?(kernel|oom)|out of memory: killed|earlyoom|oomd|oom killer",
-           r"(rank|worker|vllm|process|engine|container|server).{0,40}(vanish|disappear|killed|gone|exit|died)",),
+           r"(rank|worker|vllm|process|engine|container|server).{0,40}(vanish|disappear|killed|gone|exit|died)|"
+           r"(killed|kills|killing|reaped) (the |a |our |my )?(vllm|rank|worker|engine|server|process|container)",),
     lab="capture_netns oom_killed (a memory cgroup's OOM kill)")
 
 
@@ -205,11 +206,16 @@ KERNEL_KNOWN_BAD = Entry(
     "kernel-known-bad", "Kernel known to break RDMA, or kernels differ", WARNING,
     symptom="RDMA registration fails during autotune, or throughput differs between nodes",
     detect="`uname -r` matches a known-bad release (7.0.x, 7.0.0-1019) with RDMA expected, or the nodes run "
-           "different kernels",
+           "different kernels; an `ibv_reg_mr` ENOMEM is a symptom (medium), ranked first when the report names a "
+           "7.0 kernel or a kernel change",
     cause="kernel regressions in RDMA memory registration; mixed kernels mean mixed drivers",
     fix="boot the pinned kernel (6.17.0-1032-nvidia) on every node",
     proof="uname -r   # on every node",
-    signature=_sig_kernel, source="anchors-2026-12 #14",
+    signature=_sig_kernel, source="anchors-2026-12 #14; symptom: NVIDIA/nccl src/misc/ibvwrap.cc "
+                                  "(wrap_ibv_reg_mr_iova2's WARN, the ENOMEM a 7.0 kernel's registration gives)",
+    # the registration's ENOMEM is this entry's symptom too (never high: memlock and CMA print the same line); the
+    # reporter's naming of the kernel release (its words' anchor) is what ranks it above the other two
+    symptoms=(REG_MR_ENOMEM,),
     lab="none: the lab nodes share one kernel",
     # the anchor names a bad release or a kernel change, never the good pinned one (6.17.0-1032-nvidia is the fix)
     words=(r"(?<![\d.])7\.0(\.\d+)?(-\d+)?(-nvidia)?\b(?!\.)|regression|downgrad\w+|"

@@ -55,7 +55,8 @@ GID_INDEX_PER_NIC = Entry(
     fix="set *_GID=auto (resolved per node and checked per HCA), or pin an index valid on every HCA of that node",
     proof="grep -H . /sys/class/infiniband/{hca}/ports/1/gid_attrs/types/* /sys/class/infiniband/{hca}/ports/1/gids/*",
     signature=_sig_gid_per_nic, source="anchors-2026-12 #3; bringup-anchors §5.5; symptom: NVIDIA/nccl "
-           "src/transport/net_ib.cc:2543 @ v2.28.9-1, :818 @ v2.7.8-1 (completion status 12, retry exceeded); report "
+           "src/transport/net_ib.cc:2543 @ v2.28.9-1, :1909 @ v2.21.5-1, :818 @ v2.7.8-1 (completion status 12, retry "
+           "exceeded); reports NVIDIA/nccl#1814 (status=12, the numeric form), "
            "NVIDIA/nccl#426 (the maintainer: error 12 right away means the NICs cannot talk RoCE; fixed by the GID "
            "index)",
     lab="none: no RoCE device in the lab (fixture follows the sysfs format)",
@@ -65,7 +66,8 @@ GID_INDEX_PER_NIC = Entry(
     # :2543 @ v2.28.9-1 `status=IBV_WC_RETRY_EXC_ERR(12)`, :818 @ v2.7.8-1 `Got completion with error 12`): the
     # peer never acknowledged the queue pair's packets; right after connect that is most often a GID (RoCE v1/v2,
     # link-local) the path cannot route, less often the MTU or the switch's lossless settings
-    symptoms=(r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error 12\b|status=IBV_WC_RETRY_EXC_ERR\(12\))",),
+    # (v2.21.5-1 src/transport/net_ib.cc:1909 prints the status as a number: `with status=12 opcode=...`)
+    symptoms=(r"NET/IB ?: Got completion (?:from peer \S+ )?with (?:error 12\b|status=(?:IBV_WC_RETRY_EXC_ERR\()?12\b)",),
     words=(r"gid[_ ]?index|\bgid\b|gids",
            r"unhandled system error|ibv_modify_qp|errno 61|link-local|fe80|::ffff",
            r"nccl|roce|rdma|hca|nic",))
@@ -136,6 +138,34 @@ SOCKET_IFNAME_INVALID = Entry(
     words=(r"socket_ifname|ifname|interface name",
            r"not found|does(n'?t| not) exist|wrong|invalid|unable to find address|loopback|127\.0\.0\.1|\blo\b|connectfullmesh",
            r"gloo|nccl|rank|worker|init",))
+
+
+NO_IP_INTERFACE_IN_CONTAINER = Entry(
+    "no-ip-interface-in-container", "NCCL finds no usable IP interface (a container without host networking)",
+    FATAL,
+    symptom="`ncclGetUniqueId` / NCCL init fails at once with `unhandled system error`; with NCCL_DEBUG=WARN: "
+            "`Socket creation failed : Address family not supported by protocol`",
+    detect="NCCL's `WARN Socket creation failed : Address family not supported by protocol` (before 2.5: the "
+           "socket of an address no interface filled, family 0) in a rank log",
+    cause="NCCL found no usable IP interface for its bootstrap socket: the process runs in a container without "
+          "`--network host` (only loopback, or an interface NCCL skips), so the address it opens a socket on has "
+          "no family",
+    fix="start the rank containers with `--network host` (the Spark recipes do; NCCL and Ray need the nodes' own "
+        "addresses), or give the container an interface with an IPv4 address and name it in NCCL_SOCKET_IFNAME; "
+        "`ip -br addr` inside the container must show it",
+    proof="docker inspect -f '{{{{.HostConfig.NetworkMode}}}}' <rank container>; docker exec <rank container> ip -br addr",
+    signature=None,
+    source="NVIDIA/nccl src/include/socket.h:311 (NCCL 2.2/2.3, `Socket creation failed : %s` after socket() of "
+           "the found address; the held-out report NVIDIA/nccl-tests#14 is the only report, its maintainer: NCCL "
+           "prints it 'when it finds no usable IP interface', fixed with --net host); current NCCL says `no socket "
+           "interface found` (src/bootstrap.cc:114 @ v2.28.9-1, socket-ifname-invalid's signature)",
+    lines=(r"\bWARN Socket creation failed ?: Address family not supported by protocol",),
+    words=(r"no (usable |valid )?(ip |network )?interface|--net(work)?[ =](host|none)|host network\w*|"
+           r"network[ _-]?mode",
+           r"nccl|gloo|bootstrap|unhandled system error",
+           r"docker|container|\bpod\b|kubernetes|k8s"),
+    lab="none: the lab's rank containers use host networking (a container on a bridge with only loopback would "
+        "produce it under NCCL)")
 
 
 def _sig_roce_mtu(b: B.Bundle) -> list[Hit]:

@@ -273,9 +273,12 @@ API_PORT_IN_USE = Entry(
     # uvicorn's own bind error names the API's address; a bare `[Errno 98]` can be any socket (see port-race), so
     # it counts only raised from asyncio's create_server (the server socket uvicorn asks for)
     signature=extracting(_API_BIND, _API_CREATE_SERVER),
+    # the second cue is the API server itself, and the third never counts without it: another program's bind error
+    # (a broker, a database, nginx) is not this entry's
     words=(r"port (8000|\d{4,5}) (is )?(already )?(in use|taken|busy)|address already in use|errno 98",
            r"\bapi\b|server|vllm serve|uvicorn|openai|endpoint",
-           r"^(?!.*(random|intermittent|now and then|occasionally|sometimes|race|concurrent\w*|zmq)).*$"),
+           r"^(?!.*(random|intermittent|now and then|occasionally|sometimes|race|concurrent\w*|zmq))"
+           r".*(\bapi\b|server|vllm|uvicorn|openai|endpoint)"),
     lab="prevented before a start: PORT checked closed on every node (launch/server.py `_ports_held`, the same check as the master port's lab tests)")
 
 
@@ -384,19 +387,37 @@ RAY_NODE_NOT_JOINED = Entry(
 RAY_PLACEMENT_GROUP = Entry(
     "ray-placement-group", "Ray never satisfies the placement group", FATAL,
     symptom="the start waits, then `Cannot provide a placement group ... within N seconds`",
-    detect="`Cannot provide a placement group` in a rank log",
-    cause="on multi-NIC hosts the PACK strategy anchors to a route address that differs from Ray's bind address, "
-          "so the GPUs of the second node never count",
-    fix="set VLLM_HOST_IP / RAY_NODE_IP_ADDRESS per node to its fabric address, use the SPREAD strategy, or the "
-        "mp backend",
+    detect="`Cannot provide a placement group`, its wait, or vLLM's placement checks (`Current node has no GPU "
+           "available`, `driver node id ... is not included in a placement group`, `The number of required GPUs "
+           "exceeds ...`) in a rank log",
+    cause="the GPUs Ray counts do not add up to TP x PP where vLLM asks for them: a node joined without its GPU or "
+          "not at all, the engine runs on a node with no GPU bundle, or (multi-NIC hosts) the PACK strategy anchors to "
+          "a route address that differs from Ray's bind address, so the GPUs of the second node never count",
+    fix="`ray status` must list one GPU per rank, on the nodes you expect: a node that joined without its GPU (`ray "
+        "start` inside a container without `--gpus all`, or `--num-gpus=0`) or never joined leaves the group short "
+        "(restart its Ray with the GPU); the engine's own node must hold a GPU bundle (start vLLM on a GPU node of "
+        "the cluster); on multi-NIC hosts set VLLM_HOST_IP / RAY_NODE_IP_ADDRESS per node to its fabric address, use "
+        "the SPREAD strategy, or the mp backend",
     proof="ray status; ray list nodes",
     signature=None,
-    source="vLLM vllm/v1/executor/ray_utils.py:468 (waiting), :490/:502 (Cannot provide a placement group) @ "
-           "v0.32.0; eugr/spark-vllm-docker#227 (bringup-anchors §5.12)",
+    source="vLLM vllm/v1/executor/ray_utils.py:468 (waiting), :490/:502 (Cannot provide a placement group), :311, "
+           ":601, :635 (the placement checks) @ v0.32.0; eugr/spark-vllm-docker#227 (bringup-anchors §5.12); reports "
+           "vllm-project/vllm#13093, #29265 (Current node has no GPU available)",
     lines=(r"Cannot provide a placement group",
            # vLLM's wait before it gives up (vllm/v1/executor/ray_utils.py:468 @ v0.32.0, _wait_until_pg_ready)
-           r"Waiting for creating a placement group of specs for \d+ seconds"),
-    words=(r"placement[- ]group", r"\bray\b|pack|spread", r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide"),
+           r"Waiting for creating a placement group of specs for \d+ seconds",
+           # vLLM's own placement checks (vllm/v1/executor/ray_utils.py @ v0.32.0): the node that runs the engine holds
+           # no GPU bundle (:311 `driver node id X is not included in a placement group`, :635 `Current node has no GPU
+           # available`: the head's Ray was started without its GPU, or the engine runs on a node Ray counts no GPU
+           # on), or the cluster has fewer GPUs than TP x PP (:601 `The number of required GPUs exceeds the total
+           # number of available GPUs in the placement group`: a node did not join with its GPU)
+           r"driver node id \w+ is not included in a placement group",
+           r"Current node has no GPU available\.",
+           r"The number of required GPUs exceeds the total number of available GPUs in the placement group\."
+           r"(?: Required number of devices: \d+\. Total number of devices: \d+\.)?"),
+    words=(r"placement[- ]group", r"\bray\b|pack|spread",
+           r"hang\w*|time[ds]? ?out|never|wait\w*|cannot provide|(can'?t|cannot) (create|reserve|satisfy)|"
+           r"only (sees|shows|lists|counts) (the |one )?gpu|without (its|a|the|any) gpu|not enough gpus|no gpu available"),
     lab="none: the lab runs the mp backend only")
 
 RAY_CPU_PLATFORM = Entry(
@@ -437,7 +458,8 @@ RAY_OBJECT_STORE = Entry(
     source="ray-project/ray python/ray/_private/services.py:2232-2258 @ 2.60.0 (the size check and the /tmp "
            "fallback), python/ray/exceptions.py:618-632 (ObjectStoreFullError)",
     lines=(r"The configured object store size \([\d.]+ GB\) exceeds /dev/shm size",
-           r"The object store is using \S+ instead of /dev/shm",
+           # services.py's warning as Ray prints it; a pasted log may wrap it after "instead"
+           r"The object store is using \S+ instead(?: of /dev/shm|\s*$)", r"/dev/shm has only \d+ bytes available",
            r"ObjectStoreFullError|The local object store is full"),
     words=(r"object[ _-]store", r"/dev/shm|shm[- ]size|full|too small|exceeds"),
     lab="none: the lab's netns nodes share the host's /dev/shm, big enough for their 100 MiB stores")

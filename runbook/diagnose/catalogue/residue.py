@@ -7,7 +7,7 @@ import re
 
 from ...facts import system
 from .. import bundle as B
-from .entry import FATAL, Entry, Hit, lines_matching
+from .entry import FATAL, REG_MR_ENOMEM, Entry, Hit, extracting, lines_matching
 
 
 _SHM_WAIT = re.compile(r"No available shared memory broadcast block found in \d+ seconds?")
@@ -61,10 +61,10 @@ def _sig_cma(b: B.Bundle) -> list[Hit]:
     for node in b.nodes:
         mem = system.parse_meminfo(b.text(node, B.MEMINFO))
         regs = lines_matching(b.text(node, B.RANK_LOG), re.compile(r"ibv_reg_mr\w*.*(Cannot allocate memory|ENOMEM)"), 2)
+        # the ENOMEM alone is no proof: a low RLIMIT_MEMLOCK (memlock-limit-low) and a kernel's own registration
+        # regression (kernel-known-bad) print the same NCCL line; only CmaTotal 0 names this cause
         if mem.get("CmaTotal") == 0 and (b.context.expect_rdma or regs):
             hits.append(Hit(node, [f"{node}: /proc/meminfo CmaTotal: 0 kB"] + [f"{node}: {l}" for l in regs]))
-        elif regs:
-            hits.append(Hit(node, [f"{node}: {l}" for l in regs]))
     return hits
 
 
@@ -72,19 +72,54 @@ CMA_TOTAL_ZERO = Entry(
     "cma-total-zero", "RDMA memory registration fails: the kernel has no CMA", FATAL,
     symptom="NCCL over RoCE fails at init with `ibv_reg_mr ... failed with error Cannot allocate memory` even for "
             "1 KB, with GiB free and memlock unlimited",
-    detect="`CmaTotal: 0 kB` in /proc/meminfo with RDMA expected, or an `ibv_reg_mr` ENOMEM in a rank log",
+    detect="`CmaTotal: 0 kB` in /proc/meminfo with RDMA expected or beside an `ibv_reg_mr` ENOMEM; the ENOMEM "
+           "alone is a symptom (medium): a low memlock limit and a kernel regression print the same line",
     cause="the booted kernel (e.g. 7.0.0-1019-nvidia) reserves no contiguous memory (CmaTotal 0, normally "
           "131072 kB), so every RDMA memory registration fails",
     fix="boot a kernel with CMA (6.17.0-1031-nvidia with driver 580.173.02 in the report) or add a `cma=` kernel "
         "parameter; check `ulimit -l` is unlimited in the container too",
     proof="grep CmaTotal /proc/meminfo; uname -r; ulimit -l",
     signature=_sig_cma,
-    source="luxingcom/aicad-nccl-optimization#1 (2026-09-19); bringup-anchors §5 'also seen'",
-    lines=(r"ibv_reg_mr\w* failed with error Cannot allocate memory",
-           r"ibv_reg_mr\w*.*\bENOMEM\b"),
+    source="luxingcom/aicad-nccl-optimization#1 (2026-09-19); bringup-anchors §5 'also seen'; symptom: NVIDIA/nccl "
+           "src/misc/ibvwrap.cc (wrap_ibv_reg_mr_iova2's WARN)",
+    symptoms=(REG_MR_ENOMEM,),
     words=(r"cmatotal|\bcma\b",
            r"ibv_reg_mr|reg_mr|memory registration|register(ing)? (rdma )?memory",
            r"7\.0\.0-1019|kernel (update|upgrade)|new kernel|enomem|cannot allocate memory"),
+    lab="none: the lab has no RDMA device")
+
+
+#: rdma-core libibverbs/init.c check_memlock_limit (run at ibverbs_init, for a non-root process): fprintf(stderr,
+#: PFX "Warning: RLIMIT_MEMLOCK is %llu bytes.\n    This will severely limit memory registrations.\n") when the
+#: soft limit is <= 32768 bytes (docker's and many runtimes' default); PFX is "libibverbs: "
+_MEMLOCK = (r"libibverbs: Warning: RLIMIT_MEMLOCK is (?P<bytes>\d+) bytes",
+            r"This will severely limit memory registrations")
+
+MEMLOCK_LIMIT_LOW = Entry(
+    "memlock-limit-low", "The locked-memory limit (ulimit -l) is too low for RDMA registration", FATAL,
+    symptom="NCCL over InfiniBand/RoCE fails at init with `Call to ibv_reg_mr... failed with error Cannot allocate "
+            "memory`, or libibverbs warns `RLIMIT_MEMLOCK is N bytes`, although the node has memory free",
+    detect="libibverbs' own `Warning: RLIMIT_MEMLOCK is N bytes. This will severely limit memory registrations` "
+           "(the limit extracted); an `ibv_reg_mr` ENOMEM alone is a symptom (medium) it shares with cma-total-zero "
+           "and kernel-known-bad",
+    cause="the process's RLIMIT_MEMLOCK (`ulimit -l`) is too small to pin the buffers NCCL registers with the NIC: "
+          "a container started without `--ulimit memlock=-1`, a systemd unit or ssh/su session that does not apply "
+          "/etc/security/limits.conf (pam_limits), or a limit set after the daemon started",
+    fix="run the ranks with an unlimited locked-memory limit: `docker run --ulimit memlock=-1:-1` (or "
+        "default-ulimits in /etc/docker/daemon.json), `LimitMEMLOCK=infinity` for a systemd unit, `* - memlock "
+        "unlimited` in /etc/security/limits.conf for a login session (then a new session); check `ulimit -l` "
+        "prints `unlimited` where the rank runs",
+    proof="ulimit -l; docker exec <rank container> sh -c 'ulimit -l'; grep 'locked memory' /proc/<rank pid>/limits",
+    signature=extracting(*_MEMLOCK),
+    source="linux-rdma/rdma-core libibverbs/init.c check_memlock_limit (the RLIMIT_MEMLOCK warning); NCCL's "
+           "troubleshooting guide, InfiniBand section (memlock limit); symptom: NVIDIA/nccl src/misc/ibvwrap.cc "
+           "(wrap_ibv_reg_mr_iova2's WARN); report: the OpenMPI users list thread quoting `libibverbs: Warning: "
+           "RLIMIT_MEMLOCK is 32768 bytes` (no GitHub report besides the held-out NVIDIA/nccl-tests#206)",
+    symptoms=(REG_MR_ENOMEM,),
+    words=(r"memlock|ulimit -l|rlimit_memlock|limits\.conf|locked[- ]memory|max locked|ipc_lock",
+           r"ibv_reg_mr|reg_mr|memory registration|regist\w+ (rdma |the )?memory|cannot allocate memory|enomem|"
+           r"infiniband|\brdma\b|\bib\b|roce|nccl|perftest",
+           r"docker|container|unlimited|--ulimit|systemd|ssh|pam"),
     lab="none: the lab has no RDMA device")
 
 
@@ -124,7 +159,10 @@ CUDA_TOOLCHAIN_NEWER_THAN_DRIVER = Entry(
     symptom="the first kernel launch fails with CUDA error 222 (`the provided PTX was compiled with an unsupported "
             "toolchain`) or `CUDA driver version is insufficient`",
     detect="`provided PTX was compiled with an unsupported toolchain`, `CUDA error 222` or `driver version is "
-           "insufficient for CUDA runtime version` in a rank log",
+           "insufficient for CUDA runtime version` in a rank log, or the container toolkit's check of the image's "
+           "NVIDIA_REQUIRE_CUDA: `requirement error: unsatisfied condition: cuda>=X, please update your driver`; "
+           "CUDA's error 804 (`forward compatibility was attempted on non supported HW`: the image's compat "
+           "libcuda on a GPU without forward compatibility) is a symptom (medium)",
     cause="the image's CUDA toolkit (or a JIT-compiled kernel's PTX) is newer than what the installed driver "
           "supports",
     fix="use an image whose CUDA the driver supports (`nvidia-smi` shows the highest), or update the driver on "
@@ -132,10 +170,18 @@ CUDA_TOOLCHAIN_NEWER_THAN_DRIVER = Entry(
     proof="nvidia-smi | head -n 4; docker run --rm <image> nvcc --version",
     signature=None,
     source="Blackwellboy/model-serving-minefield trap 08 (via field-reports-2026-12 §2 #5); li-plus/chatglm.cpp#12; "
-           "ggml-org/llama.cpp#1648",
+           "ggml-org/llama.cpp#1648; NVIDIA/libnvidia-container src/dsl.c (`unsatisfied condition: %s`; the CLI "
+           "appends `please update your driver to a newer version, or use an earlier cuda container`, quoted in "
+           "nvidia-container-toolkit internal/requirements/constraints/binary.go); CUDA runtime API "
+           "cudaErrorCompatNotSupportedOnDevice (804)",
     lines=(r"provided PTX was compiled with an unsupported toolchain", r"CUDA error 222\b|cudaErrorUnsupportedPtxVersion",
-           r"CUDA driver version is insufficient for CUDA runtime version"),
-    words=(r"error 222|\bptx\b|unsupported toolchain|driver version is insufficient",
+           r"CUDA driver version is insufficient for CUDA runtime version",
+           r"requirement error: unsatisfied condition: cuda\s*>=?\s*[\d.]+"),
+    # symptom (never high): the image's forward-compatibility libcuda loaded on a GPU that does not support it; the
+    # image's CUDA is newer than the driver, but a compat library forced onto LD_LIBRARY_PATH gives it too
+    symptoms=(r"Error 804: forward compatibility was attempted on non supported HW|cudaErrorCompatNotSupportedOnDevice",),
+    words=(r"error 222|\bptx\b|unsupported toolchain|driver version is insufficient|"
+           r"(nvidia |gpu |host )?driver (is |was )?too old|driver .{0,30}older than (the )?(cuda|toolkit|image)",
            r"driver (is )?(too )?old|older driver|newer (cuda|toolkit|toolchain|image)|upgrad\w* (the )?driver|cuda 1[23]|toolkit"),
     lab="none: no NVIDIA driver in the lab")
 
@@ -153,11 +199,15 @@ DRIVER_NOT_LOADED = Entry(
     source="bringup-anchors §5.14 (TechPreacher preboot-check); symptom: NVIDIA/libnvidia-container src/driver.c:101 "
            "@ 06deb20d (dlopen of libnvidia-ml.so.1)",
     lines=(r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver",
-           r"nvml error: driver not loaded|\bDriver Not Loaded\b", r"Found no NVIDIA driver on your system"),
-    # symptom (never high): the container toolkit cannot dlopen NVML on the host (libnvidia-container src/driver.c:101
-    # @ 06deb20d: xdlopen of libnvidia-ml.so.1 before nvmlInit_v2): no driver user space there (not installed, or not
-    # loaded after a kernel update); a docker that cannot see the host's libraries (snap) says the same
-    symptoms=(r"load library failed: libnvidia-ml\.so\.1: cannot open shared object file",),
+           r"(?<!nvml error: )\bDriver Not Loaded\b", r"Found no NVIDIA driver on your system"),
+    # symptoms (never high): the container toolkit's hook (nvidia-container-cli, its own entry:
+    # nvidia-container-toolkit-missing) reporting what nvc_init met on the host: it cannot dlopen NVML
+    # (libnvidia-container src/driver.c:101 @ 06deb20d: xdlopen of libnvidia-ml.so.1 before nvmlInit_v2), or NVML says
+    # NVML_ERROR_DRIVER_NOT_LOADED (it could not open /dev/nvidiactl: no module loaded, or a namespace without the
+    # device nodes); no driver user space (not installed, or not loaded after a kernel update), or a docker that cannot
+    # see the host's libraries (snap), says the same
+    symptoms=(r"load library failed: libnvidia-ml\.so\.1: cannot open shared object file",
+              r"nvml error: driver not loaded"),
     words=(r"nvidia-smi (fails|failed|doesn'?t work|errors?)|couldn'?t communicate with the nvidia driver|driver not loaded|no nvidia driver",
            r"kernel (update|upgrade)|after (an? )?(update|upgrade|apt)|\bdkms\b|unattended-upgrade"),
     lab="none: no NVIDIA driver in the lab")
@@ -204,6 +254,6 @@ VERSION_SKEW = Entry(
     signature=None,
     source="bringup-anchors §5.14 (eugr verify_cluster_image_consistency)",
     lines=(r"Version mismatch: The cluster was started with",),
-    words=(r"version (mismatch|skew)|(different|mismatched) (versions?|images?|builds?|digests?)",
+    words=(r"version (mismatch|skew)|(different|mismatched) ([\w.-]+ ){0,2}(versions?|images?|builds?|digests?)",
            r"head|worker|node|both (nodes|sparks)", r"\bray\b|vllm|nccl|image|driver|python"),
     lab="none yet: a worker with a different image tag (issue 25 item 4)")

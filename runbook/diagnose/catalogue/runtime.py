@@ -59,8 +59,12 @@ DOCKER_PULL_MANIFEST_UNKNOWN = Entry(
     fix="fix IMAGE in the profile (check the registry's tag list); stop retrying",
     proof="docker manifest inspect {image}",
     signature=_pull_sig("manifest-unknown"), source="anchors-2026-12 #15",
-    words=(r"docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image",
-           r"manifest unknown|manifest .{0,40}not found|tag (does not|doesn'?t) exist|no such tag",),
+    # a reporter's words: the pull fails and the image (or tag) is not on the registry
+    words=(r"docker pull|pulling|pull (fails|failed)|download(ing)? (the )?image|"
+           r"(can'?t|couldn'?t|cannot|could not|unable to) pull\b",
+           r"manifest unknown|manifest .{0,40}not found|tag (does not|doesn'?t) exist|no such tag|"
+           r"(\b(not|nor|never|no)\b|n'?t\b).{0,30}\b(find|found|exists?|see|listed)\b.{0,40}\b(on|in) (the )?"
+           r"(docker ?hub|hub\.docker\.com|registry|ghcr|nvcr)",),
     lab="capture_netns docker_pull_manifest")
 
 

@@ -36,7 +36,9 @@ NCCL_SHM_TOO_SMALL = Entry(
     # in a container, most often the same 64 MiB /dev/shm
     symptoms=(r"(?:Bus error|signal 7\b|SIGBUS)[^\n]*(?:\n[^\n]*){0,12}?(?:\bnccl\w*|libnccl)",
               r"\bnccl\w*[^\n]{0,80}(?:Bus error|SIGBUS)",
-              r"\A(?![\s\S]*NCCL WARN)[\s\S]*?(?P<at>\bNCCL (?:Error 2|failure [^\n]*)\W+unhandled system error)"),
+              # no WARN naming the failed call, in NCCL's current (`NCCL WARN`) or older (`file.cu:N WARN`) format
+              r"\A(?![\s\S]*(?:NCCL WARN|\.(?:cc|cu|h|c|cpp):\d+ WARN))[\s\S]*?"
+              r"(?P<at>\bNCCL (?:Error 2|failure [^\n]*)\W+unhandled system error)"),
     words=(r"/dev/shm|shm[- _]size|shared memory segment|--ipc|ncclshmopen",
            r"nccl|docker|container|no space|64 ?mi?b",),
     lab="none yet: a lab rank container started with --shm-size=64m and NCCL's shm transport would produce it "
