@@ -44,7 +44,8 @@ def cmd_run(args) -> int:
     _rehearsal_only(args)
     console = Console(verbose=args.verbose)
     if args.rehearse:
-        from .lab.rehearsal import count, count_text, load_rehearsal
+        from .lab.rehearsal import load_rehearsal
+        from .site import count, count_text
         _, overrides, subs = load_rehearsal(args.profile, overrides, publish=True, ssh_user=args.ssh_user or "",
                                             echo=console.detail)
         rehearsal = [s.to_dict() for s in subs]
@@ -169,13 +170,15 @@ def cmd_start(args) -> int:
     already running with the same configuration (the seeds' contract), 1 when it could not start."""
     from .errors import ALREADY_RUNNING
     from .launch import bring_up, exposure, server
+    from .lab.site import site_for
     from .launch.plan import launch_plan
     from .remote import ClusterLock
     profile, cluster = _server_cluster(args)
     key_row = exposure.ensure_api_key(profile)      # a bind beyond loopback gets a key before the plan renders
     print(f"{key_row.name}: {key_row.status.value} {key_row.observed}")
     with cluster, ClusterLock(cluster.head, command="start", echo=_say):
-        plan = launch_plan(cluster, profile)         # no run: the GID indexes are resolved from the nodes
+        # no run: the GID indexes are resolved from the nodes (under the site's GID tables, as step 04 reads them)
+        plan = launch_plan(cluster, profile, site=site_for(profile))
         outcome = bring_up(cluster, profile, plan, go=not key_row.failed)
     if outcome.started is None:
         print(outcome.checks.to_text())
@@ -243,6 +246,7 @@ def cmd_diagnose(args) -> int:
         return 0
     from .evidence import RESULTS_ROOT, RunDir
     from .launch import diagnosis
+    from .lab.site import site_for
     from .launch.plan import launch_plan
     from .remote import ClusterLock
     from .runner import run_folder
@@ -252,7 +256,7 @@ def cmd_diagnose(args) -> int:
             RunDir.create(profile.profile_name, RESULTS_ROOT, redactor)
         status = "failed"
         try:
-            plan = launch_plan(cluster, profile)
+            plan = launch_plan(cluster, profile, site=site_for(profile))
             archive, findings = diagnosis.diagnose_server(cluster, profile, run.path, redactor, plan=plan)
             status = "passed"
         finally:

@@ -30,6 +30,7 @@ from . import bench, engram, launch, network, preflight, weights
 from .errors import UsageError
 from .evidence import RunDir
 from .facts import net as fnet
+from .lab.site import site_for
 from .launch.image import TARGET_PLATFORM_CMD, ship_facts_cmd
 from .profile import REPO_ROOT, load_profile
 from .remote import Cluster, CommandLog
@@ -104,6 +105,7 @@ def ssh_lines(profile) -> list[str]:
 
 def _render(profile_path, *, home: str, overrides) -> tuple[list[str], list[tuple[str, list[str]]]]:
     profile = load_profile(profile_path, overrides=overrides)
+    site = site_for(profile)           # the one builder of sites, as step.begin calls it
     load_secrets()                     # a refused secrets file stops here (exit 2), as it would stop the run
     homes = {n.name: home or _default_home(n.ssh) for n in profile.nodes}
     # the facts the review declares: each node's home (and the user it implies) and its fabric as the profile
@@ -134,25 +136,26 @@ def _render(profile_path, *, home: str, overrides) -> tuple[list[str], list[tupl
     try:
         run = RunDir.create(profile.profile_name, scratch, redactor)
         for name, entry in STEPS:
-            step = Step(name, profile, run, dry_run=True)
+            step = Step(name, profile, run, site=site, dry_run=True)
             step._cluster = _InOrder.offline(profile, facts=facts, log=log)
             first = len(log.entries)
             stopped = ""
             try:
                 with contextlib.redirect_stdout(io.StringIO()):      # the steps' own progress lines
-                    result = entry(step)
+                    outcome = entry(step)
             except Exception as exc:  # noqa: BLE001 - a step that needs a real answer stops; the review goes on
-                result, stopped = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                outcome, stopped = None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             entries = log.entries[first:]
             lines = [f"# [{e['node']}] {e['command']}" if e["kind"] == "note" else
                      f"[{e['node']}] [{e['kind']}] {e['command']}" for e in entries]
-            if name == LAUNCH.id and result is not None:
+            if name == LAUNCH.id and outcome is not None:
                 # the plan, rank by rank, where its start commands run: after the probes that precede them
-                starts = [redactor.redact(r.start_command()) for r in result.plan.ranks]
+                plan = outcome.shown.plan          # the step's StepOutcome shows its LaunchOutcome
+                starts = [redactor.redact(r.start_command()) for r in plan.ranks]
                 at = next((i for i, e in enumerate(entries)
                            if e["kind"] == "run" and any(s in e["command"] for s in starts)), len(lines))
                 lines[at:at] = ["# the rendered plan of the start commands below:",
-                                *result.plan.to_text().splitlines(), ""]
+                                *plan.to_text().splitlines(), ""]
             if not entries:
                 lines.append("(no command on the nodes)")
             if stopped:

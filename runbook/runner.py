@@ -33,7 +33,9 @@ DEFAULT_STEP_TIMEOUT = 3600
 
 
 @dataclass
-class StepOutcome:
+class StepRun:
+    """How one notebook's execution ended, as the runner saw it (not the step's own ``runbook.step.StepOutcome``,
+    which its ``run`` returns inside the kernel)."""
     name: str
     status: str          # passed | failed | skipped
     seconds: float
@@ -82,7 +84,7 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
         results_root: Path | None = None, notebooks_dir: Path = NOTEBOOKS_DIR,
         lab_up: Callable | None = None, echo: Callable[[str], None] = print,
         rehearsal: list[dict[str, str]] | None = None,
-        console: Console | None = None) -> tuple[RunDir, list[StepOutcome]]:
+        console: Console | None = None) -> tuple[RunDir, list[StepRun]]:
     """``console``: the CLI's face (runbook/console.py): each step gets a live line instead of papermill's
     stream, which it archives as ``console.log`` in the run folder; without it (a library call) the stream goes
     to the ``papermill`` logger as before."""
@@ -194,7 +196,7 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
                  f"python -m runbook render --profile {_repo_relative(str(profile.source))}")
 
         # 5. the steps, in order, stopping at the first failure (a dry run goes on: every step's commands show)
-        outcomes: list[StepOutcome] = []
+        outcomes: list[StepRun] = []
         for name in steps:
             outcome = execute_step(name, run_dir, profile_path=str(profile.source), dry_run=dry_run,
                                    overrides=overrides, kernel=kernel, step_timeout=step_timeout,
@@ -313,7 +315,7 @@ def first_state_gone(profile, run_dir: RunDir, passed: list[str], *, dry_run: bo
         return None
     with Cluster.from_profile(profile) as cluster:
         for name in checkable:
-            why = STATE_CHECKS[name](profile, cluster, run_dir.read_sidecar(name))
+            why = STATE_CHECKS[name](cluster, profile, run_dir.read_sidecar(name))
             if why:
                 return name, why
     return None
@@ -333,6 +335,7 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
     or "" (then the step says there is no server, as before)."""
     from .checks import Check, Status
     from .evidence import previous_good_run
+    from .lab.site import site_for
     from .launch.plan import launch_plan
     from .records import LaunchRecord, NetworkRecord, RecordError
     if LAUNCH in steps or not any(s[:2] in SERVER_STEPS for s in steps) or run_dir.read_sidecar(LAUNCH):
@@ -352,9 +355,10 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
     fingerprint = record.fingerprint
     try:
         with Cluster.from_profile(profile) as cluster:
-            why = launch.state_left(profile, cluster, sidecar)
+            why = launch.state_left(cluster, profile, sidecar)
             if not why:
-                now = launch_plan(cluster, profile, earlier.read_record(NetworkRecord, missing_ok=True)).fingerprint
+                now = launch_plan(cluster, profile, earlier.read_record(NetworkRecord, missing_ok=True),
+                                  site=site_for(profile)).fingerprint
                 if now != fingerprint:
                     why = (f"the profile now renders fingerprint {now[:12]}, the server of run {prev.name} runs "
                            f"{fingerprint[:12]}")
@@ -376,7 +380,7 @@ def reuse_launch(profile, run_dir: RunDir, steps: list[str], *, results_root: Pa
     return prev.name
 
 
-def _weights_state(profile, cluster, sidecar) -> str:
+def _weights_state(cluster, profile, sidecar) -> str:
     """What a resume re-checks before skipping a passed 02: a verified manifest still in the tree 02's record
     names on every node that holds a copy (WEIGHT_SYNC=nfs: the head's). '' when intact, else why not."""
     try:
@@ -399,7 +403,7 @@ STATE_CHECKS = {records.WEIGHTS.id: _weights_state, LAUNCH: launch.state_left}
 
 def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool,
                  overrides: dict[str, str] | None, kernel: str, step_timeout: int,
-                 notebooks_dir: Path, echo: Callable[[str], None], console: Console | None = None) -> StepOutcome:
+                 notebooks_dir: Path, echo: Callable[[str], None], console: Console | None = None) -> StepRun:
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
@@ -473,7 +477,7 @@ def execute_step(name: str, run_dir: RunDir, *, profile_path: str, dry_run: bool
         rows = CheckList.from_records((sidecar or {}).get("checks") or [])
         console.step_done(StepResult(name, status, seconds, rows.counts(), run_dir.redactor.redact(error)), rows,
                           where="" if status == "passed" else str(run_dir.path / "notebooks" / f"{name}.ipynb"))
-    return StepOutcome(name, status, seconds, error, exit_code)
+    return StepRun(name, status, seconds, error, exit_code)
 
 
 def _cell_count(notebook: Path) -> int:

@@ -1,31 +1,51 @@
 """What a notebook calls: ``begin`` (validation + provenance) and ``Step.finish`` (summary).
 
     step = runbook.step.begin("00_preflight", profile_path, run_dir=run_dir, dry_run=dry_run)
-    step.add(runbook.preflight.run_checks(step))
+    outcome = runbook.preflight.run(step)     # every step's run returns a StepOutcome: outcome.shown is displayed
     step.finish()        # table, sidecar, raises CheckFailed on any FAIL
 
 Run interactively (``run_dir`` empty) a step opens a new run folder of its own, so interactive
 and headless runs leave the same evidence layout.
+
+``begin`` attaches the profile's site (``step.site``: ``runbook.lab.site.site_for(profile)``, the one builder):
+what differs between the Sparks, the lab and a rehearsal reaches a step package through it, never through an
+import of ``runbook.lab`` (docs/DESIGN.md, "The site"). That is why this module sits above the lab and below the
+steps in the layer drawing.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 from . import progress
 from .checks import Check, CheckList, Status
 from .evidence import RESULTS_ROOT, RunDir, provenance
+from .lab.site import site_for
 from .profile import Profile, load_profile
 from .records import Record
 from .remote import Cluster
 from .secrets import redactor_from_env
+from .site import Site
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What every step's ``run(step, …)`` returns (``step.outcome(shown)``): what its notebook shows, the status of
+    the step's rows when ``run`` returned, and the step's typed record if it has one. The notebook keeps it as
+    ``outcome`` and displays ``outcome.shown``; ``step.finish()`` still renders the table and raises on a FAIL."""
+    step: str                           # the step's name, e.g. "03_engram"
+    shown: Any                          # what the notebook displays: a figure, figures, the launch's plan and start…
+    status: str                         # "passed" | "failed": the rows recorded so far (Step.status)
+    record: Record | None = None        # the typed record run set (runbook.records), None for a step without one
 
 
 class Step:
-    def __init__(self, name: str, profile: Profile, run: RunDir, *, dry_run: bool = False):
+    def __init__(self, name: str, profile: Profile, run: RunDir, *, site: Site, dry_run: bool = False):
         self.name = name
         self.profile = profile
+        self.site = site                        # what differs on this site (runbook.site): site_for(profile)
         self.run = run
         self.dry_run = dry_run
         self.checks = CheckList()
@@ -65,6 +85,10 @@ class Step:
     def status(self) -> str:
         return "failed" if self.checks.failures() else "passed"
 
+    def outcome(self, shown: Any = None) -> StepOutcome:
+        """What ``run`` returns: ``shown`` (what the notebook displays) with the status and record as they are now."""
+        return StepOutcome(self.name, shown, self.status(), self.record)
+
     def finish(self, display: bool = True) -> None:
         """Render the table, write the sidecar and manifest entry, raise if any check failed."""
         try:
@@ -99,7 +123,7 @@ def begin(name: str, profile_path: str | Path, *, run_dir: str | Path = "", dry_
         run.update_manifest(mode="interactive")
     run.record_step(name, kernel_started=time.time(), dry_run=dry_run)
     progress.reset()                    # this step's counts only (a kernel may run one step after another)
-    return Step(name, profile, run, dry_run=dry_run)
+    return Step(name, profile, run, site=site_for(profile), dry_run=dry_run)
 
 
 _STATUS_COLOURS = {Status.PASS.value: "#d4edda", Status.FAIL.value: "#f8d7da",

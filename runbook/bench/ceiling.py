@@ -14,18 +14,18 @@ from ..errors import RunbookError
 from ..facts.node_paths import on_node
 from ..fit import roofline as R
 from ..records import NetworkRecord
+from ..site import SPARKS_SITE, Site
 from ..weights_tools.layout import weights_layout
 
 
-def roofline_of(cluster, profile, echo=print) -> R.Roofline | None:
+def roofline_of(cluster, profile, echo=print, *, site: Site = SPARKS_SITE) -> R.Roofline | None:
     """The model's roofline for this run, from the checkpoint itself: the lab's tiny model from its
-    safetensors headers on this machine; a recipe's checkpoint from its headers read on the head
+    safetensors headers on this machine (``site.model_dir``); a recipe's checkpoint from its headers read on the head
     (``roofline.HEADER_DUMP_SCRIPT``, where step 02 put it). Falls back to the recipe's config values
     and stated dtypes (``roofline.ARCH``; said in the source) when the headers cannot be read; None
     when the recipe states no architecture either."""
-    if profile.lab:
-        from ..lab import control
-        d = control.stand_in_model_dir(profile)
+    if site.model_dir is not None:         # the lab's hardware, also in a rehearsal of a recipe
+        d = site.model_dir(profile)
         return R.roofline_for(profile, model_dir=d if (d / "config.json").is_file() else None)
     try:
         head = cluster.head
@@ -40,18 +40,18 @@ def roofline_of(cluster, profile, echo=print) -> R.Roofline | None:
 
 
 def panel(cluster, profile, result: BenchResult, membw_data: dict[str, Any],
-          network: NetworkRecord | None) -> dict[str, Any]:
+          network: NetworkRecord | None, *, site: Site = SPARKS_SITE) -> dict[str, Any]:
     """The panel's inputs and rows (step 07's ``data["roofline"]``): bytes per step, the slowest rank's
     measured bandwidth (else the published GB10 decode figure), the all-reduce latency of 01_network's
     sweep (``network``: its record in this run; else the published NCCL figure on Sparks, none on the lab), one row per
     class case."""
     try:
-        roof = roofline_of(cluster, profile)
+        roof = roofline_of(cluster, profile, site=site)
     except Exception as exc:  # noqa: BLE001 - the panel never fails the bench
         return {"error": f"{type(exc).__name__}: {exc}"}
     if roof is None:
         return {"error": f"RECIPE={profile.recipe}: no architecture for the config-only roofline"}
-    on_lab = bool(profile.lab) or profile.is_lab     # lab hardware, also in a rehearsal
+    on_lab = site.on_lab                 # lab hardware, also in a rehearsal
     bw, bw_note = P.slowest_bandwidth(membw_data)
     if bw is None and not on_lab:
         bw, bw_note = R.GB10_DECODE_BW.value, f"[published] {R.GB10_DECODE_BW.note} ({bw_note})"

@@ -16,6 +16,7 @@ from ..benchmark.conditions import PROFILE_KEYS, SEEDS
 from ..api.prompts import CLASSES
 from ..benchmark.result import BenchConfig, BenchResult
 from ..records import BENCH
+from ..site import SPARKS_SITE, Site
 
 RAW_DIR_NAME = "bench"
 CLASS_PROMPT_TOKENS = 1024
@@ -83,21 +84,18 @@ def previous_result(run_path: Path, step_name: str = BENCH.id) -> BenchResult | 
 
 
 def cross_check(profile, server, result: BenchResult, out_dir: Path, *, enabled: bool = True, python: str = "",
-                tokenizer: str = ""):
+                tokenizer: str = "", site: Site = SPARKS_SITE):
     """The notebook's optional cell: the single-stream decode cell measured again by ``vllm bench
-    serve`` with a fresh seed (``runbook.benchmark.crosscheck``), its log under ``out_dir``. Lab profiles
-    find the lab's vLLM venv and the tiny model's tokenizer; elsewhere pass ``python`` (a python with vLLM)
+    serve`` with a fresh seed (``runbook.benchmark.crosscheck``), its log under ``out_dir``. On the lab the site
+    gives its vLLM venv and the tiny model's tokenizer; elsewhere pass ``python`` (a python with vLLM)
     and ``tokenizer`` (default: the profile's HF_MODEL_REPO, fetched by vLLM). Returns the row and the
     figures to record (empty when nothing ran)."""
     from ..checks import not_applicable
     from ..benchmark import crosscheck
     if not enabled:
         return not_applicable(crosscheck.CHECK_NAME, "vllm_cross_check=False", node="local"), {}
-    lab_python = lab_tokenizer = None
-    if profile.lab:        # the lab's hardware, also in a rehearsal of a recipe
-        from ..lab import control
-        lab_python = control.VLLM_PYTHON
-        lab_tokenizer = control.stand_in_model_dir(profile)
+    lab_python = Path(site.vllm_python) if site.vllm_python else None     # the lab's, also in a rehearsal
+    lab_tokenizer = site.model_dir(profile) if site.model_dir is not None else None
     py = crosscheck.find_vllm_python(python, lab_python=lab_python)
     tok = tokenizer or (str(lab_tokenizer) if lab_tokenizer and lab_tokenizer.is_dir() else profile.hf_model_repo)
     return crosscheck.cross_check(result, base_url=server.base_url, model=server.model, python=py,

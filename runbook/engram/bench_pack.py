@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..engram_tools import layout as L
 from ..engram_tools import synth
-from .tools import TOOL_FILES
+from ..engram_tools.ship import TOOL_FILES
 
 HERE = Path(__file__).resolve().parent
 

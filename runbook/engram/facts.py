@@ -10,7 +10,7 @@ from typing import Any
 
 from ..engram_tools import layout as L
 from ..engram_tools.pack_partial import RECORD_BYTES
-from .tools import node_facts, packed_of, shell_path, src_of
+from ..engram_tools.ship import node_facts, packed_of, parse_stat_lines, shell_path, src_of
 
 
 def gather_facts(cluster, profile, facts: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -59,16 +59,6 @@ def gather_facts(cluster, profile, facts: Mapping[str, Any] | None = None) -> di
     return {name: (value if not isinstance(value, Exception) else
                    {"error": str(value).splitlines()[0], "rank": ranks.get(name, 99)})
             for name, value in cluster.each(probe).items()}
-
-
-def parse_stat_lines(text: str) -> dict[str, int]:
-    """``stat -c '%s %n'`` lines -> {base name: size}."""
-    out: dict[str, int] = {}
-    for line in (text or "").splitlines():
-        size, _, path = line.strip().partition(" ")
-        if size.isdigit() and path:
-            out[path.rsplit("/", 1)[-1]] = int(size)
-    return out
 
 
 def parse_records(text: str) -> dict[str, dict[str, Any]]:

@@ -5,7 +5,7 @@ What ``engram.run`` calls, in order (every function returns Checks; nothing rais
 failure, the other node's answer is always kept)::
 
     enabled, reason = applicable(profile)            # ENGRAM=0 -> disabled_checks(profile, reason)
-    lab_source.prepare_lab_source(cluster, profile)  # RECIPE=lab only: synthetic V4.1-style source
+    step.site.engram_source(cluster, profile)        # the lab (RECIPE=lab) only: synthetic V4.1-style source
     facts = facts.gather_facts(cluster, profile)     # read-only: python, source files, free space
     precheck.precheck(profile, facts)                # source rows, then free space vs bytes still to write
     run_pack(cluster, profile, facts, results=results, skip=blocked_nodes(checks), stream=True)
@@ -31,7 +31,7 @@ from typing import Any
 from .. import progress
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..records import EngramRank, EngramRecord
-from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
+from ..engram_tools.ship import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
                     shell_path, ship_tools, src_of)
 
 PACK_TIMEOUT_S = 4 * 3600          # 2 x 47 GiB per node; NFS-sourced worker reads are the slow part
@@ -195,15 +195,18 @@ def run_pack(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR
              timeout: float = PACK_TIMEOUT_S, on_result: Callable[[str, dict], None] | None = None,
              results: dict[str, dict] | None = None, skip: Iterable[str] = (), stream: bool = False,
              check_samples: int = 256, progress_every: int | None = None,
-             extra_args: Sequence[str] = ()) -> CheckList:
+             extra_args: Sequence[str] = (), plans: Mapping[str, list[str]] | None = None) -> CheckList:
     """Ship the tools, pack and verify on every node in parallel; one CheckList for the step.
 
+    ``plans``: the commands to run (:func:`plan_pack`'s, so what a step showed is what runs); default: the plan
+    of the arguments here.
     ``skip``: nodes where an earlier check failed (not started, an N/A row says why).
     ``results``: filled with each node's raw tool summaries ({node: {"pack": …, "check": …}}).
     ``stream``: the packer's output live, its counting lines through ``runbook.progress`` (one count per node
     and shard file), the rest echoed."""
-    plans = plan_pack(profile, facts, tools_dir=tools_dir, layers=layers, check_samples=check_samples,
-                      progress_every=progress_every, extra_args=extra_args)
+    if plans is None:
+        plans = plan_pack(profile, facts, tools_dir=tools_dir, layers=layers, check_samples=check_samples,
+                          progress_every=progress_every, extra_args=extra_args)
     skip = set(skip)
     checks = CheckList()
     results = results if results is not None else {}

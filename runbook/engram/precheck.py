@@ -11,7 +11,7 @@ from ..engram_tools import layout as L
 from ..engram_tools.layout import engram_shards
 from .facts import config_of
 from ..engram_tools.pack_partial import ALIGN_ROWS, recorded_rows
-from .tools import node_facts, packed_of
+from ..engram_tools.ship import node_facts, packed_of
 
 GIB, MIB = 1 << 30, 1 << 20
 SOURCE_FIX = ("run the weights step (02_weights) so ENGRAM_SRC_DIR holds config.json, "

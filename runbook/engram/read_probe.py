@@ -8,7 +8,7 @@ from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
 from ..engram_tools import layout as L
-from .tools import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
+from ..engram_tools.ship import (DEFAULT_TOOLS_DIR, is_dry, node_facts, node_tools_dir, packed_of, parse_tool_json,
                     shell_path)
 
 PROBE_SECONDS = 5.0

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..checks import Check, check, not_applicable
-from .tools import (DEFAULT_TOOLS_DIR, is_dry, last_json, node_facts, shell_path, ship_tools, src_of,
+from ..engram_tools.ship import (DEFAULT_TOOLS_DIR, is_dry, last_json, node_facts, shell_path, ship_tools, src_of,
                     tail_line)
 
 SLIM_SUBDIR = "engram-src"      # under CACHE_DIR: what recipe A's launch mounts at /engram-src

@@ -39,7 +39,7 @@ NODE_RESOURCE = "spark_runbook_{node}"    # the custom resource each node declar
 
 _SECTION = re.compile(r"^(Active|Pending|Recent failures):\s*$")
 _NODE_LINE = re.compile(r"^\s*(\d+)\s+(node_[0-9a-f]+|\S+)\s*$")
-_USAGE = re.compile(r"^\s*([\d.]+[KMGT]?i?B?)/([\d.]+)([KMGT]?i?B)?\s+(\S+)\s*$")
+_USAGE = re.compile(r"^\s*([\d.]+[KMGT]?i?B?)/([\d.]+)([KMGT]?i?B)?\s+(\S+)(?:\s+\(.*\))?\s*$")
 
 
 @dataclass

@@ -28,6 +28,8 @@ from pathlib import Path
 from ..errors import ProfileError, ProfileIssue
 from ..evidence import REPO_ROOT
 from ..profile import NODE_NAMES, Profile, load_profile, node_key, node_keys
+from ..profile.rules import LAB_RAY_CPU_SITE, LAB_RAY_CPU_WHY
+from ..site import HARDWARE, HUB, LAB_CLASS, NO_GOAL, NODE_ADDRESSES, RECIPE_REPOSITORY, REGISTRY_HOST, count
 from . import control, hub, oci
 from .netlab.spec import MGMT_IF, OPERATOR, PORTS, REGISTRY, node_specs
 
@@ -77,20 +79,11 @@ MODE_WHY = ("the run's mode, set by `run --rehearse` on top of the recipe profil
 NON_ROOT_WHY = (GROUPS["nodes"][0] + ", as the lab's non-root operator {user} (its own home, the docker group "
                 "and exactly the sudoers drop-in the runbook prescribes)")
 
-# Two classes of substitution (issue "rehearsal substitutes less"): *hardware* is what the lab cannot have (a GPU,
-# the CX-7/RDMA link, the GPU-only serving flags and the sizes that follow from GPU memory and the tiny model that
-# stands in for a model no CPU can serve); *lab* is everything else the lab still changes. A rehearsal is worth as
-# much as its *lab* class is small: each *lab* key is a place where the rehearsal does not run what the Sparks run.
-HARDWARE, LAB_CLASS = "hardware", "lab"
+# the two classes (HARDWARE, LAB_CLASS) and the goal groups (GOALS, NO_GOAL) are runbook.site's, with the one count
 GROUP_CLASS = {"gpu": HARDWARE, "sizes": HARDWARE, "link": HARDWARE, "engine": HARDWARE,
                "nodes": LAB_CLASS, "fabric": LAB_CLASS, "registries": LAB_CLASS, "recipe": LAB_CLASS,
                "model": LAB_CLASS}
 
-# The goal of issue #23 item 6: a *lab* substitution is one of these four, everything else runs as written. A *lab*
-# key without a goal group ("none") is a place where a rehearsal changes the recipe although it need not.
-NODE_ADDRESSES, HUB, REGISTRY_HOST, RECIPE_REPOSITORY, NO_GOAL = (
-    "node addresses", "Hub endpoint and model", "registry host", "recipe repository", "none")
-GOALS = (NODE_ADDRESSES, HUB, REGISTRY_HOST, RECIPE_REPOSITORY)
 GOAL_OF_KEY: dict[str, str] = {
     # where the nodes are and how the runbook reaches them (SSH targets, the files that resolve and authenticate
     # them, the fabric and bootstrap addresses, the head address the API binds)
@@ -164,33 +157,6 @@ class Substitution:
 
     def to_dict(self) -> dict[str, str]:
         return {**asdict(self), "kind": self.kind, "goal": self.goal}
-
-
-def count(records: list[dict]) -> dict[str, dict[str, int]]:
-    """The one count of a rehearsal's substitutions (:meth:`Substitution.to_dict` records, as rehearsal.json holds
-    them; the CLI, the runner and the report all call this): ``classes`` (hardware, lab; a record of an older run
-    without a class counts as "unclassified") and ``lab_by_goal`` (the lab class by :data:`GOALS`, then
-    :data:`NO_GOAL`; every group present, 0 where empty).
-
-    >>> count([{"kind": "hardware"}, {"kind": "lab", "goal": "registry host"}, {"kind": "lab"}])["lab_by_goal"]
-    {'node addresses': 0, 'Hub endpoint and model': 0, 'registry host': 1, 'recipe repository': 0, 'none': 1}
-    """
-    classes = {HARDWARE: 0, LAB_CLASS: 0}
-    goals = dict.fromkeys((*GOALS, NO_GOAL), 0)
-    for rec in records:
-        kind = str(rec.get("kind") or "unclassified")
-        classes[kind] = classes.get(kind, 0) + 1
-        if kind == LAB_CLASS:
-            goal = str(rec.get("goal") or NO_GOAL)
-            goals[goal] = goals.get(goal, 0) + 1
-    return {"classes": classes, "lab_by_goal": goals}
-
-
-def count_text(counts: dict[str, dict[str, int]]) -> str:
-    """:func:`count`'s answer in one line, e.g. ``hardware: 33, lab: 10 (node addresses: 7, …, none: 0)``."""
-    classes = ", ".join(f"{kind}: {n}" for kind, n in counts["classes"].items())
-    goals = ", ".join(f"{goal}: {n}" for goal, n in counts["lab_by_goal"].items())
-    return f"{classes} ({goals})"
 
 
 def record(profile: Profile, substituted: list[dict]) -> dict:
@@ -282,7 +248,22 @@ def substitutions(profile: Profile, *, ssh_user: str = "") -> list[Substitution]
         on_fabric = profile.api_host in (profile.head_ip, profile.head_bootstrap_ip)
         out.append(Substitution("API_HOST", profile.api_host, lab.head_ip if on_fabric else "0.0.0.0", "nodes",
                                 "the API binds an address of the head, which is the lab's head node"))
+    if profile.executor == "ray":
+        out.append(ray_cpu_substitution())
     return out
+
+
+#: EXECUTOR=ray on the lab: the key's value is kept; what the lab changes under it is the CPU vLLM's Ray device key
+RAY_DEVICE_PART = "the vLLM platform's Ray device key"
+
+
+def ray_cpu_substitution() -> Substitution:
+    """EXECUTOR=ray rehearsed: kept as ``ray``, but the lab's CPU vLLM serves through Ray only with the lab-only
+    substitution (:data:`runbook.profile.rules.LAB_RAY_CPU_WHY`), listed here so rehearsal.json and the report
+    say so (class *hardware*: the engine group, vLLM's CPU build in place of its GPU build)."""
+    return Substitution("EXECUTOR", "GPU (vLLM's CUDA platform sets it)",
+                        f"GPU (LAB ONLY: {LAB_RAY_CPU_SITE} sets it on the CPU platform)", "engine",
+                        LAB_RAY_CPU_WHY, part=RAY_DEVICE_PART, value="ray")
 
 
 LAB_PORT_WHY = ("the lab's nodes have one netdev per CX-7 port, {ports} (a Spark's twins enP2p1s0f*np* are not "

@@ -12,6 +12,7 @@ The patch sits at module level so spawned worker processes (which re-import `__m
 """
 
 import importlib.metadata as _md
+import os as _os
 import sys
 
 _orig_version = _md.version
@@ -29,6 +30,15 @@ def _version(name: str) -> str:
 
 
 _md.version = _version
+
+# LAB ONLY, EXECUTOR=ray: the launch puts runbook/lab/ray_cpu_site on PYTHONPATH of the lab's Ray processes; the lab
+# recipe's overlay shadows its sitecustomize, so the hook that gives vLLM's CPU platform its Ray device key is
+# installed here (also in the spawned EngineCore, which re-imports this module) and reaches the Ray actors through
+# Ray's runtime-env hook (runbook/lab/ray_cpu_site/spark_runbook_lab_ray_cpu.py). Nothing happens without the dir.
+if any(p.rstrip("/").endswith("/runbook/lab/ray_cpu_site") for p in _os.environ.get("PYTHONPATH", "").split(":")):
+    import spark_runbook_lab_ray_cpu
+
+    spark_runbook_lab_ray_cpu.driver()
 
 if __name__ == "__main__":
     from vllm.entrypoints.cli.main import main

@@ -1,8 +1,12 @@
 """Step 04 — launch: render every rank's command from the profile, make the image present, start the
 worker(s) then the head, and wait until the API streams a token (fail fast on a dead rank or a hang).
 
-    outcome = runbook.launch.run(step, action="start")   # start | stop | restart | status
-    plan = launch_plan(cluster, profile); outcome = bring_up(cluster, profile, plan)   # `python -m runbook start`
+    outcome = runbook.launch.run(step, action="start")   # start | stop | restart | status; outcome.shown: LaunchOutcome
+    plan = launch_plan(cluster, profile); launched = bring_up(cluster, profile, plan)   # `python -m runbook start`
+
+``run`` reads as the step's phases (docs/DESIGN.md, "One inner shape"): ``plan_launch`` (the key a start needs, the
+node facts and the rendered plan, recorded before anything runs) → ``apply`` (start / restart through ``bring_up``,
+stop, or status) → ``verify`` (after a start: why it failed, or that it holds).
 
 Modules: ``render`` (pure: profile + node facts → per-rank container/env/argv and fingerprint), ``plan``
 (the node facts render needs, read-only, and the rendered plan), ``recipe`` (pure: each rank's start chain
@@ -35,10 +39,16 @@ from . import checkout, diagnosis, exposure, image, selfcheck, server, status, s
 from ..api.endpoint import api_address
 from ..facts import ranks
 from ..records import LaunchRank, LaunchRecord, NetworkRecord, RecordError, record_from_sidecar
+from ..step import StepOutcome
 from .plan import launch_plan
 from .render import LaunchPlan
 
 ACTIONS = ("start", "stop", "restart", "status")
+#: what carries bring_up's partial outcome (``err.outcome``) for ``run`` to record what ran: an error of a node, a
+#: command or the start (RunbookError, RemoteError, a bug) and an interrupt while it waits (Ctrl-C in the notebook).
+#: Nothing else: SystemExit and GeneratorExit pass untouched, and so does a refusal raised before anything runs
+#: (``refuse_unservable``), which has no outcome to carry. The same tuple carries a start's ``err.result``.
+CARRIES_OUTCOME = server.CARRIES_RESULT
 
 
 @dataclass
@@ -57,8 +67,8 @@ class LaunchOutcome:
 def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go: bool = True,
              raw_prefix: str = "", run_id: str = "") -> LaunchOutcome:
     """Step 04's start and restart, and ``python -m runbook start``: the image on every node, the stop of a
-    restart, then (when no row failed and ``go``) the start until the first token. On an exception the
-    partial outcome rides on it as ``.outcome``."""
+    restart, then (when no row failed and ``go``) the start until the first token. On an exception of
+    ``CARRIES_OUTCOME`` the partial outcome rides on it as ``.outcome``; a refusal before anything runs carries none."""
     out = LaunchOutcome(plan=plan)
     if go and not cluster.dry_run:          # a render shows the commands; a start is refused before anything runs
         refuse_unservable(profile)          # (EXECUTOR=ray on the lab's CPU vLLM)
@@ -86,7 +96,7 @@ def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go
                 # records its command too, so the offline review shows it
                 out.warmup = [warmup.run_warmup(cluster, profile, api_key=load_secrets().api_key)]
                 out.checks.add(out.warmup)
-    except BaseException as err:
+    except CARRIES_OUTCOME as err:
         if out.started is None:
             out.started = getattr(err, "result", None)
         err.outcome = out
@@ -94,52 +104,97 @@ def bring_up(cluster, profile, plan: LaunchPlan, *, stop_first: bool = False, go
     return out
 
 
-def run(step, *, action: str = "start") -> LaunchOutcome:
-    """Render the plan (archived before anything runs), then start / stop / restart or read status."""
+def run(step, *, action: str = "start") -> StepOutcome:
+    """Step 04: plan (archived before anything runs) → apply the action (start / restart / stop / status) →
+    verify a start; shows the :class:`LaunchOutcome` (the plan, the start, the stop or the status)."""
     if action not in ACTIONS:
         raise ValueError(f"action {action!r}: expected one of {', '.join(ACTIONS)}")
+    plan = plan_launch(step, action)
+    launched = apply(step, action, plan)
+    if action in ("start", "restart"):
+        verify(step, launched)
+    return step.outcome(launched)
+
+
+def plan_launch(step, action: str) -> LaunchPlan:
+    """Facts and plan: a start's API key first (the plan renders it), then the node facts the render reads and
+    the rendered plan (launch_plan), recorded in the step's data and its :class:`LaunchRecord` before anything
+    runs."""
     profile = step.profile
     if action in ("start", "restart"):
         step.add([exposure.ensure_api_key(profile, dry_run=step.dry_run)])   # before the plan renders the key
         step.run.redactor.add_current()      # a key generated just now is masked in this step's evidence too
-    plan = launch_plan(step.cluster, profile, step.run.read_record(NetworkRecord, missing_ok=True))
+    plan = launch_plan(step.cluster, profile, step.run.read_record(NetworkRecord, missing_ok=True), site=step.site)
     step.data["rendered"] = plan.to_record()
     step.data["fingerprint"] = plan.fingerprint
     step.record = LaunchRecord(fingerprint=plan.fingerprint, served_model_name=plan.served_model_name,
                                max_model_len=plan.max_model_len,
                                ranks=tuple(LaunchRank(node=r.node, rank=r.rank, headless=r.headless)
                                            for r in plan.ranks))
+    return plan
+
+
+def apply(step, action: str, plan: LaunchPlan) -> LaunchOutcome:
+    """Apply the action: start or restart (``bring_up``: image, self-checks, the stop of a restart, the start
+    and its warm-up), stop, or read the status; every row and figure recorded in the step. When a start raises
+    (an exception of ``CARRIES_OUTCOME``) what ran is recorded first; the exception itself always propagates,
+    never hidden by an error while recording (that one is added to it as a note)."""
+    profile = step.profile
     outcome = LaunchOutcome(plan=plan)
     if action in ("start", "restart"):
         try:
             outcome = bring_up(step.cluster, profile, plan, stop_first=action == "restart",
-                               go=not step.checks.failures() or step.dry_run, raw_prefix=f"raw/{step.name}", run_id=step.run.run_id)
-        except BaseException as err:
-            record(step, profile, err.outcome)
+                               go=not step.checks.failures() or step.dry_run, raw_prefix=f"raw/{step.name}",
+                               run_id=step.run.run_id)
+        except CARRIES_OUTCOME as err:
+            partial = getattr(err, "outcome", None)      # None: refused before anything ran
+            if partial is not None:
+                try:
+                    record(step, profile, partial)
+                except Exception as secondary:           # the start's own error stays the one raised
+                    note(err, f"recording what ran before it also failed: {type(secondary).__name__}: {secondary}")
             raise
         record(step, profile, outcome)
-        pulls = diagnosis.failed_pulls(outcome.image)
-        if ((outcome.started is not None and not outcome.started.ok) or pulls) and not step.dry_run:
-            # say why, not only that: collect from every node and match the known failures (a failed pull's
-            # output goes into the node's bundle as docker_pull.txt)
-            archive, findings = diagnosis.diagnose_server(step.cluster, profile, step.run.path, step.run.redactor,
-                                                          plan=plan, pulls=pulls)
-            step.add(diagnosis.finding_checks(findings, archive, step.run.path))
-            step.data["diagnose"] = {"archive": str(archive.relative_to(step.run.path)),
-                                     "findings": [f.id for f in findings]}
-            for finding in findings:
-                print(finding.to_text())
-        elif outcome.started is not None and outcome.started.ok and not step.dry_run:
-            if not outcome.started.reused:
-                step.add(server.second_start_check(step.cluster, profile, plan))
-            step.add(exposure.exposure_checks(step.cluster, profile))
-    if action == "stop":
+    elif action == "stop":
         outcome.stopped = stop.stop(step.cluster, profile)
         step.add(outcome.stopped.checks)
         step.data.setdefault("stop", {}).update(outcome.stopped.per_node)
-    if action == "status":
+    elif action == "status":
         outcome.status = status.status(step.cluster, profile)
     return outcome
+
+
+def note(err: BaseException, text: str) -> None:
+    """Add ``text`` to ``err``'s notes (``BaseException.add_note`` from Python 3.11; the same ``__notes__`` list
+    before it, which 3.10's traceback does not print but a reader of the exception finds)."""
+    if hasattr(err, "add_note"):
+        err.add_note(text)
+    else:
+        err.__notes__ = [*getattr(err, "__notes__", ()), text]
+
+
+def verify(step, outcome: LaunchOutcome) -> None:
+    """Verify a start (not in a dry run): a failed start or image pull is matched against the known failures
+    (collected from every node); a start that came up is checked to hold (a second start refused, unless this one
+    reused a running server) and to expose only what the profile allows."""
+    if step.dry_run:
+        return
+    profile, plan = step.profile, outcome.plan
+    pulls = diagnosis.failed_pulls(outcome.image)
+    if (outcome.started is not None and not outcome.started.ok) or pulls:
+        # say why, not only that: collect from every node and match the known failures (a failed pull's
+        # output goes into the node's bundle as docker_pull.txt)
+        archive, findings = diagnosis.diagnose_server(step.cluster, profile, step.run.path, step.run.redactor,
+                                                      plan=plan, pulls=pulls)
+        step.add(diagnosis.finding_checks(findings, archive, step.run.path))
+        step.data["diagnose"] = {"archive": str(archive.relative_to(step.run.path)),
+                                 "findings": [f.id for f in findings]}
+        for finding in findings:
+            print(finding.to_text())
+    elif outcome.started is not None and outcome.started.ok:
+        if not outcome.started.reused:
+            step.add(server.second_start_check(step.cluster, profile, plan))
+        step.add(exposure.exposure_checks(step.cluster, profile))
 
 
 def record(step, profile, outcome: LaunchOutcome) -> None:
@@ -170,7 +225,7 @@ def record_start(step, profile, result: server.StartResult) -> None:
     step.record = step.record.model_copy(update={"base_url": api_address(profile), "server_id": result.server_id})
 
 
-def state_left(profile, cluster, sidecar: dict[str, Any] | None) -> str:
+def state_left(cluster, profile, sidecar: dict[str, Any] | None) -> str:
     """What a resume re-checks before skipping a passed 04: every rank still runs the configuration that
     step started (same fingerprint). '' when intact, else why not."""
     try:

@@ -15,6 +15,7 @@ from .render import LaunchPlan, NodeFacts
 from ..facts import net as fnet, rdma as frdma
 from ..records import NetworkRecord
 from ..remote import Cluster, Node, quote
+from ..site import SPARKS_SITE, Site
 
 __all__ = [
     "gather_facts",
@@ -43,16 +44,17 @@ def _lab_runtime_mounts(profile) -> tuple[str, ...]:
     return tuple(dict.fromkeys(mounts))
 
 
-def gid_indexes(cluster: Cluster, profile, network: NetworkRecord | None = None) -> dict[str, int]:
+def gid_indexes(cluster: Cluster, profile, network: NetworkRecord | None = None, *,
+                site: Site = SPARKS_SITE) -> dict[str, int]:
     """The GID index of each node, for the ranks whose ``<NODE>_GID`` is ``auto``: the ones 01_network
     resolved (its record) when the run has one, else resolved now from each node's RoCE GID table with the same
-    resolver (read-only). EXPECT_RDMA=0: none (01_network resolves none either)."""
+    resolver (read-only), under the site's GID tables (a rehearsal's simulated ones). EXPECT_RDMA=0: none (01_network
+    resolves none either)."""
     if network is not None:
         return dict(network.gid_index)
     if not profile.expect_rdma:
         return {}
-    from ..lab import sim
-    sysfs = sim.SYSFS_ROOT if profile.rehearsal else frdma.SYSFS     # a rehearsal's simulated GID tables
+    sysfs = site.sysfs                     # a rehearsal's simulated GID tables
 
     def read(node: Node) -> int | None:
         ifaces = fnet.parse_ip_addr(node.read(fnet.IP_ADDR_CMD, timeout=30).stdout)
@@ -99,7 +101,8 @@ def render_plan(cluster: Cluster, profile, *, secrets=None, node_overrides=None,
                          api_key_set=bool(secrets.api_key), node_overrides=node_overrides)
 
 
-def launch_plan(cluster: Cluster, profile, network: NetworkRecord | None = None) -> LaunchPlan:
+def launch_plan(cluster: Cluster, profile, network: NetworkRecord | None = None, *,
+                site: Site = SPARKS_SITE) -> LaunchPlan:
     """The plan step 04 and ``python -m runbook start`` both start: rendered with :func:`gid_indexes`, so
     with ``<NODE>_GID=auto`` both compute one fingerprint. ``network``: step 01's record in this run, if it ran."""
-    return render_plan(cluster, profile, gid_indexes=gid_indexes(cluster, profile, network))
+    return render_plan(cluster, profile, gid_indexes=gid_indexes(cluster, profile, network, site=site))

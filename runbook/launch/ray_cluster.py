@@ -9,9 +9,10 @@ shows every node with its GPU, read back as a node table, and stopped after vLLM
 ``lab.switchlab.NetnsNode``): ``.run(command, timeout=)`` and ``.read(command, timeout=)``. What each node runs is
 the plan's (``render.RankLaunch.ray_start_command`` etc.); the parser is ``facts/ray.py``.
 
-On the lab's CPU vLLM the cluster is as far as Ray goes: ``vllm serve --distributed-executor-backend ray`` dies
-there (``profile.rules.RAY_CPU_ERROR``), so ``validate``/``start`` refuse EXECUTOR=ray on the lab, while this
-module brings the cluster up and down for real (tests/lab/test_ray_cluster_lab.py).
+On the lab's CPU vLLM ``vllm serve --distributed-executor-backend ray`` dies without a lab-only substitution
+(``profile.rules.RAY_CPU_ERROR``; ``runbook/lab/ray_cpu_site`` gives the CPU platform its Ray device key), so
+``validate``/``start`` refuse EXECUTOR=ray on the lab when it or the lab's Ray is missing; ``substitution_check`` is
+step 04's row that every rank's process ran it (its line in the head's log, Ray forwarding the actors' lines).
 """
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ from typing import Any
 
 from ..checks import Check, check
 from ..facts import ray as ray_facts
+from ..profile.rules import LAB_RAY_CPU_MARKER, LAB_RAY_CPU_SITE, LAB_RAY_CPU_WHY
 from .render import LaunchPlan, flag_value
 
-__all__ = ["RayUp", "node_table", "start_cluster", "stop_cluster"]
+__all__ = ["RayUp", "node_table", "start_cluster", "stop_cluster", "substitution_check"]
+
+SUBSTITUTION_ROW = "lab substitution: CPU vLLM's Ray device key"
 
 JOIN_ROW = "ray cluster: every node joined"
 JOIN_TIMEOUT_S = 300       # a start waits this long (at most READY_TIMEOUT) for every node to join
@@ -126,3 +130,25 @@ def stop_cluster(nodes: Mapping[str, Any], plan: LaunchPlan, *, grace: int = 30)
                           expected="no Ray process of this node left",
                           fix=f"on {r.node}: {r.ray_stop_command(grace)}"))
     return rows
+
+
+def substitution_check(profile, plan: LaunchPlan, head_log: str, *, reused: bool = False) -> Check | None:
+    """LAB ONLY (``EXECUTOR=ray`` with ``LAB=1``): the lab-only substitution ran in the head's serve and in a Ray
+    actor on every node: :data:`LAB_RAY_CPU_MARKER` in the head's log, once without an ``ip=`` prefix (the head's own
+    processes) and once per worker behind Ray's ``ip=<its host_ip>`` prefix. ``None`` elsewhere. A row that names the
+    substitution and its reason, so the run's evidence says the lab did not serve vLLM's CPU build unchanged; a
+    marker not seen is a WARN (a reused server's lines may have rotated out)."""
+    if not (profile.lab and plan.head.executor == "ray"):
+        return None
+    lines = [ln for ln in head_log.splitlines() if LAB_RAY_CPU_MARKER in ln]
+    seen = {r.node: any((f"ip={r.env.get('VLLM_HOST_IP', '')})" in ln) if r.rank else ("ip=" not in ln)
+                        for ln in lines) for r in plan.ranks}
+    missing = [n for n, ok in seen.items() if not ok]
+    return check(SUBSTITUTION_ROW, not missing, node="cluster", warn_only=True,
+                 observed=(f"ran on {', '.join(seen)} ({len(lines)} process(es) patched): {LAB_RAY_CPU_WHY}"
+                           if not missing else f"its line not seen for {', '.join(missing)} in the head's log"
+                           + (" (reused server: the lines may have rotated out)" if reused else "")),
+                 expected=f"every node's vLLM process reports {LAB_RAY_CPU_SITE}/sitecustomize.py's line",
+                 fix=("" if not missing else f"check the Ray processes' PYTHONPATH holds {LAB_RAY_CPU_SITE} "
+                      "(the node's `ray start` line) and read the head's log"),
+                 data={"patched_processes": len(lines), "nodes": seen})

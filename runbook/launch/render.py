@@ -60,6 +60,7 @@ from ..facts import ray as ray_facts
 from ..facts.nccl import nccl_env
 from ..secrets import MASK
 from ..facts.ranks import FINGERPRINT_LABEL, STATE_SUBDIR
+from ..profile.rules import LAB_RAY_CPU_SITE, LAB_RAY_SITE
 from ..remote import expand_home
 from .recipe import rank_recipe
 
@@ -438,10 +439,6 @@ def vllm_bin_parts(profile) -> list[str]:
     return out
 
 
-#: the lab's Ray: PyPI's ray, installed with the lab venv's pip `--no-deps --target` beside that venv
-#: (runbook/lab/install_vllm.sh --ray), on PYTHONPATH only for what Ray runs: a vLLM that can import ray imports it
-#: in every process (measured: +25 MiB peak RSS each), so the mp ranks keep a venv without it
-LAB_RAY_SITE = ".lab/ray-site"
 LAB_OBJECT_STORE_BYTES = 100 * 1024 * 1024     # Ray's floor is 75 MiB; the lab's nodes share one /dev/shm
 
 
@@ -460,10 +457,12 @@ def ray_bin_parts(profile) -> list[str]:
 
 def _ray_env(profile) -> dict[str, str]:
     """What Ray's daemons need beyond the rank's environment: no memory monitor (the playbook's and sparkrun's
-    RAY_memory_monitor_refresh_ms=0: it kills workers of a node whose memory a model fills on purpose)."""
+    RAY_memory_monitor_refresh_ms=0: it kills workers of a node whose memory a model fills on purpose). The lab: its
+    Ray site and the lab-only substitution dir on PYTHONPATH (the head's serve arms it through vllm_cli.py, and Ray's
+    runtime-env hook puts the dir first for every actor: runbook/lab/ray_cpu_site/spark_runbook_lab_ray_cpu.py)."""
     env = {"RAY_memory_monitor_refresh_ms": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-    if profile.lab:
-        env["PYTHONPATH"] = lab_ray_site(profile)
+    if profile.lab:     # the lab's Ray, and (LAB ONLY) the CPU vLLM's Ray device key: profile.rules.LAB_RAY_CPU_WHY
+        env["PYTHONPATH"] = f"{lab_ray_site(profile)}:{profile.resolve_path(LAB_RAY_CPU_SITE)}"
     return env
 
 

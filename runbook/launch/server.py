@@ -152,6 +152,11 @@ def _make_bind_sources(node, rank) -> None:
         node.run("mkdir -p -- " + quote(*sources), timeout=30)
 
 
+#: what carries a start's partial ``StartResult`` (``err.result``: timings, logs) to its caller: an error (of a node,
+#: a command, the start, or a bug) and an interrupt while it waits; never SystemExit or GeneratorExit
+CARRIES_RESULT = (Exception, KeyboardInterrupt)
+
+
 def _stop_cmd(profile) -> str:
     return f"python -m runbook stop --profile {profile.source or '<profile>'}"
 
@@ -182,7 +187,7 @@ def start(cluster: Cluster, profile, plan: LaunchPlan, *, raw_prefix: str = "", 
     try:
         return _start(cluster, profile, plan, result, url, api_key, ev, raise_on_failure, consistency,
                       cleanup_on_failure, on_launched, run_id)
-    except BaseException as err:        # also an interrupt: the caller records what ran
+    except CARRIES_RESULT as err:       # also an interrupt: the caller records what ran
         if getattr(err, "result", None) is None:
             err.result = result      # the partial StartResult (timings, logs) for the caller to record
         raise
@@ -635,6 +640,9 @@ def _after_wait(cluster, profile, plan, result, ev, raise_, *, t0, started, clea
                                 fix="check the log format of this vLLM build"))
     marker_checks(plan, result, logs)
     patch_warning_checks(plan, result, logs)
+    sub = ray_cluster.substitution_check(profile, plan, logs.get(plan.head.node, ""), reused=result.reused)
+    if sub is not None:
+        result.checks.add(sub)
     result.checks.add(engram_attach.attach_checks(profile, plan, logs, reused=result.reused))
     return result
 

@@ -17,8 +17,8 @@ from ..checks import Check, CheckList, Status, simulated
 from ..evidence import write_redacted
 from ..facts import net as fnet
 from ..facts import rdma as fr
-from ..lab import sim
 from ..records import NETWORK
+from ..site import SPARKS_SITE, Site
 
 STEP = NETWORK.id
 EVIDENCE_PREFIX = f"raw/{STEP}"
@@ -96,8 +96,9 @@ class NetFacts:
 class Verification:
     """One verification: the profile's knobs, each node's facts, the raw evidence and the checks so far."""
 
-    def __init__(self, profile, cluster, raw_dir):
+    def __init__(self, cluster, profile, raw_dir, site: Site = SPARKS_SITE):
         self.profile = profile
+        self.site = site
         self.cluster = cluster
         self.nodes = list(cluster.nodes)
         self.raw: dict[str, str] = {}
@@ -107,8 +108,8 @@ class Verification:
         self.expect_rdma = profile.expect_rdma
         self.expect_gpu = profile.expect_gpu
         self.timeout = float(profile.command_timeout)
-        self.rehearsal = profile.rehearsal
-        self.sysfs = sim.SYSFS_ROOT if self.rehearsal else fr.SYSFS
+        self.rehearsal = site.simulated              # the hardware-only tools are the site's simulators
+        self.sysfs = site.sysfs                      # where the GID tables are read (a rehearsal's simulated ones)
         self.nccl_dirs: dict[str, str] = {}        # node -> nccl-tests build dir (from the tools probe)
 
     def save(self, name: str, text: str) -> str:

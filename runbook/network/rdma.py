@@ -11,15 +11,16 @@ from typing import Any
 
 from ..checks import Check, Status, check, not_applicable
 from ..facts import rdma as fr
-from ..lab import sim
 from .context import (EVIDENCE_PREFIX, Verification, Rail, both_ways, concurrently, pairs, read, split_list,
                       text_of)
 
 PERFTEST_BASE_PORT = 18515
 MAX_RDMA_LAT_US = 5.0         # warn-only: healthy CX-7 RoCE write latency is ~1.5 us
 
-SIM_GID = (f"GID tables of the rehearsal's simulated Spark ({sim.SYSFS_ROOT}): the RoCE v2 ::ffff:<lab fabric IPv4> "
-           "GID at the profile's index")
+def sim_gid(ctx: Verification) -> str:
+    """Why a GID row of a rehearsal says SIMULATED: the tables it read are the simulated Spark's."""
+    return (f"GID tables of the rehearsal's simulated Spark ({ctx.sysfs}): the RoCE v2 ::ffff:<lab fabric IPv4> "
+            "GID at the profile's index")
 SIM_RDMA = ("ib_write_bw/ib_write_lat simulators checked -d, -x and the server address on both nodes and did "
             "perftest's TCP exchange over the lab fabric; the figure is a published DGX Spark one (manifest.json)")
 
@@ -58,18 +59,18 @@ def gid_checks(ctx: Verification) -> GidPlan:
         if ng.index is None:
             ctx.add_hw(check("net.gid", False, node=node.name, observed=ng.problem, expected="a RoCE v2 ::ffff:<IPv4> GID shared by the node's HCAs",
                           fix="give each HCA's netdev its IPv4 (netplan re-apply), check the port is ACTIVE; "
-                              "the HCAs in NCCL_IB_HCA must expose the IPv4 GID at the same index", evidence=ev), SIM_GID)
+                              "the HCAs in NCCL_IB_HCA must expose the IPv4 GID at the same index", evidence=ev), sim_gid(ctx))
             plan.per_node[node.name] = pin
         elif pin is not None:
             why = fr.check_pinned_gid(pin, ng, f.gids)
             ctx.add_hw(check("net.gid", not why, node=node.name, observed=why or f"pinned {pin} = RoCE v2 IPv4 on {', '.join(m.hca for m in ng.members)}",
                           expected=f"{node.name.upper()}_GID={pin} is a RoCE v2 ::ffff:<IPv4> GID",
                           fix=f"set {node.name.upper()}_GID={ng.index} (resolved via {ng.via}) or auto",
-                          evidence=ev, data={"pinned": pin, "resolved": ng.index}), SIM_GID)
+                          evidence=ev, data={"pinned": pin, "resolved": ng.index}), sim_gid(ctx))
             plan.per_node[node.name] = pin if not why else ng.index
         else:
             ctx.add_hw(check("net.gid", True, node=node.name, observed=f"index {ng.index} (via {ng.via})",
-                             expected="a RoCE v2 ::ffff:<IPv4> GID", evidence=ev, data={"resolved": ng.index}), SIM_GID)
+                             expected="a RoCE v2 ::ffff:<IPv4> GID", evidence=ev, data={"resolved": ng.index}), sim_gid(ctx))
             plan.per_node[node.name] = ng.index
     plan.cluster = fr.resolve_cluster_gid(resolved)
     cg = plan.cluster
@@ -81,7 +82,7 @@ def gid_checks(ctx: Verification) -> GidPlan:
         ctx.add_hw(Check(name="net.gid.plan", node="cluster", status=Status.PASS if cg.common is not None else Status.WARN,
                          observed=obs, expected="one index valid on every node",
                          fix="" if cg.common is not None else "set per-node <NODE>_GID (the launcher passes NCCL_IB_GID_INDEX per rank)",
-                         data={"common": cg.common, "per_node": cg.per_node}), SIM_GID)
+                         data={"common": cg.common, "per_node": cg.per_node}), sim_gid(ctx))
     return plan
 
 

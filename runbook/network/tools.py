@@ -23,9 +23,9 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..checks import Check, check
-from ..lab import sim
 from ..remote import expand_home
 from ..facts.node_paths import node_user
+from ..site import SPARKS_SITE, Site
 from ..weights_tools.nfs import sudo_argvs, sudo_probe_cmd
 from .context import Verification
 
@@ -44,10 +44,13 @@ APT_INSTALL = "sudo -n apt-get install -y"
 #: packages as root is a wider right, given only where INSTALL_NET_TOOLS=1 is wanted)
 NET_TOOLS_SUDOERS = "/etc/sudoers.d/spark-runbook-net-tools"
 NCCL_HOMES = ("nccl/build", "/usr")       # NVIDIA's Spark NCCL playbook builds ~/nccl/build; libnccl-dev: /usr
-SIM_BIN = f"{sim.SIM_DIR}/bin"
-SIM_TOOLS = (f"perftest, OpenMPI, iperf3 and ethtool were found as the lab's own packages ({SIM_BIN} left off PATH); "
-             f"the tests then run the simulators of runbook.lab.sim that shadow ib_write_bw/ib_write_lat, and "
-             f"all_reduce_perf is the simulator ({sim.NCCL_TESTS_DIR}: nccl-tests needs a GPU)")
+
+
+def sim_tools(site: Site) -> str:
+    """Why a rehearsal's ``net.tools`` row says SIMULATED (the site's simulator directories)."""
+    return (f"perftest, OpenMPI, iperf3 and ethtool were found as the lab's own packages ({site.simulator_bin} left "
+            f"off PATH); the tests then run the simulators of runbook.lab.sim that shadow ib_write_bw/ib_write_lat, "
+            f"and all_reduce_perf is the simulator ({site.nccl_tests_dir}: nccl-tests needs a GPU)")
 
 
 @dataclass
@@ -135,13 +138,14 @@ def wanted_tools(need_perftest: bool, need_nccl: bool) -> tuple[str, ...]:
     return (*(PERFTEST if need_perftest else ()), *(("mpirun",) if need_nccl else ()), *BASE_TOOLS)
 
 
-def locate(node, profile, *, rehearsal_dir: str = "", tests_dir: str = "", need_perftest: bool = True,
+def locate(node, profile, *, site: Site = SPARKS_SITE, tests_dir: str = "", need_perftest: bool = True,
            need_nccl: bool = True) -> NodeTools:
-    """Where the tools are on ``node`` (reads its home once for ``~`` in CACHE_DIR, when nccl-tests is needed)."""
+    """Where the tools are on ``node`` (reads its home once for ``~`` in CACHE_DIR, when nccl-tests is needed);
+    where the site has its own nccl-tests (a rehearsal's simulator) only there, its simulators' bin left off PATH."""
     t = NodeTools(node=node.name)
-    hide = SIM_BIN if rehearsal_dir else ""
-    if rehearsal_dir:
-        t.candidates = [rehearsal_dir]
+    hide = site.simulator_bin if site.nccl_tests_dir else ""
+    if site.nccl_tests_dir:
+        t.candidates = [site.nccl_tests_dir]
     elif need_nccl:
         home = node_user(node).home
         t.src_dir = posixpath.join(expand_home(profile.cache_dir, home, key="CACHE_DIR"), "nccl-tests")
@@ -264,8 +268,8 @@ def tools_checks(ctx: Verification, tests_dir: str, install: bool) -> None:
         return      # the lab's profiles (no RDMA): its nodes run the host's iperf3 and ethtool, which `lab up` needs
 
     def one(node):
-        t = locate(node, ctx.profile, rehearsal_dir=sim.NCCL_TESTS_DIR if ctx.rehearsal else "",
-                   tests_dir=tests_dir, need_perftest=need_perftest, need_nccl=need_nccl)
+        t = locate(node, ctx.profile, site=ctx.site, tests_dir=tests_dir, need_perftest=need_perftest,
+                   need_nccl=need_nccl)
         ctx.nccl_dirs[node.name] = t.nccl_dir or (t.candidates[0] if t.candidates else "")
         return tools_check(node, t, need_perftest=need_perftest, need_nccl=need_nccl, install=install,
                            rehearsal=ctx.rehearsal)
@@ -274,4 +278,4 @@ def tools_checks(ctx: Verification, tests_dir: str, install: bool) -> None:
         if isinstance(value, Exception):
             value = check("net.tools", False, node=name, observed=f"probe failed: {str(value).splitlines()[0][:200]}",
                           expected="perftest and nccl-tests located", fix="check the node is reachable")
-        ctx.add_hw(value, SIM_TOOLS)
+        ctx.add_hw(value, sim_tools(ctx.site))

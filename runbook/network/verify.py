@@ -2,7 +2,7 @@
 
 ``runbook.network.run`` calls::
 
-    net = verify_network(profile, cluster, raw_dir)     # net.checks, net.raw ({name: text}), net.record
+    net = verify_network(cluster, profile, raw_dir)     # net.checks, net.raw ({name: text}), net.record
     fig = plot_bandwidth(checks, profile)                       # bandwidth.py
 
 This module holds the order; each check row is computed in the module of its family (``rails.py``,
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..checks import CheckList
 from ..records import AllreducePoint, AllreduceSweep, FabricEnd, FabricRail, NetworkRecord
+from ..site import SPARKS_SITE, Site
 from .collectives import SWEEP_MAX_BYTES, nccl_checks, sweep_checks
 from .context import Verification
 from .ip_traffic import iperf_checks, ping_checks
@@ -71,10 +72,11 @@ def network_record(ctx: Verification, rails, gid: GidPlan | None) -> NetworkReco
         allreduce=tuple(sweeps), nccl_busbw_gbs=nccl)
 
 
-def verify_network(profile, cluster, raw_dir: str | Path | None = None, *, traffic: bool = True,
+def verify_network(cluster, profile, raw_dir: str | Path | None = None, *, traffic: bool = True,
                    sweep_python: str | None = None, nccl_tests_dir: str = "",
                    iperf_seconds: int = 3, sweep_max_bytes: int = SWEEP_MAX_BYTES,
-                   min_sweep_busbw_gbs: float = 0.0, install_tools: bool = False) -> NetworkRun:
+                   min_sweep_busbw_gbs: float = 0.0, install_tools: bool = False,
+                   site: Site = SPARKS_SITE) -> NetworkRun:
     """Run the network verification: its ``NetworkRun`` (rows, raw texts, record).
 
     ``raw`` maps a relative file name (``head/ip_addr.json``, ``iperf3_rail0_head_to_worker.json``,
@@ -83,9 +85,10 @@ def verify_network(profile, cluster, raw_dir: str | Path | None = None, *, traff
     ``sweep_python`` is a python with torch on every node (default: derived from ``VLLM_BIN``).
     ``nccl_tests_dir`` pins where all_reduce_perf is (``~`` per node; default: ``CACHE_DIR/nccl-tests/build``
     then ``~/nccl-tests/build``). ``install_tools`` lets the step install missing perftest/OpenMPI/nccl-tests
-    (``tools.py``); otherwise a missing tool FAILs ``net.tools`` with the commands.
+    (``tools.py``); otherwise a missing tool FAILs ``net.tools`` with the commands. ``site``: where the
+    hardware-only tools are the site's simulators (a rehearsal: their GID tables, nccl-tests, SIMULATED rows).
     """
-    ctx = Verification(profile, cluster, raw_dir)
+    ctx = Verification(cluster, profile, raw_dir, site)
     collect_base(ctx)
     if not early_validation(ctx):
         return NetworkRun(ctx.checks, ctx.raw, network_record(ctx, None, None))

@@ -15,10 +15,10 @@ from .. import fit
 from ..facts import net as fnet
 from ..facts import residue, system
 from ..facts.system import plan_image
-from ..lab import sim
 from ..facts.ranks import RankState, rank_state
 from ..records import DiskFree, PreflightNode, PreflightRecord
 from ..remote import Cluster, Node, node_ssh_argv, quote
+from ..site import SPARKS_SITE, Site
 from .node_needs import node_needs
 
 GIB = 1024 ** 3
@@ -126,8 +126,9 @@ def _why_unreadable(node: Node, error: Exception) -> str:
                    "(ps -eo pid,stat,wchan,args | grep ' D') and re-run 00")
 
 
-def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
-    """All preflight checks. Returns the checks and the facts (for the sidecar)."""
+def run_checks(cluster: Cluster, profile, *, site: Site = SPARKS_SITE) -> tuple[CheckList, dict[str, Any]]:
+    """All preflight checks. Returns the checks and the facts (for the sidecar). ``site``: its simulators are
+    installed before any GPU/RDMA fact is read (a rehearsal's simulated Spark), and their rows say so."""
     checks = CheckList()
     reach = cluster.each(lambda node: node.read("hostname", timeout=15).stdout.strip())
     for name, value in reach.items():
@@ -138,8 +139,7 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
     alive = [n for n in cluster if not isinstance(reach[n.name], Exception)]
     if len(alive) < len(cluster.nodes):
         return checks, {"reach": {k: str(v) for k, v in reach.items()}}
-    if profile.rehearsal:       # the lab nodes get their simulated Spark before any GPU/RDMA fact is read
-        checks.add(sim.install(cluster, profile))
+    checks.add(site.install_simulators(cluster, profile))     # none on the Sparks
 
     facts = gather(cluster, profile)
     data: dict[str, Any] = {"nodes": {}}
@@ -151,7 +151,7 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
     good = {k: v for k, v in facts.items() if not isinstance(v, Exception)}
 
     checks.add(fabric_ssh_checks(cluster, profile))
-    checks.add(parity_checks(good, rehearsal=profile.rehearsal))
+    checks.add(parity_checks(good, simulators=site.simulated))
     for name, f in good.items():
         data["nodes"][name] = _node_summary(f)
         checks.add(_docker(name, f, profile))
@@ -159,8 +159,8 @@ def run_checks(cluster: Cluster, profile) -> tuple[CheckList, dict[str, Any]]:
         checks.add(_memory(name, f, profile))
         checks.add(_ports(name, f, profile))
         checks.add(_stale(name, f, profile))
-        checks.add(gpu_check(name, f, profile))
-        checks.add(residue_checks(name, f, profile))
+        checks.add(gpu_check(name, f, profile, site=site))
+        checks.add(residue_checks(name, f, profile, site=site))
     checks.add(_image_identity(good, profile))
     checks.add(node_needs(cluster, profile))     # python3 for the shipped tools; NFS packages and sudo rules
     checks.add(_fit(good, facts, profile, data))
@@ -203,7 +203,9 @@ def fabric_ssh_checks(cluster: Cluster, profile) -> list[Check]:
     return out
 
 
-def parity_checks(facts: dict[str, dict[str, Any]], rehearsal: bool = False) -> list[Check]:
+def parity_checks(facts: dict[str, dict[str, Any]], simulators: bool = False) -> list[Check]:
+    """OS, kernel, architecture and driver identical on every node (``simulators``: the driver's version is a
+    simulator's, a rehearsal's)."""
     if len(facts) < 2:
         return []
     out = []
@@ -218,7 +220,7 @@ def parity_checks(facts: dict[str, dict[str, Any]], rehearsal: bool = False) -> 
                     fix="install the same OS image / kernel / driver on every node")
         # a rehearsal's driver version comes from the simulated nvidia-smi: never a plain PASS
         out.append(simulated(row, "driver version from the rehearsal's nvidia-smi simulator")
-                   if rehearsal and label == "driver parity" else row)
+                   if simulators and label == "driver parity" else row)
     return out
 
 
@@ -383,7 +385,7 @@ def _stale(name: str, f: dict[str, Any], profile) -> Check:
                      "else docker rm -f the container / kill the processes")
 
 
-def gpu_check(name: str, f: dict[str, Any], profile) -> Check:
+def gpu_check(name: str, f: dict[str, Any], profile, *, site: Site = SPARKS_SITE) -> Check:
     if not profile.expect_gpu:
         return not_applicable("GPU present", f"profile expects no GPU; nvidia-smi says: {f['gpu_text'][:80]}",
                               node=name, expected="none (EXPECT_GPU=0)")
@@ -391,8 +393,8 @@ def gpu_check(name: str, f: dict[str, Any], profile) -> Check:
     ok = any("GB10" in g for g in gpus)
     row = check("GPU present", ok, node=name, observed=", ".join(gpus) or f["gpu_text"][:120],
                 expected="NVIDIA GB10", fix="check the driver: nvidia-smi must list the GB10")
-    if profile.rehearsal:
-        return simulated(row, f"nvidia-smi is the rehearsal's simulator ({sim.SIM_DIR}/bin): the lab has no GPU; "
+    if site.simulated:
+        return simulated(row, f"nvidia-smi is the rehearsal's simulator ({site.simulator_bin}): the lab has no GPU; "
                               f"it prints the GB10 of a DGX Spark in nvidia-smi's format (driver {f['driver']})")
     return row
 
@@ -403,7 +405,7 @@ _STOCK_NVIDIA_OPTIONS = re.compile(r"^(modeset|fbdev|NVreg_PreserveVideoMemoryAl
                                    r"NVreg_OpenRmEnableUnsupportedGpus|NVreg_EnableS0ixPowerManagement)=")
 
 
-def residue_checks(name: str, f: dict[str, Any], profile) -> list[Check]:
+def residue_checks(name: str, f: dict[str, Any], profile, *, site: Site = SPARKS_SITE) -> list[Check]:
     """Kernel, driver and image residue from the field reports (docs/diagnose.md): the kernel's CMA pool, a
     leftover nccl.conf, the image's CUDA against the driver, nvidia modprobe overrides. N/A where the profile
     does not use what they break (no RDMA, no GPU, no image)."""
@@ -451,7 +453,7 @@ def residue_checks(name: str, f: dict[str, Any], profile) -> list[Check]:
                     fix="use an image built for this driver's CUDA, or update the driver on every node to the "
                         "same version", data={"driver": drv.driver, "driver_cuda": drv.cuda, "image_cuda": img})
         out.append(simulated(row, "the driver's header comes from the rehearsal's nvidia-smi")
-                   if profile.rehearsal else row)
+                   if site.simulated else row)
     out.append(jit_jobs_check(name, r, profile))
     opts = residue.parse_modprobe_nvidia(r.get("modprobe", ""))
     odd = [o for o in opts if "override" in o.file.lower() or

@@ -350,19 +350,53 @@ def review_notes(p: Profile) -> list[str]:
 #: CPU platform leaves ``ray_device_key`` empty, vllm/platforms/interface.py:147-150, and initialize_ray_cluster
 #: refuses such a platform once connected to the cluster, vllm/v1/executor/ray_utils.py:572-576)
 RAY_CPU_ERROR = "ValueError: current platform cpu does not support ray."
+#: the lab's Ray: PyPI's ray, installed with the lab venv's pip `--no-deps --target` beside that venv
+#: (runbook/lab/install_vllm.sh --ray, `make lab-ray`), on PYTHONPATH only for what Ray runs: a vLLM that can import
+#: ray imports it in every process (measured: +25 MiB peak RSS each), so the mp ranks keep a venv without it
+LAB_RAY_SITE = ".lab/ray-site"
+#: LAB ONLY: the substitution that lets the lab's CPU vLLM serve through Ray (its ``sitecustomize.py`` gives the CPU
+#: platform the Ray device key "GPU" that each lab node's ``ray start --num-gpus 1`` declares), on the PYTHONPATH of
+#: the lab's Ray processes (launch.render._ray_env); never on a Spark
+LAB_RAY_CPU_SITE = "runbook/lab/ray_cpu_site"
+#: the line the substitution writes once in each process it patches (sitecustomize.MARKER begins with it): the head's
+#: serve and EngineCore, and each Ray actor, whose lines Ray forwards to the head's log as ``(RayWorkerProc pid=…,
+#: ip=<node>)``
+LAB_RAY_CPU_MARKER = "[spark-runbook lab] LAB-ONLY SUBSTITUTION: vLLM CpuPlatform.ray_device_key"
+LAB_RAY_CPU_WHY = ("vLLM's CPU build has no Ray device key (`ray_device_key` is empty: vllm/platforms/interface.py:"
+                   "147-150, never set in platforms/cpu.py), so its engine dies at start with `" + RAY_CPU_ERROR + "` "
+                   "(vllm/v1/executor/ray_utils.py:574); the lab puts " + LAB_RAY_CPU_SITE + " on its Ray processes' "
+                   "PYTHONPATH, whose sitecustomize gives the CPU platform the key \"GPU\" (each lab node's `ray start` "
+                   "declares --num-gpus 1, a Spark's one GB10), so placement, actors and ranks take a Spark's path; "
+                   "the ranks still compute on the CPU; and its CPU SHM group name gets the node's /dev/shm identity, "
+                   "so ranks on different nodes use gloo as under mp instead of one shared-memory segment across "
+                   "nodes (`RuntimeError: open shm in SHMManager failed. errno: 2`, the CPU communicator only)")
+
+
+def lab_ray_missing(p: Profile) -> list[str]:
+    """What the lab lacks to serve through Ray (empty: it can): the Ray site (``make lab-ray``) and the lab-only
+    substitution (:data:`LAB_RAY_CPU_SITE`)."""
+    missing = []
+    if not (p.resolve_path(LAB_RAY_SITE) / "bin" / "ray").is_file():
+        missing.append(f"the lab's Ray ({p.resolve_path(LAB_RAY_SITE)}/bin/ray: make lab-ray)")
+    if not (p.resolve_path(LAB_RAY_CPU_SITE) / "sitecustomize.py").is_file():
+        missing.append(f"the lab-only Ray substitution ({p.resolve_path(LAB_RAY_CPU_SITE)}/sitecustomize.py)")
+    return missing
 
 
 def serve_conflicts(p: Profile) -> Iterable[Conflict]:
     """Rules that hold only for a profile that is to serve (``validate``, ``start``, ``run``), not for one rendered
-    offline or brought up to its Ray cluster alone (``launch.ray_cluster``): the lab's CPU vLLM cannot serve
-    through Ray."""
-    if p.executor == "ray" and p.lab:
-        yield Conflict(("EXECUTOR",), f"EXECUTOR=ray cannot serve on the lab's CPU vLLM: its engine dies at start "
-                       f"with `{RAY_CPU_ERROR}` (vllm/v1/executor/ray_utils.py:574), because the CPU platform has "
+    offline or brought up to its Ray cluster alone (``launch.ray_cluster``): the lab's CPU vLLM serves through Ray
+    only with the lab-only substitution (:data:`LAB_RAY_CPU_SITE`) and the lab's Ray installed."""
+    missing = lab_ray_missing(p) if p.executor == "ray" and p.lab else []
+    if missing:
+        yield Conflict(("EXECUTOR",), f"EXECUTOR=ray cannot serve on the lab's CPU vLLM without "
+                       f"{' and '.join(missing)}: without the substitution its engine dies at start with "
+                       f"`{RAY_CPU_ERROR}` (vllm/v1/executor/ray_utils.py:574), because the CPU platform has "
                        "no Ray device key (`ray_device_key` is empty: vllm/platforms/interface.py:147-150, never "
                        "set in platforms/cpu.py)",
-                       "set EXECUTOR=mp to serve on the lab (the Ray cluster alone still comes up: "
-                       "`python -m runbook validate --ray-cluster` and runbook.launch.ray_cluster)", at="EXECUTOR")
+                       "run `make lab-ray` (and restore runbook/lab/ray_cpu_site from git if it is gone), or set "
+                       "EXECUTOR=mp (the Ray cluster alone still comes up: `python -m runbook validate --ray-cluster`)",
+                       at="EXECUTOR")
 
 
 def transport_conflicts(p: Profile) -> Iterable[Conflict]:

@@ -1,7 +1,7 @@
 """Step 08 — the run's report: one self-contained HTML page, every figure recomputed from the run's raw
 files, and the drift from the previous good run of the same profile.
 
-    report_path, model = runbook.report.run(step, results_root="", drift_tolerance=0.2)
+    report_path, model = runbook.report.run(step, results_root="", drift_tolerance=0.2).shown
 
 Modules, in the order the data flows:
 
@@ -27,14 +27,15 @@ from .html_page import render_html
 from .index import index_entries, write_index
 from .model import ReportFigure, ReportModel, headline
 from .write import write_report
+from ..step import StepOutcome
 
 __all__ = ["run", "collect", "render_html", "write_report", "write_index", "index_entries", "report_checks",
            "resolve_run", "headline", "ReportFigure", "ReportModel", "DEFAULT_REL_TOL"]
 
 
-def run(step, *, results_root: str | Path = "", drift_tolerance: float = DEFAULT_REL_TOL
-        ) -> tuple[Path, ReportModel]:
-    """Write ``report.html`` and the results index; record the step's checks and headline figures."""
+def run(step, *, results_root: str | Path = "", drift_tolerance: float = DEFAULT_REL_TOL) -> StepOutcome:
+    """Write ``report.html`` and the results index; record the step's checks and headline figures. Shows
+    ``(report_path, model)``: the page written and the :class:`ReportModel` it renders."""
     root = Path(results_root) if results_root else step.run.path.parent
     report_path, model = write_report(step.run.path, results_root=root, rel_tol=drift_tolerance,
                                       redactor=step.run.redactor)
@@ -43,4 +44,4 @@ def run(step, *, results_root: str | Path = "", drift_tolerance: float = DEFAULT
                       "figures": len(model.figures), "mismatched": [f.key for f in model.inconsistent()],
                       "notes": model.notes, "drift": model.drift.to_dict() if model.drift is not None else None,
                       "verdict": model.verdict.to_dict() if model.verdict is not None else None})
-    return report_path, model
+    return step.outcome((report_path, model))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from ..lab.rehearsal import count, count_text
+from ..site import count, count_text
 from ..secrets import Redactor, default_redactor
 from . import html_sections as sections
 from .html_parts import COLOURS, CSS, cell, clip, escaper, fmt, status_cell, table
@@ -171,7 +171,7 @@ def all_figures(model: ReportModel, e: Escape) -> list[str]:
 
 def substitutions(model: ReportModel, e: Escape) -> list[str]:
     """A rehearsal's substituted keys by class: *hardware* (what the lab cannot have) and *lab* (what it still
-    changes, by goal group), with the counts (``lab.rehearsal.count``, the one count); the run's mode; nothing for a
+    changes, by goal group), with the counts (``site.count``, the one count); the run's mode; nothing for a
     run that is not a rehearsal."""
     if not model.rehearsal:
         return []

@@ -1,6 +1,6 @@
 """Step 02 — weights: pinned download, manifest/sha256 verification, sharing, parity (and the Engram source).
 
-    runbook.weights.run(step, compare_sha256sum=True)        # checks and data into the step
+    outcome = runbook.weights.run(step, compare_sha256sum=True)   # checks and data into the step; shows the data
 
 Check names → code: every ``weights.*`` row is built in ``transfer.py`` (``download_verify_share`` reads top to bottom as the
 step), the download's rows in ``download.py``, the sharing modes in ``sharing.py``.
@@ -57,6 +57,7 @@ from .verify import (
                        verify_dir,
 )
 from ..weights_tools.verify_manifest import MANIFEST_NAME
+from ..step import StepOutcome
 
 __all__ = [
     "DownloadResult",
@@ -100,12 +101,13 @@ __all__ = [
 ]
 
 
-def run(step, *, compare_sha256sum: bool = True) -> dict:
+def run(step, *, compare_sha256sum: bool = True) -> StepOutcome:
     """Download, verify, share and compare on every node; record checks, data and the step's
-    :class:`~runbook.records.WeightsRecord` in ``step``; return the data."""
+    :class:`~runbook.records.WeightsRecord` in ``step``; shows the data."""
     from .transfer import download_verify_share, weights_record
-    checks, data = download_verify_share(step.cluster, step.profile, compare_sha256sum=compare_sha256sum)
+    checks, data = download_verify_share(step.cluster, step.profile, compare_sha256sum=compare_sha256sum,
+                                         site=step.site)
     step.add(checks)
     step.data.update(data)
     step.record = weights_record(step.profile, data)    # what a resume and the report read
-    return data
+    return step.outcome(data)

@@ -28,19 +28,14 @@ from ..weights_tools.layout import weights_layout
 from ..facts.node_paths import on_node
 from ..records import EngramSource, WeightsCopy, WeightsRecord
 from .sharing import (ShareResult, cache_dir_is_local, download_on_node, kernel_nfs_until_server, nfs_share,
-                      nfs_userspace_share, read_node_manifest, rsync_to_worker, stream_to_worker, verify_on_node)
-from ..lab.control import lab_root
+                      read_node_manifest, rsync_to_worker, stream_to_worker, verify_on_node)
+from ..site import SPARKS_SITE, Site
 from .verify import manifest_to_expected, parity
 from ..engram_tools.layout import engram_shards
 
 GIB = 1024 ** 3
 ENGRAM_INDEX = "model.safetensors.index.json"
 ENGRAM_CONFIG = "config.json"
-
-
-def on_lab(profile) -> bool:
-    """The nodes are the embedded lab: RECIPE=lab, or a recipe profile rehearsed there."""
-    return profile.is_lab or bool(profile.rehearsal)
 
 
 def node_python(profile) -> str:
@@ -65,7 +60,10 @@ def _hub_allowed(node) -> None:
         raise RunbookError("offline review: the Hub is not asked for the file list")
 
 
-def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, margin_gib: float = 1.0) -> tuple[CheckList, dict[str, Any]]:
+def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, margin_gib: float = 1.0,
+                          site: Site = SPARKS_SITE) -> tuple[CheckList, dict[str, Any]]:
+    """Step 02 top to bottom; ``site``: where the lab's stand-ins come from (the NFS server and mount where the
+    kernel's cannot run, the generated Engram source)."""
     checks = CheckList()
     layout = weights_layout(profile)          # refuses a MODEL_DIR / HF_MODEL_REPO mismatch first
     head = cluster.head
@@ -113,7 +111,7 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
     head_manifest = read_node_manifest(head, head_tree)
 
     def share_weights(worker) -> ShareResult:
-        return share_to_worker(profile, cluster, worker, src=layout.store(roots[head.name]),
+        return share_to_worker(cluster, profile, worker, src=layout.store(roots[head.name]),
                                dst=layout.store(roots[worker.name]), tree=layout.tree_in_store,
                                head_manifest=head_manifest, python=python,
                                download=lambda node, dest: download_on_node(
@@ -123,19 +121,19 @@ def download_verify_share(cluster, profile, *, compare_sha256sum: bool = True, m
                                space=lambda node, dest: free_space(node, layout.download_dir(dest), layout.tree(dest),
                                                                    snap, margin, key=_workers_key(profile)),
                                name="weights",
-                               worker_root=roots[worker.name], worker_tree=layout.tree(roots[worker.name]))
+                               worker_root=roots[worker.name], worker_tree=layout.tree(roots[worker.name]), site=site)
 
     shares: dict[str, Any] = {}
     for worker_name, share in share_to_workers(cluster.workers, share_weights,
-                                               parallel=shares_in_parallel(profile, cluster)).items():
+                                               parallel=shares_in_parallel(cluster, profile)).items():
         checks.add(share.checks)
         shares[worker_name] = share.data
     data["share"] = shares[cluster.workers[0].name]       # the (first) worker, as with two nodes
     if len(shares) > 1:
         data["shares"] = shares
 
-    engram_checks, data["engram"] = engram_source(profile, cluster, python=python, endpoint=endpoint, margin=margin,
-                                                  token=token)
+    engram_checks, data["engram"] = engram_source(cluster, profile, python=python, endpoint=endpoint, margin=margin,
+                                                  token=token, site=site)
     checks.add(engram_checks)
 
     for node in [head, *cluster.workers]:
@@ -168,7 +166,7 @@ def weights_record(profile, data: dict[str, Any]) -> WeightsRecord:
 SHARE_PARALLEL = 4      # workers receiving at once: each rsync costs the head one ssh cipher stream (a core)
 
 
-def shares_in_parallel(profile, cluster) -> bool:
+def shares_in_parallel(cluster, profile) -> bool:
     """rsync and download-both run on every worker at once. NFS stays in rank order: the lab's one userspace server
     holds port 2049 per worker, and an export moves no bytes up front. So does a dry run and the offline review:
     their commands are recorded, and compared, in rank order."""
@@ -200,12 +198,14 @@ def share_to_workers(workers, share_one: Callable[[Any], ShareResult], *, parall
         return {name: future.result() for name, future in futures.items()}
 
 
-def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, head_manifest, python: str,
-                    download, space, name: str, worker_root: str, worker_tree: str) -> ShareResult:
+def share_to_worker(cluster, profile, worker, *, src: str, dst: str, tree: str, head_manifest, python: str,
+                    download, space, name: str, worker_root: str, worker_tree: str,
+                    site: Site = SPARKS_SITE) -> ShareResult:
     """Bring the head's verified directory ``src`` to ``worker`` at ``dst`` by WEIGHT_SYNC (``tree``:
     where the verified files sit inside it). ``download(node, root)`` / ``space(node, root)``: the
     download-both mode's download and its free-space check on the worker (``root``: the worker's
-    directory for this content, ``worker_tree`` its verified tree)."""
+    directory for this content, ``worker_tree`` its verified tree). NFS where the site stands in for nfsd and the
+    kernel's NFS client (``site.nfs_stand_in``: the lab): the kernel mode up to them, then the stand-in."""
     head, mode = cluster.head, profile.weight_sync
     probe = posixpath.join(tree, "config.json")
     if mode == "rsync" and profile.weight_transport == "stream":
@@ -220,18 +220,17 @@ def share_to_worker(profile, cluster, worker, *, src: str, dst: str, tree: str, 
         share.checks.insert(0, room)
         share.checks.append(parity(head_manifest, read_node_manifest(worker, worker_tree), node=worker.name))
         return share
-    if on_lab(profile):
+    if site.nfs_stand_in is not None:
         # no nfsd or kernel NFS client here: the kernel mode runs as the profile's user up to them (sudo probe,
-        # exports file, exportfs), then the lab's userspace server and mount stand in for the kernel's, as root
+        # exports file, exportfs), then the site's stand-ins for the kernel's server and mount (the lab's, as root)
         kernel = kernel_nfs_until_server(head, worker, src, dst, name=name, probe=probe,
                                          worker_ips=[w.spec.fabric_ip for w in cluster.workers])
         if any(c.failed for c in kernel):
             return ShareResult("nfs", checks=kernel)
-        with lab_root(head) as head_root, lab_root(worker) as worker_root:
-            share = nfs_userspace_share(head_root, worker_root, src, dst, head_manifest=head_manifest, name=name,
-                                        tree=tree, probe=probe, worker_ips=[w.spec.fabric_ip for w in cluster.workers])
-        share.checks[:0] = kernel
-        return share
+        rows, data = site.nfs_stand_in(head, worker, src, dst, head_manifest=head_manifest, name=name, tree=tree,
+                                       probe=probe, worker_ips=[w.spec.fabric_ip for w in cluster.workers],
+                                       parity=parity)
+        return ShareResult("nfs", checks=[*kernel, *rows], data=data)
     return nfs_share(head, worker, src, dst, execute=True, head_manifest=head_manifest, python=python,
                      name=name, tree=tree, probe=probe, worker_ips=[w.spec.fabric_ip for w in cluster.workers])
 
@@ -310,17 +309,18 @@ def _relabel(checks, prefix: str) -> list[Check]:
     return [dataclasses.replace(c, name=c.name.replace("weights.", prefix + ".", 1)) for c in checks]
 
 
-def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin: int,
-                  token: str = "") -> tuple[list[Check], dict]:
+def engram_source(cluster, profile, *, python: str, endpoint: str | None, margin: int,
+                  token: str = "", site: Site = SPARKS_SITE) -> tuple[list[Check], dict]:
     """ENGRAM=1: HF_ENGRAM_REPO@HF_ENGRAM_REVISION (pinned) -> ENGRAM_SRC_DIR on every node that
     packs (rank < TP; each packs its own rank's rows from its own ENGRAM_SRC_DIR), only the files recipe
     A needs, resumable and sha256-verified like the model, brought to the workers by WEIGHT_SYNC.
-    RECIPE=lab: 03_engram generates a synthetic source instead (N/A here)."""
+    Where the site generates the source instead (``site.engram_source``: RECIPE=lab), 03_engram makes it (N/A
+    here)."""
     if not profile.engram:
         return [], {"enabled": False}
-    if profile.is_lab:
+    if site.engram_source is not None:
         return [not_applicable("weights.engram.source", "RECIPE=lab: 03_engram generates a synthetic V4.1-style "
-                               "source (engram.lab_source.prepare_lab_source) instead of downloading HF_ENGRAM_REPO",
+                               "source (lab.engram_source.prepare_lab_source) instead of downloading HF_ENGRAM_REPO",
                                node="cluster", expected="config, index and the Engram shards in ENGRAM_SRC_DIR")], \
             {"enabled": True, "source": "lab fixture (03_engram)"}
     repo, revision = profile.hf_engram_repo, require_pinned(profile.hf_engram_revision, "HF_ENGRAM_REVISION")
@@ -366,14 +366,15 @@ def engram_source(profile, cluster, *, python: str, endpoint: str | None, margin
     head_manifest = read_node_manifest(head, paths[head.name])
 
     def share_engram(worker) -> ShareResult:
-        return share_to_worker(profile, cluster, worker, src=paths[head.name], dst=paths[worker.name], tree="",
+        return share_to_worker(cluster, profile, worker, src=paths[head.name], dst=paths[worker.name], tree="",
                                head_manifest=head_manifest, python=python, download=fetch,
                                space=lambda node, dest: free_space(node, dest, dest, snap, margin, key="ENGRAM_SRC_DIR"),
-                               name="engram", worker_root=paths[worker.name], worker_tree=paths[worker.name])
+                               name="engram", worker_root=paths[worker.name], worker_tree=paths[worker.name],
+                               site=site)
 
     shares = {}
     for worker_name, share in share_to_workers(workers, share_engram,
-                                               parallel=shares_in_parallel(profile, cluster)).items():
+                                               parallel=shares_in_parallel(cluster, profile)).items():
         checks += share.checks
         shares[worker_name] = share.data
     data["shares"] = shares

@@ -15,7 +15,7 @@ import pytest
 
 from runbook.checks import CheckList, Status
 from runbook.engram import facts as engram_facts
-from runbook.engram import lab_source
+from runbook.lab import engram_source as lab_source
 from runbook.engram import packing as engram
 from runbook.engram import precheck as engram_precheck
 from runbook.launch import engram_attach, server, stop

@@ -18,7 +18,8 @@ from runbook import runner
 from runbook.checks import CheckList, Status
 from runbook.engram_tools import layout as L
 from runbook.engram import facts as engram_facts
-from runbook.engram import lab_source, read_probe
+from runbook.engram import read_probe
+from runbook.lab import engram_source as lab_source
 from runbook.engram import precheck as engram_precheck
 from runbook.engram import packing as engram
 from runbook.profile import load_profile

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from runbook.lab.site import site_for
 from runbook.network import verify as network
 from runbook.checks import Status
 from runbook.facts.nccl import split_mpirun_output
@@ -30,7 +31,7 @@ def _failed(checks):
 
 def test_healthy_fabric_passes_with_traffic(cluster):
     profile, c = cluster
-    checks, raw = network.verify_network(profile, c, iperf_seconds=2)
+    checks, raw = network.verify_network(c, profile, site=site_for(profile), iperf_seconds=2)
     assert not _failed(checks), [(f.name, f.node, f.observed) for f in _failed(checks)]
     tcp = [ch for ch in checks if ch.data.get("kind") == "tcp"]
     assert len(tcp) == 2 and all(ch.data["gbps"] > profile.min_tcp_gbps for ch in tcp)
@@ -48,7 +49,7 @@ def test_link_down_on_worker_is_named(cluster):
     profile, c = cluster
     try:
         c.worker.run(f"ip link set {IF} down", timeout=20)
-        checks, _ = network.verify_network(profile, c, traffic=False)
+        checks, _ = network.verify_network(c, profile, site=site_for(profile), traffic=False)
         failed = _failed(checks)
         assert any(f.node == "worker" and IF in f.name + f.observed and "DOWN" in f.observed.upper()
                    for f in failed), [(f.name, f.node, f.observed) for f in failed]
@@ -62,7 +63,7 @@ def test_mtu_mismatch_names_both_values(cluster):
     profile, c = cluster
     try:
         c.worker.run(f"ip link set {IF} mtu 1500", timeout=20)
-        checks, _ = network.verify_network(profile, c, traffic=False)
+        checks, _ = network.verify_network(c, profile, site=site_for(profile), traffic=False)
         mismatch = [f for f in _failed(checks) if f.name.startswith("net.mtu.rail0")]
         assert mismatch and "9000" in mismatch[0].observed and "1500" in mismatch[0].observed
     finally:
@@ -73,7 +74,7 @@ def test_wrong_interface_name_is_named_before_any_traffic(cluster):
     profile, _ = cluster
     bad = profile.with_overrides({"WORKER_CX7_IF": "enP2p1s0f1np1"})
     with Cluster.from_profile(bad) as c:
-        checks, raw = network.verify_network(bad, c)
+        checks, raw = network.verify_network(c, bad, site=site_for(bad))
         failed = _failed(checks)
         assert failed and failed[0].node == "worker" and "enP2p1s0f1np1" in failed[0].observed
         assert not any(name.startswith(("iperf3_", "ping_")) for name in raw)   # stopped before traffic
@@ -99,7 +100,7 @@ def _tools_and_nccl(profile, c, tweak=None):
     ping/iperf3/perftest traffic; ``tweak(ranks)`` changes the ranks the step renders."""
     from runbook.network import collectives, rails as rl, rdma, tools
     from runbook.network.context import Verification
-    ctx = Verification(profile, c, None)
+    ctx = Verification(c, profile, None, site_for(profile))
     rl.collect_base(ctx)
     assert rl.early_validation(ctx), ctx.checks.to_text()
     built = rl.build_rails(ctx)
@@ -196,7 +197,7 @@ def test_tp3_on_the_triangle_reaches_every_rank_over_its_own_cable(triangle):
         ("enp1s0f0np0", "169.254.22.1"), ("enp1s0f0np0", "169.254.22.2"), ("enp1s0f1np1", "169.254.23.3")]
     assert profile.bootstrap_if == "enP7s7"
     with Cluster.from_profile(profile) as c:
-        checks, _ = network.verify_network(profile, c, iperf_seconds=1)
+        checks, _ = network.verify_network(c, profile, site=site_for(profile), iperf_seconds=1)
     assert not _failed(checks), [(f.name, f.node, f.observed) for f in _failed(checks)]
     rails = next(ch for ch in checks if ch.name == "net.rails")
     for cable in ("169.254.22.", "169.254.23.", "169.254.24."):
@@ -224,7 +225,7 @@ def test_tp3_worker_limited_to_its_head_facing_port_fails_naming_the_pair(triang
     profile = _tp3()
     with Cluster.from_profile(profile) as c:
         c.worker.spec = dataclasses.replace(profile.nodes[1], ib_devs=["rocep1s0f0"])   # only its facing HCA
-        checks, _ = network.verify_network(profile, c, traffic=False)
+        checks, _ = network.verify_network(c, profile, site=site_for(profile), traffic=False)
     for rows in (checks,):
         path = _path_rows(rows)
         assert list(path) == ["net.path.worker-worker2"], [(ch.name, ch.status) for ch in rows if ch.status is Status.FAIL]

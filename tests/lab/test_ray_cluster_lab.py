@@ -4,9 +4,10 @@ with PyPI's Ray (``make lab-ray``: <repo>/.lab/ray-site) run by the lab venv's p
 logs and the Ray stop run here: the launcher's full ``stop`` also ends vLLM processes it finds in the node's process
 table, and these namespaces share this host's, where the embedded lab's ranks may run.
 
-Serving through Ray is refused on the lab (its CPU vLLM has no Ray device key: docs/four-nodes.md), so this is as far
-as the lab goes: a worker that cannot reach the head is named after the timeout, then every node joins with its GPU,
-the node table names them, and the stop leaves no Ray process. Needs root, the lab venv and the Ray site; about
+Serving through Ray on the lab (with the lab-only substitution runbook/lab/ray_cpu_site) is proven by the runbook's
+own run of env/lab-ray.env (docs/four-nodes.md, "Ray serving on the lab": about 8 minutes, too long for a test);
+here: a worker that cannot reach the head is named after the timeout, then every node joins with its GPU, the node
+table names them, and the stop leaves no Ray process. Needs root, the lab venv and the Ray site; about
 1 GiB and a minute.
 """
 from __future__ import annotations

@@ -33,7 +33,8 @@ from runbook.checks import CheckList, Status
 from runbook.facts.nccl import split_mpirun_output
 from runbook.lab import sim
 from runbook.lab.netlab.spec import OPERATOR
-from runbook.lab.rehearsal import GOALS, count, count_text, load_rehearsal
+from runbook.lab.rehearsal import count, load_rehearsal
+from runbook.site import GOALS, count_text
 from runbook.profile import REPO_ROOT
 from runbook.remote import REHEARSAL_SIM_DIR, Cluster, expand_home, quote
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from runbook.lab.site import site_for
 from runbook.errors import RunbookError
 
 from runbook.profile import load_profile
@@ -34,12 +35,12 @@ def _failed(checks):
 
 def test_rsync_mode_then_rerun_reuses_manifests(lab_profile):
     with Cluster.from_profile(lab_profile) as cluster:
-        checks, data = weights_step.download_verify_share(cluster, lab_profile, compare_sha256sum=True)
+        checks, data = weights_step.download_verify_share(cluster, lab_profile, site=site_for(lab_profile), compare_sha256sum=True)
         assert not _failed(checks), _failed(checks)
         assert {c.name for c in checks} >= {"weights.download", "weights.verified", "weights.rsync", "weights.parity"}
         assert data["hash_rate"]["sha256sum_gbps"] > 0 and data["hash_rate"]["verifier_gbps"] > 0
         started = time.monotonic()
-        checks2, data2 = weights_step.download_verify_share(cluster, lab_profile, compare_sha256sum=False)
+        checks2, data2 = weights_step.download_verify_share(cluster, lab_profile, site=site_for(lab_profile), compare_sha256sum=False)
         rerun = time.monotonic() - started
         assert not _failed(checks2)
         # the manifest is reused: nothing is hashed again on either node
@@ -53,7 +54,7 @@ def test_download_both_mode_proves_parity(lab_profile):
                                           "WORKER_WEIGHTS_DIR": "/mnt/nvme/models/tiny-own"})
     with Cluster.from_profile(profile) as cluster:
         try:
-            checks, data = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
+            checks, data = weights_step.download_verify_share(cluster, profile, site=site_for(profile), compare_sha256sum=False)
             assert not _failed(checks), _failed(checks)
             assert [c.node for c in checks if c.name == "weights.download"] == ["head", "worker"]
             assert any(c.name == "weights.parity" and c.observed == "7 files identical" for c in checks)
@@ -72,7 +73,7 @@ def test_the_nodes_own_python3_without_huggingface_hub_downloads(lab_profile):
             r = node.read("python3 -c 'import huggingface_hub'", timeout=30)
             assert not r.ok and "No module named" in (r.stderr + r.stdout), (node.name, r.stdout, r.stderr)
         try:
-            checks, _ = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
+            checks, _ = weights_step.download_verify_share(cluster, profile, site=site_for(profile), compare_sha256sum=False)
             assert not _failed(checks), _failed(checks)
             assert [c.node for c in checks if c.name == "weights.download"] == ["head", "worker"]
             r = cluster.worker.read("stat -c '%a %U' ~/.cache/spark-runbook/tools", timeout=30)
@@ -83,7 +84,7 @@ def test_the_nodes_own_python3_without_huggingface_hub_downloads(lab_profile):
 
 def test_flipped_byte_on_worker_is_named(lab_profile):
     with Cluster.from_profile(lab_profile) as cluster:
-        checks, _ = weights_step.download_verify_share(cluster, lab_profile, compare_sha256sum=False)
+        checks, _ = weights_step.download_verify_share(cluster, lab_profile, site=site_for(lab_profile), compare_sha256sum=False)
         assert not _failed(checks)
         head_manifest = read_node_manifest(cluster.head, lab_profile.weights_dir)
         target = f"{lab_profile.weights_dir}/model.safetensors"
@@ -102,7 +103,7 @@ def test_flipped_byte_on_worker_is_named(lab_profile):
             assert check.failed and "model.safetensors" in check.observed
         finally:
             # repair: the next rsync run restores the file (size+mtime differ from the head's)
-            weights_step.download_verify_share(cluster, lab_profile, compare_sha256sum=False)
+            weights_step.download_verify_share(cluster, lab_profile, site=site_for(lab_profile), compare_sha256sum=False)
 
 
 @contextlib.contextmanager
@@ -121,7 +122,7 @@ def test_nfs_mode_serves_the_export_for_real_with_a_userspace_server(lab_profile
     only the kernel mount is N/A (this kernel has no NFS client)."""
     profile = lab_profile.with_overrides({"WEIGHT_SYNC": "nfs"})
     with Cluster.from_profile(profile) as cluster, _sshfs_undone(cluster.worker, profile.weights_dir):
-        checks, data = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
+        checks, data = weights_step.download_verify_share(cluster, profile, site=site_for(profile), compare_sha256sum=False)
         assert not _failed(checks), _failed(checks)
         by = {c.name: c for c in checks if c.name.startswith("weights.nfs") or c.name == "weights.parity"}
         for name in ("weights.nfs.server", "weights.nfs.read_only", "weights.nfs.restricted", "weights.parity",
@@ -143,18 +144,18 @@ def test_nfs_mode_serves_the_export_for_real_with_a_userspace_server(lab_profile
 def test_nfs_mode_names_a_file_that_differs_on_the_export(lab_profile):
     """A byte changed under the export after the head's manifest was taken: parity over NFS names it."""
     profile = lab_profile.with_overrides({"WEIGHT_SYNC": "nfs"})
-    from runbook.weights.sharing import nfs_userspace_share
+    from runbook.lab.nfs import nfs_userspace_share
     with Cluster.from_profile(profile) as cluster, _sshfs_undone(cluster.worker, profile.weights_dir):
-        checks, _ = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
+        checks, _ = weights_step.download_verify_share(cluster, profile, site=site_for(profile), compare_sha256sum=False)
         assert not _failed(checks), _failed(checks)
         manifest = read_node_manifest(cluster.head, profile.weights_dir)
         target = f"{profile.weights_dir}/tokenizer.json"
         before = cluster.head.read(f"dd if={target} bs=1 skip=100 count=1 status=none | od -An -tx1").stdout.strip()
         try:
             cluster.head.run(f"printf '\\x00' | dd of={target} bs=1 seek=100 conv=notrunc status=none", timeout=30)
-            share = nfs_userspace_share(cluster.head, cluster.worker, profile.weights_dir, profile.weights_dir,
-                                        head_manifest=manifest)
-            par = [c for c in share.checks if c.name == "weights.parity"]
+            rows, _ = nfs_userspace_share(cluster.head, cluster.worker, profile.weights_dir, profile.weights_dir,
+                                          head_manifest=manifest, parity=parity)
+            par = [c for c in rows if c.name == "weights.parity"]
             assert par and par[0].failed and "tokenizer.json: sha256" in par[0].observed, par
         finally:
             cluster.head.run(f"printf '\\x{before}' | dd of={target} bs=1 seek=100 conv=notrunc status=none",
@@ -163,11 +164,11 @@ def test_nfs_mode_names_a_file_that_differs_on_the_export(lab_profile):
 
 
 def test_nfs_mode_refuses_a_port_2049_held_by_another_server(lab_profile, hold_port):
-    from runbook.weights.sharing import nfs_userspace_share
+    from runbook.lab.nfs import nfs_userspace_share
     with Cluster.from_profile(lab_profile) as cluster, hold_port(cluster.head, 2049, ip=lab_profile.head_ip):
-        share = nfs_userspace_share(cluster.head, cluster.worker, lab_profile.weights_dir,
-                                    lab_profile.weights_dir, head_manifest=None)
-        (server,) = [c for c in share.checks if c.name == "weights.nfs.server"]
+        rows, _ = nfs_userspace_share(cluster.head, cluster.worker, lab_profile.weights_dir,
+                                      lab_profile.weights_dir, head_manifest=None, parity=parity)
+        (server,) = [c for c in rows if c.name == "weights.nfs.server"]
         assert server.failed and "port 2049 is already taken" in server.observed, server
         assert "python3" in server.observed, server.observed
 
@@ -193,7 +194,7 @@ def test_a_gated_repo_downloads_with_hf_token_only_in_the_secrets_file(lab_profi
             try:
                 monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(empty))
                 try:                                                  # no token anywhere: refused, and said
-                    refused = [c for c in weights_step.download_verify_share(cluster, profile,
+                    refused = [c for c in weights_step.download_verify_share(cluster, profile, site=site_for(profile),
                                                                              compare_sha256sum=False)[0] if c.failed]
                     said = " ".join(f"{c.observed} {c.fix}" for c in refused)
                     assert refused, "the gated Hub served an anonymous download"
@@ -204,7 +205,7 @@ def test_a_gated_repo_downloads_with_hf_token_only_in_the_secrets_file(lab_profi
                 secrets_file.write_text(f"HF_TOKEN={token}\n")
                 secrets_file.chmod(0o600)
                 monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(secrets_file))
-                checks, _ = weights_step.download_verify_share(cluster, profile, compare_sha256sum=False)
+                checks, _ = weights_step.download_verify_share(cluster, profile, site=site_for(profile), compare_sha256sum=False)
                 assert not _failed(checks), _failed(checks)
                 assert any(c.name == "weights.download" for c in checks)
                 assert hub.bytes_sent() > 0

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from runbook.engram_tools import layout as L
-from runbook.engram.tools import TOOL_FILES
+from runbook.engram_tools.ship import TOOL_FILES
 from runbook.remote import CommandResult
 from support.doubles import LocalNode
 

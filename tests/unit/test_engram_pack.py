@@ -13,7 +13,7 @@ import pytest
 
 from runbook.engram_tools import layout as L
 from runbook.engram_tools import pack_writer, synth
-from runbook.engram.tools import TOOL_FILES
+from runbook.engram_tools.ship import TOOL_FILES
 from support.engram import ENGRAM_DIR, config, expected_file, run_tool, source_table
 
 VOCAB = 2000                                           # ~50k rows/layer, ~13 MB per layer table

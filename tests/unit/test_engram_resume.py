@@ -24,7 +24,7 @@ from runbook.engram_tools import pack_partial, pack_writer, synth
 from runbook.engram import packing as step
 from runbook.engram.facts import gather_facts
 from runbook.engram.precheck import precheck
-from runbook.engram.tools import TOOL_FILES
+from runbook.engram_tools.ship import TOOL_FILES
 from support.counts import assert_rising_to_the_end, seeing
 from support.doubles import FakeCluster, LocalNode
 from support.engram import PY, expected_file, run_tool, tool_node

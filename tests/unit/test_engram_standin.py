@@ -15,7 +15,7 @@ import pytest
 from runbook.checks import Status
 from runbook.engram_tools import layout as L
 from runbook.engram_tools import synth
-from runbook.engram.tools import TOOL_FILES
+from runbook.engram_tools.ship import TOOL_FILES
 from runbook.facts import engram_log
 from runbook.launch import engram_attach
 from runbook.launch.checkout import LAB_SOURCE

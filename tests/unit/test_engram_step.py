@@ -7,7 +7,7 @@ import pytest
 from runbook.checks import Status
 from runbook.engram import facts, precheck, read_probe
 from runbook.engram import packing as step
-from runbook.engram import tools
+from runbook.engram_tools import ship as tools
 from runbook.engram_tools import synth
 from runbook.engram_tools import layout as L
 from support.doubles import FakeCluster

@@ -15,6 +15,7 @@ from runbook.errors import ProfileError
 from runbook.facts import ray as ray_facts
 from runbook.launch.render import NodeFacts, check_consistency, flag_value, render
 from runbook.profile import KEYS, REPO_ROOT, load_profile, refuse_unservable
+from runbook.profile import rules
 from runbook.profile.rules import RAY_CPU_ERROR
 from support.golden import check_golden
 
@@ -38,14 +39,14 @@ def _plan(name: str, overrides=None):
 
 # ----------------------------------------------------------------------------- the key
 
-def test_executor_key_sits_after_master_port_in_every_env_file_and_defaults_to_mp():
+def test_executor_key_sits_after_master_port_in_every_env_file_and_is_mp_except_in_the_ray_lab_profiles():
     assert KEYS[KEYS.index("MASTER_PORT") + 1] == "EXECUTOR"
     files = sorted(ENV.glob("*.env"))
     assert files
     for f in files:
         keys = [ln.split("=", 1)[0] for ln in f.read_text().splitlines() if re.match(r"^[A-Z0-9_]+=", ln)]
         assert keys[keys.index("MASTER_PORT") + 1] == "EXECUTOR", f
-        assert load_profile(f).executor == "mp", f
+        assert load_profile(f).executor == ("ray" if f.stem.endswith("-ray") else "mp"), f
 
 
 def test_executor_refuses_other_values_naming_the_choices():
@@ -54,28 +55,87 @@ def test_executor_refuses_other_values_naming_the_choices():
     assert "EXECUTOR" in str(exc.value) and "mp|ray" in str(exc.value)
 
 
-# ----------------------------------------------------------------------------- validate: the lab cannot serve through Ray
+# ----------------------------------------------------------------------------- validate: the lab serves through Ray
+# only with the lab-only substitution (runbook/lab/ray_cpu_site) and the lab's Ray (make lab-ray)
 
-def test_ray_on_the_lab_is_refused_for_serving_with_the_engine_error_its_cause_and_the_fix(tmp_path):
+@pytest.fixture
+def lab_ray(tmp_path, monkeypatch):
+    """The lab's Ray site and the substitution dir at tmp paths (present; a test removes one)."""
+    site, sub = tmp_path / "ray-site", tmp_path / "ray_cpu_site"
+    (site / "bin").mkdir(parents=True)
+    (site / "bin" / "ray").write_text("")
+    sub.mkdir()
+    (sub / "sitecustomize.py").write_text("")
+    monkeypatch.setattr(rules, "LAB_RAY_SITE", str(site))
+    monkeypatch.setattr(rules, "LAB_RAY_CPU_SITE", str(sub))
+    return site, sub
+
+
+def _lab_ray_file(tmp_path):
     text = (ENV / "lab.env").read_text().replace("EXECUTOR=mp", "EXECUTOR=ray")
     f = tmp_path / "lab-ray.env"
     f.write_text(text)
+    return f, 1 + text.splitlines().index("EXECUTOR=ray")
+
+
+def test_ray_on_the_lab_serves_with_the_substitution_and_the_labs_ray(lab_ray, tmp_path):
+    f, _ = _lab_ray_file(tmp_path)
+    p = load_profile(f)
+    assert rules.lab_ray_missing(p) == []
+    refuse_unservable(p)
+    refuse_unservable(load_profile(ENV / "lab-ray.env"))
+
+
+@pytest.mark.parametrize("gone", ["ray site", "substitution"])
+def test_ray_on_the_lab_is_refused_without_the_substitution_or_the_labs_ray_naming_what_and_the_fix(lab_ray, tmp_path,
+                                                                                                     gone):
+    site, sub = lab_ray
+    (site / "bin" / "ray").unlink() if gone == "ray site" else (sub / "sitecustomize.py").unlink()
+    f, line = _lab_ray_file(tmp_path)
     p = load_profile(f)                    # loads: render and the Ray cluster alone take it
     with pytest.raises(ProfileError) as exc:
         refuse_unservable(p)
     issue, = exc.value.issues
-    line = 1 + text.splitlines().index("EXECUTOR=ray")
     assert (issue.key, issue.path, issue.line) == ("EXECUTOR", str(f), line)
     assert RAY_CPU_ERROR == "ValueError: current platform cpu does not support ray."
     assert RAY_CPU_ERROR in issue.message and "ray_device_key" in issue.message and "ray_utils.py:574" in issue.message
-    assert "EXECUTOR=mp" in issue.fix
+    named = f"{site}/bin/ray" if gone == "ray site" else f"{sub}/sitecustomize.py"
+    assert named in issue.message and "make lab-ray" in issue.fix and "EXECUTOR=mp" in issue.fix
+    # mp on the lab needs neither
+    refuse_unservable(load_profile(ENV / "lab.env"))
 
 
-def test_validate_cli_refuses_lab_ray_unless_checked_up_to_the_ray_cluster(capsys):
-    assert cli.main(["validate", "--profile", str(ENV / "lab.env"), "-p", "EXECUTOR=ray"]) == ProfileError.exit_code
+def test_validate_cli_refuses_lab_ray_without_the_labs_ray_unless_checked_up_to_the_ray_cluster(lab_ray, capsys):
+    site, _ = lab_ray
+    assert cli.main(["validate", "--profile", str(ENV / "lab-ray.env")]) == 0
+    assert "valid" in capsys.readouterr().out
+    (site / "bin" / "ray").unlink()
+    assert cli.main(["validate", "--profile", str(ENV / "lab-ray.env")]) == ProfileError.exit_code
     assert RAY_CPU_ERROR in capsys.readouterr().err
     assert cli.main(["validate", "--profile", str(ENV / "lab.env"), "-p", "EXECUTOR=ray", "--ray-cluster"]) == 0
     assert "valid" in capsys.readouterr().out
+
+
+def test_lab_ray_profile_is_lab_env_with_executor_ray_and_engram_off():
+    ray, mp = load_profile(ENV / "lab-ray.env"), load_profile(ENV / "lab.env")
+    assert (ray.executor, ray.lab, ray.node_count, ray.tp) == ("ray", True, 2, 2)
+    differ = [k for k in KEYS if ray.value(k) != mp.value(k)]
+    assert differ == ["PROFILE_NAME", "EXECUTOR", "ENGRAM"], differ
+
+
+def test_lab_ray_render_puts_the_substitution_on_every_ray_process_path_and_nowhere_else():
+    """The lab's `ray start` on every node (whose raylet starts the actors) and the head's serve get the Ray site and
+    the substitution dir on PYTHONPATH; the lab's mp ranks and a real recipe's Ray get neither."""
+    plan = _plan("lab")
+    want = f"{REPO_ROOT / rules.LAB_RAY_SITE}:{REPO_ROOT / rules.LAB_RAY_CPU_SITE}"
+    for r in plan.ranks:
+        assert r.env["PYTHONPATH"] == want, r.node
+        assert f"PYTHONPATH={want}" in r.ray_start_command()
+    assert f"PYTHONPATH={want}" in plan.head.start_command()
+    mp = render(load_profile(ENV / "lab.env"), {n: NodeFacts(home=HOME) for n in ("head", "worker")})
+    assert all("PYTHONPATH" not in r.env for r in mp.ranks)
+    real = _plan("dspark-v4")
+    assert all("ray_cpu_site" not in json.dumps(r.env) + " ".join(r.docker_argv) for r in real.ranks)
 
 
 @pytest.mark.parametrize("name", ["exl3-v41", "dspark-v4", "tp3-dspark"])
@@ -173,6 +233,15 @@ def test_status_of_two_nodes_with_their_gpus_names_both():
     assert st.totals == {"CPU": 2.0, "GPU": 2.0, "spark_runbook_head": 1.0, "spark_runbook_worker": 1.0}
     assert st.joined(["head", "worker"]) == ["head", "worker"] and st.complete(["head", "worker"])
     assert not st.complete(["head", "worker", "worker2"])
+
+
+def test_status_while_vllm_serves_counts_the_gpus_its_placement_group_holds():
+    """Captured from the lab's EXECUTOR=ray server (env/lab-ray.env): Ray appends `(2.0 used of 2.0 reserved in
+    placement groups)` to the GPU line, which the parser once skipped (`status` said 0 GPU while serving)."""
+    text = (DATA / "status-2-nodes-serving.txt").read_text()
+    assert "2.0/2.0 GPU (2.0 used of 2.0 reserved in placement groups)" in text
+    st = ray_facts.parse_status(text)
+    assert st.totals["GPU"] == 2.0 and st.gpus == 2.0 and st.complete(["head", "worker"])
 
 
 def test_status_after_a_worker_died_names_it():

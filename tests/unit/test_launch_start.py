@@ -34,7 +34,7 @@ def spark(monkeypatch):
 
 def test_start_outside_a_run_renders_step_04s_fingerprint(spark, monkeypatch):
     profile, cluster = spark
-    net = verify_network(profile, cluster, traffic=False)               # what 01_network records
+    net = verify_network(cluster, profile, traffic=False)               # what 01_network records
     assert net.record.gid_index == {"head": 3, "worker": 3}
     step_04 = launch_plan(cluster, profile, net.record)
 

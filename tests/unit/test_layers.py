@@ -23,12 +23,14 @@ LAYERS = [
     {"profile"},
     {"remote", "evidence", "records"},              # records: the table of steps and their typed records
     {"facts"},
-    {"step", "fit", "diagnose"},                     # what every step records through; shared models
+    {"site", "fit", "diagnose"},                     # what differs between Sparks, lab and rehearsal; shared models
     {"api", "engram_tools", "weights_tools"},        # shared services: the server's API; Engram's and the weights' node tools
     {"answers", "benchmark"},                        # what a good answer is; the benchmark engine
-    {"lab"},                                         # the embedded lab: below the steps, which may use it
+    {"lab"},                                         # the embedded lab; it builds the sites (lab.site.site_for)
+    {"step"},                                        # what every step records through; begin attaches the site
     {"preflight", "network", "weights", "engram", "launch", "smoke", "vision_tools", "bench", "report"},
-    {"runner", "form", "review"},                    # the papermill runner, the profile form, the offline review
+    {"runner", "form", "review", "bench_share"},     # the papermill runner, the profile form, the offline review,
+                                                     # the benchmark of step 02's share on a switch of its own
     {"cli", "__main__"},
 ]
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
@@ -187,7 +189,21 @@ def cycles(graph: dict[str, set[str]]) -> list[str]:
     return found
 
 
-RULES = ("layer", "upward", "step_to_step", "private", "dynamic", "module_cycle", "component_cycle")
+RULES = ("layer", "upward", "step_to_step", "step_to_lab", "private", "dynamic", "module_cycle", "component_cycle",
+         "argument_order")
+
+
+def argument_order(path: Path, rel: str) -> list[str]:
+    """Every function (and lambda) of one module whose parameters put ``profile`` before ``cluster``: the one order
+    is ``(cluster, profile, …)`` (docs/DESIGN.md), so a positional call never swaps the two unnoticed."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            names = [a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]
+            if "profile" in names and "cluster" in names and names.index("profile") < names.index("cluster"):
+                found.append(f"{rel}:{node.lineno}: {getattr(node, 'name', 'lambda')}({', '.join(names)}) puts "
+                             f"profile before cluster (the order is (cluster, profile, …))")
+    return found
 
 
 def layer_violations(pkg: Path) -> dict[str, list[str]]:
@@ -198,6 +214,7 @@ def layer_violations(pkg: Path) -> dict[str, list[str]]:
     for path in tree.modules:
         mod = tree.module_name(path)
         me = component(mod)
+        out["argument_order"] += argument_order(path, tree.rel(path))
         if me not in LAYER_OF:
             out["layer"].append(f"{tree.rel(path)}: component {me!r} has no layer in LAYERS")
             continue
@@ -216,6 +233,8 @@ def layer_violations(pkg: Path) -> dict[str, list[str]]:
                                      f"(layer {LAYER_OF[other]}){via}")
             if me in STEPS and other in STEPS and other != me:
                 out["step_to_step"].append(f"{where}: step {me} imports step {ref.target}{via}")
+            if me in STEPS and other == "lab":
+                out["step_to_lab"].append(f"{where}: step {me} imports {ref.target}{via} (ask step.site: runbook.site)")
             private = [n for n in ref.names if n.startswith("_") and not n.startswith("__")]
             if private and ref.target != mod:
                 out["private"].append(f"{where}: imports {private} from {ref.target}")
@@ -246,6 +265,12 @@ def test_no_step_imports_another_step():
     assert not REAL["step_to_step"], "\n".join(REAL["step_to_step"])
 
 
+def test_no_step_imports_the_lab():
+    """What differs between the Sparks, the lab and a rehearsal reaches a step through its site (``step.site``,
+    built by ``runbook.lab.site``): a step package never imports ``runbook.lab`` in any form."""
+    assert not REAL["step_to_lab"], "\n".join(REAL["step_to_lab"])
+
+
 def test_every_step_has_a_package():
     """The nine notebooks' steps are the nine packages of the steps' layer, each a folder of runbook/."""
     assert len(STEPS) == 9
@@ -271,6 +296,11 @@ def test_no_cycle_between_components():
     assert not REAL["component_cycle"], "\n".join(REAL["component_cycle"])
 
 
+def test_cluster_comes_before_profile():
+    """One argument order in the whole package: ``(cluster, profile, …)``, never ``(profile, cluster, …)``."""
+    assert not REAL["argument_order"], "\n".join(REAL["argument_order"])
+
+
 @pytest.mark.parametrize("name", sorted(STEPS))
 def test_step_packages_expose_run(name):
     """Every step package's ``__init__`` defines ``run(step, *, knobs...)``: the one entry its notebook calls."""
@@ -280,6 +310,28 @@ def test_step_packages_expose_run(name):
     args = runs[0].args
     assert [a.arg for a in args.posonlyargs + args.args] == ["step"], \
         f"runbook/{name}/__init__.py: run must take the step first and only keyword knobs after it"
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_step_run_returns_one_outcome(name):
+    """One outcome type: every step's ``run`` is annotated ``-> StepOutcome`` and each of its returns is
+    ``step.outcome(shown)`` (runbook/step.py): what the notebook shows, the status and the record."""
+    tree = ast.parse((PKG / name / "__init__.py").read_text())
+    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    assert run.returns is not None and ast.unparse(run.returns) == "StepOutcome", \
+        f"runbook/{name}/__init__.py: run must be annotated -> StepOutcome"
+    returns = []
+
+    def visit(node):                      # run's own returns, not those of a function defined inside it
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Return):
+                returns.append(child)
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                visit(child)
+    visit(run)
+    wrong = [r.lineno for r in returns if not (isinstance(r.value, ast.Call)
+                                               and ast.unparse(r.value.func) == "step.outcome")]
+    assert returns and not wrong, f"runbook/{name}/__init__.py: run returns other than step.outcome(...) at {wrong}"
 
 
 def test_every_module_is_in_the_design_map():
@@ -354,7 +406,7 @@ def test_the_clean_planted_package_passes(tmp_path):
 def test_planted_import_module_upward(tmp_path):
     found = planted(tmp_path, {"api/client.py": 'import importlib\n\ndef later():\n'
                                               '    return importlib.import_module("runbook.launch.server")\n'})
-    assert found["upward"] == ["runbook/api/client.py:4: api (layer 6) imports runbook.launch.server (layer 9) "
+    assert found["upward"] == ["runbook/api/client.py:4: api (layer 6) imports runbook.launch.server (layer 10) "
                                "(through import_module)"]
 
 
@@ -367,7 +419,7 @@ def test_planted_aliased_relative_import_module_between_steps(tmp_path):
 
 def test_planted_dunder_import_upward(tmp_path):
     found = planted(tmp_path, {"api/guards.py": 'def later():\n    return __import__("runbook.launch", fromlist=["x"])\n'})
-    assert found["upward"] == ["runbook/api/guards.py:2: api (layer 6) imports runbook.launch (layer 9) "
+    assert found["upward"] == ["runbook/api/guards.py:2: api (layer 6) imports runbook.launch (layer 10) "
                                "(through __import__)"]
 
 
@@ -392,3 +444,49 @@ def test_planted_import_by_computed_name(tmp_path):
                                                 'mod = importlib.import_module(NAME)\n'})
     assert found["dynamic"] == ["runbook/api/guards.py:3: import by a computed name (write the module's name as a "
                                 "literal)"]
+
+
+def test_planted_profile_before_cluster(tmp_path):
+    """A function (or lambda) taking ``profile`` before ``cluster`` is reported, wherever the two sit; the
+    documented order and a function with only one of them are not."""
+    found = planted(tmp_path, {"launch/server.py": "from ..api import client\n\n"
+                                                   "def start(cluster, profile, plan):\n    return client\n\n"
+                                                   "def stop(profile, *, cluster=None):\n    return profile\n\n"
+                                                   "def status(profile):\n    return profile\n\n"
+                                                   "later = lambda profile, node, cluster: node\n"})
+    assert found["argument_order"] == [
+        "runbook/launch/server.py:6: stop(profile, cluster) puts profile before cluster (the order is (cluster, "
+        "profile, …))",
+        "runbook/launch/server.py:12: lambda(profile, node, cluster) puts profile before cluster (the order is "
+        "(cluster, profile, …))"]
+
+
+# -- step_to_lab: a step reaches the lab in none of the ways an import can be written ------------------------------
+
+LAB = {"lab/__init__.py": '"""lab"""\n', "lab/sim.py": "def install():\n    return []\n"}
+
+
+@pytest.mark.parametrize("plant, line, via", [
+    ({"smoke/__init__.py": "import runbook.lab.sim\n\ndef run(step):\n    return step\n"},
+     "runbook/smoke/__init__.py:1: step smoke imports runbook.lab.sim", ""),
+    ({"launch/server.py": "from ..lab import sim\n\ndef start():\n    return sim\n"},
+     "runbook/launch/server.py:1: step launch imports runbook.lab.sim", ""),
+    ({"launch/server.py": "def start():\n    from ..lab.sim import install\n    return install()\n"},
+     "runbook/launch/server.py:2: step launch imports runbook.lab.sim", ""),
+    ({"launch/server.py": 'import importlib\n\ndef start():\n    return importlib.import_module("runbook.lab.sim")\n'},
+     "runbook/launch/server.py:4: step launch imports runbook.lab.sim", " (through import_module)"),
+    ({"smoke/__init__.py": "import runbook.api\n\ndef run(step):\n    return runbook.lab.sim.install()\n"},
+     "runbook/smoke/__init__.py:4: step smoke imports runbook.lab.sim", " (through attribute)"),
+], ids=["import", "from_import", "lazy_import", "import_module", "attribute_chain"])
+def test_planted_step_imports_the_lab(tmp_path, plant, line, via):
+    """Each way of reaching the lab from a step is reported by step_to_lab, and by no other rule: the lab's layer is
+    below the steps', so without this rule none of them would fail."""
+    found = planted(tmp_path, {**LAB, **plant})
+    assert found["step_to_lab"] == [f"{line}{via} (ask step.site: runbook.site)"]
+    assert not any(v for rule, v in found.items() if rule != "step_to_lab"), found
+
+
+def test_the_planted_lab_itself_is_clean(tmp_path):
+    """The planted lab package alone breaks no rule (so each plant above fails only for its import)."""
+    found = planted(tmp_path, LAB)
+    assert not any(found.values()), found

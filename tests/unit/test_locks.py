@@ -191,7 +191,7 @@ def test_a_dry_run_takes_no_lock(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "check_kernel", lambda kernel: None)
     monkeypatch.setattr(Lock, "for_profile", staticmethod(lambda *a, **k: pytest.fail("a dry run took the lock")))
     monkeypatch.setattr(runner, "execute_step",
-                        lambda name, *a, **k: runner.StepOutcome(name, "passed", 0.0))
+                        lambda name, *a, **k: runner.StepRun(name, "passed", 0.0))
     run_dir, outcomes = runner.run("env/lab.env", only=["00"], dry_run=True, results_root=tmp_path / "results",
                                    echo=lambda line: None)
     assert [o.name for o in outcomes] == ["00_preflight"] and run_dir.manifest()["status"] == "passed"

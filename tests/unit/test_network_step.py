@@ -36,7 +36,7 @@ def lab_cluster(head_kw=None, worker_kw=None, worker_if="enp1s0f0np0"):
 
 def test_lab_happy_path(tmp_path):
     cluster = lab_cluster()
-    checks, raw = network.verify_network(lab_profile(), cluster, tmp_path)
+    checks, raw = network.verify_network(cluster, lab_profile(), tmp_path)
     assert not checks.failures(), checks.to_text()
     assert by(checks, "net.gid", "cluster").status is Status.NA
     assert "not applicable on this profile" in by(checks, "net.gid", "cluster").observed
@@ -60,7 +60,7 @@ def test_lab_happy_path(tmp_path):
 def test_link_down_on_worker_named():
     down = fx("ethtool_veth.txt").replace("Link detected: yes", "Link detected: no")
     cluster = lab_cluster(worker_kw={"state": "DOWN", "ethtool": down},)
-    checks, _ = network.verify_network(lab_profile(), cluster, None, traffic=False)
+    checks, _ = network.verify_network(cluster, lab_profile(), None, traffic=False)
     c = by(checks, "net.link.enp1s0f0np0", "worker")
     assert c.status is Status.FAIL and "enp1s0f0np0" in c.observed and "DOWN" in c.observed
     assert "link detected no" in c.observed and "worker" in c.fix
@@ -71,7 +71,7 @@ def test_mtu_mismatch_named_with_both_values():
     def too_long(cmd):
         return res(1, fx("ping_toolong.txt").replace("mtu=9000", "mtu=1500"))
     cluster = lab_cluster(worker_kw={"mtu": 1500, "ping": too_long})
-    checks, _ = network.verify_network(lab_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, lab_profile(), None)
     m = by(checks, "net.mtu.rail0.match", "cluster")
     assert m.status is Status.FAIL
     assert m.observed == "head enp1s0f0np0=9000, worker enp1s0f0np0=1500"
@@ -82,7 +82,7 @@ def test_mtu_mismatch_named_with_both_values():
 
 def test_wrong_interface_named_before_anything_runs():
     cluster = lab_cluster(worker_if="enp1s0f1np1")
-    checks, _ = network.verify_network(lab_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, lab_profile(), None)
     c = by(checks, "net.fabric_if", "worker")
     assert c.status is Status.FAIL
     assert "enp1s0f1np1 does not exist on worker" in c.observed and "enp1s0f0np0" in c.observed and "lo" in c.observed
@@ -95,20 +95,20 @@ def test_wrong_interface_named_before_anything_runs():
 def test_high_rtt_warns_not_fails():
     slow = fx("ping_ok.txt").replace("0.050/0.058/0.069/0.007", "0.950/1.016/1.100/0.040")
     cluster = lab_cluster(head_kw={"ping": lambda cmd: res(0, slow)})
-    checks, _ = network.verify_network(lab_profile(MAX_RTT_MS=0.5), cluster, None)
+    checks, _ = network.verify_network(cluster, lab_profile(MAX_RTT_MS=0.5), None)
     c = by(checks, "net.ping.rail0.head->worker")
     assert c.status is Status.WARN and "1.016" in c.observed
 
 
 def test_tcp_below_threshold_fails():
-    checks, _ = network.verify_network(lab_profile(MIN_TCP_GBPS=50), lab_cluster(), None)
+    checks, _ = network.verify_network(lab_cluster(), lab_profile(MIN_TCP_GBPS=50), None)
     assert by(checks, "net.tcp.rail0.head->worker").status is Status.FAIL
 
 
 def test_unknown_command_is_refused_and_becomes_a_failure():
     cluster = lab_cluster()
     cluster.nodes[1].rules = [r for r in cluster.nodes[1].rules if "iperf3 -c" not in r[0]]
-    checks, _ = network.verify_network(lab_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, lab_profile(), None)
     c = by(checks, "net.tcp.rail0.worker->head")
     assert c.status is Status.FAIL and "refused unknown command" in c.observed
 
@@ -118,7 +118,7 @@ def test_sweep_runs_on_both_nodes_with_lab_python():
     for n in cluster.nodes:
         n.rules.append((r"allreduce_sweep|RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"))))
     prof = lab_profile(VLLM_BIN="/opt/lab/vllm-venv/bin/vllm")
-    checks, raw = network.verify_network(prof, cluster, None)
+    checks, raw = network.verify_network(cluster, prof, None)
     for n in cluster.nodes:
         cmd = next(c for c in n.commands if "RUNBOOK_SWEEP_EOF" in c)
         assert cmd.startswith("timeout 120 /opt/lab/vllm-venv/bin/python - --rank ")
@@ -134,7 +134,7 @@ def test_sweep_raw_files_are_valid_json_with_the_warnings_kept():
     warn = "/x/torch/distributed/distributed_c10d.py:4807: UserWarning: No device id is provided\n  warnings.warn("
     cluster.nodes[0].rules.append((r"RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"), warn)))
     cluster.nodes[1].rules.append((r"RUNBOOK_SWEEP_EOF", res(1, "", "Traceback (most recent call last):\nRuntimeError: x")))
-    checks, raw = network.verify_network(lab_profile(VLLM_BIN="/opt/lab/vllm-venv/bin/vllm"), cluster, None)
+    checks, raw = network.verify_network(cluster, lab_profile(VLLM_BIN="/opt/lab/vllm-venv/bin/vllm"), None)
     head, worker = json.loads(raw["allreduce_sweep_head.json"]), json.loads(raw["allreduce_sweep_worker.json"])
     assert head["results"] and head["exit_code"] == 0 and "UserWarning" in head["stderr"]
     assert worker["exit_code"] == 1 and "no sweep JSON" in worker["error"] and "RuntimeError" in worker["stderr"]
@@ -206,7 +206,7 @@ def spark_profile(**keys):
 
 def test_spark_two_rails_all_pass():
     cluster = spark_cluster()
-    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, spark_profile(), None)
     fails = [(c.name, c.node, c.observed) for c in checks.failures()]
     assert not fails, checks.to_text()
     assert by(checks, "net.gid.plan").data["common"] == 3
@@ -294,7 +294,7 @@ def _recipe_nccl_run(path: str):
                  (r"^grep -r -H \. /sys/class/infiniband", res(0, recipe_gids(hca, iface, ip_hex)))]
         rules += spark_rules(name, gids="gids_head_gid3.tsv")
         nodes.append(FakeNode(spec=spec, rules=rules, read_only=True))
-    checks, _ = network.verify_network(profile, FakeCluster(nodes), None)
+    checks, _ = network.verify_network(FakeCluster(nodes), profile, None)
     mp = next(c for c in nodes[0].commands if c.startswith("timeout 180 mpirun"))
     return mpirun_apps(mp), mp, nodes, checks
 
@@ -304,7 +304,7 @@ def test_missing_tools_fail_with_the_exact_commands():
     cluster.nodes[1].rules.insert(0, (r"^for t in ib_write_bw", res(0, "missing ib_write_bw\nmissing ib_write_lat\n"
                                                                        "tool mpirun /usr/bin/mpirun\nmissing iperf3\n"
                                                                        "tool ethtool /usr/sbin/ethtool\n")))
-    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, spark_profile(), None)
     c = by(checks, "net.tools", "worker")
     assert c.status is Status.FAIL
     assert "iperf3, ib_write_bw, ib_write_lat, all_reduce_perf, nccl.h" in c.observed
@@ -339,7 +339,7 @@ def test_missing_tools_are_installed_when_allowed():
     worker.rules[1:1] = [(r"^sudo -n -l apt-get install -y perftest$", res(0, "/usr/bin/apt-get install -y perftest\n")),
                          (r"^sudo -n apt-get install -y perftest$", ""),
                          (r"^set -e; .*git clone .*nccl-tests.*make -C ", build)]
-    checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
+    checks, _ = network.verify_network(cluster, spark_profile(), None, install_tools=True)
     ran = worker.runs()
     assert ran and ran[0] == "sudo -n apt-get install -y perftest" and "v2.18.3" in ran[1], ran
     # sudo was asked first (read-only), for exactly the command that then ran
@@ -361,7 +361,7 @@ def test_install_refused_by_sudo_fails_before_anything_runs_with_the_drop_in():
     worker.rules.insert(0, (r"^sudo -n -l apt-get install -y perftest$",
                             res(1, "", "")))                 # what sudo -l answers for a command it does not allow
     worker.read_only = False
-    checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
+    checks, _ = network.verify_network(cluster, spark_profile(), None, install_tools=True)
     c = by(checks, "net.tools", "worker")
     assert c.status is Status.FAIL and "sudo refuses `apt-get install -y perftest`" in c.observed
     assert "`sudo -n -l apt-get install -y perftest`: exit 1" in c.observed
@@ -382,13 +382,13 @@ def test_a_failed_install_shows_apts_error_not_its_progress():
                           res(100, "Reading package lists...\nBuilding dependency tree...\nReading state information...\n",
                               "E: Unable to locate package perftest\n"))]
     worker.read_only = False
-    checks, _ = network.verify_network(spark_profile(), cluster, None, install_tools=True)
+    checks, _ = network.verify_network(cluster, spark_profile(), None, install_tools=True)
     c = by(checks, "net.tools", "worker")
     assert c.status is Status.FAIL and c.observed.endswith("E: Unable to locate package perftest"), c.observed
 
 
 def test_degraded_rdma_fails_hard():
-    checks, _ = network.verify_network(spark_profile(), spark_cluster(bw="ib_write_bw_degraded.txt"), None)
+    checks, _ = network.verify_network(spark_cluster(bw="ib_write_bw_degraded.txt"), spark_profile(), None)
     c = by(checks, "net.rdma.bw.rail0.head->worker")
     assert c.status is Status.FAIL and "24.21" in c.observed
     assert "degraded ConnectX-7" in c.fix and "link reports 200G" in c.fix and "cold boot" in c.fix
@@ -397,7 +397,7 @@ def test_degraded_rdma_fails_hard():
 
 
 def test_pinned_gid3_zero_on_worker_fails_with_fix():
-    checks, _ = network.verify_network(spark_profile(), spark_cluster("gids_worker_gid3_zero.tsv", worker_gid=3),
+    checks, _ = network.verify_network(spark_cluster("gids_worker_gid3_zero.tsv", worker_gid=3), spark_profile(),
                                        None, traffic=False)
     c = by(checks, "net.gid", "worker")
     assert c.status is Status.FAIL and "index 3 is 3=<all-zero>" in c.observed
@@ -408,7 +408,7 @@ def test_pinned_gid3_zero_on_worker_fails_with_fix():
 
 
 def test_twins_without_common_index_fail():
-    checks, _ = network.verify_network(spark_profile(), spark_cluster("gids_worker_no_common.tsv"), None, traffic=False)
+    checks, _ = network.verify_network(spark_cluster("gids_worker_no_common.tsv"), spark_profile(), None, traffic=False)
     c = by(checks, "net.gid", "worker")
     assert c.status is Status.FAIL and "share no RoCE v2 IPv4 GID index" in c.observed
 
@@ -417,7 +417,7 @@ def test_missing_hca_named_before_traffic():
     cluster = spark_cluster()
     worker = cluster.nodes[1]
     worker.spec = dataclasses.replace(worker.spec, ib_devs=["rocep1s0f0", "roceP9p1s0f0"])
-    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, spark_profile(), None)
     c = by(checks, "net.hca", "worker")
     assert c.status is Status.FAIL and "roceP9p1s0f0 not found" in c.observed
     assert not any("ping" in cmd or "iperf3" in cmd for n in cluster.nodes for cmd in n.commands)
@@ -426,7 +426,7 @@ def test_missing_hca_named_before_traffic():
 def test_nccl_socket_fallback_fails():
     cluster = spark_cluster()
     cluster.nodes[0].rules.insert(0, (r"mpirun", res(0, mpirun_tagged(fx("nccl_log_socket.txt") + fx("all_reduce_perf_2node.txt")))))
-    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, spark_profile(), None)
     assert by(checks, "net.nccl.transport").status is Status.FAIL
     assert by(checks, "net.nccl.hcas").status is Status.FAIL
 
@@ -434,7 +434,7 @@ def test_nccl_socket_fallback_fails():
 def test_plot_bandwidth():
     import matplotlib
     matplotlib.use("Agg")
-    checks, _ = network.verify_network(spark_profile(), spark_cluster(), None)
+    checks, _ = network.verify_network(spark_cluster(), spark_profile(), None)
     rows = bandwidth.bandwidth_rows(checks)
     assert {r["kind"] for r in rows} == {"tcp", "rdma"} and len(rows) == 8
     fig = bandwidth.plot_bandwidth(checks)
@@ -449,6 +449,7 @@ def test_install_net_tools_is_a_real_profile_key(monkeypatch, tmp_path):
     from pathlib import Path
 
     import runbook.network as step01
+    from runbook.site import SPARKS_SITE
     from runbook.profile import load_profile
     env = Path(__file__).resolve().parents[2] / "env"
     shipped = sorted(env.glob("*.env"))
@@ -458,15 +459,16 @@ def test_install_net_tools_is_a_real_profile_key(monkeypatch, tmp_path):
     assert profile.install_net_tools is True
     seen = {}
 
-    def fake_verify(prof, cluster, **kw):
+    def fake_verify(cluster, prof, **kw):
         seen.update(kw)
         raise RuntimeError("stop after the call")
     monkeypatch.setattr(step01, "verify_network", fake_verify)
     from types import SimpleNamespace
-    step = SimpleNamespace(profile=profile, cluster=None)      # a step double: only what run() reads first
+    added = []
+    step = SimpleNamespace(profile=profile, cluster=None, site=SPARKS_SITE, add=added.extend)   # what run() reads first
     with pytest.raises(RuntimeError, match="stop after the call"):
         step01.run(step)
-    assert seen["install_tools"] is True
+    assert seen["install_tools"] is True and seen["site"] is SPARKS_SITE and added == []   # no simulator on Sparks
 
 
 def test_rank_failures_name_the_setting_of_the_failing_rank():
@@ -496,7 +498,7 @@ def test_nccl_failure_row_names_the_rank_and_its_interface():
            "spark-worker:3131:3131 [0] NCCL WARN Bootstrap : no socket interface found\n"
            "spark-worker: Test NCCL failure common.cu:1279 'invalid usage'\n")
     cluster.nodes[0].rules.insert(0, (r"mpirun", res(1, mpirun_tagged(log))))
-    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, spark_profile(), None)
     c = by(checks, "net.nccl.busbw")
     assert c.status is Status.FAIL
     assert "worker: NCCL_SOCKET_IFNAME=enp1s0f0np0 names no interface of worker" in c.observed
@@ -573,7 +575,7 @@ def test_nccl_rank_output_cut_mid_line_by_mpirun():
     out = iof_tagged([(0, h[0]), (1, k[0]), (0, h[1]), (1, k[1]), (0, h[2]), (1, k[2]), (0, h[3])])
     cluster = spark_cluster()
     cluster.nodes[0].rules.insert(0, (r"mpirun .*all_reduce_perf", res(0, out)))
-    checks, _ = network.verify_network(spark_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, spark_profile(), None)
     busbw = by(checks, "net.nccl.busbw")
     assert busbw.status is Status.PASS and busbw.data["avg_busbw_gbs"] == 19.178 and len(busbw.data["rows"]) == 5
     assert [(c.node, c.status) for c in checks if c.name == "net.nccl.hcas"] == [("head", Status.PASS),

@@ -38,3 +38,16 @@ def test_follows_the_step_pattern(path):
         for secret in ("HF_TOKEN", "VLLM_API_KEY", "hf_"):
             assert secret + " =" not in src, "secrets never pass as notebook parameters"
     assert nb["metadata"]["kernelspec"]["name"] == "runbook"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_keeps_the_steps_outcome_and_shows_it(path):
+    """Every step's ``run`` returns a ``StepOutcome``: the notebook keeps it as ``outcome`` (one call, one name)
+    and shows ``outcome.shown``, whatever the step shows."""
+    from runbook.records import step_info
+    nb = json.loads(path.read_text())
+    sources = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    package = step_info(path.stem).package
+    calls = [line for line in sources.splitlines() if f"runbook.{package}.run(" in line]
+    assert len(calls) == 1 and calls[0].startswith(f"outcome = runbook.{package}.run(step"), calls
+    assert "outcome.shown" in sources

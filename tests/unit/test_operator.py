@@ -288,7 +288,8 @@ def test_write_operator_makes_exactly_the_drop_in_and_a_private_home(tmp_path):
 def test_engram_tools_live_in_the_ssh_users_home_not_a_shared_tmp_dir():
     """Before: /tmp/spark-runbook-engram, made by whoever ran first; the next user was refused ("belongs to uid
     0, not to spark"), measured on the lab when the operator rehearsed after root."""
-    from runbook.engram import packing, read_probe, tools
+    from runbook.engram import packing, read_probe
+    from runbook.engram_tools import ship as tools
     profile = load_profile(ENV / "exl3-v41.env")
     plans = packing.plan_pack(profile)
     assert plans["head"][0] == 'mkdir -p "$HOME"/.cache/spark-runbook/engram-tools/head'

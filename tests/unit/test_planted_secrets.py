@@ -88,7 +88,7 @@ def test_network_raw_files_are_written_masked(tmp_path, registered):
     from runbook.network.context import Verification
     from runbook.profile import load_profile
     from support.doubles import FakeCluster
-    ctx = Verification(load_profile("env/lab.env", environ={}), FakeCluster([]), tmp_path / "raw")
+    ctx = Verification(FakeCluster([]), load_profile("env/lab.env", environ={}), tmp_path / "raw")
     ref = ctx.save("head/ip_addr.txt", _noisy_text())
     files = list((tmp_path / "raw").rglob("*"))
     assert ref.endswith("head/ip_addr.txt") and any(f.is_file() for f in files)

@@ -103,7 +103,7 @@ def test_an_old_or_wrong_record_is_an_error_naming_the_step(tmp_path, record, st
 # -- step 01's record from a real verification ---------------------------------------------------------------
 
 def test_network_record_of_two_sparks():
-    net = network.verify_network(spark_profile(), spark_cluster(), None)
+    net = network.verify_network(spark_cluster(), spark_profile(), None)
     assert not net.checks.failures(), net.checks.to_text()
     rec = net.record
     assert rec.gid_index == {"head": 3, "worker": 3} and rec.gid_common == 3
@@ -121,7 +121,7 @@ def test_network_record_keeps_the_sweep_the_bench_reads():
     cluster = lab_cluster()
     for n in cluster.nodes:
         n.rules.append((r"allreduce_sweep|RUNBOOK_SWEEP_EOF", res(0, fx("allreduce_sweep_rank0.json"))))
-    rec = network.verify_network(lab_profile(VLLM_BIN="/opt/lab/vllm-venv/bin/vllm"), cluster, None).record
+    rec = network.verify_network(cluster, lab_profile(VLLM_BIN="/opt/lab/vllm-venv/bin/vllm"), None).record
     assert rec.gid_index == {} and rec.gid_common is None            # EXPECT_RDMA=0: no GID resolved
     assert [s.node for s in rec.allreduce] == ["head", "worker"]
     assert [p.bytes for p in rec.allreduce[0].points] == [1024, 4096, 1048576, 16777216]
@@ -161,7 +161,8 @@ def test_launch_writes_its_record_and_the_smoke_step_finds_the_server_through_it
     with pytest.raises(CheckFailed) if step.checks.failures() else contextlib.nullcontext():
         step.finish(display=False)
     rec = step.run.read_record(LaunchRecord)
-    assert rec.fingerprint == outcome.plan.fingerprint and len(rec.fingerprint) == 64
+    assert rec.fingerprint == outcome.shown.plan.fingerprint and len(rec.fingerprint) == 64
+    assert outcome.record == step.record and outcome.step == "04_launch"
     assert [(r.node, r.rank, r.headless) for r in rec.ranks] == [("head", 0, False), ("worker", 1, True)]
     assert (rec.served_model_name, rec.max_model_len) == (step.profile.served_model_name, step.profile.max_model_len)
     assert rec.base_url == runbook.launch.api_address(step.profile)
@@ -180,7 +181,7 @@ def test_a_resume_runs_an_old_04_again_without_reading_its_data(tmp_path):
     import runbook.launch
     cluster = FakeCluster([FakeNode("head", 0, read_only=True), FakeNode("worker", 1, read_only=True)])
     old = {"step": "04_launch", "status": "passed", "checks": [], "data": {"fingerprint": "f" * 64}}
-    why = runbook.launch.state_left(profile_from("env/lab.env"), cluster, old)
+    why = runbook.launch.state_left(cluster, profile_from("env/lab.env"), old)
     assert why.startswith("04_launch's sidecar holds no LaunchRecord") and "re-run 04_launch" in why
     assert all(not n.calls for n in cluster.nodes)
 
@@ -306,12 +307,12 @@ def test_a_resume_checks_the_weights_manifest_where_02_recorded_it(tmp_path):
     side = {"step": "02_weights", "status": "passed", "record": record_to_sidecar("02_weights", rec)}
     cluster = FakeCluster([head, worker])
     profile = profile_from("env/lab.env")          # its WEIGHTS_DIR is not where these trees are
-    assert _weights_state(profile, cluster, side) == ""
+    assert _weights_state(cluster, profile, side) == ""
     (trees["worker"] / MANIFEST_NAME).unlink()
-    assert _weights_state(profile, cluster, side) == f"no verified weights manifest on worker in {trees['worker']}"
+    assert _weights_state(cluster, profile, side) == f"no verified weights manifest on worker in {trees['worker']}"
     nfs = rec.model_copy(update={"copies": (rec.copies[0], rec.copies[1].model_copy(update={"own_copy": False}))})
-    assert _weights_state(profile, cluster, {**side, "record": record_to_sidecar("02_weights", nfs)}) == ""
-    why = _weights_state(profile, cluster, {k: v for k, v in side.items() if k != "record"})
+    assert _weights_state(cluster, profile, {**side, "record": record_to_sidecar("02_weights", nfs)}) == ""
+    why = _weights_state(cluster, profile, {k: v for k, v in side.items() if k != "record"})
     assert why.startswith("02_weights's sidecar holds no WeightsRecord") and "re-run 02_weights" in why
 
 
@@ -366,6 +367,7 @@ def test_the_report_finds_07s_result_through_its_record(tmp_path):
 def test_engram_step_with_engram_off_writes_its_record(tmp_path):
     import runbook.engram
     step = make_step(tmp_path, name="03_engram", overrides={"ENGRAM": "0"})
-    runbook.engram.run(step, echo=lambda *a, **k: None)
+    outcome = runbook.engram.run(step, echo=lambda *a, **k: None)
+    assert (outcome.shown, outcome.status, outcome.record) == ({}, "passed", step.record)
     step.finish(display=False)
     assert step.run.read_record(EngramRecord) == EngramRecord(enabled=False, tp=int(step.profile.tp))

@@ -11,8 +11,9 @@ import pytest
 from runbook.errors import ProfileError
 from runbook.lab import rehearsal
 from runbook.lab.netlab.spec import OPERATOR
-from runbook.lab.rehearsal import (GOALS, HARDWARE, LAB_CLASS, NO_GOAL, SET_BY_REHEARSAL, Substitution, count,
-                                   count_text, image_substitutions, load_rehearsal, model_substitutions,
+from runbook.site import GOALS, count_text
+from runbook.lab.rehearsal import (HARDWARE, LAB_CLASS, NO_GOAL, SET_BY_REHEARSAL, Substitution, count,
+                                   image_substitutions, load_rehearsal, model_substitutions,
                                    substitutions)
 from runbook.launch.render import NodeFacts, render
 from runbook.profile import load_profile

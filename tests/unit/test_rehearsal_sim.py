@@ -30,6 +30,7 @@ from runbook.facts import rdma as fr
 from runbook.facts import system
 from runbook.lab import sim
 from runbook.lab.rehearsal import load_rehearsal
+from runbook.lab.site import site_for
 from runbook.network import collectives
 from runbook.network import verify as network
 from runbook.remote import REHEARSAL_SIM_DIR, Cluster, rehearsal_path_prefix
@@ -163,7 +164,8 @@ def test_nvidia_smi_and_the_preflight_gpu_row(exl3, tmp_path):
     assert system.parse_gpus(out) == ["NVIDIA GB10"] and "(UUID: GPU-" in out
     driver = sh(head, system.DRIVER_CMD).stdout.strip()
     assert driver == sim.GPU["driver"]
-    row = preflight.gpu_check("head", {"gpus": system.parse_gpus(out), "gpu_text": out, "driver": driver}, exl3)
+    row = preflight.gpu_check("head", {"gpus": system.parse_gpus(out), "gpu_text": out, "driver": driver}, exl3,
+                              site=site_for(exl3))
     assert row.status is Status.SIMULATED and "simulator" in row.observed
     bad = sh(head, "nvidia-smi --query-gpu=vram --format=csv")
     assert bad.exit_code == 2 and 'Field "vram" is not a valid field to query.' in bad.stderr
@@ -347,7 +349,7 @@ def test_all_reduce_perf_without_libmpi_says_so(exl3, tmp_path):
 def _rehearse(path, tmp_path):
     profile = load(path)
     cluster = sim_cluster(profile, tmp_path)
-    checks, raw = network.verify_network(profile, cluster, tmp_path / "raw")
+    checks, raw = network.verify_network(cluster, profile, tmp_path / "raw", site=site_for(profile))
     return profile, cluster, checks, raw
 
 

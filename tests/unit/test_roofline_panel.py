@@ -135,13 +135,14 @@ def _cluster():
 
 def test_step_panel_inputs_lab_and_recipe():
     from runbook.bench import ceiling
+    from runbook.lab.site import site_for
     from support.runs import recipe_profile
     lab = recipe_profile("env/lab.env")
     network = _network(("worker", [(1024, 250.0)]))
     res = result("lab", [case("decode-code-thinkoff-c1-p1024-d24", "code", "off", 40.0)])
     membw = {"before": {"head": {"gbs": 12.0, "label": "CPU memory bandwidth (lab)"},
                         "worker": {"gbs": 11.0, "label": "CPU memory bandwidth (lab)"}}}
-    out = ceiling.panel(_cluster(), lab, res, membw, network)
+    out = ceiling.panel(_cluster(), lab, res, membw, network, site=site_for(lab))     # the lab's tiny model
     assert out["bandwidth"] == 11.0e9 and out["allreduce_s"] == pytest.approx(250e-6)
     assert out["comparable"] is False and out["step"]["parts"]["lm_head"] == 2048 * 256 * 4
     assert len(out["rows"]) == 1 and out["rows"][0]["published"] == ""

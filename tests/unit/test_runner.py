@@ -91,7 +91,7 @@ def test_a_dry_run_goes_past_a_failing_step_and_says_it_connects(tmp_path, monke
 
     def fake_step(name, run_dir, **kw):
         ran.append(name)
-        return runner.StepOutcome(name, "failed" if name == "00_preflight" else "passed", 0.0, "a check failed")
+        return runner.StepRun(name, "failed" if name == "00_preflight" else "passed", 0.0, "a check failed")
 
     monkeypatch.setattr(runner, "execute_step", fake_step)
     lines = []

@@ -45,7 +45,7 @@ def earlier(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "ClusterLock", NoLock)
     monkeypatch.setattr(runner.Cluster, "from_profile", classmethod(lambda cls, p, **kw: FakeCluster(state["nodes"])))
     monkeypatch.setattr(runbook.launch.plan, "launch_plan",
-                        lambda cluster, profile, network=None: type("Plan", (), {"fingerprint": state["renders"]})())
+                        lambda cluster, profile, network=None, *, site: type("Plan", (), {"fingerprint": state["renders"]})())
 
     from runbook.api import server_info
     monkeypatch.setattr(server_info.endpoint, "base_url", lambda p: "http://127.0.0.1:18000")   # no SSH forward
@@ -54,9 +54,9 @@ def earlier(tmp_path, monkeypatch):
         try:
             server = find_server(profile_from("env/lab.env"), run_dir.path, api_key="")
         except RunbookError as err:
-            return runner.StepOutcome(name, "failed", 0.0, err.what)
+            return runner.StepRun(name, "failed", 0.0, err.what)
         state["ran"].append((name, server.source))
-        return runner.StepOutcome(name, "passed", 0.0)
+        return runner.StepRun(name, "passed", 0.0)
     monkeypatch.setattr(runner, "execute_step", fake_step)
     return run, results, state
 
@@ -133,7 +133,7 @@ def test_a_node_that_does_not_answer_means_no_reuse_not_a_crash(earlier, monkeyp
     from runbook.errors import RemoteError
     _, results, state = earlier
 
-    def unreachable(cluster, profile, network=None):
+    def unreachable(cluster, profile, network=None, *, site):
         raise RemoteError("ssh: connect to host spark-worker port 22: No route to host", node="worker")
     monkeypatch.setattr(runbook.launch.plan, "launch_plan", unreachable)
     said = []

@@ -496,10 +496,13 @@ def test_smoke_and_vision_tools_run_record_rows_raw_files_and_data(tmp_path, mon
     step = make_step(tmp_path)
     fake = FakeVllm(model=step.profile.served_model_name, max_model_len=step.profile.max_model_len)
     with serve_http(fake) as url:
-        server = runbook.smoke.run(step, base_url=url, long_context=False)
+        outcome = runbook.smoke.run(step, base_url=url, long_context=False)
         vt = make_step(tmp_path, name="06_vision_tools")
-        runbook.vision_tools.run(vt, base_url=url)
+        vt_outcome = runbook.vision_tools.run(vt, base_url=url)
+    server = outcome.shown
     assert server is not None and server.base_url == url and step.data["server"]["base_url"] == url
+    assert (outcome.step, outcome.status, outcome.record) == ("05_smoke", step.status(), step.record)
+    assert vt_outcome.shown.base_url == url and vt_outcome.record == vt.record
     assert step.record == SmokeRecord(base_url=url, server_id="") and vt.record == VisionToolsRecord(base_url=url,
                                                                                                       server_id="")
     names = [c.name for c in step.checks]
@@ -542,7 +545,7 @@ def test_smoke_and_vision_tools_close_their_client_when_they_return(tmp_path, mo
         vt = make_step(tmp_path, name="06_vision_tools")
         kept_vt = runbook.vision_tools.run(vt, base_url=url)
         assert len(fake.requests) > asked and _all_closed(conns), f"{len(conns)} connections still open after 06"
-    assert kept is not None and kept_vt is not None
+    assert kept.shown is not None and kept_vt.shown is not None
 
 
 def test_the_session_closes_its_client_and_keeps_the_archive_when_a_case_raises(tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ def test_the_node_in_every_lost_pair_is_the_short_end():
 def ctx_with(nic_mtu: dict[str, int]) -> tuple[Verification, Rail]:
     cluster = FakeCluster([FakeNode(n, r, fabric_ip=f"169.254.30.{r + 1}", fabric_if="enp1s0f0np0", rules=[],
                                     read_only=True) for r, n in enumerate(NAMES)])
-    ctx = Verification(profile_from("env/lab.env", FABRIC_MTU=9000), cluster, None)
+    ctx = Verification(cluster, profile_from("env/lab.env", FABRIC_MTU=9000), None)
     for r, n in enumerate(NAMES):
         ctx.facts[n] = NetFacts(ifaces={"enp1s0f0np0": fnet.Interface("enp1s0f0np0", state="UP",
                                                                        mtu=nic_mtu.get(n, 9000),

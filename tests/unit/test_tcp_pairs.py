@@ -68,7 +68,7 @@ def test_step_01_adds_the_row_on_a_switch_from_the_nodes_iperf3_output():
         return FakeNode(n, r, fabric_ip=IP[n], fabric_if="enp1s0f0np0", read_only=True,
                         rules=[(r"iperf3 -s -1", FAST), (r"iperf3 -c ", client)])
     cluster = FakeCluster([node(r, n) for r, n in enumerate(NAMES)])
-    ctx = Verification(profile_from("env/lab-tp4.env"), cluster, None)
+    ctx = Verification(cluster, profile_from("env/lab-tp4.env"), None)
     rail = Rail(0, {n: RailEnd(n, "enp1s0f0np0", IP[n]) for n in NAMES})
     iperf_checks(ctx, [rail], 1)
     rows = list(ctx.checks)
@@ -82,6 +82,6 @@ def test_two_nodes_get_no_pairs_row():
     cluster = FakeCluster([FakeNode(n, r, fabric_ip=IP[n], fabric_if="enp1s0f0np0", read_only=True,
                                     rules=[(r"iperf3 -s -1", FAST), (r"iperf3 -c ", FAST)])
                            for r, n in enumerate(NAMES[:2])])
-    ctx = Verification(profile_from("env/lab.env"), cluster, None)
+    ctx = Verification(cluster, profile_from("env/lab.env"), None)
     iperf_checks(ctx, [Rail(0, {n: RailEnd(n, "enp1s0f0np0", IP[n]) for n in NAMES[:2]})], 1)
     assert [c.name for c in ctx.checks if "tcp_pairs" in c.name] == []

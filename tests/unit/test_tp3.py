@@ -280,7 +280,9 @@ def test_weights_step_shares_to_every_worker(monkeypatch):
     rules = [(r"; df -B1 --output=avail,size,target ", "/mnt/nvme\n1099511627776 3998614986752 /mnt/nvme\n"),
              (exact(node_paths.USER_CMD), "/home/spark\n1000\nspark\n")]
     cluster = FakeCluster([FakeNode(n, k, read_only=True, rules=rules) for k, n in enumerate(NODES)])
-    checks, data = wstep.download_verify_share(cluster, labtp3(), compare_sha256sum=False)
+    from runbook.lab.site import site_for
+    profile = labtp3()
+    checks, data = wstep.download_verify_share(cluster, profile, compare_sha256sum=False, site=site_for(profile))
     assert sorted(c[1] for c in calls) == ["worker", "worker2"]        # both at once
     assert data["share"] == {"seconds": 1.0, "to": "worker"} and list(data["shares"]) == ["worker", "worker2"]
     assert not checks.failures()
@@ -350,7 +352,7 @@ def _net_profile():
 
 def _verify(cluster):
     """01_network's public entry over canned nodes: every rail's static facts, ping and TCP per pair."""
-    checks, _ = network.verify_network(_net_profile(), cluster, None)
+    checks, _ = network.verify_network(cluster, _net_profile(), None)
     return checks
 
 
@@ -407,8 +409,8 @@ def _triangle(worker2_ports=2):
 def _rails_of(cluster):
     from runbook.network import rails as net_rails
     from runbook.network.context import Verification
-    ctx = Verification(tp3(EXPECT_RDMA=1, EXPECT_GPU=0, EXPECT_LINK_GBPS=0, MIN_TCP_GBPS=0.1, COMMAND_TIMEOUT=20),
-                       cluster, None)
+    ctx = Verification(cluster,
+                       tp3(EXPECT_RDMA=1, EXPECT_GPU=0, EXPECT_LINK_GBPS=0, MIN_TCP_GBPS=0.1, COMMAND_TIMEOUT=20), None)
     net_rails.collect_base(ctx)
     assert net_rails.early_validation(ctx), ctx.checks.to_text()
     return ctx, net_rails.build_rails(ctx)

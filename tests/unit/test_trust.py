@@ -227,7 +227,7 @@ def test_live_diagnose_exits_1_when_something_matched_and_masks_what_it_prints(t
         def __exit__(self, *exc):
             return False
     monkeypatch.setattr(remote, "ClusterLock", Lock)
-    monkeypatch.setattr(plan, "launch_plan", lambda cluster, profile: None)
+    monkeypatch.setattr(plan, "launch_plan", lambda cluster, profile, *, site: None)      # the CLI passes its site
     for findings, code in (([], 0), ([SimpleNamespace(to_text=lambda: f"worker-not-running: HF_TOKEN={TOKEN}")], 1)):
         monkeypatch.setattr(diagnosis, "diagnose_server",
                             lambda *a, findings=findings, **k: (tmp_path / "diagnose-x.tar.gz", findings))
@@ -283,8 +283,8 @@ def test_run_exits_with_the_failing_steps_class(monkeypatch, capsys):
 
     class Done:
         run_id, path = "r1", Path("/tmp/r1")
-    monkeypatch.setattr(runner, "run", lambda *a, **k: (Done, [runner.StepOutcome("00_preflight", "passed", 1),
-                                                               runner.StepOutcome("01_network", "failed", 1, "x", 5)]))
+    monkeypatch.setattr(runner, "run", lambda *a, **k: (Done, [runner.StepRun("00_preflight", "passed", 1),
+                                                               runner.StepRun("01_network", "failed", 1, "x", 5)]))
     assert cli.main(["run", "--profile", str(REPO / "env" / "lab.env"), "--no-lab"]) == 5
 
 

@@ -361,7 +361,7 @@ drwxr-xr-x  4 65534 65534         4096 .cache
 
 
 def test_parse_nfs_ls_keeps_regular_files_with_sizes():
-    from runbook.weights.sharing import parse_nfs_ls
+    from runbook.lab.nfs import parse_nfs_ls
     sizes = parse_nfs_ls(NFS_LS_CAPTURED)
     assert sizes["model.safetensors"] == 8920240 and sizes["config.json"] == 720
     assert ".cache" not in sizes and len(sizes) == 8
@@ -369,7 +369,7 @@ def test_parse_nfs_ls_keeps_regular_files_with_sizes():
 
 def test_render_ganesha_exports_read_only_to_the_workers_only():
     from runbook.errors import RunbookError
-    from runbook.weights.sharing import render_ganesha
+    from runbook.lab.nfs import render_ganesha
     conf = render_ganesha("/mnt/nvme/models/tiny", "169.254.77.1", ["169.254.77.2", "169.254.78.2"])
     assert "Bind_addr = 169.254.77.1" in conf and "Protocols = 4;" in conf
     assert "Access_Type = None" in conf                      # nobody by default ...

@@ -16,6 +16,7 @@ from runbook.engram import facts as engram_facts
 from runbook.engram import precheck as engram_precheck
 from runbook.errors import RunbookError
 from runbook.lab.hub import ENGRAM_OTHER_SHARD, HubServer, publish_engram_source, publish_repo
+from runbook.lab.site import site_for
 from runbook.profile import load_profile
 from runbook.weights import MANIFEST_NAME
 from runbook.weights import transfer as wstep
@@ -117,7 +118,7 @@ def test_unpinned_engram_revision_is_refused_before_any_engram_byte(published, h
     p = exl3(published, hub.url).model_copy(update={"hf_engram_revision": "main"})
     head, worker = local_pair(tmp_path)
     with pytest.raises(RunbookError, match="HF_ENGRAM_REVISION is not a pinned commit"):
-        wstep.engram_source(p, FakeCluster([head, worker]), python=sys.executable,
+        wstep.engram_source(FakeCluster([head, worker]), p, python=sys.executable,
                             endpoint=hub.url, margin=0)
     assert not [e for e in hub.log if ENGRAM in e.path or e.path in SHARDS]
 
@@ -126,12 +127,12 @@ def test_a_repo_without_engram_tables_is_refused_by_name(published, hub, tmp_pat
     head, worker = local_pair(tmp_path)
     cluster = FakeCluster([head, worker])
     p = exl3(published, hub.url, HF_ENGRAM_REPO="lab-org/no-engram", HF_ENGRAM_REVISION=published.plain_sha)
-    rows, _ = wstep.engram_source(p, cluster, python=sys.executable, endpoint=hub.url, margin=0)
+    rows, _ = wstep.engram_source(cluster, p, python=sys.executable, endpoint=hub.url, margin=0)
     assert [(r.name, r.status) for r in rows] == [("weights.engram.source", Status.FAIL)]
     assert "maps no '.engram.embed.' tensor" in rows[0].observed and "HF_ENGRAM_REPO" in rows[0].fix
     p = exl3(published, hub.url, HF_ENGRAM_REPO=MODEL, HF_ENGRAM_REVISION=published.model_sha)   # no index at all
     with pytest.raises(RunbookError, match="cannot read model.safetensors.index.json"):
-        wstep.engram_source(p, cluster, python=sys.executable, endpoint=hub.url, margin=0)
+        wstep.engram_source(cluster, p, python=sys.executable, endpoint=hub.url, margin=0)
     assert not [c for n in (head, worker) for c in n.runs()]
 
 
@@ -139,7 +140,7 @@ def test_the_lab_profile_keeps_its_synthetic_source(tmp_path):
     p = load_profile("env/lab.env")
     assert p.engram
     head, worker = local_pair(tmp_path)
-    rows, data = wstep.engram_source(p, FakeCluster([head, worker]), python=sys.executable,
-                                     endpoint=None, margin=0)
+    rows, data = wstep.engram_source(FakeCluster([head, worker]), p, python=sys.executable,
+                                     endpoint=None, margin=0, site=site_for(p))
     assert [(r.name, r.status) for r in rows] == [("weights.engram.source", Status.NA)]
     assert "prepare_lab_source" in rows[0].observed and head.commands == [] and worker.commands == []

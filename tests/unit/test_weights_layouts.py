@@ -17,7 +17,9 @@ from runbook import weights as W
 from runbook.checks import Status
 from runbook.errors import RunbookError
 from runbook.lab.hub import HubServer, publish_repo
+from runbook.lab.site import site_for
 from runbook.profile import load_profile
+from runbook.site import SPARKS_SITE
 from runbook.weights_tools import node_download
 from runbook.weights import transfer as wstep
 from runbook.weights_tools.layout import weights_layout
@@ -214,7 +216,7 @@ def test_a_rehearsal_runs_with_the_nodes_python_and_the_recipes_paths():
     """Rehearsed on the lab, a recipe profile keeps its paths and layout, and the nodes' own python3 (issue 22
     item 3: the shipped tools need no package, so the lab no longer lends the nodes the runbook's venv)."""
     p = _profile("dspark-v4")
-    assert wstep.node_python(p) == "python3" and not wstep.on_lab(p)
-    r = p.model_copy(update={"rehearsal": True})
-    assert wstep.on_lab(r) and wstep.node_python(r) == "python3"
+    assert wstep.node_python(p) == "python3" and site_for(p) is SPARKS_SITE
+    r = p.model_copy(update={"rehearsal": True, "lab": True})
+    assert site_for(r).on_lab and site_for(r).nfs_stand_in is not None and wstep.node_python(r) == "python3"
     assert weights_layout(r) == weights_layout(p)

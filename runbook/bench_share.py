@@ -3,7 +3,7 @@ WEIGHT_TRANSPORT (rsync over real SSH; stream: sendfile/splice over plain TCP), 
 measured the way step 01 measures it (iperf3, one stream, head to worker, JSON). Nodes are network namespaces on a switch of their own (``lab.switchlab``: a Linux bridge, MTU 9000),
 each with its own throwaway sshd (private /run and /root, like ``tests/support/sshd.py``), never the embedded lab::
 
-    sudo python -m runbook.weights.bench_share --gib 3 --workers 3 --repeat 3    # ~3 GiB in 3 shards, head + 3 workers
+    sudo python -m runbook.bench_share --gib 3 --workers 3 --repeat 3    # ~3 GiB in 3 shards, head + 3 workers
 
 Prints, and writes to ``<dir>/result.json``: iperf3 head->worker alone (step 01's figure) and to every worker at once,
 then the share by each transport (``transfer.share_to_workers`` over ``sharing.rsync_to_worker`` /
@@ -12,6 +12,9 @@ in aggregate, with the ratio of each rate to the TCP rate beside it, the load (`
 CPU time split (``/proc/stat``) during each measurement. ``--repeat N`` runs the whole round N times, interleaved (the
 machine is shared, its load moves), and prints the medians. Everything it made is removed at the end (``--keep``
 keeps the checkpoint for the next run).
+
+A top-level module beside the runner: it drives a step's code (``runbook.weights``) on the lab's switch
+(``runbook.lab.switchlab``), and neither the lab (below the steps) nor a step (which never imports the lab) may.
 """
 from __future__ import annotations
 
@@ -28,13 +31,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..facts import net as fnet
-from ..lab import switchlab
-from ..profile.nodes import NodeSpec
-from ..remote import CommandLog, Node, SshSettings
-from .sharing import RSYNC_SSH, STREAM_STREAMS, rsync_to_worker, stream_to_worker
-from .transfer import share_to_workers
-from .verify import read_manifest, verify_dir
+from .facts import net as fnet
+from .lab import switchlab
+from .profile.nodes import NodeSpec
+from .remote import CommandLog, Node, SshSettings
+from .weights.sharing import RSYNC_SSH, STREAM_STREAMS, rsync_to_worker, stream_to_worker
+from .weights.transfer import share_to_workers
+from .weights.verify import read_manifest, verify_dir
 
 GIB = 1 << 30
 CHUNK = 64 << 20

@@ -1,5 +1,6 @@
 """LAB FIXTURE (RECIPE=lab only): the synthetic V4.1-style Engram source generated on the head in place of
-02_weights' download, shared to each worker with rsync over the fabric, with its ``lab fixture: …`` rows.
+02_weights' download, shared to each worker with rsync over the fabric, with its ``lab fixture: …`` rows. Step 03
+reaches it through its site (``step.site.engram_source``, set by ``runbook.lab.site`` for RECIPE=lab).
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..checks import Check, CheckList, Status, check, not_applicable
-from .facts import parse_stat_lines
-from .tools import DEFAULT_TOOLS_DIR, LAB_TOOL_FILES, is_dry, last_json, shell_path, ship_tools, tail_line
+from ..engram_tools.ship import (DEFAULT_TOOLS_DIR, LAB_TOOL_FILES, is_dry, last_json, parse_stat_lines, shell_path,
+                                 ship_tools, tail_line)
 
 LAB_FIXTURE_MARKER = ".lab-fixture.json"
 LAB_FIXTURE_KIND = "runbook lab fixture: synthetic DeepSeek-V4.1-style Engram source (runbook.engram_tools.synth)"
