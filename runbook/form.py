@@ -42,7 +42,7 @@ __all__ = ["ProfileForm", "FormError", "show", "SHIPPED_PROFILES", "ENV_DIR", "v
 ENV_DIR = REPO_ROOT / "env"
 #: the profiles shipped with the repository; the form never overwrites them
 SHIPPED_PROFILES = ("lab.env", "exl3-v41.env", "dspark-v4.env", "tp3-dspark.env", "tp4-v41.env", "lab-tp3.env",
-                    "lab-tp4.env", "lab-ray.env", "lab-tp4-ray.env")
+                    "lab-tp4.env", "lab-ray.env", "lab-tp4-ray.env", "lab-tp2pp2.env")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _SECTION_RE = re.compile(r"#\s*-{3,}\s*(.*?)\s*-*\s*$")
 _FIRST_SECTION = "general"

@@ -155,10 +155,11 @@ class WeightsRecord(Record):
 class EngramRank(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     node: str
-    rank: int
+    rank: int                                 # the TP rank within its pipeline stage (the file's r{rank})
     packed_dir: str                           # ENGRAM_PACKED_DIR as that node resolves it
     files: tuple[str, ...] = ()               # engram-l{L}-r{rank}of{tp}.bin this step packed or found complete
     verified: bool | None = None              # the byte-identity check over them; None = not run
+    stage: int = 0                            # the node's pipeline stage (PP > 1: stage-1 nodes hold stage 0's shards)
 
 
 class EngramRecord(Record):

@@ -33,7 +33,7 @@ def roofline_of(cluster, profile, echo=print, *, site: Site = SPARKS_SITE) -> R.
         res = head.read(R.header_dump_cmd(tree), timeout=150)
         sb, config = R.step_bytes_from_dump(res.stdout)
         return R.Roofline(sb, config, int(profile.tp), int(profile.bench_prompt_tokens),
-                          str(profile.kv_cache_dtype or ""), int(profile.spec_k))
+                          str(profile.kv_cache_dtype or ""), int(profile.spec_k), int(profile.pp))
     except (RunbookError, OSError, ValueError, KeyError) as exc:
         echo(f"roofline: the checkpoint's headers on the head were not read ({exc}); the recipe's config values")
         return R.roofline_for(profile)
@@ -67,5 +67,5 @@ def panel(cluster, profile, result: BenchResult, membw_data: dict[str, Any],
                                    comparable=not on_lab)
         out["rank_rows"] = P.rank_rows(roof, membw_data, bandwidth=bw, allreduce_s=ar,
                                        ranks=int(profile.tp),      # the all-reduce spans the TP group
-                                       allreduce_measured=measured)
+                                       allreduce_measured=measured, pp=int(profile.pp))
     return out

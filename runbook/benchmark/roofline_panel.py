@@ -56,30 +56,39 @@ RANK_COLUMNS = ("rank", "node", "bandwidth_gbs", "bytes_per_rank", "verify_bytes
 
 
 def rank_rows(roofline: Roofline, membw: dict[str, Any] | None, *, bandwidth: float, allreduce_s: float,
-              ranks: int, allreduce_measured: bool, phase: str = "before") -> list[dict[str, Any]]:
+              ranks: int, allreduce_measured: bool, phase: str = "before", pp: int = 1) -> list[dict[str, Any]]:
     """One row per rank: its own measured bandwidth (``membw[phase]``; ``bandwidth`` where it has none), the
-    bytes it reads per plain and per verify step (1/TP of each sharded part, the KV whole), its read time, and
-    the all-reduce at ``ranks`` ranks: 01_network's sweep already ran across every node (``allreduce_measured``),
-    else the 2-rank figure x log2 N (a tree; ``fit.roofline.allreduce_s``). ``binds``: the slowest rank, whose
-    step is the cluster's."""
-    if bandwidth <= 0 or ranks < 1:
-        raise ValueError("bandwidth must be > 0 and ranks >= 1")
+    bytes it reads per plain and per verify step (1/TP of each sharded part of its stage's 1/PP of the layers, the
+    KV of those layers whole), its read time, and the all-reduce at ``ranks`` (the TP group's) ranks: 01_network's
+    sweep already ran across every node (``allreduce_measured``), else the 2-rank figure x log2 N (a tree;
+    ``fit.roofline.allreduce_s``).
+
+    Pipeline stages (``pp`` > 1; rank = stage x TP + tp_rank, vLLM's order): each row says its ``stage`` and
+    ``tp_rank``; ``stage_ms`` is the rank's own stage (its read and its stage's all-reduces), ``step_ms`` a token's
+    step were every stage as fast as this rank (PP x stage + PP - 1 hand-offs: the bubble at one stream).
+    ``binds``: the slowest rank of each stage, whose stage time is that stage's."""
+    if bandwidth <= 0 or ranks < 1 or pp < 1:
+        raise ValueError("bandwidth must be > 0, ranks and pp >= 1")
     by_node = ((membw or {}).get(phase) or {})
     ok = {n: float(r["gbs"]) * 1e9 for n, r in by_node.items() if isinstance(r, dict) and r.get("gbs") and not r.get("error")}
-    names = list(ok) or [f"rank {i}" for i in range(ranks)]
+    names = list(ok) or [f"rank {i}" for i in range(ranks * pp)]
     ar = allreduce_s if (allreduce_measured or ranks <= 2) else allreduce_at(ranks, 0, two_rank_s=allreduce_s)
-    n_ar = roofline.ceiling(bandwidth, 0.0).allreduces
+    n_ar = roofline.ceiling(bandwidth, 0.0).allreduces          # every stage's: a token passes them all
+    hop = ar if pp > 1 else 0.0                                   # one hand-off: at most one 2-rank exchange
     plain, verify = roofline.plain_bytes(), roofline.verify_bytes()
     rows = []
     for i, node in enumerate(names):
         bw = ok.get(node, bandwidth)
-        step_s = plain / bw + n_ar * ar
-        rows.append({"rank": i, "node": node, "bandwidth_gbs": bw / 1e9, "bytes_per_rank": plain,
+        stage_s = plain / bw + n_ar / pp * ar
+        step_s = pp * stage_s + (pp - 1) * hop
+        rows.append({"rank": i, "node": node, "stage": i // ranks, "tp_rank": i % ranks, "pp": pp,
+                     "bandwidth_gbs": bw / 1e9, "bytes_per_rank": plain,
                      "verify_bytes_per_rank": verify, "read_ms": plain / bw * 1e3, "verify_read_ms": verify / bw * 1e3,
-                     "ranks": ranks, "allreduce_us": ar * 1e6, "allreduces": n_ar, "collectives_ms": n_ar * ar * 1e3,
+                     "ranks": ranks, "allreduce_us": ar * 1e6, "allreduces": n_ar // pp if pp > 1 else n_ar,
+                     "collectives_ms": n_ar / pp * ar * 1e3, "stage_ms": stage_s * 1e3, "hops_ms": (pp - 1) * hop * 1e3,
                      "step_ms": step_s * 1e3, "tok_s": 1 / step_s, "binds": False})
-    slowest = max(rows, key=lambda r: r["step_ms"])
-    slowest["binds"] = True
+    for stage in {r["stage"] for r in rows}:
+        max((r for r in rows if r["stage"] == stage), key=lambda r: r["step_ms"])["binds"] = True
     return rows
 
 
@@ -119,7 +128,8 @@ def panel_rows(result: BenchResult, roofline: Roofline, *, bandwidth: float, all
         acc_len = case.median("spec_mean_acceptance_length")
         tokens_per_step = acc_len if acc_len else (1.0 if not roofline.spec_k else None)
         context = int(case.prompt_tokens + case.decode_tokens / 2)
-        r = Roofline(roofline.step, roofline.config, roofline.tp, context, roofline.kv_dtype, roofline.spec_k)
+        r = Roofline(roofline.step, roofline.config, roofline.tp, context, roofline.kv_dtype, roofline.spec_k,
+                     roofline.pp)
         plain = r.ceiling(bandwidth, allreduce_s)
         mode = r.ceiling(bandwidth, allreduce_s, acceptance_length=tokens_per_step) if tokens_per_step else None
         figs = _published(pub, recipe, wl, th, run_nodes(result))

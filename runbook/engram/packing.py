@@ -109,13 +109,14 @@ def plan_pack(profile, facts: Mapping[str, Any] | None = None, *, tools_dir: str
     for spec in profile.nodes:
         name = spec.name
         nf = node_facts(facts, name)
-        if spec.rank >= tp:
-            plans[name] = []           # more nodes than TP ranks: nothing to pack there
+        if not profile.holds_rank(spec.rank):
+            plans[name] = []           # more nodes than TP x PP ranks: nothing to pack there
             continue
         py = str(nf.get("python", "python3"))
         src, out = shell_path(src_of(profile, nf)), shell_path(packed_of(profile, nf))
         tdir = node_tools_dir(tools_dir, name)
-        common = ["--tp", str(tp), "--rank", str(spec.rank), *_layers_arg(layers)]
+        # the rank within its pipeline stage: a stage-1 node packs the same shard as its stage-0 twin
+        common = ["--tp", str(tp), "--rank", str(profile.tp_rank(spec.rank)), *_layers_arg(layers)]
         pack_py, check_py = (shell_path(f"{tdir}/{f}") for f in ("pack.py", "check.py"))
         pack_extra = (["--progress-every", str(int(progress_every))] if progress_every is not None else [])
         pack_extra += [shlex.quote(str(a)) for a in extra_args]
@@ -218,7 +219,8 @@ def run_pack(cluster, profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR
     def one(node) -> list[Check]:
         cmds = plans.get(node.name, [])
         if not cmds:
-            return [not_applicable("engram pack", f"rank {node.spec.rank} >= TP: no Engram shard", node=node.name)]
+            return [not_applicable("engram pack", f"node rank {node.spec.rank} >= TP x PP: no vLLM rank, no Engram "
+                                   "shard", node=node.name)]
         if node.name in skip:
             return [not_applicable("engram pack", "not started: a check above failed on this node",
                                    node=node.name, expected="pack and verify")]
@@ -258,15 +260,16 @@ def engram_record(profile, facts: Mapping[str, Mapping[str, Any]], summary: Mapp
     ranks = []
     for name, nf in facts.items():
         rank = int(nf.get("rank", 0))
-        if rank >= int(profile.tp):
+        if not profile.holds_rank(rank):
             continue
         node = summary.get(name) or {}
         verify = node.get("verify") or {}
-        ranks.append(EngramRank(node=name, rank=rank, packed_dir=packed_of(profile, nf),
+        ranks.append(EngramRank(node=name, rank=profile.tp_rank(rank), stage=profile.pp_stage(rank),
+                                packed_dir=packed_of(profile, nf),
                                 files=tuple(sorted((node.get("pack") or {}).get("files") or {})),
                                 verified=verify.get("ok") if verify else None))
     return EngramRecord(enabled=bool(profile.engram), tp=int(profile.tp),
-                        ranks=tuple(sorted(ranks, key=lambda r: r.rank)))
+                        ranks=tuple(sorted(ranks, key=lambda r: (r.stage, r.rank))))
 
 
 def summarize(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

@@ -23,10 +23,9 @@ def source_checks(profile, facts: Mapping[str, Any]) -> list[Check]:
     """Per packing node: python3 usable; ENGRAM_SRC_DIR holds config.json, index and the Engram
     shards; the worker sees the same shard sizes as the head; the total matches ENGRAM_GIB."""
     out: list[Check] = []
-    tp = int(profile.tp)
     head_sizes: dict[str, int] | None = None
     for name, nf in sorted(facts.items(), key=lambda kv: kv[1].get("rank", 99)):
-        if nf.get("rank", 0) >= tp:
+        if not profile.holds_rank(nf.get("rank", 0)):
             continue
         if nf.get("error"):
             out.append(Check("engram source", name, Status.FAIL, observed=f"node not readable: {nf['error']}",
@@ -94,8 +93,8 @@ def expected_files(profile, config: Mapping[str, Any], layers=None) -> dict[str,
     wanted = list(layers) if layers else list(layout.layer_ids)
     out: dict[str, list[L.RankRange]] = {}
     for spec in profile.nodes:
-        if spec.rank < layout.tp:
-            out[spec.name] = [layout.rank_range(layer, spec.rank) for layer in wanted]
+        if profile.holds_rank(spec.rank):     # every stage: a stage-1 node packs its stage-0 twin's ranges
+            out[spec.name] = [layout.rank_range(layer, profile.tp_rank(spec.rank)) for layer in wanted]
     return out
 
 

@@ -20,12 +20,12 @@ def plan_probe(profile, facts=None, *, tools_dir: str = DEFAULT_TOOLS_DIR, layer
     tp = int(profile.tp)
     out: dict[str, str] = {}
     for spec in profile.nodes:
-        if spec.rank >= tp:
+        if not profile.holds_rank(spec.rank):
             continue
         name = spec.name
         nf = node_facts(facts, name)
         packed = packed_of(profile, nf).rstrip("/")
-        f = shell_path(f"{packed}/{L.packed_name(layer, spec.rank, tp)}")
+        f = shell_path(f"{packed}/{L.packed_name(layer, profile.tp_rank(spec.rank), tp)}")
         out[name] = " ".join([str(nf.get("python", "python3")),
                               shell_path(f"{node_tools_dir(tools_dir, name)}/probe.py"),
                               "--file", f, "--qd", "1,64", "--seconds", str(seconds)])

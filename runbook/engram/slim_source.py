@@ -23,7 +23,7 @@ def make_slim_source(cluster, profile, facts: Mapping[str, Any] | None = None, *
                                node="cluster")]
     out: list[Check] = []
     for spec in profile.nodes:
-        if spec.rank >= int(profile.tp):
+        if not profile.holds_rank(spec.rank):
             continue
         node = cluster[spec.name]
         nf = node_facts(facts, node.name)

@@ -239,4 +239,4 @@ def roofline_or_fallback(profile, model_dir: str | None) -> R.Roofline | None:
     a = FALLBACK_ARCH[profile.recipe]
     step = R.step_bytes_from_config(a.config, a.bytes_per_param, source=a.source, assumptions=a.assumptions)
     return R.Roofline(step, a.config, int(profile.tp), int(profile.bench_prompt_tokens),
-                      str(profile.kv_cache_dtype or ""), int(profile.spec_k))
+                      str(profile.kv_cache_dtype or ""), int(profile.spec_k), int(profile.pp))

@@ -574,19 +574,34 @@ def allreduces_per_step(config: dict[str, Any], tp: int) -> int:
 
 @dataclass(frozen=True)
 class Ceiling:
+    """One decode step at one stream. With pipeline stages (``stages`` > 1) ``bytes_per_rank`` is what a rank
+    reads at its own stage, and a token passes every stage in turn: the read is ``stages`` x that (the pipeline
+    bubble: at one stream only one stage works at a time), the all-reduces are every stage's (``allreduces`` counts
+    them all), and ``stages - 1`` hand-offs of the activations cost ``p2p_s`` each."""
     bytes_per_rank: float
     bandwidth: float                  # bytes/s
     allreduces: int
     allreduce_s: float
     tokens_per_step: float = 1.0
+    stages: int = 1
+    p2p_s: float = 0.0
 
     @property
     def read_s(self) -> float:
-        return self.bytes_per_rank / self.bandwidth
+        return self.stages * self.bytes_per_rank / self.bandwidth
+
+    @property
+    def hops_s(self) -> float:
+        return (self.stages - 1) * self.p2p_s
 
     @property
     def collectives_s(self) -> float:
-        return self.allreduces * self.allreduce_s
+        return self.allreduces * self.allreduce_s + self.hops_s
+
+    @property
+    def bubble(self) -> float:
+        """The share of a step each rank idles at one stream: (stages - 1) / stages."""
+        return (self.stages - 1) / self.stages
 
     @property
     def step_s(self) -> float:
@@ -600,50 +615,67 @@ class Ceiling:
         return {"bytes_per_rank": self.bytes_per_rank, "bandwidth_gbs": self.bandwidth / 1e9,
                 "allreduces": self.allreduces, "allreduce_us": self.allreduce_s * 1e6,
                 "tokens_per_step": self.tokens_per_step, "read_ms": self.read_s * 1e3,
-                "collectives_ms": self.collectives_s * 1e3, "step_ms": self.step_s * 1e3, "tok_s": self.tok_s}
+                "collectives_ms": self.collectives_s * 1e3, "step_ms": self.step_s * 1e3, "tok_s": self.tok_s,
+                "stages": self.stages, "p2p_us": self.p2p_s * 1e6, "bubble": self.bubble}
 
 
 @dataclass
 class Roofline:
-    """Bytes per step per rank of one model at one TP and context, and what they allow."""
+    """Bytes per step per rank of one model at one TP x PP and context, and what they allow. With pipeline
+    stages (``pp`` > 1) a rank reads its stage's 1/PP of the layers (even split: ``plan --layouts`` weighs uneven
+    stages and the embedding/lm_head ends), and the ceiling pays the pipeline bubble: at one stream the stages
+    work one after another (:class:`Ceiling`)."""
     step: StepBytes
     config: dict[str, Any]
     tp: int
     context: int = 0
     kv_dtype: str = ""
     spec_k: int = 0
+    pp: int = 1
 
     @property
     def kv_bytes(self) -> float:
         wb = 4.0 if self.step.source.startswith("config-only: the lab") else 2.0
-        return kv_read_bytes(self.config, self.context, tp=self.tp, kv_dtype=self.kv_dtype, weight_bytes=wb)
+        return kv_read_bytes(self.config, self.context, tp=self.tp, kv_dtype=self.kv_dtype,
+                             weight_bytes=wb) / self.pp
+
+    @property
+    def weights_bytes(self) -> float:
+        """The weights one rank reads per plain step at its stage."""
+        return self.step.per_rank(self.tp) / self.pp
 
     def plain_bytes(self) -> float:
-        return self.step.per_rank(self.tp) + self.kv_bytes
+        return self.weights_bytes + self.kv_bytes
 
     def verify_bytes(self) -> float:
         """One verify step of k + 1 tokens (the draft layers included); plain when spec_k = 0."""
         if not self.spec_k:
             return self.plain_bytes()
-        return self.step.per_rank(self.tp, tokens=self.spec_k + 1, draft=True) + self.kv_bytes
+        return self.step.per_rank(self.tp, tokens=self.spec_k + 1, draft=True) / self.pp + self.kv_bytes
 
-    def ceiling(self, bandwidth: float, allreduce_s: float, *, acceptance_length: float | None = None) -> Ceiling:
-        """Plain (``acceptance_length`` None) or a verify step yielding ``acceptance_length`` tokens."""
+    def ceiling(self, bandwidth: float, allreduce_s: float, *, acceptance_length: float | None = None,
+                p2p_s: float | None = None) -> Ceiling:
+        """Plain (``acceptance_length`` None) or a verify step yielding ``acceptance_length`` tokens. ``p2p_s``:
+        one hand-off between pipeline stages; default one 2-rank all-reduce's latency (``allreduce_s``; a send
+        is at most that)."""
         n = allreduces_per_step(self.config, self.tp)
+        hop = allreduce_s if p2p_s is None else p2p_s
         if acceptance_length is None or not self.spec_k:
-            return Ceiling(self.plain_bytes(), bandwidth, n, allreduce_s, 1.0)
-        return Ceiling(self.verify_bytes(), bandwidth, n, allreduce_s, float(acceptance_length))
+            return Ceiling(self.plain_bytes(), bandwidth, n, allreduce_s, 1.0, self.pp, hop)
+        return Ceiling(self.verify_bytes(), bandwidth, n, allreduce_s, float(acceptance_length), self.pp, hop)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step.to_dict(), "tp": self.tp, "context": self.context, "kv_dtype": self.kv_dtype,
-                "spec_k": self.spec_k, "weights_per_rank": self.step.per_rank(self.tp), "kv_per_rank": self.kv_bytes,
-                "plain_bytes_per_rank": self.plain_bytes(), "verify_bytes_per_rank": self.verify_bytes(),
+        return {"step": self.step.to_dict(), "tp": self.tp, "pp": self.pp, "context": self.context,
+                "kv_dtype": self.kv_dtype, "spec_k": self.spec_k, "weights_per_rank": self.weights_bytes,
+                "kv_per_rank": self.kv_bytes, "plain_bytes_per_rank": self.plain_bytes(),
+                "verify_bytes_per_rank": self.verify_bytes(),
                 "allreduces": allreduces_per_step(self.config, self.tp), "config": _slim(self.config)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Roofline":
         return cls(StepBytes.from_dict(d["step"]), dict(d.get("config") or {}), int(d["tp"]),
-                   int(d.get("context", 0)), str(d.get("kv_dtype", "")), int(d.get("spec_k", 0)))
+                   int(d.get("context", 0)), str(d.get("kv_dtype", "")), int(d.get("spec_k", 0)),
+                   int(d.get("pp", 1) or 1))
 
 
 _CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "n_layers", "num_attention_heads", "num_key_value_heads",
@@ -671,7 +703,8 @@ def roofline_for(profile, *, model_dir: str | Path | None = None, context: int |
         if step is None:
             return None
         config = ARCH[key].config
-    return Roofline(step, config, int(profile.tp), ctx, str(profile.kv_cache_dtype or ""), int(profile.spec_k))
+    return Roofline(step, config, int(profile.tp), ctx, str(profile.kv_cache_dtype or ""), int(profile.spec_k),
+                    int(profile.pp))
 
 
 def spark_ceilings(r: Roofline) -> dict[str, Ceiling]:
@@ -707,13 +740,14 @@ def fmt_bytes(b: float) -> str:
 def roofline_text(r: Roofline, ceilings: dict[str, Ceiling], *, bandwidth_note: str = "") -> str:
     """The ``plan`` section: bytes per step per rank by part, then each ceiling."""
     s = r.step
-    lines = [f"decode roofline (bytes read per step per rank at TP={r.tp}, context {r.context:,} tokens):",
+    layout = f"TP={r.tp} x PP={r.pp}" if r.pp > 1 else f"TP={r.tp}"
+    lines = [f"decode roofline (bytes read per step per rank at {layout}, context {r.context:,} tokens):",
              f"  source: {s.source}"]
     lines += [f"  assumption: {a}" for a in s.assumptions]
     for part in PARTS:
         v = s.parts.get(part, 0.0)
         if v:
-            per = v * (1 if part == "embedding" else 1 / r.tp)
+            per = v * (1 if part == "embedding" else 1 / r.tp) / r.pp
             lines.append(f"  {part:<15} {fmt_bytes(v):>10} per token   {fmt_bytes(per):>10} per rank")
     lines.append(f"  {'KV + indexer':<15} {'':>10}             {fmt_bytes(r.kv_bytes):>10} per rank "
                  f"(KV_CACHE_DTYPE={r.kv_dtype or 'auto'})")
@@ -722,9 +756,15 @@ def roofline_text(r: Roofline, ceilings: dict[str, Ceiling], *, bandwidth_note: 
         lines.append(f"  verify step (k={r.spec_k}: {r.spec_k + 1} tokens, {s.distinct_experts(r.spec_k + 1):.1f} "
                      f"distinct experts per layer, draft layers {fmt_bytes(s.draft_bytes)}): "
                      f"{fmt_bytes(r.verify_bytes())} per rank")
+    if r.pp > 1:
+        lines.append(f"  pipeline: {r.pp} stages of {r.tp} rank(s); at one stream a token passes every stage in turn, "
+                     f"so each rank idles {(r.pp - 1) / r.pp:.0%} of a step (the bubble) and the read is {r.pp} x its "
+                     f"stage's, plus {r.pp - 1} hand-off(s) between stages")
     for name, c in ceilings.items():
-        line = (f"  ceiling ({name}): {c.bandwidth / 1e9:.0f} GB/s -> {c.read_s * 1e3:.2f} ms read + "
-                f"{c.allreduces} all-reduces x {c.allreduce_s * 1e6:.0f} us = {c.step_s * 1e3:.2f} ms/step "
+        read = (f"{c.stages} stages x {c.bytes_per_rank / c.bandwidth * 1e3:.2f} ms = " if c.stages > 1 else "")
+        hops = (f" + {c.stages - 1} stage hop(s) x {c.p2p_s * 1e6:.0f} us" if c.stages > 1 else "")
+        line = (f"  ceiling ({name}): {c.bandwidth / 1e9:.0f} GB/s -> {read}{c.read_s * 1e3:.2f} ms read + "
+                f"{c.allreduces} all-reduces x {c.allreduce_s * 1e6:.0f} us{hops} = {c.step_s * 1e3:.2f} ms/step "
                 f"-> {c.tok_s:.1f} tok/s plain")
         if r.spec_k:
             spec = r.ceiling(c.bandwidth, c.allreduce_s, acceptance_length=1.0)

@@ -123,7 +123,7 @@ def prepare_lab_source(cluster, profile, *, vocab: int | None = None, seed: int 
                          data=marker))
     head_files = {k: v for k, v in _stat_files(head, src).items()}
     for worker in cluster.workers:
-        if worker.spec.rank >= int(profile.tp):
+        if not profile.holds_rank(worker.spec.rank):
             continue
         wname = "lab fixture: source shared to worker"
         target = worker.spec.fabric_ip

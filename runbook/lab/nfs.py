@@ -92,7 +92,8 @@ def nfs_userspace_share(head, worker, export_dir: str, mountpoint: str, *,
     weights step's rule (head manifest, manifest over NFS, node=) -> its ``weights.parity`` row. Returns the rows
     and the share's data."""
     export_dir, mountpoint = on_node(head, export_dir), on_node(worker, mountpoint)
-    cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint, name=name, probe=probe)
+    cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint, name=name, probe=probe,
+                      export_to=worker_ips or [worker.spec.fabric_ip])
     head_ip = head.spec.fabric_ip
     conf = render_ganesha(export_dir, head_ip, worker_ips or [worker.spec.fabric_ip])
     checks: list[Check] = []

@@ -25,9 +25,10 @@ def serves_packed_engram(profile) -> bool:
 
 
 def tp_ranks(profile, node_rank: int) -> list[int]:
-    """The tensor-parallel ranks one node runs (one per node on Sparks)."""
-    per_node = max(1, profile.tp // max(1, profile.nnodes))
-    return [node_rank * per_node + i for i in range(per_node)]
+    """The tensor-parallel ranks one node runs, each within its pipeline stage (one per node on Sparks: TP x PP =
+    NNODES; a stage-1 node runs the same TP rank, and attaches the same shards, as its stage-0 twin)."""
+    per_node = max(1, (profile.tp * profile.pp) // max(1, profile.nnodes))
+    return [profile.tp_rank(node_rank * per_node + i) for i in range(per_node)]
 
 
 def packed_files(profile, node_rank: int, layers) -> list[str]:

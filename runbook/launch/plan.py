@@ -79,7 +79,7 @@ def gather_facts(cluster: Cluster, profile, *, gid_indexes: dict[str, int] | Non
         packed = False
         if profile.engram and profile.engram_packed_dir:
             d = render.expand_home(profile.engram_packed_dir, home)
-            f = f"{d}/engram-l1-r{node.spec.rank}of{profile.tp}.bin"
+            f = f"{d}/engram-l1-r{profile.tp_rank(node.spec.rank)}of{profile.tp}.bin"
             packed = node.read(f"test -s {quote(f)}").ok
         mounts = _lab_runtime_mounts(profile) if (profile.lab and profile.runtime == "docker") else ()
         return NodeFacts(home=home, gid_index=gid, packed_engram=packed, runtime_mounts=mounts)

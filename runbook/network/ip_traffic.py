@@ -2,15 +2,60 @@
 directions. Servers are one-shot (``iperf3 -s -1``) under ``timeout``; these stay real in a rehearsal.
 
 Check rows: ``net.ping.<rail>.<a>-><b>``, ``net.switch.<rail>`` (a rail of three or more nodes: a switch; names the
-node whose switch port drops jumbo frames), ``net.tcp.<rail>.<a>-><b>``.
+node whose switch port drops jumbo frames), ``net.tcp.<rail>.<a>-><b>``, ``net.tcp_pairs.<rail>`` (a rail of three or
+more nodes: names the slow or missing pair among the per-pair iperf3 results).
 """
 from __future__ import annotations
 
-from ..checks import check
+from ..checks import Check, check
 from ..facts import net as fnet
 from .context import Verification, Rail, concurrently, iface_of, pairs_on, read, text_of
 
 IPERF_BASE_PORT = 5301
+SLOW_PAIR_FRACTION = 0.5      # a pair below half the fastest pair's TCP rate is named slow
+
+
+def tcp_pairs_check(rail_name: str, results: dict[tuple[str, str], float | None], min_gbps: float) -> Check:
+    """``net.tcp_pairs.<rail>`` from the per-direction iperf3 results of one rail ({(sender, receiver): Gb/s
+    received, None when iperf3 gave no figure}): every pair of nodes is named when a direction of it is missing,
+    below MIN_TCP_GBPS (FAIL) or below SLOW_PAIR_FRACTION x the fastest direction measured on the rail (WARN: on a
+    switch every pair should see the same path, so one slow pair is one port, cable or transceiver)."""
+    got = {k: v for k, v in results.items() if v is not None}
+    fastest = max(got.values(), default=0.0)
+    floor = SLOW_PAIR_FRACTION * fastest
+    missing = [f"{a}->{b}" for (a, b), v in results.items() if v is None]
+    below = [f"{a}->{b} {v:.2f}" for (a, b), v in got.items() if v < min_gbps]
+    slow = [f"{a}->{b} {v:.2f}" for (a, b), v in got.items() if min_gbps <= v < floor]
+    pairs = len({frozenset(k) for k in results})
+    expected = (f"every pair both ways >= {min_gbps} Gb/s (MIN_TCP_GBPS) and >= {SLOW_PAIR_FRACTION:g} x the fastest "
+                "pair")
+    data = {"gbps": {f"{a}->{b}": v for (a, b), v in results.items()}, "fastest_gbps": fastest,
+            "slow_floor_gbps": floor, "threshold_gbps": min_gbps, "missing": missing,
+            "below_min": below, "slow": slow}
+    if not got:
+        return check(f"net.tcp_pairs.{rail_name}", False, node="cluster",
+                     observed=f"no iperf3 figure for any of the {len(results)} directions of {pairs} pairs",
+                     expected=expected, data=data, cause="fabric",
+                     fix="see the net.tcp rows: iperf3 on every node, the fabric addresses answer ping")
+    lo = min(got, key=got.get)
+    spread = (f"{len(got)} directions of {pairs} pairs measured: {min(got.values()):.2f}-{fastest:.2f} Gb/s "
+              f"(slowest {lo[0]}->{lo[1]})")
+    if missing or below:
+        named = (["no figure: " + ", ".join(missing)] if missing else []) + \
+                ([f"below MIN_TCP_GBPS={min_gbps}: " + ", ".join(below) + " Gb/s"] if below else [])
+        return check(f"net.tcp_pairs.{rail_name}", False, node="cluster",
+                     observed=f"{spread}; " + "; ".join(named), expected=expected, data=data, cause="fabric",
+                     fix="check the named pair's ports, cables and switch ports (ip -s link: errors, drops), and the "
+                         "MTU on both ends; a pair with no figure: iperf3 on both nodes and a path between them")
+    if slow:
+        return check(f"net.tcp_pairs.{rail_name}", False, node="cluster", warn_only=True,
+                     observed=f"{spread}; below {SLOW_PAIR_FRACTION:g} x the fastest ({floor:.2f} Gb/s): "
+                              + ", ".join(slow) + " Gb/s",
+                     expected=expected, data=data,
+                     fix="a slow pair on a switch is one end's port, cable or transceiver, or a busy node: rerun "
+                         "01_network; if the same pair stays slow, check its ports (ethtool -S, ip -s link) and "
+                         "the switch port counters")
+    return check(f"net.tcp_pairs.{rail_name}", True, node="cluster", observed=spread, expected=expected, data=data)
 
 
 def short_ends(names: list[str], answered: dict[tuple[str, str], bool]) -> list[str] | None:
@@ -101,6 +146,7 @@ def iperf_checks(ctx: Verification, rails: list[Rail], seconds: int) -> None:
     min_gbps = ctx.profile.min_tcp_gbps
     port = IPERF_BASE_PORT
     for rail in rails:
+        results: dict[tuple[str, str], float | None] = {}
         for a, b in pairs_on(ctx, rail):   # a sends (client), b receives (server)
             src, dst = rail.ends[a.name], rail.ends[b.name]
             port += 1
@@ -114,6 +160,7 @@ def iperf_checks(ctx: Verification, rails: list[Rail], seconds: int) -> None:
                   ctx.save(f"{base}_server.json", srv.stdout or srv.stderr or "")]
             res = fnet.parse_iperf3(cli.stdout)
             gbps = res.receiver_gbps
+            results[(a.name, b.name)] = gbps
             label = f"net.tcp.{rail.name}.{a.name}->{b.name}"
             data = {"kind": "tcp", "rail": rail.name, "direction": f"{a.name}->{b.name}", "gbps": gbps,
                     "threshold_gbps": min_gbps, "sender_gbps": res.sender_gbps}
@@ -126,3 +173,5 @@ def iperf_checks(ctx: Verification, rails: list[Rail], seconds: int) -> None:
                           observed=f"{src.iface} {src.ip} -> {dst.ip}: {gbps:.2f} Gb/s received", expected=f">= {min_gbps} Gb/s (MIN_TCP_GBPS)",
                           fix="TCP below threshold: check MTU, socket buffers, CPU load, and a degraded link (cold boot)",
                           evidence=ev, data=data))
+        if len(rail.ends) >= 3 and results:
+            ctx.add(tcp_pairs_check(rail.name, results, min_gbps))

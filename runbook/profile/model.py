@@ -269,6 +269,28 @@ class Profile(BaseModel):
             return items[rank]
         return "0" if rank == 0 or cpus < 2 else str(1 + (rank - 1) % (cpus - 1))
 
+    def tp_rank(self, rank: int) -> int:
+        """The tensor-parallel rank of the node at ``rank`` within its pipeline stage. vLLM numbers the ranks TP
+        innermost (rank = stage x TP + tp_rank; measured on the lab, docs/four-nodes.md), one rank per node, so
+        at TP=2 x PP=2 the nodes 0 1 2 3 are TP ranks 0 1 0 1: a stage-1 node packs and attaches the same Engram
+        shard (``engram-l{L}-r{tp_rank}of{TP}.bin``) as its stage-0 twin.
+
+        >>> from runbook.profile import load_profile
+        >>> p = load_profile("env/lab-tp2pp2.env")
+        >>> [(p.tp_rank(r), p.pp_stage(r)) for r in range(4)]
+        [(0, 0), (1, 0), (0, 1), (1, 1)]
+        """
+        return int(rank) % max(1, int(self.tp))
+
+    def pp_stage(self, rank: int) -> int:
+        """The pipeline stage of the node at ``rank`` (0 without PP): ``rank // TP``."""
+        return int(rank) // max(1, int(self.tp))
+
+    def holds_rank(self, rank: int) -> bool:
+        """The node at ``rank`` runs a vLLM rank (TP x PP of them, one per node; validate refuses TP x PP !=
+        NNODES, so on a valid profile every node does)."""
+        return int(rank) < int(self.tp) * int(self.pp)
+
     @property
     def spec_k(self) -> int:
         """Speculative tokens actually used (0 when SPEC_METHOD=none)."""

@@ -137,13 +137,19 @@ def conflicts(p: Profile) -> Iterable[Conflict]:
                             "seed B TP3: NCCL_IB_HCA is both ports on every node; a single facing port times "
                             "out in QP RTR)",
                             at=f"{n}_CX7_IB")
-    if p.node_count > 2 and p.weight_sync == "nfs" and not p.is_lab:
+    if p.weight_sync == "nfs" and p.topology in ("triangle", "ring"):
+        # on a switch (or a cable) every worker reaches HEAD_IP: one export lists every worker's address and each
+        # mounts HEAD_IP:<dir>. Without a switch the head has one address per link, so a worker off the head's
+        # first link mounts nothing at HEAD_IP
         yield Conflict((last_ssh_key(p), "WEIGHT_SYNC"),
-                        f"WEIGHT_SYNC=nfs with {p.node_count} nodes: the runbook's NFS mode exports to one worker "
-                        "(WORKER_IP), and on the TP=3 triangle each further worker must mount the head's address on "
-                        "ITS link (seed B WORKER2_NFS_SERVER_IP), which that mode does not model",
+                        f"WEIGHT_SYNC=nfs on the {p.node_count}-node {p.topology} (the fabric IPs are not on one "
+                        f"/24): the NFS mode exports the head's directories at HEAD_IP={p.head_ip} to every "
+                        "worker, but without a switch a worker on another link does not reach that address; it "
+                        "would have to mount the head's address on ITS link (seed B WORKER2_NFS_SERVER_IP), "
+                        "which the runbook does not model",
                         "use WEIGHT_SYNC=rsync (seed B: prepare copies the weights to WORKER2 when NFS=0) "
-                        "or download-both", at="WEIGHT_SYNC")
+                        "or download-both; WEIGHT_SYNC=nfs works on a cable (2 nodes) and on a switch (every "
+                        "*_IP on one /24)", at="WEIGHT_SYNC")
     yield from transport_conflicts(p)
     if p.lab_cpu_bind:
         items = [x for x in p.lab_cpu_bind.split(",") if x]

@@ -218,6 +218,8 @@ def roofline(B: dict[str, Any], e: Escape, plots: bool, model: ReportModel) -> l
         step = roof["step"]
         lines = [f"weights per rank {_mb(roof.get('weights_per_rank'))} + KV/indexer at context {roof.get('context')} "
                  f"{_mb(roof.get('kv_per_rank'))} = {_mb(roof.get('plain_bytes_per_rank'))} per plain step at TP={roof.get('tp')}"
+                 + (f" x PP={roof.get('pp')} (a rank reads its stage's layers; a token passes all {roof.get('pp')} stages)"
+                    if int(roof.get("pp") or 1) > 1 else "")
                  + (f"; a verify step (k={roof.get('spec_k')}) {_mb(roof.get('verify_bytes_per_rank'))}" if roof.get("spec_k") else ""),
                  "by part (whole model, per token): " + ", ".join(f"{k} {_mb(v)}" for k, v in (step.get("parts") or {}).items() if v),
                  f"bytes from: {step.get('source')}" + ("; " + "; ".join(step.get("assumptions") or []) if step.get("assumptions") else ""),
@@ -242,15 +244,24 @@ def roofline(B: dict[str, Any], e: Escape, plots: bool, model: ReportModel) -> l
     ranks = roof.get("rank_rows") or []
     if ranks:
         num = lambda v, f: f'<td class="num">{e(f.format(v))}</td>' if isinstance(v, (int, float)) else "<td>–</td>"
-        rows = [[f"<td>{e(r['rank'])}</td>", f"<td>{e(r['node'])}</td>", num(r.get("bandwidth_gbs"), "{:.1f}"),
+        staged = any(int(r.get("pp") or 1) > 1 for r in ranks)
+        where = (lambda r: [f"<td>{e(r.get('stage', 0))}</td>", f"<td>{e(r.get('tp_rank', r['rank']))}</td>"]
+                 if staged else [])
+        rows = [[f"<td>{e(r['rank'])}</td>", f"<td>{e(r['node'])}</td>", *where(r), num(r.get("bandwidth_gbs"), "{:.1f}"),
                  num((r.get("bytes_per_rank") or 0) / 1e6, "{:,.1f}"), num(r.get("read_ms"), "{:.2f}"),
                  num(r.get("allreduce_us"), "{:.0f}"), num(r.get("allreduces"), "{}"),
                  num(r.get("collectives_ms"), "{:.2f}"), num(r.get("step_ms"), "{:.2f}"), num(r.get("tok_s"), "{:.1f}"),
-                 f"<td>{'binds' if r.get('binds') else ''}</td>"] for r in ranks]
+                 f"<td>{('binds stage ' + str(r.get('stage', 0))) if staged and r.get('binds') else 'binds' if r.get('binds') else ''}</td>"]
+                for r in ranks]
+        pp = max(int(r.get("pp") or 1) for r in ranks)
+        stages = (f"; {pp} pipeline stages of TP={e(roof.get('tp'))} (rank = stage x TP + TP rank): a token passes "
+                  f"every stage in turn, so step ms is PP x the rank's stage plus {pp - 1} hand-off(s), and the "
+                  "slowest rank of each stage sets that stage" if staged else "; the slowest rank sets the step")
         parts.append(f"<h3>Roofline per rank ({len(ranks)} ranks; the all-reduce spans TP={e(roof.get('tp'))}: "
                      f"{'measured across the nodes by 01_network' if roof.get('allreduce_measured') else 'the two-rank figure scaled to the TP group'}"
-                     "; the slowest rank sets the step)</h3>"
-                     + table(["rank", "node", "bandwidth GB/s", "MB per plain step", "read ms", "all-reduce us",
+                     f"{stages})</h3>"
+                     + table(["rank", "node", *(["stage", "TP rank"] if staged else []), "bandwidth GB/s",
+                              "MB per plain step", "read ms", "all-reduce us",
                               "all-reduces", "collectives ms", "step ms", "ceiling tok/s", ""], rows))
     rec = B.get("reconciliation") or {}
     if rec.get("rows"):

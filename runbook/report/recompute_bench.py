@@ -169,7 +169,7 @@ def roofline(model: ReportModel, data: dict[str, Any], merged: dict[str, Any], r
         return
     if not roof.get("step"):
         return
-    keys = ("tp", "context", "kv_dtype", "spec_k", "weights_per_rank", "kv_per_rank", "plain_bytes_per_rank",
+    keys = ("tp", "pp", "context", "kv_dtype", "spec_k", "weights_per_rank", "kv_per_rank", "plain_bytes_per_rank",
             "verify_bytes_per_rank", "allreduces", "bandwidth", "bandwidth_note", "allreduce_s", "allreduce_note",
             "allreduce_measured", "comparable", "step")
     out = {k: roof.get(k) for k in keys}
@@ -184,7 +184,8 @@ def roofline(model: ReportModel, data: dict[str, Any], merged: dict[str, Any], r
             out["rank_rows"] = rank_rows(Roofline.from_dict(roof), data.get("membw"),
                                          bandwidth=float(roof["bandwidth"]),
                                          allreduce_s=float(roof.get("allreduce_s") or 0.0), ranks=int(roof["tp"]),
-                                         allreduce_measured=bool(roof.get("allreduce_measured")))
+                                         allreduce_measured=bool(roof.get("allreduce_measured")),
+                                         pp=int(roof.get("pp") or 1))
         except Exception as exc:  # noqa: BLE001 - an optional section
             model.notes.append(f"bench: roofline per rank unavailable ({type(exc).__name__}: {exc})")
     model.bench["roofline"] = out

@@ -498,23 +498,25 @@ def download_on_node(node, repo: str, revision: str, dest: str, *, expected: dic
 def nfs_share(head, worker, export_dir: str, mountpoint: str, *, execute: bool,
               head_manifest: dict[str, Any] | None = None, python: str = "python3",
               workers: int = 4, reason: str = "", name: str = "weights", tree: str = "",
-              probe: str = "config.json") -> ShareResult:
+              probe: str = "config.json", worker_ips: list[str] | None = None) -> ShareResult:
     """Render (and with ``execute`` run) the kernel NFS mode for one directory. Paths are expanded on
     their own node (``~`` = that node's home); commands that need root get ``sudo -n`` when the SSH
     user is not root, and sudo is proven to work before anything changes. ``tree``: where the
     verified files sit in the export (hub cache: ``snapshots/<rev>``). Without ``execute`` (a kernel
-    with no nfsd / nfs4 client) the commands are rendered and reported N/A — never as a pass."""
+    with no nfsd / nfs4 client) the commands are rendered and reported N/A — never as a pass. ``worker_ips``:
+    every worker's fabric address (the export lists them all; default: this worker's alone)."""
     export_dir, mountpoint = on_node(head, export_dir), on_node(worker, mountpoint)
     head_sudo = execute and not node_user(head).is_root
     worker_sudo = execute and not node_user(worker).is_root
     cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint, name=name,
-                      head_sudo=head_sudo, worker_sudo=worker_sudo, probe=probe)
+                      head_sudo=head_sudo, worker_sudo=worker_sudo, probe=probe,
+                      export_to=worker_ips or [worker.spec.fabric_ip])
     result = ShareResult("nfs", data={"commands": cmds, "executed": execute, "export": export_dir,
                                       "mountpoint": mountpoint})
     if not execute:
         result.checks.append(not_applicable(
             "weights.nfs", reason or "rendered, not run (no kernel NFS server/client here)",
-            node="cluster", expected="export ro to WORKER_IP only; mount nfs4.2 nconnect=8 hard"))
+            node="cluster", expected="export ro to every worker's *_IP only; mount nfs4.2 nconnect=8 hard"))
         return result
     refused = [c for c in (sudo_check(head, cmds["head"]), sudo_check(worker, cmds["worker"])) if c]
     result.checks.extend(refused)
@@ -549,17 +551,20 @@ def sudo_allowed_row(node, commands: list[str]) -> Check:
                  data={"user": user.name, "sudo": [" ".join(a) for a in argvs]})
 
 
-def exported_to(listing: str, export_dir: str) -> str:
-    """``client(options)`` of ``export_dir`` in ``exportfs -v`` output (a long path puts it on the next line), or "".
+def exported_clients(listing: str, export_dir: str) -> dict[str, list[str]]:
+    """Every client of ``export_dir`` in ``exportfs -v`` output (one line per client; a long path puts the client
+    on the next line) -> {address: options, in exportfs's order}.
 
-    >>> exported_to("/srv/m \\n\\t\\t10.0.0.2(sync,wdelay,ro,root_squash)\\n", "/srv/m")
-    '10.0.0.2(sync,wdelay,ro,root_squash)'
+    >>> exported_clients("/srv/m \\t10.0.0.2(sync,ro,root_squash)\\n/srv/m \\n\\t\\t10.0.0.3(sync,rw)\\n", "/srv/m")
+    {'10.0.0.2': ['sync', 'ro', 'root_squash'], '10.0.0.3': ['sync', 'rw']}
     """
     tokens = (listing or "").split()
+    out: dict[str, list[str]] = {}
     for i, token in enumerate(tokens[:-1]):
         if token == export_dir:
-            return tokens[i + 1]
-    return ""
+            client, _, opts = tokens[i + 1].partition("(")
+            out[client] = [o for o in opts.rstrip(")").split(",") if o]
+    return out
 
 
 def _last(res) -> str:
@@ -569,22 +574,24 @@ def _last(res) -> str:
 
 
 def kernel_nfs_until_server(head, worker, export_dir: str, mountpoint: str, *, name: str = "weights",
-                            probe: str = "config.json") -> list[Check]:
+                            probe: str = "config.json", worker_ips: list[str] | None = None) -> list[Check]:
     """Where nfsd and the kernel's NFS client cannot run (the lab), the kernel NFS mode up to them, for real and
     as the profile's SSH user: the sudo probe on both nodes (stops here on a refusal), the exports file written
     with the rendered line (``sudo -n tee`` for a non-root user) and read back, ``exportfs -ra`` and
     ``exportfs -v`` on the head, the mount point made on the worker. The server and the mount rows say N/A
-    with what the node answered, never PASS."""
+    with what the node answered, never PASS. ``worker_ips``: every worker's fabric address, all of which the
+    export must list (default: this worker's alone)."""
     head_sudo, worker_sudo = not node_user(head).is_root, not node_user(worker).is_root
+    clients = worker_ips or [worker.spec.fabric_ip]
     cmds = render_nfs(export_dir, head.spec.fabric_ip, worker.spec.fabric_ip, mountpoint, name=name,
-                      head_sudo=head_sudo, worker_sudo=worker_sudo, probe=probe)
+                      head_sudo=head_sudo, worker_sudo=worker_sudo, probe=probe, export_to=clients)
     rows = [sudo_allowed_row(head, cmds["head"]), sudo_allowed_row(worker, cmds["worker"])]
     if any(r.failed for r in rows):
         return rows
     mkdir, tee, exportfs_ra, exportfs_v, rpcinfo = cmds["head"]
     exports = exports_file(name)
     wrote = head.run(f"{mkdir} && {tee}", timeout=60, warn=True)
-    line = export_line(export_dir, worker.spec.fabric_ip)
+    line = export_line(export_dir, clients)
     back = head.read(f"cat {_q(exports)}", timeout=20)
     rows.append(check("weights.nfs.exports", wrote.ok and back.stdout.strip() == line, node=head.name,
                       observed=(f"{exports}: {back.stdout.strip()}" if wrote.ok and back.ok else
@@ -593,12 +600,17 @@ def kernel_nfs_until_server(head, worker, export_dir: str, mountpoint: str, *, n
                       fix=f"check the sudo rule for tee {exports} on {head.name}"))
     ra = head.run(exportfs_ra, timeout=60, warn=True)
     listed = head.read(exportfs_v.split(" | ")[0], timeout=30)      # the export table exportfs keeps (etab)
-    entry = exported_to(listed.stdout, export_dir)
-    good = entry.startswith(f"{worker.spec.fabric_ip}(") and {"ro", "root_squash"} <= set(entry[:-1].split("(", 1)[-1].split(","))
-    rows.append(check("weights.nfs.exportfs", ra.ok and good, node=head.name,
+    listed_clients = exported_clients(listed.stdout, export_dir)
+    missing = [ip for ip in clients if not {"ro", "root_squash"} <= set(listed_clients.get(ip, ()))]
+    extra = sorted(set(listed_clients) - set(clients))
+    shown = ", ".join(f"{ip}({','.join(o)})" for ip, o in listed_clients.items()) or "not listed"
+    rows.append(check("weights.nfs.exportfs", ra.ok and not missing and not extra, node=head.name,
                       observed=(f"`{exportfs_ra}` exit {ra.exit_code}" + ("" if ra.ok else f": {_last(ra)}")
-                                + f"; `exportfs -v`: {export_dir} " + (entry or "not listed")),
-                      expected=f"exportfs takes the exports file: {export_dir} to {worker.spec.fabric_ip}, ro, root_squash",
+                                + f"; `exportfs -v`: {export_dir} {shown}"
+                                + (f"; not exported ro,root_squash to {', '.join(missing)}" if missing else "")
+                                + (f"; also exported to {', '.join(extra)}" if extra else "")),
+                      expected=(f"exportfs takes the exports file: {export_dir} to {', '.join(clients)} (every "
+                                "worker, nobody else), ro, root_squash"),
                       fix=f"read {exports} and exportfs's message on {head.name}"))
     server = head.read(rpcinfo, timeout=30)
     rows.append(not_applicable(

@@ -227,7 +227,8 @@ def share_to_worker(cluster, profile, worker, *, src: str, dst: str, tree: str, 
     if site.nfs_stand_in is not None:
         # no nfsd or kernel NFS client here: the kernel mode runs as the profile's user up to them (sudo probe,
         # exports file, exportfs), then the site's stand-ins for the kernel's server and mount (the lab's, as root)
-        kernel = kernel_nfs_until_server(head, worker, src, dst, name=name, probe=probe)
+        kernel = kernel_nfs_until_server(head, worker, src, dst, name=name, probe=probe,
+                                         worker_ips=[w.spec.fabric_ip for w in cluster.workers])
         if any(c.failed for c in kernel):
             return ShareResult("nfs", checks=kernel)
         rows, data = site.nfs_stand_in(head, worker, src, dst, head_manifest=head_manifest, name=name, tree=tree,
@@ -235,7 +236,7 @@ def share_to_worker(cluster, profile, worker, *, src: str, dst: str, tree: str, 
                                        parity=parity)
         return ShareResult("nfs", checks=[*kernel, *rows], data=data)
     return nfs_share(head, worker, src, dst, execute=True, head_manifest=head_manifest, python=python,
-                     name=name, tree=tree, probe=probe)
+                     name=name, tree=tree, probe=probe, worker_ips=[w.spec.fabric_ip for w in cluster.workers])
 
 
 def copy_target_mount(worker, dst: str, *, mode: str) -> Check | None:
@@ -369,7 +370,7 @@ def engram_source(cluster, profile, *, python: str, endpoint: str | None, margin
                           "to its commit")], data
     snap = full.select(files)
     data["total_bytes"] = snap.total_bytes
-    packers = [n for n in [cluster.head, *cluster.workers] if n.spec.rank < int(profile.tp)]
+    packers = [n for n in [cluster.head, *cluster.workers] if profile.holds_rank(n.spec.rank)]
     head, workers = packers[0], packers[1:]
     paths = {n.name: on_node(n, profile.engram_src_dir, key="ENGRAM_SRC_DIR") for n in packers}
     data["paths"] = paths

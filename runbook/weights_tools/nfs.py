@@ -42,17 +42,34 @@ def exports_file(name: str) -> str:
     return f"{EXPORTS_DIR}/spark-runbook-{name}.exports"
 
 
-def export_line(export_dir: str, worker_ip: str) -> str:
-    """The one exports line: ``export_dir`` read-only to the worker's fabric address only, root squashed."""
-    return f"{_export_path(export_dir)} {single_ipv4(worker_ip, 'WORKER_IP')}({NFS_EXPORT_OPTS})"
+def export_clients(worker_ips: str | Iterable[str]) -> list[str]:
+    """Every worker's fabric address, once each, in rank order (one address: a list of one)."""
+    ips = [worker_ips] if isinstance(worker_ips, str) else list(worker_ips)
+    if not ips:
+        raise RunbookError("the NFS export needs at least one worker address", observed="no worker",
+                           fix="name the workers in the profile (WORKER_SSH/WORKER_IP, WORKER2_*, ...)")
+    return list(dict.fromkeys(single_ipv4(ip, "WORKER_IP") for ip in ips))
+
+
+def export_line(export_dir: str, worker_ips: str | Iterable[str]) -> str:
+    """The one exports line: ``export_dir`` read-only to every worker's fabric address and nobody else, root
+    squashed (``/dir 10.0.0.2(ro,...) 10.0.0.3(ro,...)``: one client entry per worker, as exports(5) lists them).
+
+    >>> export_line("/srv/m", ["192.168.192.4", "192.168.192.3"])
+    '"/srv/m" 192.168.192.4(ro,sync,no_subtree_check,root_squash) 192.168.192.3(ro,sync,no_subtree_check,root_squash)'
+    """
+    return " ".join([_export_path(export_dir), *(f"{ip}({NFS_EXPORT_OPTS})" for ip in export_clients(worker_ips))])
 
 
 def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *,
                name: str = "weights", head_sudo: bool = False, worker_sudo: bool = False,
-               probe: str = "config.json", volume: str = "spark-weights") -> dict[str, list[str]]:
+               probe: str = "config.json", volume: str = "spark-weights",
+               export_to: Iterable[str] | None = None) -> dict[str, list[str]]:
     """The exact commands of the kernel NFS mode for one directory: export ``export_dir`` (absolute,
-    on the head) read-only to the worker's fabric address only (root_squash) in its own
-    ``/etc/exports.d/spark-runbook-<name>.exports``, and mount it on the worker at ``mountpoint``
+    on the head) read-only to every worker's fabric address (``export_to``, rank order; default: ``worker_ip``
+    alone) and nobody else (root_squash) in its own ``/etc/exports.d/spark-runbook-<name>.exports`` (every
+    worker's share writes the same line, so no worker's share drops another's access), and mount it on the
+    worker ``worker_ip`` at ``mountpoint``
     (absolute) NFSv4.2 with nconnect=8, 1 MiB rsize/wsize, hard. No ``fsid=0``: the server builds the
     NFSv4 pseudo root from every export, so the model and the Engram source can be exported side by
     side and the client mounts ``<head_ip>:<export_dir>``. ``*_sudo``: prefix what needs root with
@@ -60,12 +77,16 @@ def render_nfs(export_dir: str, head_ip: str, worker_ip: str, mountpoint: str, *
     ``probe``: a file (relative to the export) the worker must see through the mount."""
     head_ip = single_ipv4(head_ip, "HEAD_IP")
     worker_ip = single_ipv4(worker_ip, "WORKER_IP")
+    clients = export_clients(export_to if export_to is not None else [worker_ip])
+    if worker_ip not in clients:
+        raise RunbookError(f"the NFS export does not list the worker that mounts it ({worker_ip})",
+                           observed=", ".join(clients), fix="pass every worker's fabric address")
     if not posixpath.isabs(mountpoint):
         raise RunbookError("the NFS mount point must be absolute", observed=repr(mountpoint),
                            fix="expand ~ on the worker first (node_paths.on_node)")
     sh, sw = ("sudo -n " if head_sudo else ""), ("sudo -n " if worker_sudo else "")
     exports = exports_file(name)
-    line = export_line(export_dir, worker_ip)
+    line = export_line(export_dir, clients)
     mnt = quote(mountpoint)
     return {
         "head": [

@@ -45,7 +45,7 @@ def test_where_the_api_binds_decides_the_route_and_the_key(value, tunnel, key):
     assert ("SSH forward" in endpoint.api_address(profile)) is tunnel
 
 
-@pytest.mark.parametrize("name", ["lab", "exl3-v41", "dspark-v4", "tp3-dspark", "lab-tp3", "lab-tp4"])
+@pytest.mark.parametrize("name", ["lab", "exl3-v41", "dspark-v4", "tp3-dspark", "lab-tp3", "lab-tp4", "lab-tp2pp2"])
 def test_every_shipped_profile_binds_loopback(name):
     assert load_profile(ENV / f"{name}.env").api_host == "127.0.0.1"
 

@@ -42,12 +42,12 @@ def packed(tmp_path_factory) -> tuple[Path, Path]:
     return src, out
 
 
-def _run(src: Path, packed_dir: Path | None, node_rank: int, tp: int = 2, nnodes: int = 2):
+def _run(src: Path, packed_dir: Path | None, node_rank: int, tp: int = 2, nnodes: int = 2, pp: int = 1):
     env = {"PATH": os.environ.get("PATH", ""), "DSV41_SOURCE": str(src)}
     if packed_dir is not None:
         env["DSV41_PACKED_DIR"] = str(packed_dir)
     argv = ["vllm", "serve", "/m", "--tensor-parallel-size", str(tp), "--nnodes", str(nnodes),
-            "--node-rank", str(node_rank)]
+            "--node-rank", str(node_rank)] + (["--pipeline-parallel-size", str(pp)] if pp > 1 else [])
     return subprocess.run([sys.executable, "-I", str(STANDIN), *argv], env=env, capture_output=True, text=True,
                           timeout=60)
 
@@ -133,3 +133,27 @@ def test_header_fields_are_the_readers():
     spec.loader.exec_module(mod)
     assert (mod.MAGIC, mod.HEADER, mod.ROW_BYTES) == (L.MAGIC, L.HEADER_BYTES, 264)
     assert struct.unpack_from("<6Q", L.pack_header(1, 0, 5, 9, 264)) == (mod.MAGIC, 1, 0, 5, 9, 264)
+
+
+def test_tp2_pp2_stage_one_nodes_attach_their_stage_zero_twins_shards(packed):
+    """TP2 x PP2 on four nodes (env/lab-tp2pp2.env): node ranks 2 and 3 are TP ranks 0 and 1 of stage 1 (vLLM
+    numbers TP innermost), so they attach r0of2 and r1of2 -- the files the packer wrote for stage 0 -- and step
+    04's row passes on every node."""
+    src, out = packed
+    lay = L.EngramLayout.from_config(config(src), 2)
+    logs = {}
+    for node_rank, name in enumerate(("head", "worker", "worker2", "worker3")):
+        res = _run(src, out, node_rank, tp=2, nnodes=4, pp=2)
+        assert res.returncode == 0, res.stderr
+        rep = engram_log.parse_engram_log(res.stdout + res.stderr)
+        tp_rank = node_rank % 2
+        assert sorted(rep.layers) == [(1, tp_rank), (14, tp_rank)] and not rep.ignored, (name, res.stdout)
+        assert all(a.packed and (a.lo, a.hi) == (lay.rank_ranges(a.layer)[tp_rank].lo,
+                                                   lay.rank_ranges(a.layer)[tp_rank].hi) for a in rep.layers.values())
+        logs[name] = res.stdout + res.stderr
+    profile = load_profile(REPO_ROOT / "env" / "lab-tp2pp2.env")
+    plan = render(profile, {n.name: NodeFacts(home="/root", packed_engram=True) for n in profile.nodes})
+    rows = {c.node: c for c in engram_attach.attach_checks(profile, plan, logs)}
+    assert {n: r.status for n, r in rows.items()} == dict.fromkeys(logs, Status.PASS), rows
+    assert "engram-l1-r0of2.bin" in rows["worker2"].expected and "engram-l1-r1of2.bin" in rows["worker3"].expected
+    assert not (out / "engram-l1-r2of2.bin").exists()    # the stand-in once looked for node rank 2's own file

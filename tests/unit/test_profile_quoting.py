@@ -22,7 +22,8 @@ from runbook.profile import Profile, load_profile
 from runbook.weights import sharing
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = ["lab.env", "exl3-v41.env", "dspark-v4.env", "tp3-dspark.env", "tp4-v41.env", "lab-tp3.env", "lab-tp4.env"]
+SHIPPED = ["lab.env", "exl3-v41.env", "dspark-v4.env", "tp3-dspark.env", "tp4-v41.env", "lab-tp3.env", "lab-tp4.env",
+           "lab-tp2pp2.env"]
 MARK = "PWN"
 # each dangerous construct is followed by the marker: wherever the shell would read one, it reads a marker
 PAYLOAD = f"x{MARK}$({MARK})`{MARK}`'{MARK}'\"{MARK}\"\n{MARK};{MARK}&{MARK}|{MARK}\\{MARK}${{{MARK}}}"

@@ -134,6 +134,7 @@ def test_three_nodes_must_be_tp3_and_nnodes3():
 def test_nfs_with_three_real_nodes_is_refused():
     iss = issues(ENV / "tp3-dspark.env", WEIGHT_SYNC="nfs")
     assert [i.key for i in iss] == ["WEIGHT_SYNC"] and "WORKER2_NFS_SERVER_IP" in iss[0].message
+    assert "triangle" in iss[0].message and "HEAD_IP=10.0.22.1" in iss[0].message
 
 
 def test_lab_cpu_bind_needs_one_item_per_rank_and_the_lab():

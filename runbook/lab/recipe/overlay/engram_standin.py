@@ -121,10 +121,13 @@ def main(argv: list[str]) -> int:
              "nothing attached (run 03_engram)")
         return 0
     tp = _flag(argv, "--tensor-parallel-size", 1)
+    pp = _flag(argv, "--pipeline-parallel-size", 1)
     nnodes = _flag(argv, "--nnodes", 1)
-    per_node = max(1, tp // max(1, nnodes))
+    per_node = max(1, tp * pp // max(1, nnodes))
     node_rank = _flag(argv, "--node-rank", 0)
-    for rank in range(node_rank * per_node, (node_rank + 1) * per_node):
+    # vLLM numbers the ranks TP innermost (global = stage x tp + tp_rank): a rank on a later pipeline stage holds
+    # the same TP shard as its twin on stage 0, and recipe A's row store names the file by that TP rank
+    for rank in sorted({g % tp for g in range(node_rank * per_node, (node_rank + 1) * per_node)}):
         for layer, cols in zip(layers, sizes):
             part = -(-len(cols) // tp)
             start, end = min(rank * part, len(cols)), min(rank * part + part, len(cols))
