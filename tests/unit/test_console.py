@@ -189,6 +189,8 @@ def test_what_the_lab_prints_while_it_comes_up_goes_to_the_archive(tmp_path, mon
     shown; the run's notices are shown."""
     import sys
     monkeypatch.setattr(runner, "ClusterLock", NoLock)
+    # no lab here (make check): the lab's bring-up is the stand-in below, so there is no rehearsal server to ask about
+    monkeypatch.setattr(runner, "set_rehearsal_server_aside", lambda profile, echo=print: "")
     monkeypatch.setenv("RUNBOOK_SECRETS_FILE", str(tmp_path / "no-secrets.env"))
     notebook(tmp_path / "notebooks", *PASSING[1])
     screen = io.StringIO()

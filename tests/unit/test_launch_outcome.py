@@ -25,7 +25,7 @@ def launch_step(tmp_path, monkeypatch):
     """Step 04 on the lab profile (not a dry run) over a cluster double with no node: the plan is a stand-in, so
     each test reaches bring_up with nothing connecting."""
     monkeypatch.setenv("VLLM_API_KEY", "test-key-launch-outcome")
-    monkeypatch.setattr(runbook.launch, "launch_plan", lambda cluster, profile, network: PLAN)
+    monkeypatch.setattr(runbook.launch, "launch_plan", lambda cluster, profile, network, site=None: PLAN)
 
     def made(**overrides):
         step = make_step(tmp_path, name="04_launch", overrides=overrides)
@@ -46,9 +46,12 @@ def started_with(monkeypatch, raised: BaseException) -> None:
     monkeypatch.setattr(server, "start", start)
 
 
-def test_a_refusal_propagates_as_itself(launch_step):
-    """EXECUTOR=ray cannot serve on the lab: ``refuse_unservable`` raises before anything runs, with no outcome to
-    carry; ``run`` re-raises the ProfileError itself, never an AttributeError about ``.outcome``."""
+def test_a_refusal_propagates_as_itself(launch_step, monkeypatch):
+    """EXECUTOR=ray on the lab without its Ray install cannot serve: ``refuse_unservable`` raises before anything
+    runs, with no outcome to carry; ``run`` re-raises the ProfileError itself, never an AttributeError about
+    ``.outcome``."""
+    from runbook.profile import rules
+    monkeypatch.setattr(rules, "lab_ray_missing", lambda profile: ["the lab's Ray (.lab/ray-site: make lab-ray)"])
     step = launch_step(EXECUTOR="ray")
     with pytest.raises(ProfileError, match="EXECUTOR") as raised:
         runbook.launch.run(step, action="start")
