@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import io
 import json
@@ -239,6 +240,18 @@ class Node:
             return result
         return self._execute(command, timeout=timeout, env=env, kind="run", warn=warn, lines=lines)
 
+    def _timed_out(self, conn, token: str, result: "CommandResult", timeout: float, kind: str, stdout: str,
+                   stderr: str, cause: BaseException | None = None) -> None:
+        """Record the call as exit 124, stop what it left on the node, raise the timeout's error."""
+        result = dataclasses.replace(result, exit_code=124)
+        self.log.record(result, kind=kind)
+        killed = self._kill_call(conn, token)
+        raise RemoteError(f"command timed out after {timeout:.0f} s ({killed})", node=self.name,
+                          observed=self.log.redactor.redact(_summary(result.command, stdout, stderr)),
+                          expected=f"completion within {timeout:.0f} s",
+                          fix="check the node is responsive; raise the timeout only if the step "
+                              "is known to be slow") from cause
+
     def _execute(self, command: str, *, timeout: float, env, kind: str, warn: bool,
                  lines: Callable[[str], None] | None) -> CommandResult:
         from invoke.exceptions import CommandTimedOut, UnexpectedExit
@@ -258,17 +271,15 @@ class Node:
                            pty=False, in_stream=io.StringIO(_env_values(env)) if env else False, **shown)
             result = CommandResult(self.name, full, res.exited, res.stdout, res.stderr,
                                    time.monotonic() - started)
+            if res.exited == -1 and result.duration_s >= timeout:
+                # invoke's timer closed the channel but the run ended before it flagged the timeout (a race under
+                # load): no exit status came back, so this is the timeout, not a command that exited -1
+                self._timed_out(conn, token, result, timeout, kind, res.stdout, res.stderr)
         except CommandTimedOut as exc:
             out = exc.result
             result = CommandResult(self.name, full, 124, out.stdout, out.stderr,
                                    time.monotonic() - started)
-            self.log.record(result, kind=kind)
-            killed = self._kill_call(conn, token)
-            raise RemoteError(f"command timed out after {timeout:.0f} s ({killed})", node=self.name,
-                              observed=self.log.redactor.redact(_summary(full, out.stdout, out.stderr)),
-                              expected=f"completion within {timeout:.0f} s",
-                              fix="check the node is responsive; raise the timeout only if the step "
-                                  "is known to be slow") from exc
+            self._timed_out(conn, token, result, timeout, kind, out.stdout, out.stderr, cause=exc)
         except UnexpectedExit as exc:  # warn=True makes this rare, but keep the mapping total
             out = exc.result
             result = CommandResult(self.name, full, out.exited, out.stdout, out.stderr,
