@@ -183,13 +183,10 @@ def render_rsync(src_dir: str, dst_dir: str, target: str, *, ssh: str = RSYNC_SS
             f"{credentials} -e {_q(ssh)} {_q(src_dir.rstrip('/') + '/')} {_q(target + ':' + dst_dir.rstrip('/') + '/')}")
 
 
-def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | None = None,
-                    ssh: str = RSYNC_SSH, head_manifest: dict[str, Any] | None = None, python: str = "python3",
-                    workers: int = 4, timeout: float = 6 * 3600, tree: str = "") -> ShareResult:
-    """Copy the head's verified directory to the worker, verify there by the head manifest, check
-    parity. ``tree``: where the verified files sit inside the copied directory (a hub cache:
-    ``snapshots/<rev>``)."""
-    result = ShareResult("rsync")
+def _copy_ends(head, worker, src_dir: str, dst_dir: str, tree: str, head_manifest: dict[str, Any] | None,
+               result: ShareResult) -> tuple[str, str, str, str, dict[str, Any] | None]:
+    """What a copy to a worker (rsync or stream) starts from: both directories and trees as each node sees them,
+    and the head's manifest (read from the head when not given); without one, a FAIL row on ``result``."""
     src_dir, dst_dir = on_node(head, src_dir), on_node(worker, dst_dir)
     src_tree, dst_tree = posixpath.join(src_dir, tree), posixpath.join(dst_dir, tree)
     head_manifest = head_manifest or read_node_manifest(head, src_tree)
@@ -197,6 +194,19 @@ def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | N
         result.checks.append(check("weights.head_manifest", False, node=head.name,
                                    observed=f"no {MANIFEST_NAME} in {src_tree}",
                                    expected="a verified head tree", fix="run the download/verify on the head first"))
+    return src_dir, dst_dir, src_tree, dst_tree, head_manifest
+
+
+def rsync_to_worker(head, worker, src_dir: str, dst_dir: str, *, target: str | None = None,
+                    ssh: str = RSYNC_SSH, head_manifest: dict[str, Any] | None = None, python: str = "python3",
+                    workers: int = 4, timeout: float = 6 * 3600, tree: str = "") -> ShareResult:
+    """Copy the head's verified directory to the worker, verify there by the head manifest, check
+    parity. ``tree``: where the verified files sit inside the copied directory (a hub cache:
+    ``snapshots/<rev>``)."""
+    result = ShareResult("rsync")
+    src_dir, dst_dir, src_tree, dst_tree, head_manifest = _copy_ends(head, worker, src_dir, dst_dir, tree,
+                                                                     head_manifest, result)
+    if not head_manifest:
         return result
     # as the SSH user the runbook logs in with on the worker (root there only when the profile says so)
     target = target or f"{node_user(worker).name}@{worker.spec.fabric_ip}"
@@ -282,13 +292,9 @@ def stream_to_worker(head, worker, src_dir: str, dst_dir: str, *, head_manifest:
     files of the head manifest cross (never a credential file or a cache). ``tree``: where the verified files sit
     inside the directory (only ``""``: a hub cache's symlinks need rsync, the profile refuses the pair)."""
     result = ShareResult("stream")
-    src_dir, dst_dir = on_node(head, src_dir), on_node(worker, dst_dir)
-    src_tree, dst_tree = posixpath.join(src_dir, tree), posixpath.join(dst_dir, tree)
-    head_manifest = head_manifest or read_node_manifest(head, src_tree)
+    src_dir, dst_dir, src_tree, dst_tree, head_manifest = _copy_ends(head, worker, src_dir, dst_dir, tree,
+                                                                     head_manifest, result)
     if not head_manifest:
-        result.checks.append(check("weights.head_manifest", False, node=head.name,
-                                   observed=f"no {MANIFEST_NAME} in {src_tree}",
-                                   expected="a verified head tree", fix="run the download/verify on the head first"))
         return result
     expected = manifest_to_expected(head_manifest)
     total = sum(f["size"] for f in expected["files"])
