@@ -4,16 +4,7 @@ the only report at hand is the held-out case itself it says so (those cases are 
 from __future__ import annotations
 
 from runbook.diagnose.offline import diagnose_text
-
-
-def _ranked(text: str) -> list[tuple[str, str]]:
-    return [(r.id, r.confidence) for r in diagnose_text(text)]
-
-
-def _first(text: str):
-    ranked = diagnose_text(text)
-    assert ranked, f"nothing named for: {text[:120]}"
-    return ranked[0]
+from support.ranking import first as _first, ranked as _ranked
 
 
 # --------------------------------------------------------------------------- symptoms: named, never "high"

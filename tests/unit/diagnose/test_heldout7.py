@@ -3,17 +3,7 @@
 is the held-out case itself, or a sentence is written for the test, it says so (heldout-7 is no longer blind)."""
 from __future__ import annotations
 
-from runbook.diagnose.offline import diagnose_text
-
-
-def _ranked(text: str) -> list[tuple[str, str]]:
-    return [(r.id, r.confidence) for r in diagnose_text(text)]
-
-
-def _first(text: str):
-    ranked = diagnose_text(text)
-    assert ranked, f"nothing named for: {text[:120]}"
-    return ranked[0]
+from support.ranking import first as _first, ranked as _ranked
 
 
 # --------------------------------------------------------------------------- ibv_reg_mr ENOMEM: three causes, one line

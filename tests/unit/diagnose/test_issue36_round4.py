@@ -8,16 +8,11 @@ import pytest
 
 from runbook.diagnose.catalogue import BY_ID
 from runbook.diagnose.offline import diagnose_text
+from support.ranking import first as _first
 
 
 def _ranked(text: str):
     return diagnose_text(text)
-
-
-def _first(text: str):
-    ranked = _ranked(text)
-    assert ranked, f"nothing matched: {text[:120]!r}"
-    return ranked[0]
 
 
 # --------------------------------------------------------------------------- image built for another architecture
