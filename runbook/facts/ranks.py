@@ -26,6 +26,9 @@ PS_CMD = "ps -eo pid=,pgid=,stat=,args= 2>/dev/null"
 # a vLLM server process: `vllm serve`, the lab wrapper `vllm_cli.py serve`, the module entry point,
 # or a child with a vLLM process title (VLLM::EngineCore, VLLM::Worker_TP0)
 _VLLM_PROC = re.compile(r"\bvllm(?:_cli\.py)?\s+serve\b|vllm\.entrypoints|VLLM::")
+# a Python multiprocessing child (spawn, forkserver, resource tracker): vLLM's workers start as one and take their
+# VLLM:: title only after their imports, seconds later on a loaded node
+_MP_CHILD = re.compile(r"\bmultiprocessing\.(?:spawn|forkserver|resource_tracker)\b|--multiprocessing-fork\b")
 
 
 @dataclass
@@ -80,9 +83,12 @@ def vllm_procs(ps: list[tuple[int, int, str, str]], pgid: int | None = None, *, 
     not ours: a pid file outlives its rank (a reboot, a lab rebuilt after its nodes died) and its number can be
     another process group's by then -- an sshd session's, dockerd's. ``group_is_ours``: the caller saw a vLLM
     process in it already (a stop in progress): every member counts, also a child spawned but not yet named
-    ``VLLM::Worker`` once the named ones are gone (a group's number is not reused while a member lives)."""
+    ``VLLM::Worker`` once the named ones are gone (a group's number is not reused while a member lives). A group
+    whose only members are multiprocessing children counts too: a rank whose main pid died mid-boot (kill -9, the
+    OOM killer) leaves its spawned worker importing, unnamed, until it takes the name (CI, make test)."""
     live = [p for p in ps if not p[2].startswith("Z") and not p[3].startswith(("ps ", "bash -c", "sh -c"))]
-    ours = pgid is not None and (group_is_ours or any(p[1] == pgid and _VLLM_PROC.search(p[3]) for p in live))
+    ours = pgid is not None and (group_is_ours or any(
+        p[1] == pgid and (_VLLM_PROC.search(p[3]) or _MP_CHILD.search(p[3])) for p in live))
     return [p for p in live if _VLLM_PROC.search(p[3]) or (ours and p[1] == pgid)]
 
 

@@ -93,6 +93,27 @@ def test_a_stop_keeps_counting_its_group_once_the_named_processes_are_gone():
     processes died the group no longer looked like a rank's, the stop ended, and the child took the name later."""
     spawned = ranks.parse_ps(NODE_PS + " 3600  3441 Sl   /lab/vllm-venv/bin/python -c from multiprocessing.spawn "
                              "import spawn_main; spawn_main(tracker_fd=9, pipe_handle=11) --multiprocessing-fork\n")
-    assert ranks.vllm_procs(spawned, pgid=3441) == []                          # a fresh look: not a rank's group
     assert [p[0] for p in ranks.vllm_procs(spawned, pgid=3441, group_is_ours=True)] == [3600]   # a stop's look
     assert ranks.vllm_procs(ranks.parse_ps(NODE_PS), pgid=3441, group_is_ours=True) == []      # empty: done
+
+
+def test_a_main_pid_killed_before_the_stop_leaves_a_group_the_stop_still_ends():
+    """CI, make test (test_dead_worker_ends_the_wait...): the worker's main pid got kill -9 while its spawned child
+    was still importing, unnamed. The stop's first look saw no vLLM-named process in the group, signalled nothing,
+    and the child took the name VLLM::Worker after the stop had passed. A multiprocessing child in the pid file's
+    group makes it the rank's; a foreign group (dockerd's, an sshd session's) still does not."""
+    child = (" 3600  3441 Sl   /lab/vllm-venv/bin/python -c from multiprocessing.spawn import spawn_main; "
+             "spawn_main(tracker_fd=9, pipe_handle=11) --multiprocessing-fork\n")
+    tracker = " 3480  3441 S    /lab/vllm-venv/bin/python -c from multiprocessing.resource_tracker import main;main(9)\n"
+    assert [p[0] for p in ranks.vllm_procs(ranks.parse_ps(NODE_PS + child), pgid=3441)] == [3600]
+    assert [p[0] for p in ranks.vllm_procs(ranks.parse_ps(NODE_PS + tracker), pgid=3441)] == [3480]
+    st = ranks.rank_state(rank_node("worker", 0, pid=3441, fingerprint="f" * 64, ps=NODE_PS + child), _profile(),
+                          "/root")
+    assert not st.running and [p.split()[0] for p in st.processes] == ["3600"]     # orphaned, listed
+    node = Node("worker", 3441, NODE_PS + child)
+    checks, _ = stop._stop_node(node, _profile(), grace=0.1)
+    assert node.killed and node.killed[0] == "kill -TERM -- -3441 2>/dev/null && echo sent; true", node.killed
+    assert [p[0] for p in node.procs] == [1, 68, 84, 362, 370]
+    assert checks[0].status.value == "PASS", checks[0].observed
+    for stale in (68, 362):                           # foreign groups: still nobody's rank
+        assert ranks.vllm_procs(ranks.parse_ps(NODE_PS + child), pgid=stale) == [], stale
