@@ -1,0 +1,317 @@
+"""Issue 36's sixth round, breadth: the common multi-node serving failures that had no entry, each keyed on the
+emitting component's own message (docs/diagnose.md, "sixth round"). Every positive text is a real report's (its
+thread beside it; where the only copy found is a document in the code index rather than a thread, it says so); every
+entry also has a near text that must not name it with high confidence."""
+from __future__ import annotations
+
+import pytest
+
+from support.ranking import first as _first, ranked as _ranked
+
+
+def _high(text: str) -> set[str]:
+    return {i for i, c in _ranked(text) if c == "high"}
+
+
+def _assert_first(text: str, entry: str, confidence: str = "high"):
+    top = _first(text)
+    assert (top.id, top.confidence) == (entry, confidence), _ranked(text)
+    return top
+
+
+# --------------------------------------------------------------------------- vLLM's configuration refusals
+
+def test_heads_not_divisible_by_tp_is_named_with_both_numbers():
+    # vllm-project/vllm#414 (LLaMA 33B on 3 V100s), THU-KEG/AdaptThink#1 (28 heads, TP 8)
+    for text, heads, tp in (
+            ("ValueError: Total number of attention heads (52) must be divisible by tensor parallel size (3).", "52", "3"),
+            ("ValueError: Total number of attention heads (28) must be divisible by tensor parallel size (8)", "28", "8")):
+        top = _assert_first(text, "tp-size-not-divisible")
+        assert f"heads={heads}" in " ".join(top.lines) and f"tp={tp}" in " ".join(top.lines)
+
+
+def test_another_frameworks_head_check_is_not_vllms_refusal():
+    # deepspeedai/DeepSpeed#3634: DeepSpeed's own assertion (mp_size), not vLLM's check
+    assert "tp-size-not-divisible" not in _high("AssertionError: num_heads (52) must be divisible by mp_size (8)")
+
+
+def test_an_unregistered_architecture_is_named_with_it():
+    # vllm-project/vllm#22231 (Qwen3 on an older build), vllm-project/vllm#32338 (pydantic's `Value error,` form)
+    for text, arch in (
+            ("ValueError: Model architectures ['Qwen3ForCausalLM'] are not supported for now. Supported architectures: "
+             "['AquilaModel', 'AquilaForCausalLM', 'ArcticForCausalLM', 'BaiChuanForCausalLM']", "Qwen3ForCausalLM"),
+            ('"Value error, Model architectures [\'LlavaQwenForCausalLM\'] are not supported for now."vllm version is '
+             "0.13.0", "LlavaQwenForCausalLM")):
+        top = _assert_first(text, "model-architecture-unsupported")
+        assert f"arch={arch}" in " ".join(top.lines)
+
+
+def test_a_question_about_supported_architectures_is_no_failure():
+    # vllm-project/vllm#1757's question
+    assert "model-architecture-unsupported" not in _high(
+        "Best practice to check if a model architecture is supported by VLLM? If not I will default to HF.")
+
+
+def test_a_quantization_the_gpu_cannot_run_is_named_with_both_capabilities():
+    # vllm-project/vllm#4327 (fp8 through Ray workers on capability 86)
+    text = ("(RayWorkerWrapper pid=2202821) ERROR 04-24 16:06:40 worker_base.py:157] ValueError: The quantization method "
+            "fp8 is not supported for the current GPU. Minimum capability: 90. Current capability: 86. [repeated 2x "
+            "across cluster]")
+    top = _assert_first(text, "quantization-unsupported-on-gpu")
+    assert "min_capability=90" in " ".join(top.lines) and "capability=86" in " ".join(top.lines)
+
+
+def test_another_tools_fp8_capability_message_is_never_high():
+    # 1038lab/ComfyUI-QwenVL#28: a ComfyUI node's own check, not vLLM's
+    text = ("ERROR: FP8 models require a GPU with Compute Capability 8.9 or higher (e.g., RTX 4090). Your GPU's "
+            "capability is 8.6. Please select a non-FP8 model.")
+    assert "quantization-unsupported-on-gpu" not in _high(text)
+
+
+def test_batched_tokens_below_max_model_len_is_named_with_both_numbers():
+    # the message as quoted in a vLLM validation report stored in the code index (a 1M-context deployment that
+    # crash-looped with --no-enable-chunked-prefill); thread: vllm-project/vllm#18681
+    top = _assert_first("max_num_batched_tokens (4096) is smaller than max_model_len (1010000)",
+                        "max-num-batched-tokens-below-max-model-len")
+    assert "max_model_len=1010000" in " ".join(top.lines)
+
+
+def test_the_chunked_prefill_variant_of_another_tool_is_never_high():
+    # a training harness's own check with the opposite condition (the code index, a rollout script), not vLLM's
+    text = ("ValueError: Enable chunked prefill, max_num_batched_tokens (2048) is smaller than max_model_len (4096), "
+            "please increase max_num_batched_tokens or disable chunked prefill")
+    ranked = _ranked(text)
+    assert ("max-num-batched-tokens-below-max-model-len", "high") in ranked  # the same numbers, the same fix
+    # but a question about the two limits is no failure
+    assert "max-num-batched-tokens-below-max-model-len" not in _high(
+        "Why can max-num-batched-tokens be smaller than max-model-len with chunked prefill?")
+
+
+def test_a_repository_with_custom_code_needs_trust_remote_code():
+    # vllm-project/vllm#9531 (InternVL2, the pre-4.35 wording as the reporter pasted it, lower-cased),
+    # runpod-workers/worker-vllm#43 (the current wording, in a container that cannot answer the prompt)
+    for text, repo in (
+            ("valueerror: loading internvl2-8b/ requires you to execute the configuration file in that repo on your "
+             "local machine. make sure you have read the code there to avoid malicious use, then set the option "
+             "'trust_remote_code=true' to remove this error.", "internvl2-8b/"),
+            ("2024-02-08T08:40:56.161703147Z The repository for TheBloke/Nous-Capybara-34B-AWQ contains custom code "
+             "which must be executed to correctly load the model. You can inspect the repository content at "
+             "https://hf.co/TheBloke/Nous-Capybara-34B-AWQ.\n2024-02-08T08:40:56.162202300Z EOFError: EOF when reading "
+             "a line", "TheBloke/Nous-Capybara-34B-AWQ")):
+        top = _assert_first(text, "trust-remote-code-required")
+        assert f"repo={repo}" in " ".join(top.lines)
+
+
+def test_the_flag_in_a_pasted_command_is_no_cue():
+    # fz3-served-01's shape: a served-name 404 after a command line that passes --trust-remote-code
+    text = ("python -m vllm.entrypoints.openai.api_server --model /models/Qwen1.5-14B-Chat-GPTQ-Int8 --trust-remote-code\n"
+            '{"object":"error","message":"The model `Qwen1.5-14B-Chat-GPTQ-Int8` does not exist.","type":"NotFoundError"}')
+    assert "trust-remote-code-required" not in [i for i, _ in _ranked(text)]
+    # vllm-project/vllm#595's question
+    assert "trust-remote-code-required" not in _high("How to set trust_remote_code=True ?")
+
+
+def test_ray_nodes_with_one_ip_are_named():
+    # ray-project/ray#63917 (vLLM workers on a docker network), vllm-project/vllm#43095 (multi-NIC nodes, as quoted)
+    for text in ("RuntimeError: Every node should have a unique IP address",
+                 "RuntimeError: Every node should have a unique IP address. Got N nodes\nwith N+1 unique IP addresses {...}"):
+        _assert_first(text, "ray-duplicate-node-ip")
+    # vLLM's own message with the counts (vllm/v1/executor/ray_executor.py:312 @ v0.32.0), the addresses extracted
+    text = ("RuntimeError: Every node should have a unique IP address. Got 2 nodes with node ids ['a1', 'b2'] and 1 "
+            "unique IP addresses {'172.17.0.2'}. Please check your network configuration.")
+    top = _assert_first(text, "ray-duplicate-node-ip")
+    assert "n_ips=1" in " ".join(top.lines) and "172.17.0.2" in " ".join(top.lines)
+
+
+def test_a_docs_line_about_vllm_host_ip_is_no_failure():
+    # vllm-project/vllm#20593 (the docs: VLLM_HOST_IP is unique for each worker)
+    assert "ray-duplicate-node-ip" not in _high(
+        "Note that VLLM_HOST_IP is unique for each worker. Keep the shells running these commands open.")
+
+
+def test_two_ranks_on_one_gpu_are_named_with_the_bus_id():
+    # horovod/horovod#3929 (mpirun), NVIDIA/Megatron-LM#661 (the torch-wrapped form)
+    for text, bus in (
+            ("[1,2]<stdout>:smc-gpu-03:29880:30398 [0] init.cc:497 NCCL WARN Duplicate GPU detected : rank 2 and rank 0 "
+             "both on CUDA device 1000\n[1,2]<stdout>:smc-gpu-03:29880:30398 [0] NCCL INFO init.cc:867 -> 5", "1000"),
+            ("ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\nDuplicate GPU detected : "
+             "rank 3 and rank 0 both on CUDA device f000", "f000")):
+        top = _assert_first(text, "nccl-duplicate-gpu")
+        assert f"bus_id={bus}" in " ".join(top.lines)
+
+
+def test_ncclinvalidusage_alone_is_not_a_duplicate_gpu():
+    text = ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1727, invalid usage (run with "
+            "NCCL_DEBUG=WARN for details), NCCL version 2.19.3\nncclInvalidUsage: This usually reflects invalid usage of "
+            "NCCL library.")
+    assert "nccl-duplicate-gpu" not in _high(text)
+
+
+# --------------------------------------------------------------------------- what the node or container lacks
+
+def test_the_docker_socket_permission_error_is_named():
+    # docker-library/postgres#1124, tomsik68/docker-xampp#63
+    for text in ('permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: '
+                 'Post "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/images/create?fromImage=postgres&tag=latest": dial unix '
+                 '/var/run/docker.sock: connect: permission denied',
+                 'docker: permission denied while trying to connect to the Docker daemon socket at '
+                 'unix:///var/run/docker.sock: Head "http://%2Fvar%2Frun%2Fdocker.sock/_ping": dial unix '
+                 '/var/run/docker.sock: connect: permission denied.\nSee \'docker run --help\'.'):
+        top = _assert_first(text, "docker-socket-permission")
+        assert "socket=unix:///var/run/docker.sock" in " ".join(top.lines)
+
+
+def test_a_daemon_that_is_not_running_is_not_a_permission_problem():
+    text = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+    assert "docker-socket-permission" not in _high(text)
+
+
+def test_offline_without_the_cached_snapshot_is_named_even_when_wrapped():
+    # MiaAI-Lab/Qwen3.8-Flash-Next-Dual-DGX-Sparks#36 (two Sparks, wrapped as the issue pastes it),
+    # jianchang512/stt#132 (local_files_only's variant, wrapped)
+    for text in ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate\ncached snapshot folder for "
+                 "the specified revision on the local disk and\noutgoing traffic has been disabled.",
+                 "Cannot find an appropriate\n cached snapshot folder for the\n specified revision on the local\n disk and "
+                 "outgoing traffic has\n been disabled. To enable repo\n look-ups and downloads\nonline, pass\n"
+                 "'local files_only=False' as input."):
+        _assert_first(text, "hf-offline-not-cached")
+
+
+def test_a_question_about_offline_mode_is_no_failure():
+    assert "hf-offline-not-cached" not in _high(
+        "Should I set HF_HUB_OFFLINE=1 on both nodes once the weights are downloaded?")
+
+
+def test_an_invalid_hub_token_is_not_a_gated_repo():
+    # deepbeepmeep/Wan2GP#455, Comfy-Org/ComfyUI#9415
+    for text in ("HfHubHTTPError: 401 Client Error: Unauthorized for url: https://huggingface.co/DeepBeepMeep/Wan2.1/"
+                 "resolve/main/pose/dw-ll_ucoco_384.onnx (Request ID: Root=1-68633b9c-28815ed66c58f6cd6dfce7ac)\n\n"
+                 "Invalid credentials in Authorization header",
+                 "huggingface_hub.errors.HfHubHTTPError: 401 Client Error: Unauthorized for url: https://huggingface.co/"
+                 "api/models/black-forest-labs/FLUX.1-dev/revision/main (Request ID: Root=1-68a3ff5e-10e4d1e1466c79)\n\n"
+                 "Invalid credentials in Authorization h"
+                 "eader"):
+        _assert_first(text, "hf-token-invalid")
+        assert ("hf-gated-repo-token", "high") not in _ranked(text)
+
+
+def test_a_401_without_the_invalid_credentials_body_stays_the_gated_repos_symptom():
+    text = ("requests.exceptions.HTTPError: 401 Client Error: Unauthorized for url: "
+            "https://huggingface.co/fancyfeast/llama-joycaption-beta-one-hf-llava/resolve/main/config.json")
+    assert "hf-token-invalid" not in [i for i, _ in _ranked(text)]
+
+
+def test_an_rdma_device_the_container_cannot_open_is_named_before_the_socket_fallback():
+    # NVIDIA/nccl#451 (docker without /dev/infiniband: the device is listed, does not open, NCCL uses sockets)
+    text = ("NCCL INFO NCCL_IB_DISABLE set by environment to 0.\nmisc/ibvwrap.cc:212 NCCL WARN Call to ibv_open_device "
+            "failed\ntransport/net_ib.cc:148 NCCL WARN NET/IB : Unable to open device mlx5_bond_0\nNCCL INFO NET/IB : No "
+            "device found.\nNCCL INFO NET/Socket : Using [0]bond0:200.1.93.2<0>")
+    top = _assert_first(text, "ib-device-not-in-container")
+    assert "device=mlx5_bond_0" in " ".join(top.lines)
+    assert "nccl-ib-no-device" in [i for i, _ in _ranked(text)[:3]]
+    # NVIDIA/caffe#590: the image has no verbs provider for the NIC
+    text = ("ibv_devinfo -l\nlibibverbs: Warning: no userspace device-specific driver found for "
+            "/sys/class/infiniband_verbs/uverbs4\n0 HCAs found:")
+    _assert_first(text, "ib-device-not-in-container")
+
+
+def test_no_device_found_alone_stays_the_hca_names_entry():
+    text = "spark-a:315:401 [0] NCCL INFO NET/IB : No device found.\nspark-a:315:401 [0] NCCL INFO NET/Socket : Using [0]enp1s0f1np1:10.0.0.1<0>"
+    assert "ib-device-not-in-container" not in [i for i, _ in _ranked(text)]
+
+
+def test_too_many_open_files_is_named_with_the_file():
+    # facebookresearch/fairseq#87
+    top = _assert_first("OSError: [Errno 24] Too many open files: '/tmp/pymp-tgep00l9'", "open-files-limit-low")
+    assert "path=/tmp/pymp-tgep00l9" in " ".join(top.lines)
+
+
+def test_vllms_own_ulimit_warning_quoting_the_error_is_no_failure():
+    # the healthy lab head log (tests/unit/data/vllm_logs/cpu032_tp2_head.log:9): vLLM quotes the error as an example
+    text = ("(APIServer pid=815) WARNING 12-01 04:22:50 [system_utils.py:255] Found ulimit of 20000 and failed to "
+            "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors like "
+            "`OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n")
+    assert _ranked(text) == []
+
+
+def test_torch_shared_tensors_in_a_small_dev_shm_are_named_and_not_a_full_disk():
+    # idiap/ESLAM#20 (fixed with --shm-size), logicalclocks/hopsworks#1557 (docker's 64 MB), pangeo-data/pangeo-docker-images#258
+    for text in ("RuntimeError: unable to write to file </torch_31911_952036340_6686>: No space left on device (28)",
+                 "RuntimeError: DataLoader worker (pid 729) is killed by signal: Bus error. It is possible that "
+                 "dataloader's workers are out of shared memory. Please try to raise your shared memory limit.",
+                 "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory "
+                 "(shm).\nRuntimeError: unable to write to file </torch_1394_2747491098>"):
+        _assert_first(text, "container-shm-too-small")
+        assert "disk-full" not in _high(text)
+
+
+def test_ncclss_own_shm_failure_stays_ncclss():
+    # NCCL's /dev/shm segment (nccl-shm-too-small's own line) is not torch's
+    text = ("spark-a:211:402 [0] misc/shmutils.cc:83 NCCL WARN Error: failed to extend /dev/shm/nccl-8gPd3A to "
+            "9637892 bytes")
+    assert "container-shm-too-small" not in _high(text)
+    # a report of NCCL's segment that mentions --shm-size is NCCL's (tune case shm-01's shape)
+    words = ("vLLM crashes with --tensor-parallel-size inside the docker container; NCCL cannot open its /dev/shm "
+             "segment, and it works once the container gets --shm-size=10gb.")
+    assert "container-shm-too-small" not in [i for i, _ in _ranked(words)]
+
+
+def test_a_jit_build_without_a_compiler_is_named():
+    # vllm-project/vllm#2997, apple/ml-cross-entropy#5 (Triton's message), sgl-project/sglang#1067 (a runtime base image)
+    for text in ("RuntimeError: Failed to find C compiler. Please specify via CC environment variable.",
+                 "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root."):
+        _assert_first(text, "jit-compiler-missing")
+
+
+def test_a_compiler_error_is_not_a_missing_compiler():
+    text = "gcc: error: unrecognized command-line option '-mavx512f'\nninja: build stopped: subcommand failed."
+    assert "jit-compiler-missing" not in _high(text)
+
+
+# --------------------------------------------------------------------------- crashes many causes print (symptoms)
+
+def test_an_illegal_memory_access_is_a_symptom_never_high():
+    # vllm-project/vllm#6725 (TP 8 since v0.5), vllm-project/vllm#24430
+    text = ("(VllmWorkerProcess pid=134370) ERROR 07-24 04:24:50 multiproc_worker_utils.py:226] RuntimeError: CUDA "
+            "error: an illegal memory access was encountered\n(VllmWorkerProcess pid=134370) ERROR 07-24 04:24:50 "
+            "multiproc_worker_utils.py:226] Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
+    _assert_first(text, "cuda-illegal-memory-access", "medium")
+
+
+def test_an_illegal_access_after_a_named_cause_ranks_below_it():
+    # an arch-less build's own error ahead of the fault (engine-build-arch-missing's line)
+    text = ("RuntimeError: CUDA error: no kernel image is available for execution on the device\n"
+            "RuntimeError: CUDA error: an illegal memory access was encountered")
+    top = _first(text)
+    assert top.id == "engine-build-arch-missing", _ranked(text)
+
+
+def test_a_dead_ray_actor_is_a_symptom_with_its_node():
+    # vllm-project/vllm#19123 (vLLM on Ray in docker)
+    text = ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+            "        class_name: LLM\n        actor_id: dcee82d05fe3b519c14d79ce01000000\n        pid: 95366\n"
+            "        namespace: 1f98ee75-6fcb-4086-880e-c03c8fb065c8\n        ip: 172.17.0.2\n"
+            "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
+            "Worker unexpectedly exits with a connection error code 2. End of file.")
+    _assert_first(text, "ray-actor-died", "medium")
+
+
+def test_a_dead_actor_killed_by_rays_memory_monitor_names_the_monitor():
+    # the monitor's own line (ray-memory-monitor-kill) explains the death
+    text = ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+            "Task was killed due to the node running low on memory.")
+    top = _first(text)
+    assert (top.id, top.confidence) == ("ray-memory-monitor-kill", "high"), _ranked(text)
+
+
+@pytest.mark.parametrize("entry", ["tp-size-not-divisible", "model-architecture-unsupported",
+                                   "quantization-unsupported-on-gpu", "max-num-batched-tokens-below-max-model-len",
+                                   "trust-remote-code-required", "ray-duplicate-node-ip", "nccl-duplicate-gpu",
+                                   "docker-socket-permission", "hf-offline-not-cached", "hf-token-invalid",
+                                   "ib-device-not-in-container", "open-files-limit-low", "container-shm-too-small",
+                                   "jit-compiler-missing", "cuda-illegal-memory-access", "ray-actor-died"])
+def test_each_new_entry_cites_a_pinned_source_and_a_report(entry):
+    from runbook.diagnose.catalogue import BY_ID
+    e = BY_ID[entry]
+    assert "@" in e.source or "by function" in e.source or "no line pinned" in e.source, e.source
+    assert "#" in e.source, "a report thread"
