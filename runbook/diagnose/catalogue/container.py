@@ -1,7 +1,8 @@
 """What a node, its user or its rank's container lacks (issue 36's sixth round, breadth): access to the docker
 socket, the weights in this node's Hugging Face cache while offline, a valid Hub token, the RDMA device nodes or
 verbs providers inside the container, enough file descriptors, a /dev/shm large enough for torch's shared tensors,
-and a compiler for the JIT builds (Triton, torch extensions).
+a compiler for the JIT builds (Triton, torch extensions), and a GPU at all (a symptom: a host without its driver says
+the same).
 
 Each is the emitting component's own message, naming its cause, and extracts what the fix names (the socket, the
 repo or URL, the device, the file). Emitting lines are cited at the versions the lab installs (huggingface_hub 2.4.0,
@@ -255,3 +256,38 @@ JIT_COMPILER_MISSING = Entry(
            r"triton|flashinfer|jit|compile\w*|build\w*|inductor",
            r"image|docker|container|runtime|vllm|start\w*"),
     lab="none: the lab's CPU build compiles no CUDA kernels")
+
+# --------------------------------------------------------------------------- a container (or actor) without a GPU
+
+#: what CUDA code says when the process sees no GPU: torch's device-count check ("No CUDA GPUs are available",
+#: cudaErrorNoDevice; c10/cuda, by function), torch/cuda/__init__.py _check_driver ("Found no NVIDIA driver on your
+#: system", when no libcuda is visible: by function), vLLM's platform detection (vllm/config/device.py:55-59 @ v0.32.0
+#: "Failed to infer device type"). A host without a loaded driver prints them too (driver-not-loaded), and a second
+#: device selection prints the first (cuda-visible-devices-conflict): symptoms, never high
+GPU_NOT_VISIBLE_IN_CONTAINER = Entry(
+    "gpu-not-visible-in-container", "The rank's container (or Ray actor) was given no GPU", FATAL,
+    symptom="a rank dies at CUDA init with `RuntimeError: No CUDA GPUs are available`, `Found no NVIDIA driver on your "
+            "system` or vLLM's `Failed to infer device type`, while nvidia-smi on the host works",
+    detect="torch's or vLLM's no-GPU messages; a symptom (medium): a host whose driver is not loaded and a doubled "
+           "device selection print them too",
+    cause="the process sees no GPU device: the container was started without `--gpus all` (or `--runtime nvidia`), a "
+          "pod without an nvidia.com/gpu limit, NVIDIA_VISIBLE_DEVICES=void or CUDA_VISIBLE_DEVICES empty, or a Ray "
+          "actor scheduled with num_gpus=0",
+    fix="start the rank's container with `--gpus all` (docker) and check `docker exec <rank container> nvidia-smi -L` "
+        "lists the GPU; in Kubernetes request nvidia.com/gpu; leave CUDA_VISIBLE_DEVICES unset on a Spark; if "
+        "nvidia-smi fails on the host too, see driver-not-loaded",
+    proof="nvidia-smi -L; docker inspect <rank container> --format '{{.HostConfig.DeviceRequests}}'; docker exec <rank "
+          "container> nvidia-smi -L",
+    signature=None,
+    source="pytorch/pytorch torch/cuda/__init__.py _check_driver (Found no NVIDIA driver), c10/cuda device count (No "
+           "CUDA GPUs are available), files read by function; vllm-project/vllm vllm/config/device.py:55-59 @ v0.32.0 "
+           "(Failed to infer device type); reports abetlen/llama-cpp-python#1882 (CUDA not detected without --gpus "
+           "all), vllm-project/vllm#3019 (a Kubernetes pod), ray-project/ray#51193 (vLLM under Ray Serve)",
+    symptoms=(r"RuntimeError: No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
+              r"Failed to infer device type"),
+    words=(r"(without|no|missing|forgot\w*)\W+(the )?--gpus|--gpus all\b.{0,40}\b(fix\w*|work\w*|solv\w*)|"
+           r"(container|docker|pod)\b.{0,60}\b(no|doesn'?t see|does not see|can'?t see|cannot see) (the |a |any )?gpus?|"
+           r"is_available\(\)\W{0,3}(returns |is )?false",
+           r"docker|container|pod|k8s|kubernetes|\bray\b",
+           r"cuda|torch|vllm|nvidia|gpu"),
+    lab="none: the lab's containers run without GPUs (its CPU build asks for none)")

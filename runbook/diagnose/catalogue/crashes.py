@@ -1,7 +1,7 @@
 """A rank's crash whose message many causes print (issue 36's sixth round, breadth): a CUDA kernel's illegal memory
-access (through torch or NCCL), and a Ray actor that died. Neither message names its cause, so both are symptoms
-(offline: ranked, never "high"): any entry with its own line for the same text ranks above them, and alone they say
-where to look next. The Ray entry extracts the actor's node and Ray's exit detail."""
+access (through torch or NCCL), a Ray actor that died, and a peer rank that went away first (its socket closed). No
+message names its cause, so all are symptoms (offline: ranked, never "high"): any entry with its own line for the same
+text ranks above them, and alone they say where to look next. The Ray entry extracts the actor's node and Ray's exit detail, the peer entry the peer's host."""
 from __future__ import annotations
 
 from .entry import FATAL, Entry
@@ -75,3 +75,39 @@ RAY_ACTOR_DIED = Entry(
            r"\bray\b|raylet|worker|vllm",
            r"node|crash\w*|kill\w*|oom|exit\w*"),
     lab="none: the lab runs the mp backend")
+
+# --------------------------------------------------------------------------- a peer rank went away first
+
+#: the messages a rank prints when its peer's end of a connection closes: NCCL's socket layer (src/misc/socket.cc:71
+#: @ v2.28.9-1 "socketProgress: Connection closed by remote peer %s"; older releases "Net : Connection closed by
+#: remote peer"), NCCL's ncclRemoteError text (src/init.cc:2691 @ v2.28.9-1 "remote process exited or there was a
+#: network error"), Gloo's pair ("Connection closed by peer"), and torch's TCPStore client ("Connection reset by
+#: peer"); the peer crashed or was killed first, or the link dropped
+PEER_RANK_EXITED = Entry(
+    "peer-rank-exited", "A peer rank exited (or the link dropped) first: its own log says why", FATAL,
+    symptom="a rank fails with `NCCL error: remote process exited or there was a network error` / `socketProgress: "
+            "Connection closed by remote peer <host>` / Gloo's `Connection closed by peer` / `Connection reset by peer`",
+    detect="NCCL's, Gloo's or the TCPStore's closed-by-peer messages; a symptom (medium, downstream): the first "
+           "error is on the peer named (its host is extracted where printed)",
+    cause="the rank on the other end went away: it crashed (a CUDA fault, an OOM, a start-up refusal), was killed "
+          "(the kernel's OOM killer, Ray's memory monitor, a watchdog), or its node or fabric link dropped; this rank "
+          "only saw its socket close",
+    fix="read the log of the peer named ({peer}) from just before this time for its first error, and dmesg on that "
+        "node for an OOM kill or a link flap; fix that, not this rank",
+    proof="dmesg -T | grep -iE 'oom|killed|link is down' | tail   # on the peer's node; grep -nE 'Error|Traceback' "
+          "<peer rank log> | head",
+    signature=None,
+    downstream=True,
+    source="NVIDIA/nccl src/misc/socket.cc:71, src/init.cc:2691 @ v2.28.9-1; gloo transport/tcp/pair.cc and torch c10d "
+           "TCPStore (by function); reports NVIDIA/nccl#1235 (a peer rank's CUDA OOM first), NVIDIA/nccl#795 (a "
+           "segfault on the remote rank first), NVIDIA/nccl#1232",
+    symptoms=(r"socketProgress: Connection closed by remote peer(?: (?P<peer>[\w.-]+))?",
+              r"Net : Connection closed by remote peer(?: (?P<peer>[\w.-]+))?",
+              r"remote process exited or there was a network error",
+              r"gloo[^\n]*Connection closed by peer(?: \[(?P<peer>[^\]]+)\])?",
+              r"(?:TCPStore|DistNetworkError|c10d)[^\n]*Connection reset by peer"),
+    words=(r"remote process exited|connection (closed|reset) by (remote )?peer|(other|remote|peer) (rank|node|worker) "
+           r"(died|crashed|exited|was killed)",
+           r"nccl|gloo|tcpstore|torch\.distributed|\brank\b",
+           r"node|worker|crash\w*|kill\w*|exit\w*|oom"),
+    lab="none yet: killing the lab worker rank during a collective would produce it")

@@ -309,9 +309,58 @@ def test_a_dead_actor_killed_by_rays_memory_monitor_names_the_monitor():
                                    "trust-remote-code-required", "ray-duplicate-node-ip", "nccl-duplicate-gpu",
                                    "docker-socket-permission", "hf-offline-not-cached", "hf-token-invalid",
                                    "ib-device-not-in-container", "open-files-limit-low", "container-shm-too-small",
-                                   "jit-compiler-missing", "cuda-illegal-memory-access", "ray-actor-died"])
+                                   "jit-compiler-missing", "cuda-illegal-memory-access", "ray-actor-died",
+                                   "gpu-not-visible-in-container", "peer-rank-exited"])
 def test_each_new_entry_cites_a_pinned_source_and_a_report(entry):
     from runbook.diagnose.catalogue import BY_ID
     e = BY_ID[entry]
     assert "@" in e.source or "by function" in e.source or "no line pinned" in e.source, e.source
     assert "#" in e.source, "a report thread"
+
+
+def test_no_gpu_in_the_process_is_a_symptom_of_two_causes():
+    # matatonic/openedai-images-flux#7 (a compose service without the GPU reservation; nvidia-smi works on the host)
+    text = ("openedai-images-flux  |   File \"/usr/local/lib/python3.11/site-packages/torch/cuda/__init__.py\", line 314, "
+            "in _lazy_init\nopenedai-images-flux  |     torch._C._cuda_init()\nopenedai-images-flux  | RuntimeError: No "
+            "CUDA GPUs are available")
+    _assert_first(text, "gpu-not-visible-in-container", "medium")
+    # torch's no-driver message: a host without its driver (driver-not-loaded, first) or a container without
+    # --gpus; neither at high confidence (bringup-anchors §5.14, the holdout case drv-03)
+    text = ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed "
+            "a driver from http://www.nvidia.com/Download/index.aspx")
+    ranked = _ranked(text)
+    assert ranked[:2] == [("driver-not-loaded", "medium"), ("gpu-not-visible-in-container", "medium")], ranked
+    # abetlen/llama-cpp-python#1882, in the reporter's words: the container was run without --gpus all
+    words = "CUDA is not detected inside the docker container when I run it without --gpus all; torch says no GPU."
+    assert _ranked(words)[0][0] == "gpu-not-visible-in-container", _ranked(words)
+
+
+def test_a_doubled_device_selection_stays_the_selection_entry():
+    # vllm-project/vllm#3722's shape: the ordinal error beside a narrowed device list
+    text = ("docker run --gpus '\"device=1\"' -e CUDA_VISIBLE_DEVICES=1 vllm/vllm-openai\n"
+            "RuntimeError: No CUDA GPUs are available")
+    assert _first(text).id == "cuda-visible-devices-conflict", _ranked(text)
+
+
+def test_a_peer_that_went_away_first_is_a_symptom_naming_the_peer():
+    # NVIDIA/nccl#1232, NVIDIA/nccl#1235 (the peer rank's CUDA OOM came first)
+    for text, peer in (("[0] node0:13571:13590 [0] misc/socket.cc:47 NCCL WARN socketProgress: Connection closed by "
+                        "remote peer node2<42830>", "node2"),
+                       ("ng30903:3063025:3066048 [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by "
+                        "remote peer ng30903-ib.narval.calcul.quebec<51159>\nng30903:3063025:3066048 [0] proxy.cc:1143 "
+                        "NCCL WARN Socket recv failed while polling for opId=0x55a51966cc80",
+                        "ng30903-ib.narval.calcul.quebec")):
+        top = _assert_first(text, "peer-rank-exited", "medium")
+        assert any(peer in l for l in top.lines)
+    # deepseek-ai/DeepEP#106: torch's wrapped ncclRemoteError
+    text = ("RuntimeError: NCCL error: remote process exited or there was a network error, NCCL version 2.20.5\n"
+            "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.")
+    _assert_first(text, "peer-rank-exited", "medium")
+
+
+def test_the_peers_own_cause_ranks_above_its_closed_socket():
+    # the holdout case uma-free-02's shape (Blackwellboy/model-serving-minefield#45): rank 0 refused the start, rank 1
+    # saw its socket close
+    text = ("ValueError: Free memory on device cuda:0 (109.53/121.69 GiB) on startup is\nless than desired GPU memory "
+            "utilization (0.91, 110.74 GiB)\n[rank1]: NCCL WARN socketProgress: Connection closed by remote peer")
+    assert [i for i, _ in _ranked(text)[:2]] == ["uma-free-memory-check", "peer-rank-exited"], _ranked(text)
