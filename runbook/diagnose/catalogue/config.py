@@ -9,6 +9,8 @@ its fix needs. Emitting lines are cited at the versions the lab installs (vLLM 0
 NCCL's tag."""
 from __future__ import annotations
 
+from .container import STACK, _in
+from .engine import _either
 from .entry import FATAL, Entry, extracting
 
 # --------------------------------------------------------------------------- heads not divisible by the TP size
@@ -65,12 +67,14 @@ MODEL_ARCHITECTURE_UNSUPPORTED = Entry(
         "architecture` names the import that failed)",
     proof="python3 -c \"import vllm;from vllm import ModelRegistry;print('{arch}' in "
           "ModelRegistry.get_supported_archs(), vllm.__version__)\"",
-    signature=extracting(*_ARCH),
+    # transformers' own message (any transformers user meets it) counts only beside the serving stack
+    signature=_either(extracting(*_ARCH[:2]), _in(STACK, _ARCH[2])),
     source="vllm-project/vllm vllm/model_executor/models/registry.py:1199,1205-1208 @ v0.32.0; huggingface/transformers "
            "src/transformers/models/auto/configuration_auto.py:430-432 @ 5.19.0; reports vllm-project/vllm#22231 "
            "(Qwen3ForCausalLM on an old build), vllm-project/vllm#9377 (an import error reported as unsupported)",
     words=(r"(architecture|model type)\b.{0,60}\b(not supported|unsupported|not recogni[sz]ed|does ?n[o']t recogni[sz]e)|"
-           r"(not supported|unsupported)\b.{0,40}\barchitecture",
+           r"(not supported|unsupported)\b.{0,40}\barchitecture|(does ?n[o']t|do ?n[o']t|does not|do not) (yet )?support "
+           r"(the |this |my |our )?(model'?s? )?architecture",
            r"vllm|transformers|\bimage\b|version|upgrad\w*|new(er)? model",
            r"start\w*|load\w*|serve|fail\w*|error"),
     lab="none yet: a lab start of a model the CPU build does not register would produce it")
@@ -157,7 +161,8 @@ TRUST_REMOTE_CODE_REQUIRED = Entry(
     fix="{repo} ships its own code: read it, then start with --trust-remote-code on every rank (EXTRA_ARGS), or use "
         "an image whose transformers supports the model natively",
     proof="grep -n auto_map <weights>/config.json; ls <weights>/*.py",
-    signature=extracting(*_TRUST),
+    # transformers' own refusals count only beside the serving stack; vLLM's re-raise always
+    signature=_either(extracting(_TRUST[2]), _in(STACK, *_TRUST[:2])),
     source="vllm-project/vllm vllm/transformers_utils/config.py:411-418, vllm/tokenizers/hf.py:198-207 @ v0.32.0; "
            "huggingface/transformers src/transformers/dynamic_module_utils.py:736-751 @ 5.19.0; reports "
            "vllm-project/vllm#9531 (InternVL2: requires you to execute the configuration file), "

@@ -9,7 +9,27 @@ repo or URL, the device, the file). Emitting lines are cited at the versions the
 torch 2.13.0), at NCCL's tag, or by file and function where no pinned copy was read."""
 from __future__ import annotations
 
+from .engine import _either
 from .entry import DEGRADED, FATAL, Entry, extracting
+
+#: the serving stack in a pasted text: a generic component's message (docker's, the kernel's EMFILE, Triton's, torch's)
+#: is this catalogue's only beside it; any program prints those messages, and a report from another program (a CI job's
+#: docker socket, a notebook's file limit, a training DataLoader) is off-domain (issue 36's false-alarm rule)
+STACK = (r"vllm|sglang|\bnccl\b|\bray\b|raylet|torch\.distributed|tensor[-_ ]parallel|\bllm\b|openai|hugging ?face|"
+         r"\bhf_\w+|flashinfer|\bdgx\b|\bspark\b|gb10|\brdma\b|\broce\b|infiniband|--gpus|nvidia|\bcuda\b|"
+         r"api[_ ]server|\bserve\b")
+#: a container as the context (the /dev/shm entry's cause is the container's own /dev/shm)
+CONTAINER = STACK + r"|docker|container|\bpod\b|kubernetes|\bk8s\b|--shm-size|--ipc"
+#: the same rule for a reporter's sentence: a generic entry's cue anchor counts only where the sentence names the
+#: serving stack (a rank, a worker, the server, vLLM, a Spark), so a reporter of another program is off-domain
+PROSE_STACK = (r"^(?=.*(vllm|sglang|\bnccl\b|\bray\b|\bllm\b|spark|\bdgx\b|gb10|\branks?\b|worker|tensor[- _]parallel|"
+               r"\bserv(e|er|ing)\b|inference|runbook)).*?")
+
+
+def _in(context: str, *patterns):
+    """A pasted text counts only with ``context`` in it; what the runbook's own commands printed (commands.jsonl)
+    always counts: those commands are the serving stack's."""
+    return _either(extracting(*patterns, within=context), extracting(*patterns, texts=()))
 
 # --------------------------------------------------------------------------- the docker socket
 
@@ -30,13 +50,15 @@ DOCKER_SOCKET_PERMISSION = Entry(
     fix="on that node: `sudo usermod -aG docker $USER`, then log in again (a new ssh session; `newgrp docker` for the "
         "current shell); `ls -l {socket}` must show group docker with rw",
     proof="id -nG; ls -l /var/run/docker.sock; docker info >/dev/null && echo ok",
-    signature=extracting(*_SOCKET),
+    signature=_in(STACK, *_SOCKET),
     source="moby/moby client/errors.go (the client's connection-failed error on EACCES; file read by function, no "
            "line pinned); reports docker-library/postgres#1124, tomsik68/docker-xampp#63 (fixed by the docker group "
            "and a new login)",
-    # a daemon that is not running (`Cannot connect to the Docker daemon at unix:///var/run/docker.sock`) is no cue
-    words=(r"(docker\.sock|docker (daemon )?socket)\b.{0,80}\bpermission|permission denied\b.{0,80}\b(docker\.sock|"
-           r"docker (daemon )?socket)|docker group|usermod -a?g docker|newgrp docker",
+    # a daemon that is not running (`Cannot connect to the Docker daemon at unix:///var/run/docker.sock`) is no cue, nor
+    # another program's socket error (the anchor needs the serving stack or a node in the sentence)
+    words=(r"^(?=.*(vllm|nccl|\bray\b|\bgpus?\b|nvidia|cuda|\bmodel\b|spark|\bnodes?\b|worker|\brank\b|runbook))"
+           r".*?((docker\.sock|docker (daemon )?socket)\b.{0,80}\bpermission|permission denied\b.{0,80}\b(docker\.sock|"
+           r"docker (daemon )?socket)|docker group|usermod -a?g docker|newgrp docker)",
            r"permission denied|not in the docker group|without sudo|needs? sudo|only (works )?with sudo",
            r"docker|node|ssh|user"),
     lab="none yet: a lab node user outside the docker group would produce it")
@@ -165,6 +187,7 @@ _NOFILE = (# not vLLM's own start-up warning that quotes the error as an example
            # capped limit)
            r"(?<!like `OSError: )\[Errno 24\] Too many open files(?:: '(?P<path>[^']+)')?",
            r"Too many open files \((?P<path>src/[\w./]+):\d+\)",
+           r"ZMQError: Too many open files",
            r"\bEMFILE\b[^\n]{0,40}too many open files|too many open files[^\n]{0,40}\bEMFILE\b")
 
 OPEN_FILES_LIMIT_LOW = Entry(
@@ -178,11 +201,11 @@ OPEN_FILES_LIMIT_LOW = Entry(
     fix="raise the limit for the rank: `docker run --ulimit nofile=1048576:1048576`, or `ulimit -n 1048576` in the "
         "shell that starts it (LimitNOFILE= for a systemd unit); the failing open was {path}",
     proof="cat /proc/<rank pid>/limits | grep -i 'open files'; ls /proc/<rank pid>/fd | wc -l",
-    signature=extracting(*[(p, {"path": "not printed"}) for p in _NOFILE]),
+    signature=_in(STACK, *[(p, {"path": "not printed"}) for p in _NOFILE]),
     source="torvalds/linux include/uapi/asm-generic/errno-base.h:28 @ 2cc2c3cb (EMFILE 24, Too many open files); "
            "reports "
            "pytorch/pytorch#137695 (vLLM at TP 8 until `ulimit -n` was raised), facebookresearch/fairseq#87",
-    words=(r"too many open files|\bemfile\b|ulimit -n|open[- ]files? limit|nofile|file descriptors?",
+    words=(PROSE_STACK + r"(too many open files|\bemfile\b|ulimit -n|open[- ]files? limit|nofile|file descriptors?)",
            r"vllm|rank|worker|server|container|docker|tp ?\d",
            r"crash\w*|die\w*|fail\w*|error|raise\w*"),
     lab="none yet: a lab rank started under `ulimit -n 64` would produce it")
@@ -209,13 +232,15 @@ CONTAINER_SHM_TOO_SMALL = Entry(
     fix="the segment {file} did not fit: start the container with --ipc=host (or --shm-size=16g or more); `df -h "
         "/dev/shm` inside it must show the size",
     proof="docker exec <rank container> df -h /dev/shm",
-    signature=extracting(*_TORCH_SHM),
+    signature=_in(CONTAINER, *_TORCH_SHM),
     source="pytorch/pytorch aten/src/ATen/MapAllocator.cpp (MapAllocator: unable to write to file), "
            "torch/csrc/DataLoader.cpp (the SIGBUS handler's insufficient shared memory), files read by function; "
            "reports idiap/ESLAM#20 (fixed with --shm-size), logicalclocks/hopsworks#1557 (docker's 64 MB default), "
            "Duankaiwen/CenterNet#56 (fixed with --ipc=host)",
-    # not where NCCL is the one that needs /dev/shm (nccl-shm-too-small), and not a flag in a pasted command line
-    words=(r"^(?!.*\bnccl\b).*?((shm[- ]size|/dev/shm|shared memory)\b.{0,60}\b(too small|small|full|insufficient|"
+    # not where NCCL is the one that needs /dev/shm (nccl-shm-too-small), not a training job's DataLoader (off-domain),
+    # and not a flag in a pasted command line
+    words=(r"^(?=.*(vllm|sglang|\bray\b|\bllm\b|spark|\branks?\b|worker|tensor[- _]parallel|\bserv(e|er|ing)\b|"
+           r"inference|torch))(?!.*\b(nccl|dataloader|training|epochs?|fine-?tun\w*)\b).*?((shm[- ]size|/dev/shm|shared memory)\b.{0,60}\b(too small|small|full|insufficient|"
            r"limit|out of|64 ?mb?\b)|insufficient shared memory|(raise|increase|add|adding|set|with|gets?)\W+(the )?"
            r"(--shm-size|--ipc[= ]host))",
            r"docker|container|pod|k8s|kubernetes",
@@ -246,13 +271,13 @@ JIT_COMPILER_MISSING = Entry(
     fix="{what}: use the image's devel flavour or install `build-essential` (and the CUDA toolkit for nvcc, with "
         "CUDA_HOME set) in the image; or ship prebuilt kernels and a warm JIT cache so nothing compiles at start",
     proof="docker exec <rank container> sh -c 'which gcc cc nvcc; echo CC=$CC CUDA_HOME=$CUDA_HOME'",
-    signature=extracting(*_NO_COMPILER),
+    signature=_in(STACK, *_NO_COMPILER),
     source="triton-lang/triton python/triton/runtime/build.py (get_cc / _build; by function), pytorch/pytorch "
            "torch/utils/cpp_extension.py:3302 @ 2.13.0 (CUDA_HOME not set); reports vllm-project/vllm#2997, "
            "vllm-project/vllm#15329 (Triton's driver build in the engine core), sgl-project/sglang#1067 (a runtime "
            "base image)",
-    words=(r"failed to find c compiler|no (c )?compiler|\bgcc\b.{0,40}\b(missing|not found|not installed)|"
-           r"nvcc\b.{0,40}\b(missing|not found|not installed)|cuda_home",
+    words=(PROSE_STACK + r"((fail\w*|unable|can'?t|cannot) (to )?find (a |the |any )?c(\+\+)? compiler|no (c(\+\+)? )?"
+           r"compiler|\b(gcc|nvcc)\b.{0,40}\b(missing|not found|not installed)|cuda_home)",
            r"triton|flashinfer|jit|compile\w*|build\w*|inductor",
            r"image|docker|container|runtime|vllm|start\w*"),
     lab="none: the lab's CPU build compiles no CUDA kernels")
@@ -283,11 +308,16 @@ GPU_NOT_VISIBLE_IN_CONTAINER = Entry(
            "CUDA GPUs are available), files read by function; vllm-project/vllm vllm/config/device.py:55-59 @ v0.32.0 "
            "(Failed to infer device type); reports abetlen/llama-cpp-python#1882 (CUDA not detected without --gpus "
            "all), vllm-project/vllm#3019 (a Kubernetes pod), ray-project/ray#51193 (vLLM under Ray Serve)",
-    symptoms=(r"RuntimeError: No CUDA GPUs are available", r"Found no NVIDIA driver on your system",
-              r"Failed to infer device type"),
-    words=(r"(without|no|missing|forgot\w*)\W+(the )?--gpus|--gpus all\b.{0,40}\b(fix\w*|work\w*|solv\w*)|"
-           r"(container|docker|pod)\b.{0,60}\b(no|doesn'?t see|does not see|can'?t see|cannot see) (the |a |any )?gpus?|"
-           r"is_available\(\)\W{0,3}(returns |is )?false",
+    # only beside the serving stack or a container (the message itself names CUDA): a notebook's or an image app's
+    # "No CUDA GPUs" is off-domain
+    symptoms=tuple(r"^(?=[\s\S]*?(?:vllm|sglang|\bnccl\b|\bray\b|docker|container|\bpod\b|kubernetes|--gpus))"
+                   r"[\s\S]*?(?P<at>" + p + ")" for p in (r"RuntimeError: No CUDA GPUs are available",
+                                                         r"Found no NVIDIA driver on your system",
+                                                         r"Failed to infer device type")),
+    words=(r"^(?=.*(vllm|sglang|\bnccl\b|\bray\b|\bllm\b|spark|\bdgx\b|gb10|\branks?\b|worker|tensor[- _]parallel|"
+           r"\bserv(e|er|ing)\b|inference|runbook|torch|cuda)).*?((without|no|missing|forgot\w*)\W+(the )?--gpus|"
+           r"--gpus all\b.{0,40}\b(fix\w*|work\w*|solv\w*)|(container|docker|pod)\b.{0,60}\b(no|doesn'?t see|does not "
+           r"see|can'?t see|cannot see) (the |a |any )?gpus?|is_available\(\)\W{0,3}(returns |is )?false)",
            r"docker|container|pod|k8s|kubernetes|\bray\b",
            r"cuda|torch|vllm|nvidia|gpu"),
     lab="none: the lab's containers run without GPUs (its CPU build asks for none)")

@@ -4,6 +4,7 @@ message names its cause, so all are symptoms (offline: ranked, never "high"): an
 text ranks above them, and alone they say where to look next. The Ray entry extracts the actor's node and Ray's exit detail, the peer entry the peer's host."""
 from __future__ import annotations
 
+from .container import PROSE_STACK
 from .entry import FATAL, Entry
 
 # --------------------------------------------------------------------------- CUDA: an illegal memory access
@@ -34,10 +35,13 @@ CUDA_ILLEGAL_MEMORY_ACCESS = Entry(
            "src/include/checks.h:16,24 @ v2.28.9-1 (Cuda failure '%s'); reports vllm-project/vllm#6725 (TP 8 "
            "since v0.5), vllm-project/vllm#24430 (only at TP 2, since v0.10.2), vllm-project/vllm#27067 (PP 4 with a "
            "large max_num_batched_tokens)",
-    symptoms=(r"CUDA error: an illegal memory access was encountered",
-              r"Cuda failure '?an illegal memory access was encountered",
-              r"(?:cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS)"),
-    words=(r"illegal memory access|cudaerrorillegaladdress|illegal address",
+    # only beside the serving stack: any CUDA program's fault prints the same (off-domain)
+    symptoms=tuple(r"^(?=[\s\S]*?(?:vllm|sglang|\bnccl\b|\bray\b|tensor[-_ ]parallel|flashinfer|\brank\d*\b|"
+                   r"worker_?tp|enginecore))[\s\S]*?(?P<at>" + p + ")"
+                   for p in (r"CUDA error: an illegal memory access was encountered",
+                             r"Cuda failure '?an illegal memory access was encountered",
+                             r"(?:cudaErrorIllegalAddress|CUDA_ERROR_ILLEGAL_ADDRESS)")),
+    words=(PROSE_STACK + r"(illegal memory access|cudaerrorillegaladdress|illegal address)",
            r"cuda|nccl|kernel|vllm|rank|\btp\b|graph",
            r"crash\w*|die\w*|fail\w*|error|under load|start\w*"),
     lab="none: the lab has no GPU")

@@ -88,18 +88,28 @@ def test_the_chunked_prefill_variant_of_another_tool_is_never_high():
 
 
 def test_a_repository_with_custom_code_needs_trust_remote_code():
-    # vllm-project/vllm#9531 (InternVL2, the pre-4.35 wording as the reporter pasted it, lower-cased),
-    # runpod-workers/worker-vllm#43 (the current wording, in a container that cannot answer the prompt)
+    # vllm-project/vllm#9531 (InternVL2: its command, then the pre-4.35 wording as the reporter pasted it,
+    # lower-cased), runpod-workers/worker-vllm#43 (the current wording, in a container that cannot answer the prompt)
     for text, repo in (
-            ("valueerror: loading internvl2-8b/ requires you to execute the configuration file in that repo on your "
+            ("vllm serve/ internvl2-8b\nvalueerror: loading internvl2-8b/ requires you to execute the configuration file in that repo on your "
              "local machine. make sure you have read the code there to avoid malicious use, then set the option "
              "'trust_remote_code=true' to remove this error.", "internvl2-8b/"),
-            ("2024-02-08T08:40:56.161703147Z The repository for TheBloke/Nous-Capybara-34B-AWQ contains custom code "
+            ("2024-02-08T08:40:56.016480879Z engine.py           :43   2024-02-08 08:40:56,015 vLLM config: {'model': "
+             "'TheBloke/Nous-Capybara-34B-AWQ', 'quantization': 'awq', 'trust_remote_code': True}\n"
+             "2024-02-08T08:40:56.161703147Z The repository for TheBloke/Nous-Capybara-34B-AWQ contains custom code "
              "which must be executed to correctly load the model. You can inspect the repository content at "
              "https://hf.co/TheBloke/Nous-Capybara-34B-AWQ.\n2024-02-08T08:40:56.162202300Z EOFError: EOF when reading "
              "a line", "TheBloke/Nous-Capybara-34B-AWQ")):
         top = _assert_first(text, "trust-remote-code-required")
         assert f"repo={repo}" in " ".join(top.lines)
+
+
+def test_transformers_own_refusal_without_the_serving_stack_is_off_domain():
+    # h2oai/h2o-llmstudio#560's message alone: any transformers user (a notebook, a trainer) meets it
+    text = ("ValueError: Loading pansophic/rocket-3B requires you to execute the configuration file in that repo on your "
+            "local machine. Make sure you have read the code there to avoid malicious use, then set the option "
+            "`trust_remote_code=True` to remove this error.")
+    assert "trust-remote-code-required" not in [i for i, _ in _ranked(text)]
 
 
 def test_the_flag_in_a_pasted_command_is_no_cue():
@@ -150,15 +160,32 @@ def test_ncclinvalidusage_alone_is_not_a_duplicate_gpu():
 # --------------------------------------------------------------------------- what the node or container lacks
 
 def test_the_docker_socket_permission_error_is_named():
-    # docker-library/postgres#1124, tomsik68/docker-xampp#63
-    for text in ('permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: '
-                 'Post "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/images/create?fromImage=postgres&tag=latest": dial unix '
-                 '/var/run/docker.sock: connect: permission denied',
-                 'docker: permission denied while trying to connect to the Docker daemon socket at '
-                 'unix:///var/run/docker.sock: Head "http://%2Fvar%2Frun%2Fdocker.sock/_ping": dial unix '
-                 '/var/run/docker.sock: connect: permission denied.\nSee \'docker run --help\'.'):
-        top = _assert_first(text, "docker-socket-permission")
-        assert "socket=unix:///var/run/docker.sock" in " ".join(top.lines)
+    # NVIDIA/nvidia-docker#255 (nvidia-docker as a user outside the docker group)
+    text = ("nvidia-docker | 2017/09/19 18:46:49 Error: Got permission denied while trying to connect to the Docker daemon "
+            "socket at unix:///var/run/docker.sock: Get http://%2Fvar%2Frun%2Fdocker.sock/v1.30/version: dial unix "
+            "/var/run/docker.sock: connect: permission denied")
+    top = _assert_first(text, "docker-socket-permission")
+    assert "socket=unix:///var/run/docker.sock" in " ".join(top.lines)
+
+
+def test_another_programs_docker_socket_error_is_off_domain():
+    # docker-library/postgres#1124: a postgres pull, nothing of the serving stack in the text
+    text = ('permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock: '
+            'Post "http://%2Fvar%2Frun%2Fdocker.sock/v1.24/images/create?fromImage=postgres&tag=latest": dial unix '
+            '/var/run/docker.sock: connect: permission denied')
+    assert _ranked(text) == []
+
+
+def test_the_runbooks_own_docker_command_needs_no_context():
+    import json
+    from runbook.diagnose import bundle as B
+    from runbook.diagnose.offline import diagnose_bundle
+    rec = {"node": "worker", "command": "docker pull nvcr.io/nvidia/vllm:26.05-py3", "exit_code": 1,
+           "stderr_tail": "permission denied while trying to connect to the Docker daemon socket at "
+                          "unix:///var/run/docker.sock: Post \"http://%2Fvar%2Frun%2Fdocker.sock/v1.47/images/create\": "
+                          "dial unix /var/run/docker.sock: connect: permission denied"}
+    bundle = B.Bundle(texts={B.LOCAL: {B.LOCAL_COMMANDS: json.dumps(rec) + "\n"}})
+    assert [r.id for r in diagnose_bundle(bundle)][:1] == ["docker-socket-permission"]
 
 
 def test_a_daemon_that_is_not_running_is_not_a_permission_problem():
@@ -220,10 +247,21 @@ def test_no_device_found_alone_stays_the_hca_names_entry():
     assert "ib-device-not-in-container" not in [i for i, _ in _ranked(text)]
 
 
-def test_too_many_open_files_is_named_with_the_file():
-    # facebookresearch/fairseq#87
-    top = _assert_first("OSError: [Errno 24] Too many open files: '/tmp/pymp-tgep00l9'", "open-files-limit-low")
+def test_too_many_open_files_is_named_beside_the_serving_stack():
+    # vllm-project/vllm#7920 (the OpenAI server under 800 concurrent streams: its command, and the title's error as pyzmq
+    # prints it)
+    text = ("# vllm serve meta-llama/Meta-Llama-3-8B-Instruct  --disable-log-requests\n"
+            "zmq.error.ZMQError: Too many open files")
+    _assert_first(text, "open-files-limit-low")
+    # the path is extracted where Python prints it (facebookresearch/fairseq#87's line, here beside a vLLM rank)
+    top = _assert_first("(VllmWorker rank=1 pid=4242) OSError: [Errno 24] Too many open files: '/tmp/pymp-tgep00l9'",
+                        "open-files-limit-low")
     assert "path=/tmp/pymp-tgep00l9" in " ".join(top.lines)
+
+
+def test_another_programs_file_limit_is_off_domain():
+    # facebookresearch/fairseq#87 alone: a training run
+    assert _ranked("OSError: [Errno 24] Too many open files: '/tmp/pymp-tgep00l9'") == []
 
 
 def test_vllms_own_ulimit_warning_quoting_the_error_is_no_failure():
@@ -235,14 +273,20 @@ def test_vllms_own_ulimit_warning_quoting_the_error_is_no_failure():
 
 
 def test_torch_shared_tensors_in_a_small_dev_shm_are_named_and_not_a_full_disk():
-    # idiap/ESLAM#20 (fixed with --shm-size), logicalclocks/hopsworks#1557 (docker's 64 MB), pangeo-data/pangeo-docker-images#258
-    for text in ("RuntimeError: unable to write to file </torch_31911_952036340_6686>: No space left on device (28)",
-                 "RuntimeError: DataLoader worker (pid 729) is killed by signal: Bus error. It is possible that "
-                 "dataloader's workers are out of shared memory. Please try to raise your shared memory limit.",
-                 "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory "
-                 "(shm).\nRuntimeError: unable to write to file </torch_1394_2747491098>"):
-        _assert_first(text, "container-shm-too-small")
-        assert "disk-full" not in _high(text)
+    # logicalclocks/hopsworks#1557 (docker's 64 MB default: the reporter's sentence and the traceback's lines)
+    text = ("To run torch-based model training, it's easy to trigger the problem \"No space left on device\" which is "
+            "caused by default small shared memory (64M) when docker starts container.\n"
+            "RuntimeError: DataLoader worker (pid 729) is killed by signal: Bus error. It is possible that "
+            "dataloader's workers are out of shared memory. Please try to raise your shared memory limit.\n"
+            "RuntimeError: unable to write to file </torch_739_144252761_4>: No space left on device (28)")
+    _assert_first(text, "container-shm-too-small")
+    assert "disk-full" not in _high(text)
+
+
+def test_torch_shm_without_a_container_or_the_stack_is_off_domain():
+    # idiap/ESLAM#20's line alone (a SLAM training run)
+    text = "RuntimeError: unable to write to file </torch_31911_952036340_6686>: No space left on device (28)"
+    assert "container-shm-too-small" not in [i for i, _ in _ranked(text)]
 
 
 def test_ncclss_own_shm_failure_stays_ncclss():
@@ -257,10 +301,16 @@ def test_ncclss_own_shm_failure_stays_ncclss():
 
 
 def test_a_jit_build_without_a_compiler_is_named():
-    # vllm-project/vllm#2997, apple/ml-cross-entropy#5 (Triton's message), sgl-project/sglang#1067 (a runtime base image)
-    for text in ("RuntimeError: Failed to find C compiler. Please specify via CC environment variable.",
-                 "OSError: CUDA_HOME environment variable is not set. Please set it to your CUDA install root."):
+    # vllm-project/vllm#2997 (its frames and its title's error), sgl-project/sglang#1067 (a runtime base image)
+    for text in ('  File "/usr/local/lib/python3.10/dist-packages/vllm/worker/model_runner.py", line 574, in execute_model\n'
+                 "    hidden_states = model_executable(\n"
+                 "RuntimeError: Failed to find C compiler. Please specify via CC environment variable",
+                 "Latest sglang docker image fails with `Failed to find C compiler` error, I'm assuming due to switch from "
+                 "`devel` to `runtime` nvidia images.\nRuntimeError: Failed to find C compiler. Please specify via CC "
+                 "environment variable."):
         _assert_first(text, "jit-compiler-missing")
+    # apple/ml-cross-entropy#5: a trainer's Triton, nothing of the serving stack: off-domain
+    assert _ranked("RuntimeError: Failed to find C compiler. Please specify via CC environment variable.") == []
 
 
 def test_a_compiler_error_is_not_a_missing_compiler():
@@ -319,17 +369,22 @@ def test_each_new_entry_cites_a_pinned_source_and_a_report(entry):
 
 
 def test_no_gpu_in_the_process_is_a_symptom_of_two_causes():
-    # matatonic/openedai-images-flux#7 (a compose service without the GPU reservation; nvidia-smi works on the host)
-    text = ("openedai-images-flux  |   File \"/usr/local/lib/python3.11/site-packages/torch/cuda/__init__.py\", line 314, "
-            "in _lazy_init\nopenedai-images-flux  |     torch._C._cuda_init()\nopenedai-images-flux  | RuntimeError: No "
-            "CUDA GPUs are available")
+    # ray-project/ray#51193 (vLLM under Ray Serve: its title, vLLM's platform line, the error)
+    text = ('[Ray Serve]: "RuntimeError: No CUDA GPUs are available" when running vllm with ray\n'
+            "INFO 03-09 17:27:20 __init__.py:207] Automatically detected platform cuda.\n"
+            "RuntimeError: No CUDA GPUs are available")
     _assert_first(text, "gpu-not-visible-in-container", "medium")
-    # torch's no-driver message: a host without its driver (driver-not-loaded, first) or a container without
-    # --gpus; neither at high confidence (bringup-anchors §5.14, the holdout case drv-03)
+    # matatonic/openedai-images-flux#7: an image app's compose service, nothing of the serving stack: off-domain
+    text = ("openedai-images-flux  |     torch._C._cuda_init()\nopenedai-images-flux  | RuntimeError: No CUDA GPUs are "
+            "available")
+    assert _ranked(text) == []
+    # torch's no-driver message: a host without its driver (driver-not-loaded) or a container without --gpus; alone
+    # it is driver-not-loaded's symptom, never high (bringup-anchors §5.14, the holdout case drv-03)
     text = ("RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed "
             "a driver from http://www.nvidia.com/Download/index.aspx")
     ranked = _ranked(text)
-    assert ranked[:2] == [("driver-not-loaded", "medium"), ("gpu-not-visible-in-container", "medium")], ranked
+    assert ranked[0] == ("driver-not-loaded", "medium") and all(c != "high" for _, c in ranked), ranked
+    assert ("gpu-not-visible-in-container", "medium") in _ranked("docker run --rm my-vllm-image\n" + text)
     # abetlen/llama-cpp-python#1882, in the reporter's words: the container was run without --gpus all
     words = "CUDA is not detected inside the docker container when I run it without --gpus all; torch says no GPU."
     assert _ranked(words)[0][0] == "gpu-not-visible-in-container", _ranked(words)
@@ -364,3 +419,30 @@ def test_the_peers_own_cause_ranks_above_its_closed_socket():
     text = ("ValueError: Free memory on device cuda:0 (109.53/121.69 GiB) on startup is\nless than desired GPU memory "
             "utilization (0.91, 110.74 GiB)\n[rank1]: NCCL WARN socketProgress: Connection closed by remote peer")
     assert [i for i, _ in _ranked(text)[:2]] == ["uma-free-memory-check", "peer-rank-exited"], _ranked(text)
+
+
+@pytest.mark.parametrize("entry,words", [
+    # sentences written for the test, in a reporter's terms (no report quoted): the cues alone name each new entry
+    ("tp-size-not-divisible", "vLLM refuses to start on our three Sparks with TP 3: the attention heads are not "
+                              "divisible by the tensor parallel size."),
+    ("model-architecture-unsupported", "The worker fails because vLLM does not support the model architecture; I think "
+                                       "the image is too old for this new model."),
+    ("quantization-unsupported-on-gpu", "The fp8 checkpoint won't load: vLLM says the quantization method is not "
+                                        "supported on this GPU (compute capability too low)."),
+    ("trust-remote-code-required", "The model needs trust-remote-code; without it the start fails loading the config."),
+    ("ray-duplicate-node-ip", "Ray complains that every node should have a unique IP; both containers report 172.17.0.2 "
+                              "on the docker bridge."),
+    ("docker-socket-permission", "Every docker command on the worker fails with permission denied on docker.sock unless "
+                                 "I use sudo."),
+    ("hf-offline-not-cached", "With HF_HUB_OFFLINE=1 the worker fails: the model is not in its HF cache, only the head "
+                              "downloaded it."),
+    ("hf-token-invalid", "My HF token is invalid or expired, downloads return 401 from the hub."),
+    ("container-shm-too-small", "The worker dies with a bus error; the container's /dev/shm is only 64MB and torch needs "
+                                "more shared memory."),
+    ("jit-compiler-missing", "Triton fails to find a C compiler in the runtime image when vLLM starts the "
+                             "first time."),
+    ("peer-rank-exited", "Rank 0 reports the remote process exited; the other node crashed first."),
+])
+def test_the_reporters_words_name_the_new_entries(entry, words):
+    ranked = _ranked(words)
+    assert ranked and ranked[0][0] == entry and ranked[0][1] != "high", ranked
