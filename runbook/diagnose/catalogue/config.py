@@ -9,9 +9,8 @@ its fix needs. Emitting lines are cited at the versions the lab installs (vLLM 0
 NCCL's tag."""
 from __future__ import annotations
 
-from .container import STACK, _in
-from .engine import _either
-from .entry import FATAL, Entry, extracting
+from .container import STACK, beside
+from .entry import FATAL, Entry, either, extracting
 
 # --------------------------------------------------------------------------- heads not divisible by the TP size
 
@@ -68,7 +67,7 @@ MODEL_ARCHITECTURE_UNSUPPORTED = Entry(
     proof="python3 -c \"import vllm;from vllm import ModelRegistry;print('{arch}' in "
           "ModelRegistry.get_supported_archs(), vllm.__version__)\"",
     # transformers' own message (any transformers user meets it) counts only beside the serving stack
-    signature=_either(extracting(*_ARCH[:2]), _in(STACK, _ARCH[2])),
+    signature=either(extracting(*_ARCH[:2]), beside(STACK, _ARCH[2])),
     source="vllm-project/vllm vllm/model_executor/models/registry.py:1199,1205-1208 @ v0.32.0; huggingface/transformers "
            "src/transformers/models/auto/configuration_auto.py:430-432 @ 5.19.0; reports vllm-project/vllm#22231 "
            "(Qwen3ForCausalLM on an old build), vllm-project/vllm#9377 (an import error reported as unsupported)",
@@ -162,7 +161,7 @@ TRUST_REMOTE_CODE_REQUIRED = Entry(
         "an image whose transformers supports the model natively",
     proof="grep -n auto_map <weights>/config.json; ls <weights>/*.py",
     # transformers' own refusals count only beside the serving stack; vLLM's re-raise always
-    signature=_either(extracting(_TRUST[2]), _in(STACK, *_TRUST[:2])),
+    signature=either(extracting(_TRUST[2]), beside(STACK, *_TRUST[:2])),
     source="vllm-project/vllm vllm/transformers_utils/config.py:411-418, vllm/tokenizers/hf.py:198-207 @ v0.32.0; "
            "huggingface/transformers src/transformers/dynamic_module_utils.py:736-751 @ 5.19.0; reports "
            "vllm-project/vllm#9531 (InternVL2: requires you to execute the configuration file), "

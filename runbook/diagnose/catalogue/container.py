@@ -9,8 +9,7 @@ repo or URL, the device, the file). Emitting lines are cited at the versions the
 torch 2.13.0), at NCCL's tag, or by file and function where no pinned copy was read."""
 from __future__ import annotations
 
-from .engine import _either
-from .entry import DEGRADED, FATAL, Entry, extracting
+from .entry import DEGRADED, FATAL, Entry, either, extracting
 
 #: the serving stack in a pasted text: a generic component's message (docker's, the kernel's EMFILE, Triton's, torch's)
 #: is this catalogue's only beside it; any program prints those messages, and a report from another program (a CI job's
@@ -26,10 +25,10 @@ PROSE_STACK = (r"^(?=.*(vllm|sglang|\bnccl\b|\bray\b|\bllm\b|spark|\bdgx\b|gb10|
                r"\bserv(e|er|ing)\b|inference|runbook)).*?")
 
 
-def _in(context: str, *patterns):
+def beside(context: str, *patterns):
     """A pasted text counts only with ``context`` in it; what the runbook's own commands printed (commands.jsonl)
     always counts: those commands are the serving stack's."""
-    return _either(extracting(*patterns, within=context), extracting(*patterns, texts=()))
+    return either(extracting(*patterns, within=context), extracting(*patterns, texts=()))
 
 # --------------------------------------------------------------------------- the docker socket
 
@@ -50,7 +49,7 @@ DOCKER_SOCKET_PERMISSION = Entry(
     fix="on that node: `sudo usermod -aG docker $USER`, then log in again (a new ssh session; `newgrp docker` for the "
         "current shell); `ls -l {socket}` must show group docker with rw",
     proof="id -nG; ls -l /var/run/docker.sock; docker info >/dev/null && echo ok",
-    signature=_in(STACK, *_SOCKET),
+    signature=beside(STACK, *_SOCKET),
     source="moby/moby client/errors.go (the client's connection-failed error on EACCES; file read by function, no "
            "line pinned); reports docker-library/postgres#1124, tomsik68/docker-xampp#63 (fixed by the docker group "
            "and a new login)",
@@ -201,7 +200,7 @@ OPEN_FILES_LIMIT_LOW = Entry(
     fix="raise the limit for the rank: `docker run --ulimit nofile=1048576:1048576`, or `ulimit -n 1048576` in the "
         "shell that starts it (LimitNOFILE= for a systemd unit); the failing open was {path}",
     proof="cat /proc/<rank pid>/limits | grep -i 'open files'; ls /proc/<rank pid>/fd | wc -l",
-    signature=_in(STACK, *[(p, {"path": "not printed"}) for p in _NOFILE]),
+    signature=beside(STACK, *[(p, {"path": "not printed"}) for p in _NOFILE]),
     source="torvalds/linux include/uapi/asm-generic/errno-base.h:28 @ 2cc2c3cb (EMFILE 24, Too many open files); "
            "reports "
            "pytorch/pytorch#137695 (vLLM at TP 8 until `ulimit -n` was raised), facebookresearch/fairseq#87",
@@ -232,7 +231,7 @@ CONTAINER_SHM_TOO_SMALL = Entry(
     fix="the segment {file} did not fit: start the container with --ipc=host (or --shm-size=16g or more); `df -h "
         "/dev/shm` inside it must show the size",
     proof="docker exec <rank container> df -h /dev/shm",
-    signature=_in(CONTAINER, *_TORCH_SHM),
+    signature=beside(CONTAINER, *_TORCH_SHM),
     source="pytorch/pytorch aten/src/ATen/MapAllocator.cpp (MapAllocator: unable to write to file), "
            "torch/csrc/DataLoader.cpp (the SIGBUS handler's insufficient shared memory), files read by function; "
            "reports idiap/ESLAM#20 (fixed with --shm-size), logicalclocks/hopsworks#1557 (docker's 64 MB default), "
@@ -271,7 +270,7 @@ JIT_COMPILER_MISSING = Entry(
     fix="{what}: use the image's devel flavour or install `build-essential` (and the CUDA toolkit for nvcc, with "
         "CUDA_HOME set) in the image; or ship prebuilt kernels and a warm JIT cache so nothing compiles at start",
     proof="docker exec <rank container> sh -c 'which gcc cc nvcc; echo CC=$CC CUDA_HOME=$CUDA_HOME'",
-    signature=_in(STACK, *_NO_COMPILER),
+    signature=beside(STACK, *_NO_COMPILER),
     source="triton-lang/triton python/triton/runtime/build.py (get_cc / _build; by function), pytorch/pytorch "
            "torch/utils/cpp_extension.py:3302 @ 2.13.0 (CUDA_HOME not set); reports vllm-project/vllm#2997, "
            "vllm-project/vllm#15329 (Triton's driver build in the engine core), sgl-project/sglang#1067 (a runtime "
