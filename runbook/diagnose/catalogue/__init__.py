@@ -9,7 +9,11 @@ pinned memory, JIT builds), ``residue`` (kernel, driver, library and image resid
 ``perf`` (a server that runs slow or silently wrong), ``components`` (keyed on the emitting component's message
 shape: served-model-name 404, Ray's memory monitor, NCCL HCA sets, Gloo on loopback, the P2P check, host lists,
 dependency skew, missing GPU arch, more GPUs than the node has, CUDA_VISIBLE_DEVICES, VA reservations, OpenMPI's daemon launch and TCP
-transport); ``entry`` holds :class:`Entry`,
+transport); ``config`` (vLLM's own start-up configuration refusals and the launch configurations NCCL and the Ray
+executor refuse: heads and TP size, architecture, quantization, batched tokens, remote code, node IPs, GPUs),
+``container`` (what a node, its user or the rank's container lacks: the docker socket, the weights offline, a valid
+Hub token, the RDMA devices, file descriptors, /dev/shm, a compiler), ``crashes`` (a crash whose message many causes
+print: an illegal memory access, a dead Ray actor; symptoms only); ``entry`` holds :class:`Entry`,
 :class:`Hit` and the readers the families share. An entry's constant is its id in capitals
 (``oom-killed`` -> ``host.OOM_KILLED``). This module fixes the catalogue's order: ``match`` reports in it
 within a severity and docs/diagnose.md lists it. Sources: ``shared/reference/anchors-2026-12.md``
@@ -18,7 +22,8 @@ public thread.
 """
 from __future__ import annotations
 
-from . import access, components, engine, host, memory, nccl, network, perf, ranks, residue, runtime, storage
+from . import (access, components, config, container, crashes, engine, host, memory, nccl, network, perf, ranks, residue,
+               runtime, storage)
 from .entry import Entry
 
 ENTRIES: tuple[Entry, ...] = (
@@ -27,6 +32,7 @@ ENTRIES: tuple[Entry, ...] = (
     network.FABRIC_UNREACHABLE,
     network.FABRIC_MTU_BLACKHOLE,
     nccl.GID_INDEX_PER_NIC,
+    container.IB_DEVICE_NOT_IN_CONTAINER,
     nccl.NCCL_IB_NO_DEVICE,
     components.GLOO_LOOPBACK_HOSTNAME,
     nccl.SOCKET_IFNAME_INVALID,
@@ -51,7 +57,17 @@ ENTRIES: tuple[Entry, ...] = (
     access.NVIDIA_CONTAINER_TOOLKIT_MISSING,
     storage.DISK_FULL,
     storage.NCCL_SHM_TOO_SMALL,
+    container.CONTAINER_SHM_TOO_SMALL,
+    container.OPEN_FILES_LIMIT_LOW,
     access.HF_GATED_REPO_TOKEN,
+    container.HF_TOKEN_INVALID,
+    container.HF_OFFLINE_NOT_CACHED,
+    container.DOCKER_SOCKET_PERMISSION,
+    config.TP_SIZE_NOT_DIVISIBLE,
+    config.MODEL_ARCHITECTURE_UNSUPPORTED,
+    config.QUANTIZATION_UNSUPPORTED_ON_GPU,
+    config.MAX_NUM_BATCHED_TOKENS_BELOW_MAX_MODEL_LEN,
+    config.TRUST_REMOTE_CODE_REQUIRED,
     engine.KV_CACHE_BELOW_MAX_MODEL_LEN,
     engine.CUDA_OOM_STARTUP,
     engine.TOOL_PARSER_MISSING,
@@ -69,6 +85,7 @@ ENTRIES: tuple[Entry, ...] = (
     memory.MEMORY_PINNED_AFTER_FAILED_START,
     memory.JIT_BUILD_MEMORY_WEDGE,
     memory.JIT_COLD_CACHE_SLOW,
+    container.JIT_COMPILER_MISSING,
     memory.MODPROBE_MEMORY_CAP,
     memory.AUTOTUNE_BARRIER_TIMEOUT,
     residue.NCCL_BUILD_MISMATCH,
@@ -77,6 +94,7 @@ ENTRIES: tuple[Entry, ...] = (
     residue.IMAGE_NCCL_CONF_RESIDUE,
     residue.CUDA_TOOLCHAIN_NEWER_THAN_DRIVER,
     residue.DRIVER_NOT_LOADED,
+    container.GPU_NOT_VISIBLE_IN_CONTAINER,
     residue.NVML_DRIVER_LIBRARY_MISMATCH,
     residue.VERSION_SKEW,
     nccl.IB_QP_PAIRING_TIMEOUT,
@@ -89,10 +107,12 @@ ENTRIES: tuple[Entry, ...] = (
     ranks.RAY_PLACEMENT_GROUP,
     ranks.RAY_CPU_PLATFORM,
     ranks.RAY_OBJECT_STORE,
+    config.RAY_DUPLICATE_NODE_IP,
     components.RAY_MEMORY_MONITOR_KILL,
     components.P2P_CHECK_HANG,
     components.HOST_LIST_SPLIT,
     components.MORE_GPUS_REQUESTED_THAN_PRESENT,
+    config.NCCL_DUPLICATE_GPU,
     components.CUDA_VISIBLE_DEVICES_CONFLICT,
     components.DEPENDENCY_SKEW,
     components.ENGINE_BUILD_ARCH_MISSING,
@@ -100,6 +120,9 @@ ENTRIES: tuple[Entry, ...] = (
     components.MPI_DAEMON_LAUNCH_FAILED,
     components.MPI_TCP_CONNECT_FAILED,
     runtime.NO_COMMON_BLOCK_SIZE,
+    crashes.CUDA_ILLEGAL_MEMORY_ACCESS,
+    crashes.RAY_ACTOR_DIED,
+    crashes.PEER_RANK_EXITED,
     perf.GB10_SLOW_STATE,
     perf.ENGRAM_RANK_OFFSET,
     perf.ENGRAM_ROWS_OVER_NFS,
@@ -107,5 +130,5 @@ ENTRIES: tuple[Entry, ...] = (
 
 BY_ID = {e.id: e for e in ENTRIES}
 assert len(BY_ID) == len(ENTRIES), "duplicate catalogue ids"
-_DEFINED = {v.id for m in (access, components, engine, host, memory, nccl, network, perf, ranks, residue, runtime, storage) for v in vars(m).values() if isinstance(v, Entry)}
+_DEFINED = {v.id for m in (access, components, config, container, crashes, engine, host, memory, nccl, network, perf, ranks, residue, runtime, storage) for v in vars(m).values() if isinstance(v, Entry)}
 assert _DEFINED == set(BY_ID), f"an entry is defined in a family but not listed in ENTRIES: {_DEFINED ^ set(BY_ID)}"

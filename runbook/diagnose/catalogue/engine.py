@@ -4,20 +4,8 @@ the served max_model_len, and a chat request to a model without a chat template.
 names the fix needs."""
 from __future__ import annotations
 
-from .entry import DEGRADED, FATAL, Entry, extracting
+from .entry import DEGRADED, FATAL, Entry, either, extracting
 
-
-def _either(*sigs):
-    """A signature that holds where any of ``sigs`` holds (the first one's hits on a node win)."""
-    def sig(b):
-        out, seen = [], set()
-        for s in sigs:
-            for h in s(b):
-                if h.node not in seen:
-                    seen.add(h.node)
-                    out.append(h)
-        return out
-    return sig
 
 #: vLLM's KV check at start-up: V1 vllm/v1/core/kv_cache_utils.py:1030 at vllm 0.32.0 (the lab's pin; :1011 "No
 #: available memory for the cache blocks") ("To serve at
@@ -87,7 +75,7 @@ CUDA_OOM_STARTUP = Entry(
         "graph sizes (--cuda-graph-sizes / --enforce-eager to confirm), and free page cache and other GPU users "
         "before the start",
     proof="grep -nE 'out of memory|Capturing CUDA graph|Loading weights' <rank log>; free -g",
-    signature=_either(extracting(*_OOM_OWN), extracting(*_OOM, after=(_OOM_PHASE, 20000))),
+    signature=either(extracting(*_OOM_OWN), extracting(*_OOM, after=(_OOM_PHASE, 20000))),
     source="pytorch c10/cuda/CUDACachingAllocator.cpp (the OOM message); vllm-project/vllm "
            "vllm/v1/worker/gpu_model_runner.py:5140 (Failed to load model - not enough GPU memory), :5991 (CUDA out of "
            "memory occurred when warming up sampler), "
@@ -205,7 +193,7 @@ CHAT_TEMPLATE_MISSING = Entry(
         "for a base model",
     proof="python3 -c \"import json;print('chat_template' in json.load(open('<weights>/tokenizer_config.json')))\"; "
           "ls <weights>/chat_template.jinja",
-    signature=_either(extracting(*[(p, {"owner": "tokenizer"}) for p in _NO_TEMPLATE]),
+    signature=either(extracting(*[(p, {"owner": "tokenizer"}) for p in _NO_TEMPLATE]),
                       extracting(*_HF_NO_TEMPLATE, within=_SERVING)),
     source="vllm-project/vllm vllm/renderers/hf.py:797-801, vllm/entrypoints/openai/chat_completion/protocol.py:362 "
            "@ v0.32.0; huggingface/transformers src/transformers/tokenization_utils_base.py:3271 (get_chat_template), "

@@ -194,6 +194,19 @@ def extracting(*patterns: str | tuple[str, dict[str, str]], texts: tuple[str, ..
     return sig
 
 
+def either(*sigs):
+    """A signature that holds where any of ``sigs`` holds (the first one's hits on a node win)."""
+    def sig(b):
+        out, seen = [], set()
+        for s in sigs:
+            for h in s(b):
+                if h.node not in seen:
+                    seen.add(h.node)
+                    out.append(h)
+        return out
+    return sig
+
+
 CLIENTS_JOINED = re.compile(r"DistStoreError: Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined")
 
 _CLIENT_TIMEOUT = re.compile(r"client socket has (?:timed out after \d+ms while trying to connect to|"

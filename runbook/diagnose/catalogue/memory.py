@@ -121,7 +121,8 @@ JIT_BUILD_MEMORY_WEDGE = Entry(
     "jit-build-memory-wedge", "Parallel JIT kernel builds exhausted host memory", FATAL,
     symptom="first boot: the nodes stop answering while FlashInfer/DeepGEMM kernels compile; watchdogs reset them",
     detect="the compiler killed for memory (`Killed signal terminated program cc1plus`, `'cicc' died due to "
-           "signal 9`) or `ninja: build stopped` in a rank log",
+           "signal 9`, ninja's stop with exit 137) in a rank log; ninja's `build stopped: subcommand failed` alone is a symptom (medium): any failed "
+           "compile prints it",
     cause="a runtime JIT build runs one compiler per core (22 parallel nvcc jobs) on every rank at once, and the "
           "compilers share the unified pool with the loaded weights",
     fix="cap the build (`MAX_JOBS=2`, `NVCC_THREADS=1`), ship prebuilt kernels in the image or a warm node-local "
@@ -129,8 +130,11 @@ JIT_BUILD_MEMORY_WEDGE = Entry(
     proof="grep -nE 'ninja|nvcc|cicc|Killed signal|Building JIT' <rank log>; nproc",
     signature=None,
     source="tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark README fix 2 (boot 3); field-reports-2026-12 §2 #6",
-    lines=(r"Killed signal terminated program cc1plus", r"'cicc' died due to signal 9",
-           r"ninja: build stopped: subcommand failed", r"FAILED: \[code=137\]"),
+    lines=(r"Killed signal terminated program cc1plus", r"'cicc' died due to signal 9", r"FAILED: \[code=137\]",
+           r"ninja: build stopped: subcommand failed[^\n]*(?:\b137\b|SIGKILL|Killed)"),
+    # ninja's own stop follows any failed compile (a syntax error, a missing compiler: jit-compiler-missing), so
+    # alone it is a symptom (medium); with the kill (exit 137) on its line it stays this entry's (issue 36's sixth round)
+    symptoms=(r"ninja: build stopped: subcommand failed",),
     words=(r"\bjit\b|compil\w*|ninja|nvcc|cicc|build(ing)? (the )?kernels?|kernel builds?",
            r"parallel|\bjobs\b|max_jobs|\b\d{2} (jobs|processes|compilers|nvcc)",
            r"wedg\w*|froze|freez\w*|unresponsive|\boom\b|out of memory|host memory|exhaust\w*|watchdogs? reset|all (four|4|the) nodes"),

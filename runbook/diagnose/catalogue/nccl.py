@@ -105,7 +105,9 @@ NCCL_IB_NO_DEVICE = Entry(
 def _sig_socket_ifname(b: B.Bundle) -> list[Hit]:
     # NCCL src/misc/socket.cc:819 @ v2.28.9-1: ncclSocketInit gets an address no interface filled (family neither
     # AF_INET nor AF_INET6) when NCCL_SOCKET_IFNAME matched nothing; src/bootstrap.cc:114: "no socket interface found"
-    rx = re.compile(r"Unable to find address for: \S+|no socket interface found|ncclInvalidUsage|"
+    # (not NCCL's bare ncclInvalidUsage: every invalid-usage check prints it, e.g. init.cc:904's duplicate GPU, so it
+    # named this entry at high confidence for causes that are not an interface: issue 36's sixth round)
+    rx = re.compile(r"Unable to find address for: \S+|no socket interface found|"
                     r"Gloo connectFullMesh failed|NCCL_SOCKET_IFNAME set to an interface that|"
                     r"with family -?\d+ is neither AF_INET\(\d+\) nor AF_INET6")
     hits = []

@@ -199,15 +199,17 @@ DRIVER_NOT_LOADED = Entry(
     source="bringup-anchors §5.14 (TechPreacher preboot-check); symptom: NVIDIA/libnvidia-container src/driver.c:101 "
            "@ 06deb20d (dlopen of libnvidia-ml.so.1)",
     lines=(r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver",
-           r"(?<!nvml error: )\bDriver Not Loaded\b", r"Found no NVIDIA driver on your system"),
+           r"(?<!nvml error: )\bDriver Not Loaded\b"),
     # symptoms (never high): the container toolkit's hook (nvidia-container-cli, its own entry:
     # nvidia-container-toolkit-missing) reporting what nvc_init met on the host: it cannot dlopen NVML
     # (libnvidia-container src/driver.c:101 @ 06deb20d: xdlopen of libnvidia-ml.so.1 before nvmlInit_v2), or NVML says
     # NVML_ERROR_DRIVER_NOT_LOADED (it could not open /dev/nvidiactl: no module loaded, or a namespace without the
     # device nodes); no driver user space (not installed, or not loaded after a kernel update), or a docker that cannot
     # see the host's libraries (snap), says the same
+    # torch's `Found no NVIDIA driver on your system` is a symptom too (issue 36's sixth round): a container started
+    # without --gpus prints it on a host whose driver works (gpu-not-visible-in-container)
     symptoms=(r"load library failed: libnvidia-ml\.so\.1: cannot open shared object file",
-              r"nvml error: driver not loaded"),
+              r"nvml error: driver not loaded", r"Found no NVIDIA driver on your system"),
     words=(r"nvidia-smi (fails|failed|doesn'?t work|errors?)|couldn'?t communicate with the nvidia driver|driver not loaded|no nvidia driver",
            r"kernel (update|upgrade)|after (an? )?(update|upgrade|apt)|\bdkms\b|unattended-upgrade"),
     lab="none: no NVIDIA driver in the lab")
