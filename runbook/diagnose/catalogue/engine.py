@@ -82,11 +82,17 @@ CUDA_OOM_STARTUP = Entry(
            ":5028 load_model, :6133 profile_run, :6482 capture_model (:6657 "
            "'Capturing CUDA graphs'), vllm/compilation/cuda_graph.py:314 (torch.cuda.graph) @ v0.32.0; torch/cuda/"
            "graphs.py:120,160 @ 2.13.0 (capture_begin/end); reports vllm-project/vllm#46307, vllm-project/vllm#7593 (OOM "
-           "while capturing CUDA graphs), vllm-project/vllm#19186, vllm-project/vllm#17939 (the sampler warm-up's OOM)",
-    words=(r"cuda out of memory|\boom(s|ed|ing)?\b(?![- ]?kill)|out of memory(?!: kill)|runs? out of (gpu |cuda |device )?memory",
+           "while capturing CUDA graphs), vllm-project/vllm#19186, vllm-project/vllm#17939 (the sampler warm-up's OOM); "
+           "prose: vllm-project/vllm#188 (`loading Qwen1.5 7B model ... throws a torch.cuda.OutOfMemoryError`), "
+           "vllm-project/vllm#13582 (heldout-8's fz8-oomstart-01)",
+    words=(r"cuda out of memory|\boom(s|ed|ing)?\b(?![- ]?kill)|out of memory(?!: kill)|runs? out of (gpu |cuda |device )?memory|"
+           r"\b(torch\.(cuda\.)?)?outofmemoryerror\b",
+           # how reporters say "at start-up": the server/engine starting, or the model being started, loaded or served
+           # ("server to start DeepSeek-R1 model", "loading Qwen1.5 7B model": vllm-project/vllm#188)
            r"(graph|cudagraph) captur\w*|captur\w+ (cuda )?graphs?|start[- ]?up|(server|engine|vllm|vllm serve) "
-           r"(start|boot|launch)\w*|(while|when|during|at) (the server |vllm |the engine )?(start|boot|launch)(ing|s)?\b|"
-           r"load\w* (the )?weights|profil\w+",
+           r"(to )?(start|boot|launch)\w*|(while|when|during|at) (the server |vllm |the engine )?(start|boot|launch)(ing|s)?\b|"
+           r"load\w* (the )?weights|profil\w+|"
+           r"\b(start\w*|launch\w*|load\w*|serv(e|es|ed|ing))\b (up )?(the |a |my )?([\w.-]+ ){0,3}models?\b",
            r"gpu[_ ]memory[_ ]utili[sz]ation|enforce[- ]eager|max[_ ]num[_ ]batched"),
     lab="none: the lab has no GPU")
 

@@ -173,16 +173,27 @@ CUDA_TOOLCHAIN_NEWER_THAN_DRIVER = Entry(
            "ggml-org/llama.cpp#1648; NVIDIA/libnvidia-container src/dsl.c (`unsatisfied condition: %s`; the CLI "
            "appends `please update your driver to a newer version, or use an earlier cuda container`, quoted in "
            "nvidia-container-toolkit internal/requirements/constraints/binary.go); CUDA runtime API "
-           "cudaErrorCompatNotSupportedOnDevice (804)",
+           "cudaErrorCompatNotSupportedOnDevice (804); pytorch/pytorch torch/cuda/__init__.py _check_driver @ 000d1f4a "
+           "(`The NVIDIA driver on your system is too old (found version {})`, AssertionError) and "
+           "c10/cuda/CUDAFunctions.cpp (the same text as RuntimeError / `CUDA initialization:` UserWarning, "
+           "`Triggered internally at .../CUDAFunctions.cpp:108`); reports lllyasviel/Fooocus#1313, "
+           "wuhuikai/FastFCN#37, IEIT-Yuan/Yuan-2.0#65 (a cu121 image on an older driver), vllm-project/vllm#1772",
     lines=(r"provided PTX was compiled with an unsupported toolchain", r"CUDA error 222\b|cudaErrorUnsupportedPtxVersion",
            r"CUDA driver version is insufficient for CUDA runtime version",
+           # torch's own check of the driver against the CUDA it was built with: torch/cuda/__init__.py
+           # _check_driver (AssertionError, torch < 1.5) and c10/cuda/CUDAFunctions.cpp (the RuntimeError / the
+           # `CUDA initialization:` UserWarning since): a pip torch (cu12x/cu13x wheel) newer than the driver
+           r"The NVIDIA driver on your system is too old(?: \(found version \d+\))?",
            r"requirement error: unsatisfied condition: cuda\s*>=?\s*[\d.]+"),
     # symptom (never high): the image's forward-compatibility libcuda loaded on a GPU that does not support it; the
     # image's CUDA is newer than the driver, but a compat library forced onto LD_LIBRARY_PATH gives it too
     symptoms=(r"Error 804: forward compatibility was attempted on non supported HW|cudaErrorCompatNotSupportedOnDevice",),
     words=(r"error 222|\bptx\b|unsupported toolchain|driver version is insufficient|"
-           r"(nvidia |gpu |host )?driver (is |was )?too old|driver .{0,30}older than (the )?(cuda|toolkit|image)",
-           r"driver (is )?(too )?old|older driver|newer (cuda|toolkit|toolchain|image)|upgrad\w* (the )?driver|cuda 1[23]|toolkit"),
+           r"(nvidia |gpu |host )?driver (on (your|my|the|this) (system|machine|host|node) )?(is |was )?too old|"
+           r"driver .{0,30}older than (the )?(cuda|toolkit|image|torch|pytorch)|"
+           r"(torch|pytorch|wheel|vllm)\b.{0,60}\b(cu1[1-3]\d|cuda 1[1-3](\.\d)?)\b.{0,60}(too new|newer than|not supported by) (the |my |our )?driver",
+           r"driver (is )?(too )?old|older driver|newer (cuda|toolkit|toolchain|image)|upgrad\w* (the |your |my )?(gpu |nvidia )?driver|"
+           r"update (the |your |my )?(gpu |nvidia )?driver|cuda 1[123]|toolkit|found version \d+|\bcu1[1-3]\d\b|pip install"),
     lab="none: no NVIDIA driver in the lab")
 
 
@@ -237,10 +248,21 @@ NVML_DRIVER_LIBRARY_MISMATCH = Entry(
     signature=None,
     source="NVML nvmlReturn_t NVML_ERROR_LIB_RM_VERSION_MISMATCH (vllm/third_party/pynvml.py:244 @ v0.32.0); "
            "NVIDIA/libnvidia-container src/driver.c:46,104 @ 06deb20d (`nvml error` from nvmlInit_v2); reports "
-           "illinois-scicomp/machine-shop-maintenance#60 (a reboot fixed it), #70 (kernel module 520, nvidia-smi 525)",
+           "illinois-scicomp/machine-shop-maintenance#60 (a reboot fixed it), #70 (kernel module 520, nvidia-smi 525); "
+           "prose: yahoo/TensorFlowOnSpark#51 (`library/driver mismatch`, fixed by a reboot), "
+           "canonical/ubuntu-server-documentation#369 (user-space driver upgraded, kernel module older), "
+           "NVIDIA/deepops#1186 (the Stack Overflow slug; heldout-8's fz8-nvml-02)",
     lines=_NVML_MISMATCH,
-    words=(r"driver/library version mismatch|nvml.{0,40}version mismatch",
-           r"nvidia-smi|nvml|reboot\w*|upgrad\w*|update\w*|apt"),
+    # prose quotes NVML's message in many spellings: the Stack Overflow question's URL slug
+    # (`nvidia-nvml-driver-library-version-mismatch`, NVIDIA/deepops#1186), `library/driver mismatch`
+    # (yahoo/TensorFlowOnSpark#51), `Driver/library Version Mismatch` in a blog title
+    words=(r"driver[/ _-]+library[ _-]+version[ _-]+mismatch|library[/ _-]+driver[ _-]+(version[ _-]+)?mismatch|"
+           r"nvml.{0,40}version[ _-]+mismatch|"
+           # the cause told without the message: user-space driver libraries upgraded, the old kernel module still
+           # loaded (canonical/ubuntu-server-documentation#369's troubleshooting note)
+           r"\b(userspace|user[- ]space) (drivers?|librar\w+)\b.{0,80}\bkernel module|"
+           r"\bkernel module\b.{0,80}\b(userspace|user[- ]space) (drivers?|librar\w+)",
+           r"nvidia-smi|nvml|reboot\w*|restart\w*|upgrad\w*|update\w*|\bapt\b|apt-get|kernel module|modprobe|rmmod"),
     lab="none: no NVIDIA driver in the lab")
 
 

@@ -3,7 +3,7 @@ dir, docker's data root while extracting an image layer) and NCCL's /dev/shm seg
 /dev/shm is docker's 64 MiB default. Each signature extracts the path (which disk) for the fix."""
 from __future__ import annotations
 
-from .entry import FATAL, Entry, extracting
+from .entry import FATAL, Entry, either, extracting
 
 #: NCCL's shared-memory transport could not create or grow its segment under /dev/shm
 #: (NVIDIA/nccl src/misc/shmutils.cc ncclShmOpen, POSIX branch: WARN "Error: failed to extend %s to %ld bytes, error:
@@ -30,7 +30,8 @@ NCCL_SHM_TOO_SMALL = Entry(
     source="NVIDIA/nccl src/misc/shmutils.cc ncclShmOpen (fallocate WARN and the fail: WARN; the log's own "
            "misc/shmutils.cc:112/:132), src/include/shm.h:28,48 before 2.12; symptoms: shmutils.cc:96 and shm.h:22 "
            "@ v2.7.8-1 (the segment's MAP_SHARED mmap), src/init.cc:2687 @ v2.28.9-1 (ncclSystemError's text); "
-           "report vllm-project/vllm#1710",
+           "report vllm-project/vllm#1710; words need NCCL named (docker-library/postgres#416, heldout-8's "
+           "fz8-neg-04, is Postgres's /dev/shm)",
     # symptoms (never high): a SIGBUS under NCCL frames is a touch of a /dev/shm page tmpfs cannot back (mmap(2));
     # a bare `unhandled system error` (ncclSystemError: a system call failed) with no NCCL WARN naming the call is,
     # in a container, most often the same 64 MiB /dev/shm
@@ -39,7 +40,9 @@ NCCL_SHM_TOO_SMALL = Entry(
               # no WARN naming the failed call, in NCCL's current (`NCCL WARN`) or older (`file.cu:N WARN`) format
               r"\A(?![\s\S]*(?:NCCL WARN|\.(?:cc|cu|h|c|cpp):\d+ WARN))[\s\S]*?"
               r"(?P<at>\bNCCL (?:Error 2|failure [^\n]*)\W+unhandled system error)"),
-    words=(r"/dev/shm|shm[- _]size|shared memory segment|--ipc|ncclshmopen",
+    # NCCL must be named: /dev/shm in a container is also Postgres's, torch's DataLoader's or a TP server's
+    # without NCCL (container-shm-too-small; fz8-neg-04, docker-library/postgres#416, is off-domain)
+    words=(r"^(?=.*\bnccl).*?(/dev/shm|shm[- _]size|shared memory segment|--ipc|ncclshmopen)",
            r"nccl|docker|container|no space|64 ?mi?b",),
     lab="none yet: a lab rank container started with --shm-size=64m and NCCL's shm transport would produce it "
         "(the lab's CPU ranks use gloo)")
@@ -48,11 +51,16 @@ NCCL_SHM_TOO_SMALL = Entry(
 _DISK = ((r"failed to register layer: (?:[^\n]*?)no space left on device", {"path": "/var/lib/docker"}),   # first: the
          # path it writes is inside the image, the disk is docker's data root
          r"(?:write|mkdir|open|create|copy|rename) (?P<path>/(?!dev/shm)[^\s:]+): no space left on device",
-         (r"\[Errno 28\] No space left on device(?:: '(?P<path>/(?!dev/shm)[^']+)')?", {"path": "the written path"}),
+         r"\[Errno 28\] No space left on device: '(?P<path>/(?!dev/shm)[^']+)'",
          r"target location (?P<path>/\S+) only has (?P<free_mb>[\d.]+) MB free disk space",
-         # a Rust tool (hf-hub, the xet client): std::io::Error's Display is "{detail} (os error {code})"
-         (r"No space left on device \(os error 28\)", {"path": "the written path"}),
          r"(?P<path>/tmp/ray\S*) is over (?P<percent>\d+)% full")
+
+#: ENOSPC with no path (Python's OSError without a filename; a Rust tool: std::io::Error's Display is "{detail} (os
+#: error {code})"): which filesystem is full is not printed. Beside /dev/shm or the container's shared memory (a
+#: tmpfs, docker's 64 MiB default) it is that mount (container-shm-too-small, nccl-shm-too-small), not a disk
+_DISK_BARE = ((r"\[Errno 28\] No space left on device(?!: ')", {"path": "the written path"}),
+              (r"No space left on device \(os error 28\)", {"path": "the written path"}))
+_SHM_CONTEXT = r"/dev/shm|shared memory|\bshm[-_ ]size|--ipc[= ]host"
 
 DISK_FULL = Entry(
     "disk-full", "A disk filled up during the pull or the start", FATAL,
@@ -69,15 +77,18 @@ DISK_FULL = Entry(
         "docker data-root for image layers, `huggingface-cli delete-cache` or HF_HOME on a bigger disk for the "
         "weights, Ray's `--temp-dir` on a bigger disk; then pull or start again",
     proof="df -h {path}; df -h /var/lib/docker ~/.cache/huggingface /tmp",
-    signature=extracting(*_DISK),
+    signature=either(extracting(*_DISK), extracting(*_DISK_BARE, unless=_SHM_CONTEXT)),
     source="moby/moby distribution/xfer/download.go (`failed to register layer: %v`); huggingface_hub "
            "file_download.py:774-776 @ 2.4.0 (_check_disk_space); ray src/ray/common/file_system_monitor.cc; "
            "rust-lang/rust library/std/src/io/error.rs (impl Display for Error: `{detail} (os error {code})`; "
            "the function read, no line pinned); "
            "reports moby/moby#32811, NVIDIA-NeMo/Speech#1029, sickcodes/Docker-OSX#314",
-    words=(r"disk (is |was |got )?(full|filled)|out of disk|fail\w* to register (the )?layer|errno 28|free disk space|"
+    # the anchor never holds where the prose names /dev/shm or the container's shared memory: the full device is
+    # that tmpfs (fz8-shm-01, NVIDIA/Megatron-LM#878)
+    words=(r"^(?!.*(/dev/shm|shared memory|\bshm[-_ ]size|--ipc[= ]host)).*?(disk (is |was |got )?(full|filled)|out of disk|"
+           r"fail\w* to register (the )?layer|errno 28|free disk space|"
            r"no space left on device.{0,80}(disk|\bdf\b|partition|volume|layer|cache|/tmp|/var)|"
-           r"(disk|partition|volume|cache|/tmp|/var).{0,80}no space left",
+           r"(disk|partition|volume|cache|/tmp|/var).{0,80}no space left)",
            r"unexpected eof|extract\w*|df -h|write /|docker|pull\w*|huggingface|hf cache|/tmp|ray|layer",
            r"\d+(\.\d+)? ?[gt]i?b\b"),
     lab="none yet: a full tmpfs as the container's temp dir on the lab would produce it")
