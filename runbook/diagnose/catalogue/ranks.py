@@ -357,6 +357,13 @@ _RAY_JOIN = (r"Failed to connect to GCS at address (?P<address>[\d.]+:(?P<port>\
              r"Couldn'?t reconnect to GCS server\. The last attempted GCS server address was (?P<address>[\d.]+:(?P<port>\d+))",
              r"GCS cannot find the node with node ID",
              r"(?P<joined>[\d.]+) nodes? ha(?:ve|s) joined so far, waiting for (?P<missing>[\d.]+) more",
+             # Ray before 1.11 (GCS state in Redis): the raylet's connect to the head's Redis (src/ray/gcs/
+             # redis_context.cc ConnectWithRetries: WARNING "Failed to connect to Redis, retrying." then FATAL "Could not
+             # establish connection to redis <ip>:<port> (context.err = N)"), and `ray start`'s own wait
+             # (python/ray/_private/services.py wait_for_redis_to_start: "Unable to connect to Redis at <ip>:<port>
+             # after N retries")
+             r"Could not establish connection to redis (?P<address>[^\n()]*?:(?P<port>\d+|x+)) \(context\.err",
+             r"Unable to connect to Redis at (?P<address>\S+?:(?P<port>\w+)) after \d+ retries",
              # vLLM's check before it places the ranks (vllm/executor/ray_utils.py initialize_ray_cluster)
              r"The number of required GPUs exceeds the total number of available GPUs in the placement group")
 
@@ -375,7 +382,10 @@ RAY_NODE_NOT_JOINED = Entry(
     signature=extracting(*_RAY_JOIN),
     source="ray-project/ray src/ray/rpc/rpc_client.h (Failed to connect to GCS; the log prints rpc_client.h:153, "
            "gcs_rpc_client.h:151/:179 in older releases), python/ray/_private/node.py; vllm/executor/ray_utils.py "
-           "initialize_ray_cluster (required GPUs, before 0.10); report vllm-project/vllm#19543",
+           "initialize_ray_cluster (required GPUs, before 0.10); Ray before 1.11: src/ray/gcs/redis_context.cc "
+           "ConnectWithRetries, python/ray/_private/services.py wait_for_redis_to_start (by function); reports "
+           "vllm-project/vllm#19543, ray-project/ray#6794 (a raylet's redis connect from another node), "
+           "ray-project/ray#18707 (`ray start` on a worker, the head's port blocked)",
     words=(r"\bray\b|raylet|\bgcs\b",
            r"(never|not|didn'?t|did not|won'?t|cannot|can'?t) (join|connect|register)\w*|joined so far|"
            r"waiting for \d+ more|only (one node|the head)",

@@ -208,9 +208,13 @@ DRIVER_NOT_LOADED = Entry(
     proof="nvidia-smi; uname -r; ls /lib/modules/$(uname -r)/ | grep -i nvidia",
     signature=None,
     source="bringup-anchors §5.14 (TechPreacher preboot-check); symptom: NVIDIA/libnvidia-container src/driver.c:101 "
-           "@ 06deb20d (dlopen of libnvidia-ml.so.1)",
+           "@ 06deb20d (dlopen of libnvidia-ml.so.1); kmod's modprobe (`FATAL: Module nvidia not found in directory`, "
+           "libkmod by function); prose of the missing module: heldout-9's fz9-drv-02 (Frogging-Family/nvidia-all#70)",
     lines=(r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver",
-           r"(?<!nvml error: )\bDriver Not Loaded\b"),
+           r"(?<!nvml error: )\bDriver Not Loaded\b",
+           # kmod's modprobe when the running kernel has no nvidia module (libkmod's "FATAL: Module %s not found in
+           # directory %s", modprobe.c): a kernel updated without the DKMS build
+           r"modprobe: FATAL: Module nvidia\w* not found"),
     # symptoms (never high): the container toolkit's hook (nvidia-container-cli, its own entry:
     # nvidia-container-toolkit-missing) reporting what nvc_init met on the host: it cannot dlopen NVML
     # (libnvidia-container src/driver.c:101 @ 06deb20d: xdlopen of libnvidia-ml.so.1 before nvmlInit_v2), or NVML says
@@ -221,7 +225,11 @@ DRIVER_NOT_LOADED = Entry(
     # without --gpus prints it on a host whose driver works (gpu-not-visible-in-container)
     symptoms=(r"load library failed: libnvidia-ml\.so\.1: cannot open shared object file",
               r"nvml error: driver not loaded", r"Found no NVIDIA driver on your system"),
-    words=(r"nvidia-smi (fails|failed|doesn'?t work|errors?)|couldn'?t communicate with the nvidia driver|driver not loaded|no nvidia driver",
+    words=(r"nvidia-smi (fails|failed|doesn'?t work|errors?)|couldn'?t communicate with the nvidia driver|driver not loaded|no nvidia driver|"
+           # the module itself missing, told in prose (`modprobe nvidia` says it does not exist)
+           r"modprobe nvidia\W.{0,60}\b(not (exist|found)|does ?n[o']t exist|missing|no such)|"
+           r"(nvidia (kernel )?module|nvidia\.ko)\b.{0,30}\b(is )?(missing|not (found|built|loaded)|does ?n[o']t exist|does not exist)|"
+           r"module nvidia\w* not found",
            r"kernel (update|upgrade)|after (an? )?(update|upgrade|apt)|\bdkms\b|unattended-upgrade"),
     lab="none: no NVIDIA driver in the lab")
 
@@ -231,6 +239,13 @@ DRIVER_NOT_LOADED = Entry(
 #: as libnvidia-container wraps it (src/driver.c:46,104 @ 06deb20d: "nvml error: " + the NVML text, from nvmlInit_v2)
 #: and as NCCL logs a failed nvmlInit_v2
 _NVML_MISMATCH = (r"Failed to initialize NVML: Driver/library version mismatch",
+                  # the kernel module's own refusal of a newer client (the nvidia module's nv.c, nvidia_ioctl's old
+                  # version check, read by function: nv_printf "NVRM: API mismatch: the client has the version %d.%d-%d, but\n
+                  # NVRM: this kernel module has the version %s."; recent drivers name the client: "the client
+                  # 'kwin_wayland' (pid N)\n NVRM: has the version"), as dmesg, journald (#012 for the newline) or an
+                  # old syslog without the prefix print it
+                  r"NVRM:?\s+API mismatch: the client\b",
+                  r"\bAPI mismatch: the client has the version \S+,? but\W+(?:NVRM:?\s+)?this kernel module",
                   r"nvml error: driver/library version mismatch",
                   r"nvmlInit\w*\(\) failed: Driver/library version mismatch")
 
@@ -251,7 +266,9 @@ NVML_DRIVER_LIBRARY_MISMATCH = Entry(
            "illinois-scicomp/machine-shop-maintenance#60 (a reboot fixed it), #70 (kernel module 520, nvidia-smi 525); "
            "prose: yahoo/TensorFlowOnSpark#51 (`library/driver mismatch`, fixed by a reboot), "
            "canonical/ubuntu-server-documentation#369 (user-space driver upgraded, kernel module older), "
-           "NVIDIA/deepops#1186 (the Stack Overflow slug; heldout-8's fz8-nvml-02)",
+           "NVIDIA/deepops#1186 (the Stack Overflow slug; heldout-8's fz8-nvml-02); the kernel module's `NVRM: API "
+           "mismatch` (nv.c nvidia_ioctl, by function): stackhpc/ansible-slurm-appliance#287 (fixed by a reboot), "
+           "saharmor/dalle-playground#104",
     lines=_NVML_MISMATCH,
     # prose quotes NVML's message in many spellings: the Stack Overflow question's URL slug
     # (`nvidia-nvml-driver-library-version-mismatch`, NVIDIA/deepops#1186), `library/driver mismatch`
