@@ -37,7 +37,7 @@ def beside(context: str, *patterns):
 #: in the docker group (or the group was added without a new login session)
 #: The same EACCES through the other docker clients: aiodocker (aiodocker/docker.py _do_query, DockerError(900,
 #: "Cannot connect to Docker Engine via <socket> [<aiohttp's error>]"), docker-py (docker/api/client.py
-#: _retrieve_server_version: "Error while fetching server API version: ('Connection aborted.', PermissionError(13,
+#: _retrieve_server_version, client.py:221 in the tracebacks of docker 5.x: "Error while fetching server API version: ('Connection aborted.', PermissionError(13,
 #: 'Permission denied'))"), and the CLI's newer "permission denied while trying to connect to the docker API at"
 #: (files read by function, no line pinned). A docker socket a user may not open has one cause and one fix whatever
 #: program asked (issue 36's eighth round: the sixth round's stack gate is gone; the runbook drives docker on every
@@ -45,7 +45,8 @@ def beside(context: str, *patterns):
 _SOCKET = (r"permission denied while trying to connect to the Docker (?:daemon socket|API) at (?P<socket>\S+?):? ",
            r"dial unix (?P<socket>/\S*docker\.sock): connect: permission denied",
            r"Cannot connect to Docker Engine via (?P<socket>unix://\S+) \[[^\n]{0,120}?Permission denied",
-           r"Error while fetching server API version: \(?'Connection aborted\.', PermissionError\(13, 'Permission denied'")
+           r"Error while fetching server API version: \(?'Connection aborted\.', (?:PermissionError|error)\(13, "
+           r"'Permission denied'")
 
 DOCKER_SOCKET_PERMISSION = Entry(
     "docker-socket-permission", "The user may not use the docker socket on that node", FATAL,
@@ -63,8 +64,8 @@ DOCKER_SOCKET_PERMISSION = Entry(
            "line pinned); aiodocker aiodocker/docker.py _do_query, docker-py docker/api/client.py "
            "_retrieve_server_version (by function); reports docker-library/postgres#1124, tomsik68/docker-xampp#63 "
            "(fixed by the docker group and a new login), ualex73/monitor_docker#123 (aiodocker), "
-           "microsoft/AI-Red-Teaming-Playground-Labs#55 (docker compose), docker/docker-py#2163 (docker-py: be root or "
-           "join the docker group)",
+           "microsoft/AI-Red-Teaming-Playground-Labs#55 (docker compose), docker/docker-py#2374 (docker-py, solved by the "
+           "docker group), ansible/ansible-container#761 (docker-py under Python 2: `error(13, ...)`)",
     # a daemon that is not running (`Cannot connect to the Docker daemon at unix:///var/run/docker.sock`) is no cue; the
     # socket's permission in prose is, whatever program the reporter ran (the eighth round dropped the stack gate: the
     # cause and the fix are the same)

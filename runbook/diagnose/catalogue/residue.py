@@ -209,12 +209,12 @@ DRIVER_NOT_LOADED = Entry(
     signature=None,
     source="bringup-anchors §5.14 (TechPreacher preboot-check); symptom: NVIDIA/libnvidia-container src/driver.c:101 "
            "@ 06deb20d (dlopen of libnvidia-ml.so.1); kmod's modprobe (`FATAL: Module nvidia not found in directory`, "
-           "libkmod by function); prose of the missing module: heldout-9's fz9-drv-02 (Frogging-Family/nvidia-all#70)",
+           "libkmod by function; NVIDIA/nvidia-docker#365, a kernel updated without the module); prose of the missing module: heldout-9's fz9-drv-02 (Frogging-Family/nvidia-all#70)",
     lines=(r"NVIDIA-SMI has failed because it couldn'?t communicate with the NVIDIA driver",
            r"(?<!nvml error: )\bDriver Not Loaded\b",
            # kmod's modprobe when the running kernel has no nvidia module (libkmod's "FATAL: Module %s not found in
            # directory %s", modprobe.c): a kernel updated without the DKMS build
-           r"modprobe: FATAL: Module nvidia\w* not found"),
+           r"modprobe: FATAL: Module nvidia[\w-]* not found"),
     # symptoms (never high): the container toolkit's hook (nvidia-container-cli, its own entry:
     # nvidia-container-toolkit-missing) reporting what nvc_init met on the host: it cannot dlopen NVML
     # (libnvidia-container src/driver.c:101 @ 06deb20d: xdlopen of libnvidia-ml.so.1 before nvmlInit_v2), or NVML says
