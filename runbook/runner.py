@@ -240,11 +240,11 @@ def run(profile_path: str | Path, *, start: str = "", stop: str = "", only: list
             lock.release()
 
 
-def _stop_aside(cluster: Cluster, profile, what: str, *, fix: str) -> None:
+def _stop_aside(cluster: Cluster, profile, what: str, *, fix: str, nodes: list[str] | None = None) -> None:
     """Stop another profile's server on the lab's nodes (set aside: its restore command was said); raise when
-    anything of it is left."""
+    anything of it is left. ``nodes``: only these (the lab's nodes now, when that server ran on a larger lab)."""
     from .launch import stop
-    failed = stop.stop(cluster, profile, mem_settle_s=0).checks.failures()
+    failed = stop.stop(cluster, profile, nodes, mem_settle_s=0).checks.failures()
     if failed:
         raise ActionError(what, observed="; ".join(f"{c.node}: {c.observed}" for c in failed)[:500], fix=fix)
 
@@ -275,8 +275,9 @@ def set_rehearsal_server_aside(profile, *, echo: Callable[[str], None] = print) 
     """The other way round from :func:`set_lab_server_aside`: a lab profile's run finds a rehearsal's server (``make
     rehearse`` leaves it up, like a real one) holding the lab's nodes and ports. It is found by asking each shipped
     recipe profile of the same node count, as ``run --rehearse`` loads it (as root and as the lab's operator), whose
-    ranks run on the lab's head; that server is stopped and the command that starts it again is said. Returns the
-    recipe profile set aside ('' when none ran)."""
+    ranks run on the lab's head; that server is stopped and the command that starts it again is said. A recipe of
+    more nodes counts too (a four-node rehearsal, then `make runbook` on two): the lab has just gone back to this
+    profile's nodes, so its ranks are stopped on those. Returns the recipe profile set aside ('' when none ran)."""
     from .facts import ranks
     from .lab.netlab.spec import OPERATOR
     from .lab.rehearsal import load_rehearsal
@@ -286,7 +287,7 @@ def set_rehearsal_server_aside(profile, *, echo: Callable[[str], None] = print) 
         return ""           # our own server, or nothing at all: nothing of another profile to set aside
     for path in sorted((REPO_ROOT / "env").glob("*.env")):
         recipe = load_profile(path)
-        if recipe.is_lab or recipe.node_count != profile.node_count:
+        if recipe.is_lab or recipe.node_count < profile.node_count:
             continue
         for user in ("", OPERATOR):
             rehearsed, _, _ = load_rehearsal(path, ssh_user=user)
@@ -300,7 +301,8 @@ def set_rehearsal_server_aside(profile, *, echo: Callable[[str], None] = print) 
                      f"stopping it; start it again with `python -m runbook start --rehearse --profile {rel}{as_user}` "
                      f"after `python -m runbook stop --profile {_repo_relative(str(profile.source))}`")
                 _stop_aside(cluster, rehearsed, "a rehearsal's server could not be set aside for this lab run",
-                            fix=f"python -m runbook stop --rehearse --profile {rel}{as_user}")
+                            fix=f"python -m runbook stop --rehearse --profile {rel}{as_user}",
+                            nodes=[n.name for n in profile.nodes])
             return rel
     return ""
 
