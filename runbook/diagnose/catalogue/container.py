@@ -37,9 +37,9 @@ def beside(context: str, *patterns):
 #: in the docker group (or the group was added without a new login session)
 #: The same EACCES through the other docker clients: aiodocker (aiodocker/docker.py _do_query, DockerError(900,
 #: "Cannot connect to Docker Engine via <socket> [<aiohttp's error>]"), docker-py (docker/api/client.py
-#: _retrieve_server_version, client.py:221 in the tracebacks of docker 5.x: "Error while fetching server API version: ('Connection aborted.', PermissionError(13,
-#: 'Permission denied'))"), and the CLI's newer "permission denied while trying to connect to the docker API at"
-#: (files read by function, no line pinned). A docker socket a user may not open has one cause and one fix whatever
+#: _retrieve_server_version, client.py:221 in the tracebacks of docker 5.x: "Error while fetching server API
+#: version: ('Connection aborted.', PermissionError(13, 'Permission denied'))"), and the CLI's newer "permission
+#: denied while trying to connect to the docker API at" (files read by function, no line pinned). A docker socket a user may not open has one cause and one fix whatever
 #: program asked (issue 36's eighth round: the sixth round's stack gate is gone; the runbook drives docker on every
 #: node, and the off-domain corpora hold no docker socket text whose cause is another)
 _SOCKET = (r"permission denied while trying to connect to the Docker (?:daemon socket|API) at (?P<socket>\S+?):? ",
