@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -258,17 +259,31 @@ def set_lab_server_aside(profile, *, echo: Callable[[str], None] = print, needed
     lab_path = LAB_PROFILES.get(profile.node_count)
     if lab_path is None:
         return ""
+    with Cluster.from_profile(load_profile(lab_path)) as cluster:
+        before = ranks.rank_state(cluster.head, load_profile(lab_path))
+        argv = cluster.head.read(f"tr '\\0' ' ' < /proc/{int(before.pid)}/cmdline", timeout=10).stdout \
+            if before.running and before.pid else ""
+    if not before.running:
+        return ""
+    # every lab profile's head rank keeps its state in the same place: which one runs is told by its ranks' count
+    # (`make runbook` on two nodes, then `make rehearse` of a four-node recipe finds env/lab.env's server)
+    lab_path = LAB_PROFILES.get(lab_node_count(argv) or profile.node_count, lab_path)
     lab = load_profile(lab_path)
+    here = [n.name for n in lab.nodes if n.name in {m.name for m in profile.nodes}]
     with Cluster.from_profile(lab) as cluster:
-        before = ranks.rank_state(cluster.head, lab)
-        if not before.running:
-            return ""
         echo(f"lab: the lab's own server ({lab_path.name}, {before.describe()}) holds the ports {needed_by} "
              f"needs: stopping it; start it again with `python -m runbook start --profile "
              f"{_repo_relative(str(lab_path))}` after `python -m runbook stop --rehearse --profile {profile.source}`")
         _stop_aside(cluster, lab, "the lab's own server could not be set aside for the rehearsal",
-                    fix=f"python -m runbook stop --profile {_repo_relative(str(lab_path))}")
+                    fix=f"python -m runbook stop --profile {_repo_relative(str(lab_path))}", nodes=here)
     return before.fingerprint
+
+
+def lab_node_count(argv: str) -> int | None:
+    """The node count a running head rank was started for: its serve's ``--nnodes N`` (None when its command line
+    does not show it: a Ray head's serve)."""
+    m = re.search(r"--nnodes[ =](\d+)", argv)
+    return int(m.group(1)) if m else None
 
 
 def set_rehearsal_server_aside(profile, *, echo: Callable[[str], None] = print) -> str:
