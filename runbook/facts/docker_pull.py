@@ -21,7 +21,10 @@ PULL_ERRORS: tuple[tuple[str, str, str, str], ...] = (
      "free space there (docker system df; docker image prune) before pulling again"),
     ("manifest-unknown", "stop", r"manifest unknown|manifest for \S+ not found|not found: manifest",
      "the tag or digest does not exist in that registry (typo, or the tag was never pushed / was deleted)"),
-    ("dns", "fix-dns", r"no such host|Temporary failure in name resolution|server misbehaving",
+    # Go's resolver error (net/net.go DNSError: "lookup <host> on <server>: <err>"): the resolver itself timed out
+    # or refused, e.g. "lookup registry-1.docker.io on 8.8.8.8:53: read udp ...: i/o timeout" (not a registry timeout)
+    ("dns", "fix-dns", r"no such host|Temporary failure in name resolution|server misbehaving|"
+     r"lookup \S+ on \S+:53: [^\n]*(?:i/o timeout|connection refused)",
      "the node cannot resolve the registry's host name"),
     ("unreachable", "fix-registry",
      r"dial tcp \S+: connect: (?:connection refused|no route to host|network is unreachable)",

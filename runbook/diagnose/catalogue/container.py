@@ -115,7 +115,8 @@ HF_OFFLINE_NOT_CACHED = Entry(
            "on a DGX Spark), MiaAI-Lab/Qwen3.8-Flash-Next-Dual-DGX-Sparks#36 (two Sparks, a hand-staged cache), "
            "huggingface/huggingface_hub#4487",
     # offline mode named with a failure (a question about HF_HUB_OFFLINE is none)
-    words=(r"localentrynotfound|(hf_hub_offline|local_files_only|offline|air-?gapped)\b.{0,80}\b(fail\w*|error|"
+    words=(r"localentrynotfound|(hf_hub_offline|local_files_only|offline|air-?gapped|without (an? )?internet"
+           r"( connection| access)?|no internet( connection| access)?)\b.{0,80}\b(fail\w*|error|"
            r"can'?t find|cannot find|not found|missing|crash\w*|dies|died)|(cache|cached)\b.{0,40}\b(missing|empty|not "
            r"found|isn'?t there)",
            r"hugging ?face|\bhf\b|hf_home|snapshot|cache",
@@ -130,6 +131,9 @@ HF_OFFLINE_NOT_CACHED = Entry(
 _TOKEN = (r"Invalid credentials in Authorization header",
           r"Invalid user token\.(?: The token from (?P<source>HF_TOKEN environment variable|Google Colab vault))?",
           r"Authorization header is correct, but the token seems invalid")
+
+#: the Hub in a reporter's words: its library, its host, its token variable, a model repo
+_HUB = r"hugging ?face|\bhf\b|hf_token|huggingface_hub|\bhf\.co\b|the hub|model repo|models?/datasets?"
 
 HF_TOKEN_INVALID = Entry(
     "hf-token-invalid", "The Hugging Face token is invalid, expired or revoked", FATAL,
@@ -148,8 +152,10 @@ HF_TOKEN_INVALID = Entry(
            "jhc13/taggui#367, huggingface/huggingface_hub#2586 (fixed with a new token)",
     words=(r"invalid (hf |hugging ?face |access |user )?token|token\b.{0,40}\b(invalid|expired|revoked)|"
            r"invalid credentials",
-           r"hugging ?face|\bhf\b|hf_token|the hub|401",
-           r"download\w*|whoami|login|401|unauthori[sz]ed"),
+           # the Hub must be named: npm's `E401 ... your authentication token seems to be invalid` (npm's
+           # lib/utils/error-message.js) is a registry's token, not the Hub's
+           _HUB,
+           r"^(?=.*(?:" + _HUB + r")).*(?:download\w*|whoami|login|\b401\b|unauthori[sz]ed)"),
     lab="none: the lab never reaches huggingface.co")
 
 # --------------------------------------------------------------------------- RDMA devices inside the container
@@ -217,8 +223,9 @@ OPEN_FILES_LIMIT_LOW = Entry(
     source="torvalds/linux include/uapi/asm-generic/errno-base.h:28 @ 2cc2c3cb (EMFILE 24, Too many open files); "
            "reports "
            "pytorch/pytorch#137695 (vLLM at TP 8 until `ulimit -n` was raised), facebookresearch/fairseq#87",
-    words=(PROSE_STACK + r"(too many open files|\bemfile\b|ulimit -n|open[- ]files? limit|nofile|file descriptors?)",
-           r"vllm|rank|worker|server|container|docker|tp ?\d",
+    words=(r"(?:" + PROSE_STACK + r"|^(?=.*(?:distributed|horovod|pytorch)).*?)(too many open files|\bemfile\b|ulimit -n|open[- ]files? limit|nofile|file descriptors?)",
+           # the stack's processes, or a distributed training job's (horovod, torch's DataLoader / shared tensors)
+           r"vllm|rank|worker|server|container|docker|tp ?\d|distributed|horovod|pytorch|torch|epoch",
            r"crash\w*|die\w*|fail\w*|error|raise\w*"),
     lab="none yet: a lab rank started under `ulimit -n 64` would produce it")
 

@@ -226,8 +226,15 @@ HOME_DIR_DIFFERS = Entry(
 #: use")
 _TCPSTORE_IN_USE = (r"The server socket has failed to (?:listen on any local network address|bind to [^\n]*?)"
                     r"(?:[^\n]*?port: (?P<port>\d+))?[^\n]*",
-                    # torch prints the port before the name: "port: N, useIpv6: false, code: -98, name: EADDRINUSE"
-                    r"^(?=[^\n]*?\bport:? (?P<port>\d+))?[^\n]*\bEADDRINUSE\b")
+                    # torch prints the port before the name: "port: N, useIpv6: false, code: -98, name: EADDRINUSE";
+                    # only torch's own "name: EADDRINUSE" counts: Node.js's `Error: listen EADDRINUSE :::3000`
+                    # (lib/net.js) and libuv's are any program's socket, not a rendezvous
+                    r"^(?=[^\n]*?\bport:? (?P<port>\d+))?[^\n]*\bname: EADDRINUSE\b")
+
+
+#: torch < 1.9's TCPStore (torch/csrc/distributed/c10d/TCPStore.cpp, tcputil::listen raising the bare strerror):
+#: `RuntimeError: Address already in use` right below the rendezvous handler's `TCPStore(...)` frame
+_OLD_TCPSTORE_IN_USE = (r"TCPStore\((?P<args>[^\n]*)\)\s*\n(?:[^\n]*\n){0,3}?[^\n]*RuntimeError: Address already in use")
 
 
 def _ephemeral(vals: dict[str, str]) -> bool:
@@ -247,12 +254,14 @@ RENDEZVOUS_PORT_IN_USE = Entry(
     fix="stop every rank of the old run on every node (`python -m runbook stop`) and check the port is closed on "
         "every node before the start; do not just change the port (the orphans keep their memory)",
     proof="ss -ltnp '( sport = :{master_port} )'   # on every node",
-    signature=extracting(*_TCPSTORE_IN_USE, check=lambda v: not _ephemeral(v)),
+    signature=extracting(*_TCPSTORE_IN_USE, _OLD_TCPSTORE_IN_USE, check=lambda v: not _ephemeral(v)),
     source="tonyd2wild/DeepSeek-V4.1-Flash-vLLM-DGX-Spark README fix 6 (relaunch race); field-reports-2026-12 §2 #10; "
            "torch/csrc/distributed/c10d/socket.cpp (the listen error)",
-    words=(r"rendezvous|master[_ ]port|29\d{3}|joined the (old|previous|stale)|port (is )?(still )?(in use|held|busy|taken|open)|address already in use",
-           r"relaunch\w*|restart\w*|re-?start\w*|previous (run|launch|instance|start)|old (head|run|server|rank|worker)|leftover|stale|orphan\w*",
-           r"worker|rank|head"),
+    words=(r"rendezvous|master[_ ]port|29\d{3}|joined the (old|previous|stale)|port (is )?(still )?(in use|held|busy|taken|open)|address already in use|"
+           # "the tcp address is already taken" (CoinCheung/BiSeNet#19, torch's TCPStore told in words)
+           r"tcp address (is )?(still |already )*(in use|held|busy|taken)",
+           r"relaunch\w*|restart\w*|re-?start\w*|re-?run\w*|previous (run|launch|instance|start)|old (head|run|server|rank|worker)|leftover|stale|orphan\w*|after the program (is |was )?finished",
+           r"worker|rank|head|distributed"),
     lab="tests/lab/test_launch_lab.py::test_a_leftover_holding_the_master_port_on_the_worker_is_named_before_the_start (and ::test_master_port_in_use_on_the_head_is_refused_before_anything_runs)")
 
 
