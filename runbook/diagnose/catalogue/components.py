@@ -211,12 +211,16 @@ P2P_CHECK_HANG = Entry(
 #: list (a comma string iterated character by character) or is a whole list passed as one word
 _HOSTS = (r"Could not resolve hostname (?P<host>[^:\n]{1,100}?): (?:Name or service not known|Temporary failure|"
           r"nodename nor servname|No such host|No address associated)",
-          r"on \d+ hosts: (?P<host>(?:\w, ){2,}\w)\b")
+          r"on \d+ hosts: (?P<host>(?:\w, ){2,}\w)\b",
+          # ssh asked for `user@host` resolving the user part: the destination reached ssh cut at the `@` (a wrapper
+          # or a shell split it), e.g. railsware/upterm#599's `ssh user@the.server` -> `Could not resolve hostname user`
+          r"\bssh (?:-\S+ )*(?P<host>(?P<user>[\w.-]+)@[\w.-]+)[^\n]*\n(?:[^\n]*\n){0,3}?[^\n]*Could not resolve "
+          r"hostname (?P=user): ")
 
 
 def _bad_host(vals: dict[str, str]) -> bool:
     h = vals.get("host", "")
-    return bool(h) and (len(h) <= 1 or bool(re.search(r"[,;\s\[\]'\"{}()]", h)) or not re.search(r"[A-Za-z0-9]", h)
+    return bool(h) and ("@" in h or len(h) <= 1 or bool(re.search(r"[,;\s\[\]'\"{}()]", h)) or not re.search(r"[A-Za-z0-9]", h)
                         or h.startswith("-"))
 
 
