@@ -159,27 +159,32 @@ class Handler(http.server.BaseHTTPRequestHandler):
             kept.parent.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(prefix=".part-", dir=kept.parent)
             tmp = (os.fdopen(fd, "wb"), Path(name))
+        got = 0
         try:
             while not bodiless:
                 chunk = resp.read(CHUNK)
                 if not chunk:
                     break
-                self.wfile.write(chunk)
-                sent += len(chunk)
+                got += len(chunk)
                 if tmp:
                     tmp[0].write(chunk)
+                    if str(got) == length:
+                        # complete: kept before the node gets its last byte, so the node's next request (apt asks
+                        # again at once) finds it in the cache instead of racing this thread's rename to the origin
+                        tmp[0].close()
+                        os.replace(tmp[1], kept)
+                        tmp = None
+                self.wfile.write(chunk)
+                sent += len(chunk)
         except (OSError, http.client.HTTPException) as exc:
             self.drop(host, port)
             self.close_connection = True          # the node sees a short body and retries
             self.server.record(self.client_address[0], self.command, self.path, resp.status, sent, f"failed: {exc}")
             return
         finally:
-            if tmp:
+            if tmp:                               # short: nothing kept
                 tmp[0].close()
-                if str(sent) == length:
-                    os.replace(tmp[1], kept)
-                else:
-                    tmp[1].unlink(missing_ok=True)
+                tmp[1].unlink(missing_ok=True)
         if resp.will_close:
             self.drop(host, port)
         self.server.record(self.client_address[0], self.command, self.path, resp.status, sent, "archive")
