@@ -64,6 +64,9 @@ def test_a_node_installs_perftest_through_the_lab_proxy_without_touching_the_hos
     seen = requests.stat().st_size if requests.exists() else 0
     try:
         head.run(f"{APT} purge -y perftest", timeout=300)
+        # the head's own .deb cache emptied too: the install below must fetch through the proxy (a run right after
+        # another kept the .deb in /var/cache/apt/archives, and apt installed it without asking anyone)
+        head.run(f"{APT} clean", timeout=120)
         assert not head.read("command -v ib_write_bw", timeout=20).ok
         assert worker.read("command -v ib_write_bw", timeout=20).stdout.strip() == "/usr/bin/ib_write_bw"
         assert this_machine() == host_before
