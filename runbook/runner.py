@@ -259,15 +259,14 @@ def set_lab_server_aside(profile, *, echo: Callable[[str], None] = print, needed
     lab_path = LAB_PROFILES.get(profile.node_count)
     if lab_path is None:
         return ""
-    with Cluster.from_profile(load_profile(lab_path)) as cluster:
-        before = ranks.rank_state(cluster.head, load_profile(lab_path))
-        argv = cluster.head.read(f"tr '\\0' ' ' < /proc/{int(before.pid)}/cmdline", timeout=10).stdout \
-            if before.running and before.pid else ""
+    asked = load_profile(lab_path)
+    with Cluster.from_profile(asked) as cluster:
+        before = ranks.rank_state(cluster.head, asked)
     if not before.running:
         return ""
     # every lab profile's head rank keeps its state in the same place: which one runs is told by its ranks' count
     # (`make runbook` on two nodes, then `make rehearse` of a four-node recipe finds env/lab.env's server)
-    lab_path = LAB_PROFILES.get(lab_node_count(argv) or profile.node_count, lab_path)
+    lab_path = LAB_PROFILES.get(lab_node_count(before.argv) or profile.node_count, lab_path)
     lab = load_profile(lab_path)
     here = [n.name for n in lab.nodes if n.name in {m.name for m in profile.nodes}]
     with Cluster.from_profile(lab) as cluster:
@@ -289,7 +288,7 @@ def lab_node_count(argv: str) -> int | None:
 def set_rehearsal_server_aside(profile, *, echo: Callable[[str], None] = print) -> str:
     """The other way round from :func:`set_lab_server_aside`: a lab profile's run finds a rehearsal's server (``make
     rehearse`` leaves it up, like a real one) holding the lab's nodes and ports. It is found by asking each shipped
-    recipe profile of the same node count, as ``run --rehearse`` loads it (as root and as the lab's operator), whose
+    recipe profile of at least this profile's node count, as ``run --rehearse`` loads it (as root and as the lab's operator), whose
     ranks run on the lab's head; that server is stopped and the command that starts it again is said. A recipe of
     more nodes counts too (a four-node rehearsal, then `make runbook` on two): the lab has just gone back to this
     profile's nodes, so its ranks are stopped on those. Returns the recipe profile set aside ('' when none ran)."""

@@ -42,6 +42,7 @@ class RankState:
     processes: list[str] = field(default_factory=list)   # vLLM processes seen on the node
     record: dict[str, Any] = field(default_factory=dict)
     stopped: list[str] = field(default_factory=list)     # of those, stopped (ps state T: SIGSTOP, a debugger)
+    argv: str = ""                # a running process rank's whole command line (the same ps)
 
     def describe(self) -> str:
         """One phrase, no placeholders: what runs, or why nothing counts as a rank (a pid file naming a dead
@@ -130,6 +131,7 @@ def rank_state(node: Node, profile, home: str | None = None) -> RankState:
         st.runtime, st.running, st.pid, st.fingerprint = "process", True, pid, fp_s
     if not st.running and pid is not None and any(p[0] == pid for p in procs):
         st.runtime, st.running, st.pid, st.fingerprint = "process", True, pid, fp_s
+        st.argv = next(p[3] for p in procs if p[0] == pid)
     elif not st.running and pid is not None:
         st.pid = pid
     return st

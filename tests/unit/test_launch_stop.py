@@ -33,6 +33,17 @@ def test_a_group_without_a_vllm_process_is_not_counted_as_the_ranks():
     assert [p[0] for p in ranks.vllm_procs(both, pgid=68)] == [3441, 3513]           # by name only
 
 
+def test_rank_state_keeps_the_running_ranks_whole_command_line_from_its_ps():
+    """The set-aside of the lab's own server reads the rank's --nnodes from it (runner.lab_node_count): the whole
+    line, not the 160 characters ``processes`` keeps."""
+    serve = (" --served-model-name x" * 10) + " --tensor-parallel-size 2 --nnodes 2 --node-rank 0"
+    ps = NODE_PS + RANK_PS.replace("--port 8000", "--port 8000" + serve)
+    st = ranks.rank_state(rank_node("head", 0, pid=3441, fingerprint="f" * 64, ps=ps), _profile(), "/root")
+    assert st.running and st.argv.endswith(serve) and len(st.argv) > 160, st.argv
+    assert ranks.rank_state(rank_node("head", 0, pid=68, fingerprint="f" * 64, ps=NODE_PS), _profile(),
+                            "/root").argv == ""                                   # nothing running: no line
+
+
 def test_rank_state_does_not_take_a_stale_pid_for_a_running_rank():
     st = ranks.rank_state(rank_node("head", 0, pid=68, fingerprint="f" * 64, ps=NODE_PS), _profile(), "/root")
     assert not st.running and st.processes == [] and st.pid == 68

@@ -65,17 +65,6 @@ def test_nothing_of_another_profile_running_sets_nothing_aside(monkeypatch):
     assert recipes and {"tp4-v41.env", "tp3-dspark.env"} <= set(asked) <= recipes | {"lab.env"}, asked
 
 
-class _Head:
-    """The lab head as the set-aside reads it: only the running rank's command line."""
-
-    def __init__(self, argv: str):
-        self.argv = argv
-
-    def read(self, command, timeout=None):
-        assert command.startswith("tr '\\0' ' ' < /proc/15276/cmdline"), command
-        return type("Result", (), {"stdout": self.argv})()
-
-
 @pytest.mark.parametrize("argv, lab_env, nodes", [
     # `make runbook` (two nodes) left env/lab.env's server; a four-node rehearsal comes: lab.env's ranks stop
     (".lab/vllm-venv/bin/python runbook/lab/vllm_cli.py serve /m --tensor-parallel-size 2 --nnodes 2 --node-rank 0",
@@ -89,9 +78,9 @@ class _Head:
 def test_the_labs_own_server_is_told_by_its_ranks_count(monkeypatch, argv, lab_env, nodes):
     stopped, said = [], []
     monkeypatch.setattr(ranks, "rank_state", lambda node, profile, home=None: ranks.RankState(
-        node="head", runtime="process", running=True, pid=15276, fingerprint="bb5b52fa4f97"))
+        node="head", runtime="process", running=True, pid=15276, fingerprint="bb5b52fa4f97", argv=argv))
     monkeypatch.setattr(runner.Cluster, "from_profile", classmethod(
-        lambda cls, profile, **kw: contextlib.nullcontext(type("C", (), {"head": _Head(argv)})())))
+        lambda cls, profile, **kw: contextlib.nullcontext(_Cluster(profile))))
     monkeypatch.setattr(runner, "_stop_aside", lambda cluster, profile, what, *, fix, nodes=None:
                         stopped.append((Path(profile.source).name, nodes)))
     rehearsal = load_profile(REPO_ROOT / "env" / "lab-tp4.env")         # four nodes, as tp4-v41's rehearsal
