@@ -39,13 +39,15 @@ try {
   await runAll();
 
   // ---------------------------------------------------------------- while the cell runs
-  // Readings taken while the prompt is [*] and a bar is shown; done when two of them differ in their figures.
+  // Readings taken while the prompt is [*] and a bar is shown with its figures; done when two of them differ in
+  // their figures. A bar whose figures are still empty is mid-render (ipywidgets sets the bar's width and the label
+  // beside it in separate DOM updates: CI once read width 6.2% with no label yet), so it is read again.
   result.running = [];
   let s;
   for (;;) {
     s = await read();
     const busy = s.prompt.includes("*");
-    if (busy && s.bars.length) {
+    if (busy && s.bars.length && s.bars[0].figures) {
       const seen = result.running;
       if (!seen.length || seen[seen.length - 1].bars[0].figures !== s.bars[0].figures) seen.push(s);
       if (seen.length === 2) {
